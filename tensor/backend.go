@@ -1,0 +1,134 @@
+package tensor
+
+// Backend is the set of ops the layers need, implemented once per device. The
+// CPU backend (tensor/cpu) is the reference every other backend is compared
+// with (tensor/backendtest).
+//
+// Conventions, shared by every implementation:
+//   - Shapes are row-major and contiguous. "(N, C)" means N rows of C.
+//   - Ops may be asynchronous (a GPU backend queues them on its stream). Errors
+//     are sticky: the first failing op records an error that names the op and
+//     what it expected and found; every later op is then a no-op, and Err (or
+//     Sync) returns that first error. Callers check Err at the end of a step or
+//     layer, the way CUDA reports errors at synchronisation points.
+//   - Gradients of parameters (dw, dbias, dtable) are accumulated (+=), so
+//     micro-batches can add into the same gradient buffer; gradients of inputs
+//     (dx, dq, dgate...) are overwritten. Residual sums are explicit Adds.
+//   - dst may alias an input where the op is elementwise (Add, Scale, Axpy,
+//     SwiGLU, GELU, Copy of the same dtype), never elsewhere.
+//   - Float ops accept Float32 and Float64 on the CPU; a GPU backend uses
+//     BFloat16 storage with fp32 accumulation. Index tensors are Int32.
+type Backend interface {
+	// Name says which backend this is ("cpu", "cuda").
+	Name() string
+	// Device is where this backend's tensors live.
+	Device() Device
+	// Err returns the first error recorded by an op, or nil.
+	Err() error
+	// Sync waits for all queued work and returns Err().
+	Sync() error
+
+	// Zeros allocates a zeroed tensor on the backend's device.
+	Zeros(dt DType, shape ...int) *Tensor
+	// Free gives a tensor's storage back (a no-op where the GC owns memory).
+	// Only whole allocations returned by Zeros may be freed.
+	Free(t *Tensor)
+	// Upload copies a host tensor into a tensor of this device (same shape
+	// and numel; the dtype is converted if they differ).
+	Upload(dst, src *Tensor)
+	// Download copies a tensor of this device into a host tensor (converting
+	// the dtype if they differ). It waits for the work that writes src.
+	Download(dst, src *Tensor)
+	// Copy copies src into dst on this device, converting the dtype (bf16
+	// conversion rounds to nearest even). Same numel required.
+	Copy(dst, src *Tensor)
+	// Fill sets every element of t to v.
+	Fill(t *Tensor, v float64)
+
+	// MatMul computes C = alpha·op(A)·op(B) + beta·C, where op transposes
+	// when asked. 2-D: A (m, k) or (k, m) with transA, B (k, n) or (n, k)
+	// with transB, C (m, n). 3-D: the same with a leading batch dimension
+	// shared by all three. beta = 0 overwrites C (its old contents, even NaN,
+	// are ignored).
+	MatMul(c, a, b *Tensor, transA, transB bool, alpha, beta float32)
+
+	// Add: dst = a + b, all the same shape.
+	Add(dst, a, b *Tensor)
+	// Scale: dst = s·a.
+	Scale(dst, a *Tensor, s float32)
+	// Axpy: y += alpha·x.
+	Axpy(y *Tensor, alpha float32, x *Tensor)
+	// AddBias: x (N, C) += bias (C) on every row.
+	AddBias(x, bias *Tensor)
+	// SumRows: dst (C) += Σ_n x[n, :] for x (N, C) (the bias gradient).
+	SumRows(dst, x *Tensor)
+
+	// RMSNorm: out = x / rms(x) · w over the last dim. x, out (N, C); w (C);
+	// rstd (N) receives 1/rms(x) per row (fp32), kept for the backward.
+	RMSNorm(out, rstd, x, w *Tensor, eps float32)
+	// RMSNormBackward: dx = ∂L/∂x (overwritten), dw += ∂L/∂w.
+	RMSNormBackward(dx, dw, dout, x, w, rstd *Tensor)
+
+	// SwiGLU: out = silu(gate) · up, elementwise; all (N, F).
+	SwiGLU(out, gate, up *Tensor)
+	// SwiGLUBackward: dgate, dup overwritten.
+	SwiGLUBackward(dgate, dup, dout, gate, up *Tensor)
+	// GELU (tanh approximation): out = gelu(x).
+	GELU(out, x *Tensor)
+	// GELUBackward: dx overwritten.
+	GELUBackward(dx, dout, x *Tensor)
+
+	// Softmax over the last dimension: out = softmax(x).
+	Softmax(out, x *Tensor)
+	// SoftmaxBackward: dx = out · (dout − Σ dout·out), row by row.
+	SoftmaxBackward(dx, dout, out *Tensor)
+
+	// RoPE rotates x (B, T, H, D) by position: for t in [0, T) and i < D/2,
+	// the pair (x[..., i], x[..., i + D/2]) turns by angle t·theta^(−2i/D)
+	// (the "rotate half" convention). D must be even.
+	RoPE(out, x *Tensor, theta float64)
+	// RoPEBackward: dx = the inverse rotation of dout (overwritten).
+	RoPEBackward(dx, dout *Tensor, theta float64)
+
+	// Attention is causal multi-head attention. q, k, v, out (B, T, H, D);
+	// lse (B, H, T) fp32 receives the log-sum-exp of each row of scores
+	// (scale·q·kᵀ), kept for the backward. Position t attends to [0, t].
+	Attention(out, lse, q, k, v *Tensor, scale float32)
+	// AttentionBackward: dq, dk, dv (overwritten) from dout and the forward's
+	// q, k, v, out and lse.
+	AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse *Tensor, scale float32)
+
+	// Embedding: out[n, :] = table[ids[n], :]. ids (N) int32, table (V, C),
+	// out (N, C). An id outside [0, V) is an error.
+	Embedding(out, table, ids *Tensor)
+	// EmbeddingBackward: dtable[ids[n], :] += dout[n, :].
+	EmbeddingBackward(dtable, dout, ids *Tensor)
+
+	// CrossEntropy is softmax cross-entropy over the last dim of logits
+	// (N, V) against targets (N) int32. losses (N, fp32) receives
+	// −log softmax(logits)[target] per row; rows whose target is negative
+	// are ignored (loss 0, gradient 0). If dlogits is not nil it receives
+	// (softmax − onehot(target))·gradScale: the gradient of
+	// gradScale·Σ losses. Fusing the two saves a pass over the logits.
+	CrossEntropy(losses, dlogits, logits, targets *Tensor, gradScale float32)
+
+	// AdamW updates p in place from g with moments m, v (decoupled weight
+	// decay, bias correction by hp.Step). When master is not nil the update
+	// is computed on master (fp32) and p receives master rounded to p's
+	// dtype (mixed precision). All the same numel.
+	AdamW(p, g, m, v, master *Tensor, hp AdamW)
+	// SumSquares returns Σ x² (accumulated in float64 on the CPU, fp32 or
+	// better elsewhere), waiting for the result.
+	SumSquares(x *Tensor) float64
+}
+
+// AdamW holds the hyper-parameters of one AdamW step.
+type AdamW struct {
+	LR          float32
+	Beta1       float32
+	Beta2       float32
+	Eps         float32
+	WeightDecay float32 // decoupled: p -= LR·WeightDecay·p
+	Step        int     // 1-based step, for bias correction
+	GradScale   float32 // g is multiplied by this first (gradient clipping); 0 means 1
+}
