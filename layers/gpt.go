@@ -1,0 +1,320 @@
+package layers
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/asynctp/asynctp/tensor"
+)
+
+// GPTConfig describes a GPT model. Zero values of FFN, RopeTheta, NormEps and
+// InitStd mean the defaults that WithDefaults fills in.
+type GPTConfig struct {
+	Layers, Dim, Heads, Vocab, Seq int
+	FFN                            int     // hidden width of the SwiGLU MLP; 0 means the default: 4*Dim*2/3 rounded up to a multiple of 64
+	TiedEmbeddings                 bool    // the LM head reuses the token embedding
+	RopeTheta                      float64 // 0 means 10000
+	NormEps                        float32 // 0 means 1e-5
+	InitStd                        float64 // 0 means 0.02
+	Seed                           uint64
+}
+
+// WithDefaults returns c with its zero-valued optional fields set.
+func (c GPTConfig) WithDefaults() GPTConfig {
+	if c.FFN == 0 && c.Dim > 0 {
+		h := (8*c.Dim + 2) / 3 // ceil(4·Dim·2/3)
+		c.FFN = (h + 63) / 64 * 64
+	}
+	if c.RopeTheta == 0 {
+		c.RopeTheta = 10000
+	}
+	if c.NormEps == 0 {
+		c.NormEps = 1e-5
+	}
+	if c.InitStd == 0 {
+		c.InitStd = 0.02
+	}
+	return c
+}
+
+// Validate checks c (with or without defaults filled in): sizes positive,
+// Heads dividing Dim, an even head dimension (RoPE turns pairs), optional
+// fields non-negative and finite.
+func (c GPTConfig) Validate() error {
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"Layers", c.Layers}, {"Dim", c.Dim}, {"Heads", c.Heads}, {"Vocab", c.Vocab}, {"Seq", c.Seq}} {
+		if f.v <= 0 {
+			return fmt.Errorf("layers: GPTConfig.%s = %d, expected > 0", f.name, f.v)
+		}
+	}
+	if c.Vocab > math.MaxInt32 {
+		return fmt.Errorf("layers: GPTConfig.Vocab = %d, expected at most %d (token ids are int32)", c.Vocab, math.MaxInt32)
+	}
+	if c.Dim%c.Heads != 0 {
+		return fmt.Errorf("layers: GPTConfig.Heads = %d does not divide Dim = %d", c.Heads, c.Dim)
+	}
+	if hd := c.Dim / c.Heads; hd%2 != 0 {
+		return fmt.Errorf("layers: GPTConfig: head dim Dim/Heads = %d/%d = %d is odd, expected even (RoPE)", c.Dim, c.Heads, hd)
+	}
+	if c.FFN < 0 {
+		return fmt.Errorf("layers: GPTConfig.FFN = %d, expected > 0 (or 0 for the default)", c.FFN)
+	}
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"RopeTheta", c.RopeTheta}, {"NormEps", float64(c.NormEps)}, {"InitStd", c.InitStd}} {
+		if !(f.v >= 0) || math.IsInf(f.v, 0) {
+			return fmt.Errorf("layers: GPTConfig.%s = %v, expected a finite value >= 0 (0 for the default)", f.name, f.v)
+		}
+	}
+	return nil
+}
+
+// GPT is a decoder-only transformer: token embedding → Layers pre-norm
+// blocks → final RMSNorm → LM head → softmax cross-entropy.
+type GPT struct {
+	Embed  *Embedding
+	Blocks []*Block
+	Norm   *RMSNorm
+	Head   *Linear // (Vocab, Dim) weight: the embedding's when tied
+
+	cfg GPTConfig
+	b   tensor.Backend
+	dt  tensor.DType
+	ps  *ParamSet
+
+	// Activations of the last Forward (reallocated when B or T change).
+	bt       [2]int           // B, T
+	ids      *tensor.Tensor   // (B, T) int32 token ids, on the device
+	targets  *tensor.Tensor   // (B*T) int32 targets, on the device
+	xs       []*tensor.Tensor // Layers+1 of (B, T, C): xs[0] embeddings, xs[l+1] output of block l
+	hf       *tensor.Tensor   // (B, T, C) final norm output
+	logits   *tensor.Tensor   // (B*T, V)
+	losses   *tensor.Tensor   // (B*T) per-row loss (f32, or f64 for f64 models)
+	dlogits  *tensor.Tensor   // (B*T, V) ∂loss/∂logits, from the fused cross-entropy
+	hostLoss *tensor.Tensor   // (B*T) f64, host copy of losses
+	ready    bool             // a Forward with targets ran and no Backward since
+	// Backward scratch.
+	dhf, dxa, dxb *tensor.Tensor // (B, T, C)
+}
+
+// NewGPT builds the model on b with parameters of dtype dt (Float32 or
+// Float64 on the CPU) and initialises them from cfg.Seed: weights from
+// N(0, InitStd²), the residual branches' output projections (wo, w_down)
+// from N(0, InitStd²/(2·Layers)), norm weights 1.
+func NewGPT(b tensor.Backend, cfg GPTConfig, dt tensor.DType) (*GPT, error) {
+	if b == nil {
+		return nil, errors.New("layers: NewGPT with a nil backend")
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if !dt.IsFloat() {
+		return nil, fmt.Errorf("layers: NewGPT with dtype %v, expected a float dtype (f32 or f64 on the cpu)", dt)
+	}
+	m := &GPT{cfg: cfg, b: b, dt: dt, ps: NewParamSet(cfg.Seed)}
+	std, outStd := cfg.InitStd, cfg.InitStd/math.Sqrt(2*float64(cfg.Layers))
+	var err error
+	if m.Embed, err = NewEmbedding(b, m.ps, "embed", cfg.Vocab, cfg.Dim, std); err != nil {
+		return nil, err
+	}
+	for l := range cfg.Layers {
+		blk, err := NewBlock(b, m.ps, fmt.Sprintf("blocks.%d", l), BlockConfig{
+			Dim: cfg.Dim, Heads: cfg.Heads, FFN: cfg.FFN, RopeTheta: cfg.RopeTheta,
+			NormEps: cfg.NormEps, Std: std, OutStd: outStd,
+		})
+		if err != nil {
+			return nil, err
+		}
+		m.Blocks = append(m.Blocks, blk)
+	}
+	if m.Norm, err = NewRMSNorm(b, m.ps, "final_norm", cfg.Dim, cfg.NormEps); err != nil {
+		return nil, err
+	}
+	if cfg.TiedEmbeddings {
+		m.Head, err = NewLinearFromParams(b, "lm_head", m.Embed.W, nil)
+	} else {
+		m.Head, err = NewLinear(b, m.ps, "lm_head", LinearConfig{In: cfg.Dim, Out: cfg.Vocab, Std: std})
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := m.ps.Materialize(b, dt); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// Config returns the model's configuration, defaults filled in.
+func (m *GPT) Config() GPTConfig { return m.cfg }
+
+// Params returns the model's parameter set.
+func (m *GPT) Params() *ParamSet { return m.ps }
+
+// Logits returns the (B*T, Vocab) logits of the last Forward (nil before the
+// first); they stay valid until the next Forward.
+func (m *GPT) Logits() *tensor.Tensor { return m.logits }
+
+// ZeroGrad sets every parameter gradient to zero.
+func (m *GPT) ZeroGrad() { m.ps.ZeroGrad() }
+
+// checkTokens checks a host int32 (B, T) tensor of token ids or targets.
+func (m *GPT) checkTokens(what string, t *tensor.Tensor) error {
+	if t == nil {
+		return fmt.Errorf("layers: gpt: %s is nil", what)
+	}
+	if t.DType() != tensor.Int32 || t.I32() == nil {
+		return fmt.Errorf("layers: gpt: %s is %v, expected a host int32 tensor (B, T)", what, t)
+	}
+	if s := t.Shape(); len(s) != 2 || s[0] <= 0 || s[1] <= 0 {
+		return fmt.Errorf("layers: gpt: %s has shape %v, expected (B, T) with B, T > 0", what, s)
+	}
+	if T := t.Dim(1); T > m.cfg.Seq {
+		return fmt.Errorf("layers: gpt: %s has shape %v: T = %d exceeds the model's Seq = %d", what, t.Shape(), T, m.cfg.Seq)
+	}
+	return nil
+}
+
+// Forward runs the model on ids (host int32 (B, T), T ≤ Seq, each id in
+// [0, Vocab)) and, when targets (host int32 (B, T); negative values are
+// ignored) is not nil, returns the mean cross-entropy over the non-ignored
+// targets and prepares the gradient of that mean for Backward. With nil
+// targets the loss is 0 and Backward is not allowed.
+func (m *GPT) Forward(ids, targets *tensor.Tensor) (float64, error) {
+	m.ready = false
+	if err := m.checkTokens("ids", ids); err != nil {
+		return 0, err
+	}
+	if err := CheckIDs("layers: gpt: ids", ids, m.cfg.Vocab); err != nil {
+		return 0, err
+	}
+	nTargets := 0
+	if targets != nil {
+		if err := m.checkTokens("targets", targets); err != nil {
+			return 0, err
+		}
+		if !targets.Shape().Equal(ids.Shape()) {
+			return 0, fmt.Errorf("layers: gpt: targets have shape %v, expected %v like ids", targets.Shape(), ids.Shape())
+		}
+		for i, t := range targets.I32() {
+			if int(t) >= m.cfg.Vocab {
+				return 0, fmt.Errorf("layers: gpt: targets[%d] = %d, expected a value < Vocab = %d (or negative to ignore it)", i, t, m.cfg.Vocab)
+			}
+			if t >= 0 {
+				nTargets++
+			}
+		}
+	}
+	if err := m.b.Err(); err != nil {
+		return 0, fmt.Errorf("layers: gpt: the backend already holds an error: %w", err)
+	}
+	B, T, C := ids.Dim(0), ids.Dim(1), m.cfg.Dim
+	N := B * T
+	m.alloc(B, T)
+	m.b.Upload(m.ids, ids)
+	if err := m.Embed.Forward(m.xs[0], m.ids); err != nil {
+		return 0, err
+	}
+	for l, blk := range m.Blocks {
+		if err := blk.Forward(m.xs[l+1], m.xs[l]); err != nil {
+			return 0, err
+		}
+	}
+	if err := m.Norm.Forward(m.hf, m.xs[len(m.Blocks)]); err != nil {
+		return 0, err
+	}
+	if err := m.Head.Forward(m.logits, reshape(m.hf, N, C)); err != nil {
+		return 0, err
+	}
+	if targets == nil {
+		return 0, sticky(m.b, "gpt", "forward")
+	}
+	scale := float32(0)
+	if nTargets > 0 {
+		scale = float32(1 / float64(nTargets))
+	}
+	m.b.Upload(m.targets, reshape(targets, N))
+	m.b.CrossEntropy(m.losses, m.dlogits, m.logits, m.targets, scale)
+	m.b.Download(m.hostLoss, m.losses)
+	if err := sticky(m.b, "gpt", "forward"); err != nil {
+		return 0, err
+	}
+	var sum float64
+	for _, l := range m.hostLoss.F64() {
+		sum += l
+	}
+	m.ready = true
+	if nTargets == 0 {
+		return 0, nil
+	}
+	return sum / float64(nTargets), nil
+}
+
+// alloc (re)allocates the activations for a batch of B sequences of T.
+func (m *GPT) alloc(B, T int) {
+	C, V, N, dt := m.cfg.Dim, m.cfg.Vocab, B*T, m.dt
+	if m.bt == [2]int{B, T} {
+		return
+	}
+	m.bt = [2]int{B, T}
+	m.ids = ensure(m.b, m.ids, tensor.Int32, B, T)
+	m.targets = ensure(m.b, m.targets, tensor.Int32, N)
+	if m.xs == nil {
+		m.xs = make([]*tensor.Tensor, len(m.Blocks)+1)
+	}
+	for i := range m.xs {
+		m.xs[i] = ensure(m.b, m.xs[i], dt, B, T, C)
+	}
+	m.hf = ensure(m.b, m.hf, dt, B, T, C)
+	m.logits = ensure(m.b, m.logits, dt, N, V)
+	m.dlogits = ensure(m.b, m.dlogits, dt, N, V)
+	m.losses = ensure(m.b, m.losses, statDType(dt), N)
+	m.hostLoss = tensor.MustHost(tensor.Float64, N)
+	m.dhf = ensure(m.b, m.dhf, dt, B, T, C)
+	m.dxa = ensure(m.b, m.dxa, dt, B, T, C)
+	m.dxb = ensure(m.b, m.dxb, dt, B, T, C)
+}
+
+// Backward adds the gradient of the last Forward's mean loss to the
+// parameters' gradients (Params().Flat()). It requires a Forward with
+// targets, and runs once per Forward.
+func (m *GPT) Backward() error {
+	if !m.ready {
+		return errors.New("layers: gpt: Backward needs a successful Forward with targets since the last Backward")
+	}
+	m.ready = false
+	N, C := m.bt[0]*m.bt[1], m.cfg.Dim
+	if err := m.Head.Backward(reshape(m.dhf, N, C), m.dlogits); err != nil {
+		return err
+	}
+	dx, dnext := m.dxa, m.dxb
+	if err := m.Norm.Backward(dx, m.dhf); err != nil {
+		return err
+	}
+	for l := len(m.Blocks) - 1; l >= 0; l-- {
+		if err := m.Blocks[l].Backward(dnext, dx); err != nil {
+			return err
+		}
+		dx, dnext = dnext, dx
+	}
+	if err := m.Embed.Backward(dx); err != nil {
+		return err
+	}
+	return sticky(m.b, "gpt", "backward")
+}
+
+// FLOPsPerToken is the forward+backward model FLOPs per token, for MFU:
+// 6·N for the matmul parameters N (all linear layers and the LM head; the
+// embedding lookup and norms are not matmuls), plus the attention scores
+// and weighted sum, 12·Layers·Dim·Seq (the usual convention, which does not
+// halve for the causal mask).
+func (m *GPT) FLOPsPerToken() float64 {
+	c := m.cfg
+	perLayer := 4*c.Dim*c.Dim + 3*c.Dim*c.FFN
+	n := float64(c.Layers)*float64(perLayer) + float64(c.Vocab)*float64(c.Dim)
+	return 6*n + 12*float64(c.Layers)*float64(c.Dim)*float64(c.Seq)
+}

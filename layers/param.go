@@ -1,0 +1,230 @@
+package layers
+
+import (
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"math/rand/v2"
+
+	"github.com/asynctp/asynctp/tensor"
+)
+
+// InitFunc writes the initial values of a parameter (row-major, one per
+// element) using rng, which is seeded for that parameter alone.
+type InitFunc func(rng *rand.Rand, vals []float64)
+
+// Normal draws every value from N(0, std²).
+func Normal(std float64) InitFunc {
+	return func(rng *rand.Rand, vals []float64) {
+		for i := range vals {
+			vals[i] = std * rng.NormFloat64()
+		}
+	}
+}
+
+// Constant sets every value to v (1 for norm weights, 0 for biases).
+func Constant(v float64) InitFunc {
+	return func(_ *rand.Rand, vals []float64) {
+		for i := range vals {
+			vals[i] = v
+		}
+	}
+}
+
+// Param is one parameter tensor: its weights W and gradient G, both views
+// into the flat buffers of the ParamSet that holds it (nil until the set is
+// materialized). Decay says whether weight decay applies to it.
+type Param struct {
+	Name  string
+	W, G  *tensor.Tensor
+	Decay bool
+
+	shape tensor.Shape
+	init  InitFunc
+	off   int // element offset in the flat buffers, set by Materialize
+}
+
+// Shape is the parameter's shape (known from registration on).
+func (p *Param) Shape() tensor.Shape { return p.shape }
+
+// Numel is the number of elements of the parameter.
+func (p *Param) Numel() int { return p.shape.Numel() }
+
+// Offset is where the parameter starts in the flat buffers (valid after
+// Materialize).
+func (p *Param) Offset() int { return p.off }
+
+// ParamSet collects the parameters of a model as layers register them, then
+// materializes them as views of one flat weight buffer and one flat gradient
+// buffer. The flat order is: every parameter with Decay first, then the
+// others, each group in registration order; Params returns that order.
+type ParamSet struct {
+	seed   uint64
+	params []*Param // registration order
+	byName map[string]*Param
+
+	b    tensor.Backend
+	w, g *tensor.Tensor // (Numel) flat weights and gradients
+}
+
+// NewParamSet returns an empty set whose initial values derive from seed.
+func NewParamSet(seed uint64) *ParamSet {
+	return &ParamSet{seed: seed, byName: map[string]*Param{}}
+}
+
+// Seed is the seed the set was created with.
+func (s *ParamSet) Seed() uint64 { return s.seed }
+
+// Add registers a parameter. The name must be unique in the set (it also
+// seeds the parameter's initialisation), every dimension positive; init nil
+// means zeros. It fails once the set is materialized.
+func (s *ParamSet) Add(name string, shape []int, decay bool, init InitFunc) (*Param, error) {
+	if s.w != nil {
+		return nil, fmt.Errorf("layers: cannot add parameter %q: the parameter set is already materialized", name)
+	}
+	if name == "" {
+		return nil, errors.New("layers: parameter with an empty name")
+	}
+	if _, dup := s.byName[name]; dup {
+		return nil, fmt.Errorf("layers: parameter %q registered twice", name)
+	}
+	if len(shape) == 0 {
+		return nil, fmt.Errorf("layers: parameter %q has no dimensions", name)
+	}
+	for _, d := range shape {
+		if d <= 0 {
+			return nil, fmt.Errorf("layers: parameter %q has shape %v, expected positive dimensions", name, tensor.Shape(shape))
+		}
+	}
+	if init == nil {
+		init = Constant(0)
+	}
+	p := &Param{Name: name, Decay: decay, shape: tensor.Shape(shape).Clone(), init: init}
+	s.params = append(s.params, p)
+	s.byName[name] = p
+	return p, nil
+}
+
+// Lookup returns the parameter called name, or nil.
+func (s *ParamSet) Lookup(name string) *Param { return s.byName[name] }
+
+// Params returns the parameters in flat-buffer order: decayed ones first,
+// then the others, each group in registration order.
+func (s *ParamSet) Params() []*Param {
+	out := make([]*Param, 0, len(s.params))
+	for _, decay := range []bool{true, false} {
+		for _, p := range s.params {
+			if p.Decay == decay {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}
+
+// Numel is the total number of parameter elements.
+func (s *ParamSet) Numel() int {
+	n := 0
+	for _, p := range s.params {
+		n += p.Numel()
+	}
+	return n
+}
+
+// DecayNumel is the number of elements with weight decay: they form the
+// prefix [0, DecayNumel) of the flat buffers.
+func (s *ParamSet) DecayNumel() int {
+	n := 0
+	for _, p := range s.params {
+		if p.Decay {
+			n += p.Numel()
+		}
+	}
+	return n
+}
+
+// Materialized reports whether Materialize has succeeded.
+func (s *ParamSet) Materialized() bool { return s.w != nil }
+
+// Flat returns the flat weight and gradient buffers, both (Numel), or nils
+// before Materialize.
+func (s *ParamSet) Flat() (w, g *tensor.Tensor) { return s.w, s.g }
+
+// Backend is the backend the set was materialized on, or nil.
+func (s *ParamSet) Backend() tensor.Backend { return s.b }
+
+// ParamSeed is the PCG seed pair a parameter's initialisation uses: the set's
+// seed and the FNV-1a hash of the name.
+func ParamSeed(seed uint64, name string) (uint64, uint64) {
+	h := fnv.New64a()
+	h.Write([]byte(name))
+	return seed, h.Sum64()
+}
+
+// HostInit returns the initial values of p as the set computes them, in
+// float64, independently of any backend.
+func (s *ParamSet) HostInit(p *Param) []float64 {
+	vals := make([]float64, p.Numel())
+	p.init(rand.New(rand.NewPCG(ParamSeed(s.seed, p.Name))), vals)
+	return vals
+}
+
+// Materialize allocates the flat weight and gradient buffers of dtype dt on
+// b, makes every parameter's W and G views into them, uploads the initial
+// weights and zeroes the gradients. It may run once.
+func (s *ParamSet) Materialize(b tensor.Backend, dt tensor.DType) error {
+	if s.w != nil {
+		return errors.New("layers: the parameter set is already materialized")
+	}
+	if b == nil {
+		return errors.New("layers: Materialize with a nil backend")
+	}
+	if !dt.IsFloat() {
+		return fmt.Errorf("layers: parameters of dtype %v, expected a float dtype", dt)
+	}
+	if err := b.Err(); err != nil {
+		return fmt.Errorf("layers: the backend already holds an error: %w", err)
+	}
+	n := s.Numel()
+	if n == 0 {
+		return errors.New("layers: Materialize of an empty parameter set")
+	}
+	host := tensor.MustHost(tensor.Float64, n)
+	vals := host.F64()
+	order := s.Params()
+	off := 0
+	for _, p := range order {
+		p.off = off
+		copy(vals[off:off+p.Numel()], s.HostInit(p))
+		for _, v := range vals[off : off+p.Numel()] {
+			if math.IsNaN(v) || math.IsInf(v, 0) {
+				return fmt.Errorf("layers: initial value %v in parameter %q", v, p.Name)
+			}
+		}
+		off += p.Numel()
+	}
+	w, g := b.Zeros(dt, n), b.Zeros(dt, n)
+	b.Upload(w, host)
+	if err := b.Err(); err != nil {
+		return fmt.Errorf("layers: materializing %d parameters: %w", n, err)
+	}
+	for _, p := range order {
+		var err error
+		if p.W, err = w.View(p.off, p.shape...); err != nil {
+			return fmt.Errorf("layers: parameter %q: %w", p.Name, err)
+		}
+		if p.G, err = g.View(p.off, p.shape...); err != nil {
+			return fmt.Errorf("layers: parameter %q: %w", p.Name, err)
+		}
+	}
+	s.b, s.w, s.g = b, w, g
+	return nil
+}
+
+// ZeroGrad sets every gradient to zero (a no-op before Materialize).
+func (s *ParamSet) ZeroGrad() {
+	if s.g != nil {
+		s.b.Fill(s.g, 0)
+	}
+}

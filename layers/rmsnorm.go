@@ -1,0 +1,79 @@
+package layers
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/asynctp/asynctp/tensor"
+)
+
+// RMSNorm is out = x / rms(x) · w over the last dimension, with
+// rms(x) = sqrt(mean(x²) + Eps).
+type RMSNorm struct {
+	Name string
+	Dim  int
+	Eps  float32
+	W    *Param // (Dim), initialised to 1, no weight decay
+
+	b    tensor.Backend
+	x    *tensor.Tensor // (N, Dim): the input of the last Forward (the caller's)
+	rstd *tensor.Tensor // (N): 1/rms(x) per row (f32, or f64 for f64 models), owned
+}
+
+// NewRMSNorm registers name+".weight".
+func NewRMSNorm(b tensor.Backend, ps *ParamSet, name string, dim int, eps float32) (*RMSNorm, error) {
+	if b == nil || ps == nil {
+		return nil, fmt.Errorf("layers: rmsnorm %q: nil backend or parameter set", name)
+	}
+	if dim <= 0 || !(eps >= 0) {
+		return nil, fmt.Errorf("layers: rmsnorm %q: dim = %d, eps = %v, expected dim > 0 and eps >= 0", name, dim, eps)
+	}
+	w, err := ps.Add(name+".weight", []int{dim}, false, Constant(1))
+	if err != nil {
+		return nil, err
+	}
+	return &RMSNorm{Name: name, Dim: dim, Eps: eps, W: w, b: b}, nil
+}
+
+// Params returns the weight.
+func (r *RMSNorm) Params() []*Param { return []*Param{r.W} }
+
+func (r *RMSNorm) what() string { return "rmsnorm " + r.Name }
+
+// Forward writes out (..., Dim) = RMSNorm(x (..., Dim)) and keeps x and the
+// per-row 1/rms.
+func (r *RMSNorm) Forward(out, x *tensor.Tensor) error {
+	r.x = nil
+	if err := checkParams(r.what(), r.W); err != nil {
+		return err
+	}
+	dt := r.W.W.DType()
+	n, err := checkRows(r.b, r.what(), "input x", x, dt, r.Dim)
+	if err != nil {
+		return err
+	}
+	if err := checkShape(r.b, r.what(), "output", out, dt, x.Shape()...); err != nil {
+		return err
+	}
+	x2 := reshape(x, n, r.Dim)
+	r.rstd = ensure(r.b, r.rstd, statDType(dt), n)
+	r.b.RMSNorm(reshape(out, n, r.Dim), r.rstd, x2, r.W.W, r.Eps)
+	r.x = x2
+	return sticky(r.b, r.what(), "forward")
+}
+
+// Backward overwrites dx (..., Dim) with ∂L/∂x and adds ∂L/∂w, from dout.
+func (r *RMSNorm) Backward(dx, dout *tensor.Tensor) error {
+	if r.x == nil {
+		return errors.New("layers: " + r.what() + ": Backward without a successful Forward")
+	}
+	dt, n := r.W.W.DType(), r.x.Dim(0)
+	if err := checkRowsN(r.b, r.what(), "output gradient", dout, dt, r.Dim, n); err != nil {
+		return err
+	}
+	if err := checkRowsN(r.b, r.what(), "input gradient dx", dx, dt, r.Dim, n); err != nil {
+		return err
+	}
+	r.b.RMSNormBackward(reshape(dx, n, r.Dim), r.W.G, reshape(dout, n, r.Dim), r.x, r.W.W, r.rstd)
+	return sticky(r.b, r.what(), "backward")
+}
