@@ -1,0 +1,117 @@
+package backendtest
+
+import (
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/asynctp/asynctp/tensor"
+)
+
+// errorCase is one op called with a bad argument.
+type errorCase struct {
+	op  string // the op the error must name
+	run func(b tensor.Backend, dt tensor.DType)
+}
+
+var errorCases = []errorCase{
+	{"MatMul", func(b tensor.Backend, dt tensor.DType) {
+		b.MatMul(b.Zeros(dt, 4, 5), b.Zeros(dt, 4, 3), b.Zeros(dt, 2, 5), false, false, 1, 0) // inner dims 3 and 2
+	}},
+	{"MatMul", func(b tensor.Backend, dt tensor.DType) {
+		b.MatMul(b.Zeros(dt, 4, 6), b.Zeros(dt, 4, 3), b.Zeros(dt, 3, 5), false, false, 1, 0) // c too wide
+	}},
+	{"Add", func(b tensor.Backend, dt tensor.DType) {
+		b.Add(b.Zeros(dt, 4, 5), b.Zeros(dt, 4, 5), b.Zeros(dt, 5, 4))
+	}},
+	{"Scale", func(b tensor.Backend, dt tensor.DType) { b.Scale(b.Zeros(dt, 4, 5), b.Zeros(dt, 4, 6), 2) }},
+	{"Axpy", func(b tensor.Backend, dt tensor.DType) { b.Axpy(b.Zeros(dt, 3), 2, b.Zeros(dt, 4)) }},
+	{"AddBias", func(b tensor.Backend, dt tensor.DType) { b.AddBias(b.Zeros(dt, 4, 5), b.Zeros(dt, 4)) }},
+	{"SumRows", func(b tensor.Backend, dt tensor.DType) { b.SumRows(b.Zeros(dt, 6), b.Zeros(dt, 4, 5)) }},
+	{"RMSNorm", func(b tensor.Backend, dt tensor.DType) {
+		b.RMSNorm(b.Zeros(dt, 4, 8), b.Zeros(tensor.Float32, 4), b.Zeros(dt, 4, 8), b.Zeros(dt, 7), 1e-5)
+	}},
+	{"RMSNormBackward", func(b tensor.Backend, dt tensor.DType) {
+		b.RMSNormBackward(b.Zeros(dt, 4, 8), b.Zeros(dt, 8), b.Zeros(dt, 4, 8), b.Zeros(dt, 4, 8), b.Zeros(dt, 8), b.Zeros(tensor.Float32, 5))
+	}},
+	{"SwiGLU", func(b tensor.Backend, dt tensor.DType) {
+		b.SwiGLU(b.Zeros(dt, 4, 8), b.Zeros(dt, 4, 8), b.Zeros(dt, 4, 9))
+	}},
+	{"SwiGLUBackward", func(b tensor.Backend, dt tensor.DType) {
+		b.SwiGLUBackward(b.Zeros(dt, 4, 8), b.Zeros(dt, 4, 8), b.Zeros(dt, 3, 8), b.Zeros(dt, 4, 8), b.Zeros(dt, 4, 8))
+	}},
+	{"GELU", func(b tensor.Backend, dt tensor.DType) { b.GELU(b.Zeros(dt, 4, 8), b.Zeros(dt, 32)) }},
+	{"GELUBackward", func(b tensor.Backend, dt tensor.DType) {
+		b.GELUBackward(b.Zeros(dt, 4, 8), b.Zeros(dt, 4, 7), b.Zeros(dt, 4, 8))
+	}},
+	{"Softmax", func(b tensor.Backend, dt tensor.DType) { b.Softmax(b.Zeros(dt, 4, 8), b.Zeros(dt, 4, 9)) }},
+	{"SoftmaxBackward", func(b tensor.Backend, dt tensor.DType) {
+		b.SoftmaxBackward(b.Zeros(dt, 4, 8), b.Zeros(dt, 4, 8), b.Zeros(dt, 8, 4))
+	}},
+	{"RoPE", func(b tensor.Backend, dt tensor.DType) { b.RoPE(b.Zeros(dt, 1, 3, 2, 5), b.Zeros(dt, 1, 3, 2, 5), 1e4) }}, // odd D
+	{"RoPEBackward", func(b tensor.Backend, dt tensor.DType) {
+		b.RoPEBackward(b.Zeros(dt, 1, 3, 2, 4), b.Zeros(dt, 3, 2, 4), 1e4)
+	}},
+	{"Attention", func(b tensor.Backend, dt tensor.DType) {
+		s := []int{2, 5, 3, 4}
+		b.Attention(b.Zeros(dt, s...), b.Zeros(tensor.Float32, 2, 5, 3), b.Zeros(dt, s...), b.Zeros(dt, s...), b.Zeros(dt, s...), 0.5) // lse (B, T, H)
+	}},
+	{"AttentionBackward", func(b tensor.Backend, dt tensor.DType) {
+		s := []int{2, 5, 3, 4}
+		z := func() *tensor.Tensor { return b.Zeros(dt, s...) }
+		b.AttentionBackward(z(), z(), b.Zeros(dt, 2, 5, 3, 2), z(), z(), z(), z(), z(), b.Zeros(tensor.Float32, 2, 3, 5), 0.5)
+	}},
+	{"Embedding", func(b tensor.Backend, dt tensor.DType) {
+		ids := b.Zeros(tensor.Int32, 3)
+		b.Fill(ids, 7) // V = 7: out of range
+		b.Embedding(b.Zeros(dt, 3, 4), b.Zeros(dt, 7, 4), ids)
+	}},
+	{"EmbeddingBackward", func(b tensor.Backend, dt tensor.DType) {
+		b.EmbeddingBackward(b.Zeros(dt, 7, 4), b.Zeros(dt, 3, 5), b.Zeros(tensor.Int32, 3))
+	}},
+	{"CrossEntropy", func(b tensor.Backend, dt tensor.DType) {
+		t := b.Zeros(tensor.Int32, 3)
+		b.Fill(t, 5) // V = 5: out of range
+		b.CrossEntropy(b.Zeros(tensor.Float32, 3), nil, b.Zeros(dt, 3, 5), t, 1)
+	}},
+	{"CrossEntropy", func(b tensor.Backend, dt tensor.DType) {
+		b.CrossEntropy(b.Zeros(tensor.Float32, 3), b.Zeros(dt, 3, 4), b.Zeros(dt, 3, 5), b.Zeros(tensor.Int32, 3), 1)
+	}},
+	{"AdamW", func(b tensor.Backend, dt tensor.DType) {
+		f := func(n int) *tensor.Tensor { return b.Zeros(tensor.Float32, n) }
+		b.AdamW(b.Zeros(dt, 10), b.Zeros(dt, 10), f(10), f(9), f(10), tensor.AdamW{LR: 1, Beta1: 0.9, Beta2: 0.9, Step: 1})
+	}},
+	{"Copy", func(b tensor.Backend, dt tensor.DType) { b.Copy(b.Zeros(dt, 4, 5), b.Zeros(tensor.Float32, 21)) }},
+	{"MatMul", func(b tensor.Backend, dt tensor.DType) {
+		b.MatMul(b.Zeros(dt, 4, 5), b.Zeros(tensor.Int32, 4, 3), b.Zeros(dt, 3, 5), false, false, 1, 0) // int32 operand
+	}},
+}
+
+// TestErrors calls each op family with a bad shape (or dtype, or id) on a
+// fresh backend from opts.NewBackend: the op must record an error naming it
+// (not panic), and the error must stick: a later bad op does not replace
+// it, a later good op does not clear it, Sync returns it.
+func TestErrors(t *testing.T, b tensor.Backend, opts Options) {
+	opts = opts.withDefaults()
+	if opts.NewBackend == nil {
+		t.Skip("Options.NewBackend is nil: the error tests need fresh backends")
+	}
+	for _, tc := range errorCases {
+		fresh := opts.NewBackend()
+		tc.run(fresh, opts.DType)
+		err := fresh.Sync()
+		if err == nil {
+			t.Errorf("%s with a bad argument: no error", tc.op)
+			continue
+		}
+		if !strings.Contains(err.Error(), tc.op) {
+			t.Errorf("%s with a bad argument: error %q does not name the op", tc.op, err)
+		}
+		x := fresh.Zeros(opts.DType, 3)
+		fresh.Fill(x, math.Pi)
+		fresh.Add(x, x, fresh.Zeros(opts.DType, 4)) // a second bad op
+		if err2 := fresh.Err(); err2 == nil || err2.Error() != err.Error() {
+			t.Errorf("%s: after later ops the error is %v, want the first one, %v", tc.op, err2, err)
+		}
+	}
+}

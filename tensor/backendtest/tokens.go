@@ -1,0 +1,57 @@
+package backendtest
+
+import (
+	"testing"
+
+	"github.com/asynctp/asynctp/tensor"
+)
+
+// TestEmbedding checks Embedding and its backward (accumulated, with
+// repeated ids).
+func TestEmbedding(t *testing.T, b tensor.Backend, opts Options) {
+	h := newHarness(t, b, opts, 12)
+	const n, v, c = 37, 61, 50
+	host := tensor.MustHost(tensor.Int32, n)
+	for i := range host.I32() {
+		host.I32()[i] = int32(h.rng.IntN(v))
+	}
+	host.I32()[1], host.I32()[5], host.I32()[n-1] = host.I32()[0], host.I32()[0], v-1
+	ids := h.fromHost(host)
+	table, out := h.rand(h.dt, v, c), h.out(h.dt, n, c)
+	h.b.Embedding(out.dev, table.dev, ids.dev)
+	h.ref.Embedding(out.ref, table.ref, ids.ref)
+	h.compare("Embedding", out)
+
+	dout, dtable := h.rand(h.dt, n, c), h.rand(h.dt, v, c)
+	h.b.EmbeddingBackward(dtable.dev, dout.dev, ids.dev)
+	h.ref.EmbeddingBackward(dtable.ref, dout.ref, ids.ref)
+	h.compare("EmbeddingBackward", dtable)
+}
+
+// TestCrossEntropy checks CrossEntropy with and without dlogits, with
+// ignored (negative) targets and a gradient scale.
+func TestCrossEntropy(t *testing.T, b tensor.Backend, opts Options) {
+	h := newHarness(t, b, opts, 13)
+	const n, v = 37, 61
+	host := tensor.MustHost(tensor.Int32, n)
+	for i := range host.I32() {
+		host.I32()[i] = int32(h.rng.IntN(v))
+	}
+	host.I32()[0], host.I32()[7], host.I32()[n-1] = -1, -100, v-1
+	targets := h.fromHost(host)
+	logits := h.rand(h.dt, n, v)
+	h.b.Scale(logits.dev, logits.dev, 4) // a peaked softmax
+	h.ref.Scale(logits.ref, logits.ref, 4)
+
+	losses, dlogits := h.out(tensor.Float32, n), h.out(h.dt, n, v)
+	const gs = 1.0 / 35
+	h.b.CrossEntropy(losses.dev, dlogits.dev, logits.dev, targets.dev, gs)
+	h.ref.CrossEntropy(losses.ref, dlogits.ref, logits.ref, targets.ref, gs)
+	h.compare("CrossEntropy losses", losses)
+	h.compare("CrossEntropy dlogits", dlogits)
+
+	losses = h.out(tensor.Float32, n)
+	h.b.CrossEntropy(losses.dev, nil, logits.dev, targets.dev, 1)
+	h.ref.CrossEntropy(losses.ref, nil, logits.ref, targets.ref, 1)
+	h.compare("CrossEntropy losses without dlogits", losses)
+}

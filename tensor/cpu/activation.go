@@ -1,0 +1,198 @@
+package cpu
+
+import (
+	"math"
+
+	"github.com/asynctp/asynctp/tensor"
+)
+
+// elementwise checks tensors of one shape and dtype for an elementwise op:
+// the first is the reference, and names gives their names for the errors.
+func (bk *Backend) elementwise(op string, names []string, ts []*tensor.Tensor) bool {
+	c := bk.check(op)
+	c.float(names[0], ts[0])
+	for i := 1; i < len(ts); i++ {
+		c.like(names[i], ts[i], names[0], ts[0])
+	}
+	return c.ok()
+}
+
+// SwiGLU sets out = silu(gate)·up, elementwise, where silu(g) = g·σ(g). out
+// may alias gate or up.
+func (bk *Backend) SwiGLU(out, gate, up *tensor.Tensor) {
+	if !bk.elementwise("SwiGLU", []string{"gate", "up", "out"}, []*tensor.Tensor{gate, up, out}) {
+		return
+	}
+	switch gate.DType() {
+	case tensor.Float32:
+		swiGLU(bk, out.F32(), gate.F32(), up.F32())
+	case tensor.Float64:
+		swiGLU(bk, out.F64(), gate.F64(), up.F64())
+	}
+}
+
+func sigmoid[T float](x T) T { return T(1 / (1 + math.Exp(-float64(x)))) }
+
+func swiGLU[T float](bk *Backend, out, gate, up []T) {
+	bk.parallelFor(len(out), 16, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			g := gate[i]
+			out[i] = g * sigmoid(g) * up[i]
+		}
+	})
+}
+
+// SwiGLUBackward sets dgate and dup (overwritten) from dout:
+//
+//	dgate = dout·up·σ(g)·(1 + g·(1 − σ(g)));  dup = dout·silu(g)
+func (bk *Backend) SwiGLUBackward(dgate, dup, dout, gate, up *tensor.Tensor) {
+	if !bk.elementwise("SwiGLUBackward", []string{"gate", "up", "dout", "dgate", "dup"}, []*tensor.Tensor{gate, up, dout, dgate, dup}) {
+		return
+	}
+	switch gate.DType() {
+	case tensor.Float32:
+		swiGLUBackward(bk, dgate.F32(), dup.F32(), dout.F32(), gate.F32(), up.F32())
+	case tensor.Float64:
+		swiGLUBackward(bk, dgate.F64(), dup.F64(), dout.F64(), gate.F64(), up.F64())
+	}
+}
+
+func swiGLUBackward[T float](bk *Backend, dgate, dup, dout, gate, up []T) {
+	bk.parallelFor(len(dout), 16, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			g, u, d := gate[i], up[i], dout[i]
+			s := sigmoid(g)
+			dgate[i] = d * u * s * (1 + g*(1-s))
+			dup[i] = d * g * s
+		}
+	})
+}
+
+// geluC is sqrt(2/π), geluA the cubic coefficient of the tanh approximation.
+const (
+	geluC = 0.7978845608028654
+	geluA = 0.044715
+)
+
+// GELU sets out = 0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³))). out may
+// alias x.
+func (bk *Backend) GELU(out, x *tensor.Tensor) {
+	if !bk.elementwise("GELU", []string{"x", "out"}, []*tensor.Tensor{x, out}) {
+		return
+	}
+	switch x.DType() {
+	case tensor.Float32:
+		gelu(bk, out.F32(), x.F32())
+	case tensor.Float64:
+		gelu(bk, out.F64(), x.F64())
+	}
+}
+
+func gelu[T float](bk *Backend, out, x []T) {
+	bk.parallelFor(len(out), 16, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			v := float64(x[i])
+			out[i] = T(0.5 * v * (1 + math.Tanh(geluC*(v+geluA*v*v*v))))
+		}
+	})
+}
+
+// GELUBackward sets dx = dout·gelu'(x) (overwritten).
+func (bk *Backend) GELUBackward(dx, dout, x *tensor.Tensor) {
+	if !bk.elementwise("GELUBackward", []string{"x", "dout", "dx"}, []*tensor.Tensor{x, dout, dx}) {
+		return
+	}
+	switch x.DType() {
+	case tensor.Float32:
+		geluBackward(bk, dx.F32(), dout.F32(), x.F32())
+	case tensor.Float64:
+		geluBackward(bk, dx.F64(), dout.F64(), x.F64())
+	}
+}
+
+func geluBackward[T float](bk *Backend, dx, dout, x []T) {
+	bk.parallelFor(len(dx), 16, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			v := float64(x[i])
+			t := math.Tanh(geluC * (v + geluA*v*v*v))
+			d := 0.5*(1+t) + 0.5*v*(1-t*t)*geluC*(1+3*geluA*v*v)
+			dx[i] = T(float64(dout[i]) * d)
+		}
+	})
+}
+
+// Softmax sets out = softmax(x) over the last dimension (max-subtracted).
+// out may alias x.
+func (bk *Backend) Softmax(out, x *tensor.Tensor) {
+	c := bk.check("Softmax")
+	c.float("x", x)
+	c.rank("x", x, 1, 8)
+	c.like("out", out, "x", x)
+	if !c.ok() {
+		return
+	}
+	n, cols := rows(x)
+	switch x.DType() {
+	case tensor.Float32:
+		softmax(bk, out.F32(), x.F32(), n, cols)
+	case tensor.Float64:
+		softmax(bk, out.F64(), x.F64(), n, cols)
+	}
+}
+
+func softmax[T float](bk *Backend, out, x []T, n, cols int) {
+	bk.parallelFor(n, 16*cols, func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			xr, or := x[r*cols:(r+1)*cols], out[r*cols:(r+1)*cols]
+			m := T(math.Inf(-1))
+			for _, v := range xr {
+				m = max(m, v)
+			}
+			var sum T
+			for j, v := range xr {
+				e := T(math.Exp(float64(v - m)))
+				or[j] = e
+				sum += e
+			}
+			inv := 1 / sum
+			for j := range or {
+				or[j] *= inv
+			}
+		}
+	})
+}
+
+// SoftmaxBackward sets dx = out·(dout − Σ dout·out), row by row
+// (overwritten; dx may alias dout).
+func (bk *Backend) SoftmaxBackward(dx, dout, out *tensor.Tensor) {
+	c := bk.check("SoftmaxBackward")
+	c.float("out", out)
+	c.rank("out", out, 1, 8)
+	c.like("dout", dout, "out", out)
+	c.like("dx", dx, "out", out)
+	if !c.ok() {
+		return
+	}
+	n, cols := rows(out)
+	switch out.DType() {
+	case tensor.Float32:
+		softmaxBackward(bk, dx.F32(), dout.F32(), out.F32(), n, cols)
+	case tensor.Float64:
+		softmaxBackward(bk, dx.F64(), dout.F64(), out.F64(), n, cols)
+	}
+}
+
+func softmaxBackward[T float](bk *Backend, dx, dout, out []T, n, cols int) {
+	bk.parallelFor(n, 2*cols, func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			dr, or, dxr := dout[r*cols:(r+1)*cols], out[r*cols:(r+1)*cols], dx[r*cols:(r+1)*cols]
+			var s T
+			for j, v := range dr {
+				s += v * or[j]
+			}
+			for j, v := range dr {
+				dxr[j] = or[j] * (v - s)
+			}
+		}
+	})
+}

@@ -1,0 +1,159 @@
+package cpu
+
+import (
+	"math"
+
+	"github.com/asynctp/asynctp/tensor"
+)
+
+// checkAttention validates q (B, T, H, D), k and v like q, and lse (B, H, T).
+func checkAttention(c *checker, q, k, v, lse *tensor.Tensor) {
+	c.float("q", q)
+	c.rank("q", q, 4, 4)
+	c.like("k", k, "q", q)
+	c.like("v", v, "q", q)
+	if c.failed() {
+		return
+	}
+	c.side("lse", lse, q.DType())
+	s := q.Shape()
+	c.shape("lse", lse, tensor.Shape{s[0], s[2], s[1]}, "(B, H, T) for q "+s.String()+" (B, T, H, D)")
+}
+
+// Attention is causal multi-head attention: position t of each (batch, head)
+// attends to positions [0, t] with weights softmax(scale·q·kᵀ).
+//
+//	q, k, v, out (B, T, H, D); lse (B, H, T), Float32 or q's dtype
+//
+// lse receives the log-sum-exp of each row of scores, for the backward.
+func (bk *Backend) Attention(out, lse, q, k, v *tensor.Tensor, scale float32) {
+	c := bk.check("Attention")
+	checkAttention(c, q, k, v, lse)
+	c.like("out", out, "q", q)
+	if !c.ok() {
+		return
+	}
+	a := newAttn(q.Shape(), scale)
+	switch {
+	case q.DType() == tensor.Float32:
+		attention(bk, a, out.F32(), lse.F32(), q.F32(), k.F32(), v.F32())
+	case lse.DType() == tensor.Float64:
+		attention(bk, a, out.F64(), lse.F64(), q.F64(), k.F64(), v.F64())
+	default:
+		attention(bk, a, out.F64(), lse.F32(), q.F64(), k.F64(), v.F64())
+	}
+}
+
+// attn holds the dimensions of an attention op.
+type attn struct {
+	b, t, h, d int
+	scale      float32
+}
+
+func newAttn(s tensor.Shape, scale float32) attn {
+	return attn{b: s[0], t: s[1], h: s[2], d: s[3], scale: scale}
+}
+
+// row returns the offset of position t of pair bh (= b·H + h) in a
+// (B, T, H, D) tensor.
+func (a attn) row(bh, t int) int { return ((bh/a.h*a.t+t)*a.h + bh%a.h) * a.d }
+
+func dot[T float](x, y []T) T {
+	var s T
+	for i, v := range x {
+		s += v * y[i]
+	}
+	return s
+}
+
+func attention[T, S float](bk *Backend, a attn, out []T, lse []S, q, k, v []T) {
+	d, scale := a.d, T(a.scale)
+	bk.parallelFor(a.b*a.h, a.t*a.t*a.d, func(lo, hi int) {
+		s := make([]T, a.t) // scores of one row
+		for bh := lo; bh < hi; bh++ {
+			for i := range a.t {
+				qi := q[a.row(bh, i):][:d]
+				m := T(math.Inf(-1))
+				for j := 0; j <= i; j++ {
+					s[j] = scale * dot(qi, k[a.row(bh, j):][:d])
+					m = max(m, s[j])
+				}
+				var sum T
+				for j := 0; j <= i; j++ {
+					s[j] = T(math.Exp(float64(s[j] - m)))
+					sum += s[j]
+				}
+				oi := out[a.row(bh, i):][:d]
+				clear(oi)
+				inv := 1 / sum
+				for j := 0; j <= i; j++ {
+					p := s[j] * inv
+					for x, vv := range v[a.row(bh, j):][:d] {
+						oi[x] += p * vv
+					}
+				}
+				lse[bh*a.t+i] = S(m + T(math.Log(float64(sum))))
+			}
+		}
+	})
+}
+
+// AttentionBackward sets dq, dk, dv (overwritten) from dout and the
+// forward's q, k, v, out and lse, recomputing the probabilities
+// p = exp(scale·q·kᵀ − lse):
+//
+//	dv = pᵀ·dout;  ds = p∘(dout·vᵀ − rowsum(dout∘out));  dq = scale·ds·k;  dk = scale·dsᵀ·q
+func (bk *Backend) AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse *tensor.Tensor, scale float32) {
+	c := bk.check("AttentionBackward")
+	checkAttention(c, q, k, v, lse)
+	c.like("out", out, "q", q)
+	c.like("dout", dout, "q", q)
+	c.like("dq", dq, "q", q)
+	c.like("dk", dk, "q", q)
+	c.like("dv", dv, "q", q)
+	if !c.ok() {
+		return
+	}
+	a := newAttn(q.Shape(), scale)
+	switch {
+	case q.DType() == tensor.Float32:
+		attentionBackward(bk, a, dq.F32(), dk.F32(), dv.F32(), dout.F32(), q.F32(), k.F32(), v.F32(), out.F32(), lse.F32())
+	case lse.DType() == tensor.Float64:
+		attentionBackward(bk, a, dq.F64(), dk.F64(), dv.F64(), dout.F64(), q.F64(), k.F64(), v.F64(), out.F64(), lse.F64())
+	default:
+		attentionBackward(bk, a, dq.F64(), dk.F64(), dv.F64(), dout.F64(), q.F64(), k.F64(), v.F64(), out.F64(), lse.F32())
+	}
+}
+
+func attentionBackward[T, S float](bk *Backend, a attn, dq, dk, dv, dout, q, k, v, out []T, lse []S) {
+	d, scale := a.d, T(a.scale)
+	// Every gradient row of a pair is written by the goroutine that owns the
+	// pair, so pairs run in parallel.
+	bk.parallelFor(a.b*a.h, 2*a.t*a.t*a.d, func(lo, hi int) {
+		for bh := lo; bh < hi; bh++ {
+			for i := range a.t {
+				o := a.row(bh, i)
+				clear(dq[o : o+d])
+				clear(dk[o : o+d])
+				clear(dv[o : o+d])
+			}
+			for i := range a.t {
+				oi := a.row(bh, i)
+				qi, doi, dqi := q[oi:oi+d], dout[oi:oi+d], dq[oi:oi+d]
+				di := dot(doi, out[oi:oi+d])
+				l := T(lse[bh*a.t+i])
+				for j := 0; j <= i; j++ {
+					oj := a.row(bh, j)
+					kj, vj, dkj, dvj := k[oj:oj+d], v[oj:oj+d], dk[oj:oj+d], dv[oj:oj+d]
+					p := T(math.Exp(float64(scale*dot(qi, kj) - l)))
+					ds := p * (dot(doi, vj) - di) * scale
+					for x := range d {
+						dvj[x] += p * doi[x]
+						dqi[x] += ds * kj[x]
+						dkj[x] += ds * qi[x]
+					}
+				}
+			}
+		}
+	})
+}

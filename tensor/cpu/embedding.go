@@ -1,0 +1,85 @@
+package cpu
+
+import (
+	"github.com/asynctp/asynctp/tensor"
+)
+
+// checkEmbedding validates table (V, C), ids (N) int32 with every id in
+// [0, V), and a per-token tensor x (N, C) named xName.
+func checkEmbedding(c *checker, tableName string, table, ids *tensor.Tensor, xName string, x *tensor.Tensor) {
+	c.float(tableName, table)
+	c.rank(tableName, table, 2, 2)
+	c.dtype("ids", ids, tensor.Int32)
+	if c.failed() {
+		return
+	}
+	c.dtype(xName, x, table.DType())
+	want := append(ids.Shape().Clone(), table.Dim(1))
+	c.shape(xName, x, want, "(one row of "+tableName+" "+table.Shape().String()+" per id of ids "+ids.Shape().String()+")")
+	if c.failed() {
+		return
+	}
+	v := table.Dim(0)
+	for i, id := range ids.I32() {
+		if id < 0 || int(id) >= v {
+			c.failf("ids[%d] = %d is outside [0, %d), the rows of %s %v", i, id, v, tableName, table.Shape())
+			return
+		}
+	}
+}
+
+// Embedding sets out[n, :] = table[ids[n], :]. ids (N) int32, table (V, C),
+// out (N, C); ids may have more dimensions, out has ids' shape and then C.
+func (bk *Backend) Embedding(out, table, ids *tensor.Tensor) {
+	c := bk.check("Embedding")
+	checkEmbedding(c, "table", table, ids, "out", out)
+	if !c.ok() {
+		return
+	}
+	cols := table.Dim(1)
+	switch table.DType() {
+	case tensor.Float32:
+		embedding(bk, out.F32(), table.F32(), ids.I32(), cols)
+	case tensor.Float64:
+		embedding(bk, out.F64(), table.F64(), ids.I32(), cols)
+	}
+}
+
+func embedding[T float](bk *Backend, out, table []T, ids []int32, cols int) {
+	bk.parallelFor(len(ids), cols, func(lo, hi int) {
+		for n := lo; n < hi; n++ {
+			id := int(ids[n])
+			copy(out[n*cols:(n+1)*cols], table[id*cols:(id+1)*cols])
+		}
+	})
+}
+
+// EmbeddingBackward accumulates dtable[ids[n], :] += dout[n, :]. Repeated ids
+// add up in the order of n.
+func (bk *Backend) EmbeddingBackward(dtable, dout, ids *tensor.Tensor) {
+	c := bk.check("EmbeddingBackward")
+	checkEmbedding(c, "dtable", dtable, ids, "dout", dout)
+	if !c.ok() {
+		return
+	}
+	cols := dtable.Dim(1)
+	switch dtable.DType() {
+	case tensor.Float32:
+		embeddingBackward(bk, dtable.F32(), dout.F32(), ids.I32(), cols)
+	case tensor.Float64:
+		embeddingBackward(bk, dtable.F64(), dout.F64(), ids.I32(), cols)
+	}
+}
+
+// embeddingBackward splits the columns between goroutines, so repeated ids
+// never race and each column adds up in the order of n.
+func embeddingBackward[T float](bk *Backend, dtable, dout []T, ids []int32, cols int) {
+	bk.parallelFor(cols, len(ids), func(lo, hi int) {
+		for n, id := range ids {
+			dst := dtable[int(id)*cols+lo : int(id)*cols+hi]
+			for j, v := range dout[n*cols+lo : n*cols+hi] {
+				dst[j] += v
+			}
+		}
+	})
+}

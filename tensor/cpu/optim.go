@@ -1,0 +1,197 @@
+package cpu
+
+import (
+	"math"
+
+	"github.com/asynctp/asynctp/tensor"
+)
+
+// optChunk is the number of elements an AdamW or SumSquares work item
+// covers; fixed, so that results do not depend on the thread count.
+const optChunk = 1 << 14
+
+// AdamW updates p in place from the gradient g with the moments m and v:
+//
+//	g' = GradScale·g   (GradScale 0 means 1)
+//	m = β1·m + (1−β1)·g';  v = β2·v + (1−β2)·g'²
+//	p −= LR·(m/(1−β1^t) / (sqrt(v/(1−β2^t)) + ε) + WeightDecay·p)
+//
+// with t = hp.Step ≥ 1. The update is computed in the dtype of master when
+// master is not nil (Float32, or Float64), and p then receives master rounded
+// to p's dtype; otherwise in p's dtype (Float32 or Float64). m and v have the
+// compute dtype; g may be any float dtype. All have the same numel.
+func (bk *Backend) AdamW(p, g, m, v, master *tensor.Tensor, hp tensor.AdamW) {
+	c := bk.check("AdamW")
+	c.host("p", p)
+	c.host("g", g)
+	if master != nil {
+		c.float("master", master)
+	}
+	if c.failed() {
+		c.ok()
+		return
+	}
+	w := p // the weights the update is computed on
+	if master != nil {
+		w = master
+	}
+	cd := w.DType()
+	if !p.DType().IsFloat() || !g.DType().IsFloat() {
+		c.failf("p %v and g %v must be float tensors", p, g)
+	}
+	if cd != tensor.Float32 && cd != tensor.Float64 {
+		c.failf("p is %v, expected f32 or f64, or an f32 master copy for a bf16 p", p)
+	}
+	c.dtype("m", m, cd)
+	c.dtype("v", v, cd)
+	if c.failed() {
+		c.ok()
+		return
+	}
+	for _, t := range []struct {
+		name string
+		t    *tensor.Tensor
+	}{{"g", g}, {"m", m}, {"v", v}, {"master", master}} {
+		if t.t != nil && t.t.Numel() != p.Numel() {
+			c.failf("%s %v has %d elements, expected %d like p %v", t.name, t.t, t.t.Numel(), p.Numel(), p)
+		}
+	}
+	if hp.Step < 1 {
+		c.failf("hp.Step = %d, expected ≥ 1 (bias correction counts steps from 1)", hp.Step)
+	}
+	if !c.ok() {
+		return
+	}
+	switch cd {
+	case tensor.Float32:
+		adamW(bk, w.F32(), g, m.F32(), v.F32(), p, master != nil, hp)
+	case tensor.Float64:
+		adamW(bk, w.F64(), g, m.F64(), v.F64(), p, master != nil, hp)
+	}
+}
+
+// adamW updates the weights wd (p, or the master copy, in which case p
+// receives them rounded when toP is set).
+func adamW[T float](bk *Backend, wd []T, g *tensor.Tensor, m, v []T, p *tensor.Tensor, toP bool, hp tensor.AdamW) {
+	gs := hp.GradScale
+	if gs == 0 {
+		gs = 1
+	}
+	b1, b2 := T(hp.Beta1), T(hp.Beta2)
+	bc1 := T(1 - math.Pow(float64(hp.Beta1), float64(hp.Step)))
+	bc2 := T(1 - math.Pow(float64(hp.Beta2), float64(hp.Step)))
+	lr, eps, decay, scale := T(hp.LR), T(hp.Eps), T(hp.WeightDecay), T(gs)
+	n := len(m)
+	chunks := (n + optChunk - 1) / optChunk
+	bk.parallelFor(chunks, 16*optChunk, func(lo, hi int) {
+		gbuf := make([]T, optChunk)
+		for ch := lo; ch < hi; ch++ {
+			s, e := ch*optChunk, min((ch+1)*optChunk, n)
+			gr := loadFloats(gbuf[:e-s], g, s)
+			for i := s; i < e; i++ {
+				gi := scale * gr[i-s]
+				m[i] = b1*m[i] + (1-b1)*gi
+				v[i] = b2*v[i] + (1-b2)*gi*gi
+				mhat, vhat := m[i]/bc1, v[i]/bc2
+				wd[i] -= lr * (mhat/(T(math.Sqrt(float64(vhat)))+eps) + decay*wd[i])
+			}
+			if toP {
+				storeFloats(p, s, wd[s:e])
+			}
+		}
+	})
+}
+
+// loadFloats returns the elements [s, s+len(buf)) of the host float tensor t
+// as T: t's own storage when it has dtype T, else converted into buf.
+func loadFloats[T float](buf []T, t *tensor.Tensor, s int) []T {
+	e := s + len(buf)
+	switch t.DType() {
+	case tensor.Float32:
+		if d, ok := any(t.F32()[s:e]).([]T); ok {
+			return d
+		}
+		for i, x := range t.F32()[s:e] {
+			buf[i] = T(x)
+		}
+	case tensor.Float64:
+		if d, ok := any(t.F64()[s:e]).([]T); ok {
+			return d
+		}
+		for i, x := range t.F64()[s:e] {
+			buf[i] = T(x)
+		}
+	case tensor.BFloat16:
+		for i, x := range t.BF16()[s:e] {
+			buf[i] = T(tensor.BF16ToFloat32(x))
+		}
+	}
+	return buf
+}
+
+// storeFloats writes src into the elements [s, s+len(src)) of the host float
+// tensor t, rounding to t's dtype.
+func storeFloats[T float](t *tensor.Tensor, s int, src []T) {
+	e := s + len(src)
+	switch t.DType() {
+	case tensor.Float32:
+		d := t.F32()[s:e]
+		for i, x := range src {
+			d[i] = float32(x)
+		}
+	case tensor.Float64:
+		d := t.F64()[s:e]
+		for i, x := range src {
+			d[i] = float64(x)
+		}
+	case tensor.BFloat16:
+		d := t.BF16()[s:e]
+		for i, x := range src {
+			d[i] = tensor.BF16FromFloat32(float32(x))
+		}
+	}
+}
+
+// SumSquares returns Σ x² for a float tensor, accumulated in float64 (in
+// fixed blocks, then the blocks in order). It returns NaN, and does nothing,
+// once the backend holds an error.
+func (bk *Backend) SumSquares(x *tensor.Tensor) float64 {
+	c := bk.check("SumSquares")
+	c.host("x", x)
+	if !c.failed() && !x.DType().IsFloat() {
+		c.failf("x is %v, expected a float tensor", x)
+	}
+	if !c.ok() {
+		return math.NaN()
+	}
+	n := x.Numel()
+	chunks := (n + optChunk - 1) / optChunk
+	part := make([]float64, chunks)
+	bk.parallelFor(chunks, optChunk, func(lo, hi int) {
+		for ch := lo; ch < hi; ch++ {
+			s, e := ch*optChunk, min((ch+1)*optChunk, n)
+			var sum float64
+			switch x.DType() {
+			case tensor.Float32:
+				for _, v := range x.F32()[s:e] {
+					sum += float64(v) * float64(v)
+				}
+			case tensor.Float64:
+				for _, v := range x.F64()[s:e] {
+					sum += v * v
+				}
+			case tensor.BFloat16:
+				for _, v := range x.BF16()[s:e] {
+					f := float64(tensor.BF16ToFloat32(v))
+					sum += f * f
+				}
+			}
+			part[ch] = sum
+		}
+	})
+	var sum float64
+	for _, v := range part {
+		sum += v
+	}
+	return sum
+}
