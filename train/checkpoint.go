@@ -1,0 +1,317 @@
+package train
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/asynctp/asynctp/tensor"
+)
+
+// CheckpointName is the directory name of the checkpoint after step steps:
+// "step-000100".
+func CheckpointName(step int) string { return fmt.Sprintf("step-%06d", step) }
+
+var ckptName = regexp.MustCompile(`^step-([0-9]{6,})$`)
+
+// checkpointStep parses a checkpoint directory name.
+func checkpointStep(name string) (int, bool) {
+	m := ckptName.FindStringSubmatch(name)
+	if m == nil {
+		return 0, false
+	}
+	n, err := strconv.Atoi(m[1])
+	return n, err == nil
+}
+
+// SaveCheckpoint writes the parameters and moments of opt and the state st
+// as outDir/step-NNNNNN (NNNNNN = st.Step), then points outDir/latest at
+// it. The directory is written under a temporary name, fsynced and renamed
+// into place, so a crash leaves either the old or the new checkpoint, never
+// a half-written one. st.FormatVersion, st.ModelDType and st.Files are
+// filled in here. It returns the checkpoint's path.
+func SaveCheckpoint(outDir string, b tensor.Backend, opt *AdamW, st State) (string, error) {
+	name := CheckpointName(st.Step)
+	if err := os.MkdirAll(outDir, 0o755); err != nil {
+		return "", fmt.Errorf("train: checkpoint %s: %w", name, err)
+	}
+	tmp, err := os.MkdirTemp(outDir, ".tmp-"+name+"-")
+	if err != nil {
+		return "", fmt.Errorf("train: checkpoint %s: %w", name, err)
+	}
+	done := false
+	defer func() {
+		if !done {
+			os.RemoveAll(tmp)
+		}
+	}()
+
+	params, moments, err := checkpointTensors(b, opt)
+	if err != nil {
+		return "", fmt.Errorf("train: checkpoint %s: %w", name, err)
+	}
+	st.FormatVersion = FormatVersion
+	st.ModelDType = opt.w.DType().String()
+	st.Files = map[string]string{}
+	for _, f := range []struct {
+		name    string
+		tensors []NamedTensor
+	}{{ModelFile, params}, {OptimFile, moments}} {
+		meta := map[string]string{"format": "asynctp", "step": strconv.Itoa(st.Step)}
+		sum, err := writeFileSync(filepath.Join(tmp, f.name), func(w io.Writer) error {
+			return WriteSafetensors(w, f.tensors, meta)
+		})
+		if err != nil {
+			return "", fmt.Errorf("train: checkpoint %s/%s: %w", name, f.name, err)
+		}
+		st.Files[f.name] = sum
+	}
+	js, err := marshalState(&st)
+	if err != nil {
+		return "", fmt.Errorf("train: checkpoint %s/%s: %w", name, StateFile, err)
+	}
+	if _, err := writeFileSync(filepath.Join(tmp, StateFile), func(w io.Writer) error {
+		_, err := w.Write(js)
+		return err
+	}); err != nil {
+		return "", fmt.Errorf("train: checkpoint %s/%s: %w", name, StateFile, err)
+	}
+	if err := syncDir(tmp); err != nil {
+		return "", fmt.Errorf("train: checkpoint %s: %w", name, err)
+	}
+
+	final := filepath.Join(outDir, name)
+	// A checkpoint of the same step from an earlier run (a resume from an
+	// older checkpoint) is replaced: moved aside first, removed after.
+	var old string
+	if _, err := os.Stat(final); err == nil {
+		old = filepath.Join(outDir, ".old-"+name+"-"+filepath.Base(tmp))
+		if err := os.Rename(final, old); err != nil {
+			return "", fmt.Errorf("train: replacing checkpoint %s: %w", name, err)
+		}
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		if old != "" {
+			os.Rename(old, final)
+		}
+		return "", fmt.Errorf("train: checkpoint %s: %w", name, err)
+	}
+	done = true
+	if old != "" {
+		os.RemoveAll(old)
+	}
+	if err := syncDir(outDir); err != nil {
+		return "", fmt.Errorf("train: checkpoint %s: %w", name, err)
+	}
+	if err := writeLatest(outDir, name); err != nil {
+		return "", err
+	}
+	return final, nil
+}
+
+// checkpointTensors downloads the parameters (the fp32 master copy when
+// there is one) and the moments into host tensors, named for the files.
+func checkpointTensors(b tensor.Backend, opt *AdamW) (params, moments []NamedTensor, err error) {
+	moms, err := opt.Moments()
+	if err != nil {
+		return nil, nil, err
+	}
+	for i, p := range opt.ps.Params() {
+		src := p.W
+		if mv, err := opt.masterView(p); err != nil {
+			return nil, nil, err
+		} else if mv != nil {
+			src = mv
+		}
+		pt, err := download(b, src)
+		if err != nil {
+			return nil, nil, fmt.Errorf("parameter %q: %w", p.Name, err)
+		}
+		params = append(params, NamedTensor{p.Name, pt})
+		mt, err := download(b, moms[i].M)
+		if err != nil {
+			return nil, nil, fmt.Errorf("moment m of %q: %w", p.Name, err)
+		}
+		vt, err := download(b, moms[i].V)
+		if err != nil {
+			return nil, nil, fmt.Errorf("moment v of %q: %w", p.Name, err)
+		}
+		moments = append(moments, NamedTensor{"m." + p.Name, mt}, NamedTensor{"v." + p.Name, vt})
+	}
+	return params, moments, nil
+}
+
+func download(b tensor.Backend, src *tensor.Tensor) (*tensor.Tensor, error) {
+	h, err := tensor.Host(src.DType(), src.Shape()...)
+	if err != nil {
+		return nil, err
+	}
+	b.Download(h, src)
+	if err := b.Err(); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// writeFileSync creates path, lets fill write it through a buffer, fsyncs
+// and closes it, and returns the hex sha256 of what was written.
+func writeFileSync(path string, fill func(io.Writer) error) (string, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return "", err
+	}
+	h := sha256.New()
+	bw := bufio.NewWriterSize(io.MultiWriter(f, h), 1<<20)
+	err = fill(bw)
+	if err == nil {
+		err = bw.Flush()
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// writeLatest points outDir/latest at the checkpoint called name (temp file,
+// fsync, rename, fsync of the directory).
+func writeLatest(outDir, name string) error {
+	f, err := os.CreateTemp(outDir, ".tmp-latest-")
+	if err != nil {
+		return fmt.Errorf("train: updating %s: %w", LatestFile, err)
+	}
+	tmp := f.Name()
+	_, err = f.WriteString(name + "\n")
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, filepath.Join(outDir, LatestFile))
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("train: updating %s: %w", LatestFile, err)
+	}
+	if err := syncDir(outDir); err != nil {
+		return fmt.Errorf("train: updating %s: %w", LatestFile, err)
+	}
+	return nil
+}
+
+// ListCheckpoints returns the paths of the checkpoints in outDir, oldest
+// (lowest step) first.
+func ListCheckpoints(outDir string) ([]string, error) {
+	ents, err := os.ReadDir(outDir)
+	if err != nil {
+		return nil, err
+	}
+	type ck struct {
+		step int
+		path string
+	}
+	var cks []ck
+	for _, e := range ents {
+		if s, ok := checkpointStep(e.Name()); ok && e.IsDir() {
+			cks = append(cks, ck{s, filepath.Join(outDir, e.Name())})
+		}
+	}
+	sort.Slice(cks, func(i, j int) bool { return cks[i].step < cks[j].step })
+	out := make([]string, len(cks))
+	for i, c := range cks {
+		out[i] = c.path
+	}
+	return out, nil
+}
+
+// PruneCheckpoints removes all but the newest keep checkpoints of outDir
+// (keep <= 0 keeps all). The one named by latest is never removed.
+func PruneCheckpoints(outDir string, keep int) error {
+	if keep <= 0 {
+		return nil
+	}
+	cks, err := ListCheckpoints(outDir)
+	if err != nil {
+		return fmt.Errorf("train: pruning checkpoints: %w", err)
+	}
+	latest, _ := LatestCheckpoint(outDir)
+	for _, c := range cks[:max(len(cks)-keep, 0)] {
+		if c == latest {
+			continue
+		}
+		if err := os.RemoveAll(c); err != nil {
+			return fmt.Errorf("train: pruning checkpoint %s: %w", c, err)
+		}
+	}
+	return nil
+}
+
+// LatestCheckpoint reads outDir/latest and returns the checkpoint it names.
+func LatestCheckpoint(outDir string) (string, error) {
+	f, err := os.Open(filepath.Join(outDir, LatestFile))
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, 256))
+	if err != nil {
+		return "", err
+	}
+	name := strings.TrimSpace(string(b))
+	if _, ok := checkpointStep(name); !ok {
+		return "", fmt.Errorf("train: %s names %q, not a checkpoint directory like step-000100", filepath.Join(outDir, LatestFile), clip([]byte(name), 40))
+	}
+	return filepath.Join(outDir, name), nil
+}
+
+// ResolveCheckpoint turns a resume argument into a checkpoint directory:
+// path itself when it holds a state.json, else the checkpoint named by
+// path/latest.
+func ResolveCheckpoint(path string) (string, error) {
+	if _, err := os.Stat(filepath.Join(path, StateFile)); err == nil {
+		return path, nil
+	}
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+		return "", fmt.Errorf("train: resume from %s: no such directory", path)
+	}
+	ck, err := LatestCheckpoint(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", fmt.Errorf("train: resume from %s: neither a checkpoint (no %s) nor an out dir (no %s file)", path, StateFile, LatestFile)
+	}
+	if err != nil {
+		return "", fmt.Errorf("train: resume from %s: %w", path, err)
+	}
+	if _, err := os.Stat(filepath.Join(ck, StateFile)); err != nil {
+		return "", fmt.Errorf("train: resume from %s: %s names %s, which has no %s", path, LatestFile, filepath.Base(ck), StateFile)
+	}
+	return ck, nil
+}

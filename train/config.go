@@ -1,0 +1,130 @@
+package train
+
+import (
+	"fmt"
+	"math"
+)
+
+// Config holds the knobs of a training run. The zero value of a field means
+// "use the default" where zero makes no sense (see WithDefaults); for
+// WeightDecay, MinLR, Warmup, GradClip, CheckpointEvery and KeepCheckpoints
+// zero is a real setting (off / none / keep all).
+type Config struct {
+	Steps int `json:"steps"` // total optimizer steps of the run (the last step's number)
+	Batch int `json:"batch"` // sequences per step (B)
+	Seq   int `json:"seq"`   // tokens per sequence (T)
+
+	LR          float64 `json:"lr"`           // peak learning rate, reached at the end of warm-up
+	MinLR       float64 `json:"min_lr"`       // learning rate at the last step (cosine decay target)
+	Warmup      int     `json:"warmup"`       // steps of linear warm-up from 0 to LR
+	WeightDecay float64 `json:"weight_decay"` // decoupled, on the decayed parameters only
+	Beta1       float64 `json:"beta1"`
+	Beta2       float64 `json:"beta2"`
+	Eps         float64 `json:"eps"`
+	GradClip    float64 `json:"grad_clip"` // global-norm clipping threshold; 0 turns it off
+
+	Seed uint64 `json:"seed"` // seeds the data order (the model has its own seed)
+
+	LogEvery        int    `json:"log_every"`        // plain log line every this many steps
+	CheckpointEvery int    `json:"checkpoint_every"` // 0: only the final checkpoint
+	KeepCheckpoints int    `json:"keep_checkpoints"` // keep the newest K checkpoints; 0 keeps all
+	OutDir          string `json:"out_dir"`          // checkpoints, metrics.jsonl, loss.png
+	Resume          string `json:"resume"`           // a checkpoint dir, or an out dir (then its latest)
+}
+
+// DefaultConfig is a full set of sensible defaults (GPT-2-like AdamW).
+func DefaultConfig() Config {
+	return Config{
+		Steps:       1000,
+		Batch:       8,
+		Seq:         128,
+		LR:          3e-4,
+		MinLR:       3e-5,
+		Warmup:      100,
+		WeightDecay: 0.1,
+		Beta1:       0.9,
+		Beta2:       0.95,
+		Eps:         1e-8,
+		GradClip:    1.0,
+		Seed:        1337,
+		LogEvery:    10,
+		OutDir:      "train-out",
+	}
+}
+
+// WithDefaults returns c with the fields whose zero value makes no sense
+// (Steps, Batch, Seq, LR, Beta1, Beta2, Eps, LogEvery, OutDir) set from
+// DefaultConfig. Fields where zero is meaningful are left as they are.
+func (c Config) WithDefaults() Config {
+	d := DefaultConfig()
+	if c.Steps == 0 {
+		c.Steps = d.Steps
+	}
+	if c.Batch == 0 {
+		c.Batch = d.Batch
+	}
+	if c.Seq == 0 {
+		c.Seq = d.Seq
+	}
+	if c.LR == 0 {
+		c.LR = d.LR
+	}
+	if c.Beta1 == 0 {
+		c.Beta1 = d.Beta1
+	}
+	if c.Beta2 == 0 {
+		c.Beta2 = d.Beta2
+	}
+	if c.Eps == 0 {
+		c.Eps = d.Eps
+	}
+	if c.LogEvery == 0 {
+		c.LogEvery = d.LogEvery
+	}
+	if c.OutDir == "" {
+		c.OutDir = d.OutDir
+	}
+	return c
+}
+
+// Validate reports the first setting that cannot work, saying what was found
+// and what is allowed.
+func (c Config) Validate() error {
+	bad := func(name string, v any, want string) error {
+		return fmt.Errorf("train: config %s = %v, want %s", name, v, want)
+	}
+	finite := func(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
+	switch {
+	case c.Steps <= 0:
+		return bad("steps", c.Steps, "> 0")
+	case c.Batch <= 0:
+		return bad("batch", c.Batch, "> 0")
+	case c.Seq <= 0:
+		return bad("seq", c.Seq, "> 0")
+	case !(c.LR > 0) || !finite(c.LR):
+		return bad("lr", c.LR, "a finite value > 0")
+	case !(c.MinLR >= 0) || c.MinLR > c.LR:
+		return bad("min_lr", c.MinLR, fmt.Sprintf("in [0, lr = %g]", c.LR))
+	case c.Warmup < 0 || c.Warmup > c.Steps:
+		return bad("warmup", c.Warmup, fmt.Sprintf("in [0, steps = %d]", c.Steps))
+	case !(c.WeightDecay >= 0) || !finite(c.WeightDecay):
+		return bad("weight_decay", c.WeightDecay, "a finite value >= 0")
+	case !(c.Beta1 >= 0 && c.Beta1 < 1):
+		return bad("beta1", c.Beta1, "in [0, 1)")
+	case !(c.Beta2 >= 0 && c.Beta2 < 1):
+		return bad("beta2", c.Beta2, "in [0, 1)")
+	case !(c.Eps > 0) || !finite(c.Eps):
+		return bad("eps", c.Eps, "a finite value > 0")
+	case !(c.GradClip >= 0) || !finite(c.GradClip):
+		return bad("grad_clip", c.GradClip, "a finite value >= 0 (0 turns clipping off)")
+	case c.LogEvery <= 0:
+		return bad("log_every", c.LogEvery, "> 0")
+	case c.CheckpointEvery < 0:
+		return bad("checkpoint_every", c.CheckpointEvery, ">= 0 (0: only the final checkpoint)")
+	case c.KeepCheckpoints < 0:
+		return bad("keep_checkpoints", c.KeepCheckpoints, ">= 0 (0 keeps all)")
+	case c.OutDir == "":
+		return bad("out_dir", `""`, "a directory")
+	}
+	return nil
+}

@@ -1,0 +1,29 @@
+// Package train runs the training loop of asynctp: the AdamW optimizer over a
+// model's flat parameter buffer, the learning-rate schedule, the data loader,
+// checkpoints, and metrics.
+//
+// One step is: ZeroGrad, Forward, Backward, the global gradient norm (one
+// SumSquares pass), then AdamW with the clipping factor folded into its
+// GradScale (no extra pass over the gradients), then metrics.
+//
+// Everything that decides the numbers of a step is a pure function of the
+// saved state: the parameters, the AdamW moments, the step (learning rate and
+// bias correction) and the data position (epoch, index). So a run of N steps
+// and a run of N/2 steps resumed from its checkpoint produce the same losses,
+// bit for bit.
+//
+// A checkpoint is a directory step-NNNNNN/ under the output directory:
+//
+//	model.safetensors   every parameter by name (F32, or F64 for f64 models)
+//	optim.safetensors   the AdamW moments, "m.<name>" and "v.<name>"
+//	state.json          format version, step, data position, configs,
+//	                    sha256 of both files, and a free-form "layout"
+//
+// It is written into a temporary directory, fsynced and renamed into place;
+// the file "latest" then names it (also written temp + rename). Readers
+// validate everything and never panic on hostile input (see the fuzz tests).
+//
+// Metrics go to metrics.jsonl (one JSON object per step), a PNG loss curve
+// (loss.png), and a progress bar on a terminal or plain log lines otherwise.
+// Only rank 0 writes them (WithRank0).
+package train

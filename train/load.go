@@ -1,0 +1,115 @@
+package train
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/asynctp/asynctp/tensor"
+)
+
+// LoadCheckpoint reads the checkpoint in dir into opt's parameters and
+// moments and returns its state. Everything is validated before anything is
+// written, so on error the model and optimizer are unchanged: the state's
+// version and fields, each file's sha256, each file's structure, and every
+// tensor's presence, dtype and shape against the model (a tensor the model
+// does not have is an error too).
+func LoadCheckpoint(dir string, b tensor.Backend, opt *AdamW) (*State, error) {
+	label := filepath.Base(dir)
+	st, err := ReadState(filepath.Join(dir, StateFile))
+	if err != nil {
+		return nil, fmt.Errorf("train: checkpoint %s: %w", label, err)
+	}
+	if want := opt.w.DType().String(); st.ModelDType != want {
+		return nil, fmt.Errorf("train: checkpoint %s holds %s parameters, but the model's are %s", label, st.ModelDType, want)
+	}
+	files := map[string]*Safetensors{}
+	for _, f := range []string{ModelFile, OptimFile} {
+		name := label + "/" + f
+		data, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			return nil, fmt.Errorf("train: checkpoint %s: %w", name, err)
+		}
+		sum := sha256.Sum256(data)
+		if got := hex.EncodeToString(sum[:]); got != st.Files[f] {
+			return nil, fmt.Errorf("train: checkpoint %s is corrupted: sha256 %s, expected %s (from %s)", name, got, st.Files[f], StateFile)
+		}
+		sf, err := ReadSafetensors(data)
+		if err != nil {
+			return nil, fmt.Errorf("train: checkpoint %s: %w", name, err)
+		}
+		files[f] = sf
+	}
+
+	// Decode everything first: nothing is written unless all of it fits.
+	type upload struct {
+		dst, src *tensor.Tensor
+	}
+	var ups []upload
+	take := func(file string, sf *Safetensors, seen map[string]bool, name string, dst *tensor.Tensor, dt tensor.DType) error {
+		e, ok := sf.Entries[name]
+		if !ok {
+			return fmt.Errorf("train: checkpoint %s/%s has no tensor %q, which the model needs", label, file, name)
+		}
+		seen[name] = true
+		if e.DType != dt {
+			return fmt.Errorf("train: checkpoint %s/%s: tensor %q is %v, want %v", label, file, name, e.DType, dt)
+		}
+		if !e.Shape.Equal(dst.Shape()) {
+			return fmt.Errorf("train: checkpoint %s/%s: tensor %q has shape %v, the model's is %v", label, file, name, e.Shape, dst.Shape())
+		}
+		h, err := e.Tensor()
+		if err != nil {
+			return fmt.Errorf("train: checkpoint %s/%s: %w", label, file, err)
+		}
+		ups = append(ups, upload{dst, h})
+		return nil
+	}
+	moms, err := opt.Moments()
+	if err != nil {
+		return nil, err
+	}
+	seenModel, seenOptim := map[string]bool{}, map[string]bool{}
+	for i, p := range opt.ps.Params() {
+		dst := p.W
+		mv, err := opt.masterView(p)
+		if err != nil {
+			return nil, err
+		}
+		if mv != nil {
+			dst = mv
+		}
+		if err := take(ModelFile, files[ModelFile], seenModel, p.Name, dst, dst.DType()); err != nil {
+			return nil, err
+		}
+		if err := take(OptimFile, files[OptimFile], seenOptim, "m."+p.Name, moms[i].M, moms[i].M.DType()); err != nil {
+			return nil, err
+		}
+		if err := take(OptimFile, files[OptimFile], seenOptim, "v."+p.Name, moms[i].V, moms[i].V.DType()); err != nil {
+			return nil, err
+		}
+	}
+	for _, c := range []struct {
+		file string
+		seen map[string]bool
+	}{{ModelFile, seenModel}, {OptimFile, seenOptim}} {
+		for _, n := range files[c.file].Names() {
+			if !c.seen[n] {
+				return nil, fmt.Errorf("train: checkpoint %s/%s holds tensor %q, which the model does not have", label, c.file, n)
+			}
+		}
+	}
+
+	for _, u := range ups {
+		b.Upload(u.dst, u.src)
+	}
+	if opt.master != nil {
+		b.Copy(opt.w, opt.master)
+	}
+	if err := b.Err(); err != nil {
+		return nil, fmt.Errorf("train: loading checkpoint %s: %w", label, err)
+	}
+	return st, nil
+}

@@ -1,0 +1,180 @@
+package train
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/tensor"
+)
+
+// Model is what the loop needs of a model: layers.GPT has it, and so will
+// a tensor-parallel model.
+type Model interface {
+	Params() *layers.ParamSet
+	// Forward runs the model on host int32 ids and targets (B, T) and
+	// returns the mean loss.
+	Forward(ids, targets *tensor.Tensor) (float64, error)
+	// Backward accumulates the gradients of the last Forward's loss.
+	Backward() error
+	ZeroGrad()
+	// FLOPsPerToken is the cost of one token's forward and backward.
+	FLOPsPerToken() float64
+}
+
+// Result sums up a run.
+type Result struct {
+	Step           int       // the last step done (the run's global step count)
+	StartStep      int       // the step the run started from (0, or the resumed checkpoint's)
+	StepsRun       int       // steps done by this call
+	FinalLoss      float64   // loss of the last step done
+	Losses         []float64 // loss of each step done by this call, from StartStep+1
+	TokensPerSec   float64   // over the steps done by this call
+	Elapsed        time.Duration
+	LastCheckpoint string // path of the newest checkpoint written or resumed from ("" if none)
+}
+
+// Option changes how Run reports and records.
+type Option func(*runOptions)
+
+type runOptions struct {
+	rank0       bool
+	out         io.Writer
+	bar         *bool
+	val         *Loader
+	valEvery    int
+	valBatches  int
+	modelConfig any
+	layout      any
+	extra       func(step int) map[string]any
+	hook        func(StepMetrics)
+}
+
+// WithRank0 says whether this process is rank 0 (the default). Only rank 0
+// writes metrics, logs, the plot and checkpoints; the parallel code turns
+// it off on the other ranks.
+func WithRank0(isRank0 bool) Option { return func(o *runOptions) { o.rank0 = isRank0 } }
+
+// WithOutput sets where log lines and the progress bar go (default
+// os.Stdout).
+func WithOutput(w io.Writer) Option { return func(o *runOptions) { o.out = w } }
+
+// WithProgressBar forces the progress bar on or off; by default it is on
+// when the output is a terminal, and plain log lines every LogEvery steps
+// are printed otherwise.
+func WithProgressBar(on bool) Option { return func(o *runOptions) { o.bar = &on } }
+
+// WithValidation evaluates the mean loss over the first batches batches of
+// val every every steps and at the last step, reported as "val_loss".
+func WithValidation(val *Loader, every, batches int) Option {
+	return func(o *runOptions) { o.val, o.valEvery, o.valBatches = val, every, batches }
+}
+
+// WithModelConfig records the model's configuration in state.json (a model
+// with a Config() layers.GPTConfig method is recorded without this).
+func WithModelConfig(cfg any) Option { return func(o *runOptions) { o.modelConfig = cfg } }
+
+// WithLayout records a free-form layout object in state.json (how the
+// parallel code sharded the tensors).
+func WithLayout(layout any) Option { return func(o *runOptions) { o.layout = layout } }
+
+// WithExtraMetrics adds fields to each step's metrics (aux loss, ...).
+func WithExtraMetrics(fn func(step int) map[string]any) Option {
+	return func(o *runOptions) { o.extra = fn }
+}
+
+// WithStepHook calls fn after every step, on every rank.
+func WithStepHook(fn func(StepMetrics)) Option { return func(o *runOptions) { o.hook = fn } }
+
+// Run trains model on data for cfg.Steps steps (counted from 0, or from the
+// checkpoint named by cfg.Resume). Each step: ZeroGrad, Forward, Backward,
+// the gradient norm, AdamW with clipping, metrics. It writes a checkpoint
+// every cfg.CheckpointEvery steps and at the end.
+//
+// A non-finite loss or gradient norm stops the run with an error naming the
+// step and the last good checkpoint; the bad state is not saved. When ctx is
+// cancelled the run stops after the current step, writes a checkpoint and
+// returns an error wrapping ctx's cause (errors.Is(err, context.Canceled)).
+// The Result is filled in every case.
+func Run(ctx context.Context, b tensor.Backend, model Model, data *Loader, cfg Config, opts ...Option) (Result, error) {
+	o := runOptions{rank0: true, out: os.Stdout}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return Result{}, err
+	}
+	if b == nil || model == nil || data == nil {
+		return Result{}, errors.New("train: Run needs a backend, a model and a data loader")
+	}
+	if dc := data.Config(); dc.Batch != cfg.Batch || dc.Seq != cfg.Seq || dc.Seed != cfg.Seed {
+		return Result{}, fmt.Errorf("train: the loader of %s yields batch %d, seq %d with seed %d; the config says batch %d, seq %d, seed %d",
+			data.Name(), dc.Batch, dc.Seq, dc.Seed, cfg.Batch, cfg.Seq, cfg.Seed)
+	}
+	if o.val != nil && (o.valEvery <= 0 || o.valBatches <= 0) {
+		return Result{}, fmt.Errorf("train: validation every %d steps over %d batches, want both > 0", o.valEvery, o.valBatches)
+	}
+	ps := model.Params()
+	if ps == nil {
+		return Result{}, errors.New("train: the model has no parameter set")
+	}
+	opt, err := NewAdamW(b, ps, AdamWConfig{Beta1: cfg.Beta1, Beta2: cfg.Beta2, Eps: cfg.Eps, WeightDecay: cfg.WeightDecay})
+	if err != nil {
+		return Result{}, err
+	}
+	modelCfg, err := modelConfigJSON(model, o.modelConfig)
+	if err != nil {
+		return Result{}, err
+	}
+	var layout json.RawMessage
+	if o.layout != nil {
+		if layout, err = json.Marshal(o.layout); err != nil {
+			return Result{}, fmt.Errorf("train: layout: %w", err)
+		}
+	}
+
+	r := &runner{ctx: ctx, b: b, model: model, data: data, cfg: cfg, o: o, opt: opt, modelCfg: modelCfg, layout: layout}
+	if cfg.Resume != "" {
+		dir, err := ResolveCheckpoint(cfg.Resume)
+		if err != nil {
+			return Result{}, err
+		}
+		st, err := LoadCheckpoint(dir, b, opt)
+		if err != nil {
+			return Result{}, err
+		}
+		if err := data.Seek(st.Data); err != nil {
+			return Result{}, fmt.Errorf("train: resume from %s: %w", dir, err)
+		}
+		if st.Step > cfg.Steps {
+			return Result{}, fmt.Errorf("train: resume from %s: the checkpoint is at step %d, past the run's %d steps", dir, st.Step, cfg.Steps)
+		}
+		r.res.StartStep, r.res.Step, r.res.FinalLoss = st.Step, st.Step, st.Loss
+		r.res.LastCheckpoint, r.savedStep, r.elapsedBase = dir, st.Step, st.ElapsedS
+	}
+	return r.run()
+}
+
+// modelConfigJSON is the model's configuration for state.json.
+func modelConfigJSON(m Model, explicit any) (json.RawMessage, error) {
+	v := explicit
+	if v == nil {
+		if c, ok := m.(interface{ Config() layers.GPTConfig }); ok {
+			v = c.Config()
+		}
+	}
+	if v == nil {
+		return nil, nil
+	}
+	js, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("train: model config: %w", err)
+	}
+	return js, nil
+}

@@ -1,0 +1,207 @@
+package train
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/asynctp/asynctp/tensor"
+)
+
+// runner is the state of one Run.
+type runner struct {
+	ctx      context.Context
+	b        tensor.Backend
+	model    Model
+	data     *Loader
+	cfg      Config
+	o        runOptions
+	opt      *AdamW
+	modelCfg json.RawMessage
+	layout   json.RawMessage
+	sink     *metricsSink
+
+	res         Result
+	savedStep   int     // step of res.LastCheckpoint
+	elapsedBase float64 // training seconds before this run (from the checkpoint)
+	trainTime   time.Duration
+}
+
+func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
+
+func (r *runner) run() (Result, error) {
+	cfg := r.cfg
+	if r.res.StartStep == cfg.Steps {
+		return r.res, nil // a finished run: nothing to do
+	}
+	if err := r.ctx.Err(); err != nil {
+		return r.res, fmt.Errorf("train: not started: %w", context.Cause(r.ctx))
+	}
+	if r.o.rank0 {
+		bar := isTerminal(r.o.out)
+		if r.o.bar != nil {
+			bar = *r.o.bar
+		}
+		var err error
+		if r.sink, err = newMetricsSink(cfg.OutDir, r.res.StartStep, cfg.Steps, cfg.LogEvery, r.o.out, bar); err != nil {
+			return r.res, err
+		}
+		defer r.sink.close()
+		if r.res.StartStep > 0 {
+			r.sink.logf("resumed from %s at step %d", r.res.LastCheckpoint, r.res.StartStep)
+		}
+	}
+	tokens := float64(cfg.Batch * cfg.Seq)
+	for step := r.res.StartStep + 1; step <= cfg.Steps; step++ {
+		m, err := r.step(step)
+		if err != nil {
+			return r.res, err
+		}
+		r.res.Step, r.res.StepsRun, r.res.FinalLoss = step, r.res.StepsRun+1, m.Loss
+		r.res.Losses = append(r.res.Losses, m.Loss)
+		r.res.Elapsed = r.trainTime
+		if s := r.trainTime.Seconds(); s > 0 {
+			r.res.TokensPerSec = tokens * float64(r.res.StepsRun) / s
+		}
+		if r.sink != nil {
+			if err := r.sink.record(m); err != nil {
+				return r.res, err
+			}
+		}
+		if r.o.hook != nil {
+			r.o.hook(m)
+		}
+		last := step == cfg.Steps
+		stop := r.ctx.Err() != nil && !last
+		if last || stop || (cfg.CheckpointEvery > 0 && step%cfg.CheckpointEvery == 0) {
+			if err := r.save(step, m.Loss); err != nil {
+				return r.res, err
+			}
+		}
+		if stop {
+			return r.res, fmt.Errorf("train: stopped after step %d (checkpoint %s): %w", step, orNone(r.res.LastCheckpoint), context.Cause(r.ctx))
+		}
+	}
+	return r.res, nil
+}
+
+// step runs one training step and returns its metrics.
+func (r *runner) step(step int) (StepMetrics, error) {
+	b, cfg := r.b, r.cfg
+	t0 := time.Now()
+	ids, targets, err := r.data.Next()
+	if err != nil {
+		return StepMetrics{}, fmt.Errorf("train: step %d: data: %w", step, err)
+	}
+	r.model.ZeroGrad()
+	loss, err := r.model.Forward(ids, targets)
+	if err != nil {
+		return StepMetrics{}, fmt.Errorf("train: step %d: forward: %w", step, err)
+	}
+	if !finite(loss) {
+		return StepMetrics{}, r.diverged("loss", loss, step)
+	}
+	if err := r.model.Backward(); err != nil {
+		return StepMetrics{}, fmt.Errorf("train: step %d: backward: %w", step, err)
+	}
+	if err := b.Err(); err != nil {
+		return StepMetrics{}, fmt.Errorf("train: step %d: %w", step, err)
+	}
+	norm, err := r.opt.GradNorm()
+	if err != nil {
+		return StepMetrics{}, fmt.Errorf("train: step %d: %w", step, err)
+	}
+	if !finite(norm) {
+		return StepMetrics{}, r.diverged("gradient norm", norm, step)
+	}
+	lr := LearningRate(step, cfg)
+	if err := r.opt.Step(step, lr, ClipScale(norm, cfg.GradClip)); err != nil {
+		return StepMetrics{}, err
+	}
+	if err := b.Sync(); err != nil {
+		return StepMetrics{}, fmt.Errorf("train: step %d: %w", step, err)
+	}
+	dt := time.Since(t0)
+	r.trainTime += dt
+	tps := float64(cfg.Batch*cfg.Seq) / dt.Seconds()
+	m := StepMetrics{
+		Step: step, Loss: loss, LR: lr, GradNorm: norm, TokensPerSec: tps,
+		ElapsedS: r.elapsedBase + r.trainTime.Seconds(),
+		Extra:    map[string]any{},
+	}
+	if f := r.model.FLOPsPerToken(); f > 0 {
+		m.Extra["flops_per_s"] = f * tps
+	}
+	if r.o.val != nil && (step%r.o.valEvery == 0 || step == cfg.Steps) {
+		vl, err := r.validate()
+		if err != nil {
+			return StepMetrics{}, fmt.Errorf("train: step %d: validation: %w", step, err)
+		}
+		m.Extra["val_loss"] = vl
+	}
+	if r.o.extra != nil {
+		for k, v := range r.o.extra(step) {
+			m.Extra[k] = v
+		}
+	}
+	return m, nil
+}
+
+// validate is the mean loss over the first valBatches batches of the
+// validation loader (always the same batches).
+func (r *runner) validate() (float64, error) {
+	r.o.val.Reset()
+	var sum float64
+	for range r.o.valBatches {
+		ids, targets, err := r.o.val.Next()
+		if err != nil {
+			return 0, err
+		}
+		l, err := r.model.Forward(ids, targets)
+		if err != nil {
+			return 0, err
+		}
+		sum += l
+	}
+	return sum / float64(r.o.valBatches), nil
+}
+
+func (r *runner) diverged(what string, v float64, step int) error {
+	return fmt.Errorf("train: %s is %v at step %d; last good checkpoint: %s", what, v, step, orNone(r.res.LastCheckpoint))
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
+}
+
+// save writes the checkpoint after step (rank 0 only), prunes old ones and
+// redraws the loss plot.
+func (r *runner) save(step int, loss float64) error {
+	if !r.o.rank0 || step == r.savedStep && r.res.LastCheckpoint != "" {
+		return nil
+	}
+	st := State{
+		Step:        step,
+		Data:        r.data.Position(),
+		Loss:        loss,
+		ElapsedS:    r.elapsedBase + r.trainTime.Seconds(),
+		ModelConfig: r.modelCfg,
+		TrainConfig: r.cfg,
+		Layout:      r.layout,
+	}
+	dir, err := SaveCheckpoint(r.cfg.OutDir, r.b, r.opt, st)
+	if err != nil {
+		return err
+	}
+	r.res.LastCheckpoint, r.savedStep = dir, step
+	if err := PruneCheckpoints(r.cfg.OutDir, r.cfg.KeepCheckpoints); err != nil {
+		return err
+	}
+	r.sink.logf("checkpoint %s", dir)
+	return r.sink.plot()
+}
