@@ -167,7 +167,7 @@ func (m *GPT) checkTokens(what string, t *tensor.Tensor) error {
 	if t == nil {
 		return fmt.Errorf("layers: gpt: %s is nil", what)
 	}
-	if t.DType() != tensor.Int32 || t.I32() == nil {
+	if _, host := t.Buffer().(*tensor.HostBuffer); !host || t.DType() != tensor.Int32 {
 		return fmt.Errorf("layers: gpt: %s is %v, expected a host int32 tensor (B, T)", what, t)
 	}
 	if s := t.Shape(); len(s) != 2 || s[0] <= 0 || s[1] <= 0 {
