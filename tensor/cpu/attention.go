@@ -54,16 +54,28 @@ func newAttn(s tensor.Shape, scale float32) attn {
 	return attn{b: s[0], t: s[1], h: s[2], d: s[3], scale: scale}
 }
 
-// row returns the offset of position t of pair bh (= b·H + h) in a
-// (B, T, H, D) tensor.
-func (a attn) row(bh, t int) int { return ((bh/a.h*a.t+t)*a.h + bh%a.h) * a.d }
+// rows returns the offset of position 0 of pair bh (= b·H + h) in a
+// (B, T, H, D) tensor, and the distance between positions (H·D).
+func (a attn) rows(bh int) (base, stride int) {
+	return (bh/a.h*a.t*a.h + bh%a.h) * a.d, a.h * a.d
+}
 
+// dot is Σ x·y over len(x) elements, in four interleaved partial sums
+// (always in the same order).
 func dot[T float](x, y []T) T {
-	var s T
-	for i, v := range x {
-		s += v * y[i]
+	y = y[:len(x)]
+	var s0, s1, s2, s3 T
+	i := 0
+	for ; i+4 <= len(x); i += 4 {
+		s0 += x[i] * y[i]
+		s1 += x[i+1] * y[i+1]
+		s2 += x[i+2] * y[i+2]
+		s3 += x[i+3] * y[i+3]
 	}
-	return s
+	for ; i < len(x); i++ {
+		s0 += x[i] * y[i]
+	}
+	return (s0 + s1) + (s2 + s3)
 }
 
 func attention[T, S float](bk *Backend, a attn, out []T, lse []S, q, k, v []T) {
@@ -71,11 +83,13 @@ func attention[T, S float](bk *Backend, a attn, out []T, lse []S, q, k, v []T) {
 	bk.parallelFor(a.b*a.h, a.t*a.t*a.d, func(lo, hi int) {
 		s := make([]T, a.t) // scores of one row
 		for bh := lo; bh < hi; bh++ {
+			base, stride := a.rows(bh)
 			for i := range a.t {
-				qi := q[a.row(bh, i):][:d]
+				oi := base + i*stride
+				qi := q[oi : oi+d]
 				m := T(math.Inf(-1))
 				for j := 0; j <= i; j++ {
-					s[j] = scale * dot(qi, k[a.row(bh, j):][:d])
+					s[j] = scale * dot(qi, k[base+j*stride:][:d])
 					m = max(m, s[j])
 				}
 				var sum T
@@ -83,13 +97,13 @@ func attention[T, S float](bk *Backend, a attn, out []T, lse []S, q, k, v []T) {
 					s[j] = T(math.Exp(float64(s[j] - m)))
 					sum += s[j]
 				}
-				oi := out[a.row(bh, i):][:d]
-				clear(oi)
+				outi := out[oi : oi+d]
+				clear(outi)
 				inv := 1 / sum
 				for j := 0; j <= i; j++ {
 					p := s[j] * inv
-					for x, vv := range v[a.row(bh, j):][:d] {
-						oi[x] += p * vv
+					for x, vv := range v[base+j*stride:][:d] {
+						outi[x] += p * vv
 					}
 				}
 				lse[bh*a.t+i] = S(m + T(math.Log(float64(sum))))
@@ -131,19 +145,20 @@ func attentionBackward[T, S float](bk *Backend, a attn, dq, dk, dv, dout, q, k, 
 	// pair, so pairs run in parallel.
 	bk.parallelFor(a.b*a.h, 2*a.t*a.t*a.d, func(lo, hi int) {
 		for bh := lo; bh < hi; bh++ {
+			base, stride := a.rows(bh)
 			for i := range a.t {
-				o := a.row(bh, i)
+				o := base + i*stride
 				clear(dq[o : o+d])
 				clear(dk[o : o+d])
 				clear(dv[o : o+d])
 			}
 			for i := range a.t {
-				oi := a.row(bh, i)
+				oi := base + i*stride
 				qi, doi, dqi := q[oi:oi+d], dout[oi:oi+d], dq[oi:oi+d]
 				di := dot(doi, out[oi:oi+d])
 				l := T(lse[bh*a.t+i])
 				for j := 0; j <= i; j++ {
-					oj := a.row(bh, j)
+					oj := base + j*stride
 					kj, vj, dkj, dvj := k[oj:oj+d], v[oj:oj+d], dk[oj:oj+d], dv[oj:oj+d]
 					p := T(math.Exp(float64(scale*dot(qi, kj) - l)))
 					ds := p * (dot(doi, vj) - di) * scale

@@ -50,7 +50,7 @@ func (bk *Backend) MatMul(c, a, b *tensor.Tensor, transA, transB bool, alpha, be
 		ck.failf("b has shape %v, expected inner dimension %d (transB %v) to match a %v (transA %v)", b.Shape(), k, transB, a.Shape(), transA)
 	}
 	want := tensor.Shape{m, n}
-	if batch > 1 || len(a.Shape()) == 3 {
+	if len(a.Shape()) == 3 {
 		want = tensor.Shape{batch, m, n}
 	}
 	ck.shape("c", c, want, "for a "+a.Shape().String()+" and b "+b.Shape().String())
