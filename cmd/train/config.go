@@ -1,0 +1,215 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+
+	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/train"
+)
+
+// Config is everything one run of cmd/train needs. It is what --config reads
+// (JSON) and what the run writes back to OUT/config.json. A preset fills it
+// first, then the file's fields override the preset's, then flags override
+// both.
+type Config struct {
+	Preset string           `json:"preset"`
+	Device string           `json:"device"` // cpu (later: cuda, auto)
+	Data   string           `json:"data"`   // text file (bytes as tokens) or .bin of uint16 tokens; empty: the built-in corpus
+	Model  layers.GPTConfig `json:"model"`
+	Train  train.Config     `json:"train"`
+}
+
+// presets are named starting points. tiny trains on two CPU cores in about a
+// minute; gpt2-124m is GPT-2 small's shape (with RMSNorm, SwiGLU and RoPE).
+var presets = map[string]func() Config{
+	"tiny": func() Config {
+		tc := train.DefaultConfig()
+		tc.Steps, tc.Batch, tc.Seq = 200, 8, 64
+		tc.LR, tc.MinLR, tc.Warmup = 3e-3, 3e-4, 20
+		tc.WeightDecay, tc.LogEvery, tc.CheckpointEvery = 0.0, 20, 100
+		return Config{Preset: "tiny", Device: "cpu",
+			Model: layers.GPTConfig{Layers: 2, Dim: 64, Heads: 4, Vocab: 256, Seq: 64, TiedEmbeddings: true, Seed: 1337},
+			Train: tc}
+	},
+	"gpt2-124m": func() Config {
+		tc := train.DefaultConfig()
+		tc.Steps, tc.Batch, tc.Seq = 1000, 8, 1024
+		tc.LR, tc.MinLR, tc.Warmup = 6e-4, 6e-5, 100
+		tc.LogEvery, tc.CheckpointEvery = 10, 500
+		return Config{Preset: "gpt2-124m", Device: "cpu",
+			Model: layers.GPTConfig{Layers: 12, Dim: 768, Heads: 12, Vocab: 50304, Seq: 1024, FFN: 2048, TiedEmbeddings: true, Seed: 1337},
+			Train: tc}
+	},
+}
+
+func presetNames() []string {
+	var names []string
+	for n := range presets {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// flagValues are the command-line settings; only those given on the command
+// line are applied (flag.Visit), so a flag's default never overrides the file.
+type flagValues struct {
+	config, preset, device, data, out, resume            string
+	layers, dim, heads, vocab, seq, ffn                  int
+	batch, steps, warmup, logEvery, ckptEvery, keepCkpts int
+	lr, minLR, weightDecay, gradClip                     float64
+	seed                                                 uint64
+	tied                                                 bool
+}
+
+func newFlagSet(fv *flagValues) *flag.FlagSet {
+	fs := flag.NewFlagSet("train", flag.ContinueOnError)
+	fs.StringVar(&fv.config, "config", "", "JSON config `file` (flags override it)")
+	fs.StringVar(&fv.preset, "model", "tiny", "named preset: "+strings.Join(presetNames(), ", "))
+	fs.StringVar(&fv.device, "device", "cpu", "where to train: cpu")
+	fs.StringVar(&fv.data, "data", "", "training data: a text file (bytes are tokens) or a .bin file of uint16 tokens; default: the built-in corpus")
+	fs.StringVar(&fv.out, "out", "", "output `dir`: metrics.jsonl, loss.png, config.json, checkpoints (default train-out)")
+	fs.StringVar(&fv.resume, "resume", "", "resume from a checkpoint `dir` (or an out dir: its latest checkpoint)")
+	fs.IntVar(&fv.layers, "layers", 0, "transformer blocks")
+	fs.IntVar(&fv.dim, "dim", 0, "model width")
+	fs.IntVar(&fv.heads, "heads", 0, "attention heads")
+	fs.IntVar(&fv.vocab, "vocab", 0, "vocabulary size")
+	fs.IntVar(&fv.seq, "seq", 0, "sequence length (tokens per sample; also the model's maximum)")
+	fs.IntVar(&fv.ffn, "ffn", 0, "hidden width of the SwiGLU MLP (0: 8/3 of the width, rounded up to 64)")
+	fs.BoolVar(&fv.tied, "tied", true, "tie the LM head to the token embedding")
+	fs.IntVar(&fv.batch, "batch", 0, "sequences per step")
+	fs.IntVar(&fv.steps, "steps", 0, "optimizer steps")
+	fs.IntVar(&fv.warmup, "warmup", 0, "linear warm-up steps")
+	fs.Float64Var(&fv.lr, "lr", 0, "peak learning rate")
+	fs.Float64Var(&fv.minLR, "min-lr", 0, "learning rate at the last step (cosine decay)")
+	fs.Float64Var(&fv.weightDecay, "weight-decay", 0, "AdamW decoupled weight decay")
+	fs.Float64Var(&fv.gradClip, "grad-clip", 0, "global gradient-norm clip (0: off)")
+	fs.Uint64Var(&fv.seed, "seed", 0, "seed of the initialisation and the data order")
+	fs.IntVar(&fv.logEvery, "log-every", 0, "print a log line every N steps")
+	fs.IntVar(&fv.ckptEvery, "checkpoint-every", 0, "write a checkpoint every N steps (the last step always gets one)")
+	fs.IntVar(&fv.keepCkpts, "keep-checkpoints", 0, "keep only the newest N checkpoints (0: all)")
+	return fs
+}
+
+// loadConfig builds the run's Config from the arguments: preset, then file,
+// then flags given on the command line.
+func loadConfig(args []string) (Config, error) {
+	var fv flagValues
+	fs := newFlagSet(&fv)
+	fs.SetOutput(os.Stderr)
+	if err := fs.Parse(args); err != nil {
+		return Config{}, err
+	}
+	if fs.NArg() > 0 {
+		return Config{}, fmt.Errorf("unexpected argument %q (flags start with -; see -help)", fs.Arg(0))
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+
+	// The preset: the flag wins, then the file's "preset", then tiny.
+	var file []byte
+	name := fv.preset
+	if fv.config != "" {
+		var err error
+		if file, err = os.ReadFile(fv.config); err != nil {
+			return Config{}, fmt.Errorf("reading config: %w", err)
+		}
+		var head struct {
+			Preset string `json:"preset"`
+		}
+		if err := json.Unmarshal(file, &head); err != nil {
+			return Config{}, fmt.Errorf("config %s is not valid JSON: %w", fv.config, err)
+		}
+		if head.Preset != "" && !set["model"] {
+			name = head.Preset
+		}
+	}
+	mk, ok := presets[name]
+	if !ok {
+		return Config{}, fmt.Errorf("unknown model preset %q, expected one of %s", name, strings.Join(presetNames(), ", "))
+	}
+	cfg := mk()
+	if file != nil {
+		dec := json.NewDecoder(bytes.NewReader(file))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&cfg); err != nil {
+			return Config{}, fmt.Errorf("config %s: %w", fv.config, err)
+		}
+		cfg.Preset = name
+	}
+	applyFlags(&cfg, &fv, set)
+	cfg.Train.Seq = cfg.Model.Seq // one sequence length: the model's
+	return cfg, cfg.validate()
+}
+
+func applyFlags(cfg *Config, fv *flagValues, set map[string]bool) {
+	m, t := &cfg.Model, &cfg.Train
+	ints := map[string]struct {
+		dst *int
+		v   int
+	}{
+		"layers": {&m.Layers, fv.layers}, "dim": {&m.Dim, fv.dim}, "heads": {&m.Heads, fv.heads},
+		"vocab": {&m.Vocab, fv.vocab}, "seq": {&m.Seq, fv.seq}, "ffn": {&m.FFN, fv.ffn},
+		"batch": {&t.Batch, fv.batch}, "steps": {&t.Steps, fv.steps}, "warmup": {&t.Warmup, fv.warmup},
+		"log-every": {&t.LogEvery, fv.logEvery}, "checkpoint-every": {&t.CheckpointEvery, fv.ckptEvery},
+		"keep-checkpoints": {&t.KeepCheckpoints, fv.keepCkpts},
+	}
+	for name, p := range ints {
+		if set[name] {
+			*p.dst = p.v
+		}
+	}
+	floats := map[string]struct {
+		dst *float64
+		v   float64
+	}{
+		"lr": {&t.LR, fv.lr}, "min-lr": {&t.MinLR, fv.minLR},
+		"weight-decay": {&t.WeightDecay, fv.weightDecay}, "grad-clip": {&t.GradClip, fv.gradClip},
+	}
+	for name, p := range floats {
+		if set[name] {
+			*p.dst = p.v
+		}
+	}
+	if set["lr"] && !set["min-lr"] && t.MinLR > t.LR {
+		t.MinLR = t.LR / 10
+	}
+	if set["seed"] {
+		m.Seed, t.Seed = fv.seed, fv.seed
+	}
+	if set["tied"] {
+		m.TiedEmbeddings = fv.tied
+	}
+	if set["device"] {
+		cfg.Device = fv.device
+	}
+	if set["data"] {
+		cfg.Data = fv.data
+	}
+	if set["out"] {
+		t.OutDir = fv.out
+	}
+	if set["resume"] {
+		t.Resume = fv.resume
+	}
+}
+
+func (c *Config) validate() error {
+	if c.Device != "cpu" {
+		return fmt.Errorf("unknown device %q, expected cpu", c.Device)
+	}
+	if err := c.Model.WithDefaults().Validate(); err != nil {
+		return err
+	}
+	c.Train = c.Train.WithDefaults()
+	if c.Train.Warmup > c.Train.Steps {
+		c.Train.Warmup = c.Train.Steps
+	}
+	return c.Train.Validate()
+}

@@ -1,0 +1,104 @@
+// Command train trains a GPT model. With no flags it trains the tiny preset
+// on the built-in corpus on the CPU; see README.md and -help.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"github.com/asynctp/asynctp/internal/corpus"
+	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/cpu"
+	"github.com/asynctp/asynctp/train"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:])
+	stop()
+	switch {
+	case err == nil:
+	case errors.Is(err, flag.ErrHelp):
+	default:
+		fmt.Fprintln(os.Stderr, "train:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string) error {
+	cfg, err := loadConfig(args)
+	if err != nil {
+		return err
+	}
+	b := cpu.New()
+	fmt.Printf("device: cpu (%s backend)\n", b.Name())
+
+	data, err := openData(cfg)
+	if err != nil {
+		return err
+	}
+	model, err := layers.NewGPT(b, cfg.Model, tensor.Float32)
+	if err != nil {
+		return err
+	}
+	mc := model.Config()
+	fmt.Printf("model: %s, %d layers, width %d, %d heads, vocab %d, seq %d, %.2fM parameters\n",
+		cfg.Preset, mc.Layers, mc.Dim, mc.Heads, mc.Vocab, mc.Seq, float64(model.Params().Numel())/1e6)
+	fmt.Printf("data: %s, %d tokens; batch %d x %d, %d steps\n", data.Name(), data.Tokens(), cfg.Train.Batch, cfg.Train.Seq, cfg.Train.Steps)
+
+	if err := os.MkdirAll(cfg.Train.OutDir, 0o755); err != nil {
+		return err
+	}
+	if err := writeJSONAtomic(filepath.Join(cfg.Train.OutDir, "config.json"), cfg); err != nil {
+		return err
+	}
+	res, err := train.Run(ctx, b, model, data, cfg.Train, train.WithModelConfig(mc))
+	if err != nil {
+		return err
+	}
+	fmt.Printf("done: step %d, loss %.4f, %.0f tokens/s; checkpoint %s\n", res.Step, res.FinalLoss, res.TokensPerSec, res.LastCheckpoint)
+	return nil
+}
+
+// openData opens --data, or the built-in corpus when none is given.
+func openData(cfg Config) (*train.Loader, error) {
+	lc := train.LoaderConfig{Batch: cfg.Train.Batch, Seq: cfg.Train.Seq, Vocab: cfg.Model.Vocab, Seed: cfg.Train.Seed}
+	if cfg.Data != "" {
+		return train.OpenLoader(cfg.Data, lc)
+	}
+	ds, err := train.BytesDataset("built-in corpus", corpus.Default())
+	if err != nil {
+		return nil, err
+	}
+	return train.NewLoader(ds, lc)
+}
+
+// writeJSONAtomic writes v as indented JSON through a temporary file and a
+// rename, so a crash never leaves a half-written file in place.
+func writeJSONAtomic(path string, v any) error {
+	js, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".config-*.tmp")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(append(js, '\n')); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
