@@ -98,6 +98,9 @@ func (a *Attention) Forward(out, x *tensor.Tensor) error {
 	if err := checkShape(a.b, a.what(), "output", out, dt, B, T, C); err != nil {
 		return err
 	}
+	if err := checkApart(a.what(), "output", out, "input x", x); err != nil {
+		return err
+	}
 	N := B * T
 	a.q = ensure(a.b, a.q, dt, N, C)
 	a.k = ensure(a.b, a.k, dt, N, C)
@@ -139,6 +142,9 @@ func (a *Attention) Backward(dx, dout *tensor.Tensor) error {
 		return err
 	}
 	if err := checkShape(a.b, a.what(), "input gradient dx", dx, dt, B, T, C); err != nil {
+		return err
+	}
+	if err := checkApart(a.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
 		return err
 	}
 	a.datt = ensure(a.b, a.datt, dt, N, C)

@@ -89,8 +89,8 @@ func (blk *Block) Forward(out, x *tensor.Tensor) error {
 	if err := checkShape(blk.b, blk.what(), "output", out, dt, B, T, C); err != nil {
 		return err
 	}
-	if overlaps(out, x) {
-		return errors.New("layers: " + blk.what() + ": output overlaps the input")
+	if err := checkApart(blk.what(), "output", out, "input x", x); err != nil {
+		return err
 	}
 	for _, p := range []**tensor.Tensor{&blk.h1, &blk.a, &blk.x1, &blk.h2, &blk.m} {
 		*p = ensure(blk.b, *p, dt, B, T, C)
@@ -127,8 +127,8 @@ func (blk *Block) Backward(dx, dout *tensor.Tensor) error {
 	if err := checkShape(blk.b, blk.what(), "input gradient dx", dx, dt, B, T, C); err != nil {
 		return err
 	}
-	if overlaps(dx, dout) {
-		return errors.New("layers: " + blk.what() + ": input gradient dx overlaps the output gradient")
+	if err := checkApart(blk.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
+		return err
 	}
 	blk.dh = ensure(blk.b, blk.dh, dt, B, T, C)
 	blk.dx1 = ensure(blk.b, blk.dx1, dt, B, T, C)

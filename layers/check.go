@@ -115,3 +115,13 @@ func overlaps(a, b *tensor.Tensor) bool {
 	}
 	return a.Offset() < b.Offset()+b.Numel() && b.Offset() < a.Offset()+a.Numel()
 }
+
+// checkApart fails when two tensors a layer reads and writes share storage:
+// the ops behind a layer are not elementwise, and the layers keep their
+// inputs for the backward.
+func checkApart(layer, whatA string, a *tensor.Tensor, whatB string, b *tensor.Tensor) error {
+	if overlaps(a, b) {
+		return fmt.Errorf("layers: %s: %s overlaps %s, expected separate storage", layer, whatA, whatB)
+	}
+	return nil
+}

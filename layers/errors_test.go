@@ -113,16 +113,24 @@ func TestLayerErrors(t *testing.T) {
 	wantErr(t, "attention dout shape", attn.Backward(z(f32, 2, 3, 4), z(f32, 3, 2, 4)), "output gradient has shape (3, 2, 4), expected (2, 3, 4)")
 
 	x := z(f32, 1, 2, 4)
-	wantErr(t, "block in place", blk.Forward(x, x), "output overlaps the input")
+	wantErr(t, "block in place", blk.Forward(x, x), "output overlaps input x")
 	noErr(t, b, blk.Forward(z(f32, 1, 2, 4), x))
 	d := z(f32, 1, 2, 4)
-	wantErr(t, "block dx = dout", blk.Backward(d, d), "overlaps the output gradient")
+	wantErr(t, "block dx = dout", blk.Backward(d, d), "input gradient dx overlaps output gradient")
 
 	wantErr(t, "mlp backward first", mlp.Backward(z(f32, 2, 4), z(f32, 2, 4)), "Backward without a successful Forward")
 	wantErr(t, "mlp nil dx", func() error {
 		noErr(t, b, mlp.Forward(z(f32, 2, 4), z(f32, 2, 4)))
 		return mlp.Backward(nil, z(f32, 2, 4))
 	}(), "input gradient dx is nil")
+
+	for name, fwd := range map[string]func(out, x *tensor.Tensor) error{
+		"linear":  func(o, x *tensor.Tensor) error { return lin.Forward(must(o.View(0, 2, 3)), x) },
+		"rmsnorm": norm.Forward, "mlp": mlp.Forward, "attention": attn.Forward,
+	} {
+		x := z(f32, 1, 2, 4)
+		wantErr(t, name+" in place", fwd(x, x), "output"+map[bool]string{true: " y", false: ""}[name == "linear"]+" overlaps input x")
+	}
 
 	_, err = NewAttention(b, NewParamSet(1), "a", AttentionConfig{Dim: 6, Heads: 2, RopeTheta: 1e4})
 	wantErr(t, "odd head dim", err, "head dim 3 = Dim/Heads is odd")
@@ -132,4 +140,11 @@ func TestLayerErrors(t *testing.T) {
 	if err := b.Err(); err != nil {
 		t.Fatalf("layer errors left a backend error: %v", err)
 	}
+}
+
+func must(t *tensor.Tensor, err error) *tensor.Tensor {
+	if err != nil {
+		panic(err)
+	}
+	return t
 }

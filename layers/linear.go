@@ -92,6 +92,9 @@ func (l *Linear) Forward(y, x *tensor.Tensor) error {
 	if ny != n {
 		return fmt.Errorf("layers: %s: output y has shape %v, expected %d rows like input x %v", l.what(), y.Shape(), n, x.Shape())
 	}
+	if err := checkApart(l.what(), "output y", y, "input x", x); err != nil {
+		return err
+	}
 	x2, y2 := reshape(x, n, l.In), reshape(y, n, l.Out)
 	l.b.MatMul(y2, x2, l.W.W, false, true, 1, 0)
 	if l.Bias != nil {
@@ -119,6 +122,9 @@ func (l *Linear) backward(dx, dy *tensor.Tensor, beta float32) error {
 	}
 	if dx != nil {
 		if err := checkRowsN(l.b, l.what(), "input gradient dx", dx, dt, l.In, n); err != nil {
+			return err
+		}
+		if err := checkApart(l.what(), "input gradient dx", dx, "output gradient dy", dy); err != nil {
 			return err
 		}
 		l.b.MatMul(reshape(dx, n, l.In), reshape(dy, n, l.Out), l.W.W, false, false, 1, beta) // dx = dy·W (+ dx)

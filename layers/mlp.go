@@ -71,6 +71,9 @@ func (m *MLP) Forward(out, x *tensor.Tensor) error {
 	if err := checkShape(m.b, m.what(), "output", out, dt, x.Shape()...); err != nil {
 		return err
 	}
+	if err := checkApart(m.what(), "output", out, "input x", x); err != nil {
+		return err
+	}
 	m.gate = ensure(m.b, m.gate, dt, n, m.Hidden)
 	m.up = ensure(m.b, m.up, dt, n, m.Hidden)
 	m.h = ensure(m.b, m.h, dt, n, m.Hidden)
@@ -100,6 +103,9 @@ func (m *MLP) Backward(dx, dout *tensor.Tensor) error {
 		return err
 	}
 	if err := checkRowsN(m.b, m.what(), "input gradient dx", dx, dt, m.Dim, n); err != nil {
+		return err
+	}
+	if err := checkApart(m.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
 		return err
 	}
 	m.dh = ensure(m.b, m.dh, dt, n, m.Hidden)

@@ -32,6 +32,37 @@ func Constant(v float64) InitFunc {
 	}
 }
 
+// ShardInit initialises one shard of a larger parameter: it draws the full
+// tensor of shape full with init and keeps the slice [lo, hi) of dimension
+// dim. Registered under the full parameter's name (which seeds the
+// generator), a shard gets exactly the values it has in the unsharded
+// model, so a tensor-parallel model starts where the plain one does. A shard
+// registered with a shape of another size gets NaNs, which Materialize
+// reports.
+func ShardInit(init InitFunc, full []int, dim, lo, hi int) (InitFunc, error) {
+	shape := tensor.Shape(full).Clone()
+	if init == nil || dim < 0 || dim >= len(shape) || lo < 0 || hi <= lo || hi > shape[dim] {
+		return nil, fmt.Errorf("layers: ShardInit of [%d, %d) along dimension %d of %v, expected a non-empty range inside it and an init function", lo, hi, dim, shape)
+	}
+	inner := shape[dim+1:].Numel() // elements per step of dim
+	outer := shape[:dim].Numel()   // blocks before dim
+	width := (hi - lo) * inner     // elements kept per block
+	return func(rng *rand.Rand, vals []float64) {
+		if len(vals) != outer*width {
+			for i := range vals {
+				vals[i] = math.NaN()
+			}
+			return
+		}
+		all := make([]float64, shape.Numel())
+		init(rng, all)
+		for o := range outer {
+			src := all[(o*shape[dim]+lo)*inner:]
+			copy(vals[o*width:(o+1)*width], src[:width])
+		}
+	}, nil
+}
+
 // Param is one parameter tensor: its weights W and gradient G, both views
 // into the flat buffers of the ParamSet that holds it (nil until the set is
 // materialized). Decay says whether weight decay applies to it.
@@ -199,7 +230,7 @@ func (s *ParamSet) Materialize(b tensor.Backend, dt tensor.DType) error {
 		copy(vals[off:off+p.Numel()], s.HostInit(p))
 		for _, v := range vals[off : off+p.Numel()] {
 			if math.IsNaN(v) || math.IsInf(v, 0) {
-				return fmt.Errorf("layers: initial value %v in parameter %q", v, p.Name)
+				return fmt.Errorf("layers: initial value %v in parameter %q of shape %v, expected finite values (does its InitFunc fit the shape?)", v, p.Name, p.shape)
 			}
 		}
 		off += p.Numel()

@@ -178,3 +178,56 @@ func TestParamSetErrors(t *testing.T) {
 		t.Errorf("nil init gave %v, want zeros", v)
 	}
 }
+
+// TestShardInit: a shard registered under the full parameter's name gets
+// the slice of the full parameter's initial values.
+func TestShardInit(t *testing.T) {
+	b := newBackend()
+	full := NewParamSet(9)
+	if _, err := full.Add("w", []int{4, 6}, true, Normal(1)); err != nil {
+		t.Fatal(err)
+	}
+	noErr(t, b, full.Materialize(b, tensor.Float64))
+	all := download(t, b, full.Lookup("w").W)
+	for _, c := range []struct {
+		dim, lo, hi int
+		shape       []int
+		want        func(i int) float64 // i-th value of the shard
+	}{
+		{0, 1, 3, []int{2, 6}, func(i int) float64 { return all[6+i] }},
+		{1, 2, 5, []int{4, 3}, func(i int) float64 { return all[(i/3)*6+2+i%3] }},
+	} {
+		ps := NewParamSet(9)
+		init, err := ShardInit(Normal(1), []int{4, 6}, c.dim, c.lo, c.hi)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ps.Add("w", c.shape, true, init); err != nil {
+			t.Fatal(err)
+		}
+		noErr(t, b, ps.Materialize(b, tensor.Float64))
+		got := download(t, b, ps.Lookup("w").W)
+		for i := range got {
+			if got[i] != c.want(i) {
+				t.Fatalf("shard dim %d [%d, %d): value %d is %v, want %v", c.dim, c.lo, c.hi, i, got[i], c.want(i))
+			}
+		}
+	}
+}
+
+func TestShardInitErrors(t *testing.T) {
+	for _, c := range [][3]int{{2, 0, 1}, {0, 3, 3}, {1, -1, 2}, {1, 4, 7}} {
+		if _, err := ShardInit(Normal(1), []int{4, 6}, c[0], c[1], c[2]); err == nil {
+			t.Errorf("ShardInit(dim %d, [%d, %d)) of (4, 6) accepted", c[0], c[1], c[2])
+		}
+	}
+	init, err := ShardInit(Normal(1), []int{4, 6}, 0, 0, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, ps := newBackend(), NewParamSet(1)
+	if _, err := ps.Add("w", []int{3, 6}, true, init); err != nil {
+		t.Fatal(err)
+	}
+	wantErr(t, "shard of the wrong size", ps.Materialize(b, tensor.Float32), "does its InitFunc fit the shape?")
+}

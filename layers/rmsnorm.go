@@ -55,6 +55,9 @@ func (r *RMSNorm) Forward(out, x *tensor.Tensor) error {
 	if err := checkShape(r.b, r.what(), "output", out, dt, x.Shape()...); err != nil {
 		return err
 	}
+	if err := checkApart(r.what(), "output", out, "input x", x); err != nil {
+		return err
+	}
 	x2 := reshape(x, n, r.Dim)
 	r.rstd = ensure(r.b, r.rstd, statDType(dt), n)
 	r.b.RMSNorm(reshape(out, n, r.Dim), r.rstd, x2, r.W.W, r.Eps)
@@ -72,6 +75,9 @@ func (r *RMSNorm) Backward(dx, dout *tensor.Tensor) error {
 		return err
 	}
 	if err := checkRowsN(r.b, r.what(), "input gradient dx", dx, dt, r.Dim, n); err != nil {
+		return err
+	}
+	if err := checkApart(r.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
 		return err
 	}
 	r.b.RMSNormBackward(reshape(dx, n, r.Dim), r.W.G, reshape(dout, n, r.Dim), r.x, r.W.W, r.rstd)
