@@ -1,0 +1,78 @@
+package comm_test
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/comm/local"
+	"github.com/asynctp/asynctp/tensor"
+)
+
+// TestGrid: world 8 = dp 4 × tp 2, ep 4. The group layout is also checked
+// over every world size by commtest.
+func TestGrid(t *testing.T) {
+	names := make([][]string, 8)
+	onRanks(t, 8, func(c comm.Comm, b tensor.Backend) error {
+		g, err := comm.NewGrid(c, 4, 2, 4)
+		if err != nil {
+			return err
+		}
+		defer g.Close()
+		names[c.Rank()] = []string{g.TPGroup.Name(), g.DPGroup.Name(), g.EPGroup.Name(), g.EDPGroup.Name()}
+		// A sum over TP then DP is a sum over the world.
+		buf, _ := tensor.FromFloat64([]float64{float64(c.Rank())}, 1)
+		if err := wait(g.TPGroup.AllReduce(buf, comm.Sum, nil)); err != nil {
+			return err
+		}
+		if err := wait(g.DPGroup.AllReduce(buf, comm.Sum, nil)); err != nil {
+			return err
+		}
+		if buf.F64()[0] != 28 {
+			return fmt.Errorf("tp then dp sum: %v, want 28", buf.F64()[0])
+		}
+		return nil
+	})
+	want := map[int][]string{
+		0: {"tp[0 1]", "dp[0 2 4 6]", "ep[0 1 2 3]", "edp[0 4]"},
+		5: {"tp[4 5]", "dp[1 3 5 7]", "ep[4 5 6 7]", "edp[1 5]"},
+		6: {"tp[6 7]", "dp[0 2 4 6]", "ep[4 5 6 7]", "edp[2 6]"},
+	}
+	for r, w := range want {
+		if strings.Join(names[r], " ") != strings.Join(w, " ") {
+			t.Errorf("rank %d: groups %v, want %v", r, names[r], w)
+		}
+	}
+}
+
+func TestGridErrors(t *testing.T) {
+	c := local.NewWorld(1)[0]
+	for _, s := range [][3]int{{1, 2, 1}, {0, 1, 1}, {1, 1, 2}, {1, 1, 0}} {
+		_, err := comm.NewGrid(c, s[0], s[1], s[2])
+		var e *comm.Error
+		if !errors.As(err, &e) || !strings.Contains(err.Error(), "expected") {
+			t.Errorf("NewGrid(dp %d, tp %d, ep %d): %v", s[0], s[1], s[2], err)
+		}
+	}
+}
+
+func TestGroupName(t *testing.T) {
+	long := make([]int, 12)
+	for i := range long {
+		long[i] = 2 * i
+	}
+	for _, tc := range []struct {
+		ranks []int
+		want  string
+	}{
+		{[]int{2, 3}, "tp[2 3]"},
+		{nil, "tp[]"},
+		{long, "tp[0 2 4 6 8 10 12 14 ... 22 (12 ranks)]"},
+	} {
+		if got := comm.GroupName("tp", tc.ranks); got != tc.want {
+			t.Errorf("GroupName(%v) = %q, want %q", tc.ranks, got, tc.want)
+		}
+	}
+}
