@@ -135,7 +135,12 @@ func Run(t *testing.T, newWorld func(t *testing.T, n int) []comm.Comm, opts ...O
 			}
 			var wg sync.WaitGroup
 			for _, c := range ranks {
-				wg.Go(func() { runRank(t, c, cfg) })
+				wg.Go(func() {
+					runRank(t, c, cfg)
+					if err := c.Close(); err != nil {
+						t.Errorf("commtest: close %s rank %d: %v", c.Name(), c.Rank(), err)
+					}
+				})
 			}
 			wg.Wait()
 		})
@@ -177,9 +182,6 @@ func runRank(tb testing.TB, c comm.Comm, cfg *config) {
 			mismatchCases(r)
 		}
 	})
-	if err := c.Close(); err != nil {
-		r.errorf("close: %v", err)
-	}
 }
 
 var cases = []func(*rank){

@@ -28,7 +28,14 @@ type config struct {
 // WithTimeout sets the deadline of every blocking call: a rank that waits
 // longer than d for its peers fails with an error naming the ranks that did
 // not arrive, and poisons the world so that every other rank fails too.
-func WithTimeout(d time.Duration) Option { return func(c *config) { c.timeout = d } }
+// d ≤ 0 keeps DefaultTimeout.
+func WithTimeout(d time.Duration) Option {
+	return func(c *config) {
+		if d > 0 {
+			c.timeout = d
+		}
+	}
+}
 
 // Async makes data ops return as soon as this rank has arrived, before the
 // op has run; Work.Wait then blocks until it completes. Tests use it to
