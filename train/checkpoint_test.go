@@ -229,3 +229,40 @@ func TestLatestResolveAndPrune(t *testing.T) {
 	_, err = LatestCheckpoint(out)
 	mustContain(t, err, "not a checkpoint directory")
 }
+
+// TestMasterCopyBF16 covers the mixed-precision hook: bf16 parameters get
+// an fp32 master copy; the checkpoint stores the master as F32 and a load
+// restores it and rounds it into the parameters.
+func TestMasterCopyBF16(t *testing.T) {
+	m, opt, b := trainedBigram(t, tensor.BFloat16, 5)
+	if opt.Master() == nil || opt.Master().DType() != tensor.Float32 || opt.MomentDType() != tensor.Float32 {
+		t.Fatalf("bf16 params: master %v, moments %v", opt.Master(), opt.MomentDType())
+	}
+	master := testutil.Values(t, opt.Master())
+	for i, w := range paramValues(t, m.Params()) {
+		if want := float64(tensor.RoundBF16(float32(master[i]))); w != want {
+			t.Fatalf("param %d = %v, want the master %v rounded to bf16 (%v)", i, w, master[i], want)
+		}
+	}
+	out := t.TempDir()
+	dir, err := SaveCheckpoint(out, b, opt, State{Step: 3, TrainConfig: DefaultConfig()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := os.ReadFile(filepath.Join(dir, ModelFile))
+	sf, err := ReadSafetensors(data)
+	if err != nil || sf.Entries["emb"].DType != tensor.Float32 {
+		t.Fatalf("bf16 model checkpoint: %v %+v", err, sf)
+	}
+	m2 := newBigram(t, b, 5, tensor.BFloat16, 99)
+	opt2, err := NewAdamW(b, m2.Params(), AdamWConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadCheckpoint(dir, b, opt2); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(testutil.Values(t, opt2.Master()), master) || !reflect.DeepEqual(paramValues(t, m2.Params()), paramValues(t, m.Params())) {
+		t.Errorf("master or parameters differ after load")
+	}
+}

@@ -28,6 +28,14 @@ func LoadCheckpoint(dir string, b tensor.Backend, opt *AdamW) (*State, error) {
 	files := map[string]*Safetensors{}
 	for _, f := range []string{ModelFile, OptimFile} {
 		name := label + "/" + f
+		// Bound what is read by what the model can need.
+		fi, err := os.Stat(filepath.Join(dir, f))
+		if err != nil {
+			return nil, fmt.Errorf("train: checkpoint %s: %w", name, err)
+		}
+		if limit := expectedBytes(opt, f) + 8 + MaxSafetensorsHeader; fi.Size() > limit {
+			return nil, fmt.Errorf("train: checkpoint %s is %d bytes, more than the %d this model's tensors can take", name, fi.Size(), limit)
+		}
 		data, err := os.ReadFile(filepath.Join(dir, f))
 		if err != nil {
 			return nil, fmt.Errorf("train: checkpoint %s: %w", name, err)
@@ -112,4 +120,16 @@ func LoadCheckpoint(dir string, b tensor.Backend, opt *AdamW) (*State, error) {
 		return nil, fmt.Errorf("train: loading checkpoint %s: %w", label, err)
 	}
 	return st, nil
+}
+
+// expectedBytes is the size of the tensor data of file f for opt's model.
+func expectedBytes(opt *AdamW, f string) int64 {
+	n := int64(opt.w.Numel())
+	if f == OptimFile {
+		return 2 * n * int64(opt.m.DType().Size())
+	}
+	if opt.master != nil {
+		return n * int64(opt.master.DType().Size())
+	}
+	return n * int64(opt.w.DType().Size())
 }

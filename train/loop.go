@@ -29,13 +29,14 @@ type Model interface {
 
 // Result sums up a run.
 type Result struct {
-	Step           int       // the last step done (the run's global step count)
-	StartStep      int       // the step the run started from (0, or the resumed checkpoint's)
-	StepsRun       int       // steps done by this call
-	FinalLoss      float64   // loss of the last step done
-	Losses         []float64 // loss of each step done by this call, from StartStep+1
-	TokensPerSec   float64   // over the steps done by this call
-	Elapsed        time.Duration
+	Step         int           // the last step done (the run's global step count)
+	StartStep    int           // the step the run started from (0, or the resumed checkpoint's)
+	StepsRun     int           // steps done by this call
+	FinalLoss    float64       // loss of the last step done
+	Losses       []float64     // loss of each step done by this call, from StartStep+1
+	TokensPerSec float64       // over the steps done by this call
+	Elapsed      time.Duration // time spent in the steps of this call
+
 	LastCheckpoint string // path of the newest checkpoint written or resumed from ("" if none)
 }
 

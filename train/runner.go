@@ -24,10 +24,14 @@ type runner struct {
 	sink     *metricsSink
 
 	res         Result
-	savedStep   int     // step of res.LastCheckpoint
-	elapsedBase float64 // training seconds before this run (from the checkpoint)
-	trainTime   time.Duration
+	savedStep   int           // step of res.LastCheckpoint
+	elapsedBase float64       // wall seconds of the runs before this one (from the checkpoint)
+	start       time.Time     // when this run started
+	trainTime   time.Duration // time spent in steps by this run
 }
+
+// elapsed is the wall time of the whole training so far, over resumes.
+func (r *runner) elapsed() float64 { return r.elapsedBase + time.Since(r.start).Seconds() }
 
 func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
 
@@ -54,6 +58,7 @@ func (r *runner) run() (Result, error) {
 		}
 	}
 	tokens := float64(cfg.Batch * cfg.Seq)
+	r.start = time.Now()
 	for step := r.res.StartStep + 1; step <= cfg.Steps; step++ {
 		m, err := r.step(step)
 		if err != nil {
@@ -128,7 +133,7 @@ func (r *runner) step(step int) (StepMetrics, error) {
 	tps := float64(cfg.Batch*cfg.Seq) / dt.Seconds()
 	m := StepMetrics{
 		Step: step, Loss: loss, LR: lr, GradNorm: norm, TokensPerSec: tps,
-		ElapsedS: r.elapsedBase + r.trainTime.Seconds(),
+		ElapsedS: r.elapsed(),
 		Extra:    map[string]any{},
 	}
 	if f := r.model.FLOPsPerToken(); f > 0 {
@@ -189,7 +194,7 @@ func (r *runner) save(step int, loss float64) error {
 		Step:        step,
 		Data:        r.data.Position(),
 		Loss:        loss,
-		ElapsedS:    r.elapsedBase + r.trainTime.Seconds(),
+		ElapsedS:    r.elapsed(),
 		ModelConfig: r.modelCfg,
 		TrainConfig: r.cfg,
 		Layout:      r.layout,

@@ -35,7 +35,7 @@ type State struct {
 	// data order is a function of the data position).
 	RNG        json.RawMessage `json:"rng,omitempty"`
 	Loss       float64         `json:"loss"`      // loss of the last step
-	ElapsedS   float64         `json:"elapsed_s"` // training time up to this step, over all runs
+	ElapsedS   float64         `json:"elapsed_s"` // wall time of training up to this step, over all runs
 	ModelDType string          `json:"model_dtype"`
 	// ModelConfig is the model's own configuration, as JSON (informative).
 	ModelConfig json.RawMessage `json:"model_config,omitempty"`
