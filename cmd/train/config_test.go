@@ -1,0 +1,94 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func writeConfig(t testing.TB, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "c.json")
+	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestConfigLayers(t *testing.T) {
+	// File overrides the preset; flags override the file.
+	p := writeConfig(t, `{"preset": "tiny", "model": {"dim": 96, "heads": 6}, "train": {"steps": 7, "lr": 0.01}}`)
+	cfg, err := loadConfig([]string{"--config", p, "--steps", "9"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Model.Dim != 96 || cfg.Model.Heads != 6 || cfg.Model.Layers != 2 {
+		t.Errorf("model %+v: want the file's dim 96 and heads 6 over the preset's 2 layers", cfg.Model)
+	}
+	if cfg.Train.Steps != 9 || cfg.Train.LR != 0.01 {
+		t.Errorf("train steps %d lr %v: want the flag's 9 steps and the file's lr 0.01", cfg.Train.Steps, cfg.Train.LR)
+	}
+	if cfg.Train.Seq != cfg.Model.Seq {
+		t.Errorf("train seq %d differs from model seq %d", cfg.Train.Seq, cfg.Model.Seq)
+	}
+	// --model beats the file's preset.
+	cfg, err = loadConfig([]string{"--config", writeConfig(t, `{"preset": "gpt2-124m"}`), "--model", "tiny"})
+	if err != nil || cfg.Preset != "tiny" || cfg.Model.Dim != 64 {
+		t.Fatalf("--model tiny over a gpt2-124m file: preset %q dim %d err %v", cfg.Preset, cfg.Model.Dim, err)
+	}
+	cfg, err = loadConfig([]string{"--model", "gpt2-124m"})
+	if err != nil || cfg.Model.Layers != 12 || cfg.Model.Dim != 768 || cfg.Model.Heads != 12 || cfg.Model.Seq != 1024 {
+		t.Fatalf("gpt2-124m preset: %+v, %v", cfg.Model, err)
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	for body, want := range map[string]string{
+		`{"model": {"dim": -4}}`:        "dim",
+		`{"train": {"steps": 0.5}}`:     "steps",
+		`{"train": {"lr": -1}}`:         "lr",
+		`{"preset": "nope"}`:            "nope",
+		`[]`:                            "",
+		`{"model": {"heads": 3}}`:       "heads",
+		`{"device": "gpu"}`:             "gpu",
+		`{"model": {"vocab": 0}} trail`: "",
+	} {
+		_, err := loadConfig([]string{"--config", writeConfig(t, body)})
+		if err == nil {
+			t.Errorf("%s: no error", body)
+			continue
+		}
+		if !strings.Contains(strings.ToLower(err.Error()), want) {
+			t.Errorf("%s: error %q does not mention %q", body, err, want)
+		}
+	}
+}
+
+// FuzzConfig feeds arbitrary bytes to the --config reader: it must return a
+// config or an error, never panic, and an accepted config must validate.
+func FuzzConfig(f *testing.F) {
+	for _, s := range []string{
+		`{}`, `{"preset": "tiny"}`, `{"model": {"layers": 3, "dim": 48, "heads": 3}}`,
+		`{"train": {"steps": 5, "batch": 2, "lr": 0.1, "warmup": 9}}`, `{"model": {"seq": 1e9}}`,
+		`{"data": "x.bin", "device": "cpu"}`, `null`, `{"model": null}`, `{"train": {"min_lr": 1e300}}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		p := filepath.Join(t.TempDir(), "c.json")
+		if err := os.WriteFile(p, body, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := loadConfig([]string{"--config", p})
+		if err != nil {
+			return
+		}
+		if err := cfg.Model.WithDefaults().Validate(); err != nil {
+			t.Fatalf("accepted a config whose model does not validate: %v", err)
+		}
+		if err := cfg.Train.Validate(); err != nil {
+			t.Fatalf("accepted a config whose training does not validate: %v", err)
+		}
+	})
+}
