@@ -14,12 +14,19 @@ type BlockConfig struct {
 	NormEps         float32
 	Std             float64 // init std of the input projections
 	OutStd          float64 // init std of wo and w_down
+	// MoE, when not nil, replaces the MLP by a mixture-of-experts layer
+	// (its Dim is the block's; Hidden 0 means FFN; Std and OutStd 0 mean
+	// the block's).
+	MoE *MoEConfig
 }
 
 // Block is a pre-norm transformer block:
 //
 //	x1  = x + attn(norm1(x))
 //	out = x1 + mlp(norm2(x1))
+//
+// where mlp is the dense MLP or, in an MoE block, the mixture of experts
+// (then MLP is nil, and the block's objective includes MoE.AuxLoss).
 type Block struct {
 	Name  string
 	Dim   int
@@ -27,6 +34,7 @@ type Block struct {
 	Attn  *Attention
 	Norm2 *RMSNorm
 	MLP   *MLP
+	MoE   *MoE // nil in a dense block
 
 	b   tensor.Backend
 	bt  [2]int         // B, T of the last Forward; zeros before a successful one
@@ -39,7 +47,8 @@ type Block struct {
 	dx1 *tensor.Tensor // (B, T, C) backward scratch: ∂L/∂x1
 }
 
-// NewBlock registers name+".attn_norm", ".attn", ".mlp_norm" and ".mlp".
+// NewBlock registers name+".attn_norm", ".attn", ".mlp_norm" and ".mlp"
+// (".moe" in an MoE block).
 func NewBlock(b tensor.Backend, ps *ParamSet, name string, cfg BlockConfig) (*Block, error) {
 	blk := &Block{Name: name, Dim: cfg.Dim, b: b}
 	var err error
@@ -54,6 +63,23 @@ func NewBlock(b tensor.Backend, ps *ParamSet, name string, cfg BlockConfig) (*Bl
 	if blk.Norm2, err = NewRMSNorm(b, ps, name+".mlp_norm", cfg.Dim, cfg.NormEps); err != nil {
 		return nil, err
 	}
+	if cfg.MoE != nil {
+		mc := *cfg.MoE
+		mc.Dim = cfg.Dim
+		if mc.Hidden == 0 {
+			mc.Hidden = cfg.FFN
+		}
+		if mc.Std == 0 {
+			mc.Std = cfg.Std
+		}
+		if mc.OutStd == 0 {
+			mc.OutStd = cfg.OutStd
+		}
+		if blk.MoE, err = NewMoE(b, ps, name+".moe", mc); err != nil {
+			return nil, err
+		}
+		return blk, nil
+	}
 	if blk.MLP, err = NewMLP(b, ps, name+".mlp", MLPConfig{
 		Dim: cfg.Dim, Hidden: cfg.FFN, Std: cfg.Std, OutStd: cfg.OutStd,
 	}); err != nil {
@@ -67,7 +93,30 @@ func (blk *Block) Params() []*Param {
 	ps := []*Param{blk.Norm1.W}
 	ps = append(ps, blk.Attn.Params()...)
 	ps = append(ps, blk.Norm2.W)
+	if blk.MoE != nil {
+		return append(ps, blk.MoE.Params()...)
+	}
 	return append(ps, blk.MLP.Params()...)
+}
+
+// ffn is the block's feed-forward layer: the MLP or the MoE.
+func (blk *Block) ffn() interface {
+	Forward(out, x *tensor.Tensor) error
+	Backward(dx, dout *tensor.Tensor) error
+} {
+	if blk.MoE != nil {
+		return blk.MoE
+	}
+	return blk.MLP
+}
+
+// AuxLoss is the auxiliary loss of the block's last Forward: the MoE's
+// (AuxLoss of MoE), 0 in a dense block.
+func (blk *Block) AuxLoss() float64 {
+	if blk.MoE != nil {
+		return blk.MoE.AuxLoss()
+	}
+	return 0
 }
 
 func (blk *Block) what() string { return "block " + blk.Name }
@@ -105,7 +154,7 @@ func (blk *Block) Forward(out, x *tensor.Tensor) error {
 	if err := blk.Norm2.Forward(blk.h2, blk.x1); err != nil {
 		return err
 	}
-	if err := blk.MLP.Forward(blk.m, blk.h2); err != nil {
+	if err := blk.ffn().Forward(blk.m, blk.h2); err != nil {
 		return err
 	}
 	blk.b.Add(out, blk.x1, blk.m)
@@ -133,7 +182,7 @@ func (blk *Block) Backward(dx, dout *tensor.Tensor) error {
 	blk.dh = ensure(blk.b, blk.dh, dt, B, T, C)
 	blk.dx1 = ensure(blk.b, blk.dx1, dt, B, T, C)
 	// out = x1 + m: ∂L/∂x1 = dout + norm2ᵀ(mlpᵀ(dout)).
-	if err := blk.MLP.Backward(blk.dh, dout); err != nil {
+	if err := blk.ffn().Backward(blk.dh, dout); err != nil {
 		return err
 	}
 	if err := blk.Norm2.Backward(blk.dx1, blk.dh); err != nil {

@@ -10,6 +10,13 @@ import (
 
 // GPTConfig describes a GPT model. Zero values of FFN, RopeTheta, NormEps and
 // InitStd mean the defaults that WithDefaults fills in.
+//
+// Mixture of experts: with Experts > 0, the blocks i with (i+1)%MoEEvery == 0
+// replace their MLP by an MoE layer of Experts SwiGLU experts of width FFN,
+// TopK of them per token (defaults: MoEEvery 1, TopK min(2, Experts)).
+// CapacityFactor 0 is dropless; AuxLossCoef and ZLossCoef 0 turn the
+// load-balancing loss and the router z-loss off. Experts = 0 is a dense
+// model, and the other MoE fields are then ignored.
 type GPTConfig struct {
 	Layers, Dim, Heads, Vocab, Seq int
 	FFN                            int     // hidden width of the SwiGLU MLP; 0 means the default: 4*Dim*2/3 rounded up to a multiple of 64
@@ -18,6 +25,11 @@ type GPTConfig struct {
 	NormEps                        float32 // 0 means 1e-5
 	InitStd                        float64 // 0 means 0.02
 	Seed                           uint64
+
+	Experts, TopK, MoEEvery int     // MoE: experts per MoE block (0: dense), experts per token, MoE block period
+	CapacityFactor          float64 // token-slots per expert: ceil(CF·tokens·TopK/Experts); 0: dropless
+	AuxLossCoef             float64 // weight of the load-balancing loss
+	ZLossCoef               float64 // weight of the router z-loss
 }
 
 // WithDefaults returns c with its zero-valued optional fields set.
@@ -35,7 +47,53 @@ func (c GPTConfig) WithDefaults() GPTConfig {
 	if c.InitStd == 0 {
 		c.InitStd = 0.02
 	}
+	if c.Experts > 0 {
+		if c.TopK == 0 {
+			c.TopK = min(2, c.Experts)
+		}
+		if c.MoEEvery == 0 {
+			c.MoEEvery = 1
+		}
+	}
 	return c
+}
+
+// IsMoE reports whether block i (0-based) is an MoE block.
+func (c GPTConfig) IsMoE(i int) bool {
+	return c.Experts > 0 && c.MoEEvery > 0 && (i+1)%c.MoEEvery == 0
+}
+
+// validateMoE checks the MoE fields (when Experts > 0).
+func (c GPTConfig) validateMoE() error {
+	if c.Experts < 0 {
+		return fmt.Errorf("layers: GPTConfig.Experts = %d, expected ≥ 0 (0 for a dense model)", c.Experts)
+	}
+	if c.Experts == 0 {
+		return nil
+	}
+	if c.TopK < 0 || c.TopK > c.Experts {
+		return fmt.Errorf("layers: GPTConfig.TopK = %d, expected 1 ≤ TopK ≤ Experts = %d (or 0 for the default)", c.TopK, c.Experts)
+	}
+	if c.MoEEvery < 0 || c.MoEEvery > c.Layers {
+		return fmt.Errorf("layers: GPTConfig.MoEEvery = %d, expected 1 ≤ MoEEvery ≤ Layers = %d (or 0 for the default, 1)", c.MoEEvery, c.Layers)
+	}
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"CapacityFactor", c.CapacityFactor}, {"AuxLossCoef", c.AuxLossCoef}, {"ZLossCoef", c.ZLossCoef}} {
+		if !(f.v >= 0) || math.IsInf(f.v, 0) {
+			return fmt.Errorf("layers: GPTConfig.%s = %v, expected a finite value >= 0", f.name, f.v)
+		}
+	}
+	return nil
+}
+
+// MoEConfig is the configuration of the MoE layer of an MoE block (with
+// defaults filled in).
+func (c GPTConfig) MoEConfig() MoEConfig {
+	c = c.WithDefaults()
+	return MoEConfig{Dim: c.Dim, Hidden: c.FFN, Experts: c.Experts, TopK: c.TopK, CapacityFactor: c.CapacityFactor,
+		AuxLossCoef: c.AuxLossCoef, ZLossCoef: c.ZLossCoef, Std: c.InitStd, OutStd: c.InitStd / math.Sqrt(2*float64(max(c.Layers, 1)))}
 }
 
 // Validate checks c (with or without defaults filled in): sizes positive,
@@ -70,7 +128,7 @@ func (c GPTConfig) Validate() error {
 			return fmt.Errorf("layers: GPTConfig.%s = %v, expected a finite value >= 0 (0 for the default)", f.name, f.v)
 		}
 	}
-	return nil
+	return c.validateMoE()
 }
 
 // GPT is a decoder-only transformer: token embedding → Layers pre-norm
@@ -123,10 +181,15 @@ func NewGPT(b tensor.Backend, cfg GPTConfig, dt tensor.DType) (*GPT, error) {
 		return nil, err
 	}
 	for l := range cfg.Layers {
-		blk, err := NewBlock(b, m.ps, fmt.Sprintf("blocks.%d", l), BlockConfig{
+		bc := BlockConfig{
 			Dim: cfg.Dim, Heads: cfg.Heads, FFN: cfg.FFN, RopeTheta: cfg.RopeTheta,
 			NormEps: cfg.NormEps, Std: std, OutStd: outStd,
-		})
+		}
+		if cfg.IsMoE(l) {
+			mc := cfg.MoEConfig()
+			bc.MoE = &mc
+		}
+		blk, err := NewBlock(b, m.ps, fmt.Sprintf("blocks.%d", l), bc)
 		if err != nil {
 			return nil, err
 		}
@@ -182,7 +245,8 @@ func (m *GPT) checkTokens(what string, t *tensor.Tensor) error {
 // Forward runs the model on ids (host int32 (B, T), T ≤ Seq, each id in
 // [0, Vocab)) and, when targets (host int32 (B, T); negative values are
 // ignored) is not nil, returns the mean cross-entropy over the non-ignored
-// targets and prepares the gradient of that mean for Backward. With nil
+// targets plus the MoE blocks' auxiliary losses (AuxLoss; 0 in a dense
+// model) and prepares the gradient of that sum for Backward. With nil
 // targets the loss is 0 and Backward is not allowed.
 func (m *GPT) Forward(ids, targets *tensor.Tensor) (float64, error) {
 	m.ready = false
@@ -249,9 +313,32 @@ func (m *GPT) Forward(ids, targets *tensor.Tensor) (float64, error) {
 	}
 	m.ready = true
 	if nTargets == 0 {
-		return 0, nil
+		return m.AuxLoss(), nil
 	}
-	return sum / float64(nTargets), nil
+	return sum/float64(nTargets) + m.AuxLoss(), nil
+}
+
+// AuxLoss is the sum of the MoE blocks' auxiliary losses (load balance and
+// z-loss, with their coefficients) of the last Forward: the part of
+// Forward's loss that is not the cross-entropy. 0 in a dense model.
+func (m *GPT) AuxLoss() float64 {
+	var s float64
+	for _, blk := range m.Blocks {
+		s += blk.AuxLoss()
+	}
+	return s
+}
+
+// RouterStats returns the routing statistics of the last Forward, one per
+// MoE block in block order (nil in a dense model).
+func (m *GPT) RouterStats() []MoEStats {
+	var st []MoEStats
+	for _, blk := range m.Blocks {
+		if blk.MoE != nil {
+			st = append(st, blk.MoE.Stats())
+		}
+	}
+	return st
 }
 
 // alloc (re)allocates the activations for a batch of B sequences of T.
@@ -311,10 +398,18 @@ func (m *GPT) Backward() error {
 // 6·N for the matmul parameters N (all linear layers and the LM head; the
 // embedding lookup and norms are not matmuls), plus the attention scores
 // and weighted sum, 12·Layers·Dim·Seq (the usual convention, which does not
-// halve for the causal mask).
+// halve for the causal mask). In an MoE block N counts the router and the
+// TopK experts a token goes through (the active parameters).
 func (m *GPT) FLOPsPerToken() float64 {
 	c := m.cfg
-	perLayer := 4*c.Dim*c.Dim + 3*c.Dim*c.FFN
-	n := float64(c.Layers)*float64(perLayer) + float64(c.Vocab)*float64(c.Dim)
+	var n float64
+	for l := range c.Layers {
+		ffn := 3 * c.Dim * c.FFN
+		if c.IsMoE(l) {
+			ffn = c.TopK*ffn + c.Experts*c.Dim
+		}
+		n += float64(4*c.Dim*c.Dim + ffn)
+	}
+	n += float64(c.Vocab) * float64(c.Dim)
 	return 6*n + 12*float64(c.Layers)*float64(c.Dim)*float64(c.Seq)
 }

@@ -1,0 +1,226 @@
+package layers
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/asynctp/asynctp/tensor"
+)
+
+// ExpertsConfig describes a group of SwiGLU experts: experts [First,
+// First+Count) of a layer of Experts experts (Count 0 means all of them).
+type ExpertsConfig struct {
+	Dim, Hidden  int
+	Experts      int // in the whole layer
+	First, Count int // the experts this group holds
+	Std          float64
+	OutStd       float64 // init std of w_down
+}
+
+// Experts is a group of SwiGLU MLPs, one per expert, with stacked weights
+// w_gate, w_up (Count, Hidden, Dim) and w_down (Count, Dim, Hidden). It runs
+// on a buffer of rows that is expert-contiguous (a RoutingPlan's order):
+// counts[e] rows for local expert e, one after the other. Each expert's rows
+// go through one GEMM per projection, on row views of the buffer and of the
+// stacked weights (the grouped GEMM; a GPU backend may fuse the group).
+//
+// A group that holds a slice of the experts registers its weights under the
+// full layer's names with ShardInit, so that they have exactly the values
+// of the unsharded layer with the same seed.
+type Experts struct {
+	Name              string
+	Dim, Hidden       int
+	Experts           int // in the whole layer
+	First, Count      int // this group holds experts [First, First+Count)
+	Gate, Up, Down    *Param
+	b                 tensor.Backend
+	counts            []int          // rows per local expert of the last Forward; nil before one
+	x                 *tensor.Tensor // (M, Dim) the last Forward's input
+	gate, up, h       *tensor.Tensor // (M, Hidden)
+	dh, dgate, dup    *tensor.Tensor // (M, Hidden) backward scratch
+	gateW, upW, downW []*tensor.Tensor
+	gateG, upG, downG []*tensor.Tensor
+	rowsM             int
+	viewsOK           bool
+}
+
+// NewExperts registers name+".w_gate", ".w_up" and ".w_down" in ps.
+func NewExperts(b tensor.Backend, ps *ParamSet, name string, cfg ExpertsConfig) (*Experts, error) {
+	if b == nil || ps == nil {
+		return nil, fmt.Errorf("layers: experts %q: nil backend or parameter set", name)
+	}
+	if cfg.Count == 0 {
+		cfg.Count = cfg.Experts - cfg.First
+	}
+	if cfg.Dim <= 0 || cfg.Hidden <= 0 || cfg.Experts <= 0 || cfg.First < 0 || cfg.Count <= 0 || cfg.First+cfg.Count > cfg.Experts {
+		return nil, fmt.Errorf("layers: experts %q: Dim = %d, Hidden = %d, experts [%d, %d) of %d: expected positive sizes and a non-empty range inside [0, Experts)", name, cfg.Dim, cfg.Hidden, cfg.First, cfg.First+cfg.Count, cfg.Experts)
+	}
+	ex := &Experts{Name: name, Dim: cfg.Dim, Hidden: cfg.Hidden, Experts: cfg.Experts, First: cfg.First, Count: cfg.Count, b: b}
+	add := func(suffix string, rows, cols int, std float64) (*Param, error) {
+		init := Normal(std)
+		if cfg.Count != cfg.Experts {
+			var err error
+			if init, err = ShardInit(init, []int{cfg.Experts, rows, cols}, 0, cfg.First, cfg.First+cfg.Count); err != nil {
+				return nil, fmt.Errorf("layers: experts %q: %w", name, err)
+			}
+		}
+		return ps.Add(name+suffix, []int{cfg.Count, rows, cols}, true, init)
+	}
+	var err error
+	if ex.Gate, err = add(".w_gate", cfg.Hidden, cfg.Dim, cfg.Std); err != nil {
+		return nil, err
+	}
+	if ex.Up, err = add(".w_up", cfg.Hidden, cfg.Dim, cfg.Std); err != nil {
+		return nil, err
+	}
+	if ex.Down, err = add(".w_down", cfg.Dim, cfg.Hidden, cfg.OutStd); err != nil {
+		return nil, err
+	}
+	return ex, nil
+}
+
+// Params returns w_gate, w_up, w_down.
+func (ex *Experts) Params() []*Param { return []*Param{ex.Gate, ex.Up, ex.Down} }
+
+func (ex *Experts) what() string { return "experts " + ex.Name }
+
+// views makes the per-expert views of the stacked weights and gradients.
+func (ex *Experts) views() {
+	if ex.viewsOK {
+		return
+	}
+	per := func(t *tensor.Tensor, rows, cols int) []*tensor.Tensor {
+		vs := make([]*tensor.Tensor, ex.Count)
+		for e := range vs {
+			v, err := t.View(e*rows*cols, rows, cols)
+			if err != nil {
+				panic("layers: internal error: " + err.Error())
+			}
+			vs[e] = v
+		}
+		return vs
+	}
+	F, C := ex.Hidden, ex.Dim
+	ex.gateW, ex.gateG = per(ex.Gate.W, F, C), per(ex.Gate.G, F, C)
+	ex.upW, ex.upG = per(ex.Up.W, F, C), per(ex.Up.G, F, C)
+	ex.downW, ex.downG = per(ex.Down.W, C, F), per(ex.Down.G, C, F)
+	ex.viewsOK = true
+}
+
+// rows returns the view of rows [lo, hi) of a 2-D tensor.
+func rows(t *tensor.Tensor, lo, hi int) *tensor.Tensor {
+	v, err := t.Rows(lo, hi)
+	if err != nil {
+		panic("layers: internal error: " + err.Error())
+	}
+	return v
+}
+
+// Forward writes out (M, Dim) from x (M, Dim), whose rows are grouped by
+// local expert: counts[e] rows for expert First+e, in order. M may be 0.
+// x must stay unchanged until Backward.
+func (ex *Experts) Forward(out, x *tensor.Tensor, counts []int) error {
+	ex.counts = nil
+	if err := checkParams(ex.what(), ex.Params()...); err != nil {
+		return err
+	}
+	if len(counts) != ex.Count {
+		return fmt.Errorf("layers: %s: %d row counts, expected one per local expert (%d)", ex.what(), len(counts), ex.Count)
+	}
+	m := 0
+	for e, c := range counts {
+		if c < 0 {
+			return fmt.Errorf("layers: %s: %d rows for expert %d, expected ≥ 0", ex.what(), c, ex.First+e)
+		}
+		m += c
+	}
+	dt := ex.Gate.W.DType()
+	if err := checkShape(ex.b, ex.what(), "input x", x, dt, m, ex.Dim); err != nil {
+		return err
+	}
+	if err := checkShape(ex.b, ex.what(), "output", out, dt, m, ex.Dim); err != nil {
+		return err
+	}
+	if err := checkApart(ex.what(), "output", out, "input x", x); err != nil {
+		return err
+	}
+	ex.views()
+	ex.gate = ensure(ex.b, ex.gate, dt, m, ex.Hidden)
+	ex.up = ensure(ex.b, ex.up, dt, m, ex.Hidden)
+	ex.h = ensure(ex.b, ex.h, dt, m, ex.Hidden)
+	lo := 0
+	for e, c := range counts {
+		if c == 0 {
+			continue
+		}
+		hi := lo + c
+		xe := rows(x, lo, hi)
+		ex.b.MatMul(rows(ex.gate, lo, hi), xe, ex.gateW[e], false, true, 1, 0)
+		ex.b.MatMul(rows(ex.up, lo, hi), xe, ex.upW[e], false, true, 1, 0)
+		lo = hi
+	}
+	if m > 0 {
+		ex.b.SwiGLU(ex.h, ex.gate, ex.up)
+	}
+	lo = 0
+	for e, c := range counts {
+		if c == 0 {
+			continue
+		}
+		hi := lo + c
+		ex.b.MatMul(rows(out, lo, hi), rows(ex.h, lo, hi), ex.downW[e], false, true, 1, 0)
+		lo = hi
+	}
+	ex.x, ex.counts, ex.rowsM = x, append([]int(nil), counts...), m
+	return sticky(ex.b, ex.what(), "forward")
+}
+
+// Backward overwrites dx (M, Dim) with ∂L/∂x and adds the weights'
+// gradients, from dout (M, Dim).
+func (ex *Experts) Backward(dx, dout *tensor.Tensor) error {
+	if ex.counts == nil {
+		return errors.New("layers: " + ex.what() + ": Backward without a successful Forward")
+	}
+	dt, m := ex.Gate.W.DType(), ex.rowsM
+	if err := checkShape(ex.b, ex.what(), "output gradient", dout, dt, m, ex.Dim); err != nil {
+		return err
+	}
+	if err := checkShape(ex.b, ex.what(), "input gradient dx", dx, dt, m, ex.Dim); err != nil {
+		return err
+	}
+	if err := checkApart(ex.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
+		return err
+	}
+	ex.dh = ensure(ex.b, ex.dh, dt, m, ex.Hidden)
+	ex.dgate = ensure(ex.b, ex.dgate, dt, m, ex.Hidden)
+	ex.dup = ensure(ex.b, ex.dup, dt, m, ex.Hidden)
+	lo := 0
+	for e, c := range ex.counts {
+		if c == 0 {
+			continue
+		}
+		hi := lo + c
+		do := rows(dout, lo, hi)
+		ex.b.MatMul(rows(ex.dh, lo, hi), do, ex.downW[e], false, false, 1, 0) // dh = dout·W_down
+		ex.b.MatMul(ex.downG[e], do, rows(ex.h, lo, hi), true, false, 1, 1)   // dW_down += doutᵀ·h
+		lo = hi
+	}
+	if m > 0 {
+		ex.b.SwiGLUBackward(ex.dgate, ex.dup, ex.dh, ex.gate, ex.up)
+	}
+	lo = 0
+	for e, c := range ex.counts {
+		if c == 0 {
+			continue
+		}
+		hi := lo + c
+		xe, dxe := rows(ex.x, lo, hi), rows(dx, lo, hi)
+		dg, du := rows(ex.dgate, lo, hi), rows(ex.dup, lo, hi)
+		ex.b.MatMul(dxe, dg, ex.gateW[e], false, false, 1, 0) // dx = dgate·W_gate + dup·W_up
+		ex.b.MatMul(dxe, du, ex.upW[e], false, false, 1, 1)
+		ex.b.MatMul(ex.gateG[e], dg, xe, true, false, 1, 1) // dW += dᵀ·x
+		ex.b.MatMul(ex.upG[e], du, xe, true, false, 1, 1)
+		lo = hi
+	}
+	return sticky(ex.b, ex.what(), "backward")
+}

@@ -1,0 +1,259 @@
+package layers
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/asynctp/asynctp/tensor"
+)
+
+// RouterConfig describes the router of an MoE layer.
+type RouterConfig struct {
+	Dim, Experts, TopK int
+	Std                float64 // init std of the router weight
+	AuxLossCoef        float64 // weight of the load-balancing loss (0: off)
+	ZLossCoef          float64 // weight of the router z-loss (0: off)
+}
+
+// LoadStats are the sums over tokens that the router's auxiliary losses
+// need. A Router computes them over its own tokens (Local); an
+// expert-parallel layer sums them over its group and hands the totals back
+// (SetGlobal), so that the losses are those of the union of the tokens.
+type LoadStats struct {
+	Tokens     int       // N
+	Routed     []int     // (E) token-slots routed to each expert (before any capacity)
+	ProbSums   []float64 // (E) Σ_n p[n, e]
+	LSESquares float64   // Σ_n logsumexp(logits[n])²
+}
+
+// Router is the gate of an MoE layer: logits = x·Wᵀ (W (E, Dim)),
+// p = softmax(logits), and for each token the TopK experts of largest p
+// (ties to the lower index), with weights p renormalised to sum to 1 over
+// the K chosen. Gradients flow to the chosen probabilities (no
+// straight-through estimator).
+//
+// Auxiliary losses, over the T tokens of the step (Switch / GShard forms):
+//
+//	load balance  E·Σ_e f_e·P_e, f_e = (slots routed to e)/(T·K),
+//	              P_e = (1/T)·Σ_n p[n, e]                (1 when balanced)
+//	z-loss        (1/T)·Σ_n logsumexp(logits[n])²
+//
+// AuxLoss is AuxLossCoef·balance + ZLossCoef·z, and Backward adds its
+// gradient (f_e is piecewise constant: the gradient goes through P_e).
+type Router struct {
+	Name               string
+	Dim, Experts, TopK int
+	AuxLossCoef        float64
+	ZLossCoef          float64
+	// AuxGradScale multiplies the gradient of the auxiliary losses (not
+	// their values); 0 means 1. An expert-parallel layer whose gradients
+	// are averaged over D ranks sets D, so that the aux term keeps its
+	// weight (see parallel/ep).
+	AuxGradScale float64
+	W            *Param // (E, Dim)
+
+	b   tensor.Backend
+	ops tensor.MoEOps
+	n   int            // tokens of the last Forward; 0 before a successful one
+	x   *tensor.Tensor // (N, Dim) the input of the last Forward
+	// Activations (reallocated when N changes).
+	logits, probs *tensor.Tensor // (N, E)
+	weights       *tensor.Tensor // (N, K) renormalised top-k probabilities
+	idx           *tensor.Tensor // (N, K) int32 chosen experts
+	lse           *tensor.Tensor // (N) logsumexp(logits), fp32 (f64 for f64 models)
+	psum          *tensor.Tensor // (E) Σ_n p[n, :]
+	hostIdx       *tensor.Tensor // (N, K) int32 host copy of idx
+	hostSum       *tensor.Tensor // (E) f64 host copy of psum
+	local         LoadStats
+
+	// Set by SetGlobal.
+	global         bool
+	balance, zloss float64        // raw losses over the union of the tokens
+	zGrad          float64        // ∂(ZLossCoef·z)/∂lse[n] = zGrad·lse[n]
+	auxGrad        *tensor.Tensor // (E) ∂(AuxLossCoef·balance)/∂p[n, e]
+
+	// Backward scratch.
+	dprobs, dlogits, dz *tensor.Tensor // (N, E)
+	dlse                *tensor.Tensor // (N)
+}
+
+// NewRouter registers name+".weight" (Experts, Dim) in ps.
+func NewRouter(b tensor.Backend, ps *ParamSet, name string, cfg RouterConfig) (*Router, error) {
+	if b == nil || ps == nil {
+		return nil, fmt.Errorf("layers: router %q: nil backend or parameter set", name)
+	}
+	if cfg.Dim <= 0 || cfg.Experts <= 0 || cfg.TopK < 1 || cfg.TopK > cfg.Experts {
+		return nil, fmt.Errorf("layers: router %q: Dim = %d, Experts = %d, TopK = %d: expected positive sizes and 1 ≤ TopK ≤ Experts", name, cfg.Dim, cfg.Experts, cfg.TopK)
+	}
+	for _, c := range []struct {
+		name string
+		v    float64
+	}{{"AuxLossCoef", cfg.AuxLossCoef}, {"ZLossCoef", cfg.ZLossCoef}} {
+		if !(c.v >= 0) || math.IsInf(c.v, 0) {
+			return nil, fmt.Errorf("layers: router %q: %s = %v, expected a finite value ≥ 0", name, c.name, c.v)
+		}
+	}
+	ops, err := tensor.MoEOpsOf(b)
+	if err != nil {
+		return nil, fmt.Errorf("layers: router %q: %w", name, err)
+	}
+	w, err := ps.Add(name+".weight", []int{cfg.Experts, cfg.Dim}, true, Normal(cfg.Std))
+	if err != nil {
+		return nil, err
+	}
+	return &Router{Name: name, Dim: cfg.Dim, Experts: cfg.Experts, TopK: cfg.TopK,
+		AuxLossCoef: cfg.AuxLossCoef, ZLossCoef: cfg.ZLossCoef, W: w, b: b, ops: ops}, nil
+}
+
+func (r *Router) what() string { return "router " + r.Name }
+
+// Forward routes the tokens x (N, Dim): it computes the probabilities, the
+// top-k choices and weights, and the local load statistics (downloading
+// the N·K indices and the E probability sums to the host). x must stay
+// unchanged until Backward. SetGlobal must follow before AuxLoss or
+// Backward.
+func (r *Router) Forward(x *tensor.Tensor) error {
+	r.n, r.global = 0, false
+	if err := checkParams(r.what(), r.W); err != nil {
+		return err
+	}
+	dt := r.W.W.DType()
+	n, err := checkRows(r.b, r.what(), "input x", x, dt, r.Dim)
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return fmt.Errorf("layers: %s: input x has shape %v, expected at least one token", r.what(), x.Shape())
+	}
+	E, K := r.Experts, r.TopK
+	r.logits = ensure(r.b, r.logits, dt, n, E)
+	r.probs = ensure(r.b, r.probs, dt, n, E)
+	r.weights = ensure(r.b, r.weights, dt, n, K)
+	r.idx = ensure(r.b, r.idx, tensor.Int32, n, K)
+	r.lse = ensure(r.b, r.lse, statDType(dt), n)
+	r.psum = ensure(r.b, r.psum, dt, E)
+	if r.hostIdx == nil || !r.hostIdx.Shape().Equal(tensor.Shape{n, K}) {
+		r.hostIdx = tensor.MustHost(tensor.Int32, n, K)
+	}
+	if r.hostSum == nil {
+		r.hostSum = tensor.MustHost(tensor.Float64, E)
+	}
+	x2 := reshape(x, n, r.Dim)
+	r.b.MatMul(r.logits, x2, r.W.W, false, true, 1, 0)
+	r.b.Softmax(r.probs, r.logits)
+	r.ops.TopK(r.weights, r.idx, r.probs, true)
+	r.ops.LogSumExp(r.lse, r.logits)
+	r.b.Fill(r.psum, 0)
+	r.b.SumRows(r.psum, r.probs)
+	r.b.Download(r.hostIdx, r.idx)
+	r.b.Download(r.hostSum, r.psum)
+	sq := r.b.SumSquares(r.lse)
+	if err := sticky(r.b, r.what(), "forward"); err != nil {
+		return err
+	}
+	r.local = LoadStats{Tokens: n, Routed: make([]int, E), ProbSums: append([]float64(nil), r.hostSum.F64()...), LSESquares: sq}
+	for _, e := range r.hostIdx.I32() {
+		r.local.Routed[e]++
+	}
+	r.x, r.n = x2, n
+	return nil
+}
+
+// Indices returns the host copy of the last Forward's choices, (N·K)
+// row-major: the input of a RoutingPlan. It is valid until the next Forward.
+func (r *Router) Indices() []int32 { return r.hostIdx.I32() }
+
+// Weights returns the (N, K) renormalised weights of the last Forward, on
+// the device.
+func (r *Router) Weights() *tensor.Tensor { return r.weights }
+
+// Local returns the load statistics of the last Forward's own tokens.
+func (r *Router) Local() LoadStats { return r.local }
+
+// SetGlobal sets the statistics of every token of the step (Local for a
+// single rank; the sums over an expert-parallel group otherwise), computes
+// the auxiliary losses and prepares their gradients.
+func (r *Router) SetGlobal(g LoadStats) error {
+	if r.n == 0 {
+		return errors.New("layers: " + r.what() + ": SetGlobal without a successful Forward")
+	}
+	E, K := r.Experts, r.TopK
+	if g.Tokens < r.n || len(g.Routed) != E || len(g.ProbSums) != E {
+		return fmt.Errorf("layers: %s: global statistics of %d tokens, %d counts, %d sums; expected ≥ %d tokens and %d experts", r.what(), g.Tokens, len(g.Routed), len(g.ProbSums), r.n, E)
+	}
+	T := float64(g.Tokens)
+	var balance float64
+	grad := make([]float64, E)
+	scale := r.AuxGradScale
+	if scale == 0 {
+		scale = 1
+	}
+	for e := range E {
+		f := float64(g.Routed[e]) / (T * float64(K))
+		balance += f * g.ProbSums[e] / T
+		grad[e] = scale * r.AuxLossCoef * float64(E) * f / T
+	}
+	r.balance = float64(E) * balance
+	r.zloss = g.LSESquares / T
+	r.zGrad = scale * r.ZLossCoef * 2 / T
+	if r.AuxLossCoef != 0 {
+		dt := r.W.W.DType()
+		r.auxGrad = ensure(r.b, r.auxGrad, dt, E)
+		h, _ := tensor.FromFloat64(grad, E)
+		r.b.Upload(r.auxGrad, h)
+	}
+	r.global = true
+	return sticky(r.b, r.what(), "forward")
+}
+
+// Losses returns the raw load-balancing loss and z-loss of the last step
+// (before their coefficients).
+func (r *Router) Losses() (balance, z float64) { return r.balance, r.zloss }
+
+// AuxLoss is AuxLossCoef·balance + ZLossCoef·z of the last step: the term
+// the layer adds to the training loss.
+func (r *Router) AuxLoss() float64 {
+	if !r.global {
+		return 0
+	}
+	return r.AuxLossCoef*r.balance + r.ZLossCoef*r.zloss
+}
+
+// Backward takes dweights (N, K), the gradient of the loss with respect to
+// the top-k weights (from the combine), adds the gradient of AuxLoss, adds
+// the router weight's gradient and writes ∂L/∂x into dx (N, Dim):
+// overwritten, or added when accumulate is true (x also feeds the experts).
+func (r *Router) Backward(dx, dweights *tensor.Tensor, accumulate bool) error {
+	if r.n == 0 || !r.global {
+		return errors.New("layers: " + r.what() + ": Backward needs a Forward and SetGlobal first")
+	}
+	dt, n, E := r.W.W.DType(), r.n, r.Experts
+	if err := checkShape(r.b, r.what(), "weight gradient", dweights, dt, n, r.TopK); err != nil {
+		return err
+	}
+	if err := checkRowsN(r.b, r.what(), "input gradient dx", dx, dt, r.Dim, n); err != nil {
+		return err
+	}
+	r.dprobs = ensure(r.b, r.dprobs, dt, n, E)
+	r.dlogits = ensure(r.b, r.dlogits, dt, n, E)
+	r.ops.TopKBackward(r.dprobs, dweights, r.weights, r.idx, r.probs, true)
+	if r.AuxLossCoef != 0 {
+		r.b.AddBias(r.dprobs, r.auxGrad) // ∂/∂p[n, e] = coef·E·f_e/T for every token
+	}
+	r.b.SoftmaxBackward(r.dlogits, r.dprobs, r.probs)
+	if r.ZLossCoef != 0 {
+		r.dz = ensure(r.b, r.dz, dt, n, E)
+		r.dlse = ensure(r.b, r.dlse, statDType(dt), n)
+		r.b.Scale(r.dlse, r.lse, float32(r.zGrad))
+		r.ops.LogSumExpBackward(r.dz, r.dlse, r.logits, r.lse)
+		r.b.Add(r.dlogits, r.dlogits, r.dz)
+	}
+	r.b.MatMul(r.W.G, r.dlogits, r.x, true, false, 1, 1) // dW += dlogitsᵀ·x
+	beta := float32(0)
+	if accumulate {
+		beta = 1
+	}
+	r.b.MatMul(reshape(dx, n, r.Dim), r.dlogits, r.W.W, false, false, 1, beta)
+	return sticky(r.b, r.what(), "backward")
+}
