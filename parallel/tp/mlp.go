@@ -1,0 +1,137 @@
+package tp
+
+import (
+	"fmt"
+
+	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/tensor"
+)
+
+// MLP is layers.MLP (SwiGLU) with the hidden features split over the TP
+// group: w_gate and w_up are column-parallel and share one entry into the
+// TP region, SwiGLU runs on the local features, w_down is row-parallel and
+// its partial products leave the region (all-reduce, or reduce-scatter
+// under sequence parallelism). P must divide Hidden.
+type MLP struct {
+	Name        string
+	Dim, Hidden int
+	LocalHidden int                   // Hidden/P
+	Gate, Up    *ColumnParallelLinear // Dim → Hidden/P
+	Down        *RowParallelLinear    // Hidden/P → Dim
+
+	b    tensor.Backend
+	par  Parallel
+	e    *entry
+	n    int            // rows of the last Forward's x; 0 before a successful one
+	gate *tensor.Tensor // (N, Hidden/P)
+	up   *tensor.Tensor // (N, Hidden/P)
+	h    *tensor.Tensor // (N, Hidden/P) silu(gate)·up
+	// backward scratch
+	dh, dgate, dup *tensor.Tensor // (N, Hidden/P)
+}
+
+// NewMLP registers name+".w_gate", ".w_up" and ".w_down" with this rank's
+// shards of the values layers.NewMLP gives them with the same seed.
+func NewMLP(b tensor.Backend, ps *layers.ParamSet, par Parallel, name string, cfg layers.MLPConfig) (*MLP, error) {
+	what := "mlp " + name
+	if err := par.check(what); err != nil {
+		return nil, err
+	}
+	if cfg.Dim <= 0 || cfg.Hidden <= 0 {
+		return nil, fmt.Errorf("tp: %s: Dim = %d, Hidden = %d, expected positive sizes", what, cfg.Dim, cfg.Hidden)
+	}
+	if cfg.Hidden%par.Size() != 0 {
+		return nil, fmt.Errorf("tp: %s: Hidden = %d is not divisible by the TP size %d", what, cfg.Hidden, par.Size())
+	}
+	m := &MLP{Name: name, Dim: cfg.Dim, Hidden: cfg.Hidden, LocalHidden: cfg.Hidden / par.Size(), b: b, par: par}
+	var err error
+	if m.Gate, err = NewColumnParallelLinear(b, ps, par, name+".w_gate", ColumnConfig{In: cfg.Dim, Out: cfg.Hidden, Std: cfg.Std}); err != nil {
+		return nil, err
+	}
+	if m.Up, err = NewColumnParallelLinear(b, ps, par, name+".w_up", ColumnConfig{In: cfg.Dim, Out: cfg.Hidden, Std: cfg.Std}); err != nil {
+		return nil, err
+	}
+	if m.Down, err = NewRowParallelLinear(b, ps, par, name+".w_down", RowConfig{In: cfg.Hidden, Out: cfg.Dim, Std: cfg.OutStd}); err != nil {
+		return nil, err
+	}
+	m.e = newEntry(b, par, what, m.Gate, m.Up)
+	return m, nil
+}
+
+// Params returns w_gate, w_up, w_down (this rank's shards).
+func (m *MLP) Params() []*layers.Param {
+	return []*layers.Param{m.Gate.W, m.Up.W, m.Down.W}
+}
+
+// Shards describes the parameters of the layer.
+func (m *MLP) Shards() []Shard {
+	var s []Shard
+	for _, part := range [][]Shard{m.Gate.Shards(), m.Up.Shards(), m.Down.Shards()} {
+		s = append(s, part...)
+	}
+	return s
+}
+
+func (m *MLP) what() string { return "mlp " + m.Name }
+
+// Forward writes out from x, both (N, Dim) — or (N/P, Dim), this rank's
+// tokens, under sequence parallelism. Leading dims are flattened.
+func (m *MLP) Forward(out, x *tensor.Tensor) error {
+	m.n = 0
+	if err := materialized(m.what(), m.Params()...); err != nil {
+		return err
+	}
+	dt := m.Gate.W.W.DType()
+	n, err := rowsOf(m.b, m.what(), "input x", x, dt, m.Dim)
+	if err != nil {
+		return err
+	}
+	if err := wantRows(m.b, m.what(), "output", out, dt, m.Dim, n, "like the input"); err != nil {
+		return err
+	}
+	if err := apart(m.what(), "output", out, "input x", x); err != nil {
+		return err
+	}
+	N := n
+	if m.par.SequenceParallel {
+		N = n * m.par.Size()
+	}
+	m.gate = ensure(m.b, m.gate, dt, N, m.LocalHidden)
+	m.up = ensure(m.b, m.up, dt, N, m.LocalHidden)
+	m.h = ensure(m.b, m.h, dt, N, m.LocalHidden)
+	if err := m.e.forward(reshape(x, n, m.Dim), []*tensor.Tensor{m.gate, m.up}); err != nil {
+		return err
+	}
+	m.b.SwiGLU(m.h, m.gate, m.up)
+	if err := m.Down.Forward(reshape(out, n, m.Dim), m.h); err != nil {
+		return err
+	}
+	m.n = n
+	return sticky(m.b, m.what(), "forward")
+}
+
+// Backward overwrites dx (shaped like the forward's x) with ∂L/∂x and adds
+// the weight gradients, from dout (shaped like out).
+func (m *MLP) Backward(dx, dout *tensor.Tensor) error {
+	if m.n == 0 {
+		return fmt.Errorf("tp: %s: %w", m.what(), errNoForward)
+	}
+	dt, n, N := m.Gate.W.W.DType(), m.n, m.gate.Dim(0)
+	if err := wantRows(m.b, m.what(), "output gradient", dout, dt, m.Dim, n, "like the forward's output"); err != nil {
+		return err
+	}
+	if err := wantRows(m.b, m.what(), "input gradient dx", dx, dt, m.Dim, n, "like the forward's input"); err != nil {
+		return err
+	}
+	if err := apart(m.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
+		return err
+	}
+	m.dh = ensure(m.b, m.dh, dt, N, m.LocalHidden)
+	m.dgate = ensure(m.b, m.dgate, dt, N, m.LocalHidden)
+	m.dup = ensure(m.b, m.dup, dt, N, m.LocalHidden)
+	if err := m.Down.Backward(m.dh, reshape(dout, n, m.Dim)); err != nil {
+		return err
+	}
+	m.b.SwiGLUBackward(m.dgate, m.dup, m.dh, m.gate, m.up)
+	return m.e.backward(reshape(dx, n, m.Dim), []*tensor.Tensor{m.dgate, m.dup})
+}

@@ -1,0 +1,225 @@
+package tp
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/tensor"
+)
+
+// Parallel is how a tensor-parallel layer communicates: the TP group it
+// spans, the strategy that runs its fused all-gather/matmul and
+// matmul/reduce-scatter sites, whether sequence parallelism is on, and the
+// stream of the backend. It is passed by value to every constructor; nothing
+// is read from globals.
+type Parallel struct {
+	// Group is the TP group (required): P = Group.Size() ranks share each
+	// layer's weights.
+	Group comm.Comm
+	// Strategy runs AllGatherMatmul and MatmulReduceScatter; nil means
+	// comm.Collective{Stream: Stream}.
+	Strategy comm.Strategy
+	// SequenceParallel splits the activations outside the TP regions (the
+	// residual stream, the norms) along the token dim: each rank holds N/P
+	// of the N = B·T rows, in rank order.
+	SequenceParallel bool
+	// Stream is the stream the backend queues its ops on (nil on the CPU).
+	Stream comm.Stream
+}
+
+// Size is the number of ranks of the TP group.
+func (p Parallel) Size() int { return p.Group.Size() }
+
+// Rank is this rank's index in the TP group.
+func (p Parallel) Rank() int { return p.Group.Rank() }
+
+// strategy returns the strategy to use.
+func (p Parallel) strategy() comm.Strategy {
+	if p.Strategy != nil {
+		return p.Strategy
+	}
+	return comm.Collective{Stream: p.Stream}
+}
+
+// check validates p for a layer.
+func (p Parallel) check(what string) error {
+	if p.Group == nil {
+		return fmt.Errorf("tp: %s: nil TP group", what)
+	}
+	if p.Group.Size() < 1 || p.Group.Rank() < 0 || p.Group.Rank() >= p.Group.Size() {
+		return fmt.Errorf("tp: %s: TP group %s has rank %d of %d", what, p.Group.Name(), p.Group.Rank(), p.Group.Size())
+	}
+	return nil
+}
+
+// split returns [lo, hi) of this rank's part of n, which must divide by P.
+func (p Parallel) split(what, dimName string, n int) (lo, hi int, err error) {
+	P := p.Size()
+	if n <= 0 || n%P != 0 {
+		return 0, 0, fmt.Errorf("tp: %s: %s = %d is not divisible by the TP size %d", what, dimName, n, P)
+	}
+	w := n / P
+	return p.Rank() * w, (p.Rank() + 1) * w, nil
+}
+
+// Shard says how a parameter of a TP layer relates to the parameter of the
+// same name in the unsharded model (layers.GPT): this rank holds the slice
+// [Lo, Hi) of dimension Dim of the full tensor, or, with Dim = -1, all of it
+// (replicated on every rank of the TP group).
+type Shard struct {
+	Param *layers.Param
+	Full  tensor.Shape // the unsharded shape
+	Dim   int          // the split dimension, or -1 for a replicated parameter
+	Lo    int          // this rank's range along Dim (0 and Full[0] when replicated)
+	Hi    int
+	// PartialGrad marks a replicated parameter whose gradient on each TP
+	// rank covers only that rank's tokens (norm weights and row-parallel
+	// biases under sequence parallelism): the gradients must be summed over
+	// the TP group before the optimizer step.
+	PartialGrad bool
+}
+
+// Replicated reports whether every TP rank holds the whole parameter.
+func (s Shard) Replicated() bool { return s.Dim < 0 }
+
+// addShard registers the shard [lo, hi) along dim of the full parameter
+// name, initialised with exactly the values the unsharded model gives that
+// slice (layers.ShardInit).
+func addShard(ps *layers.ParamSet, name string, full []int, dim, lo, hi int, decay bool, init layers.InitFunc) (*layers.Param, Shard, error) {
+	if init == nil {
+		init = layers.Constant(0)
+	}
+	si, err := layers.ShardInit(init, full, dim, lo, hi)
+	if err != nil {
+		return nil, Shard{}, fmt.Errorf("tp: parameter %q: %w", name, err)
+	}
+	shape := tensor.Shape(full).Clone()
+	shape[dim] = hi - lo
+	p, err := ps.Add(name, shape, decay, si)
+	if err != nil {
+		return nil, Shard{}, err
+	}
+	return p, Shard{Param: p, Full: tensor.Shape(full).Clone(), Dim: dim, Lo: lo, Hi: hi}, nil
+}
+
+// replicated describes a parameter every TP rank holds whole.
+func replicated(p *layers.Param, partial bool) Shard {
+	return Shard{Param: p, Full: p.Shape().Clone(), Dim: -1, Lo: 0, Hi: p.Shape()[0], PartialGrad: partial}
+}
+
+// statDType is the dtype of per-row side outputs (losses, rstd): f64 for
+// f64 models, f32 otherwise (as in layers).
+func statDType(dt tensor.DType) tensor.DType {
+	if dt == tensor.Float64 {
+		return tensor.Float64
+	}
+	return tensor.Float32
+}
+
+// ensure returns t when it already has dtype dt and shape, else a fresh
+// zeroed tensor (freeing t): activations are reused while shapes stay.
+func ensure(b tensor.Backend, t *tensor.Tensor, dt tensor.DType, shape ...int) *tensor.Tensor {
+	if t != nil && t.DType() == dt && t.Shape().Equal(shape) {
+		return t
+	}
+	if t != nil {
+		b.Free(t)
+	}
+	return b.Zeros(dt, shape...)
+}
+
+// reshape is Tensor.Reshape for shapes already checked to have t's numel.
+func reshape(t *tensor.Tensor, shape ...int) *tensor.Tensor {
+	r, err := t.Reshape(shape...)
+	if err != nil {
+		panic("tp: internal error: " + err.Error())
+	}
+	return r
+}
+
+// rowsOf checks that t is a tensor of dtype dt on b's device with last dim
+// c and returns its number of rows (the product of the other dims).
+func rowsOf(b tensor.Backend, layer, what string, t *tensor.Tensor, dt tensor.DType, c int) (int, error) {
+	if t == nil {
+		return 0, fmt.Errorf("tp: %s: %s is nil", layer, what)
+	}
+	if t.Device() != b.Device() || t.DType() != dt {
+		return 0, fmt.Errorf("tp: %s: %s is %v, expected %v on %v", layer, what, t, dt, b.Device())
+	}
+	s := t.Shape()
+	if len(s) < 2 || s[len(s)-1] != c {
+		return 0, fmt.Errorf("tp: %s: %s has shape %v, expected (..., %d)", layer, what, s, c)
+	}
+	return s[:len(s)-1].Numel(), nil
+}
+
+// wantRows is rowsOf that also wants exactly n rows.
+func wantRows(b tensor.Backend, layer, what string, t *tensor.Tensor, dt tensor.DType, c, n int, why string) error {
+	m, err := rowsOf(b, layer, what, t, dt, c)
+	if err != nil {
+		return err
+	}
+	if m != n {
+		return fmt.Errorf("tp: %s: %s has shape %v, expected %d rows of %d (%s)", layer, what, t.Shape(), n, c, why)
+	}
+	return nil
+}
+
+// overlaps reports whether two tensors share storage.
+func overlaps(a, b *tensor.Tensor) bool {
+	if a == nil || b == nil || a.Buffer() != b.Buffer() {
+		return false
+	}
+	return a.Offset() < b.Offset()+b.Numel() && b.Offset() < a.Offset()+a.Numel()
+}
+
+func apart(layer, whatA string, a *tensor.Tensor, whatB string, b *tensor.Tensor) error {
+	if overlaps(a, b) {
+		return fmt.Errorf("tp: %s: %s overlaps %s, expected separate storage", layer, whatA, whatB)
+	}
+	return nil
+}
+
+// materialized fails when a parameter has no storage yet.
+func materialized(layer string, ps ...*layers.Param) error {
+	for _, p := range ps {
+		if p != nil && p.W == nil {
+			return fmt.Errorf("tp: %s: parameter %q is not materialized (call ParamSet.Materialize first)", layer, p.Name)
+		}
+	}
+	return nil
+}
+
+// sticky wraps the backend's sticky error with the layer's name.
+func sticky(b tensor.Backend, layer, pass string) error {
+	if err := b.Err(); err != nil {
+		return fmt.Errorf("tp: %s %s: %w", layer, pass, err)
+	}
+	return nil
+}
+
+// wait waits for a mapping's Work on the stream s.
+func wait(s comm.Stream) func(comm.Work, error) error {
+	return func(w comm.Work, err error) error {
+		if err != nil {
+			return err
+		}
+		return w.Wait(s)
+	}
+}
+
+// seqRows returns the rows this rank holds of n tokens: n, or n/P under
+// sequence parallelism (n must then divide by P).
+func (p Parallel) seqRows(layer string, n int) (int, error) {
+	if !p.SequenceParallel {
+		return n, nil
+	}
+	if n%p.Size() != 0 {
+		return 0, fmt.Errorf("tp: %s: %d tokens are not divisible by the TP size %d (sequence parallelism splits the tokens evenly)", layer, n, p.Size())
+	}
+	return n / p.Size(), nil
+}
+
+var errNoForward = errors.New("Backward without a successful Forward")
