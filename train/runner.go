@@ -114,7 +114,7 @@ func (r *runner) step(step int) (StepMetrics, error) {
 	if err := b.Err(); err != nil {
 		return StepMetrics{}, fmt.Errorf("train: step %d: %w", step, err)
 	}
-	norm, err := r.opt.GradNorm()
+	norm, err := r.gradNorm()
 	if err != nil {
 		return StepMetrics{}, fmt.Errorf("train: step %d: %w", step, err)
 	}
@@ -152,6 +152,28 @@ func (r *runner) step(step int) (StepMetrics, error) {
 		}
 	}
 	return m, nil
+}
+
+// GradSumSquarer is an optional interface of a Model whose parameters are
+// sharded over ranks (tensor parallelism): GradSumSquares returns Σ g² over
+// the whole model's gradients, each parameter counted once, the same on
+// every rank. Run takes the gradient norm for clipping from it instead of
+// from the local flat gradient.
+type GradSumSquarer interface {
+	GradSumSquares() (float64, error)
+}
+
+// gradNorm is the global gradient norm of the step.
+func (r *runner) gradNorm() (float64, error) {
+	g, ok := r.model.(GradSumSquarer)
+	if !ok {
+		return r.opt.GradNorm()
+	}
+	ss, err := g.GradSumSquares()
+	if err != nil {
+		return 0, fmt.Errorf("train: gradient norm: %w", err)
+	}
+	return math.Sqrt(ss), nil
 }
 
 // validate is the mean loss over the first valBatches batches of the

@@ -1,0 +1,250 @@
+package model
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/tensor"
+)
+
+// checkTokens checks a host int32 (B, T) tensor of the global batch.
+func (m *Model) checkTokens(what string, t *tensor.Tensor) error {
+	if t == nil {
+		return fmt.Errorf("model: %s is nil", what)
+	}
+	if _, host := t.Buffer().(*tensor.HostBuffer); !host || t.DType() != tensor.Int32 {
+		return fmt.Errorf("model: %s is %v, expected a host int32 tensor (B, T)", what, t)
+	}
+	s := t.Shape()
+	if len(s) != 2 || s[0] <= 0 || s[1] <= 0 {
+		return fmt.Errorf("model: %s has shape %v, expected (B, T) with B, T > 0", what, s)
+	}
+	if s[1] > m.cfg.Seq {
+		return fmt.Errorf("model: %s has shape %v: T = %d exceeds the model's Seq = %d", what, s, s[1], m.cfg.Seq)
+	}
+	if s[0]%m.grid.DP != 0 {
+		return fmt.Errorf("model: %s has shape %v: the global batch B = %d is not divisible by DP = %d (each replica takes B/DP sequences)", what, s, s[0], m.grid.DP)
+	}
+	if m.par.SequenceParallel && (s[0]/m.grid.DP*s[1])%m.grid.TP != 0 {
+		return fmt.Errorf("model: %s has shape %v: a replica's %d tokens (B/DP × T) are not divisible by TP = %d, as sequence parallelism needs",
+			what, s, s[0]/m.grid.DP*s[1], m.grid.TP)
+	}
+	return nil
+}
+
+// Forward runs the model on the GLOBAL batch: ids and targets are host
+// int32 (B, T), the same on every rank (every rank's loader yields the
+// whole batch; B must divide by DP), and this rank's replica takes its rows
+// (ReplicaRows). It returns, on every rank, the mean cross-entropy over the
+// non-ignored targets of the whole global batch (negative targets are
+// ignored) — what layers.GPT returns for that batch — and prepares each
+// replica's gradient of that mean for Backward: each replica's losses are
+// scaled by 1/(targets of the global batch), so the sum of the replicas'
+// gradients is the gradient of the global mean. With nil targets the loss
+// is 0 and Backward is not allowed.
+//
+// Input errors are found before any work, identically on every rank; an
+// error after that aborts the world (comm.Aborter) so the other ranks stop.
+func (m *Model) Forward(ids, targets *tensor.Tensor) (float64, error) {
+	m.ready = false
+	if err := m.checkTokens("ids", ids); err != nil {
+		return 0, err
+	}
+	if err := layers.CheckIDs("model: ids", ids, m.cfg.Vocab); err != nil {
+		return 0, err
+	}
+	nTargets := 0
+	if targets != nil {
+		if err := m.checkTokens("targets", targets); err != nil {
+			return 0, err
+		}
+		if !targets.Shape().Equal(ids.Shape()) {
+			return 0, fmt.Errorf("model: targets have shape %v, expected %v like ids", targets.Shape(), ids.Shape())
+		}
+		for i, t := range targets.I32() {
+			if int(t) >= m.cfg.Vocab {
+				return 0, fmt.Errorf("model: targets[%d] = %d, expected a value < Vocab = %d (or negative to ignore it)", i, t, m.cfg.Vocab)
+			}
+			if t >= 0 {
+				nTargets++
+			}
+		}
+	}
+	if err := m.b.Err(); err != nil {
+		return 0, m.fail(fmt.Errorf("model: the backend already holds an error: %w", err))
+	}
+	loss, err := m.forward(ids, targets, nTargets)
+	if err != nil {
+		return 0, m.fail(err)
+	}
+	m.ready = targets != nil
+	return loss, nil
+}
+
+func (m *Model) forward(ids, targets *tensor.Tensor, nTargets int) (float64, error) {
+	lo, hi := m.ReplicaRows(ids.Dim(0))
+	B, T := hi-lo, ids.Dim(1)
+	N := B * T
+	m.alloc(B, T)
+	myIDs, err := ids.Rows(lo, hi)
+	if err != nil {
+		return 0, err
+	}
+	if err := m.Embed.Forward(m.xs[0], myIDs); err != nil {
+		return 0, err
+	}
+	for l, blk := range m.Blocks {
+		if err := blk.Forward(m.xs[l+1], m.xs[l], B, T); err != nil {
+			return 0, err
+		}
+	}
+	if err := m.Norm.Forward(m.hf, m.xs[len(m.Blocks)]); err != nil {
+		return 0, err
+	}
+	if err := m.Head.Forward(m.logits, m.hf); err != nil {
+		return 0, err
+	}
+	if targets == nil {
+		return 0, sticky(m.b, "forward")
+	}
+	scale := float32(0)
+	if nTargets > 0 {
+		scale = float32(1 / float64(nTargets))
+	}
+	myTargets, err := targets.Rows(lo, hi)
+	if err != nil {
+		return 0, err
+	}
+	if err := m.Loss.Forward(m.losses, m.dlogits, m.logits, myTargets, scale); err != nil {
+		return 0, err
+	}
+	var sum float64
+	for _, l := range m.losses.F64()[:N] {
+		sum += l
+	}
+	if m.grid.DP > 1 { // the global sum: Σ over replicas
+		h := tensor.MustHost(tensor.Float64, 1)
+		h.F64()[0] = sum
+		m.b.Upload(m.lossBuf, h)
+		if err := sticky(m.b, "forward"); err != nil {
+			return 0, err
+		}
+		s := m.par.Stream
+		w, err := m.grid.DPGroup.AllReduce(m.lossBuf, comm.Sum, s)
+		if err == nil {
+			err = w.Wait(s)
+		}
+		if err != nil {
+			return 0, fmt.Errorf("model: loss over the DP group: %w", err)
+		}
+		m.b.Download(h, m.lossBuf)
+		sum = h.F64()[0]
+	}
+	if err := sticky(m.b, "forward"); err != nil {
+		return 0, err
+	}
+	if nTargets == 0 {
+		return 0, nil
+	}
+	return sum / float64(nTargets), nil
+}
+
+// alloc (re)allocates the activations for a replica batch of B sequences
+// of T tokens.
+func (m *Model) alloc(B, T int) {
+	if m.bt == [2]int{B, T} {
+		return
+	}
+	m.bt = [2]int{B, T}
+	b, dt, C := m.b, m.dt, m.cfg.Dim
+	N := B * T
+	n := N
+	if m.par.SequenceParallel {
+		n = N / m.grid.TP
+	}
+	if m.xs == nil {
+		m.xs = make([]*tensor.Tensor, len(m.Blocks)+1)
+	}
+	for i := range m.xs {
+		m.xs[i] = ensure(b, m.xs[i], dt, n, C)
+	}
+	m.hf = ensure(b, m.hf, dt, n, C)
+	m.logits = ensure(b, m.logits, dt, N, m.Head.LocalOut)
+	m.dlogits = ensure(b, m.dlogits, dt, N, m.Head.LocalOut)
+	m.losses = tensor.MustHost(tensor.Float64, N)
+	m.lossBuf = ensure(b, m.lossBuf, statDType(dt), 1)
+	m.dhf = ensure(b, m.dhf, dt, n, C)
+	m.dxa = ensure(b, m.dxa, dt, n, C)
+	m.dxb = ensure(b, m.dxb, dt, n, C)
+}
+
+// Backward adds this replica's gradient of the last Forward's global mean
+// loss to the parameters' gradients, then reduces them so that every rank
+// holds, for each of its parameters, the gradient of the global mean: the
+// sum over the DP group, and for replicated parameters whose gradients are
+// partial per TP rank (sequence parallelism) also the sum over the TP
+// group. It requires a Forward with targets, and runs once per Forward. An
+// error aborts the world (comm.Aborter).
+func (m *Model) Backward() error {
+	if !m.ready {
+		return errors.New("model: Backward needs a successful Forward with targets since the last Backward")
+	}
+	m.ready = false
+	if err := m.backward(); err != nil {
+		return m.fail(err)
+	}
+	return nil
+}
+
+func (m *Model) backward() error {
+	if err := m.Head.Backward(m.dhf, m.dlogits); err != nil {
+		return err
+	}
+	dx, dnext := m.dxa, m.dxb
+	if err := m.Norm.Backward(dx, m.dhf); err != nil {
+		return err
+	}
+	for l := len(m.Blocks) - 1; l >= 0; l-- {
+		if err := m.Blocks[l].Backward(dnext, dx); err != nil {
+			return err
+		}
+		dx, dnext = dnext, dx
+	}
+	if err := m.Embed.Backward(dx); err != nil {
+		return err
+	}
+	if err := sticky(m.b, "backward"); err != nil {
+		return err
+	}
+	return m.reduceGrads()
+}
+
+// statDType is the dtype of the model's scalar reductions: f64 for f64
+// models, f32 otherwise.
+func statDType(dt tensor.DType) tensor.DType {
+	if dt == tensor.Float64 {
+		return tensor.Float64
+	}
+	return tensor.Float32
+}
+
+// ensure returns t when it has dtype dt and shape, else a fresh tensor.
+func ensure(b tensor.Backend, t *tensor.Tensor, dt tensor.DType, shape ...int) *tensor.Tensor {
+	if t != nil && t.DType() == dt && t.Shape().Equal(shape) {
+		return t
+	}
+	if t != nil {
+		b.Free(t)
+	}
+	return b.Zeros(dt, shape...)
+}
+
+// sticky wraps the backend's sticky error.
+func sticky(b tensor.Backend, pass string) error {
+	if err := b.Err(); err != nil {
+		return fmt.Errorf("model: %s: %w", pass, err)
+	}
+	return nil
+}

@@ -1,0 +1,129 @@
+package model_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/comm/local"
+	"github.com/asynctp/asynctp/internal/testutil"
+	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/parallel/model"
+	"github.com/asynctp/asynctp/parallel/tp"
+	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/cpu"
+)
+
+// smallConfig is the model of the tests: 2 layers, width 32, 4 heads,
+// vocabulary 64, FFN 64 (all divisible by 4).
+func smallConfig() layers.GPTConfig {
+	return layers.GPTConfig{Layers: 2, Dim: 32, Heads: 4, Vocab: 64, Seq: 8, FFN: 64, InitStd: 0.1, Seed: 11}
+}
+
+// layout is one parallel configuration.
+type layout struct {
+	tp, dp int
+	sp     bool
+}
+
+func (l layout) String() string { return fmt.Sprintf("tp=%d/dp=%d/sp=%v", l.tp, l.dp, l.sp) }
+
+// onGrid runs fn on each rank of a local world of dp·tp ranks, each with
+// its own CPU backend and grid, and returns the ranks' errors.
+func onGrid(l layout, fn func(b tensor.Backend, g *comm.Grid) error) error {
+	return local.Run(l.tp*l.dp, func(c comm.Comm) error {
+		b := cpu.New(cpu.WithThreads(1))
+		g, err := comm.NewGrid(c, l.dp, l.tp, 1)
+		if err != nil {
+			return err
+		}
+		defer g.Close()
+		if err := fn(b, g); err != nil {
+			return err
+		}
+		return b.Err()
+	}, local.WithTimeout(30*time.Second))
+}
+
+// newModel builds the sharded model of cfg on a rank.
+func newModel(b tensor.Backend, g *comm.Grid, cfg layers.GPTConfig, l layout, dt tensor.DType) (*model.Model, error) {
+	return model.New(b, g, cfg, model.Options{SequenceParallel: l.sp}, dt)
+}
+
+// batch returns a global batch (B, T) of ids and targets drawn from seed;
+// a few targets are negative (ignored).
+func batch(seed uint64, B, T, V int) (ids, targets *tensor.Tensor) {
+	ids = testutil.RandInts(testutil.Rng(seed), V, B, T)
+	targets = testutil.RandInts(testutil.Rng(seed+1), V, B, T)
+	targets.I32()[3] = -1
+	targets.I32()[len(targets.I32())-2] = -1
+	return ids, targets
+}
+
+// values downloads a tensor into float64s.
+func values(b tensor.Backend, x *tensor.Tensor) []float64 {
+	h := tensor.MustHost(tensor.Float64, x.Shape()...)
+	b.Download(h, x)
+	return h.F64()
+}
+
+// sliceShard cuts full parameter values down to a shard.
+func sliceShard(v []float64, s tp.Shard) []float64 {
+	if s.Replicated() {
+		return v
+	}
+	inner := tensor.Shape(s.Full[s.Dim+1:]).Numel()
+	outer := tensor.Shape(s.Full[:s.Dim]).Numel()
+	var out []float64
+	for o := range outer {
+		base := o * s.Full[s.Dim] * inner
+		out = append(out, v[base+s.Lo*inner:base+s.Hi*inner]...)
+	}
+	return out
+}
+
+// closeTo returns an error when RelErr(got, want) > tol.
+func closeTo(name string, got, want []float64, tol float64) error {
+	if len(got) != len(want) {
+		return fmt.Errorf("%s: %d values, want %d", name, len(got), len(want))
+	}
+	if e := testutil.RelErr(got, want); !(e <= tol) {
+		return fmt.Errorf("%s: relative error %.3g > %.3g", name, e, tol)
+	}
+	return nil
+}
+
+// relErr is the relative error of two scalars.
+func relErr(got, want float64) float64 { return testutil.RelErr([]float64{got}, []float64{want}) }
+
+// reference is what the unsharded model computes on a global batch.
+type reference struct {
+	loss      float64
+	logits    []float64 // (B*T, V)
+	w, g      map[string][]float64
+	sumSquare float64
+}
+
+func runReference(t *testing.T, cfg layers.GPTConfig, dt tensor.DType, ids, targets *tensor.Tensor) reference {
+	t.Helper()
+	b := cpu.New()
+	m, err := layers.NewGPT(b, cfg, dt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	loss, err := m.Forward(ids, targets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Backward(); err != nil {
+		t.Fatal(err)
+	}
+	ref := reference{loss: loss, logits: values(b, m.Logits()), w: map[string][]float64{}, g: map[string][]float64{}}
+	for _, p := range m.Params().Params() {
+		ref.w[p.Name], ref.g[p.Name] = values(b, p.W), values(b, p.G)
+	}
+	_, g := m.Params().Flat()
+	ref.sumSquare = b.SumSquares(g)
+	return ref
+}

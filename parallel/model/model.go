@@ -1,0 +1,201 @@
+package model
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/parallel/tp"
+	"github.com/asynctp/asynctp/tensor"
+)
+
+// Options are the parallel knobs of a Model.
+type Options struct {
+	// SequenceParallel splits the residual stream, the norms and the
+	// embedding's output along the tokens over the TP group.
+	SequenceParallel bool
+	// Strategy runs the fused all-gather/matmul and matmul/reduce-scatter
+	// sites; nil means comm.Collective{Stream: Stream}.
+	Strategy comm.Strategy
+	// Stream is the stream of the backend (nil on the CPU).
+	Stream comm.Stream
+}
+
+// Model is the tensor- and data-parallel GPT: layers.GPT with its weights
+// split over the grid's TP group (vocab-parallel embedding and LM head,
+// TP attention and MLP, vocab-parallel cross-entropy) and its batch split
+// over the DP group. It implements train.Model; each rank holds one Model,
+// with its own shards in its own ParamSet.
+type Model struct {
+	Embed  *tp.VocabParallelEmbedding
+	Blocks []*tp.Block
+	Norm   *layers.RMSNorm          // final norm, replicated
+	Head   *tp.ColumnParallelLinear // (Vocab/P, Dim): the embedding's rows when tied
+	Loss   *tp.VocabParallelCrossEntropy
+
+	cfg    layers.GPTConfig
+	b      tensor.Backend
+	dt     tensor.DType
+	grid   *comm.Grid
+	par    tp.Parallel
+	ps     *layers.ParamSet
+	shards []tp.Shard
+	plan   gradPlan
+
+	// Activations of the last Forward (reallocated when B or T change).
+	bt       [2]int           // this replica's B and T
+	xs       []*tensor.Tensor // Layers+1 of (n, C): the residual stream (n = N, or N/P under SP)
+	hf       *tensor.Tensor   // (n, C) final norm output
+	logits   *tensor.Tensor   // (N, Vocab/P)
+	dlogits  *tensor.Tensor   // (N, Vocab/P)
+	losses   *tensor.Tensor   // (N) host f64 per-row losses
+	lossBuf  *tensor.Tensor   // (1) stat dtype: DP reduction of the loss
+	normBuf  *tensor.Tensor   // (1) stat dtype: TP reduction of the gradient norm
+	dhf, dxa *tensor.Tensor   // (n, C) backward scratch
+	dxb      *tensor.Tensor   // (n, C) backward scratch
+	ready    bool
+}
+
+// New builds this rank's part of the model described by cfg on b, with
+// parameters of dtype dt, over grid's TP and DP groups (grid.EP is only
+// recorded in the Layout: the model is dense). Every rank of the grid calls
+// it with the same arguments.
+//
+// The layout is validated before anything is allocated: grid.World's size
+// must be DP × TP, the groups must have those sizes, and TP must divide
+// Heads, Dim, FFN and Vocab.
+func New(b tensor.Backend, grid *comm.Grid, cfg layers.GPTConfig, opts Options, dt tensor.DType) (*Model, error) {
+	if b == nil {
+		return nil, errors.New("model: New with a nil backend")
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("model: %w", err)
+	}
+	if err := checkLayout(grid, cfg); err != nil {
+		return nil, err
+	}
+	if !dt.IsFloat() {
+		return nil, fmt.Errorf("model: dtype %v, expected a float dtype (f32 or f64 on the cpu)", dt)
+	}
+	m := &Model{cfg: cfg, b: b, dt: dt, grid: grid, ps: layers.NewParamSet(cfg.Seed),
+		par: tp.Parallel{Group: grid.TPGroup, Strategy: opts.Strategy, SequenceParallel: opts.SequenceParallel, Stream: opts.Stream}}
+	std, outStd := cfg.InitStd, cfg.InitStd/math.Sqrt(2*float64(cfg.Layers))
+	var err error
+	if m.Embed, err = tp.NewVocabParallelEmbedding(b, m.ps, m.par, "embed", cfg.Vocab, cfg.Dim, std); err != nil {
+		return nil, err
+	}
+	m.shards = append(m.shards, m.Embed.Shards()...)
+	for l := range cfg.Layers {
+		blk, err := tp.NewBlock(b, m.ps, m.par, fmt.Sprintf("blocks.%d", l), layers.BlockConfig{
+			Dim: cfg.Dim, Heads: cfg.Heads, FFN: cfg.FFN, RopeTheta: cfg.RopeTheta,
+			NormEps: cfg.NormEps, Std: std, OutStd: outStd,
+		})
+		if err != nil {
+			return nil, err
+		}
+		m.Blocks = append(m.Blocks, blk)
+		m.shards = append(m.shards, blk.Shards()...)
+	}
+	if m.Norm, err = layers.NewRMSNorm(b, m.ps, "final_norm", cfg.Dim, cfg.NormEps); err != nil {
+		return nil, err
+	}
+	m.shards = append(m.shards, tp.Shard{Param: m.Norm.W, Full: m.Norm.W.Shape().Clone(), Dim: -1, Hi: cfg.Dim,
+		PartialGrad: opts.SequenceParallel && grid.TP > 1})
+	if cfg.TiedEmbeddings {
+		m.Head, err = tp.NewColumnParallelLinearFromParams(b, m.par, "lm_head", m.Embed.W, nil, cfg.Vocab, false)
+	} else {
+		m.Head, err = tp.NewColumnParallelLinear(b, m.ps, m.par, "lm_head", tp.ColumnConfig{In: cfg.Dim, Out: cfg.Vocab, Std: std})
+	}
+	if err != nil {
+		return nil, err
+	}
+	m.shards = append(m.shards, m.Head.Shards()...)
+	if m.Loss, err = tp.NewVocabParallelCrossEntropy(b, m.par, cfg.Vocab); err != nil {
+		return nil, err
+	}
+	if err := m.ps.Materialize(b, dt); err != nil {
+		return nil, err
+	}
+	if m.plan, err = newGradPlan(m.ps, m.shards); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// checkLayout validates the grid against cfg before any work.
+func checkLayout(grid *comm.Grid, cfg layers.GPTConfig) error {
+	if grid == nil || grid.World == nil || grid.TPGroup == nil || grid.DPGroup == nil {
+		return errors.New("model: New needs a grid with its world, TP and DP groups (comm.NewGrid)")
+	}
+	w := grid.World.Size()
+	if grid.DP < 1 || grid.TP < 1 || grid.DP*grid.TP != w {
+		return fmt.Errorf("model: layout dp %d × tp %d does not match the world of %d ranks, expected DP × TP = world", grid.DP, grid.TP, w)
+	}
+	if grid.TPGroup.Size() != grid.TP || grid.DPGroup.Size() != grid.DP {
+		return fmt.Errorf("model: grid groups have sizes tp %d (%s), dp %d (%s), expected tp %d, dp %d",
+			grid.TPGroup.Size(), grid.TPGroup.Name(), grid.DPGroup.Size(), grid.DPGroup.Name(), grid.TP, grid.DP)
+	}
+	if cfg.Experts > 0 {
+		return fmt.Errorf("model: GPTConfig.Experts = %d: this is the dense tensor-parallel model; MoE blocks need the expert-parallel layers (parallel/ep)", cfg.Experts)
+	}
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"Heads", cfg.Heads}, {"Dim", cfg.Dim}, {"FFN", cfg.FFN}, {"Vocab", cfg.Vocab}} {
+		if f.v%grid.TP != 0 {
+			return fmt.Errorf("model: layout tp %d does not divide GPTConfig.%s = %d, expected %s divisible by the TP size", grid.TP, f.name, f.v, f.name)
+		}
+	}
+	return nil
+}
+
+// Config returns the model's configuration, defaults filled in.
+func (m *Model) Config() layers.GPTConfig { return m.cfg }
+
+// Params returns this rank's parameter set: its shards and its copies of
+// the replicated parameters, under the names layers.GPT gives them.
+func (m *Model) Params() *layers.ParamSet { return m.ps }
+
+// Shards describes every parameter of this rank (each once).
+func (m *Model) Shards() []tp.Shard { return append([]tp.Shard(nil), m.shards...) }
+
+// Grid is the grid the model was built on.
+func (m *Model) Grid() *comm.Grid { return m.grid }
+
+// Logits returns the logits of the last Forward: (N, Vocab/P), this rank's
+// vocabulary columns for its replica's N = B/DP·T tokens (nil before the
+// first Forward). They stay valid until the next Forward.
+func (m *Model) Logits() *tensor.Tensor { return m.logits }
+
+// ZeroGrad sets every gradient of this rank to zero.
+func (m *Model) ZeroGrad() { m.ps.ZeroGrad() }
+
+// ReplicaRows returns the rows [lo, hi) of a global batch of batch
+// sequences that this rank's data-parallel replica trains on: replica d of
+// DP takes [d·batch/DP, (d+1)·batch/DP).
+func (m *Model) ReplicaRows(batch int) (lo, hi int) {
+	dp, d := m.grid.DP, m.grid.DPGroup.Rank()
+	return d * batch / dp, (d + 1) * batch / dp
+}
+
+// FLOPsPerToken is the forward+backward FLOPs of the whole model per token
+// (layers.GPT's count: all ranks together), for MFU over the job.
+func (m *Model) FLOPsPerToken() float64 {
+	c := m.cfg
+	perLayer := 4*c.Dim*c.Dim + 3*c.Dim*c.FFN
+	n := float64(c.Layers)*float64(perLayer) + float64(c.Vocab)*float64(c.Dim)
+	return 6*n + 12*float64(c.Layers)*float64(c.Dim)*float64(c.Seq)
+}
+
+// fail aborts the world (comm.Aborter), so that the other ranks, which
+// will wait for this one in their next collective, fail at once with an
+// error naming it instead of waiting for their deadline; it returns err.
+func (m *Model) fail(err error) error {
+	if a, ok := m.grid.World.(comm.Aborter); ok {
+		a.Abort(err)
+	}
+	return err
+}

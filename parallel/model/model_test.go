@@ -1,0 +1,205 @@
+package model_test
+
+import (
+	"fmt"
+	"math"
+	"sync"
+	"testing"
+
+	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/parallel/model"
+	"github.com/asynctp/asynctp/tensor"
+)
+
+// worstErr records the largest relative error seen per quantity, for the
+// log of the acceptance test.
+type worstErr struct {
+	mu sync.Mutex
+	m  map[string]float64
+}
+
+func (w *worstErr) see(what string, e float64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.m == nil {
+		w.m = map[string]float64{}
+	}
+	w.m[what] = math.Max(w.m[what], e)
+}
+
+// TestModelMatchesGPT is the acceptance test: for TP ∈ {1, 2, 4},
+// DP ∈ {1, 2} and sequence parallelism on and off, the sharded model's
+// loss, logits and every gradient equal those of layers.GPT on the same
+// global batch, within 1e-5 (f32) — and within 1e-11 in f64.
+func TestModelMatchesGPT(t *testing.T) {
+	const B, T = 4, 8
+	type variant struct {
+		dt   tensor.DType
+		tied bool
+	}
+	variants := []variant{{tensor.Float32, false}, {tensor.Float32, true}, {tensor.Float64, false}}
+	for _, v := range variants {
+		cfg := smallConfig()
+		cfg.TiedEmbeddings = v.tied
+		ids, targets := batch(3, B, T, cfg.Vocab)
+		ref := runReference(t, cfg, v.dt, ids, targets)
+		tol := 1e-5
+		if v.dt == tensor.Float64 {
+			tol = 1e-11
+		}
+		var worst worstErr
+		for _, tpn := range []int{1, 2, 4} {
+			for _, dp := range []int{1, 2} {
+				for _, sp := range []bool{false, true} {
+					l := layout{tpn, dp, sp}
+					t.Run(fmt.Sprintf("%v/tied=%v/%v", v.dt, v.tied, l), func(t *testing.T) {
+						err := onGrid(l, func(b tensor.Backend, g *comm.Grid) error {
+							return checkAgainst(b, g, cfg, l, v.dt, ids, targets, ref, tol, &worst)
+						})
+						if err != nil {
+							t.Fatal(err)
+						}
+					})
+				}
+			}
+		}
+		t.Logf("%v tied=%v: worst relative errors %v", v.dt, v.tied, worst.m)
+	}
+}
+
+// checkAgainst runs one rank's forward and backward and compares it with
+// the reference. The forward and backward run twice (with ZeroGrad), to
+// cover the reuse of activations.
+func checkAgainst(b tensor.Backend, g *comm.Grid, cfg layers.GPTConfig, l layout, dt tensor.DType,
+	ids, targets *tensor.Tensor, ref reference, tol float64, worst *worstErr) error {
+	m, err := newModel(b, g, cfg, l, dt)
+	if err != nil {
+		return err
+	}
+	for range 2 {
+		m.ZeroGrad()
+		loss, err := m.Forward(ids, targets)
+		if err != nil {
+			return err
+		}
+		if e := relErr(loss, ref.loss); !(e <= tol) {
+			return fmt.Errorf("loss %v, want %v (relative error %.3g)", loss, ref.loss, e)
+		} else {
+			worst.see("loss", e)
+		}
+		if err := m.Backward(); err != nil {
+			return err
+		}
+	}
+	// Logits: this rank's replica rows and vocabulary columns.
+	lo, hi := m.ReplicaRows(ids.Dim(0))
+	T, V := ids.Dim(1), cfg.Vocab
+	vl := V / l.tp
+	c0 := g.TPGroup.Rank() * vl
+	var want []float64
+	for r := lo * T; r < hi*T; r++ {
+		want = append(want, ref.logits[r*V+c0:r*V+c0+vl]...)
+	}
+	got := values(b, m.Logits())
+	if err := closeTo("logits", got, want, tol); err != nil {
+		return err
+	}
+	worst.see("logits", relErrs(got, want))
+	// Every parameter: exactly the reference's slice, gradient within tol.
+	names := map[string]bool{}
+	for _, s := range m.Shards() {
+		names[s.Param.Name] = true
+		if err := closeTo(s.Param.Name+" weight", values(b, s.Param.W), sliceShard(ref.w[s.Param.Name], s), 0); err != nil {
+			return err
+		}
+		gv, want := values(b, s.Param.G), sliceShard(ref.g[s.Param.Name], s)
+		if err := closeTo(s.Param.Name+" gradient", gv, want, tol); err != nil {
+			return err
+		}
+		worst.see("gradients", relErrs(gv, want))
+	}
+	for name := range ref.g {
+		if !names[name] {
+			return fmt.Errorf("parameter %q of layers.GPT has no shard in the sharded model", name)
+		}
+	}
+	ss, err := m.GradSumSquares()
+	if err != nil {
+		return err
+	}
+	if e := relErr(ss, ref.sumSquare); !(e <= tol) {
+		return fmt.Errorf("GradSumSquares %v, want %v (relative error %.3g)", ss, ref.sumSquare, e)
+	} else {
+		worst.see("grad sum of squares", e)
+	}
+	return nil
+}
+
+func relErrs(got, want []float64) float64 {
+	var num, den float64
+	for i := range got {
+		d := got[i] - want[i]
+		num += d * d
+		den += want[i] * want[i]
+	}
+	return math.Sqrt(num / den)
+}
+
+// Forward without targets gives the logits and no loss; Backward is then
+// refused.
+func TestForwardWithoutTargets(t *testing.T) {
+	cfg := smallConfig()
+	ids, targets := batch(3, 4, 8, cfg.Vocab)
+	ref := runReference(t, cfg, tensor.Float32, ids, targets)
+	err := onGrid(layout{2, 1, true}, func(b tensor.Backend, g *comm.Grid) error {
+		m, err := newModel(b, g, cfg, layout{2, 1, true}, tensor.Float32)
+		if err != nil {
+			return err
+		}
+		loss, err := m.Forward(ids, nil)
+		if err != nil || loss != 0 {
+			return fmt.Errorf("Forward(ids, nil) = %v, %v, want 0, nil", loss, err)
+		}
+		vl := cfg.Vocab / 2
+		c0 := g.TPGroup.Rank() * vl
+		var want []float64
+		for r := range 4 * 8 {
+			want = append(want, ref.logits[r*cfg.Vocab+c0:r*cfg.Vocab+c0+vl]...)
+		}
+		if err := closeTo("logits", values(b, m.Logits()), want, 1e-5); err != nil {
+			return err
+		}
+		if err := m.Backward(); err == nil {
+			return fmt.Errorf("Backward after a Forward without targets: no error")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLayoutAndConfig(t *testing.T) {
+	err := onGrid(layout{2, 2, true}, func(b tensor.Backend, g *comm.Grid) error {
+		m, err := newModel(b, g, smallConfig(), layout{2, 2, true}, tensor.Float32)
+		if err != nil {
+			return err
+		}
+		r := g.World.Rank()
+		want := model.Layout{TP: 2, DP: 2, EP: 1, SequenceParallel: true, Rank: r, TPRank: r % 2, DPRank: r / 2, World: 4}
+		if got := m.Layout(); got != want {
+			return fmt.Errorf("Layout() = %+v, want %+v", got, want)
+		}
+		if m.Config().FFN != 64 || m.FLOPsPerToken() <= 0 {
+			return fmt.Errorf("Config %+v, FLOPsPerToken %v", m.Config(), m.FLOPsPerToken())
+		}
+		if lo, hi := m.ReplicaRows(8); lo != r/2*4 || hi != lo+4 {
+			return fmt.Errorf("ReplicaRows(8) = %d, %d on rank %d", lo, hi, r)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
