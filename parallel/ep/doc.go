@@ -1,0 +1,112 @@
+// Package ep is expert parallelism: the mixture-of-experts layer of
+// layers.MoE with its experts spread over the ranks of an EP group, and the
+// dispatch/combine protocol (DeepEP's) that moves the tokens to their
+// experts and back.
+//
+// # Layout
+//
+// An EP group of P ranks (a comm.Comm; comm.Grid's EPGroup) shares one MoE
+// layer of E experts, E divisible by P: rank r holds experts
+// [r·E/P, (r+1)·E/P) (its w_gate, w_up, w_down are that slice of the stacked
+// (E, ...) weights, under the unsharded names, initialised by
+// layers.ShardInit to exactly the unsharded values). The router (E, C) is
+// replicated. Each rank brings its own tokens (N_r, C): the layer over the
+// group equals layers.MoE over the concatenation of the ranks' tokens in
+// rank order — outputs, auxiliary loss, statistics, and the gradients once
+// the router's are summed over the group (the tests check EP 1, 2, 4 within
+// 1e-5 in float32).
+//
+// # The protocol
+//
+//	rank r (its tokens)                            the ranks that hold the experts
+//	───────────────────                            ───────────────────────────────
+//	x (N_r, C) ─ router ─► idx, weights (N_r, K)
+//	     │
+//	Layout(idx)            counts per expert and per rank (host, no communication)
+//	     │
+//	Dispatch(x, layout)    1. all-gather of the counts (P, E+1); the host waits
+//	     │                 2. capacity and drops, in group token order
+//	     │                 3. gather x into expert order = rank order (M_send, C)
+//	     │                 4. all-to-all of the rows  ───────►  recv (M_recv, C), by source
+//	     │                    returns (recv, Handle, Work)        then expert; Wait first
+//	     │                                                        SortByExpert
+//	     │                                                        experts: one GEMM per expert
+//	     │                                                        UnsortByExpert
+//	Combine(out, y, weights, h)  ◄─── reverse all-to-all ───────  y (M_recv, C)
+//	     out[n] = Σ_j weights[n, j]·y[row of slot (n, j)]
+//
+// and the backward twins, in reverse:
+//
+//	CombineBackward(dweights, dout, weights, h) → (dy, Work): the combine's
+//	    gradient rows, all-to-all to the experts' ranks; dweights (N, K)
+//	    feeds the router's backward.
+//	DispatchBackward(dx, drecv, h): the received rows' gradients, all-to-all
+//	    back, summed per token into dx.
+//
+// The Handle keeps what they need: the counts exchanged, the local
+// RoutingPlan (slot → sent row), the permutations and the rows Combine got
+// back (for dweights). Release gives its buffers back.
+//
+// # The async contract
+//
+// Every call says what it waits for. Layout communicates nothing. Dispatch
+// waits on the host for the count exchange (the host sizes the buffers and
+// the GEMMs from it, as DeepEP's non-cached mode does), queues the
+// permutation on the backend, issues the row all-to-all and returns its
+// Work without waiting: the caller waits (Work.Wait on its stream) before
+// reading the received rows, and can overlap other work (the MoE layer
+// all-reduces the router statistics meanwhile). CombineBackward returns the
+// Work of its all-to-all the same way. Combine and DispatchBackward end in
+// a reduction that consumes their all-to-all: they wait for it on the
+// stream (no host synchronisation on a GPU) and queue the reduction after
+// it. All collectives are over the EP group, in the same order on every
+// rank; every rank calls Forward and Backward, even one that receives no
+// row (its expert GEMMs are then empty).
+//
+// # Capacity and drops
+//
+// With a capacity factor, capacity = ceil(CF·T·K/E) for the T tokens of the
+// whole group (from the count exchange), and each expert keeps its first
+// capacity slots in group token order: rank 0's tokens, then rank 1's...
+// Every rank derives every rank's kept counts from the exchanged counts, so
+// the drops need no second exchange and match the single-rank layer.
+//
+// # Auxiliary losses under EP
+//
+// The load-balancing loss E·Σ_e f_e·P_e and the z-loss (1/T)·Σ lse² are
+// over all T tokens of the group: f_e from the exchanged counts, P_e and
+// Σ lse² from an all-reduce of each rank's sums (E+1 values). AuxLoss is
+// the same on every rank. Its gradient with respect to the router
+// probabilities of a token n on rank r is coef·E·f_e/T (and 2·zcoef·lse_n/T
+// through the logits): each rank adds it for its own tokens, so the sum of
+// the ranks' router gradients is the gradient of the one AuxLoss of the
+// group — the rule of the single-rank layer over the union of the tokens.
+//
+// # Gradient reduction in a larger grid (for the sharded model)
+//
+// ParamInfos (or ReplicatedParams and ExpertParams) tells them apart:
+//
+//   - The router weight (Replicated) is replicated on every rank; its
+//     gradient covers the rank's own tokens. Reduce it like a dense weight
+//     whose copies saw different tokens: over the EP group and over the
+//     data-parallel replicas (every rank that holds a copy; with EP drawn
+//     from the DP ranks, comm.Grid's DP group already contains the EP
+//     group, and with EP = TP under sequence parallelism the TP group must
+//     be included, as for the norm weights).
+//   - The expert weights (ExpertShard) already hold the gradient of every
+//     token of the EP group routed to them. Reduce them over the ranks that
+//     hold the same experts in other EP groups (comm.Grid's EDP group),
+//     never over the EP group.
+//   - Use the same operation (sum, or average by the same count D) for
+//     both. The CE gradient and the expert/router parts scale together;
+//     only the aux term does not: it is one loss per EP group, not one per
+//     rank. With sums (the objective Σ_ranks L_r + AuxLoss), the default
+//     is exact. If every rank adds AuxLoss to its own loss and gradients are
+//     averaged, the aux term would be weighted 1/P too little: construct the
+//     layer WithAuxGradScale(P) (P = the EP group size).
+//
+// Each rank must bring different tokens: under tensor parallelism without
+// sequence parallelism the ranks of a TP group hold the same tokens, so an
+// EP group drawn from a TP group must first split them (each rank takes
+// N/P rows, as sequence parallelism does) and all-gather the outputs.
+package ep

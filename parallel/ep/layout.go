@@ -1,0 +1,90 @@
+package ep
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/tensor"
+)
+
+// Dispatcher runs the dispatch/combine protocol of one MoE layer over an EP
+// group: Experts experts spread evenly over the group's P ranks, rank r
+// holding experts [r·E/P, (r+1)·E/P). It holds no per-step state; each
+// Dispatch returns a Handle with it.
+type Dispatcher struct {
+	b       tensor.Backend
+	ops     tensor.MoEOps
+	group   comm.Comm
+	stream  comm.Stream
+	experts int
+}
+
+// NewDispatcher returns the protocol of a layer of experts experts over
+// group, whose ops the backend b queues on stream (nil on the CPU).
+// experts must divide by the group size.
+func NewDispatcher(b tensor.Backend, group comm.Comm, experts int, stream comm.Stream) (*Dispatcher, error) {
+	if b == nil || group == nil {
+		return nil, fmt.Errorf("ep: dispatcher with a nil backend or group")
+	}
+	P := group.Size()
+	if experts <= 0 || P <= 0 || experts%P != 0 {
+		return nil, fmt.Errorf("ep: %d experts over the EP group %s of %d ranks: expected a positive number of experts divisible by the group size", experts, group.Name(), P)
+	}
+	ops, err := tensor.MoEOpsOf(b)
+	if err != nil {
+		return nil, fmt.Errorf("ep: %w", err)
+	}
+	return &Dispatcher{b: b, ops: ops, group: group, stream: stream, experts: experts}, nil
+}
+
+// LocalExperts returns the range [first, first+count) of experts this rank
+// holds.
+func (d *Dispatcher) LocalExperts() (first, count int) {
+	count = d.experts / d.group.Size()
+	return d.group.Rank() * count, count
+}
+
+// owner is the rank that holds expert e.
+func (d *Dispatcher) owner(e int) int { return e / (d.experts / d.group.Size()) }
+
+// Layout is the local routing of one step (DeepEP's dispatch layout): the
+// router's choices for this rank's tokens and the counts they make, per
+// expert and per destination rank. Computing it communicates nothing.
+//
+// Counts are of token-slots (a token sent to two experts of one rank is sent
+// twice; DeepEP sends it once and lets the receiver fan it out, an
+// optimisation left for the fused transport) and are taken before any
+// capacity, which Dispatch applies once it knows the other ranks' counts.
+type Layout struct {
+	Tokens, TopK, Experts int
+	CapacityFactor        float64
+	Idx                   []int32 // (N·K) the chosen experts, row-major (N, K); kept by reference
+	PerExpert             []int   // (E) slots this rank routes to each expert
+	PerRank               []int   // (P) slots this rank routes to the experts of each rank
+}
+
+// Layout counts the routing of tokens tokens whose topK choices are idx
+// (host int32, (N·K) row-major, from the router). capacityFactor 0 is
+// dropless; otherwise each expert keeps ceil(CF·T·K/E) slots of the T tokens
+// of the whole group, dropping the overflow in group token order (rank 0's
+// tokens first).
+func (d *Dispatcher) Layout(idx []int32, tokens, topK int, capacityFactor float64) (*Layout, error) {
+	E, P := d.experts, d.group.Size()
+	if tokens < 0 || topK < 1 || topK > E || len(idx) != tokens*topK {
+		return nil, fmt.Errorf("ep: layout of %d expert indices for %d tokens, top-%d of %d experts: expected tokens·K indices and 1 ≤ K ≤ E", len(idx), tokens, topK, E)
+	}
+	if !(capacityFactor >= 0) || math.IsInf(capacityFactor, 0) {
+		return nil, fmt.Errorf("ep: layout: capacity factor %v, expected a finite value ≥ 0", capacityFactor)
+	}
+	l := &Layout{Tokens: tokens, TopK: topK, Experts: E, CapacityFactor: capacityFactor, Idx: idx,
+		PerExpert: make([]int, E), PerRank: make([]int, P)}
+	for i, e := range idx {
+		if e < 0 || int(e) >= E {
+			return nil, fmt.Errorf("ep: layout: token %d choice %d is expert %d, expected [0, %d)", i/topK, i%topK, e, E)
+		}
+		l.PerExpert[e]++
+		l.PerRank[d.owner(int(e))]++
+	}
+	return l, nil
+}

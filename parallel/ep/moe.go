@@ -1,0 +1,376 @@
+package ep
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/tensor"
+)
+
+// Option configures an MoE layer.
+type Option func(*options)
+
+type options struct {
+	stream       comm.Stream
+	auxGradScale float64
+}
+
+// WithStream sets the stream the backend queues its ops on (the stream the
+// collectives are ordered with); nil, the default, is the CPU's.
+func WithStream(s comm.Stream) Option { return func(o *options) { o.stream = s } }
+
+// WithAuxGradScale multiplies the gradient of the auxiliary losses (not
+// their values) by s (default 1). With 1, summing the router gradients over
+// the EP group gives the gradient of the group's AuxLoss; if the gradients
+// are averaged over D ranks instead, and every rank adds AuxLoss to its own
+// loss, pass the EP group size (see the package documentation).
+func WithAuxGradScale(s float64) Option { return func(o *options) { o.auxGradScale = s } }
+
+// ParamKind says how a parameter of the EP layer is laid out over the EP
+// group, and so how its gradient must be reduced.
+type ParamKind uint8
+
+const (
+	// Replicated: every rank of the EP group holds the whole parameter (the
+	// router). Its gradient on each rank covers that rank's tokens only:
+	// sum it over every rank that holds a copy and saw other tokens (the EP
+	// group and the data-parallel replicas), as for a dense weight.
+	Replicated ParamKind = iota
+	// ExpertShard: the rank holds experts [Lo, Hi) of the stacked expert
+	// weight (dimension 0). Its gradient already covers the tokens of the
+	// whole EP group; sum it over the ranks that hold the same experts in
+	// other EP groups (comm.Grid's EDP group), never over the EP group.
+	ExpertShard
+)
+
+func (k ParamKind) String() string {
+	if k == ExpertShard {
+		return "expert-shard"
+	}
+	return "replicated"
+}
+
+// ParamInfo describes one parameter of the EP layer against the parameter
+// of the same name in the unsharded model (layers.MoE).
+type ParamInfo struct {
+	Param  *layers.Param
+	Kind   ParamKind
+	Full   tensor.Shape // the unsharded shape
+	Lo, Hi int          // the experts this rank holds (ExpertShard); 0, Full[0] when replicated
+}
+
+// MoE is the expert-parallel mixture-of-experts layer: the router
+// replicated on every rank of the EP group, the experts spread over it.
+// Forward and Backward take this rank's tokens; the layer is equivalent to
+// layers.MoE over the tokens of the whole group, concatenated in rank order
+// (see the package documentation).
+type MoE struct {
+	Name     string
+	Router   *layers.Router  // replicated
+	Experts  *layers.Experts // this rank's experts
+	Dispatch *Dispatcher
+
+	cfg   layers.MoEConfig
+	b     tensor.Backend
+	group comm.Comm
+	opts  options
+
+	// The last Forward.
+	n      int
+	h      *Handle
+	global layers.LoadStats
+	stats  *tensor.Tensor // (E+1) probability sums and Σ lse², for the all-reduce
+	recv   *tensor.Tensor // (M_recv, C) received rows
+	xe, ye *tensor.Tensor // (M_recv, C) in expert order
+	yr     *tensor.Tensor // (M_recv, C) expert outputs in received order
+	// Backward scratch.
+	dw       *tensor.Tensor // (N, K)
+	dye, dxe *tensor.Tensor // (M_recv, C) expert order
+	dxr      *tensor.Tensor // (M_recv, C) received order
+}
+
+// New registers the layer's parameters in ps under the names layers.NewMoE
+// uses: name+".router.weight" (E, C), replicated, and name+".w_gate",
+// ".w_up", ".w_down" as this rank's slice [r·E/P, (r+1)·E/P) of the stacked
+// expert weights, initialised (layers.ShardInit) with exactly the values
+// the unsharded layer gets from the same seed. cfg.Experts must divide by
+// the group size.
+func New(b tensor.Backend, group comm.Comm, ps *layers.ParamSet, name string, cfg layers.MoEConfig, opts ...Option) (*MoE, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("ep: moe %q: %w", name, err)
+	}
+	if ps == nil {
+		return nil, fmt.Errorf("ep: moe %q: nil parameter set", name)
+	}
+	m := &MoE{Name: name, cfg: cfg, b: b, group: group, opts: options{auxGradScale: 1}}
+	for _, o := range opts {
+		o(&m.opts)
+	}
+	var err error
+	if m.Dispatch, err = NewDispatcher(b, group, cfg.Experts, m.opts.stream); err != nil {
+		return nil, fmt.Errorf("ep: moe %q: %w", name, err)
+	}
+	if m.Router, err = layers.NewRouter(b, ps, name+".router", layers.RouterConfig{Dim: cfg.Dim, Experts: cfg.Experts, TopK: cfg.TopK,
+		Std: cfg.Std, AuxLossCoef: cfg.AuxLossCoef, ZLossCoef: cfg.ZLossCoef}); err != nil {
+		return nil, err
+	}
+	m.Router.AuxGradScale = m.opts.auxGradScale
+	first, count := m.Dispatch.LocalExperts()
+	if m.Experts, err = layers.NewExperts(b, ps, name, layers.ExpertsConfig{Dim: cfg.Dim, Hidden: cfg.Hidden, Experts: cfg.Experts,
+		First: first, Count: count, Std: cfg.Std, OutStd: cfg.OutStd}); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// Config returns the layer's configuration.
+func (m *MoE) Config() layers.MoEConfig { return m.cfg }
+
+// Params returns the router weight, then this rank's w_gate, w_up, w_down.
+func (m *MoE) Params() []*layers.Param {
+	return append([]*layers.Param{m.Router.W}, m.Experts.Params()...)
+}
+
+// ReplicatedParams returns the parameters every rank holds whole (the
+// router weight).
+func (m *MoE) ReplicatedParams() []*layers.Param { return []*layers.Param{m.Router.W} }
+
+// ExpertParams returns this rank's expert weights.
+func (m *MoE) ExpertParams() []*layers.Param { return m.Experts.Params() }
+
+// ParamInfos describes every parameter: its kind and its place in the
+// unsharded parameter.
+func (m *MoE) ParamInfos() []ParamInfo {
+	E := m.cfg.Experts
+	infos := []ParamInfo{{Param: m.Router.W, Kind: Replicated, Full: m.Router.W.Shape().Clone(), Lo: 0, Hi: E}}
+	for _, p := range m.Experts.Params() {
+		full := p.Shape().Clone()
+		full[0] = E
+		infos = append(infos, ParamInfo{Param: p, Kind: ExpertShard, Full: full, Lo: m.Experts.First, Hi: m.Experts.First + m.Experts.Count})
+	}
+	return infos
+}
+
+func (m *MoE) what() string {
+	return fmt.Sprintf("ep moe %s on %s rank %d", m.Name, m.group.Name(), m.group.Rank())
+}
+
+// AuxLoss is the auxiliary loss of the last Forward over the tokens of the
+// whole EP group (the same value on every rank; 0 before a Forward).
+func (m *MoE) AuxLoss() float64 {
+	if m.n == 0 {
+		return 0
+	}
+	return m.Router.AuxLoss()
+}
+
+// Stats describes the routing of the last Forward over the whole EP group
+// (the same on every rank).
+func (m *MoE) Stats() layers.MoEStats {
+	if m.n == 0 {
+		return layers.MoEStats{Name: m.Name}
+	}
+	return layers.RouterStats(m.Name, m.Router, m.global, m.h.Dropped())
+}
+
+// Handle returns the protocol handle of the last Forward (nil before one):
+// the counts exchanged, for metrics and tests.
+func (m *MoE) Handle() *Handle { return m.h }
+
+// Forward writes out (..., C) from this rank's tokens x (..., C), which
+// must stay unchanged until Backward. It is collective over the EP group:
+// every rank calls it, in the same order as its other collectives.
+func (m *MoE) Forward(out, x *tensor.Tensor) error {
+	m.n = 0
+	n, err := m.checkRows("input x", x, -1)
+	if err != nil {
+		return err
+	}
+	if _, err := m.checkRows("output", out, n); err != nil {
+		return err
+	}
+	if overlaps(out, x) {
+		return fmt.Errorf("%s: output overlaps input x, expected separate storage", m.what())
+	}
+	C, K := m.cfg.Dim, m.cfg.TopK
+	x2, out2 := reshape(x, n, C), reshape(out, n, C)
+	d := m.Dispatch
+	d.Release(m.h)
+	if m.recv != nil {
+		m.b.Free(m.recv)
+	}
+	m.h, m.recv = nil, nil
+
+	// Route this rank's tokens (local), lay them out, dispatch them.
+	if err := m.Router.Forward(x2); err != nil {
+		return err
+	}
+	l, err := d.Layout(m.Router.Indices(), n, K, m.cfg.CapacityFactor)
+	if err != nil {
+		return fmt.Errorf("%s: %w", m.what(), err)
+	}
+	recv, h, work, err := d.Dispatch(x2, l)
+	if err != nil {
+		return err
+	}
+	m.h, m.recv = h, recv
+	// While the rows move: the aux-loss statistics of the whole group.
+	if err := m.globalStats(h); err != nil {
+		return err
+	}
+	if err := work.Wait(m.opts.stream); err != nil {
+		return fmt.Errorf("%s: dispatch: %w", m.what(), err)
+	}
+	// Local experts on the received rows, in expert order.
+	dt, M := x.DType(), h.RecvRows()
+	m.xe = ensure(m.b, m.xe, dt, M, C)
+	m.ye = ensure(m.b, m.ye, dt, M, C)
+	m.yr = ensure(m.b, m.yr, dt, M, C)
+	d.SortByExpert(m.xe, recv, h)
+	if err := m.Experts.Forward(m.ye, m.xe, h.ExpertCounts); err != nil {
+		return err
+	}
+	d.UnsortByExpert(m.yr, m.ye, h)
+	if err := d.Combine(out2, m.yr, m.Router.Weights(), h); err != nil {
+		return err
+	}
+	if err := m.b.Err(); err != nil {
+		return fmt.Errorf("%s: forward: %w", m.what(), err)
+	}
+	m.n = n
+	return nil
+}
+
+// globalStats sums the router's load statistics over the group (the counts
+// come from the dispatch's exchange; the probability sums and Σ lse² from
+// an all-reduce) and hands them to the router.
+func (m *MoE) globalStats(h *Handle) error {
+	loc := m.Router.Local()
+	E := m.cfg.Experts
+	g := layers.LoadStats{Tokens: h.GlobalTokens, Routed: append([]int(nil), h.GlobalRouted...)}
+	vals := append(append([]float64(nil), loc.ProbSums...), loc.LSESquares)
+	if m.group.Size() > 1 {
+		sdt := tensor.Float32
+		if m.Router.W.W.DType() == tensor.Float64 {
+			sdt = tensor.Float64
+		}
+		m.stats = ensure(m.b, m.stats, sdt, E+1)
+		host, _ := tensor.FromFloat64(vals, E+1)
+		m.b.Upload(m.stats, host)
+		if err := m.b.Err(); err != nil {
+			return fmt.Errorf("%s: statistics: %w", m.what(), err)
+		}
+		w, err := comm.ReduceFromRegionForward(m.group, m.stats, m.opts.stream) // all-reduce (sum) of partial sums
+		if err == nil {
+			err = w.Wait(m.opts.stream)
+		}
+		if err != nil {
+			return fmt.Errorf("%s: all-reduce of the router statistics: %w", m.what(), err)
+		}
+		m.b.Download(host, m.stats)
+		if err := m.b.Sync(); err != nil {
+			return fmt.Errorf("%s: statistics: %w", m.what(), err)
+		}
+	}
+	g.ProbSums, g.LSESquares = vals[:E], vals[E]
+	m.global = g
+	return m.Router.SetGlobal(g)
+}
+
+// Backward overwrites dx (..., C) with ∂L/∂x for this rank's tokens, adds
+// the gradients of this rank's parameters, from dout (..., C), and adds the
+// gradient of AuxLoss through this rank's tokens. Collective, like Forward.
+func (m *MoE) Backward(dx, dout *tensor.Tensor) error {
+	if m.n == 0 {
+		return errors.New(m.what() + ": Backward without a successful Forward")
+	}
+	n, C, K := m.n, m.cfg.Dim, m.cfg.TopK
+	if _, err := m.checkRows("output gradient", dout, n); err != nil {
+		return err
+	}
+	if _, err := m.checkRows("input gradient dx", dx, n); err != nil {
+		return err
+	}
+	if overlaps(dx, dout) {
+		return fmt.Errorf("%s: input gradient dx overlaps the output gradient, expected separate storage", m.what())
+	}
+	d, h := m.Dispatch, m.h
+	dt, M := dout.DType(), h.RecvRows()
+	dx2, dout2 := reshape(dx, n, C), reshape(dout, n, C)
+	m.dw = ensure(m.b, m.dw, dt, n, K)
+	dy, work, err := d.CombineBackward(m.dw, dout2, m.Router.Weights(), h)
+	if err != nil {
+		return err
+	}
+	if err := work.Wait(m.opts.stream); err != nil {
+		return fmt.Errorf("%s: combine backward: %w", m.what(), err)
+	}
+	m.dye = ensure(m.b, m.dye, dt, M, C)
+	m.dxe = ensure(m.b, m.dxe, dt, M, C)
+	m.dxr = ensure(m.b, m.dxr, dt, M, C)
+	d.SortByExpert(m.dye, dy, h)
+	m.b.Free(dy)
+	if err := m.Experts.Backward(m.dxe, m.dye); err != nil {
+		return err
+	}
+	d.UnsortByExpert(m.dxr, m.dxe, h)
+	if err := d.DispatchBackward(dx2, m.dxr, h); err != nil {
+		return err
+	}
+	if err := m.Router.Backward(dx2, m.dw, true); err != nil {
+		return err
+	}
+	if err := m.b.Err(); err != nil {
+		return fmt.Errorf("%s: backward: %w", m.what(), err)
+	}
+	return nil
+}
+
+// checkRows checks t (..., C) of the parameters' dtype on the device, with
+// n rows when n ≥ 0, and returns its rows.
+func (m *MoE) checkRows(what string, t *tensor.Tensor, n int) (int, error) {
+	if m.Router.W.W == nil {
+		return 0, fmt.Errorf("%s: parameters not materialized (call ParamSet.Materialize first)", m.what())
+	}
+	dt, C := m.Router.W.W.DType(), m.cfg.Dim
+	if t == nil || t.Device() != m.b.Device() || t.DType() != dt {
+		return 0, fmt.Errorf("%s: %s is %v, expected a %v tensor on %v", m.what(), what, t, dt, m.b.Device())
+	}
+	s := t.Shape()
+	if len(s) < 2 || s[len(s)-1] != C {
+		return 0, fmt.Errorf("%s: %s has shape %v, expected (..., %d)", m.what(), what, s, C)
+	}
+	rows := s[:len(s)-1].Numel()
+	if rows == 0 || (n >= 0 && rows != n) {
+		return 0, fmt.Errorf("%s: %s has shape %v, expected %d rows of %d", m.what(), what, s, max(n, 1), C)
+	}
+	return rows, nil
+}
+
+// ensure returns t when it has dtype dt and shape, else a fresh tensor.
+func ensure(b tensor.Backend, t *tensor.Tensor, dt tensor.DType, shape ...int) *tensor.Tensor {
+	if t != nil && t.DType() == dt && t.Shape().Equal(shape) {
+		return t
+	}
+	if t != nil {
+		b.Free(t)
+	}
+	return b.Zeros(dt, shape...)
+}
+
+func reshape(t *tensor.Tensor, shape ...int) *tensor.Tensor {
+	r, err := t.Reshape(shape...)
+	if err != nil {
+		panic("ep: internal error: " + err.Error())
+	}
+	return r
+}
+
+func overlaps(a, b *tensor.Tensor) bool {
+	if a.Buffer() != b.Buffer() {
+		return false
+	}
+	return a.Offset() < b.Offset()+b.Numel() && b.Offset() < a.Offset()+a.Numel()
+}
