@@ -1,0 +1,64 @@
+// optim.cu: AdamW over a flat buffer in one launch, and the sum of squares
+// behind the gradient norm.
+#include "common.cuh"
+
+namespace atp {
+
+// adamw: for every i < n (grid-stride; block 256):
+//   g' = g·grad_scale
+//   m  = β1·m + (1 − β1)·g'            v = β2·v + (1 − β2)·g'²
+//   w  = master ? master : p           (fp32)
+//   w -= lr·(m/bc1 / (sqrt(v/bc2) + eps) + wd·w)
+//   master = w (when present);  p = round(w)
+// bc1 = 1 − β1^step and bc2 = 1 − β2^step come from the host (computed in
+// float64). p (n) bf16 or f32; g (n) bf16 or f32; m, v, master (n) fp32;
+// master may be null.
+template <typename TP, typename TG>
+__device__ void adamw_impl(TP* p, const TG* g, float* m, float* v, float* master, long long n, float lr, float b1,
+                           float b2, float eps, float wd, float bc1, float bc2, float grad_scale) {
+    for (long long i = grid_thread(); i < n; i += grid_threads()) {
+        float gr = f32(g[i]) * grad_scale;
+        float mi = b1 * m[i] + (1.0f - b1) * gr;
+        float vi = b2 * v[i] + (1.0f - b2) * gr * gr;
+        m[i] = mi;
+        v[i] = vi;
+        float w = master != nullptr ? master[i] : f32(p[i]);
+        float mhat = mi / bc1;
+        float vhat = vi / bc2;
+        w -= lr * (mhat / (sqrtf(vhat) + eps) + wd * w);
+        if (master != nullptr) master[i] = w;
+        p[i] = cvt<TP>(w);
+    }
+}
+
+// sumsq_partial: partial[blockIdx.x] = Σ x² (fp64) over this block's share of
+// a grid-stride loop. Launch: grid G (the Go side picks G ≤ 1024 and adds the
+// G partials on the host, in order), block 256.
+template <typename T> __device__ void sumsq_partial_impl(double* partial, const T* x, long long n) {
+    __shared__ double scratch[32];
+    double acc = 0.0;
+    const T* ins[1] = {x};
+    vvisit<T, 1>(ins, n, grid_thread(), grid_threads(),
+                 [&](long long, const float (&v)[1]) { acc += (double)v[0] * (double)v[0]; });
+    acc = block_sum_d(acc, scratch);
+    if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+} // namespace atp
+
+using namespace atp;
+
+#define ATP_ADAMW(NAME, TP, TG)                                                                                   \
+    KERNEL void NAME(TP* p, const TG* g, float* m, float* v, float* master, long long n, float lr, float b1,      \
+                     float b2, float eps, float wd, float bc1, float bc2, float grad_scale) {                     \
+        adamw_impl(p, g, m, v, master, n, lr, b1, b2, eps, wd, bc1, bc2, grad_scale);                              \
+    }
+ATP_ADAMW(adamw_bf16_bf16, bf16, bf16) // p bf16, g bf16
+ATP_ADAMW(adamw_bf16_f32, bf16, float) // p bf16, g f32
+ATP_ADAMW(adamw_f32_bf16, float, bf16) // p f32, g bf16
+ATP_ADAMW(adamw_f32_f32, float, float) // p f32, g f32
+#undef ATP_ADAMW
+
+// partial (G) fp64; x (n)
+KERNEL void sumsq_partial_bf16(double* partial, const bf16* x, long long n) { sumsq_partial_impl(partial, x, n); }
+KERNEL void sumsq_partial_f32(double* partial, const float* x, long long n) { sumsq_partial_impl(partial, x, n); }

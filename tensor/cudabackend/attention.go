@@ -1,0 +1,212 @@
+package cudabackend
+
+import (
+	"math"
+	"unsafe"
+
+	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/cudabackend/internal/gpu"
+)
+
+// ropeKey identifies a table of RoPE angles.
+type ropeKey struct {
+	t, d  int
+	theta float64
+}
+
+// ropeTable returns the device table (T, D/2, 2) fp32 of (cos, sin) of
+// t·θ^(−2i/D), computed on the host in float64 once per (T, D, θ) and kept
+// until Close. The caller has acquired the device.
+func (b *Backend) ropeTable(d gpu.Device, t, dim int, theta float64) (gpu.Ptr, error) {
+	k := ropeKey{t, dim, theta}
+	if p, ok := b.rope[k]; ok {
+		return p, nil
+	}
+	half := dim / 2
+	cs := make([]float32, 2*t*half)
+	for pos := range t {
+		for i := range half {
+			a := float64(pos) * math.Pow(theta, -2*float64(i)/float64(dim))
+			cs[2*(pos*half+i)] = float32(math.Cos(a))
+			cs[2*(pos*half+i)+1] = float32(math.Sin(a))
+		}
+	}
+	bytes := max(len(cs)*4, 4)
+	p, err := d.Alloc(bytes)
+	if err != nil {
+		return 0, err
+	}
+	if len(cs) > 0 {
+		if err := d.CopyHtoD(p, unsafe.Pointer(&cs[0]), len(cs)*4); err != nil {
+			d.Free(p)
+			return 0, err
+		}
+	}
+	b.rope[k] = p
+	return p, nil
+}
+
+// checkRoPE validates x (B, T, H, D) with D even, and out like x.
+func checkRoPE(c *checker, xName string, x *tensor.Tensor, outName string, out *tensor.Tensor) {
+	c.float(xName, x)
+	c.rank(xName, x, 4, 4)
+	if c.failed() {
+		return
+	}
+	if d := x.Dim(3); d%2 != 0 {
+		c.failf("%s has shape %v, expected an even head dim D (the last)", xName, x.Shape())
+	}
+	c.like(outName, out, xName, x)
+	c.fits("T", x.Dim(1))
+	c.fits("H", x.Dim(2))
+	c.fits("D", x.Dim(3))
+}
+
+// RoPE rotates x (B, T, H, D) by position: for t < T and i < D/2 the pair
+// (x[..., i], x[..., i+D/2]) turns by the angle t·θ^(−2i/D), with the angles'
+// cos and sin from a float64 host table. out may alias x.
+func (b *Backend) RoPE(out, x *tensor.Tensor, theta float64) {
+	c := b.check("RoPE")
+	checkRoPE(c, "x", x, "out", out)
+	if !c.ok() {
+		return
+	}
+	b.rope4("RoPE", out, x, theta, 1)
+}
+
+// RoPEBackward sets dx to dout turned back by the same angles.
+func (b *Backend) RoPEBackward(dx, dout *tensor.Tensor, theta float64) {
+	c := b.check("RoPEBackward")
+	checkRoPE(c, "dout", dout, "dx", dx)
+	if !c.ok() {
+		return
+	}
+	b.rope4("RoPEBackward", dx, dout, theta, -1)
+}
+
+func (b *Backend) rope4(op string, out, x *tensor.Tensor, theta float64, sign float32) {
+	s := x.Shape()
+	nt, nh, d := s[1], s[2], s[3]
+	rowsN := s[0] * nt * nh
+	if rowsN == 0 || d == 0 {
+		return
+	}
+	b.do(op, func(dev gpu.Device) error {
+		table, err := b.ropeTable(dev, nt, d, theta)
+		if err != nil {
+			return err
+		}
+		return dev.Launch("rope"+sfx(x.DType()), b.gridStride(rowsN*d/2, 1), gpu.D1(threads256), 0,
+			ptr(out), ptr(x), table, int32(nt), int32(nh), int32(d), int64(rowsN), sign)
+	})
+}
+
+// checkAttention validates q (B, T, H, D), k and v like q, and lse (B, H, T)
+// Float32; it returns the shape.
+func checkAttention(c *checker, q, k, v, lse *tensor.Tensor) (nb, nt, nh, d int) {
+	c.float("q", q)
+	c.rank("q", q, 4, 4)
+	c.like("k", k, "q", q)
+	c.like("v", v, "q", q)
+	if c.failed() {
+		return
+	}
+	c.dtype("lse", lse, tensor.Float32)
+	s := q.Shape()
+	c.shape("lse", lse, tensor.Shape{s[0], s[2], s[1]}, "(B, H, T) for q "+s.String()+" (B, T, H, D)")
+	nb, nt, nh, d = s[0], s[1], s[2], s[3]
+	if !c.failed() && d > 128 {
+		c.failf("q has shape %v: head dim D = %d, the attention kernels take D ≤ 128", s, d)
+	}
+	if !c.failed() && nb*nh > 65535 {
+		c.failf("q has shape %v: B·H = %d exceeds the kernels' grid limit 65535", s, nb*nh)
+	}
+	c.fits("T", nt)
+	return
+}
+
+// attnVariant is the kernel name suffix for head dim d: "_d32", "_d64" or
+// "_d128" (the smallest that holds d).
+func attnVariant(d int) string {
+	switch {
+	case d <= 32:
+		return "_d32"
+	case d <= 64:
+		return "_d64"
+	default:
+		return "_d128"
+	}
+}
+
+// attnGrid is the grid of the attention kernels: 32 query (or key) rows per
+// block, one block row per (b, h).
+func attnGrid(nb, nt, nh int) gpu.Dim3 { return gpu.D2(ceilDiv(nt, 32), nb*nh) }
+
+// Attention is causal multi-head attention, fused (flash style: no T×T
+// scores in memory): out = softmax(scale·q·kᵀ, causal)·v, and lse (B, H, T)
+// fp32 = log-sum-exp of each row of scores, for the backward. q, k, v, out
+// (B, T, H, D) with D ≤ 128.
+func (b *Backend) Attention(out, lse, q, k, v *tensor.Tensor, scale float32) {
+	c := b.check("Attention")
+	nb, nt, nh, d := checkAttention(c, q, k, v, lse)
+	c.like("out", out, "q", q)
+	if !c.ok() || nb*nt*nh == 0 {
+		return
+	}
+	if b.useTensorCores(q.DType(), d) {
+		b.attentionTC(out, lse, q, k, v, scale, nb, nt, nh, d)
+		return
+	}
+	b.launch("Attention", "attn_fwd"+attnVariant(d)+sfx(q.DType()), attnGrid(nb, nt, nh), gpu.D1(128), 0,
+		ptr(out), ptr(lse), ptr(q), ptr(k), ptr(v), int32(nb), int32(nt), int32(nh), int32(d), scale)
+}
+
+// AttentionBackward sets dq, dk, dv (overwritten) from dout and the
+// forward's q, k, v, out and lse. Deterministic: delta = Σ dout·out per row,
+// then one pass over key tiles that accumulates dk and dv in registers, and
+// one over query tiles for dq (the probabilities are recomputed from lse in
+// each), with no atomics.
+func (b *Backend) AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse *tensor.Tensor, scale float32) {
+	c := b.check("AttentionBackward")
+	nb, nt, nh, d := checkAttention(c, q, k, v, lse)
+	c.like("out", out, "q", q)
+	c.like("dout", dout, "q", q)
+	c.like("dq", dq, "q", q)
+	c.like("dk", dk, "q", q)
+	c.like("dv", dv, "q", q)
+	if !c.ok() || nb*nt*nh*d == 0 {
+		return
+	}
+	if b.useTensorCores(q.DType(), d) {
+		b.attentionBackwardTC(dq, dk, dv, dout, q, k, v, out, lse, scale, nb, nt, nh, d)
+		return
+	}
+	s := sfx(q.DType())
+	variant := attnVariant(d)
+	rowsN := nb * nt * nh
+	b.do("AttentionBackward", func(dev gpu.Device) error {
+		delta, size, err := b.scratch(tensor.Float32, rowsN)
+		if err != nil {
+			return err
+		}
+		defer b.putScratch(delta, size)
+		if err := dev.Launch("attn_bwd_delta"+s, rowGrid(rowsN), gpu.D1(threads256), 0,
+			delta, ptr(dout), ptr(out), int32(nb), int32(nt), int32(nh), int32(d)); err != nil {
+			return err
+		}
+		grid := attnGrid(nb, nt, nh)
+		if err := dev.Launch("attn_bwd_dkdv"+variant+s, grid, gpu.D1(128), 0,
+			ptr(dk), ptr(dv), ptr(q), ptr(k), ptr(v), ptr(dout), ptr(lse), delta,
+			int32(nb), int32(nt), int32(nh), int32(d), scale); err != nil {
+			return err
+		}
+		return dev.Launch("attn_bwd_dq"+variant+s, grid, gpu.D1(128), 0,
+			ptr(dq), ptr(q), ptr(k), ptr(v), ptr(dout), ptr(lse), delta,
+			int32(nb), int32(nt), int32(nh), int32(d), scale)
+	})
+}
+
+// useTensorCores says whether the tensor-core attention kernels run.
+func (b *Backend) useTensorCores(dt tensor.DType, d int) bool {
+	return b.cfg.attention == AttentionAuto && dt == tensor.BFloat16 && (d == 64 || d == 128) && b.hasTC
+}

@@ -1,0 +1,287 @@
+package cudabackend
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"unsafe"
+
+	"github.com/asynctp/asynctp/cuda"
+	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/cudabackend/internal/gpu"
+)
+
+// Backend is tensor.Backend on one GPU. Create it with New; Close it when
+// done. Its methods may be called from any goroutine (they are serialised);
+// see the package documentation for threads, errors and dtypes.
+type Backend struct {
+	mu      sync.Mutex // serialises ops: they share one stream
+	dev     gpu.Device
+	index   int
+	cfg     config
+	closed  bool
+	alloc   *allocator
+	flags   gpu.Ptr       // device int32 pairs, one per flagSlot (see common.cuh: err)
+	pending []pendingFlag // launches whose data checks are not read back yet
+	rope    map[ropeKey]gpu.Ptr
+	hasTC   bool // the image has the tensor-core attention kernels
+
+	errMu sync.Mutex
+	err   error
+}
+
+var _ tensor.Backend = (*Backend)(nil)
+
+type config struct {
+	kernels   string // image path; "" = FindKernels
+	attention AttentionImpl
+}
+
+// Option configures New.
+type Option func(*config)
+
+// WithKernels loads the kernels image from path instead of looking for it
+// (see FindKernels).
+func WithKernels(path string) Option { return func(c *config) { c.kernels = path } }
+
+// AttentionImpl picks the attention kernels.
+type AttentionImpl int
+
+const (
+	// AttentionAuto uses the tensor-core kernels (bf16, head dim 64 or
+	// 128) where they apply and the CUDA-core kernels elsewhere.
+	AttentionAuto AttentionImpl = iota
+	// AttentionSIMT always uses the CUDA-core kernels (any head dim ≤ 128,
+	// bf16 and f32): slower, simplest, the reference for the others.
+	AttentionSIMT
+)
+
+// WithAttention picks the attention kernels (default AttentionAuto).
+func WithAttention(a AttentionImpl) Option { return func(c *config) { c.attention = a } }
+
+// New opens GPU number device (0-based): it binds the device's primary
+// context, creates a stream and a cuBLASLt handle, and loads the kernels
+// image. It fails with a clear error when there is no driver, no such GPU,
+// or no image. New leaves the calling goroutine as it found it: every op
+// locks its goroutine to the OS thread and makes the context current only
+// for its own duration.
+func New(device int, opts ...Option) (*Backend, error) {
+	var cfg config
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if err := cuda.Init(); err != nil { // no driver or no GPU: say so first
+		return nil, fmt.Errorf("cudabackend: %w", err)
+	}
+	path := cfg.kernels
+	if path == "" {
+		var err error
+		if path, err = FindKernels(); err != nil {
+			return nil, err
+		}
+	}
+	d, err := openCUDA(device, path)
+	if err != nil {
+		return nil, fmt.Errorf("cudabackend: opening cuda:%d: %w", device, err)
+	}
+	return newBackend(d, device, cfg)
+}
+
+// newBackend builds a backend on an opened device (the GPU, or the emulator
+// in tests).
+func newBackend(d gpu.Device, index int, cfg config) (*Backend, error) {
+	b := &Backend{dev: d, index: index, cfg: cfg, rope: make(map[ropeKey]gpu.Ptr)}
+	b.alloc = newAllocator(d)
+	if err := d.Acquire(); err != nil {
+		return nil, err
+	}
+	defer d.Release()
+	p, err := d.Alloc(flagBytes)
+	if err == nil {
+		err = d.Memset8(p, 0, flagBytes)
+	}
+	if err == nil {
+		err = d.Sync()
+	}
+	if err != nil {
+		d.Close()
+		return nil, fmt.Errorf("cudabackend: %s: %w", d.Name(), err)
+	}
+	b.flags = p
+	return b, nil
+}
+
+// Name returns "cuda".
+func (b *Backend) Name() string { return "cuda" }
+
+// Device returns cuda:<index>.
+func (b *Backend) Device() tensor.Device { return tensor.Device{Kind: tensor.CUDA, Index: b.index} }
+
+// DeviceName names the GPU, e.g. "cuda:0 (NVIDIA H200)".
+func (b *Backend) DeviceName() string { return b.dev.Name() }
+
+// Err returns the first error recorded by an op, or nil. It does not wait
+// for the GPU: errors found by kernels in the data (an id outside the
+// table, a target ≥ V) are read back at the next Sync, Download or
+// SumSquares. Errors found in the arguments (shapes, dtypes) are recorded at
+// once.
+func (b *Backend) Err() error {
+	b.errMu.Lock()
+	defer b.errMu.Unlock()
+	return b.err
+}
+
+// Sync waits for all queued work, reads back the kernels' data checks, and
+// returns Err().
+func (b *Backend) Sync() error {
+	b.do("Sync", func(d gpu.Device) error {
+		if err := d.Sync(); err != nil {
+			return err
+		}
+		b.readFlags()
+		return nil
+	})
+	return b.Err()
+}
+
+// Close waits for the queued work and releases the backend's resources:
+// cached device memory, the stream, cuBLASLt and the kernels. Tensors still
+// alive must not be used afterwards. Close returns the first error met
+// while closing (the sticky error of the ops stays with Err).
+func (b *Backend) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return nil
+	}
+	if err := b.dev.Acquire(); err != nil {
+		return err
+	}
+	defer b.dev.Release()
+	err := b.dev.Sync()
+	b.readFlags()
+	b.closed = true
+	keep := func(e error) {
+		if e != nil && err == nil {
+			err = e
+		}
+	}
+	keep(b.alloc.releaseAll())
+	for k, p := range b.rope {
+		keep(b.dev.Free(p))
+		delete(b.rope, k)
+	}
+	keep(b.dev.Free(b.flags))
+	keep(b.dev.Close())
+	return err
+}
+
+// setErr records err unless an error is already recorded.
+func (b *Backend) setErr(err error) {
+	b.errMu.Lock()
+	defer b.errMu.Unlock()
+	if b.err == nil {
+		b.err = err
+	}
+}
+
+// failed reports whether an error is recorded.
+func (b *Backend) failed() bool { return b.Err() != nil }
+
+// errClosed is recorded by ops on a closed backend.
+var errClosed = errors.New("the backend is closed")
+
+// do runs fn with the device acquired and the backend locked; an error is
+// recorded as "cuda: <op>: <err>". Ops are skipped once an error is
+// recorded.
+func (b *Backend) do(op string, fn func(d gpu.Device) error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		b.setErr(fmt.Errorf("cuda: %s: %w", op, errClosed))
+		return
+	}
+	if b.failed() && op != "Sync" {
+		return
+	}
+	if err := b.dev.Acquire(); err != nil {
+		b.setErr(fmt.Errorf("cuda: %s: %w", op, err))
+		return
+	}
+	defer b.dev.Release()
+	if err := fn(b.dev); err != nil {
+		b.setErr(fmt.Errorf("cuda: %s: %w", op, err))
+	}
+}
+
+// fail records an argument error found by op's checks. Errors that kernels
+// queued earlier may have found in their data come first: they are read
+// back (waiting for the GPU) before err is recorded.
+func (b *Backend) fail(err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.pending) > 0 && !b.closed && b.dev.Acquire() == nil {
+		if b.dev.Sync() == nil {
+			b.readFlags()
+		}
+		b.dev.Release()
+	}
+	b.setErr(err)
+}
+
+// ---------------------------------------------------------------------------
+// Data checks made by kernels. A kernel that validates indices gets a pointer
+// to its op's pair of int32 flags (err[0] |= 1 on failure, err[1] = one bad
+// value); they are read back and cleared when the host waits for the GPU
+// anyway.
+
+type flagSlot int
+
+const (
+	flagEmbedding flagSlot = iota
+	flagEmbeddingBackward
+	flagCrossEntropy
+	flagMoE
+	numFlags
+)
+
+const flagBytes = int(numFlags) * 8
+
+// pendingFlag is a launch whose data check is not read back yet; explain
+// turns the bad value into the op's error.
+type pendingFlag struct {
+	slot    flagSlot
+	explain func(bad int32) error
+}
+
+// flagPtr returns the device address of slot's flags and remembers the
+// launch, to explain a failure.
+func (b *Backend) flagPtr(slot flagSlot, explain func(bad int32) error) gpu.Ptr {
+	b.pending = append(b.pending, pendingFlag{slot, explain})
+	return b.flags.Offset(int(slot) * 8)
+}
+
+// readFlags reads the flags back (the caller has synchronised) and records
+// the failure of the earliest pending launch whose slot is flagged.
+func (b *Backend) readFlags() {
+	if len(b.pending) == 0 {
+		return
+	}
+	var f [numFlags * 2]int32
+	if err := b.dev.CopyDtoH(unsafe.Pointer(&f[0]), b.flags, flagBytes); err != nil {
+		b.setErr(fmt.Errorf("cuda: reading kernel data checks: %w", err))
+		return
+	}
+	for _, p := range b.pending {
+		if f[2*p.slot] != 0 {
+			b.setErr(p.explain(f[2*p.slot+1]))
+			break
+		}
+	}
+	b.pending = b.pending[:0]
+	if f != ([numFlags * 2]int32{}) {
+		if err := b.dev.Memset8(b.flags, 0, flagBytes); err != nil {
+			b.setErr(fmt.Errorf("cuda: clearing kernel data checks: %w", err))
+		}
+	}
+}

@@ -1,0 +1,80 @@
+// Package cudabackend implements tensor.Backend on one NVIDIA GPU: bf16 (or
+// f32) storage with fp32 accumulation, GEMMs through cuBLASLt, every other
+// op a kernel of cuda/kernels launched on the backend's stream. The CPU
+// backend (tensor/cpu) is the reference it is tested against
+// (tensor/backendtest).
+//
+//	b, err := cudabackend.New(0) // GPU 0
+//	if err != nil { ... }        // no driver, no GPU, or no kernels image: the error says which
+//	defer b.Close()
+//
+// # Kernels image
+//
+// The kernels are compiled by cuda/kernels/build.sh (nvcc) into
+// build/asynctp_kernels.fatbin and loaded at New with cuModuleLoadData. New
+// looks for it at $ASYNCTP_KERNELS, then next to the executable, then in the
+// build folder of the repository holding the working directory; WithKernels
+// names it explicitly. See FindKernels.
+//
+// # Threads
+//
+// CUDA keeps the current context per OS thread. Every op of a Backend locks
+// its goroutine to its OS thread and makes the device's primary context
+// current there for the op's duration, then unlocks it: callers need not
+// lock anything, and may use a Backend from any goroutine (ops are
+// serialised; they share one stream). The context stays current on the
+// threads that ran ops, which is harmless for other users of the primary
+// context (cuBLASLt, NCCL, NVSHMEM), who bind it too.
+//
+// # Asynchrony and errors
+//
+// Ops queue work and return. Argument errors (shapes, dtypes, a tensor of
+// another device) are found on the host and recorded at once as the sticky
+// error, named "cuda: <op>: ..."; later ops are then no-ops. Errors in the
+// data that only the kernels see (an Embedding id outside the table, a
+// CrossEntropy target ≥ V) are flagged on the device and read back at the
+// next Sync, Download or SumSquares (the host waits there anyway), so Err
+// reports them only after one of those. Launch failures and faults surface
+// the same way, at the next call that waits.
+//
+// # Dtypes
+//
+// Device tensors are BFloat16, Float32 or Int32 (no Float64). Every float
+// op accepts BFloat16 and Float32 (all float operands of one op share a
+// dtype), except where the interface fixes fp32: RMSNorm's rstd,
+// Attention's lse, CrossEntropy's losses and AdamW's m, v and master are
+// Float32. AdamW takes p and g of either float dtype independently. Ids and
+// targets are Int32. Upload and Download convert from and to any host dtype
+// (Float64 included); Copy converts between BFloat16 and Float32 on the
+// device (rounding to nearest even).
+//
+// Attention: any head dim D ≤ 128, in two implementations: CUDA-core
+// kernels (bf16 and f32, any D) and tensor-core kernels (bf16, D = 64 or
+// 128), chosen automatically (WithAttention forces the former).
+//
+// # Memory
+//
+// Zeros takes blocks from a caching allocator (size classes, free lists per
+// class), so per-step activations do not call cuMemAlloc; Free, or the
+// garbage collector finding a tensor's buffer unreachable, gives the block
+// back to its list. Blocks are reused in stream order, which is safe
+// because every op runs on the one stream. MemStats and EmptyCache inspect
+// and trim the cache.
+//
+// # Determinism
+//
+// No kernel accumulates floats with atomics: two runs of the same ops on the
+// same GPU give bit-identical results (see cuda/kernels/README.md).
+//
+// # Tests
+//
+// The tests skip, saying why, without a GPU or kernels image. On the GPU
+// machine:
+//
+//	go test -c -o build/cudabackend.test ./tensor/cudabackend  # on the dev machine
+//	bash cuda/kernels/build.sh                                  # on the GPU machine
+//	ASYNCTP_KERNELS=build/asynctp_kernels.fatbin ./build/cudabackend.test -test.v
+//
+// Without a GPU, the same suite runs on a CPU emulator of the kernels
+// (internal/emu): go test -tags asynctp_emu ./tensor/cudabackend/...
+package cudabackend
