@@ -125,11 +125,11 @@ func (m *MoE) Stats() MoEStats {
 	if m.n == 0 {
 		return MoEStats{Name: m.Name}
 	}
-	return RouterStats(m.Name, m.Router, m.Router.Local(), m.plan.Dropped())
+	return NewMoEStats(m.Name, m.Router, m.Router.Local(), m.plan.Dropped())
 }
 
-// RouterStats assembles the MoEStats of a router after SetGlobal(g).
-func RouterStats(name string, r *Router, g LoadStats, dropped int) MoEStats {
+// NewMoEStats assembles the MoEStats of a router after SetGlobal(g).
+func NewMoEStats(name string, r *Router, g LoadStats, dropped int) MoEStats {
 	bal, z := r.Losses()
 	return MoEStats{Name: name, Tokens: g.Tokens, TokensPerExpert: append([]int(nil), g.Routed...),
 		Dropped: dropped, LoadBalance: bal, ZLoss: z, AuxLoss: r.AuxLoss()}

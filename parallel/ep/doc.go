@@ -88,11 +88,11 @@
 //
 //   - The router weight (Replicated) is replicated on every rank; its
 //     gradient covers the rank's own tokens. Reduce it like a dense weight
-//     whose copies saw different tokens: over the EP group and over the
-//     data-parallel replicas (every rank that holds a copy; with EP drawn
-//     from the DP ranks, comm.Grid's DP group already contains the EP
-//     group, and with EP = TP under sequence parallelism the TP group must
-//     be included, as for the norm weights).
+//     whose copies saw different tokens: every rank that holds a copy and
+//     saw other tokens, the EP group included. With TP = 1 that is
+//     comm.Grid's DP group (the world, which contains the EP groups); with
+//     TP > 1 under sequence parallelism, the DP and the TP groups (as for
+//     the norm weights).
 //   - The expert weights (ExpertShard) already hold the gradient of every
 //     token of the EP group routed to them. Reduce them over the ranks that
 //     hold the same experts in other EP groups (comm.Grid's EDP group),

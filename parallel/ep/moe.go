@@ -172,7 +172,7 @@ func (m *MoE) Stats() layers.MoEStats {
 	if m.n == 0 {
 		return layers.MoEStats{Name: m.Name}
 	}
-	return layers.RouterStats(m.Name, m.Router, m.global, m.h.Dropped())
+	return layers.NewMoEStats(m.Name, m.Router, m.global, m.h.Dropped())
 }
 
 // Handle returns the protocol handle of the last Forward (nil before one):
