@@ -31,7 +31,7 @@ func (l layout) String() string { return fmt.Sprintf("tp=%d/dp=%d/sp=%v", l.tp, 
 
 // onGrid runs fn on each rank of a local world of dp·tp ranks, each with
 // its own CPU backend and grid, and returns the ranks' errors.
-func onGrid(l layout, fn func(b tensor.Backend, g *comm.Grid) error) error {
+func onGrid(l layout, fn func(b tensor.Backend, g *comm.Grid) error, opts ...local.Option) error {
 	return local.Run(l.tp*l.dp, func(c comm.Comm) error {
 		b := cpu.New(cpu.WithThreads(1))
 		g, err := comm.NewGrid(c, l.dp, l.tp, 1)
@@ -43,7 +43,7 @@ func onGrid(l layout, fn func(b tensor.Backend, g *comm.Grid) error) error {
 			return err
 		}
 		return b.Err()
-	}, local.WithTimeout(30*time.Second))
+	}, append([]local.Option{local.WithTimeout(30 * time.Second)}, opts...)...)
 }
 
 // newModel builds the sharded model of cfg on a rank.

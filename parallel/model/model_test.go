@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/comm/local"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/parallel/model"
 	"github.com/asynctp/asynctp/tensor"
@@ -144,6 +145,23 @@ func relErrs(got, want []float64) float64 {
 		den += want[i] * want[i]
 	}
 	return math.Sqrt(num / den)
+}
+
+// With an asynchronous transport (data ops return before they have run)
+// the results are the same: every collective's Work is waited for before
+// its buffers are used (the race detector checks it under -race).
+func TestAsyncTransport(t *testing.T) {
+	cfg := smallConfig()
+	ids, targets := batch(3, 4, 8, cfg.Vocab)
+	ref := runReference(t, cfg, tensor.Float32, ids, targets)
+	for _, l := range []layout{{2, 2, true}, {2, 2, false}} {
+		err := onGrid(l, func(b tensor.Backend, g *comm.Grid) error {
+			return checkAgainst(b, g, cfg, l, tensor.Float32, ids, targets, ref, 1e-5, &worstErr{})
+		}, local.Async())
+		if err != nil {
+			t.Fatalf("%v: %v", l, err)
+		}
+	}
 }
 
 // Forward without targets gives the logits and no loss; Backward is then

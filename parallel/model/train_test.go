@@ -1,0 +1,265 @@
+package model_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/internal/testutil"
+	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/parallel/model"
+	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/cpu"
+	"github.com/asynctp/asynctp/train"
+)
+
+// corpus is a learnable token stream: a repeated random phrase with noise.
+func corpus(n, vocab int) *train.Dataset {
+	rng := testutil.Rng(99)
+	phrase := make([]uint16, 37)
+	for i := range phrase {
+		phrase[i] = uint16(rng.IntN(vocab))
+	}
+	toks := make([]uint16, n)
+	for i := range toks {
+		toks[i] = phrase[i%len(phrase)]
+		if rng.IntN(8) == 0 {
+			toks[i] = uint16(rng.IntN(vocab))
+		}
+	}
+	return &train.Dataset{Name: "phrase", Tokens: toks}
+}
+
+func trainConfig(steps int, outDir string) train.Config {
+	return train.Config{Steps: steps, Batch: 4, Seq: 8, LR: 3e-3, MinLR: 3e-4, Warmup: 3, WeightDecay: 0.1,
+		Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, GradClip: 0.5, Seed: 5, LogEvery: 100, OutDir: outDir}
+}
+
+func loader(t testing.TB, ds *train.Dataset, cfg layers.GPTConfig) *train.Loader {
+	l, err := train.NewLoader(ds, train.LoaderConfig{Batch: 4, Seq: 8, Vocab: cfg.Vocab, Seed: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// runSharded trains on every rank of l with model.Run and returns world
+// rank 0's result and its gradient norms.
+func runSharded(l layout, cfg layers.GPTConfig, ds *train.Dataset, tc train.Config) (train.Result, []float64, error) {
+	var res train.Result
+	var norms []float64
+	err := onGrid(l, func(b tensor.Backend, g *comm.Grid) error {
+		m, err := newModel(b, g, cfg, l, tensor.Float32)
+		if err != nil {
+			return err
+		}
+		ld, err := train.NewLoader(ds, train.LoaderConfig{Batch: 4, Seq: 8, Vocab: cfg.Vocab, Seed: 5})
+		if err != nil {
+			return err
+		}
+		var mine []float64
+		r, err := model.Run(context.Background(), m, ld, tc, train.WithOutput(io.Discard), train.WithProgressBar(false),
+			train.WithStepHook(func(sm train.StepMetrics) { mine = append(mine, sm.GradNorm) }))
+		if g.World.Rank() == 0 {
+			res, norms = r, mine
+		}
+		return err
+	})
+	return res, norms, err
+}
+
+// TestTrainMatchesGPT: 20 AdamW steps (warm-up, cosine decay, weight decay,
+// clipping at a norm the gradients exceed) through train.Run give the same
+// loss and gradient norm step by step as layers.GPT, within 1e-4.
+func TestTrainMatchesGPT(t *testing.T) {
+	cfg := smallConfig()
+	ds := corpus(4000, cfg.Vocab)
+	b := cpu.New()
+	gpt, err := layers.NewGPT(b, cfg, tensor.Float32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var refNorms []float64
+	ref, err := train.Run(context.Background(), b, gpt, loader(t, ds, cfg), trainConfig(20, t.TempDir()),
+		train.WithOutput(io.Discard), train.WithProgressBar(false),
+		train.WithStepHook(func(sm train.StepMetrics) { refNorms = append(refNorms, sm.GradNorm) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	clipped := 0
+	for _, n := range refNorms {
+		if n > 0.5 {
+			clipped++
+		}
+	}
+	if clipped == 0 || ref.Losses[19] >= ref.Losses[0] {
+		t.Fatalf("reference run: %d clipped steps, losses %v: expected clipping to act and the loss to fall", clipped, ref.Losses)
+	}
+	for _, l := range []layout{{1, 1, false}, {2, 1, false}, {4, 1, true}, {1, 2, false}, {2, 2, true}, {4, 1, false}} {
+		t.Run(l.String(), func(t *testing.T) {
+			res, norms, err := runSharded(l, cfg, ds, trainConfig(20, t.TempDir()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(res.Losses) != 20 || len(norms) != 20 {
+				t.Fatalf("%d losses and %d norms, want 20", len(res.Losses), len(norms))
+			}
+			worst := 0.0
+			for i := range res.Losses {
+				e, en := relErr(res.Losses[i], ref.Losses[i]), relErr(norms[i], refNorms[i])
+				if !(e <= 1e-4) || !(en <= 1e-4) {
+					t.Fatalf("step %d: loss %v (reference %v), gradient norm %v (reference %v)", i+1, res.Losses[i], ref.Losses[i], norms[i], refNorms[i])
+				}
+				worst = max(worst, e, en)
+			}
+			t.Logf("worst relative error over 20 steps (loss, gradient norm): %.3g", worst)
+		})
+	}
+}
+
+// TestCheckpointResume: every rank saves its own shards under rank-NNNNN,
+// with the layout in state.json; a resume at the same layout continues
+// exactly; a resume at another layout or from ranks at different steps is
+// refused on every rank.
+func TestCheckpointResume(t *testing.T) {
+	cfg := smallConfig()
+	ds := corpus(4000, cfg.Vocab)
+	l := layout{2, 2, true}
+	dir := t.TempDir()
+	tc := trainConfig(12, dir)
+	tc.CheckpointEvery = 6
+	full, _, err := runSharded(l, cfg, ds, tc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r := range 4 {
+		st, err := train.ReadState(filepath.Join(model.RankDir(dir, r), train.CheckpointName(6), train.StateFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got model.Layout
+		if err := json.Unmarshal(st.Layout, &got); err != nil {
+			t.Fatal(err)
+		}
+		if want := (model.Layout{TP: 2, DP: 2, EP: 1, SequenceParallel: true, Rank: r, TPRank: r % 2, DPRank: r / 2, World: 4}); got != want {
+			t.Fatalf("rank %d: layout %+v, want %+v", r, got, want)
+		}
+		// Go back to the checkpoint of step 6 on every rank.
+		if err := os.WriteFile(filepath.Join(model.RankDir(dir, r), train.LatestFile), []byte(train.CheckpointName(6)+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tc.Resume = dir
+	resumed, _, err := runSharded(l, cfg, ds, tc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resumed.StartStep != 6 || len(resumed.Losses) != 6 {
+		t.Fatalf("resumed at step %d with %d losses, want 6 and 6", resumed.StartStep, len(resumed.Losses))
+	}
+	for i, loss := range resumed.Losses {
+		if loss != full.Losses[6+i] {
+			t.Fatalf("step %d after resume: loss %v, want %v (the uninterrupted run's), bit for bit", 7+i, loss, full.Losses[6+i])
+		}
+	}
+
+	// Another layout: refused before training, on every rank.
+	tc.Steps = 20
+	if _, _, err := runSharded(layout{4, 1, true}, cfg, ds, tc); err == nil || !strings.Contains(err.Error(), "layout") {
+		t.Fatalf("resume at tp=4/dp=1 from a tp=2/dp=2 checkpoint: error %v, want one about the layout", err)
+	}
+	// Ranks at different steps: refused.
+	if err := os.WriteFile(filepath.Join(model.RankDir(dir, 2), train.LatestFile), []byte(train.CheckpointName(6)+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := runSharded(l, cfg, ds, tc); err == nil || !strings.Contains(err.Error(), "steps 6 to 12") {
+		t.Fatalf("resume from ranks at steps 6 and 12: error %v, want one naming both steps", err)
+	}
+}
+
+// countingBackend counts allocations, to prove layout errors come before
+// any work.
+type countingBackend struct {
+	tensor.Backend
+	mu     sync.Mutex
+	allocs int
+}
+
+func (c *countingBackend) Zeros(dt tensor.DType, shape ...int) *tensor.Tensor {
+	c.mu.Lock()
+	c.allocs++
+	c.mu.Unlock()
+	return c.Backend.Zeros(dt, shape...)
+}
+
+func TestLayoutErrors(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		l    layout
+		edit func(*layers.GPTConfig)
+		want string
+	}{
+		{"heads", layout{4, 1, false}, func(c *layers.GPTConfig) { c.Heads, c.Dim = 6, 48 }, "Heads = 6"},
+		{"ffn", layout{4, 1, false}, func(c *layers.GPTConfig) { c.FFN = 66 }, "FFN = 66"},
+		{"vocab", layout{2, 2, true}, func(c *layers.GPTConfig) { c.Vocab = 65 }, "Vocab = 65"},
+		{"experts", layout{2, 1, false}, func(c *layers.GPTConfig) { c.Experts = 4 }, "parallel/ep"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := smallConfig()
+			c.edit(&cfg)
+			err := onGrid(c.l, func(b tensor.Backend, g *comm.Grid) error {
+				cb := &countingBackend{Backend: b}
+				_, err := model.New(cb, g, cfg, model.Options{SequenceParallel: c.l.sp}, tensor.Float32)
+				if err == nil || !strings.Contains(err.Error(), c.want) {
+					return fmt.Errorf("New: error %v, want one containing %q", err, c.want)
+				}
+				if cb.allocs != 0 {
+					return fmt.Errorf("New allocated %d tensors before failing, want none", cb.allocs)
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	// A grid whose DP × TP is not the world.
+	err := onGrid(layout{2, 2, false}, func(b tensor.Backend, g *comm.Grid) error {
+		bad := *g
+		bad.DP = 1
+		_, err := model.New(b, &bad, smallConfig(), model.Options{}, tensor.Float32)
+		if err == nil || !strings.Contains(err.Error(), "dp 1 × tp 2 does not match the world of 4") {
+			return fmt.Errorf("New with dp 1 × tp 2 on 4 ranks: error %v", err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Batches the layout cannot split: found before any collective, on every rank.
+	err = onGrid(layout{4, 2, true}, func(b tensor.Backend, g *comm.Grid) error {
+		m, err := model.New(b, g, smallConfig(), model.Options{SequenceParallel: true}, tensor.Float32)
+		if err != nil {
+			return err
+		}
+		ids, targets := batch(1, 3, 8, 64)
+		if _, err := m.Forward(ids, targets); err == nil || !strings.Contains(err.Error(), "not divisible by DP = 2") {
+			return fmt.Errorf("Forward of 3 sequences at dp 2: error %v", err)
+		}
+		ids, targets = batch(1, 2, 2, 64)
+		if _, err := m.Forward(ids, targets); err == nil || !strings.Contains(err.Error(), "not divisible by TP = 4") {
+			return fmt.Errorf("Forward of 2 tokens per replica at tp 4 with SP: error %v", err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
