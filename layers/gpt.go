@@ -18,18 +18,24 @@ import (
 // load-balancing loss and the router z-loss off. Experts = 0 is a dense
 // model, and the other MoE fields are then ignored.
 type GPTConfig struct {
-	Layers, Dim, Heads, Vocab, Seq int
-	FFN                            int     // hidden width of the SwiGLU MLP; 0 means the default: 4*Dim*2/3 rounded up to a multiple of 64
-	TiedEmbeddings                 bool    // the LM head reuses the token embedding
-	RopeTheta                      float64 // 0 means 10000
-	NormEps                        float32 // 0 means 1e-5
-	InitStd                        float64 // 0 means 0.02
-	Seed                           uint64
+	Layers         int     `json:"layers"`
+	Dim            int     `json:"dim"`
+	Heads          int     `json:"heads"`
+	Vocab          int     `json:"vocab"`
+	Seq            int     `json:"seq"`
+	FFN            int     `json:"ffn"`             // hidden width of the SwiGLU MLP; 0 means the default: 4*Dim*2/3 rounded up to a multiple of 64
+	TiedEmbeddings bool    `json:"tied_embeddings"` // the LM head reuses the token embedding
+	RopeTheta      float64 `json:"rope_theta"`      // 0 means 10000
+	NormEps        float32 `json:"norm_eps"`        // 0 means 1e-5
+	InitStd        float64 `json:"init_std"`        // 0 means 0.02
+	Seed           uint64  `json:"seed"`
 
-	Experts, TopK, MoEEvery int     // MoE: experts per MoE block (0: dense), experts per token, MoE block period
-	CapacityFactor          float64 // token-slots per expert: ceil(CF·tokens·TopK/Experts); 0: dropless
-	AuxLossCoef             float64 // weight of the load-balancing loss
-	ZLossCoef               float64 // weight of the router z-loss
+	Experts        int     `json:"experts"`         // MoE: experts per MoE block (0: dense)
+	TopK           int     `json:"top_k"`           // experts per token
+	MoEEvery       int     `json:"moe_every"`       // MoE block period
+	CapacityFactor float64 `json:"capacity_factor"` // token-slots per expert: ceil(CF·tokens·TopK/Experts); 0: dropless
+	AuxLossCoef    float64 `json:"aux_loss_coef"`   // weight of the load-balancing loss
+	ZLossCoef      float64 `json:"z_loss_coef"`     // weight of the router z-loss
 }
 
 // WithDefaults returns c with its zero-valued optional fields set.

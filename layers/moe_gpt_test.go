@@ -63,12 +63,12 @@ func TestGPTMoEConfig(t *testing.T) {
 	if err := dense.Validate(); err != nil {
 		t.Errorf("dense config with MoE fields: %v", err)
 	}
-	// JSON keeps the Go field names, like the other fields.
+	// JSON uses snake_case names, like train.Config.
 	js, err := json.Marshal(tinyMoEConfig)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range []string{`"Experts":4`, `"TopK":2`, `"MoEEvery":1`, `"CapacityFactor":0`, `"AuxLossCoef":0.01`, `"ZLossCoef":0.001`} {
+	for _, f := range []string{`"experts":4`, `"top_k":2`, `"moe_every":1`, `"capacity_factor":0`, `"aux_loss_coef":0.01`, `"z_loss_coef":0.001`} {
 		if !strings.Contains(string(js), f) {
 			t.Errorf("JSON %s lacks %s", js, f)
 		}
