@@ -28,24 +28,38 @@ type Config struct {
 // presets are named starting points. tiny trains on two CPU cores in about a
 // minute; gpt2-124m is GPT-2 small's shape (with RMSNorm, SwiGLU and RoPE).
 var presets = map[string]func() Config{
-	"tiny": func() Config {
-		tc := train.DefaultConfig()
-		tc.Steps, tc.Batch, tc.Seq = 200, 8, 64
-		tc.LR, tc.MinLR, tc.Warmup = 3e-3, 3e-4, 20
-		tc.WeightDecay, tc.LogEvery, tc.CheckpointEvery = 0.0, 20, 100
-		return Config{Preset: "tiny", Device: "cpu",
-			Model: layers.GPTConfig{Layers: 2, Dim: 64, Heads: 4, Vocab: 256, Seq: 64, TiedEmbeddings: true, Seed: 1337},
-			Train: tc}
-	},
-	"gpt2-124m": func() Config {
-		tc := train.DefaultConfig()
-		tc.Steps, tc.Batch, tc.Seq = 1000, 8, 1024
-		tc.LR, tc.MinLR, tc.Warmup = 6e-4, 6e-5, 100
-		tc.LogEvery, tc.CheckpointEvery = 10, 500
-		return Config{Preset: "gpt2-124m", Device: "cpu",
-			Model: layers.GPTConfig{Layers: 12, Dim: 768, Heads: 12, Vocab: 50304, Seq: 1024, FFN: 2048, TiedEmbeddings: true, Seed: 1337},
-			Train: tc}
-	},
+	"tiny":      tinyPreset,
+	"tiny-moe":  tinyMoEPreset,
+	"gpt2-124m": gpt2Preset,
+}
+
+func tinyPreset() Config {
+	tc := train.DefaultConfig()
+	tc.Steps, tc.Batch, tc.Seq = 200, 8, 64
+	tc.LR, tc.MinLR, tc.Warmup = 3e-3, 3e-4, 20
+	tc.WeightDecay, tc.LogEvery, tc.CheckpointEvery = 0.0, 20, 100
+	return Config{Preset: "tiny", Device: "cpu",
+		Model: layers.GPTConfig{Layers: 2, Dim: 64, Heads: 4, Vocab: 256, Seq: 64, TiedEmbeddings: true, Seed: 1337},
+		Train: tc}
+}
+
+// tinyMoEPreset is tiny with a mixture of 8 experts (top-2) in every block.
+func tinyMoEPreset() Config {
+	c := tinyPreset()
+	c.Preset = "tiny-moe"
+	c.Model.Experts, c.Model.TopK, c.Model.MoEEvery = 8, 2, 1
+	c.Model.AuxLossCoef, c.Model.ZLossCoef = 0.01, 1e-3
+	return c
+}
+
+func gpt2Preset() Config {
+	tc := train.DefaultConfig()
+	tc.Steps, tc.Batch, tc.Seq = 1000, 8, 1024
+	tc.LR, tc.MinLR, tc.Warmup = 6e-4, 6e-5, 100
+	tc.LogEvery, tc.CheckpointEvery = 10, 500
+	return Config{Preset: "gpt2-124m", Device: "cpu",
+		Model: layers.GPTConfig{Layers: 12, Dim: 768, Heads: 12, Vocab: 50304, Seq: 1024, FFN: 2048, TiedEmbeddings: true, Seed: 1337},
+		Train: tc}
 }
 
 func presetNames() []string {
@@ -65,6 +79,8 @@ type flagValues struct {
 	batch, steps, warmup, logEvery, ckptEvery, keepCkpts int
 	lr, minLR, weightDecay, gradClip                     float64
 	seed                                                 uint64
+	experts, topK, moeEvery                              int
+	capacityFactor                                       float64
 	tied                                                 bool
 }
 
@@ -83,6 +99,10 @@ func newFlagSet(fv *flagValues) *flag.FlagSet {
 	fs.IntVar(&fv.seq, "seq", 0, "sequence length (tokens per sample; also the model's maximum)")
 	fs.IntVar(&fv.ffn, "ffn", 0, "hidden width of the SwiGLU MLP (0: 8/3 of the width, rounded up to 64)")
 	fs.BoolVar(&fv.tied, "tied", true, "tie the LM head to the token embedding")
+	fs.IntVar(&fv.experts, "experts", 0, "experts per MoE block (0: a dense model)")
+	fs.IntVar(&fv.topK, "topk", 0, "experts per token (default 2)")
+	fs.IntVar(&fv.moeEvery, "moe-every", 0, "put MoE in every k-th block (default 1: all)")
+	fs.Float64Var(&fv.capacityFactor, "capacity-factor", 0, "expert capacity as a multiple of the even share (0: dropless)")
 	fs.IntVar(&fv.batch, "batch", 0, "sequences per step")
 	fs.IntVar(&fv.steps, "steps", 0, "optimizer steps")
 	fs.IntVar(&fv.warmup, "warmup", 0, "linear warm-up steps")
@@ -159,6 +179,7 @@ func applyFlags(cfg *Config, fv *flagValues, set map[string]bool) {
 		"batch": {&t.Batch, fv.batch}, "steps": {&t.Steps, fv.steps}, "warmup": {&t.Warmup, fv.warmup},
 		"log-every": {&t.LogEvery, fv.logEvery}, "checkpoint-every": {&t.CheckpointEvery, fv.ckptEvery},
 		"keep-checkpoints": {&t.KeepCheckpoints, fv.keepCkpts},
+		"experts":          {&m.Experts, fv.experts}, "topk": {&m.TopK, fv.topK}, "moe-every": {&m.MoEEvery, fv.moeEvery},
 	}
 	for name, p := range ints {
 		if set[name] {
@@ -171,6 +192,7 @@ func applyFlags(cfg *Config, fv *flagValues, set map[string]bool) {
 	}{
 		"lr": {&t.LR, fv.lr}, "min-lr": {&t.MinLR, fv.minLR},
 		"weight-decay": {&t.WeightDecay, fv.weightDecay}, "grad-clip": {&t.GradClip, fv.gradClip},
+		"capacity-factor": {&m.CapacityFactor, fv.capacityFactor},
 	}
 	for name, p := range floats {
 		if set[name] {

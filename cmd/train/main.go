@@ -60,12 +60,29 @@ func run(ctx context.Context, args []string) error {
 	if err := writeJSONAtomic(filepath.Join(cfg.Train.OutDir, "config.json"), cfg); err != nil {
 		return err
 	}
-	res, err := train.Run(ctx, b, model, data, cfg.Train, train.WithModelConfig(mc))
+	opts := []train.Option{train.WithModelConfig(mc)}
+	if mc.Experts > 0 {
+		opts = append(opts, train.WithExtraMetrics(func(int) map[string]any { return routerMetrics(model) }))
+	}
+	res, err := train.Run(ctx, b, model, data, cfg.Train, opts...)
 	if err != nil {
 		return err
 	}
 	fmt.Printf("done: step %d, loss %.4f, %.0f tokens/s; checkpoint %s\n", res.Step, res.FinalLoss, res.TokensPerSec, res.LastCheckpoint)
 	return nil
+}
+
+// routerMetrics are the MoE fields of a metrics.jsonl record: the auxiliary
+// loss (included in "loss") and, per MoE block, the token-slots each expert
+// received and how many were dropped over capacity.
+func routerMetrics(m *layers.GPT) map[string]any {
+	var perExpert [][]int
+	dropped := 0
+	for _, s := range m.RouterStats() {
+		perExpert = append(perExpert, s.TokensPerExpert)
+		dropped += s.Dropped
+	}
+	return map[string]any{"aux_loss": m.AuxLoss(), "tokens_per_expert": perExpert, "dropped": dropped}
 }
 
 // openData opens --data, or the built-in corpus when none is given.
