@@ -27,6 +27,29 @@ func BenchmarkMatMul(b *testing.B) {
 	}
 }
 
+// BenchmarkMatMulNaive is the reference the gonum-backed MatMul is compared
+// with in the same run: the plain i-k-j triple loop over float32.
+func BenchmarkMatMulNaive(b *testing.B) {
+	const n = 512
+	rng := testutil.Rng(1)
+	x, y := testutil.Rand(rng, tensor.Float32, n, n).F32(), testutil.Rand(rng, tensor.Float32, n, n).F32()
+	z := make([]float32, n*n)
+	for b.Loop() {
+		clear(z)
+		for i := 0; i < n; i++ {
+			for k := 0; k < n; k++ {
+				a := x[i*n+k]
+				row := y[k*n : (k+1)*n]
+				out := z[i*n : (i+1)*n]
+				for j, v := range row {
+					out[j] += a * v
+				}
+			}
+		}
+	}
+	b.ReportMetric(2*float64(n)*float64(n)*float64(n)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+}
+
 func BenchmarkAttention(b *testing.B) {
 	const nb, nt, nh, d = 2, 256, 8, 64
 	rng := testutil.Rng(2)
