@@ -8,3 +8,4 @@
 #include "loss.cu"
 #include "optim.cu"
 #include "moe.cu"
+#include "attention_tc.cu"

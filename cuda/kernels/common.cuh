@@ -28,6 +28,9 @@
 typedef __nv_bfloat16 bf16;
 
 #define KERNEL extern "C" __global__
+// KERNEL_LB(n): a kernel launched with at most n threads per block (lets the
+// compiler budget registers for n threads).
+#define KERNEL_LB(n) extern "C" __global__ void __launch_bounds__(n)
 
 #define ATP_FULL_MASK 0xffffffffu
 

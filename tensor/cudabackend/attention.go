@@ -153,7 +153,7 @@ func (b *Backend) Attention(out, lse, q, k, v *tensor.Tensor, scale float32) {
 	if !c.ok() || nb*nt*nh == 0 {
 		return
 	}
-	if b.useTensorCores(q.DType(), d) {
+	if b.useTensorCores(q.DType(), d) && tcAligned(out, q, k, v) {
 		b.attentionTC(out, lse, q, k, v, scale, nb, nt, nh, d)
 		return
 	}
@@ -177,7 +177,7 @@ func (b *Backend) AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse *tensor.
 	if !c.ok() || nb*nt*nh*d == 0 {
 		return
 	}
-	if b.useTensorCores(q.DType(), d) {
+	if b.useTensorCores(q.DType(), d) && tcAligned(dq, dk, dv, dout, q, k, v) {
 		b.attentionBackwardTC(dq, dk, dv, dout, q, k, v, out, lse, scale, nb, nt, nh, d)
 		return
 	}

@@ -108,6 +108,7 @@ func newBackend(d gpu.Device, index int, cfg config) (*Backend, error) {
 		return nil, fmt.Errorf("cudabackend: %s: %w", d.Name(), err)
 	}
 	b.flags = p
+	b.hasTC = d.HasKernel(tcKernelProbe)
 	return b, nil
 }
 
@@ -241,7 +242,11 @@ const (
 	flagEmbedding flagSlot = iota
 	flagEmbeddingBackward
 	flagCrossEntropy
-	flagMoE
+	flagTopKBackward
+	flagGatherRows
+	flagCombineRows
+	flagCombineRowsBackward
+	flagRouting
 	numFlags
 )
 

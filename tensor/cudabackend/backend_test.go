@@ -27,3 +27,9 @@ func TestConformance(t *testing.T) { runConformance(t, openGPU) }
 func TestConformanceSIMT(t *testing.T) { runConformance(t, openGPU, WithAttention(AttentionSIMT)) }
 
 func TestDeterminism(t *testing.T) { runDeterminism(t, openGPU) }
+
+func TestAttentionShapes(t *testing.T) { runAttentionShapes(t, openGPU) }
+
+func TestAttentionShapesSIMT(t *testing.T) { runAttentionShapes(t, openGPU, WithAttention(AttentionSIMT)) }
+
+func TestRoutingPlan(t *testing.T) { runRoutingPlan(t, openGPU) }

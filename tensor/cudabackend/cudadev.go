@@ -20,6 +20,7 @@ type cudaDevice struct {
 	blas    *cuda.Blas
 	mod     *cuda.Module
 	fns     map[string]*cuda.Function
+	smemSet map[string]int // the dynamic shared memory limit set per kernel
 	sms     int
 }
 
@@ -38,7 +39,7 @@ func openCUDA(ordinal int, path string) (d *cudaDevice, err error) {
 	if err != nil {
 		return nil, err
 	}
-	d = &cudaDevice{ordinal: ordinal, ctx: ctx, fns: make(map[string]*cuda.Function)}
+	d = &cudaDevice{ordinal: ordinal, ctx: ctx, fns: make(map[string]*cuda.Function), smemSet: make(map[string]int)}
 	if err := d.Acquire(); err != nil {
 		return nil, err
 	}
@@ -143,6 +144,11 @@ func (d *cudaDevice) function(name string) (*cuda.Function, error) {
 	return f, nil
 }
 
+func (d *cudaDevice) HasKernel(name string) bool {
+	_, err := d.function(name)
+	return err == nil
+}
+
 func (d *cudaDevice) Launch(name string, grid, block gpu.Dim3, smem int, args ...any) error {
 	f, err := d.function(name)
 	if err != nil {
@@ -159,10 +165,11 @@ func (d *cudaDevice) Launch(name string, grid, block gpu.Dim3, smem int, args ..
 			return fmt.Errorf("kernel %s: argument %d has type %T (want gpu.Ptr, int32, int64 or float32)", name, i, a)
 		}
 	}
-	if smem > 48<<10 {
+	if smem > 48<<10 && d.smemSet[name] < smem {
 		if err := f.SetMaxDynamicSharedMemory(smem); err != nil {
 			return err
 		}
+		d.smemSet[name] = smem
 	}
 	return cuda.Launch(f, grid, block, uint32(smem), d.stream, conv...)
 }

@@ -19,7 +19,6 @@ func openEmu(t *testing.T, opts ...Option) *Backend {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b.hasTC = emu.HasKernel("attn_fwd_tc_d64_bf16")
 	t.Cleanup(func() {
 		if err := b.Close(); err != nil {
 			t.Logf("Close: %v", err)
@@ -35,3 +34,11 @@ func TestEmuConformanceSIMT(t *testing.T) {
 }
 
 func TestEmuDeterminism(t *testing.T) { runDeterminism(t, openEmu) }
+
+func TestEmuAttentionShapes(t *testing.T) { runAttentionShapes(t, openEmu) }
+
+func TestEmuAttentionShapesSIMT(t *testing.T) {
+	runAttentionShapes(t, openEmu, WithAttention(AttentionSIMT))
+}
+
+func TestEmuRoutingPlan(t *testing.T) { runRoutingPlan(t, openEmu) }

@@ -25,11 +25,13 @@ func runConformance(t *testing.T, open opener, opts ...Option) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := open(t, opts...)
-			backendtest.Run(t, b, backendtest.Options{
+			o := backendtest.Options{
 				DType:      tc.dt,
 				Tol:        tc.tol,
 				NewBackend: func() tensor.Backend { return open(t, opts...) },
-			})
+			}
+			backendtest.Run(t, b, o)
+			t.Run("MoE", func(t *testing.T) { backendtest.RunMoE(t, b, o) })
 		})
 	}
 }

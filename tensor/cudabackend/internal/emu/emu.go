@@ -169,6 +169,9 @@ func (d *Device) Launch(name string, grid, block gpu.Dim3, smem int, args ...any
 }
 
 // HasKernel reports whether the emulated image has a kernel called name.
+func (d *Device) HasKernel(name string) bool { return HasKernel(name) }
+
+// HasKernel reports whether the emulated image has a kernel called name.
 func HasKernel(name string) bool {
 	cname := C.CString(name)
 	defer C.free(unsafe.Pointer(cname))

@@ -48,7 +48,7 @@ func TestSourcesCurrent(t *testing.T) {
 // TestRegistry checks that every kernel defined in the sources is
 // registered with the emulator.
 func TestRegistry(t *testing.T) {
-	re := regexp.MustCompile(`(?m)^(?:KERNEL void ([A-Za-z0-9_]+)\(|ATP_[A-Z0-9_]+\(([a-z][A-Za-z0-9_]*),)`)
+	re := regexp.MustCompile(`(?m)^(?:KERNEL void ([A-Za-z0-9_]+)\(|KERNEL_LB\(\d+\) ([A-Za-z0-9_]+)\(|ATP_[A-Z0-9_]+\(([a-z][A-Za-z0-9_]*),)`)
 	m, _ := filepath.Glob(filepath.Join(kernelsDir, "*.cu"))
 	n := 0
 	for _, f := range m {
@@ -60,7 +60,7 @@ func TestRegistry(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, s := range re.FindAllStringSubmatch(string(data), -1) {
-			name := s[1] + s[2]
+			name := s[1] + s[2] + s[3]
 			n++
 			if !HasKernel(name) {
 				t.Errorf("kernel %s (%s) is not registered with the emulator: run cuda/kernels/emu/gen.sh", name, filepath.Base(f))

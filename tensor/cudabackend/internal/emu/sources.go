@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "58821b37f97aaf010f70b83b209cebedeceb9e52822166adb300cd9160b55596"
+const SourcesSum = "bcd9d8097b5f18bc66e1866909f7356ff6d8b28a1245b4e53fb77c10db4d5d46"

@@ -86,6 +86,8 @@ type Device interface {
 	CopyDtoH(dst unsafe.Pointer, src Ptr, bytes int) error
 	// CopyDtoD queues a device-to-device copy.
 	CopyDtoD(dst, src Ptr, bytes int) error
+	// HasKernel reports whether the kernels image has a kernel called name.
+	HasKernel(name string) bool
 	// Launch queues the kernel called name. args are Ptr, int32, int64 or
 	// float32, matching the kernel's parameters in order.
 	Launch(name string, grid, block Dim3, smem int, args ...any) error

@@ -1,0 +1,117 @@
+package cudabackend
+
+import (
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/asynctp/asynctp/internal/testutil"
+	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/cpu"
+)
+
+// pairT is a device tensor and the float64 host copy of its values.
+type pairT struct {
+	dev *tensor.Tensor
+	ref *tensor.Tensor
+}
+
+// randPair uploads random values of magnitude [0.1, 1) rounded to dt.
+func randPair(t *testing.T, b *Backend, rng interface{ Float64() float64 }, dt tensor.DType, shape ...int) pairT {
+	t.Helper()
+	host := tensor.MustHost(dt, shape...)
+	vals := make([]float64, host.Numel())
+	for i := range vals {
+		v := 0.1 + 0.9*rng.Float64()
+		if rng.Float64() < 0.5 {
+			v = -v
+		}
+		vals[i] = v
+	}
+	if err := host.SetFloat64s(vals); err != nil {
+		t.Fatal(err)
+	}
+	dev := b.Zeros(dt, shape...)
+	b.Upload(dev, host)
+	ref := tensor.MustHost(tensor.Float64, shape...)
+	rounded, _ := host.Float64s()
+	copy(ref.F64(), rounded)
+	return pairT{dev, ref}
+}
+
+// values downloads a device tensor as float64.
+func values(t *testing.T, b *Backend, x *tensor.Tensor) []float64 {
+	t.Helper()
+	host := tensor.MustHost(x.DType(), x.Shape()...)
+	b.Download(host, x)
+	if err := b.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	v, err := host.Float64s()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func closeTo(t *testing.T, name string, got, want []float64, tol float64) {
+	t.Helper()
+	if e := testutil.RelErr(got, want); !(e <= tol) {
+		t.Errorf("%s: relative error %.3g > %.3g; got %v..., want %v...", name, e, tol, got[:min(4, len(got))], want[:min(4, len(want))])
+	}
+}
+
+// runAttentionShapes checks attention forward and backward against the CPU
+// reference (float64) on head dims and lengths that exercise the
+// tensor-core kernels' tiles (D = 64, 128; T not a multiple of 64), in bf16
+// (and f32, which takes the CUDA-core kernels).
+func runAttentionShapes(t *testing.T, open opener, opts ...Option) {
+	shapes := [][4]int{{2, 70, 3, 64}, {1, 130, 2, 128}, {1, 64, 1, 64}, {1, 17, 2, 128}, {1, 100, 1, 40}}
+	for _, dt := range []tensor.DType{tensor.BFloat16, tensor.Float32} {
+		tol := 1e-2
+		if dt == tensor.Float32 {
+			tol = 1e-5
+		}
+		for _, s := range shapes {
+			t.Run(fmt.Sprintf("%v/%v", dt, s), func(t *testing.T) {
+				b := open(t, opts...)
+				ref := cpu.New()
+				rng := testutil.Rng(uint64(s[1]*1000 + s[3]))
+				nb, nt, nh, d := s[0], s[1], s[2], s[3]
+				scale := float32(1 / math.Sqrt(float64(d)))
+				q, k, v := randPair(t, b, rng, dt, s[:]...), randPair(t, b, rng, dt, s[:]...), randPair(t, b, rng, dt, s[:]...)
+				// Peaked softmax, as in the conformance suite.
+				b.Scale(q.dev, q.dev, 3)
+				ref.Scale(q.ref, q.ref, 3)
+				out, lse := b.Zeros(dt, s[:]...), b.Zeros(tensor.Float32, nb, nh, nt)
+				b.Fill(out, math.NaN())
+				b.Fill(lse, math.NaN())
+				rout, rlse := tensor.MustHost(tensor.Float64, s[:]...), tensor.MustHost(tensor.Float64, nb, nh, nt)
+				b.Attention(out, lse, q.dev, k.dev, v.dev, scale)
+				ref.Attention(rout, rlse, q.ref, k.ref, v.ref, scale)
+				closeTo(t, "out", values(t, b, out), rout.F64(), tol)
+				closeTo(t, "lse", values(t, b, lse), rlse.F64(), tol)
+
+				dout := randPair(t, b, rng, dt, s[:]...)
+				// The reference backward uses the backend's own out (as a layer would).
+				outRef := tensor.MustHost(tensor.Float64, s[:]...)
+				copy(outRef.F64(), values(t, b, out))
+				lseRef := tensor.MustHost(tensor.Float64, nb, nh, nt)
+				copy(lseRef.F64(), values(t, b, lse))
+				dq, dk, dv := b.Zeros(dt, s[:]...), b.Zeros(dt, s[:]...), b.Zeros(dt, s[:]...)
+				for _, x := range []*tensor.Tensor{dq, dk, dv} {
+					b.Fill(x, math.NaN())
+				}
+				rdq, rdk, rdv := tensor.MustHost(tensor.Float64, s[:]...), tensor.MustHost(tensor.Float64, s[:]...), tensor.MustHost(tensor.Float64, s[:]...)
+				b.AttentionBackward(dq, dk, dv, dout.dev, q.dev, k.dev, v.dev, out, lse, scale)
+				ref.AttentionBackward(rdq, rdk, rdv, dout.ref, q.ref, k.ref, v.ref, outRef, lseRef, scale)
+				if err := ref.Err(); err != nil {
+					t.Fatal(err)
+				}
+				closeTo(t, "dq", values(t, b, dq), rdq.F64(), tol)
+				closeTo(t, "dk", values(t, b, dk), rdk.F64(), tol)
+				closeTo(t, "dv", values(t, b, dv), rdv.F64(), tol)
+			})
+		}
+	}
+}
