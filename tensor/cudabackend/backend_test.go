@@ -30,6 +30,8 @@ func TestDeterminism(t *testing.T) { runDeterminism(t, openGPU) }
 
 func TestAttentionShapes(t *testing.T) { runAttentionShapes(t, openGPU) }
 
-func TestAttentionShapesSIMT(t *testing.T) { runAttentionShapes(t, openGPU, WithAttention(AttentionSIMT)) }
+func TestAttentionShapesSIMT(t *testing.T) {
+	runAttentionShapes(t, openGPU, WithAttention(AttentionSIMT))
+}
 
 func TestRoutingPlan(t *testing.T) { runRoutingPlan(t, openGPU) }
