@@ -6,7 +6,7 @@ import (
 
 // openGPU opens GPU 0, or skips the test with the reason (no driver, no GPU,
 // no kernels image).
-func openGPU(t *testing.T, opts ...Option) *Backend {
+func openGPU(t testing.TB, opts ...Option) *Backend {
 	t.Helper()
 	b, err := New(0, opts...)
 	if err != nil {
@@ -35,3 +35,5 @@ func TestAttentionShapesSIMT(t *testing.T) {
 }
 
 func TestRoutingPlan(t *testing.T) { runRoutingPlan(t, openGPU) }
+
+func TestGPT(t *testing.T) { runGPT(t, openGPU) }

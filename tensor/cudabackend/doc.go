@@ -72,8 +72,11 @@
 // machine:
 //
 //	go test -c -o build/cudabackend.test ./tensor/cudabackend  # on the dev machine
-//	bash cuda/kernels/build.sh                                  # on the GPU machine
-//	ASYNCTP_KERNELS=build/asynctp_kernels.fatbin ./build/cudabackend.test -test.v
+//	bash cuda/kernels/gpu_check.sh                              # on the GPU machine
+//
+// which builds the kernels image and runs the binary with
+// ASYNCTP_KERNELS=build/asynctp_kernels.fatbin (SANITIZE=1 adds
+// compute-sanitizer runs, BENCH=1 the benchmarks).
 //
 // Without a GPU, the same suite runs on a CPU emulator of the kernels
 // (internal/emu): go test -tags asynctp_emu ./tensor/cudabackend/...

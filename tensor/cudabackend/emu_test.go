@@ -3,13 +3,15 @@
 package cudabackend
 
 import (
+	"strings"
 	"testing"
 
+	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cudabackend/internal/emu"
 )
 
 // openEmu opens a backend on the kernel emulator (CPU).
-func openEmu(t *testing.T, opts ...Option) *Backend {
+func openEmu(t testing.TB, opts ...Option) *Backend {
 	t.Helper()
 	var cfg config
 	for _, o := range opts {
@@ -42,3 +44,45 @@ func TestEmuAttentionShapesSIMT(t *testing.T) {
 }
 
 func TestEmuRoutingPlan(t *testing.T) { runRoutingPlan(t, openEmu) }
+
+func TestEmuGPT(t *testing.T) { runGPT(t, openEmu) }
+
+// TestEmuCachingAllocator checks that freed blocks are reused without new
+// device allocations, and that Close gives everything back.
+func TestEmuCachingAllocator(t *testing.T) {
+	d := emu.New(8)
+	b, err := newBackend(d, 0, config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := d.Allocated()
+	x := b.Zeros(tensor.BFloat16, 1000)
+	y := b.Zeros(tensor.Float32, 300) // 1200 bytes: another size class than 2000
+	if got := d.Allocated(); got != base+2 {
+		t.Fatalf("%d device allocations after two Zeros, want %d", got, base+2)
+	}
+	b.Free(x)
+	b.Free(y)
+	for range 10 {
+		z := b.Zeros(tensor.BFloat16, 990) // the class of x
+		b.Free(z)
+	}
+	if got := d.Allocated(); got != base+2 {
+		t.Fatalf("%d device allocations after reuse, want %d", got, base+2)
+	}
+	if st := b.MemStats(); st.Live != 0 || st.Cached == 0 {
+		t.Fatalf("MemStats after freeing everything: %+v", st)
+	}
+	b.Free(y) // double free
+	if err := b.Err(); err == nil || !strings.Contains(err.Error(), "already freed") {
+		t.Fatalf("double Free: %v", err)
+	}
+	v := b.Zeros(tensor.Float32, 10)
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := d.Allocated(); got != 0 {
+		t.Fatalf("%d device allocations after Close, want 0", got)
+	}
+	b.Free(v) // after Close: harmless
+}

@@ -11,7 +11,7 @@ import (
 
 // opener returns a fresh backend for a test (closed at the test's end), or
 // skips the test.
-type opener func(t *testing.T, opts ...Option) *Backend
+type opener func(t testing.TB, opts ...Option) *Backend
 
 // runConformance runs the conformance suite in bf16 and f32.
 func runConformance(t *testing.T, open opener, opts ...Option) {

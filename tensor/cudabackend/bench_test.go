@@ -1,0 +1,121 @@
+package cudabackend
+
+import (
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/asynctp/asynctp/internal/testutil"
+	"github.com/asynctp/asynctp/tensor"
+)
+
+// Benchmarks on the GPU (they skip without one). Each queues b.N ops and
+// synchronises once, so the figures are device throughput with the host's
+// launch overhead hidden; rates are reported as TFLOP/s (matrix work) or
+// GB/s (bytes read and written once).
+//
+//	./build/cudabackend.test -test.run '^$' -test.bench . -test.benchtime 20x
+
+func benchRand(b *testing.B, be *Backend, dt tensor.DType, shape ...int) *tensor.Tensor {
+	b.Helper()
+	x := be.Zeros(dt, shape...)
+	be.Upload(x, testutil.Rand(testutil.Rng(1), dt, shape...))
+	return x
+}
+
+// timeIt runs op b.N times after a warm-up and reports work/second in unit.
+func timeIt(b *testing.B, be *Backend, work float64, unit string, op func()) {
+	b.Helper()
+	op()
+	if err := be.Sync(); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for range b.N {
+		op()
+	}
+	if err := be.Sync(); err != nil {
+		b.Fatal(err)
+	}
+	b.StopTimer()
+	b.ReportMetric(work*float64(b.N)/b.Elapsed().Seconds(), unit)
+}
+
+func BenchmarkAttention(b *testing.B) {
+	const nb, nt, nh = 4, 2048, 16
+	for _, impl := range []struct {
+		name string
+		opt  AttentionImpl
+	}{{"tc", AttentionAuto}, {"simt", AttentionSIMT}} {
+		for _, d := range []int{64, 128} {
+			b.Run(fmt.Sprintf("%s/D=%d", impl.name, d), func(b *testing.B) {
+				be := openGPU(b, WithAttention(impl.opt))
+				q, k, v := benchRand(b, be, tensor.BFloat16, nb, nt, nh, d), benchRand(b, be, tensor.BFloat16, nb, nt, nh, d), benchRand(b, be, tensor.BFloat16, nb, nt, nh, d)
+				out, lse := be.Zeros(tensor.BFloat16, nb, nt, nh, d), be.Zeros(tensor.Float32, nb, nh, nt)
+				scale := float32(1 / math.Sqrt(float64(d)))
+				// Causal: half of the T×T scores; 2 GEMMs forward, 5 backward.
+				fwd := 2 * 2 * float64(nb*nh) * float64(nt) * float64(nt) / 2 * float64(d)
+				b.Run("fwd", func(b *testing.B) {
+					timeIt(b, be, fwd/1e12, "TFLOP/s", func() { be.Attention(out, lse, q, k, v, scale) })
+				})
+				dout := benchRand(b, be, tensor.BFloat16, nb, nt, nh, d)
+				dq, dk, dv := be.Zeros(tensor.BFloat16, nb, nt, nh, d), be.Zeros(tensor.BFloat16, nb, nt, nh, d), be.Zeros(tensor.BFloat16, nb, nt, nh, d)
+				b.Run("bwd", func(b *testing.B) {
+					timeIt(b, be, 2.5*fwd/1e12, "TFLOP/s", func() {
+						be.AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse, scale)
+					})
+				})
+			})
+		}
+	}
+}
+
+func BenchmarkMatMul(b *testing.B) {
+	be := openGPU(b)
+	const m, n, k = 4096, 4096, 4096
+	a, w, c := benchRand(b, be, tensor.BFloat16, m, k), benchRand(b, be, tensor.BFloat16, k, n), be.Zeros(tensor.BFloat16, m, n)
+	timeIt(b, be, 2*m*n*k/1e12, "TFLOP/s", func() { be.MatMul(c, a, w, false, false, 1, 0) })
+}
+
+func BenchmarkRMSNorm(b *testing.B) {
+	be := openGPU(b)
+	const n, c = 16384, 4096
+	x, w := benchRand(b, be, tensor.BFloat16, n, c), benchRand(b, be, tensor.BFloat16, c)
+	out, rstd := be.Zeros(tensor.BFloat16, n, c), be.Zeros(tensor.Float32, n)
+	b.Run("fwd", func(b *testing.B) {
+		timeIt(b, be, 2*2*n*c/1e9, "GB/s", func() { be.RMSNorm(out, rstd, x, w, 1e-5) })
+	})
+	dout, dx, dw := benchRand(b, be, tensor.BFloat16, n, c), be.Zeros(tensor.BFloat16, n, c), be.Zeros(tensor.BFloat16, c)
+	b.Run("bwd", func(b *testing.B) {
+		timeIt(b, be, 3*2*n*c/1e9, "GB/s", func() { be.RMSNormBackward(dx, dw, dout, x, w, rstd) })
+	})
+}
+
+func BenchmarkCrossEntropy(b *testing.B) {
+	be := openGPU(b)
+	const n, v = 8192, 50304
+	logits := benchRand(b, be, tensor.BFloat16, n, v)
+	dlogits, losses := be.Zeros(tensor.BFloat16, n, v), be.Zeros(tensor.Float32, n)
+	targets := be.Zeros(tensor.Int32, n)
+	be.Upload(targets, testutil.RandInts(testutil.Rng(2), v, n))
+	timeIt(b, be, 3*2*n*v/1e9, "GB/s", func() { be.CrossEntropy(losses, dlogits, logits, targets, 1.0/n) })
+}
+
+func BenchmarkAdamW(b *testing.B) {
+	be := openGPU(b)
+	const n = 64 << 20
+	p, g := benchRand(b, be, tensor.BFloat16, n), benchRand(b, be, tensor.BFloat16, n)
+	m, v, master := be.Zeros(tensor.Float32, n), be.Zeros(tensor.Float32, n), benchRand(b, be, tensor.Float32, n)
+	hp := tensor.AdamW{LR: 1e-3, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Step: 1}
+	// Reads g (2 bytes), m, v, master (4 each); writes m, v, master and p (2).
+	timeIt(b, be, float64(n)*(2+12+12+2)/1e9, "GB/s", func() { be.AdamW(p, g, m, v, master, hp) })
+}
+
+func BenchmarkEmbeddingBackward(b *testing.B) {
+	be := openGPU(b)
+	const n, v, c = 8192, 50304, 4096
+	ids := be.Zeros(tensor.Int32, n)
+	be.Upload(ids, testutil.RandInts(testutil.Rng(3), v, n))
+	dout, dtable := benchRand(b, be, tensor.BFloat16, n, c), be.Zeros(tensor.BFloat16, v, c)
+	timeIt(b, be, 3*2*float64(n)*c/1e9, "GB/s", func() { be.EmbeddingBackward(dtable, dout, ids) })
+}
