@@ -54,12 +54,19 @@ type runOptions struct {
 	layout      any
 	extra       func(step int) map[string]any
 	hook        func(StepMetrics)
+	metricsDir  *string
 }
 
 // WithRank0 says whether this process is rank 0 (the default). Only rank 0
 // writes metrics, logs, the plot and checkpoints; the parallel code turns
 // it off on the other ranks.
 func WithRank0(isRank0 bool) Option { return func(o *runOptions) { o.rank0 = isRank0 } }
+
+// WithMetricsDir sets where rank 0 writes metrics.jsonl and loss.png
+// (default: cfg.OutDir, next to the checkpoints); "" writes neither (log
+// lines still go to the output). The parallel code uses it to keep one
+// metrics file for the job while each rank checkpoints its own shards.
+func WithMetricsDir(dir string) Option { return func(o *runOptions) { o.metricsDir = &dir } }
 
 // WithOutput sets where log lines and the progress bar go (default
 // os.Stdout).

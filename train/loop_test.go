@@ -319,3 +319,34 @@ func TestStepMetricsJSON(t *testing.T) {
 		t.Errorf("round trip: %+v, %v", back, err)
 	}
 }
+
+// WithMetricsDir moves metrics.jsonl and the plot away from the
+// checkpoints, or ("") turns them off, leaving the checkpoints in OutDir.
+func TestRunMetricsDir(t *testing.T) {
+	for _, elsewhere := range []bool{true, false} {
+		out, metrics := t.TempDir(), ""
+		if elsewhere {
+			metrics = t.TempDir()
+		}
+		cfg := smallConfig(out, 4)
+		var log bytes.Buffer
+		if _, err := Run(context.Background(), newCPU(), newBigram(t, newCPU(), 256, tensor.Float32, 1), loaderFor(t, cfg), cfg,
+			WithOutput(&log), WithMetricsDir(metrics)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ResolveCheckpoint(out); err != nil {
+			t.Fatalf("metrics dir %q: no checkpoint in the out dir: %v", metrics, err)
+		}
+		for _, f := range []string{MetricsFile, PlotFile} {
+			if _, err := os.Stat(filepath.Join(out, f)); err == nil {
+				t.Errorf("metrics dir %q: %s written to the out dir", metrics, f)
+			}
+			if _, err := os.Stat(filepath.Join(metrics, f)); elsewhere && err != nil {
+				t.Errorf("metrics dir %q: %v", metrics, err)
+			}
+		}
+		if !strings.Contains(log.String(), "| loss ") {
+			t.Errorf("metrics dir %q: no log lines:\n%s", metrics, log.String())
+		}
+	}
+}

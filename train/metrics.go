@@ -250,12 +250,17 @@ func isTerminal(w io.Writer) bool {
 // newMetricsSink opens outDir/metrics.jsonl. On a resume from startStep it
 // keeps the earlier records up to startStep (a resume from an older
 // checkpoint drops the records after it); a fresh run starts a new file.
+// With outDir "" it writes no file and no plot, only the log lines.
 func newMetricsSink(outDir string, startStep, steps, logEvery int, out io.Writer, bar bool) (*metricsSink, error) {
+	s := &metricsSink{outDir: outDir, out: out, logEvery: logEvery, steps: steps}
+	if outDir == "" {
+		s.addBar(bar, startStep)
+		return s, nil
+	}
 	if err := os.MkdirAll(outDir, 0o755); err != nil {
 		return nil, fmt.Errorf("train: out dir: %w", err)
 	}
 	path := filepath.Join(outDir, MetricsFile)
-	s := &metricsSink{outDir: outDir, out: out, logEvery: logEvery, steps: steps}
 	if startStep > 0 {
 		if old, err := ReadMetrics(path); err == nil {
 			for _, r := range old {
@@ -283,6 +288,13 @@ func newMetricsSink(outDir string, startStep, steps, logEvery int, out io.Writer
 	if s.file, err = os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0o644); err != nil {
 		return nil, fmt.Errorf("train: metrics: %w", err)
 	}
+	s.addBar(bar, startStep)
+	return s, nil
+}
+
+// addBar starts the progress bar when bar is on and steps remain.
+func (s *metricsSink) addBar(bar bool, startStep int) {
+	steps, out := s.steps, s.out
 	if bar && steps > startStep {
 		s.bar = progressbar.NewOptions(steps-startStep,
 			progressbar.OptionSetWriter(out),
@@ -293,17 +305,18 @@ func newMetricsSink(outDir string, startStep, steps, logEvery int, out io.Writer
 			progressbar.OptionSetPredictTime(true),
 		)
 	}
-	return s, nil
 }
 
 func (s *metricsSink) record(m StepMetrics) error {
 	s.history = append(s.history, m)
-	b, err := json.Marshal(m)
-	if err != nil {
-		return fmt.Errorf("train: metrics of step %d: %w", m.Step, err)
-	}
-	if _, err := s.file.Write(append(b, '\n')); err != nil {
-		return fmt.Errorf("train: writing %s: %w", MetricsFile, err)
+	if s.file != nil {
+		b, err := json.Marshal(m)
+		if err != nil {
+			return fmt.Errorf("train: metrics of step %d: %w", m.Step, err)
+		}
+		if _, err := s.file.Write(append(b, '\n')); err != nil {
+			return fmt.Errorf("train: writing %s: %w", MetricsFile, err)
+		}
 	}
 	if s.bar != nil {
 		s.bar.Describe(fmt.Sprintf("step %d/%d loss %.4f", m.Step, s.steps, m.Loss))
@@ -330,6 +343,9 @@ func (s *metricsSink) logf(format string, args ...any) {
 }
 
 func (s *metricsSink) plot() error {
+	if s.outDir == "" {
+		return nil
+	}
 	return WriteLossPlot(filepath.Join(s.outDir, PlotFile), s.history)
 }
 
@@ -337,6 +353,9 @@ func (s *metricsSink) close() error {
 	if s.bar != nil {
 		s.bar.Finish()
 		fmt.Fprintln(s.out)
+	}
+	if s.file == nil {
+		return nil
 	}
 	return s.file.Close()
 }

@@ -49,7 +49,11 @@ func (r *runner) run() (Result, error) {
 			bar = *r.o.bar
 		}
 		var err error
-		if r.sink, err = newMetricsSink(cfg.OutDir, r.res.StartStep, cfg.Steps, cfg.LogEvery, r.o.out, bar); err != nil {
+		dir := cfg.OutDir
+		if r.o.metricsDir != nil {
+			dir = *r.o.metricsDir
+		}
+		if r.sink, err = newMetricsSink(dir, r.res.StartStep, cfg.Steps, cfg.LogEvery, r.o.out, bar); err != nil {
 			return r.res, err
 		}
 		defer r.sink.close()

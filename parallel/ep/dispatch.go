@@ -18,8 +18,8 @@ type Handle struct {
 	// contiguous). Capacity and drops follow the group's token order.
 	Plan         *layers.RoutingPlan
 	Capacity     int   // slots kept per expert over the group; 0: dropless
-	GlobalTokens int   // tokens of the whole group
-	GlobalRouted []int // (E) slots routed to each expert by the whole group
+	GlobalTokens int   // tokens of the whole group (the token group, when set)
+	GlobalRouted []int // (E) slots routed to each expert by the whole group (likewise)
 	SendCounts   []int // (P) rows sent to each rank
 	RecvCounts   []int // (P) rows received from each rank
 	// RecvPerExpert[s][e] is the number of rows received from rank s for
@@ -93,38 +93,44 @@ func (d *Dispatcher) Dispatch(x *tensor.Tensor, l *Layout) (*tensor.Tensor, *Han
 	E, P, me := d.experts, d.group.Size(), d.group.Rank()
 	first, local := d.LocalExperts()
 
-	// 1. Exchange the counts: (P, E+1), row r = rank r's per-expert slots
-	// and its token count.
+	// 1. Exchange the counts: (Q, E+1), row q = token-group rank q's
+	// per-expert slots and its token count (Q = P without a token group).
 	counts, err := d.exchangeCounts(l)
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	h := &Handle{Layout: l, GlobalRouted: make([]int, E), SendCounts: make([]int, P), RecvCounts: make([]int, P),
 		RecvPerExpert: make([][]int, P), ExpertCounts: make([]int, local), cols: s[1], dt: x.DType()}
-	for r := range P {
+	for q := range counts {
 		for e := range E {
-			h.GlobalRouted[e] += counts[r][e]
+			h.GlobalRouted[e] += counts[q][e]
 		}
-		h.GlobalTokens += counts[r][E]
+		h.GlobalTokens += counts[q][E]
 	}
 	h.Capacity = layers.Capacity(l.CapacityFactor, h.GlobalTokens, l.TopK, E)
 
 	// 2. Drops (in group token order) and the counts of the exchange: the
-	// ranks before r routed used[e] slots of expert e, so rank r keeps
-	// min(its slots, capacity − used[e]) of them.
+	// ranks before q routed used[e] slots of expert e, so rank q keeps
+	// min(its slots, capacity − used[e]) of them. Token-group rank base+r
+	// is EP rank r.
+	base := d.tokenGroup().Rank() - me
 	used := make([]int, E)
 	mine := make([]int, E)
 	var prior []int
-	for r := range P {
+	for q := range counts {
+		r := q - base
 		if r == me && h.Capacity > 0 {
 			prior = append([]int(nil), used...)
 		}
 		for e := range E {
-			kept := counts[r][e]
+			kept := counts[q][e]
 			if h.Capacity > 0 {
 				kept = max(0, min(kept, h.Capacity-used[e]))
 			}
-			used[e] += counts[r][e]
+			used[e] += counts[q][e]
+			if r < 0 || r >= P {
+				continue // another EP group's rank: only its counts matter here
+			}
 			if r == me {
 				mine[e] = kept
 				h.SendCounts[d.owner(e)] += kept
@@ -169,9 +175,11 @@ func (d *Dispatcher) Dispatch(x *tensor.Tensor, l *Layout) (*tensor.Tensor, *Han
 }
 
 // exchangeCounts all-gathers every rank's per-expert counts and token count
-// and waits for them (the host needs them).
+// over the token group (the EP group unless SetTokenGroup widened it) and
+// waits for them (the host needs them).
 func (d *Dispatcher) exchangeCounts(l *Layout) ([][]int, error) {
-	E, P := d.experts, d.group.Size()
+	g := d.tokenGroup()
+	E, P := d.experts, g.Size()
 	mine := make([]int32, E+1)
 	for e, c := range l.PerExpert {
 		mine[e] = int32(c)
@@ -189,7 +197,7 @@ func (d *Dispatcher) exchangeCounts(l *Layout) ([][]int, error) {
 		if err := d.b.Err(); err != nil {
 			return nil, fmt.Errorf("%s: counts: %w", d.what(), err)
 		}
-		w, err := comm.SequenceGatherForward(d.b, d.group, dst, src, d.stream) // the all-gather of rows
+		w, err := comm.SequenceGatherForward(d.b, g, dst, src, d.stream) // the all-gather of rows
 		if err == nil {
 			err = w.Wait(d.stream)
 		}

@@ -82,6 +82,20 @@
 // the ranks' router gradients is the gradient of the one AuxLoss of the
 // group — the rule of the single-rank layer over the union of the tokens.
 //
+// # The token group
+//
+// By default the step's tokens are those of the EP group: the auxiliary
+// losses, the statistics and the capacity are over them. In a larger grid
+// the ranks of several EP groups may all bring different tokens of one
+// batch (the sharded model splits the batch over every world rank in its
+// MoE blocks); WithTokenGroup (Dispatcher.SetTokenGroup) names that wider
+// group — comm.Grid's World, whose runs of P consecutive ranks are the EP
+// groups. The count exchange then all-gathers over the token group, so the
+// capacity, the drops (in token-group rank order), the counts and, through
+// an all-reduce over it, the probability sums and Σ lse² are those of every
+// token of the step; the rows still move within the EP group. The layer
+// over the token group then equals layers.MoE over all of its tokens.
+//
 // # Gradient reduction in a larger grid (for the sharded model)
 //
 // ParamInfos (or ReplicatedParams and ExpertParams) tells them apart:
@@ -91,19 +105,22 @@
 //     whose copies saw different tokens: every rank that holds a copy and
 //     saw other tokens, the EP group included. With TP = 1 that is
 //     comm.Grid's DP group (the world, which contains the EP groups); with
-//     TP > 1 under sequence parallelism, the DP and the TP groups (as for
-//     the norm weights).
+//     TP > 1, when the TP ranks hold different tokens (sequence
+//     parallelism, or a split of the replicated tokens before the layer),
+//     the DP and the TP groups (as for the norm weights under sequence
+//     parallelism) — the token group.
 //   - The expert weights (ExpertShard) already hold the gradient of every
 //     token of the EP group routed to them. Reduce them over the ranks that
 //     hold the same experts in other EP groups (comm.Grid's EDP group),
 //     never over the EP group.
 //   - Use the same operation (sum, or average by the same count D) for
 //     both. The CE gradient and the expert/router parts scale together;
-//     only the aux term does not: it is one loss per EP group, not one per
-//     rank. With sums (the objective Σ_ranks L_r + AuxLoss), the default
+//     only the aux term does not: it is one loss per token group, not one
+//     per rank. With sums (the objective Σ_ranks L_r + AuxLoss), the default
 //     is exact. If every rank adds AuxLoss to its own loss and gradients are
 //     averaged, the aux term would be weighted 1/P too little: construct the
-//     layer WithAuxGradScale(P) (P = the EP group size).
+//     layer WithAuxGradScale(P) (P = the token group's size: the EP group's
+//     unless WithTokenGroup widened it).
 //
 // Each rank must bring different tokens: under tensor parallelism without
 // sequence parallelism the ranks of a TP group hold the same tokens, so an

@@ -16,6 +16,7 @@ type Dispatcher struct {
 	b       tensor.Backend
 	ops     tensor.MoEOps
 	group   comm.Comm
+	tokens  comm.Comm // the token group (SetTokenGroup); nil: the EP group
 	stream  comm.Stream
 	experts int
 }
@@ -36,6 +37,39 @@ func NewDispatcher(b tensor.Backend, group comm.Comm, experts int, stream comm.S
 		return nil, fmt.Errorf("ep: %w", err)
 	}
 	return &Dispatcher{b: b, ops: ops, group: group, stream: stream, experts: experts}, nil
+}
+
+// SetTokenGroup widens the step's tokens from the EP group to tokens: a
+// group of Q ranks (Q a multiple of the EP group's P) that all bring
+// different tokens and whose consecutive runs of P ranks are EP groups, EP
+// rank = tokens.Rank() % P — comm.Grid's World when every rank holds its own
+// slice of the batch. The count exchange then spans the token group, so the
+// capacity, the drops (in token-group rank order) and the routing
+// statistics are those of every token of the step, while the rows still
+// move within the EP group only. nil restores the EP group. The group's
+// shape is checked here; that its runs are the EP groups is the caller's
+// promise (every rank must pass the same kind of group).
+func (d *Dispatcher) SetTokenGroup(tokens comm.Comm) error {
+	if tokens == nil {
+		d.tokens = nil
+		return nil
+	}
+	P, Q := d.group.Size(), tokens.Size()
+	if Q < P || Q%P != 0 || tokens.Rank()%P != d.group.Rank() {
+		return fmt.Errorf("ep: token group %s (rank %d of %d) over the EP group %s (rank %d of %d): expected a multiple of the EP size whose rank modulo %d is the EP rank",
+			tokens.Name(), tokens.Rank(), Q, d.group.Name(), d.group.Rank(), P, P)
+	}
+	d.tokens = tokens
+	return nil
+}
+
+// tokenGroup is the group whose tokens make the step: the token group, or
+// the EP group.
+func (d *Dispatcher) tokenGroup() comm.Comm {
+	if d.tokens != nil {
+		return d.tokens
+	}
+	return d.group
 }
 
 // LocalExperts returns the range [first, first+count) of experts this rank
@@ -67,8 +101,8 @@ type Layout struct {
 // Layout counts the routing of tokens tokens whose topK choices are idx
 // (host int32, (N·K) row-major, from the router). capacityFactor 0 is
 // dropless; otherwise each expert keeps ceil(CF·T·K/E) slots of the T tokens
-// of the whole group, dropping the overflow in group token order (rank 0's
-// tokens first).
+// of the whole group (the token group, when set), dropping the overflow in
+// group token order (rank 0's tokens first).
 func (d *Dispatcher) Layout(idx []int32, tokens, topK int, capacityFactor float64) (*Layout, error) {
 	E, P := d.experts, d.group.Size()
 	if tokens < 0 || topK < 1 || topK > E || len(idx) != tokens*topK {

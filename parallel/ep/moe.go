@@ -15,6 +15,7 @@ type Option func(*options)
 type options struct {
 	stream       comm.Stream
 	auxGradScale float64
+	tokens       comm.Comm
 }
 
 // WithStream sets the stream the backend queues its ops on (the stream the
@@ -25,8 +26,21 @@ func WithStream(s comm.Stream) Option { return func(o *options) { o.stream = s }
 // their values) by s (default 1). With 1, summing the router gradients over
 // the EP group gives the gradient of the group's AuxLoss; if the gradients
 // are averaged over D ranks instead, and every rank adds AuxLoss to its own
-// loss, pass the EP group size (see the package documentation).
+// loss, pass the size of the token group (the EP group unless
+// WithTokenGroup widens it; see the package documentation).
 func WithAuxGradScale(s float64) Option { return func(o *options) { o.auxGradScale = s } }
+
+// WithTokenGroup makes the step's tokens those of the token group rather
+// than of the EP group alone (Dispatcher.SetTokenGroup): a group whose
+// consecutive runs of P ranks are the EP groups and whose ranks all bring
+// different tokens — comm.Grid's World in a model whose MoE blocks give
+// each rank its own slice of the batch. The auxiliary losses, the
+// statistics, the capacity and the drops are then those of the tokens of
+// the whole token group, in its rank order: the layer over the token group
+// equals layers.MoE over the concatenation of all its ranks' tokens, once
+// the router's gradients are summed over the token group and the experts'
+// over the ranks that hold the same experts.
+func WithTokenGroup(c comm.Comm) Option { return func(o *options) { o.tokens = c } }
 
 // ParamKind says how a parameter of the EP layer is laid out over the EP
 // group, and so how its gradient must be reduced.
@@ -112,6 +126,9 @@ func New(b tensor.Backend, group comm.Comm, ps *layers.ParamSet, name string, cf
 	if m.Dispatch, err = NewDispatcher(b, group, cfg.Experts, m.opts.stream); err != nil {
 		return nil, fmt.Errorf("ep: moe %q: %w", name, err)
 	}
+	if err := m.Dispatch.SetTokenGroup(m.opts.tokens); err != nil {
+		return nil, fmt.Errorf("ep: moe %q: %w", name, err)
+	}
 	if m.Router, err = layers.NewRouter(b, ps, name+".router", layers.RouterConfig{Dim: cfg.Dim, Experts: cfg.Experts, TopK: cfg.TopK,
 		Std: cfg.Std, AuxLossCoef: cfg.AuxLossCoef, ZLossCoef: cfg.ZLossCoef}); err != nil {
 		return nil, err
@@ -158,7 +175,8 @@ func (m *MoE) what() string {
 }
 
 // AuxLoss is the auxiliary loss of the last Forward over the tokens of the
-// whole EP group (the same value on every rank; 0 before a Forward).
+// whole EP group, or of the token group when set (the same value on every
+// rank; 0 before a Forward).
 func (m *MoE) AuxLoss() float64 {
 	if m.n == 0 {
 		return 0
@@ -166,8 +184,8 @@ func (m *MoE) AuxLoss() float64 {
 	return m.Router.AuxLoss()
 }
 
-// Stats describes the routing of the last Forward over the whole EP group
-// (the same on every rank).
+// Stats describes the routing of the last Forward over the whole EP group,
+// or the token group when set (the same on every rank).
 func (m *MoE) Stats() layers.MoEStats {
 	if m.n == 0 {
 		return layers.MoEStats{Name: m.Name}
@@ -243,15 +261,17 @@ func (m *MoE) Forward(out, x *tensor.Tensor) error {
 	return nil
 }
 
-// globalStats sums the router's load statistics over the group (the counts
-// come from the dispatch's exchange; the probability sums and Σ lse² from
-// an all-reduce) and hands them to the router.
+// globalStats sums the router's load statistics over the token group (the
+// EP group unless WithTokenGroup widened it): the counts come from the
+// dispatch's exchange, the probability sums and Σ lse² from an all-reduce.
+// It hands them to the router.
 func (m *MoE) globalStats(h *Handle) error {
 	loc := m.Router.Local()
 	E := m.cfg.Experts
 	g := layers.LoadStats{Tokens: h.GlobalTokens, Routed: append([]int(nil), h.GlobalRouted...)}
 	vals := append(append([]float64(nil), loc.ProbSums...), loc.LSESquares)
-	if m.group.Size() > 1 {
+	group := m.Dispatch.tokenGroup()
+	if group.Size() > 1 {
 		sdt := tensor.Float32
 		if m.Router.W.W.DType() == tensor.Float64 {
 			sdt = tensor.Float64
@@ -262,7 +282,7 @@ func (m *MoE) globalStats(h *Handle) error {
 		if err := m.b.Err(); err != nil {
 			return fmt.Errorf("%s: statistics: %w", m.what(), err)
 		}
-		w, err := comm.ReduceFromRegionForward(m.group, m.stats, m.opts.stream) // all-reduce (sum) of partial sums
+		w, err := comm.ReduceFromRegionForward(group, m.stats, m.opts.stream) // all-reduce (sum) of partial sums
 		if err == nil {
 			err = w.Wait(m.opts.stream)
 		}

@@ -1,6 +1,6 @@
-// Package model is the tensor- and data-parallel GPT: layers.GPT built
-// from the layers of parallel/tp over a comm.Grid, implementing
-// train.Model. Each rank holds one Model with its own shards.
+// Package model is the tensor-, data- and expert-parallel GPT: layers.GPT
+// built from the layers of parallel/tp and parallel/ep over a comm.Grid,
+// implementing train.Model. Each rank holds one Model with its own shards.
 //
 // # Layout
 //
@@ -20,6 +20,29 @@
 //	lm_head   V rows 0:V/2  V/2:V        0:V/2       V/2:V      (column-parallel; tied: the embedding's)
 //	batch     rows 0:B/2    rows 0:B/2   rows B/2:B  rows B/2:B
 //
+// # Mixture of experts
+//
+// With GPTConfig.Experts > 0 the MoE blocks (GPTConfig.IsMoE) are
+// MoEBlocks: TP attention as above, then an ep.MoE over the grid's EP group
+// (EP consecutive world ranks; EP divides the world, which may put an EP
+// group across TP ranks, DP replicas or both) holding experts
+// [r·E/EP, (r+1)·E/EP) on EP rank r, the router replicated everywhere.
+// Each rank must bring different tokens to the EP layer: under sequence
+// parallelism the TP ranks already hold different rows; without it the
+// block takes this TP rank's 1/TP of its replica's rows (a split, whose
+// backward is an all-gather) and all-gathers the outputs (whose backward
+// is a split). So in an MoE block world rank r routes the tokens
+// [r·N/W, (r+1)·N/W) of the global batch of N tokens, and the world is the
+// layer's token group (ep.WithTokenGroup): the auxiliary losses, router
+// statistics, capacity and drops are those of the whole global batch, in
+// token order, as layers.GPT computes them.
+//
+//	TP = 2, DP = 2, EP = 4, 8 experts          rank 0    rank 1    rank 2    rank 3
+//	attention, dense MLP, embedding, head      TP shards as above
+//	router                                     whole     whole     whole     whole
+//	experts (w_gate, w_up, w_down)             0:2       2:4       4:6       6:8
+//	MoE tokens (global batch of N)             0:N/4     N/4:N/2   N/2:3N/4  3N/4:N
+//
 // Every rank is given the GLOBAL batch (B, T) — the same loader, seed and
 // position on every rank, so a run at any layout sees the batches of the
 // single-rank run — and replica d takes rows [d·B/DP, (d+1)·B/DP)
@@ -34,13 +57,21 @@
 //
 // Backward runs the sharded backward, then reduces:
 //
-//	every parameter                     all-reduce (sum) over DP     (one call on the flat buffer)
-//	replicated, partial per TP rank     all-reduce (sum) over TP     (norm weights under sequence parallelism)
+//	every parameter but the experts     all-reduce (sum) over DP     (one call on the flat buffer in a dense model)
+//	replicated, partial per TP rank     all-reduce (sum) over TP     (norm weights under sequence parallelism; routers)
+//	expert shards                       all-reduce (sum) over EDP    (the ranks holding the same experts)
 //
-// after which every gradient is d(global mean loss)/dθ for this rank's
-// slice, and replicated parameters are bit-identical on every rank.
-// GradSumSquares counts each parameter once: the TP shards' Σ g² summed
-// over the TP group, the replicated ones taken once, nothing over DP.
+// after which every gradient is d(global loss)/dθ for this rank's slice,
+// and replicated parameters are bit-identical on every rank. A router's
+// gradient covers its rank's tokens, so DP then TP sums it over the whole
+// world; an expert's already covers every token of its EP group, so only
+// EDP adds the other groups'. The loss is the global mean cross-entropy
+// plus the MoE blocks' AuxLoss (one value for the global batch); each rank
+// adds the aux gradient for its own tokens and the reductions are sums, so
+// the gradient of the aux term comes out whole (ep.WithAuxGradScale stays
+// 1). GradSumSquares counts each parameter once: the TP shards' Σ g²
+// summed over the TP group, the expert shards' over the EP group, the
+// replicated ones taken once, nothing over DP or EDP.
 // train.Run uses it for the clipping norm (train.GradSumSquarer); the
 // AdamW update is elementwise, so each rank updates its shards exactly as
 // the single-rank run updates those slices.
@@ -49,9 +80,10 @@
 //
 // Run wraps train.Run for one rank: rank r keeps its checkpoints (its
 // shards and their moments, under the unsharded model's parameter names)
-// and its metrics in outDir/rank-0000r (RankDir); each state.json records
-// the rank's Layout; a resume checks the layout and that all ranks resume
-// from the same step, then continues exactly.
+// in outDir/rank-0000r (RankDir), and rank 0 alone writes metrics.jsonl
+// and loss.png in outDir; each state.json records the rank's Layout; a
+// resume checks the layout and that all ranks resume from the same step,
+// then continues exactly.
 //
 // # Failures
 //

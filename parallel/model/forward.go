@@ -31,6 +31,10 @@ func (m *Model) checkTokens(what string, t *tensor.Tensor) error {
 		return fmt.Errorf("model: %s has shape %v: a replica's %d tokens (B/DP × T) are not divisible by TP = %d, as sequence parallelism needs",
 			what, s, s[0]/m.grid.DP*s[1], m.grid.TP)
 	}
+	if m.cfg.Experts > 0 && (s[0]/m.grid.DP*s[1])%m.grid.TP != 0 {
+		return fmt.Errorf("model: %s has shape %v: a replica's %d tokens (B/DP × T) are not divisible by TP = %d, as the MoE blocks need (each TP rank routes its own slice)",
+			what, s, s[0]/m.grid.DP*s[1], m.grid.TP)
+	}
 	return nil
 }
 
@@ -39,7 +43,8 @@ func (m *Model) checkTokens(what string, t *tensor.Tensor) error {
 // whole batch; B must divide by DP), and this rank's replica takes its rows
 // (ReplicaRows). It returns, on every rank, the mean cross-entropy over the
 // non-ignored targets of the whole global batch (negative targets are
-// ignored) — what layers.GPT returns for that batch — and prepares each
+// ignored) plus the MoE blocks' auxiliary losses over the global batch
+// (AuxLoss) — what layers.GPT returns for that batch — and prepares each
 // replica's gradient of that mean for Backward: each replica's losses are
 // scaled by 1/(targets of the global batch), so the sum of the replicas'
 // gradients is the gradient of the global mean. With nil targets the loss
@@ -146,9 +151,9 @@ func (m *Model) forward(ids, targets *tensor.Tensor, nTargets int) (float64, err
 		return 0, err
 	}
 	if nTargets == 0 {
-		return 0, nil
+		return m.AuxLoss(), nil
 	}
-	return sum / float64(nTargets), nil
+	return sum/float64(nTargets) + m.AuxLoss(), nil
 }
 
 // alloc (re)allocates the activations for a replica batch of B sequences

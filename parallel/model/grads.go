@@ -16,15 +16,21 @@ type span struct{ lo, hi int }
 // gradPlan groups the flat gradient buffer into spans of parameters of one
 // kind, merging neighbours, so each reduction is a few large calls.
 type gradPlan struct {
+	dense      []span // every parameter but the experts: summed over DP
 	partial    []span // replicated parameters with per-TP-rank partial gradients: summed over TP
 	sharded    []span // parameters split over TP: a distinct slice on each TP rank
 	replicated []span // parameters every TP rank holds whole (partial or not)
+	expert     []span // expert weights split over EP: summed over EDP
 }
 
-func newGradPlan(ps *layers.ParamSet, shards []tp.Shard) (gradPlan, error) {
+func newGradPlan(ps *layers.ParamSet, shards []tp.Shard, experts []*layers.Param) (gradPlan, error) {
 	byParam := map[*layers.Param]tp.Shard{}
 	for _, s := range shards {
 		byParam[s.Param] = s
+	}
+	isExpert := map[*layers.Param]bool{}
+	for _, p := range experts {
+		isExpert[p] = true
 	}
 	var plan gradPlan
 	params := ps.Params()
@@ -35,11 +41,16 @@ func newGradPlan(ps *layers.ParamSet, shards []tp.Shard) (gradPlan, error) {
 			return gradPlan{}, fmt.Errorf("model: internal error: parameter %q has no shard description", p.Name)
 		}
 		sp := span{p.Offset(), p.Offset() + p.Numel()}
-		if s.Replicated() {
+		switch {
+		case isExpert[p]:
+			plan.expert = appendSpan(plan.expert, sp)
+			continue
+		case s.Replicated():
 			plan.replicated = appendSpan(plan.replicated, sp)
-		} else {
+		default:
 			plan.sharded = appendSpan(plan.sharded, sp)
 		}
+		plan.dense = appendSpan(plan.dense, sp)
 		if s.PartialGrad {
 			plan.partial = appendSpan(plan.partial, sp)
 		}
@@ -70,45 +81,73 @@ func views(t *tensor.Tensor, spans []span) ([]*tensor.Tensor, error) {
 }
 
 // reduceGrads makes every gradient the gradient of the global mean loss:
-// the whole flat buffer summed over the DP group (one all-reduce), and the
-// partial spans summed over the TP group.
+// the dense spans summed over the DP group (one all-reduce on the whole
+// flat buffer in a dense model), the expert spans over the EDP group, and
+// the partial spans over the TP group.
 func (m *Model) reduceGrads() error {
 	_, g := m.ps.Flat()
-	s := m.par.Stream
-	if m.grid.DP > 1 {
-		w, err := m.grid.DPGroup.AllReduce(g, comm.Sum, s)
-		if err == nil {
-			err = w.Wait(s)
-		}
-		if err != nil {
-			return fmt.Errorf("model: gradients over the DP group: %w", err)
-		}
-	}
-	if m.grid.TP > 1 && len(m.plan.partial) > 0 {
-		vs, err := views(g, m.plan.partial)
-		if err != nil {
+	if len(m.plan.expert) == 0 {
+		if err := m.allReduce(m.grid.DPGroup, "gradients over the DP group", g); err != nil {
 			return err
 		}
-		for _, v := range vs {
-			w, err := m.grid.TPGroup.AllReduce(v, comm.Sum, s)
-			if err == nil {
-				err = w.Wait(s)
-			}
-			if err != nil {
-				return fmt.Errorf("model: sequence-parallel partial gradients over the TP group: %w", err)
-			}
+	} else {
+		if err := m.allReduceSpans(m.grid.DPGroup, "gradients over the DP group", g, m.plan.dense); err != nil {
+			return err
 		}
+		if err := m.allReduceSpans(m.grid.EDPGroup, "expert gradients over the EDP group", g, m.plan.expert); err != nil {
+			return err
+		}
+	}
+	if err := m.allReduceSpans(m.grid.TPGroup, "partial gradients over the TP group", g, m.plan.partial); err != nil {
+		return err
 	}
 	return sticky(m.b, "gradient reduction")
 }
 
+// allReduceSpans sums the spans of the flat tensor g over group c (nothing
+// on a group of one rank).
+func (m *Model) allReduceSpans(c comm.Comm, what string, g *tensor.Tensor, spans []span) error {
+	if c.Size() == 1 || len(spans) == 0 {
+		return nil
+	}
+	vs, err := views(g, spans)
+	if err != nil {
+		return err
+	}
+	for _, v := range vs {
+		if err := m.allReduce(c, what, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// allReduce sums t over group c, in place, and waits for it (nothing on a
+// group of one rank).
+func (m *Model) allReduce(c comm.Comm, what string, t *tensor.Tensor) error {
+	if c.Size() == 1 {
+		return nil
+	}
+	s := m.par.Stream
+	w, err := c.AllReduce(t, comm.Sum, s)
+	if err == nil {
+		err = w.Wait(s)
+	}
+	if err != nil {
+		return fmt.Errorf("model: %s: %w", what, err)
+	}
+	return nil
+}
+
 // GradSumSquares returns Σ g² over the whole model's gradients, each
 // parameter counted once: the TP shards' sums added over the TP group, the
-// replicated parameters (the same on every TP rank after Backward) taken
-// once, and nothing added over DP (every replica holds the same reduced
+// expert shards' over the EP group (whose ranks hold distinct experts), the
+// replicated parameters (the same on every rank after Backward) taken once,
+// and nothing added over DP or EDP (the replicas hold the same reduced
 // gradients). It is the same on every rank, so clipping keeps the ranks in
 // step. train.Run uses it for the gradient norm (train.GradSumSquarer).
-// Call it after Backward; it is collective over the TP group.
+// Call it after Backward; it is collective over the TP group and, in an
+// MoE model, the EP group.
 func (m *Model) GradSumSquares() (float64, error) {
 	_, g := m.ps.Flat()
 	sum := func(spans []span) (float64, error) {
@@ -122,38 +161,48 @@ func (m *Model) GradSumSquares() (float64, error) {
 		}
 		return ss, nil
 	}
-	sharded, err := sum(m.plan.sharded)
-	if err != nil {
-		return 0, m.fail(err)
-	}
-	repl, err := sum(m.plan.replicated)
-	if err != nil {
-		return 0, m.fail(err)
+	var parts [3]float64
+	for i, spans := range [][]span{m.plan.sharded, m.plan.replicated, m.plan.expert} {
+		v, err := sum(spans)
+		if err != nil {
+			return 0, m.fail(err)
+		}
+		parts[i] = v
 	}
 	if err := sticky(m.b, "gradient norm"); err != nil {
 		return 0, m.fail(err)
 	}
-	if m.grid.TP > 1 {
-		m.normBuf = ensure(m.b, m.normBuf, statDType(m.dt), 1)
-		h := tensor.MustHost(tensor.Float64, 1)
-		h.F64()[0] = sharded
-		m.b.Upload(m.normBuf, h)
-		if err := sticky(m.b, "gradient norm"); err != nil {
-			return 0, m.fail(err)
-		}
-		s := m.par.Stream
-		w, err := m.grid.TPGroup.AllReduce(m.normBuf, comm.Sum, s)
-		if err == nil {
-			err = w.Wait(s)
-		}
-		if err != nil {
-			return 0, m.fail(fmt.Errorf("model: gradient norm over the TP group: %w", err))
-		}
-		m.b.Download(h, m.normBuf)
-		if err := sticky(m.b, "gradient norm"); err != nil {
-			return 0, m.fail(err)
-		}
-		sharded = h.F64()[0]
+	sharded, err := m.sumOver(m.grid.TPGroup, "gradient norm over the TP group", parts[0])
+	if err != nil {
+		return 0, m.fail(err)
 	}
-	return sharded + repl, nil
+	expert := parts[2]
+	if len(m.plan.expert) > 0 {
+		if expert, err = m.sumOver(m.grid.EPGroup, "gradient norm over the EP group", expert); err != nil {
+			return 0, m.fail(err)
+		}
+	}
+	return sharded + parts[1] + expert, nil
+}
+
+// sumOver returns the sum of v over group c (v on a group of one rank).
+func (m *Model) sumOver(c comm.Comm, what string, v float64) (float64, error) {
+	if c.Size() == 1 {
+		return v, nil
+	}
+	m.normBuf = ensure(m.b, m.normBuf, statDType(m.dt), 1)
+	h := tensor.MustHost(tensor.Float64, 1)
+	h.F64()[0] = v
+	m.b.Upload(m.normBuf, h)
+	if err := sticky(m.b, what); err != nil {
+		return 0, err
+	}
+	if err := m.allReduce(c, what, m.normBuf); err != nil {
+		return 0, err
+	}
+	m.b.Download(h, m.normBuf)
+	if err := sticky(m.b, what); err != nil {
+		return 0, err
+	}
+	return h.F64()[0], nil
 }

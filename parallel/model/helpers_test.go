@@ -21,20 +21,26 @@ func smallConfig() layers.GPTConfig {
 	return layers.GPTConfig{Layers: 2, Dim: 32, Heads: 4, Vocab: 64, Seq: 8, FFN: 64, InitStd: 0.1, Seed: 11}
 }
 
-// layout is one parallel configuration.
+// layout is one parallel configuration (ep 0 means 1).
 type layout struct {
 	tp, dp int
 	sp     bool
+	ep     int
 }
 
-func (l layout) String() string { return fmt.Sprintf("tp=%d/dp=%d/sp=%v", l.tp, l.dp, l.sp) }
+func (l layout) String() string {
+	if l.ep > 1 {
+		return fmt.Sprintf("tp=%d/dp=%d/ep=%d/sp=%v", l.tp, l.dp, l.ep, l.sp)
+	}
+	return fmt.Sprintf("tp=%d/dp=%d/sp=%v", l.tp, l.dp, l.sp)
+}
 
 // onGrid runs fn on each rank of a local world of dp·tp ranks, each with
 // its own CPU backend and grid, and returns the ranks' errors.
 func onGrid(l layout, fn func(b tensor.Backend, g *comm.Grid) error, opts ...local.Option) error {
 	return local.Run(l.tp*l.dp, func(c comm.Comm) error {
 		b := cpu.New(cpu.WithThreads(1))
-		g, err := comm.NewGrid(c, l.dp, l.tp, 1)
+		g, err := comm.NewGrid(c, l.dp, l.tp, max(l.ep, 1))
 		if err != nil {
 			return err
 		}
@@ -103,14 +109,30 @@ type reference struct {
 	logits    []float64 // (B*T, V)
 	w, g      map[string][]float64
 	sumSquare float64
+	aux       float64
+	stats     []layers.MoEStats
 }
 
+// tweakFunc changes a model's parameters after its initialisation (the
+// same change on the reference and on every rank).
+type tweakFunc func(b tensor.Backend, ps *layers.ParamSet) error
+
 func runReference(t *testing.T, cfg layers.GPTConfig, dt tensor.DType, ids, targets *tensor.Tensor) reference {
+	t.Helper()
+	return runReferenceWith(t, cfg, dt, ids, targets, nil)
+}
+
+func runReferenceWith(t *testing.T, cfg layers.GPTConfig, dt tensor.DType, ids, targets *tensor.Tensor, tweak tweakFunc) reference {
 	t.Helper()
 	b := cpu.New()
 	m, err := layers.NewGPT(b, cfg, dt)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if tweak != nil {
+		if err := tweak(b, m.Params()); err != nil {
+			t.Fatal(err)
+		}
 	}
 	loss, err := m.Forward(ids, targets)
 	if err != nil {
@@ -119,7 +141,8 @@ func runReference(t *testing.T, cfg layers.GPTConfig, dt tensor.DType, ids, targ
 	if err := m.Backward(); err != nil {
 		t.Fatal(err)
 	}
-	ref := reference{loss: loss, logits: values(b, m.Logits()), w: map[string][]float64{}, g: map[string][]float64{}}
+	ref := reference{loss: loss, logits: values(b, m.Logits()), w: map[string][]float64{}, g: map[string][]float64{},
+		aux: m.AuxLoss(), stats: m.RouterStats()}
 	for _, p := range m.Params().Params() {
 		ref.w[p.Name], ref.g[p.Name] = values(b, p.W), values(b, p.G)
 	}

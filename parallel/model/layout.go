@@ -44,19 +44,25 @@ func RankDir(outDir string, rank int) string {
 // rows.
 //
 // Each rank saves its own shards and their AdamW moments: its checkpoints
-// and metrics go to RankDir(cfg.OutDir, rank), and each state.json records
-// the rank's Layout. A resume at the same layout continues exactly:
-// cfg.Resume names the run's out dir (what cfg.OutDir was), and every rank
-// resumes from the latest checkpoint of its rank dir, after checking that
-// the checkpoint was written with this layout and that all ranks resume
-// from the same step. Only world rank 0 prints progress (opts may change
-// that). The gradient norm for clipping comes from Model.GradSumSquares.
+// go to RankDir(cfg.OutDir, rank), and each state.json records the rank's
+// Layout. Only world rank 0 prints progress and writes metrics.jsonl and
+// loss.png, in cfg.OutDir itself (opts may change that):
+//
+//	outDir/metrics.jsonl, loss.png      world rank 0
+//	outDir/rank-00000/step-000100/...   each rank's shards and moments
+//	outDir/rank-00001/...
+//
+// A resume at the same layout continues exactly: cfg.Resume names the
+// run's out dir (what cfg.OutDir was), and every rank resumes from the
+// latest checkpoint of its rank dir, after checking that the checkpoint
+// was written with this layout and that all ranks resume from the same
+// step. The gradient norm for clipping comes from Model.GradSumSquares.
 func Run(ctx context.Context, m *Model, data *train.Loader, cfg train.Config, opts ...train.Option) (train.Result, error) {
 	cfg = cfg.WithDefaults()
 	rank := m.grid.World.Rank()
-	base := []train.Option{train.WithRank0(true), train.WithLayout(m.Layout())}
+	base := []train.Option{train.WithRank0(true), train.WithLayout(m.Layout()), train.WithMetricsDir(cfg.OutDir)}
 	if rank != 0 {
-		base = append(base, train.WithOutput(io.Discard), train.WithProgressBar(false))
+		base = append(base, train.WithOutput(io.Discard), train.WithProgressBar(false), train.WithMetricsDir(""))
 	}
 	cfg.OutDir = RankDir(cfg.OutDir, rank)
 	if cfg.Resume != "" {

@@ -30,19 +30,20 @@ type Options struct {
 // with its own shards in its own ParamSet.
 type Model struct {
 	Embed  *tp.VocabParallelEmbedding
-	Blocks []*tp.Block
+	Blocks []Block                  // *tp.Block, or *MoEBlock for the MoE blocks (GPTConfig.IsMoE)
 	Norm   *layers.RMSNorm          // final norm, replicated
 	Head   *tp.ColumnParallelLinear // (Vocab/P, Dim): the embedding's rows when tied
 	Loss   *tp.VocabParallelCrossEntropy
 
-	cfg    layers.GPTConfig
-	b      tensor.Backend
-	dt     tensor.DType
-	grid   *comm.Grid
-	par    tp.Parallel
-	ps     *layers.ParamSet
-	shards []tp.Shard
-	plan   gradPlan
+	cfg     layers.GPTConfig
+	b       tensor.Backend
+	dt      tensor.DType
+	grid    *comm.Grid
+	par     tp.Parallel
+	ps      *layers.ParamSet
+	shards  []tp.Shard
+	experts []*layers.Param // the MoE blocks' expert weights (split over EP)
+	plan    gradPlan
 
 	// Activations of the last Forward (reallocated when B or T change).
 	bt       [2]int           // this replica's B and T
@@ -59,13 +60,19 @@ type Model struct {
 }
 
 // New builds this rank's part of the model described by cfg on b, with
-// parameters of dtype dt, over grid's TP and DP groups (grid.EP is only
-// recorded in the Layout: the model is dense). Every rank of the grid calls
+// parameters of dtype dt, over grid's groups. Every rank of the grid calls
 // it with the same arguments.
 //
+// The dense blocks are tp.Blocks over the TP group. With cfg.Experts > 0
+// the MoE blocks (cfg.IsMoE) are MoEBlocks: TP attention and an ep.MoE
+// over the grid's EP group whose token group is the world (every rank
+// routes its own slice of the global batch). In a dense model grid.EP is
+// only recorded in the Layout.
+//
 // The layout is validated before anything is allocated: grid.World's size
-// must be DP × TP, the groups must have those sizes, and TP must divide
-// Heads, Dim, FFN and Vocab.
+// must be DP × TP, the groups must have those sizes, TP must divide Heads,
+// Dim, FFN and Vocab, and with experts EP must divide the world and the
+// experts (and TopK ≤ Experts).
 func New(b tensor.Backend, grid *comm.Grid, cfg layers.GPTConfig, opts Options, dt tensor.DType) (*Model, error) {
 	if b == nil {
 		return nil, errors.New("model: New with a nil backend")
@@ -76,6 +83,11 @@ func New(b tensor.Backend, grid *comm.Grid, cfg layers.GPTConfig, opts Options, 
 	}
 	if err := checkLayout(grid, cfg); err != nil {
 		return nil, err
+	}
+	if cfg.Experts > 0 {
+		if _, err := tensor.MoEOpsOf(b); err != nil {
+			return nil, fmt.Errorf("model: the MoE blocks: %w", err)
+		}
 	}
 	if !dt.IsFloat() {
 		return nil, fmt.Errorf("model: dtype %v, expected a float dtype (f32 or f64 on the cpu)", dt)
@@ -89,11 +101,20 @@ func New(b tensor.Backend, grid *comm.Grid, cfg layers.GPTConfig, opts Options, 
 	}
 	m.shards = append(m.shards, m.Embed.Shards()...)
 	for l := range cfg.Layers {
-		blk, err := tp.NewBlock(b, m.ps, m.par, fmt.Sprintf("blocks.%d", l), layers.BlockConfig{
+		name := fmt.Sprintf("blocks.%d", l)
+		bc := layers.BlockConfig{
 			Dim: cfg.Dim, Heads: cfg.Heads, FFN: cfg.FFN, RopeTheta: cfg.RopeTheta,
 			NormEps: cfg.NormEps, Std: std, OutStd: outStd,
-		})
-		if err != nil {
+		}
+		var blk Block
+		if cfg.IsMoE(l) {
+			mb, err := newMoEBlock(b, m.ps, m.par, grid, name, bc, cfg.MoEConfig())
+			if err != nil {
+				return nil, err
+			}
+			m.experts = append(m.experts, mb.MoE.ExpertParams()...)
+			blk = mb
+		} else if blk, err = tp.NewBlock(b, m.ps, m.par, name, bc); err != nil {
 			return nil, err
 		}
 		m.Blocks = append(m.Blocks, blk)
@@ -119,13 +140,14 @@ func New(b tensor.Backend, grid *comm.Grid, cfg layers.GPTConfig, opts Options, 
 	if err := m.ps.Materialize(b, dt); err != nil {
 		return nil, err
 	}
-	if m.plan, err = newGradPlan(m.ps, m.shards); err != nil {
+	if m.plan, err = newGradPlan(m.ps, m.shards, m.experts); err != nil {
 		return nil, err
 	}
 	return m, nil
 }
 
-// checkLayout validates the grid against cfg before any work.
+// checkLayout validates the grid against cfg (defaults filled in) before
+// any work.
 func checkLayout(grid *comm.Grid, cfg layers.GPTConfig) error {
 	if grid == nil || grid.World == nil || grid.TPGroup == nil || grid.DPGroup == nil {
 		return errors.New("model: New needs a grid with its world, TP and DP groups (comm.NewGrid)")
@@ -138,9 +160,6 @@ func checkLayout(grid *comm.Grid, cfg layers.GPTConfig) error {
 		return fmt.Errorf("model: grid groups have sizes tp %d (%s), dp %d (%s), expected tp %d, dp %d",
 			grid.TPGroup.Size(), grid.TPGroup.Name(), grid.DPGroup.Size(), grid.DPGroup.Name(), grid.TP, grid.DP)
 	}
-	if cfg.Experts > 0 {
-		return fmt.Errorf("model: GPTConfig.Experts = %d: this is the dense tensor-parallel model; MoE blocks need the expert-parallel layers (parallel/ep)", cfg.Experts)
-	}
 	for _, f := range []struct {
 		name string
 		v    int
@@ -148,6 +167,21 @@ func checkLayout(grid *comm.Grid, cfg layers.GPTConfig) error {
 		if f.v%grid.TP != 0 {
 			return fmt.Errorf("model: layout tp %d does not divide GPTConfig.%s = %d, expected %s divisible by the TP size", grid.TP, f.name, f.v, f.name)
 		}
+	}
+	if cfg.Experts <= 0 {
+		return nil
+	}
+	if grid.EP < 1 || w%grid.EP != 0 {
+		return fmt.Errorf("model: layout ep %d does not divide the world of %d ranks (dp %d × tp %d), expected EP dividing DP × TP", grid.EP, w, grid.DP, grid.TP)
+	}
+	if cfg.Experts%grid.EP != 0 {
+		return fmt.Errorf("model: layout ep %d does not divide GPTConfig.Experts = %d, expected Experts divisible by the EP size", grid.EP, cfg.Experts)
+	}
+	if cfg.TopK < 1 || cfg.TopK > cfg.Experts {
+		return fmt.Errorf("model: GPTConfig.TopK = %d, expected 1 ≤ TopK ≤ Experts = %d", cfg.TopK, cfg.Experts)
+	}
+	if grid.EPGroup == nil || grid.EDPGroup == nil || grid.EPGroup.Size() != grid.EP || grid.EDPGroup.Size() != w/grid.EP {
+		return fmt.Errorf("model: an MoE model needs the grid's EP group of %d ranks and EDP group of %d (comm.NewGrid)", grid.EP, w/grid.EP)
 	}
 	return nil
 }
@@ -159,8 +193,42 @@ func (m *Model) Config() layers.GPTConfig { return m.cfg }
 // the replicated parameters, under the names layers.GPT gives them.
 func (m *Model) Params() *layers.ParamSet { return m.ps }
 
-// Shards describes every parameter of this rank (each once).
+// Shards describes every parameter of this rank (each once) against the
+// parameter of the same name in layers.GPT. The expert weights of the MoE
+// blocks are described as the slice [Lo, Hi) of dimension 0 (the experts
+// this rank holds in its EP group); ExpertParams lists them.
 func (m *Model) Shards() []tp.Shard { return append([]tp.Shard(nil), m.shards...) }
+
+// ExpertParams returns this rank's expert weights (split over the EP
+// group; their gradients are reduced over the EDP group), in block order.
+func (m *Model) ExpertParams() []*layers.Param { return append([]*layers.Param(nil), m.experts...) }
+
+// AuxLoss is the sum of the MoE blocks' auxiliary losses of the last
+// Forward, over the tokens of the global batch (the same on every rank; 0
+// in a dense model): the part of Forward's loss that is not the
+// cross-entropy, as in layers.GPT.
+func (m *Model) AuxLoss() float64 {
+	var s float64
+	for _, blk := range m.Blocks {
+		if mb, ok := blk.(*MoEBlock); ok {
+			s += mb.MoE.AuxLoss()
+		}
+	}
+	return s
+}
+
+// RouterStats returns the routing statistics of the last Forward over the
+// global batch, one per MoE block in block order (nil in a dense model;
+// the same on every rank), as layers.GPT's.
+func (m *Model) RouterStats() []layers.MoEStats {
+	var st []layers.MoEStats
+	for _, blk := range m.Blocks {
+		if mb, ok := blk.(*MoEBlock); ok {
+			st = append(st, mb.MoE.Stats())
+		}
+	}
+	return st
+}
 
 // Grid is the grid the model was built on.
 func (m *Model) Grid() *comm.Grid { return m.grid }
@@ -182,11 +250,19 @@ func (m *Model) ReplicaRows(batch int) (lo, hi int) {
 }
 
 // FLOPsPerToken is the forward+backward FLOPs of the whole model per token
-// (layers.GPT's count: all ranks together), for MFU over the job.
+// (layers.GPT's count: all ranks together; in an MoE block the router and
+// the TopK experts a token goes through), for MFU over the job.
 func (m *Model) FLOPsPerToken() float64 {
 	c := m.cfg
-	perLayer := 4*c.Dim*c.Dim + 3*c.Dim*c.FFN
-	n := float64(c.Layers)*float64(perLayer) + float64(c.Vocab)*float64(c.Dim)
+	var n float64
+	for l := range c.Layers {
+		ffn := 3 * c.Dim * c.FFN
+		if c.IsMoE(l) {
+			ffn = c.TopK*ffn + c.Experts*c.Dim
+		}
+		n += float64(4*c.Dim*c.Dim + ffn)
+	}
+	n += float64(c.Vocab) * float64(c.Dim)
 	return 6*n + 12*float64(c.Layers)*float64(c.Dim)*float64(c.Seq)
 }
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/comm/local"
+	"github.com/asynctp/asynctp/internal/testutil"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/parallel/model"
 	"github.com/asynctp/asynctp/tensor"
@@ -53,10 +54,10 @@ func TestModelMatchesGPT(t *testing.T) {
 		for _, tpn := range []int{1, 2, 4} {
 			for _, dp := range []int{1, 2} {
 				for _, sp := range []bool{false, true} {
-					l := layout{tpn, dp, sp}
+					l := layout{tp: tpn, dp: dp, sp: sp}
 					t.Run(fmt.Sprintf("%v/tied=%v/%v", v.dt, v.tied, l), func(t *testing.T) {
 						err := onGrid(l, func(b tensor.Backend, g *comm.Grid) error {
-							return checkAgainst(b, g, cfg, l, v.dt, ids, targets, ref, tol, &worst)
+							return checkAgainst(b, g, cfg, l, v.dt, ids, targets, ref, tol, &worst, checkHooks{})
 						})
 						if err != nil {
 							t.Fatal(err)
@@ -73,10 +74,15 @@ func TestModelMatchesGPT(t *testing.T) {
 // the reference. The forward and backward run twice (with ZeroGrad), to
 // cover the reuse of activations.
 func checkAgainst(b tensor.Backend, g *comm.Grid, cfg layers.GPTConfig, l layout, dt tensor.DType,
-	ids, targets *tensor.Tensor, ref reference, tol float64, worst *worstErr) error {
+	ids, targets *tensor.Tensor, ref reference, tol float64, worst *worstErr, hooks checkHooks) error {
 	m, err := newModel(b, g, cfg, l, dt)
 	if err != nil {
 		return err
+	}
+	if hooks.tweak != nil {
+		if err := hooks.tweak(b, m.Params()); err != nil {
+			return err
+		}
 	}
 	for range 2 {
 		m.ZeroGrad()
@@ -134,18 +140,20 @@ func checkAgainst(b tensor.Backend, g *comm.Grid, cfg layers.GPTConfig, l layout
 	} else {
 		worst.see("grad sum of squares", e)
 	}
+	if hooks.after != nil {
+		return hooks.after(m)
+	}
 	return nil
 }
 
-func relErrs(got, want []float64) float64 {
-	var num, den float64
-	for i := range got {
-		d := got[i] - want[i]
-		num += d * d
-		den += want[i] * want[i]
-	}
-	return math.Sqrt(num / den)
+// checkHooks adapt checkAgainst: tweak changes the parameters after New
+// (as on the reference), after checks more once the comparison passed.
+type checkHooks struct {
+	tweak tweakFunc
+	after func(m *model.Model) error
 }
+
+func relErrs(got, want []float64) float64 { return testutil.RelErr(got, want) }
 
 // With an asynchronous transport (data ops return before they have run)
 // the results are the same: every collective's Work is waited for before
@@ -154,9 +162,9 @@ func TestAsyncTransport(t *testing.T) {
 	cfg := smallConfig()
 	ids, targets := batch(3, 4, 8, cfg.Vocab)
 	ref := runReference(t, cfg, tensor.Float32, ids, targets)
-	for _, l := range []layout{{2, 2, true}, {2, 2, false}} {
+	for _, l := range []layout{{tp: 2, dp: 2, sp: true}, {tp: 2, dp: 2, sp: false}} {
 		err := onGrid(l, func(b tensor.Backend, g *comm.Grid) error {
-			return checkAgainst(b, g, cfg, l, tensor.Float32, ids, targets, ref, 1e-5, &worstErr{})
+			return checkAgainst(b, g, cfg, l, tensor.Float32, ids, targets, ref, 1e-5, &worstErr{}, checkHooks{})
 		}, local.Async())
 		if err != nil {
 			t.Fatalf("%v: %v", l, err)
@@ -170,8 +178,8 @@ func TestForwardWithoutTargets(t *testing.T) {
 	cfg := smallConfig()
 	ids, targets := batch(3, 4, 8, cfg.Vocab)
 	ref := runReference(t, cfg, tensor.Float32, ids, targets)
-	err := onGrid(layout{2, 1, true}, func(b tensor.Backend, g *comm.Grid) error {
-		m, err := newModel(b, g, cfg, layout{2, 1, true}, tensor.Float32)
+	err := onGrid(layout{tp: 2, dp: 1, sp: true}, func(b tensor.Backend, g *comm.Grid) error {
+		m, err := newModel(b, g, cfg, layout{tp: 2, dp: 1, sp: true}, tensor.Float32)
 		if err != nil {
 			return err
 		}
@@ -199,8 +207,8 @@ func TestForwardWithoutTargets(t *testing.T) {
 }
 
 func TestLayoutAndConfig(t *testing.T) {
-	err := onGrid(layout{2, 2, true}, func(b tensor.Backend, g *comm.Grid) error {
-		m, err := newModel(b, g, smallConfig(), layout{2, 2, true}, tensor.Float32)
+	err := onGrid(layout{tp: 2, dp: 2, sp: true}, func(b tensor.Backend, g *comm.Grid) error {
+		m, err := newModel(b, g, smallConfig(), layout{tp: 2, dp: 2, sp: true}, tensor.Float32)
 		if err != nil {
 			return err
 		}

@@ -102,7 +102,7 @@ func TestTrainMatchesGPT(t *testing.T) {
 	if clipped == 0 || ref.Losses[19] >= ref.Losses[0] {
 		t.Fatalf("reference run: %d clipped steps, losses %v: expected clipping to act and the loss to fall", clipped, ref.Losses)
 	}
-	for _, l := range []layout{{1, 1, false}, {2, 1, false}, {4, 1, true}, {1, 2, false}, {2, 2, true}, {4, 1, false}} {
+	for _, l := range []layout{{tp: 1, dp: 1, sp: false}, {tp: 2, dp: 1, sp: false}, {tp: 4, dp: 1, sp: true}, {tp: 1, dp: 2, sp: false}, {tp: 2, dp: 2, sp: true}, {tp: 4, dp: 1, sp: false}} {
 		t.Run(l.String(), func(t *testing.T) {
 			res, norms, err := runSharded(l, cfg, ds, trainConfig(20, t.TempDir()))
 			if err != nil {
@@ -125,13 +125,25 @@ func TestTrainMatchesGPT(t *testing.T) {
 }
 
 // TestCheckpointResume: every rank saves its own shards under rank-NNNNN,
-// with the layout in state.json; a resume at the same layout continues
-// exactly; a resume at another layout or from ranks at different steps is
-// refused on every rank.
+// with the layout in state.json, and rank 0 alone writes metrics.jsonl and
+// the plot in the out dir; a resume at the same layout continues exactly; a
+// resume at another layout or from ranks at different steps is refused on
+// every rank. Dense at TP 2 × DP 2 with SP, and MoE at TP 2 × DP 2, EP 4.
 func TestCheckpointResume(t *testing.T) {
-	cfg := smallConfig()
+	for _, c := range []struct {
+		name string
+		cfg  layers.GPTConfig
+		l    layout
+	}{
+		{"dense", smallConfig(), layout{tp: 2, dp: 2, sp: true}},
+		{"moe", moeConfig(), layout{tp: 2, dp: 2, ep: 4}},
+	} {
+		t.Run(c.name, func(t *testing.T) { checkResume(t, c.cfg, c.l) })
+	}
+}
+
+func checkResume(t *testing.T, cfg layers.GPTConfig, l layout) {
 	ds := corpus(4000, cfg.Vocab)
-	l := layout{2, 2, true}
 	dir := t.TempDir()
 	tc := trainConfig(12, dir)
 	tc.CheckpointEvery = 6
@@ -139,8 +151,19 @@ func TestCheckpointResume(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	recs, err := train.ReadMetrics(filepath.Join(dir, train.MetricsFile))
+	if err != nil || len(recs) != 12 {
+		t.Fatalf("%s in the out dir: %d records, %v", train.MetricsFile, len(recs), err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, train.PlotFile)); err != nil {
+		t.Fatalf("no plot in the out dir: %v", err)
+	}
 	for r := range 4 {
-		st, err := train.ReadState(filepath.Join(model.RankDir(dir, r), train.CheckpointName(6), train.StateFile))
+		rd := model.RankDir(dir, r)
+		if _, err := os.Stat(filepath.Join(rd, train.MetricsFile)); err == nil {
+			t.Fatalf("rank %d wrote its own %s", r, train.MetricsFile)
+		}
+		st, err := train.ReadState(filepath.Join(rd, train.CheckpointName(6), train.StateFile))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -148,11 +171,11 @@ func TestCheckpointResume(t *testing.T) {
 		if err := json.Unmarshal(st.Layout, &got); err != nil {
 			t.Fatal(err)
 		}
-		if want := (model.Layout{TP: 2, DP: 2, EP: 1, SequenceParallel: true, Rank: r, TPRank: r % 2, DPRank: r / 2, World: 4}); got != want {
+		if want := (model.Layout{TP: 2, DP: 2, EP: max(l.ep, 1), SequenceParallel: l.sp, Rank: r, TPRank: r % 2, DPRank: r / 2, World: 4}); got != want {
 			t.Fatalf("rank %d: layout %+v, want %+v", r, got, want)
 		}
 		// Go back to the checkpoint of step 6 on every rank.
-		if err := os.WriteFile(filepath.Join(model.RankDir(dir, r), train.LatestFile), []byte(train.CheckpointName(6)+"\n"), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(rd, train.LatestFile), []byte(train.CheckpointName(6)+"\n"), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -169,11 +192,15 @@ func TestCheckpointResume(t *testing.T) {
 			t.Fatalf("step %d after resume: loss %v, want %v (the uninterrupted run's), bit for bit", 7+i, loss, full.Losses[6+i])
 		}
 	}
+	if recs, err := train.ReadMetrics(filepath.Join(dir, train.MetricsFile)); err != nil || len(recs) != 12 || recs[11].Loss != full.Losses[11] {
+		t.Fatalf("%s after the resume: %d records, %v", train.MetricsFile, len(recs), err)
+	}
 
 	// Another layout: refused before training, on every rank.
 	tc.Steps = 20
-	if _, _, err := runSharded(layout{4, 1, true}, cfg, ds, tc); err == nil || !strings.Contains(err.Error(), "layout") {
-		t.Fatalf("resume at tp=4/dp=1 from a tp=2/dp=2 checkpoint: error %v, want one about the layout", err)
+	other := layout{tp: 4, dp: 1, sp: true, ep: l.ep}
+	if _, _, err := runSharded(other, cfg, ds, tc); err == nil || !strings.Contains(err.Error(), "layout") {
+		t.Fatalf("resume at %v from a %v checkpoint: error %v, want one about the layout", other, l, err)
 	}
 	// Ranks at different steps: refused.
 	if err := os.WriteFile(filepath.Join(model.RankDir(dir, 2), train.LatestFile), []byte(train.CheckpointName(6)+"\n"), 0o644); err != nil {
@@ -206,10 +233,9 @@ func TestLayoutErrors(t *testing.T) {
 		edit func(*layers.GPTConfig)
 		want string
 	}{
-		{"heads", layout{4, 1, false}, func(c *layers.GPTConfig) { c.Heads, c.Dim = 6, 48 }, "Heads = 6"},
-		{"ffn", layout{4, 1, false}, func(c *layers.GPTConfig) { c.FFN = 66 }, "FFN = 66"},
-		{"vocab", layout{2, 2, true}, func(c *layers.GPTConfig) { c.Vocab = 65 }, "Vocab = 65"},
-		{"experts", layout{2, 1, false}, func(c *layers.GPTConfig) { c.Experts = 4 }, "parallel/ep"},
+		{"heads", layout{tp: 4, dp: 1, sp: false}, func(c *layers.GPTConfig) { c.Heads, c.Dim = 6, 48 }, "Heads = 6"},
+		{"ffn", layout{tp: 4, dp: 1, sp: false}, func(c *layers.GPTConfig) { c.FFN = 66 }, "FFN = 66"},
+		{"vocab", layout{tp: 2, dp: 2, sp: true}, func(c *layers.GPTConfig) { c.Vocab = 65 }, "Vocab = 65"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := smallConfig()
@@ -231,7 +257,7 @@ func TestLayoutErrors(t *testing.T) {
 		})
 	}
 	// A grid whose DP × TP is not the world.
-	err := onGrid(layout{2, 2, false}, func(b tensor.Backend, g *comm.Grid) error {
+	err := onGrid(layout{tp: 2, dp: 2, sp: false}, func(b tensor.Backend, g *comm.Grid) error {
 		bad := *g
 		bad.DP = 1
 		_, err := model.New(b, &bad, smallConfig(), model.Options{}, tensor.Float32)
@@ -244,7 +270,7 @@ func TestLayoutErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Batches the layout cannot split: found before any collective, on every rank.
-	err = onGrid(layout{4, 2, true}, func(b tensor.Backend, g *comm.Grid) error {
+	err = onGrid(layout{tp: 4, dp: 2, sp: true}, func(b tensor.Backend, g *comm.Grid) error {
 		m, err := model.New(b, g, smallConfig(), model.Options{SequenceParallel: true}, tensor.Float32)
 		if err != nil {
 			return err
