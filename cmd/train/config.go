@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 
@@ -38,7 +39,7 @@ func tinyPreset() Config {
 	tc.Steps, tc.Batch, tc.Seq = 200, 8, 64
 	tc.LR, tc.MinLR, tc.Warmup = 3e-3, 3e-4, 20
 	tc.WeightDecay, tc.LogEvery, tc.CheckpointEvery = 0.0, 20, 100
-	return Config{Preset: "tiny", Device: "cpu",
+	return Config{Preset: "tiny", Device: "auto",
 		Model: layers.GPTConfig{Layers: 2, Dim: 64, Heads: 4, Vocab: 256, Seq: 64, TiedEmbeddings: true, Seed: 1337},
 		Train: tc}
 }
@@ -57,7 +58,7 @@ func gpt2Preset() Config {
 	tc.Steps, tc.Batch, tc.Seq = 1000, 8, 1024
 	tc.LR, tc.MinLR, tc.Warmup = 6e-4, 6e-5, 100
 	tc.LogEvery, tc.CheckpointEvery = 10, 500
-	return Config{Preset: "gpt2-124m", Device: "cpu",
+	return Config{Preset: "gpt2-124m", Device: "auto",
 		Model: layers.GPTConfig{Layers: 12, Dim: 768, Heads: 12, Vocab: 50304, Seq: 1024, FFN: 2048, TiedEmbeddings: true, Seed: 1337},
 		Train: tc}
 }
@@ -88,7 +89,7 @@ func newFlagSet(fv *flagValues) *flag.FlagSet {
 	fs := flag.NewFlagSet("train", flag.ContinueOnError)
 	fs.StringVar(&fv.config, "config", "", "JSON config `file` (flags override it)")
 	fs.StringVar(&fv.preset, "model", "tiny", "named preset: "+strings.Join(presetNames(), ", "))
-	fs.StringVar(&fv.device, "device", "cpu", "where to train: cpu")
+	fs.StringVar(&fv.device, "device", "auto", "where to train: auto (GPU 0 if there is one and the kernels are built, else the CPU), cpu, cuda")
 	fs.StringVar(&fv.data, "data", "", "training data: a text file (bytes are tokens) or a .bin file of uint16 tokens; default: the built-in corpus")
 	fs.StringVar(&fv.out, "out", "", "output `dir`: metrics.jsonl, loss.png, config.json, checkpoints (default train-out)")
 	fs.StringVar(&fv.resume, "resume", "", "resume from a checkpoint `dir` (or an out dir: its latest checkpoint)")
@@ -223,8 +224,8 @@ func applyFlags(cfg *Config, fv *flagValues, set map[string]bool) {
 }
 
 func (c *Config) validate() error {
-	if c.Device != "cpu" {
-		return fmt.Errorf("unknown device %q, expected cpu", c.Device)
+	if !slices.Contains(devices, c.Device) {
+		return fmt.Errorf("unknown device %q, expected one of %s", c.Device, strings.Join(devices, ", "))
 	}
 	if err := c.Model.WithDefaults().Validate(); err != nil {
 		return err

@@ -15,8 +15,6 @@ import (
 
 	"github.com/asynctp/asynctp/internal/corpus"
 	"github.com/asynctp/asynctp/layers"
-	"github.com/asynctp/asynctp/tensor"
-	"github.com/asynctp/asynctp/tensor/cpu"
 	"github.com/asynctp/asynctp/train"
 )
 
@@ -38,14 +36,17 @@ func run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	b := cpu.New()
-	fmt.Printf("device: cpu (%s backend)\n", b.Name())
+	b, dt, note, err := openBackend(cfg.Device)
+	if err != nil {
+		return err
+	}
+	fmt.Println("device:", note)
 
 	data, err := openData(cfg)
 	if err != nil {
 		return err
 	}
-	model, err := layers.NewGPT(b, cfg.Model, tensor.Float32)
+	model, err := layers.NewGPT(b, cfg.Model, dt)
 	if err != nil {
 		return err
 	}

@@ -251,3 +251,21 @@ func poisonWeights(t *testing.T, dir string) {
 		t.Fatal(err)
 	}
 }
+
+func TestDeviceCudaWithoutGPUFailsClearly(t *testing.T) {
+	if b, _, _, err := openBackend("cuda"); err == nil {
+		if c, ok := b.(interface{ Close() error }); ok {
+			c.Close()
+		}
+		t.Skip("a GPU is present: this test covers machines without one")
+	}
+	out, code := runMain(t, small(t.TempDir(), "--device", "cuda")...)
+	if code == 0 || !strings.Contains(out, "--device cuda") {
+		t.Fatalf("exit %d, output:\n%s", code, out)
+	}
+	// auto falls back to the CPU and says why.
+	out, code = runMain(t, small(t.TempDir(), "--device", "auto", "--steps", "1")...)
+	if code != 0 || !strings.Contains(out, "device: cpu") || !strings.Contains(out, "auto: no usable GPU") {
+		t.Fatalf("--device auto without a GPU: exit %d, output:\n%s", code, out)
+	}
+}
