@@ -1,9 +1,9 @@
-// elementwise.cu: fill, copy and casts, Add, Scale, Axpy, AddBias, and the
+// elementwise.cu: bf16↔f32 casts, Add, Scale, Axpy, AddBias, and the
 // deterministic column sums behind SumRows (and RMSNorm's dw).
 //
-// Launch geometry of the 1-D kernels (fill, copy, cast, add, scale, axpy,
-// add_bias): a grid-stride loop; the Go side uses blocks of 256 threads and
-// enough blocks to cover n / 8 packs, capped at a few waves of the SMs. Every
+// Launch geometry of the 1-D kernels (cast, add, scale, axpy, add_bias): a
+// grid-stride loop; the Go side uses blocks of 256 threads and enough blocks
+// to cover n / 8 packs, capped at a few waves of the SMs. Every
 // pointer may be unaligned: 16-byte packs are used only when all pointers of
 // the call share one alignment (common.cuh, vmap).
 #include "common.cuh"
@@ -88,41 +88,11 @@ template <typename T> __device__ void colsum_finish_impl(T* dst, const float* pa
     dst[c] = cvt<T>(f32(dst[c]) + v);
 }
 
-// copy_bytes: dst = src, n bytes (a same-dtype Copy). 16-byte words when both
-// pointers are aligned alike.
-__device__ void copy_bytes_impl(unsigned char* dst, const unsigned char* src, long long n) {
-    long long t = grid_thread(), nt = grid_threads();
-    unsigned mis = misalign16(dst);
-    if (mis == misalign16(src)) {
-        long long head = (long long)((16u - mis) & 15u);
-        if (head > n) head = n;
-        for (long long i = t; i < head; i += nt) dst[i] = src[i];
-        long long nv = (n - head) / 16;
-        const uint4* s4 = reinterpret_cast<const uint4*>(src + head);
-        uint4* d4 = reinterpret_cast<uint4*>(dst + head);
-        for (long long j = t; j < nv; j += nt) d4[j] = s4[j];
-        for (long long i = head + nv * 16 + t; i < n; i += nt) dst[i] = src[i];
-        return;
-    }
-    for (long long i = t; i < n; i += nt) dst[i] = src[i];
-}
-
 } // namespace atp
 
 using namespace atp;
 
-// ---- fill: every element of x (n elements) = v (a bit pattern) -------------
-KERNEL void fill_b16(uint16_t* x, long long n, int v) {
-    uint16_t b = (uint16_t)v;
-    for (long long i = grid_thread(); i < n; i += grid_threads()) x[i] = b;
-}
-KERNEL void fill_b32(uint32_t* x, long long n, int v) {
-    uint32_t b = (uint32_t)v;
-    for (long long i = grid_thread(); i < n; i += grid_threads()) x[i] = b;
-}
-
-// ---- copies and casts: dst (n) = src (n) ------------------------------------
-KERNEL void copy_bytes(unsigned char* dst, const unsigned char* src, long long n) { copy_bytes_impl(dst, src, n); }
+// ---- casts: dst (n) = src (n) (same-dtype copies and fills use cuMemcpy/cuMemset) ----
 KERNEL void cast_bf16_f32(float* dst, const bf16* src, long long n) {
     for (long long i = grid_thread(); i < n; i += grid_threads()) dst[i] = f32(src[i]);
 }

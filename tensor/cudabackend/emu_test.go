@@ -86,3 +86,14 @@ func TestEmuCachingAllocator(t *testing.T) {
 	}
 	b.Free(v) // after Close: harmless
 }
+
+// TestEmuReverseOrder reruns the suites with the threads of each block run
+// in the opposite order between barriers: a missing barrier shows up as a
+// difference in one of the two orders.
+func TestEmuReverseOrder(t *testing.T) {
+	emu.SetReverse(true)
+	defer emu.SetReverse(false)
+	t.Run("Conformance", func(t *testing.T) { runConformance(t, openEmu) })
+	t.Run("AttentionShapes", func(t *testing.T) { runAttentionShapes(t, openEmu) })
+	t.Run("RoutingPlan", func(t *testing.T) { runRoutingPlan(t, openEmu) })
+}

@@ -78,6 +78,7 @@ struct Sched {
     std::string err;
 };
 Sched S;
+int g_reverse = 0; // run the ready threads last to first (exposes missing barriers)
 
 void yield_to_scheduler() { emu_switch(&S.th[S.cur].sp, S.main_sp); }
 
@@ -109,7 +110,8 @@ void init_thread(int i) {
 bool run_block() {
     for (int i = 0; i < S.n; i++) init_thread(i);
     for (;;) {
-        for (int i = 0; i < S.n; i++) {
+        for (int k = 0; k < S.n; k++) {
+            int i = g_reverse ? S.n - 1 - k : k;
             if (S.th[i].state != READY) continue;
             S.cur = i;
             threadIdx = dim3{S.th[i].x, S.th[i].y, S.th[i].z};
@@ -216,6 +218,12 @@ void emu_warp_allgather(const void* in, void* out, size_t bytes) {
 }
 
 extern "C" {
+
+// emu_set_reverse chooses the order in which the threads of a block run
+// between barriers: 0 first to last, 1 last to first. A kernel that reads
+// shared memory another thread writes without a barrier in between gives
+// different results in the two orders.
+void emu_set_reverse(int r) { g_reverse = r; }
 
 // emu_kernel_args returns the number of arguments of a kernel, or -1 when the
 // kernel is unknown.

@@ -8,6 +8,7 @@ package emu
 int emu_launch(const char* name, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                unsigned smem, void** args, const long long* sizes, int nargs, char* err, int errlen);
 int emu_kernel_args(const char* name);
+void emu_set_reverse(int r);
 int emu_gemm(int type, int transA, int transB, int M, int N, int K, int batch, float alpha, float beta,
              const void* A, const void* B, void* C);
 */
@@ -166,6 +167,20 @@ func (d *Device) Launch(name string, grid, block gpu.Dim3, smem int, args ...any
 		return fmt.Errorf("emu: %s", C.GoString(errbuf))
 	}
 	return nil
+}
+
+// SetReverse makes the threads of a block run last to first between
+// barriers (true) or first to last (false, the default), for every device.
+// A kernel missing a barrier between a shared-memory write and another
+// thread's read gives different results in the two orders.
+func SetReverse(r bool) {
+	mu.Lock()
+	defer mu.Unlock()
+	v := C.int(0)
+	if r {
+		v = 1
+	}
+	C.emu_set_reverse(v)
 }
 
 // HasKernel reports whether the emulated image has a kernel called name.

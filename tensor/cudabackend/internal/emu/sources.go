@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "bcd9d8097b5f18bc66e1866909f7356ff6d8b28a1245b4e53fb77c10db4d5d46"
+const SourcesSum = "b2c578b326fff1364013ad04edfd136bde31ccf1b83a2167ec069548e2ba29fb"
