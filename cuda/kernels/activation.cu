@@ -104,14 +104,14 @@ template <typename T> __device__ void softmax_bwd_impl(T* dx, const T* dout, con
 
 using namespace atp;
 
-// out, gate, up (n)
+// out, gate, up (n). Grid-stride, block 256.
 KERNEL void swiglu_fwd_bf16(bf16* out, const bf16* gate, const bf16* up, long long n) {
     swiglu_fwd_impl(out, gate, up, n);
 }
 KERNEL void swiglu_fwd_f32(float* out, const float* gate, const float* up, long long n) {
     swiglu_fwd_impl(out, gate, up, n);
 }
-// dgate, dup, dout, gate, up (n)
+// dgate, dup, dout, gate, up (n). Grid-stride, block 256.
 KERNEL void swiglu_bwd_bf16(bf16* dgate, bf16* dup, const bf16* dout, const bf16* gate, const bf16* up, long long n) {
     swiglu_bwd_impl(dgate, dup, dout, gate, up, n);
 }
@@ -119,16 +119,16 @@ KERNEL void swiglu_bwd_f32(float* dgate, float* dup, const float* dout, const fl
                            long long n) {
     swiglu_bwd_impl(dgate, dup, dout, gate, up, n);
 }
-// out, x (n)
+// out, x (n). Grid-stride, block 256.
 KERNEL void gelu_fwd_bf16(bf16* out, const bf16* x, long long n) { gelu_fwd_impl(out, x, n); }
 KERNEL void gelu_fwd_f32(float* out, const float* x, long long n) { gelu_fwd_impl(out, x, n); }
-// dx, dout, x (n)
+// dx, dout, x (n). Grid-stride, block 256.
 KERNEL void gelu_bwd_bf16(bf16* dx, const bf16* dout, const bf16* x, long long n) { gelu_bwd_impl(dx, dout, x, n); }
 KERNEL void gelu_bwd_f32(float* dx, const float* dout, const float* x, long long n) { gelu_bwd_impl(dx, dout, x, n); }
-// out, x (N, C)
+// out, x (N, C). Launch: grid N, block 32..1024 (a multiple of 32).
 KERNEL void softmax_fwd_bf16(bf16* out, const bf16* x, int N, int C) { softmax_fwd_impl(out, x, N, C); }
 KERNEL void softmax_fwd_f32(float* out, const float* x, int N, int C) { softmax_fwd_impl(out, x, N, C); }
-// dx, dout, out (N, C)
+// dx, dout, out (N, C). Launch: grid N, block 32..1024 (a multiple of 32).
 KERNEL void softmax_bwd_bf16(bf16* dx, const bf16* dout, const bf16* out, int N, int C) {
     softmax_bwd_impl(dx, dout, out, N, C);
 }

@@ -311,6 +311,7 @@ __device__ void attn_bwd_dq_impl(T* dq, const T* q, const T* k, const T* v, cons
 using namespace atp;
 
 // ---- RoPE: out, x (B, T, H, D); cs (T, D/2, 2); rows = B·T·H ----------------
+// Grid-stride over rows·D/2 pairs, block 256.
 KERNEL void rope_bf16(bf16* out, const bf16* x, const float* cs, int T, int H, int D, long long rows, float sign) {
     rope_impl(out, x, cs, T, H, D, rows, sign);
 }
@@ -334,6 +335,7 @@ ATP_ATTN_FWD(attn_fwd_d128_f32, float, 32)
 #undef ATP_ATTN_FWD
 
 // ---- backward, 1: delta (B, H, T); dout, out (B, T, H, D) ----------------------
+// Launch: grid ceil(B·T·H / 8), block 256.
 KERNEL void attn_bwd_delta_bf16(float* delta, const bf16* dout, const bf16* out, int B, int T, int H, int D) {
     attn_bwd_delta_impl(delta, dout, out, B, T, H, D);
 }

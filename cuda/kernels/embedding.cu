@@ -73,7 +73,7 @@ __device__ void embedding_bwd_impl(T* dtable, const T* dout, const int* sorted, 
 
 using namespace atp;
 
-// out (N, C); table (V, C); ids (N); err (2).
+// out (N, C); table (V, C); ids (N); err (2). Launch: grid ceil(N / 8), block 256.
 KERNEL void embedding_fwd_bf16(bf16* out, const bf16* table, const int* ids, int N, int C, int V, int* err) {
     embedding_fwd_impl(out, table, ids, N, C, V, err);
 }

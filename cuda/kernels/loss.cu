@@ -67,6 +67,7 @@ __device__ void cross_entropy_impl(float* losses, T* dlogits, const T* logits, c
 using namespace atp;
 
 // losses (N) fp32; dlogits (N, V) or null; logits (N, V); targets (N); err (2) int32.
+// Launch: grid N, block 32..1024 (a multiple of 32).
 KERNEL void cross_entropy_bf16(float* losses, bf16* dlogits, const bf16* logits, const int* targets, int N, int V,
                                float grad_scale, int* err) {
     cross_entropy_impl(losses, dlogits, logits, targets, N, V, grad_scale, err);

@@ -81,12 +81,14 @@ __device__ void rmsnorm_dw_partial_impl(float* partial, const T* dout, const T* 
 
 using namespace atp;
 
+// out, x (N, C); w (C); rstd (N) fp32. Launch: grid ceil(N / 8), block 256.
 KERNEL void rmsnorm_fwd_bf16(bf16* out, float* rstd, const bf16* x, const bf16* w, int N, int C, float eps) {
     rmsnorm_fwd_impl(out, rstd, x, w, N, C, eps);
 }
 KERNEL void rmsnorm_fwd_f32(float* out, float* rstd, const float* x, const float* w, int N, int C, float eps) {
     rmsnorm_fwd_impl(out, rstd, x, w, N, C, eps);
 }
+// dx, dout, x (N, C); w (C); rstd (N). Launch: grid ceil(N / 8), block 256.
 KERNEL void rmsnorm_bwd_dx_bf16(bf16* dx, const bf16* dout, const bf16* x, const bf16* w, const float* rstd, int N,
                                 int C) {
     rmsnorm_bwd_dx_impl(dx, dout, x, w, rstd, N, C);
@@ -95,6 +97,8 @@ KERNEL void rmsnorm_bwd_dx_f32(float* dx, const float* dout, const float* x, con
                                int N, int C) {
     rmsnorm_bwd_dx_impl(dx, dout, x, w, rstd, N, C);
 }
+// partial (R, C) fp32; dout, x (N, C); rstd (N). Launch: grid (ceil(C / 32), R),
+// block (32, 8); then colsum_finish (dw, partial, R, C).
 KERNEL void rmsnorm_dw_partial_bf16(float* partial, const bf16* dout, const bf16* x, const float* rstd, int N, int C,
                                     int rows_per_chunk) {
     rmsnorm_dw_partial_impl(partial, dout, x, rstd, N, C, rows_per_chunk);

@@ -48,6 +48,8 @@ template <typename T> __device__ void sumsq_partial_impl(double* partial, const 
 
 using namespace atp;
 
+// p (n), g (n), m, v, master (n) fp32 (master may be null). Grid-stride,
+// block 256.
 #define ATP_ADAMW(NAME, TP, TG)                                                                                   \
     KERNEL void NAME(TP* p, const TG* g, float* m, float* v, float* master, long long n, float lr, float b1,      \
                      float b2, float eps, float wd, float bc1, float bc2, float grad_scale) {                     \
@@ -59,6 +61,6 @@ ATP_ADAMW(adamw_f32_bf16, float, bf16) // p f32, g bf16
 ATP_ADAMW(adamw_f32_f32, float, float) // p f32, g f32
 #undef ATP_ADAMW
 
-// partial (G) fp64; x (n)
+// partial (G) fp64; x (n). Launch: grid G ≤ 1024, block 256.
 KERNEL void sumsq_partial_bf16(double* partial, const bf16* x, long long n) { sumsq_partial_impl(partial, x, n); }
 KERNEL void sumsq_partial_f32(double* partial, const float* x, long long n) { sumsq_partial_impl(partial, x, n); }

@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "b2c578b326fff1364013ad04edfd136bde31ccf1b83a2167ec069548e2ba29fb"
+const SourcesSum = "309db10b449619a681ab8f0f275151782498e7b1151c52dced595b03e6f10856"
