@@ -49,8 +49,13 @@
 // device (rounding to nearest even).
 //
 // Attention: any head dim D ≤ 128, in two implementations: CUDA-core
-// kernels (bf16 and f32, any D) and tensor-core kernels (bf16, D = 64 or
-// 128), chosen automatically (WithAttention forces the former).
+// kernels (bf16 and f32, any D) and tensor-core kernels (mma.sync, bf16,
+// D = 64 or 128, 16-byte aligned tensors), chosen automatically
+// (WithAttention forces the former).
+//
+// MoE: Backend implements tensor.MoEOps (TopK, GatherRows, CombineRows,
+// LogSumExp and their backwards), and RoutingPlan computes a routing plan on
+// the GPU.
 //
 // # Memory
 //
