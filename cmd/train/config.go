@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/train"
@@ -19,11 +20,12 @@ import (
 // first, then the file's fields override the preset's, then flags override
 // both.
 type Config struct {
-	Preset string           `json:"preset"`
-	Device string           `json:"device"` // cpu (later: cuda, auto)
-	Data   string           `json:"data"`   // text file (bytes as tokens) or .bin of uint16 tokens; empty: the built-in corpus
-	Model  layers.GPTConfig `json:"model"`
-	Train  train.Config     `json:"train"`
+	Preset   string           `json:"preset"`
+	Device   string           `json:"device"` // auto, cpu, cuda
+	Data     string           `json:"data"`   // text file (bytes as tokens) or .bin of uint16 tokens; empty: the built-in corpus
+	Model    layers.GPTConfig `json:"model"`
+	Train    train.Config     `json:"train"`
+	Parallel ParallelConfig   `json:"parallel"`
 }
 
 // presets are named starting points. tiny trains on two CPU cores in about a
@@ -40,8 +42,9 @@ func tinyPreset() Config {
 	tc.LR, tc.MinLR, tc.Warmup = 3e-3, 3e-4, 20
 	tc.WeightDecay, tc.LogEvery, tc.CheckpointEvery = 0.0, 20, 100
 	return Config{Preset: "tiny", Device: "auto",
-		Model: layers.GPTConfig{Layers: 2, Dim: 64, Heads: 4, Vocab: 256, Seq: 64, TiedEmbeddings: true, Seed: 1337},
-		Train: tc}
+		Model:    layers.GPTConfig{Layers: 2, Dim: 64, Heads: 4, Vocab: 256, Seq: 64, TiedEmbeddings: true, Seed: 1337},
+		Train:    tc,
+		Parallel: defaultParallel()}
 }
 
 // tinyMoEPreset is tiny with a mixture of 8 experts (top-2) in every block.
@@ -59,8 +62,9 @@ func gpt2Preset() Config {
 	tc.LR, tc.MinLR, tc.Warmup = 6e-4, 6e-5, 100
 	tc.LogEvery, tc.CheckpointEvery = 10, 500
 	return Config{Preset: "gpt2-124m", Device: "auto",
-		Model: layers.GPTConfig{Layers: 12, Dim: 768, Heads: 12, Vocab: 50304, Seq: 1024, FFN: 2048, TiedEmbeddings: true, Seed: 1337},
-		Train: tc}
+		Model:    layers.GPTConfig{Layers: 12, Dim: 768, Heads: 12, Vocab: 50304, Seq: 1024, FFN: 2048, TiedEmbeddings: true, Seed: 1337},
+		Train:    tc,
+		Parallel: defaultParallel()}
 }
 
 func presetNames() []string {
@@ -83,6 +87,9 @@ type flagValues struct {
 	experts, topK, moeEvery                              int
 	capacityFactor                                       float64
 	tied                                                 bool
+	tp, dp, ep, world                                    int
+	sequenceParallel                                     bool
+	commTimeout                                          time.Duration
 }
 
 func newFlagSet(fv *flagValues) *flag.FlagSet {
@@ -115,6 +122,12 @@ func newFlagSet(fv *flagValues) *flag.FlagSet {
 	fs.IntVar(&fv.logEvery, "log-every", 0, "print a log line every N steps")
 	fs.IntVar(&fv.ckptEvery, "checkpoint-every", 0, "write a checkpoint every N steps (the last step always gets one)")
 	fs.IntVar(&fv.keepCkpts, "keep-checkpoints", 0, "keep only the newest N checkpoints (0: all)")
+	fs.IntVar(&fv.tp, "tp", 1, "tensor-parallel ranks: TP must divide heads, dim, ffn and vocab")
+	fs.IntVar(&fv.dp, "dp", 1, "data-parallel replicas, each taking batch/dp sequences (with --world and no --dp: world/tp)")
+	fs.IntVar(&fv.ep, "ep", 1, "expert-parallel ranks of an MoE model: EP must divide the world (dp × tp) and the experts")
+	fs.IntVar(&fv.world, "world", 0, "ranks, run as goroutines on the CPU (default dp × tp, which it must equal)")
+	fs.BoolVar(&fv.sequenceParallel, "sequence-parallel", false, "split the residual stream and the norms along the tokens over the TP group (needs --tp > 1)")
+	fs.DurationVar(&fv.commTimeout, "comm-timeout", defaultCommTimeout, "how long a rank waits for the others in a collective before the run fails naming the missing ranks")
 	return fs
 }
 
@@ -221,6 +234,25 @@ func applyFlags(cfg *Config, fv *flagValues, set map[string]bool) {
 	if set["resume"] {
 		t.Resume = fv.resume
 	}
+	p := &cfg.Parallel
+	pints := map[string]struct {
+		dst *int
+		v   int
+	}{"tp": {&p.TP, fv.tp}, "dp": {&p.DP, fv.dp}, "ep": {&p.EP, fv.ep}, "world": {&p.World, fv.world}}
+	for name, v := range pints {
+		if set[name] {
+			*v.dst = v.v
+		}
+	}
+	if set["world"] && !set["dp"] {
+		p.DP = 0 // derived: world / tp
+	}
+	if set["sequence-parallel"] {
+		p.SequenceParallel = fv.sequenceParallel
+	}
+	if set["comm-timeout"] {
+		p.CommTimeout = Duration(fv.commTimeout)
+	}
 }
 
 func (c *Config) validate() error {
@@ -234,5 +266,12 @@ func (c *Config) validate() error {
 	if c.Train.Warmup > c.Train.Steps {
 		c.Train.Warmup = c.Train.Steps
 	}
-	return c.Train.Validate()
+	if err := c.Train.Validate(); err != nil {
+		return err
+	}
+	var err error
+	if c.Parallel, err = c.Parallel.resolve(); err != nil {
+		return err
+	}
+	return c.Parallel.check(c.Model.WithDefaults(), c.Train, c.Device)
 }

@@ -36,6 +36,14 @@ func run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	if cfg.Train.Resume != "" {
+		if err := checkResume(cfg.Parallel, cfg.Train.Resume); err != nil {
+			return err
+		}
+	}
+	if !cfg.Parallel.Single() {
+		return runParallel(ctx, cfg)
+	}
 	b, dt, note, err := openBackend(cfg.Device)
 	if err != nil {
 		return err
@@ -73,10 +81,17 @@ func run(ctx context.Context, args []string) error {
 	return nil
 }
 
+// moeModel is what routerMetrics reads: layers.GPT and the sharded
+// model.Model (whose statistics cover the global batch on every rank).
+type moeModel interface {
+	AuxLoss() float64
+	RouterStats() []layers.MoEStats
+}
+
 // routerMetrics are the MoE fields of a metrics.jsonl record: the auxiliary
 // loss (included in "loss") and, per MoE block, the token-slots each expert
 // received and how many were dropped over capacity.
-func routerMetrics(m *layers.GPT) map[string]any {
+func routerMetrics(m moeModel) map[string]any {
 	var perExpert [][]int
 	dropped := 0
 	for _, s := range m.RouterStats() {
@@ -88,15 +103,25 @@ func routerMetrics(m *layers.GPT) map[string]any {
 
 // openData opens --data, or the built-in corpus when none is given.
 func openData(cfg Config) (*train.Loader, error) {
-	lc := train.LoaderConfig{Batch: cfg.Train.Batch, Seq: cfg.Train.Seq, Vocab: cfg.Model.Vocab, Seed: cfg.Train.Seed}
-	if cfg.Data != "" {
-		return train.OpenLoader(cfg.Data, lc)
-	}
-	ds, err := train.BytesDataset("built-in corpus", corpus.Default())
+	ds, err := openDataset(cfg)
 	if err != nil {
 		return nil, err
 	}
-	return train.NewLoader(ds, lc)
+	return train.NewLoader(ds, loaderConfig(cfg))
+}
+
+// openDataset reads --data, or the built-in corpus when none is given.
+func openDataset(cfg Config) (*train.Dataset, error) {
+	if cfg.Data != "" {
+		return train.ReadDataset(cfg.Data)
+	}
+	return train.BytesDataset("built-in corpus", corpus.Default())
+}
+
+// loaderConfig is the loader of the run's batches (every rank of a
+// parallel run reads the same global batches).
+func loaderConfig(cfg Config) train.LoaderConfig {
+	return train.LoaderConfig{Batch: cfg.Train.Batch, Seq: cfg.Train.Seq, Vocab: cfg.Model.Vocab, Seed: cfg.Train.Seed}
 }
 
 // writeJSONAtomic writes v as indented JSON through a temporary file and a

@@ -1,0 +1,230 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"time"
+
+	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/parallel/model"
+	"github.com/asynctp/asynctp/train"
+)
+
+// defaultCommTimeout is how long a rank waits for the others in a
+// collective: a rank that stalls longer makes the run fail, naming it.
+const defaultCommTimeout = 5 * time.Minute
+
+// maxRanks bounds every size of the layout (the ranks are goroutines of one
+// process).
+const maxRanks = 4096
+
+// ParallelConfig is the layout of a run, the "parallel" section of the
+// config: World = DP × TP ranks, EP dividing the world. Zero sizes mean the
+// defaults (TP, EP 1; DP World/TP when World is given, else 1; World
+// DP × TP). With TP = DP = EP = 1 the run is the plain single-rank one.
+type ParallelConfig struct {
+	TP               int      `json:"tp"`
+	DP               int      `json:"dp"`
+	EP               int      `json:"ep"`
+	World            int      `json:"world"`
+	SequenceParallel bool     `json:"sequence_parallel"`
+	CommTimeout      Duration `json:"comm_timeout"` // "5m0s"; a number is seconds
+}
+
+func defaultParallel() ParallelConfig {
+	return ParallelConfig{TP: 1, EP: 1, CommTimeout: Duration(defaultCommTimeout)}
+}
+
+// Single reports whether the layout is one rank.
+func (p ParallelConfig) Single() bool { return p.TP == 1 && p.DP == 1 && p.EP == 1 }
+
+// String is the layout as the flags say it.
+func (p ParallelConfig) String() string {
+	return fmt.Sprintf("tp %d × dp %d = %d ranks, ep %d, sequence parallel %s", p.TP, p.DP, p.TP*p.DP, p.EP, onOff(p.SequenceParallel))
+}
+
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
+}
+
+// resolve fills in the defaults and checks the sizes against each other.
+func (p ParallelConfig) resolve() (ParallelConfig, error) {
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"tp", p.TP}, {"dp", p.DP}, {"ep", p.EP}, {"world", p.World}} {
+		if f.v < 0 || f.v > maxRanks {
+			return p, fmt.Errorf("layout: --%s %d, expected 1 to %d (or 0 for the default)", f.name, f.v, maxRanks)
+		}
+	}
+	if p.TP == 0 {
+		p.TP = 1
+	}
+	if p.EP == 0 {
+		p.EP = 1
+	}
+	if p.DP == 0 {
+		p.DP = 1
+		if p.World > 0 {
+			if p.World%p.TP != 0 {
+				return p, fmt.Errorf("layout: --tp %d does not divide the world of %d ranks, expected world = dp × tp", p.TP, p.World)
+			}
+			p.DP = p.World / p.TP
+		}
+	}
+	if p.World == 0 {
+		p.World = p.DP * p.TP
+	}
+	if p.World != p.DP*p.TP {
+		return p, fmt.Errorf("layout: a world of %d ranks with --dp %d × --tp %d = %d, expected world = dp × tp", p.World, p.DP, p.TP, p.DP*p.TP)
+	}
+	if p.CommTimeout < 0 {
+		return p, fmt.Errorf("layout: --comm-timeout %v, expected a positive duration", time.Duration(p.CommTimeout))
+	}
+	if p.CommTimeout == 0 {
+		p.CommTimeout = Duration(defaultCommTimeout)
+	}
+	return p, nil
+}
+
+// check validates the (resolved) layout against the model (defaults filled
+// in) and the run, before any work: the same conditions model.New and
+// model.Forward check, said in terms of the flags.
+func (p ParallelConfig) check(m layers.GPTConfig, t train.Config, device string) error {
+	if p.SequenceParallel && p.TP == 1 {
+		return fmt.Errorf("layout: --sequence-parallel splits the tokens over the TP group, which needs --tp > 1")
+	}
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"heads", m.Heads}, {"dim", m.Dim}, {"ffn", m.FFN}, {"vocab", m.Vocab}} {
+		if f.v%p.TP != 0 {
+			return fmt.Errorf("layout: --tp %d does not divide the model's %s = %d, expected TP dividing heads, dim, ffn and vocab", p.TP, f.name, f.v)
+		}
+	}
+	if m.Experts == 0 && p.EP > 1 {
+		return fmt.Errorf("layout: --ep %d spreads the experts of an MoE model, but the model is dense (set --experts)", p.EP)
+	}
+	if m.Experts > 0 {
+		if p.World%p.EP != 0 {
+			return fmt.Errorf("layout: --ep %d does not divide the world of %d ranks (dp %d × tp %d), expected EP dividing dp × tp", p.EP, p.World, p.DP, p.TP)
+		}
+		if m.Experts%p.EP != 0 {
+			return fmt.Errorf("layout: --ep %d does not divide the %d experts, expected the experts divisible by EP", p.EP, m.Experts)
+		}
+		if m.TopK > m.Experts {
+			return fmt.Errorf("layout: --topk %d exceeds the %d experts", m.TopK, m.Experts)
+		}
+	}
+	if t.Batch%p.DP != 0 {
+		return fmt.Errorf("layout: --batch %d is not divisible by --dp %d, expected each replica to take batch/dp sequences", t.Batch, p.DP)
+	}
+	if tokens := t.Batch / p.DP * t.Seq; (p.SequenceParallel || m.Experts > 0) && tokens%p.TP != 0 {
+		return fmt.Errorf("layout: a replica's %d tokens (batch/dp × seq) are not divisible by --tp %d, as sequence parallelism and the MoE blocks need", tokens, p.TP)
+	}
+	if !p.Single() && device == "cuda" {
+		return fmt.Errorf("layout: a parallel layout (%s) runs its ranks as goroutines on the CPU (comm/local); --device cuda takes one rank for now", p)
+	}
+	return nil
+}
+
+// Duration is a time.Duration written in JSON as a string ("5m0s"); a
+// number reads as seconds.
+type Duration time.Duration
+
+// MarshalJSON writes the duration as a string.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+// UnmarshalJSON reads "90s", "5m" or a number of seconds.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		return nil
+	}
+	var s string
+	if err := json.Unmarshal(b, &s); err == nil {
+		v, err := time.ParseDuration(s)
+		if err != nil {
+			return fmt.Errorf("comm_timeout: %w", err)
+		}
+		*d = Duration(v)
+		return nil
+	}
+	var sec float64
+	if err := json.Unmarshal(b, &sec); err != nil || math.IsNaN(sec) || math.Abs(sec) > 1e9 {
+		return fmt.Errorf("comm_timeout: %s, expected a duration such as \"5m\" or a number of seconds", b)
+	}
+	*d = Duration(sec * float64(time.Second))
+	return nil
+}
+
+// runLayout is what a resume must match: the sizes of the run that wrote
+// the checkpoints.
+type runLayout struct {
+	TP, DP, EP int
+	SP         bool
+}
+
+func (l runLayout) String() string {
+	s := fmt.Sprintf("tp=%d dp=%d ep=%d sequence-parallel=%v", l.TP, l.DP, l.EP, l.SP)
+	if l == (runLayout{1, 1, 1, false}) {
+		return s + " (a single rank)"
+	}
+	return fmt.Sprintf("%s (%d ranks)", s, l.TP*l.DP)
+}
+
+func (p ParallelConfig) layout() runLayout {
+	return runLayout{TP: p.TP, DP: p.DP, EP: p.EP, SP: p.SequenceParallel && !p.Single()}
+}
+
+// checkResume checks, before any work, that --resume names a run of the
+// layout this run asks for: a parallel run's out dir (rank-00000,
+// rank-00001...) for a parallel layout, a single-rank checkpoint or out dir
+// otherwise. A path holding neither is left to the loaders' own errors.
+func checkResume(p ParallelConfig, dir string) error {
+	want := p.layout()
+	got, parallelDir, err := recordedLayout(dir)
+	if err != nil {
+		if p.Single() {
+			return nil // train reports the missing or broken checkpoint itself
+		}
+		return fmt.Errorf("resume from %s: expected the out dir of a run at layout %s (holding %s...): %w", dir, want, model.RankDir(dir, 0), err)
+	}
+	if got != want {
+		return fmt.Errorf("resume from %s: the run was trained at layout %s; this run asks for %s: resume with the same --tp, --dp, --ep and --sequence-parallel (or start a new run)", dir, got, want)
+	}
+	if !p.Single() && !parallelDir {
+		return fmt.Errorf("resume from %s: a checkpoint of one rank; with %s, --resume takes the run's out dir (the parent of rank-00000)", dir, p)
+	}
+	return nil
+}
+
+// recordedLayout reads the layout of the checkpoints under dir: a parallel
+// run's out dir (its rank-00000's latest state.json), or a single
+// checkpoint or out dir (a state.json without a layout is a single rank).
+func recordedLayout(dir string) (l runLayout, parallelDir bool, err error) {
+	path := dir
+	if fi, err := os.Stat(model.RankDir(dir, 0)); err == nil && fi.IsDir() {
+		path, parallelDir = model.RankDir(dir, 0), true
+	}
+	ck, err := train.ResolveCheckpoint(path)
+	if err != nil {
+		return l, parallelDir, err
+	}
+	st, err := train.ReadState(ck + string(os.PathSeparator) + train.StateFile)
+	if err != nil {
+		return l, parallelDir, err
+	}
+	if len(st.Layout) == 0 {
+		return runLayout{1, 1, 1, false}, parallelDir, nil
+	}
+	var ml model.Layout
+	if err := json.Unmarshal(st.Layout, &ml); err != nil {
+		return l, parallelDir, fmt.Errorf("%s: layout %s: %w", ck, st.Layout, err)
+	}
+	return runLayout{TP: ml.TP, DP: ml.DP, EP: ml.EP, SP: ml.SequenceParallel}, parallelDir, nil
+}

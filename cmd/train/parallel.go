@@ -1,0 +1,242 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"time"
+
+	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/comm/local"
+	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/parallel/model"
+	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/cpu"
+	"github.com/asynctp/asynctp/train"
+)
+
+// newRankBackend is the backend of one rank of a parallel run (tests swap
+// it to inject faults).
+var newRankBackend = func(rank, threads int) tensor.Backend { return cpu.New(cpu.WithThreads(threads)) }
+
+// runParallel trains at the layout cfg.Parallel: World = DP × TP ranks as
+// goroutines over one comm/local world, each with its own CPU backend,
+// comm.Grid, parallel/model.Model and model.Run. World rank 0 prints and
+// writes metrics.jsonl and loss.png in the out dir; every rank writes its
+// own shards' checkpoints under OUT/rank-NNNNN (model.Run).
+func runParallel(ctx context.Context, cfg Config) error {
+	p := cfg.Parallel
+	W := p.World
+	threads := max(1, runtime.GOMAXPROCS(0)/W)
+	note := ""
+	if cfg.Device == "auto" {
+		note = "; auto: parallel layouts run on the CPU"
+	}
+	fmt.Printf("device: cpu, %d ranks as goroutines (%d threads each%s)\n", W, threads, note)
+	fmt.Printf("parallel: %s, comm timeout %v\n", p, time.Duration(p.CommTimeout))
+
+	ds, err := openDataset(cfg)
+	if err != nil {
+		return err
+	}
+	lc := loaderConfig(cfg)
+	probe, err := train.NewLoader(ds, lc) // the data's errors before any rank starts
+	if err != nil {
+		return err
+	}
+	mc := cfg.Model.WithDefaults()
+	fmt.Printf("model: %s, %d layers, width %d, %d heads, vocab %d, seq %d, %.2fM parameters\n",
+		cfg.Preset, mc.Layers, mc.Dim, mc.Heads, mc.Vocab, mc.Seq, float64(paramCount(mc))/1e6)
+	fmt.Printf("data: %s, %d tokens; batch %d x %d, %d steps\n", probe.Name(), probe.Tokens(), cfg.Train.Batch, cfg.Train.Seq, cfg.Train.Steps)
+
+	if err := os.MkdirAll(cfg.Train.OutDir, 0o755); err != nil {
+		return err
+	}
+	if err := writeJSONAtomic(filepath.Join(cfg.Train.OutDir, "config.json"), cfg); err != nil {
+		return err
+	}
+	var res train.Result
+	err = launch(W, time.Duration(p.CommTimeout), func(c comm.Comm) error {
+		r, err := runRank(ctx, c, cfg, ds, threads)
+		if c.Rank() == 0 {
+			res = r
+		}
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Printf("done: step %d, loss %.4f, %.0f tokens/s; checkpoints %s\n", res.Step, res.FinalLoss, res.TokensPerSec,
+		filepath.Join(cfg.Train.OutDir, "rank-*", filepath.Base(res.LastCheckpoint)))
+	return nil
+}
+
+// runRank is one rank of a parallel run.
+func runRank(ctx context.Context, c comm.Comm, cfg Config, ds *train.Dataset, threads int) (train.Result, error) {
+	p := cfg.Parallel
+	b := newRankBackend(c.Rank(), threads)
+	g, err := comm.NewGrid(c, p.DP, p.TP, p.EP)
+	if err != nil {
+		return train.Result{}, err
+	}
+	defer g.Close()
+	m, err := model.New(b, g, cfg.Model, model.Options{SequenceParallel: p.SequenceParallel}, tensor.Float32)
+	if err != nil {
+		return train.Result{}, err
+	}
+	data, err := train.NewLoader(ds, loaderConfig(cfg))
+	if err != nil {
+		return train.Result{}, err
+	}
+	stop := newStopAgreement(ctx, g.World)
+	defer stop.cancel(nil)
+	opts := []train.Option{train.WithStepHook(stop.hook)}
+	if m.Config().Experts > 0 {
+		opts = append(opts, train.WithExtraMetrics(func(int) map[string]any { return routerMetrics(m) }))
+	}
+	return model.Run(stop.ctx, m, data, cfg.Train, opts...)
+}
+
+// stopAgreement makes the ranks stop at the same step when the run is
+// interrupted: after every step each rank all-reduces (max) whether its
+// context is done, and all of them cancel their run's context together, so
+// every rank checkpoints the same step and none waits for the others.
+type stopAgreement struct {
+	parent context.Context
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	world  comm.Comm
+	flag   *tensor.Tensor
+}
+
+func newStopAgreement(parent context.Context, world comm.Comm) *stopAgreement {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	return &stopAgreement{parent: parent, ctx: ctx, cancel: cancel, world: world, flag: tensor.MustHost(tensor.Float32, 1)}
+}
+
+func (s *stopAgreement) hook(train.StepMetrics) {
+	if s.ctx.Err() != nil {
+		return
+	}
+	s.flag.F32()[0] = 0
+	if s.parent.Err() != nil {
+		s.flag.F32()[0] = 1
+	}
+	w, err := s.world.AllReduce(s.flag, comm.Max, nil)
+	if err == nil {
+		err = w.Wait(nil)
+	}
+	if err != nil {
+		return // the world is broken: the next collective of the step fails and says why
+	}
+	if s.flag.F32()[0] > 0 {
+		cause := context.Cause(s.parent)
+		if cause == nil {
+			cause = fmt.Errorf("another rank was interrupted: %w", context.Canceled)
+		}
+		s.cancel(cause)
+	}
+}
+
+// launch runs fn on each rank of a new local world of n ranks with the
+// collective deadline timeout, one goroutine per rank, and returns the
+// ranks' errors joined, root causes first. A rank that fails aborts the
+// world, so the others stop at their next collective with an error naming
+// it; a rank that stalls makes the others fail at the deadline, naming it.
+// Once a rank has failed, launch waits at most timeout for the rest: a rank
+// still running then is reported as stalled (and left behind).
+func launch(n int, timeout time.Duration, fn func(c comm.Comm) error) error {
+	ranks := local.NewWorld(n, local.WithTimeout(timeout))
+	type result struct {
+		rank int
+		err  error
+	}
+	done := make(chan result, n)
+	for r, c := range ranks {
+		go func() {
+			var err error
+			defer func() {
+				if p := recover(); p != nil {
+					err = fmt.Errorf("rank %d panicked: %v\n%s", r, p, debug.Stack())
+					abort(c, err)
+				}
+				done <- result{r, err}
+			}()
+			if err = fn(c); err != nil {
+				err = fmt.Errorf("rank %d: %w", r, err)
+				abort(c, err)
+			}
+		}()
+	}
+	errs := make([]error, n)
+	returned := make([]bool, n)
+	var deadline <-chan time.Time
+	for left := n; left > 0; {
+		select {
+		case res := <-done:
+			returned[res.rank], errs[res.rank] = true, res.err
+			left--
+			if res.err != nil && deadline == nil {
+				deadline = time.After(timeout)
+			}
+		case <-deadline:
+			for r := range n {
+				if !returned[r] {
+					errs[r] = fmt.Errorf("rank %d: stalled: still running %v after the first failure (the collective deadline, --comm-timeout)", r, timeout)
+				}
+			}
+			left = 0
+		}
+	}
+	for r, c := range ranks {
+		if returned[r] {
+			c.Close()
+		}
+	}
+	// Root causes first: stalled ranks and the ranks' own failures, then
+	// the deadlines that name a missing rank, then the ranks that were only
+	// woken by an abort or a closed peer.
+	rank := func(err error) int {
+		switch {
+		case err == nil:
+			return 3
+		case errors.Is(err, comm.ErrAborted), errors.Is(err, comm.ErrClosed):
+			return 2
+		case errors.Is(err, comm.ErrTimeout):
+			return 1
+		}
+		return 0
+	}
+	slices.SortStableFunc(errs, func(a, b error) int { return cmp.Compare(rank(a), rank(b)) })
+	return errors.Join(errs...)
+}
+
+func abort(c comm.Comm, err error) {
+	if a, ok := c.(comm.Aborter); ok {
+		a.Abort(err)
+	}
+}
+
+// paramCount is the number of parameters of the whole model of cfg
+// (defaults filled in), as layers.GPT counts them.
+func paramCount(c layers.GPTConfig) int {
+	n := c.Vocab*c.Dim + c.Dim // embedding, final norm
+	if !c.TiedEmbeddings {
+		n += c.Vocab * c.Dim
+	}
+	for l := range c.Layers {
+		n += 2*c.Dim + 4*c.Dim*c.Dim // norms, attention
+		if c.IsMoE(l) {
+			n += c.Experts*c.Dim + c.Experts*3*c.Dim*c.FFN
+		} else {
+			n += 3 * c.Dim * c.FFN
+		}
+	}
+	return n
+}
