@@ -1,0 +1,151 @@
+package nccl
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/cuda"
+)
+
+// work is the comm.Work of one queued op: an event recorded on the op's
+// stream right after it. The watchdog (or a host wait) polls the event;
+// once it has completed the work is done and the event goes back to the
+// world's pool. A work fails when the world fails before it completes (its
+// deadline passed, NCCL reported an error, a peer is gone, an abort).
+type work struct {
+	c               *Comm
+	op              string
+	seq             uint64
+	st              *cuda.Stream // the stream it was queued on
+	start, deadline time.Time
+	fin             chan struct{} // closed when done
+
+	mu   sync.Mutex
+	ev   *cuda.Event // nil once done
+	done bool
+	err  error
+}
+
+func newWork(c *Comm, op string, seq uint64, st *cuda.Stream, ev *cuda.Event, start, deadline time.Time) *work {
+	return &work{c: c, op: op, seq: seq, st: st, ev: ev, start: start, deadline: deadline, fin: make(chan struct{})}
+}
+
+// Wait orders the stream s after the op and returns at once: s waits on the
+// op's event (cuStreamWaitEvent), with no host synchronisation. Wait(nil)
+// instead blocks the host until the op has completed (the nil stream is the
+// caller's default, and on the host that is synchronous), within the op's
+// deadline. Wait returns the op's error if it is known by then: an op that
+// fails later (a peer that never arrives) makes s wait until the world is
+// aborted, and the next op, Wait or Barrier returns the error. Wait may be
+// called any number of times.
+func (wk *work) Wait(s comm.Stream) error {
+	if s == nil {
+		return wk.hostWait()
+	}
+	st, err := wk.c.streamOf(wk.op, s)
+	if err != nil {
+		return err
+	}
+	unbind, err := wk.c.w.bind()
+	if err != nil {
+		return comm.Errorf(wk.c, wk.op, "%w", err)
+	}
+	defer unbind()
+	wk.mu.Lock()
+	defer wk.mu.Unlock()
+	if wk.done {
+		return wk.err
+	}
+	if err := st.WaitEvent(wk.ev); err != nil {
+		return comm.Errorf(wk.c, wk.op, "making %v wait for it: %w", st, err)
+	}
+	return nil
+}
+
+// hostWait polls the event until the op completes or fails.
+func (wk *work) hostWait() error {
+	unbind, err := wk.c.w.bind()
+	if err != nil {
+		return comm.Errorf(wk.c, wk.op, "%w", err)
+	}
+	defer unbind()
+	d := time.Duration(0)
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	for {
+		if wk.poll() {
+			return wk.result()
+		}
+		if d == 0 {
+			d = 5 * time.Microsecond // a few polls first: short ops complete in microseconds
+		} else {
+			d = min(2*d, time.Millisecond)
+		}
+		t.Reset(d)
+		select {
+		case <-wk.fin:
+			return wk.result()
+		case <-t.C:
+		}
+	}
+}
+
+// poll queries the event (the caller is bound) and reports whether the work
+// is done, finishing it when the event has completed.
+func (wk *work) poll() bool {
+	wk.mu.Lock()
+	if wk.done {
+		wk.mu.Unlock()
+		return true
+	}
+	ok, err := wk.ev.Query()
+	wk.mu.Unlock()
+	switch {
+	case err != nil:
+		wk.c.w.fail(fmt.Errorf("nccl: %s #%d on %s, world rank %d: polling its event: %w (%w)",
+			wk.op, wk.seq, wk.c.name, wk.c.w.rank, err, comm.ErrAborted), true)
+		return true
+	case ok:
+		wk.finish(nil)
+		return true
+	}
+	return false
+}
+
+func (wk *work) isDone() bool {
+	wk.mu.Lock()
+	defer wk.mu.Unlock()
+	return wk.done
+}
+
+func (wk *work) result() error {
+	wk.mu.Lock()
+	defer wk.mu.Unlock()
+	return wk.err
+}
+
+// finish marks the work done with err (nil: completed). A completed event
+// is recycled; the event of a failed op is destroyed (its kernels may still
+// be winding down). The caller is bound.
+func (wk *work) finish(err error) {
+	wk.mu.Lock()
+	if wk.done {
+		wk.mu.Unlock()
+		return
+	}
+	wk.done = true
+	if err != nil {
+		wk.err = &comm.Error{Op: wk.op, Group: wk.c.name, Rank: wk.c.rank, Err: err}
+	}
+	ev := wk.ev
+	wk.ev = nil
+	close(wk.fin)
+	wk.mu.Unlock()
+	if err == nil {
+		wk.c.w.recycle(ev)
+	} else {
+		ev.Destroy()
+	}
+}
