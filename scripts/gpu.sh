@@ -32,4 +32,16 @@ for bin in build/*.test; do
   fi
 done
 
+# compute-sanitizer over the kernel tests (SANITIZE=1): memory errors and
+# shared-memory races in every conformance and attention test.
+if [ -n "${SANITIZE:-}" ] && [ -x build/tensor_cudabackend.test ] && command -v compute-sanitizer > /dev/null; then
+  for tool in memcheck racecheck; do
+    t0=$(date +%s)
+    compute-sanitizer --tool $tool --error-exitcode 3 build/tensor_cudabackend.test -test.count=1 \
+      -test.run "${SANITIZE_RUN:-TestConformance|TestAttentionShapes|TestRoutingPlan}" > "$OUT/sanitize-$tool.log" 2>&1
+    if [ $? -eq 0 ]; then st=ok; else st=FAIL; fi
+    row "compute-sanitizer $tool" "$st" "$(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool.log"), $(($(date +%s)-t0)) s"
+  done
+fi
+
 echo; echo "== summary"; printf '%s\n' "${rows[@]}"
