@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -410,4 +411,66 @@ func newGPTForCount(c layers.GPTConfig) (int, error) {
 		return 0, err
 	}
 	return m.Params().Numel(), nil
+}
+
+// cancellingBackend cancels the run's context at its at-th MatMul, as a
+// signal arriving in the middle of a step on one rank would.
+type cancellingBackend struct {
+	*cpu.Backend
+	mu      sync.Mutex
+	matmuls int
+	at      int
+	cancel  context.CancelFunc
+}
+
+func (c *cancellingBackend) MatMul(d, a, b *tensor.Tensor, transA, transB bool, alpha, beta float32) {
+	c.mu.Lock()
+	c.matmuls++
+	if c.matmuls == c.at {
+		c.cancel()
+	}
+	c.mu.Unlock()
+	c.Backend.MatMul(d, a, b, transA, transB, alpha, beta)
+}
+
+// An interrupt seen by one rank mid-step stops every rank after that same
+// step, each with a checkpoint of it, and the run resumes from them.
+func TestParallelInterrupt(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	saved := newRankBackend
+	defer func() { newRankBackend = saved }()
+	newRankBackend = func(rank, threads int) tensor.Backend {
+		b := cpu.New(cpu.WithThreads(threads))
+		if rank != 2 {
+			return b
+		}
+		return &cancellingBackend{Backend: b, at: 100, cancel: cancel}
+	}
+	out := t.TempDir()
+	args := par(out, "--tp", "2", "--dp", "2", "--comm-timeout", "10s")
+	err := run(ctx, args)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("error %v, want one wrapping context.Canceled", err)
+	}
+	var step string
+	for r := range 4 {
+		ck, err := train.ResolveCheckpoint(model.RankDir(out, r))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r == 0 {
+			step = filepath.Base(ck)
+		} else if filepath.Base(ck) != step {
+			t.Fatalf("rank %d stopped at %s, rank 0 at %s", r, filepath.Base(ck), step)
+		}
+	}
+	newRankBackend = saved
+	if err := run(context.Background(), append(args, "--resume", out)); err != nil {
+		t.Fatalf("resume after the interrupt at %s: %v", step, err)
+	}
+	if recs := metrics(t, out); len(recs) != 20 {
+		t.Fatalf("%d steps recorded after the resume, want 20", len(recs))
+	}
+	t.Logf("stopped at %s on every rank, resumed to step 20", step)
 }
