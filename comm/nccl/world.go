@@ -243,8 +243,14 @@ func (w *world) check(now time.Time) bool {
 	busy := len(w.calls) > 0
 	w.mu.Unlock()
 	if stuck != nil {
-		w.fail(w.timeoutError(stuck.op, stuck.c.name, stuck.seq, now.Sub(stuck.start)), true)
-		return false
+		err := w.timeoutError(stuck.op, stuck.c.name, stuck.seq, now.Sub(stuck.start))
+		w.mu.Lock()
+		_, still := w.calls[stuck] // the peer probe took a while
+		w.mu.Unlock()
+		if still {
+			w.fail(err, true)
+			return false
+		}
 	}
 
 	for _, c := range comms {
@@ -268,8 +274,11 @@ func (w *world) check(now time.Time) bool {
 		}
 	}
 	if late != nil {
-		w.fail(w.timeoutError(late.op, late.c.name, late.seq, now.Sub(late.start)), true)
-		return false
+		err := w.timeoutError(late.op, late.c.name, late.seq, now.Sub(late.start))
+		if !late.poll() { // the peer probe took a while
+			w.fail(err, true)
+			return false
+		}
 	}
 	w.mu.Lock()
 	kept := w.pending[:0]
