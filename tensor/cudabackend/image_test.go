@@ -35,6 +35,13 @@ func TestFindKernels(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Chdir(sub)
+	if exe, err := os.Executable(); err == nil {
+		if _, err := os.Stat(filepath.Join(filepath.Dir(exe), KernelsFile)); err == nil {
+			// Where the test binary sits beside a real image (scripts/gpu.sh
+			// builds both into build/), that image is rightly found first.
+			t.Skip("an image lies next to the test executable; the not-found case cannot be checked here")
+		}
+	}
 	_, err := FindKernels()
 	if err == nil {
 		t.Fatal("FindKernels found an image that does not exist")
