@@ -10,6 +10,15 @@ import (
 	"time"
 )
 
+// TestMain removes the emulated library built for this run.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if emu.path != "" {
+		os.RemoveAll(filepath.Dir(emu.path))
+	}
+	os.Exit(code)
+}
+
 var emu struct {
 	once sync.Once
 	path string
