@@ -4,23 +4,21 @@ import (
 	"math"
 
 	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/opcheck"
 )
 
 // elementwise checks tensors of one shape and dtype for an elementwise op:
 // the first is the reference, and names gives their names for the errors.
-func (bk *Backend) elementwise(op string, names []string, ts []*tensor.Tensor) bool {
+func (bk *Backend) elementwise(op string, names []string, ts ...*tensor.Tensor) bool {
 	c := bk.check(op)
-	c.float(names[0], ts[0])
-	for i := 1; i < len(ts); i++ {
-		c.like(names[i], ts[i], names[0], ts[0])
-	}
-	return c.ok()
+	opcheck.Elementwise(c, names, ts...)
+	return c.OK()
 }
 
 // SwiGLU sets out = silu(gate)·up, elementwise, where silu(g) = g·σ(g). out
 // may alias gate or up.
 func (bk *Backend) SwiGLU(out, gate, up *tensor.Tensor) {
-	if !bk.elementwise("SwiGLU", []string{"gate", "up", "out"}, []*tensor.Tensor{gate, up, out}) {
+	if !bk.elementwise("SwiGLU", []string{"gate", "up", "out"}, gate, up, out) {
 		return
 	}
 	switch gate.DType() {
@@ -46,7 +44,7 @@ func swiGLU[T float](bk *Backend, out, gate, up []T) {
 //
 //	dgate = dout·up·σ(g)·(1 + g·(1 − σ(g)));  dup = dout·silu(g)
 func (bk *Backend) SwiGLUBackward(dgate, dup, dout, gate, up *tensor.Tensor) {
-	if !bk.elementwise("SwiGLUBackward", []string{"gate", "up", "dout", "dgate", "dup"}, []*tensor.Tensor{gate, up, dout, dgate, dup}) {
+	if !bk.elementwise("SwiGLUBackward", []string{"gate", "up", "dout", "dgate", "dup"}, gate, up, dout, dgate, dup) {
 		return
 	}
 	switch gate.DType() {
@@ -77,7 +75,7 @@ const (
 // GELU sets out = 0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³))). out may
 // alias x.
 func (bk *Backend) GELU(out, x *tensor.Tensor) {
-	if !bk.elementwise("GELU", []string{"x", "out"}, []*tensor.Tensor{x, out}) {
+	if !bk.elementwise("GELU", []string{"x", "out"}, x, out) {
 		return
 	}
 	switch x.DType() {
@@ -99,7 +97,7 @@ func gelu[T float](bk *Backend, out, x []T) {
 
 // GELUBackward sets dx = dout·gelu'(x) (overwritten).
 func (bk *Backend) GELUBackward(dx, dout, x *tensor.Tensor) {
-	if !bk.elementwise("GELUBackward", []string{"x", "dout", "dx"}, []*tensor.Tensor{x, dout, dx}) {
+	if !bk.elementwise("GELUBackward", []string{"x", "dout", "dx"}, x, dout, dx) {
 		return
 	}
 	switch x.DType() {
@@ -125,13 +123,10 @@ func geluBackward[T float](bk *Backend, dx, dout, x []T) {
 // out may alias x.
 func (bk *Backend) Softmax(out, x *tensor.Tensor) {
 	c := bk.check("Softmax")
-	c.float("x", x)
-	c.rank("x", x, 1, 8)
-	c.like("out", out, "x", x)
-	if !c.ok() {
+	n, cols := opcheck.Softmax(c, out, x)
+	if !c.OK() {
 		return
 	}
-	n, cols := rows(x)
 	switch x.DType() {
 	case tensor.Float32:
 		softmax(bk, out.F32(), x.F32(), n, cols)
@@ -166,14 +161,10 @@ func softmax[T float](bk *Backend, out, x []T, n, cols int) {
 // (overwritten; dx may alias dout).
 func (bk *Backend) SoftmaxBackward(dx, dout, out *tensor.Tensor) {
 	c := bk.check("SoftmaxBackward")
-	c.float("out", out)
-	c.rank("out", out, 1, 8)
-	c.like("dout", dout, "out", out)
-	c.like("dx", dx, "out", out)
-	if !c.ok() {
+	n, cols := opcheck.SoftmaxBackward(c, dx, dout, out)
+	if !c.OK() {
 		return
 	}
-	n, cols := rows(out)
 	switch out.DType() {
 	case tensor.Float32:
 		softmaxBackward(bk, dx.F32(), dout.F32(), out.F32(), n, cols)

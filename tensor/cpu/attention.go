@@ -4,21 +4,8 @@ import (
 	"math"
 
 	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/opcheck"
 )
-
-// checkAttention validates q (B, T, H, D), k and v like q, and lse (B, H, T).
-func checkAttention(c *checker, q, k, v, lse *tensor.Tensor) {
-	c.float("q", q)
-	c.rank("q", q, 4, 4)
-	c.like("k", k, "q", q)
-	c.like("v", v, "q", q)
-	if c.failed() {
-		return
-	}
-	c.side("lse", lse, q.DType())
-	s := q.Shape()
-	c.shape("lse", lse, tensor.Shape{s[0], s[2], s[1]}, "(B, H, T) for q "+s.String()+" (B, T, H, D)")
-}
 
 // Attention is causal multi-head attention: position t of each (batch, head)
 // attends to positions [0, t] with weights softmax(scale·q·kᵀ).
@@ -28,12 +15,11 @@ func checkAttention(c *checker, q, k, v, lse *tensor.Tensor) {
 // lse receives the log-sum-exp of each row of scores, for the backward.
 func (bk *Backend) Attention(out, lse, q, k, v *tensor.Tensor, scale float32) {
 	c := bk.check("Attention")
-	checkAttention(c, q, k, v, lse)
-	c.like("out", out, "q", q)
-	if !c.ok() {
+	nb, nt, nh, d := opcheck.Attention(c, out, lse, q, k, v)
+	if !c.OK() {
 		return
 	}
-	a := newAttn(q.Shape(), scale)
+	a := attn{b: nb, t: nt, h: nh, d: d, scale: scale}
 	switch {
 	case q.DType() == tensor.Float32:
 		attention(bk, a, out.F32(), lse.F32(), q.F32(), k.F32(), v.F32())
@@ -48,10 +34,6 @@ func (bk *Backend) Attention(out, lse, q, k, v *tensor.Tensor, scale float32) {
 type attn struct {
 	b, t, h, d int
 	scale      float32
-}
-
-func newAttn(s tensor.Shape, scale float32) attn {
-	return attn{b: s[0], t: s[1], h: s[2], d: s[3], scale: scale}
 }
 
 // rows returns the offset of position 0 of pair bh (= b·H + h) in a
@@ -119,16 +101,11 @@ func attention[T, S float](bk *Backend, a attn, out []T, lse []S, q, k, v []T) {
 //	dv = pᵀ·dout;  ds = p∘(dout·vᵀ − rowsum(dout∘out));  dq = scale·ds·k;  dk = scale·dsᵀ·q
 func (bk *Backend) AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse *tensor.Tensor, scale float32) {
 	c := bk.check("AttentionBackward")
-	checkAttention(c, q, k, v, lse)
-	c.like("out", out, "q", q)
-	c.like("dout", dout, "q", q)
-	c.like("dq", dq, "q", q)
-	c.like("dk", dk, "q", q)
-	c.like("dv", dv, "q", q)
-	if !c.ok() {
+	nb, nt, nh, d := opcheck.AttentionBackward(c, dq, dk, dv, dout, q, k, v, out, lse)
+	if !c.OK() {
 		return
 	}
-	a := newAttn(q.Shape(), scale)
+	a := attn{b: nb, t: nt, h: nh, d: d, scale: scale}
 	switch {
 	case q.DType() == tensor.Float32:
 		attentionBackward(bk, a, dq.F32(), dk.F32(), dv.F32(), dout.F32(), q.F32(), k.F32(), v.F32(), out.F32(), lse.F32())

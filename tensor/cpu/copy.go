@@ -1,39 +1,30 @@
 package cpu
 
 import (
-	"math"
-
 	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/opcheck"
 )
 
 // Upload copies the host tensor src into dst (also a host tensor on the CPU),
 // converting the dtype if they differ. Same numel required.
-func (b *Backend) Upload(dst, src *tensor.Tensor) { b.convert("Upload", dst, src) }
+func (b *Backend) Upload(dst, src *tensor.Tensor) { b.convert("Upload", opcheck.Upload, dst, src) }
 
 // Download copies src into the host tensor dst, converting the dtype if they
 // differ. Same numel required.
-func (b *Backend) Download(dst, src *tensor.Tensor) { b.convert("Download", dst, src) }
+func (b *Backend) Download(dst, src *tensor.Tensor) {
+	b.convert("Download", opcheck.Download, dst, src)
+}
 
 // Copy copies src into dst, converting the dtype (to bfloat16: round to
 // nearest even; float64 to bfloat16 rounds to float32 first). Float and
 // integer dtypes do not mix. dst may be src.
-func (b *Backend) Copy(dst, src *tensor.Tensor) { b.convert("Copy", dst, src) }
+func (b *Backend) Copy(dst, src *tensor.Tensor) { b.convert("Copy", opcheck.Copy, dst, src) }
 
-func (b *Backend) convert(op string, dst, src *tensor.Tensor) {
+// convert runs op, whose arguments check validates.
+func (b *Backend) convert(op string, check func(c *opcheck.Checker, dst, src *tensor.Tensor), dst, src *tensor.Tensor) {
 	c := b.check(op)
-	c.host("dst", dst)
-	c.host("src", src)
-	if c.failed() {
-		c.ok()
-		return
-	}
-	if dst.Numel() != src.Numel() {
-		c.failf("dst %v has %d elements, expected %d like src %v", dst, dst.Numel(), src.Numel(), src)
-	}
-	if (dst.DType() == tensor.Int32) != (src.DType() == tensor.Int32) {
-		c.failf("cannot convert %v to %v (integer and float dtypes do not mix)", src, dst)
-	}
-	if !c.ok() {
+	check(c, dst, src)
+	if !c.OK() {
 		return
 	}
 	convert(dst, src)
@@ -93,11 +84,8 @@ func convert(dst, src *tensor.Tensor) {
 // be an integer in range).
 func (b *Backend) Fill(t *tensor.Tensor, v float64) {
 	c := b.check("Fill")
-	c.host("t", t)
-	if !c.failed() && t.DType() == tensor.Int32 && (v != math.Trunc(v) || v < math.MinInt32 || v > math.MaxInt32) {
-		c.failf("value %v does not fit %v", v, t)
-	}
-	if !c.ok() {
+	opcheck.Fill(c, t, v)
+	if !c.OK() {
 		return
 	}
 	switch t.DType() {

@@ -20,6 +20,8 @@
 // Errors are sticky, as tensor.Backend specifies: an op that finds a bad
 // shape, dtype or device records an error naming the op and what it expected,
 // does nothing, and every later op is a no-op. Ops never panic on bad input.
+// The argument checks are those of every backend (tensor/opcheck), with the
+// CPU's policy (check.go); the CPU also checks the ids and indices it reads.
 // A Backend may be used from several goroutines, but the usual pattern is
 // one Backend per simulated rank.
 package cpu

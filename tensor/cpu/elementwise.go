@@ -1,15 +1,14 @@
 package cpu
 
-import "github.com/asynctp/asynctp/tensor"
+import (
+	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/opcheck"
+)
 
 // Add sets dst = a + b; all three have the same shape and dtype. dst may
 // alias a or b.
 func (bk *Backend) Add(dst, a, b *tensor.Tensor) {
-	c := bk.check("Add")
-	c.float("a", a)
-	c.like("b", b, "a", a)
-	c.like("dst", dst, "a", a)
-	if !c.ok() {
+	if !bk.elementwise("Add", []string{"a", "b", "dst"}, a, b, dst) {
 		return
 	}
 	switch a.DType() {
@@ -30,10 +29,7 @@ func add[T float](bk *Backend, dst, a, b []T) {
 
 // Scale sets dst = s·a. dst may alias a.
 func (bk *Backend) Scale(dst, a *tensor.Tensor, s float32) {
-	c := bk.check("Scale")
-	c.float("a", a)
-	c.like("dst", dst, "a", a)
-	if !c.ok() {
+	if !bk.elementwise("Scale", []string{"a", "dst"}, a, dst) {
 		return
 	}
 	switch a.DType() {
@@ -54,10 +50,7 @@ func scale[T float](bk *Backend, dst, a []T, s T) {
 
 // Axpy sets y += alpha·x. y may alias x.
 func (bk *Backend) Axpy(y *tensor.Tensor, alpha float32, x *tensor.Tensor) {
-	c := bk.check("Axpy")
-	c.float("x", x)
-	c.like("y", y, "x", x)
-	if !c.ok() {
+	if !bk.elementwise("Axpy", []string{"x", "y"}, x, y) {
 		return
 	}
 	switch x.DType() {
@@ -76,26 +69,14 @@ func axpy[T float](bk *Backend, y []T, alpha T, x []T) {
 	})
 }
 
-// checkRowsBias validates x (..., C) and a vector v (C).
-func checkRowsBias(c *checker, x *tensor.Tensor, vName string, v *tensor.Tensor) {
-	c.float("x", x)
-	c.rank("x", x, 1, 8)
-	if c.failed() {
-		return
-	}
-	c.dtype(vName, v, x.DType())
-	c.shape(vName, v, tensor.Shape{x.Dim(-1)}, "to match the last dim of x "+x.Shape().String())
-}
-
 // AddBias adds bias (C) to every row of x (N, C) (x may have more leading
 // dimensions).
 func (bk *Backend) AddBias(x, bias *tensor.Tensor) {
 	c := bk.check("AddBias")
-	checkRowsBias(c, x, "bias", bias)
-	if !c.ok() {
+	n, cols := opcheck.RowsVec(c, x, "bias", bias)
+	if !c.OK() {
 		return
 	}
-	n, cols := rows(x)
 	switch x.DType() {
 	case tensor.Float32:
 		addBias(bk, x.F32(), bias.F32(), n, cols)
@@ -118,11 +99,10 @@ func addBias[T float](bk *Backend, x, bias []T, n, cols int) {
 // SumRows adds the sum of the rows of x (N, C) to dst (C): the bias gradient.
 func (bk *Backend) SumRows(dst, x *tensor.Tensor) {
 	c := bk.check("SumRows")
-	checkRowsBias(c, x, "dst", dst)
-	if !c.ok() {
+	n, cols := opcheck.RowsVec(c, x, "dst", dst)
+	if !c.OK() {
 		return
 	}
-	n, cols := rows(x)
 	switch x.DType() {
 	case tensor.Float32:
 		sumRows(bk, dst.F32(), x.F32(), n, cols)

@@ -2,27 +2,18 @@ package cpu
 
 import (
 	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/opcheck"
 )
 
-// checkEmbedding validates table (V, C), ids (N) int32 with every id in
-// [0, V), and a per-token tensor x (N, C) named xName.
-func checkEmbedding(c *checker, tableName string, table, ids *tensor.Tensor, xName string, x *tensor.Tensor) {
-	c.float(tableName, table)
-	c.rank(tableName, table, 2, 2)
-	c.dtype("ids", ids, tensor.Int32)
-	if c.failed() {
-		return
-	}
-	c.dtype(xName, x, table.DType())
-	want := append(ids.Shape().Clone(), table.Dim(1))
-	c.shape(xName, x, want, "(one row of "+tableName+" "+table.Shape().String()+" per id of ids "+ids.Shape().String()+")")
-	if c.failed() {
+// checkIDs checks that every id is in [0, V), the rows of table.
+func checkIDs(c *opcheck.Checker, tableName string, table, ids *tensor.Tensor) {
+	if c.Failed() {
 		return
 	}
 	v := table.Dim(0)
 	for i, id := range ids.I32() {
 		if id < 0 || int(id) >= v {
-			c.failf("ids[%d] = %d is outside [0, %d), the rows of %s %v", i, id, v, tableName, table.Shape())
+			c.Failf("ids[%d] = %d is outside [0, %d), the rows of %s %v", i, id, v, tableName, table.Shape())
 			return
 		}
 	}
@@ -32,11 +23,11 @@ func checkEmbedding(c *checker, tableName string, table, ids *tensor.Tensor, xNa
 // out (N, C); ids may have more dimensions, out has ids' shape and then C.
 func (bk *Backend) Embedding(out, table, ids *tensor.Tensor) {
 	c := bk.check("Embedding")
-	checkEmbedding(c, "table", table, ids, "out", out)
-	if !c.ok() {
+	_, _, cols := opcheck.Embedding(c, out, table, ids)
+	checkIDs(c, "table", table, ids)
+	if !c.OK() {
 		return
 	}
-	cols := table.Dim(1)
 	switch table.DType() {
 	case tensor.Float32:
 		embedding(bk, out.F32(), table.F32(), ids.I32(), cols)
@@ -58,11 +49,11 @@ func embedding[T float](bk *Backend, out, table []T, ids []int32, cols int) {
 // add up in the order of n.
 func (bk *Backend) EmbeddingBackward(dtable, dout, ids *tensor.Tensor) {
 	c := bk.check("EmbeddingBackward")
-	checkEmbedding(c, "dtable", dtable, ids, "dout", dout)
-	if !c.ok() {
+	_, _, cols := opcheck.EmbeddingBackward(c, dtable, dout, ids)
+	checkIDs(c, "dtable", dtable, ids)
+	if !c.OK() {
 		return
 	}
-	cols := dtable.Dim(1)
 	switch dtable.DType() {
 	case tensor.Float32:
 		embeddingBackward(bk, dtable.F32(), dout.F32(), ids.I32(), cols)

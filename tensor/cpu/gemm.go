@@ -5,6 +5,7 @@ import (
 	"gonum.org/v1/gonum/blas/gonum"
 
 	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/opcheck"
 )
 
 // MatMul computes C = alpha·op(A)·op(B) + beta·C with gonum's Sgemm or Dgemm,
@@ -17,44 +18,8 @@ import (
 // beta = 0 zeroes C first, so its old contents (even NaN) are ignored.
 func (bk *Backend) MatMul(c, a, b *tensor.Tensor, transA, transB bool, alpha, beta float32) {
 	ck := bk.check("MatMul")
-	ck.float("a", a)
-	ck.rank("a", a, 2, 3)
-	if !ck.ok() {
-		return
-	}
-	ck.dtype("b", b, a.DType())
-	ck.dtype("c", c, a.DType())
-	ck.rank("b", b, len(a.Shape()), len(a.Shape()))
-	ck.rank("c", c, len(a.Shape()), len(a.Shape()))
-	if !ck.ok() {
-		return
-	}
-	sa, sb := a.Shape(), b.Shape()
-	batch := 1
-	if len(sa) == 3 {
-		batch = sa[0]
-		if sb[0] != batch || c.Dim(0) != batch {
-			ck.failf("batch dimensions of a %v, b %v and c %v differ", sa, sb, c.Shape())
-		}
-		sa, sb = sa[1:], sb[1:]
-	}
-	m, k := sa[0], sa[1]
-	if transA {
-		m, k = k, m
-	}
-	kb, n := sb[0], sb[1]
-	if transB {
-		kb, n = n, kb
-	}
-	if kb != k {
-		ck.failf("b has shape %v, expected inner dimension %d (transB %v) to match a %v (transA %v)", b.Shape(), k, transB, a.Shape(), transA)
-	}
-	want := tensor.Shape{m, n}
-	if len(a.Shape()) == 3 {
-		want = tensor.Shape{batch, m, n}
-	}
-	ck.shape("c", c, want, "for a "+a.Shape().String()+" and b "+b.Shape().String())
-	if !ck.ok() {
+	batch, m, n, k := opcheck.MatMul(ck, c, a, b, transA, transB)
+	if !ck.OK() {
 		return
 	}
 	g := gemm{transA: transA, transB: transB, m: m, n: n, k: k, alpha: alpha, beta: beta}

@@ -4,6 +4,7 @@ import (
 	"math"
 
 	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/opcheck"
 )
 
 // CrossEntropy is softmax cross-entropy over the last dim of logits (N, V)
@@ -17,34 +18,16 @@ import (
 // many elements as logits has rows. losses is Float32 or logits' dtype.
 func (bk *Backend) CrossEntropy(losses, dlogits, logits, targets *tensor.Tensor, gradScale float32) {
 	c := bk.check("CrossEntropy")
-	c.float("logits", logits)
-	c.rank("logits", logits, 1, 8)
-	c.dtype("targets", targets, tensor.Int32)
-	if c.failed() {
-		c.ok()
-		return
-	}
-	c.side("losses", losses, logits.DType())
-	if dlogits != nil {
-		c.like("dlogits", dlogits, "logits", logits)
-	}
-	n, v := rows(logits)
-	rowsOf := "one per row of logits " + logits.Shape().String()
-	if !c.failed() && targets.Numel() != n {
-		c.failf("targets has shape %v, expected %v (%s)", targets.Shape(), outer(logits.Shape()), rowsOf)
-	}
-	if !c.failed() && losses.Numel() != n {
-		c.failf("losses has shape %v, expected %v (%s)", losses.Shape(), outer(logits.Shape()), rowsOf)
-	}
-	if !c.failed() {
+	_, v := opcheck.CrossEntropy(c, losses, dlogits, logits, targets)
+	if !c.Failed() {
 		for i, t := range targets.I32() {
 			if int(t) >= v {
-				c.failf("targets[%d] = %d, expected < V = %d (the last dim of logits %v) or negative (ignored)", i, t, v, logits.Shape())
+				c.Failf("targets[%d] = %d, expected < V = %d (the last dim of logits %v) or negative (ignored)", i, t, v, logits.Shape())
 				break
 			}
 		}
 	}
-	if !c.ok() {
+	if !c.OK() {
 		return
 	}
 	switch {

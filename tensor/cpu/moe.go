@@ -4,6 +4,7 @@ import (
 	"math"
 
 	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/opcheck"
 )
 
 var _ tensor.MoEOps = (*Backend)(nil)
@@ -16,29 +17,15 @@ var _ tensor.MoEOps = (*Backend)(nil)
 // taken yet (strict >, so the lowest column wins a tie).
 func (bk *Backend) TopK(vals, idx, x *tensor.Tensor, normalize bool) {
 	c := bk.check("TopK")
-	c.float("x", x)
-	c.rank("x", x, 2, 2)
-	if !c.failed() {
-		c.dtype("vals", vals, x.DType())
-	}
-	c.rank("vals", vals, 2, 2)
-	if !c.failed() {
-		n, e, k := x.Dim(0), x.Dim(1), vals.Dim(1)
-		c.shape("vals", vals, tensor.Shape{n, k}, "(N, K) for x "+x.Shape().String())
-		if !c.failed() && (k < 1 || k > e) {
-			c.failf("vals has shape %v: K = %d, expected 1 ≤ K ≤ E = %d", vals.Shape(), k, e)
-		}
-		c.dtype("idx", idx, tensor.Int32)
-		c.shape("idx", idx, vals.Shape(), "like vals")
-	}
-	if !c.ok() {
+	_, e, k := opcheck.TopK(c, vals, idx, x)
+	if !c.OK() {
 		return
 	}
 	switch x.DType() {
 	case tensor.Float32:
-		topK(bk, vals.F32(), idx.I32(), x.F32(), x.Dim(1), vals.Dim(1), normalize)
+		topK(bk, vals.F32(), idx.I32(), x.F32(), e, k, normalize)
 	case tensor.Float64:
-		topK(bk, vals.F64(), idx.I32(), x.F64(), x.Dim(1), vals.Dim(1), normalize)
+		topK(bk, vals.F64(), idx.I32(), x.F64(), e, k, normalize)
 	}
 }
 
@@ -74,27 +61,11 @@ func topK[T float](bk *Backend, vals []T, idx []int32, x []T, e, k int, normaliz
 // (N, E), through the renormalisation when normalize.
 func (bk *Backend) TopKBackward(dx, dvals, vals, idx, x *tensor.Tensor, normalize bool) {
 	c := bk.check("TopKBackward")
-	c.float("x", x)
-	c.rank("x", x, 2, 2)
-	c.like("dx", dx, "x", x)
-	c.float("vals", vals)
-	c.rank("vals", vals, 2, 2)
-	if !c.failed() {
-		c.shape("vals", vals, tensor.Shape{x.Dim(0), vals.Dim(1)}, "(N, K) for x "+x.Shape().String())
-	}
-	c.like("dvals", dvals, "vals", vals)
-	if !c.failed() && vals.DType() != x.DType() {
-		c.failf("vals is %v, expected dtype %v like x", vals, x.DType())
-	}
-	c.dtype("idx", idx, tensor.Int32)
-	if !c.failed() {
-		c.shape("idx", idx, vals.Shape(), "like vals")
-		c.indices("idx", idx, x.Dim(1))
-	}
-	if !c.ok() {
+	_, e, k := opcheck.TopKBackward(c, dx, dvals, vals, idx, x)
+	indices(c, "idx", idx, e)
+	if !c.OK() {
 		return
 	}
-	e, k := x.Dim(1), vals.Dim(1)
 	switch x.DType() {
 	case tensor.Float32:
 		topKBackward(bk, dx.F32(), dvals.F32(), vals.F32(), idx.I32(), x.F32(), e, k, normalize)
@@ -128,69 +99,19 @@ func topKBackward[T float](bk *Backend, dx, dvals, vals []T, idx []int32, x []T,
 	})
 }
 
-// indices checks that the int32 tensor t holds values < n (negative values
-// are allowed: they mark skipped entries).
-func (c *checker) indices(name string, t *tensor.Tensor, n int) {
-	if c.failed() {
-		return
-	}
-	for i, v := range t.I32() {
-		if int(v) >= n {
-			c.failf("%s[%d] = %d, expected a value < %d (or negative to skip)", name, i, v, n)
-			return
-		}
-	}
-}
-
-// rows2 checks a 2-D float tensor t with cols columns (cols < 0: any) and
-// dtype dt (Invalid: any float).
-func (c *checker) rows2(name string, t *tensor.Tensor, dt tensor.DType, cols int) {
-	if dt == tensor.Invalid {
-		c.float(name, t)
-	} else {
-		c.dtype(name, t, dt)
-	}
-	c.rank(name, t, 2, 2)
-	if !c.failed() && cols >= 0 && t.Dim(1) != cols {
-		c.failf("%s has shape %v, expected %d columns", name, t.Shape(), cols)
-	}
-}
-
-// apart fails when two tensors share storage.
-func (c *checker) apart(nameA string, a *tensor.Tensor, nameB string, b *tensor.Tensor) {
-	if c.failed() || a.Buffer() != b.Buffer() {
-		return
-	}
-	if a.Offset() < b.Offset()+b.Numel() && b.Offset() < a.Offset()+a.Numel() {
-		c.failf("%s overlaps %s, expected separate storage", nameA, nameB)
-	}
-}
-
 // GatherRows sets dst[i] = scale[i]·src[idx[i]] (zero where idx[i] < 0).
 func (bk *Backend) GatherRows(dst, src, idx, scale *tensor.Tensor) {
 	c := bk.check("GatherRows")
-	c.rows2("src", src, tensor.Invalid, -1)
-	if !c.failed() {
-		c.rows2("dst", dst, src.DType(), src.Dim(1))
-		c.apart("dst", dst, "src", src)
-	}
-	c.dtype("idx", idx, tensor.Int32)
-	if !c.failed() {
-		c.shape("idx", idx, tensor.Shape{dst.Dim(0)}, "(M) for dst "+dst.Shape().String())
-		c.indices("idx", idx, src.Dim(0))
-	}
-	if scale != nil && !c.failed() {
-		c.dtype("scale", scale, src.DType())
-		c.shape("scale", scale, tensor.Shape{dst.Dim(0)}, "(M) for dst "+dst.Shape().String())
-	}
-	if !c.ok() {
+	_, r, cols := opcheck.GatherRows(c, dst, src, idx, scale)
+	indices(c, "idx", idx, r)
+	if !c.OK() {
 		return
 	}
 	switch src.DType() {
 	case tensor.Float32:
-		gatherRows(bk, dst.F32(), src.F32(), idx.I32(), optF32(scale), src.Dim(1))
+		gatherRows(bk, dst.F32(), src.F32(), idx.I32(), optF32(scale), cols)
 	case tensor.Float64:
-		gatherRows(bk, dst.F64(), src.F64(), idx.I32(), optF64(scale), src.Dim(1))
+		gatherRows(bk, dst.F64(), src.F64(), idx.I32(), optF64(scale), cols)
 	}
 }
 
@@ -215,43 +136,20 @@ func gatherRows[T float](bk *Backend, dst, src []T, idx []int32, scale []T, cols
 	})
 }
 
-// checkCombine validates the operands shared by CombineRows and its
-// backward: out-like (N, C), src-like (M, C), pos (N, K), weights (N, K).
-func checkCombine(c *checker, outName string, out *tensor.Tensor, srcName string, src, pos, weights *tensor.Tensor) {
-	c.rows2(srcName, src, tensor.Invalid, -1)
-	if c.failed() {
-		return
-	}
-	c.rows2(outName, out, src.DType(), src.Dim(1))
-	c.dtype("pos", pos, tensor.Int32)
-	c.rank("pos", pos, 2, 2)
-	if c.failed() {
-		return
-	}
-	c.shape("pos", pos, tensor.Shape{out.Dim(0), pos.Dim(1)}, "(N, K) for "+outName+" "+out.Shape().String())
-	c.indices("pos", pos, src.Dim(0))
-	if weights != nil {
-		c.dtype("weights", weights, src.DType())
-		c.shape("weights", weights, pos.Shape(), "like pos")
-	}
-}
-
 // CombineRows sets out[n] = Σ_j weights[n, j]·src[pos[n, j]], skipping
 // negative positions.
 func (bk *Backend) CombineRows(out, src, pos, weights *tensor.Tensor) {
 	c := bk.check("CombineRows")
-	checkCombine(c, "out", out, "src", src, pos, weights)
-	if !c.failed() {
-		c.apart("out", out, "src", src)
-	}
-	if !c.ok() {
+	_, k, m, cols := opcheck.CombineRows(c, out, src, pos, weights)
+	indices(c, "pos", pos, m)
+	if !c.OK() {
 		return
 	}
 	switch src.DType() {
 	case tensor.Float32:
-		combineRows(bk, out.F32(), src.F32(), pos.I32(), optF32(weights), src.Dim(1), pos.Dim(1))
+		combineRows(bk, out.F32(), src.F32(), pos.I32(), optF32(weights), cols, k)
 	case tensor.Float64:
-		combineRows(bk, out.F64(), src.F64(), pos.I32(), optF64(weights), src.Dim(1), pos.Dim(1))
+		combineRows(bk, out.F64(), src.F64(), pos.I32(), optF64(weights), cols, k)
 	}
 }
 
@@ -283,21 +181,13 @@ func combineRows[T float](bk *Backend, out, src []T, pos []int32, w []T, cols, k
 // rows zero) and dweights[n, j] = ⟨dout[n], src[pos[n, j]]⟩.
 func (bk *Backend) CombineRowsBackward(dsrc, dweights, dout, src, pos, weights *tensor.Tensor) {
 	c := bk.check("CombineRowsBackward")
-	checkCombine(c, "dout", dout, "src", src, pos, weights)
-	if !c.failed() {
-		c.like("dsrc", dsrc, "src", src)
-		c.apart("dsrc", dsrc, "dout", dout)
-		c.apart("dsrc", dsrc, "src", src)
-	}
-	if dweights != nil && !c.failed() {
-		c.dtype("dweights", dweights, src.DType())
-		c.shape("dweights", dweights, pos.Shape(), "like pos")
-	}
-	if !c.failed() {
-		seen := make([]bool, src.Dim(0))
+	_, k, m, cols := opcheck.CombineRowsBackward(c, dsrc, dweights, dout, src, pos, weights)
+	indices(c, "pos", pos, m)
+	if !c.Failed() {
+		seen := make([]bool, m)
 		for i, p := range pos.I32() {
 			if p >= 0 && seen[p] {
-				c.failf("pos[%d] = %d refers to a row of src that another slot uses, expected distinct positions", i, p)
+				c.Failf("pos[%d] = %d refers to a row of src that another slot uses, expected distinct positions", i, p)
 				break
 			}
 			if p >= 0 {
@@ -305,14 +195,14 @@ func (bk *Backend) CombineRowsBackward(dsrc, dweights, dout, src, pos, weights *
 			}
 		}
 	}
-	if !c.ok() {
+	if !c.OK() {
 		return
 	}
 	switch src.DType() {
 	case tensor.Float32:
-		combineRowsBackward(bk, dsrc.F32(), optF32(dweights), dout.F32(), src.F32(), pos.I32(), optF32(weights), src.Dim(1), pos.Dim(1))
+		combineRowsBackward(bk, dsrc.F32(), optF32(dweights), dout.F32(), src.F32(), pos.I32(), optF32(weights), cols, k)
 	case tensor.Float64:
-		combineRowsBackward(bk, dsrc.F64(), optF64(dweights), dout.F64(), src.F64(), pos.I32(), optF64(weights), src.Dim(1), pos.Dim(1))
+		combineRowsBackward(bk, dsrc.F64(), optF64(dweights), dout.F64(), src.F64(), pos.I32(), optF64(weights), cols, k)
 	}
 }
 
@@ -348,24 +238,13 @@ func combineRowsBackward[T float](bk *Backend, dsrc, dw, dout, src []T, pos []in
 	})
 }
 
-// checkLSE validates x (N, E) and a side vector (N).
-func checkLSE(c *checker, x *tensor.Tensor, name string, v *tensor.Tensor) {
-	c.rows2("x", x, tensor.Invalid, -1)
-	if c.failed() {
-		return
-	}
-	c.side(name, v, x.DType())
-	c.shape(name, v, tensor.Shape{x.Dim(0)}, "(N) for x "+x.Shape().String())
-}
-
 // LogSumExp writes lse[n] = log Σ_e exp(x[n, e]), max-subtracted.
 func (bk *Backend) LogSumExp(lse, x *tensor.Tensor) {
 	c := bk.check("LogSumExp")
-	checkLSE(c, x, "lse", lse)
-	if !c.ok() {
+	n, e := opcheck.LogSumExp(c, lse, x)
+	if !c.OK() {
 		return
 	}
-	n, e := x.Dim(0), x.Dim(1)
 	xs, _ := x.Float64s()
 	out := make([]float64, n)
 	bk.parallelFor(n, 16*e, func(lo, hi int) {
@@ -390,15 +269,10 @@ func (bk *Backend) LogSumExp(lse, x *tensor.Tensor) {
 // LogSumExpBackward writes dx[n, e] = dlse[n]·exp(x[n, e] − lse[n]).
 func (bk *Backend) LogSumExpBackward(dx, dlse, x, lse *tensor.Tensor) {
 	c := bk.check("LogSumExpBackward")
-	checkLSE(c, x, "lse", lse)
-	if !c.failed() {
-		c.like("dx", dx, "x", x)
-		c.like("dlse", dlse, "lse", lse)
-	}
-	if !c.ok() {
+	n, e := opcheck.LogSumExpBackward(c, dx, dlse, x, lse)
+	if !c.OK() {
 		return
 	}
-	n, e := x.Dim(0), x.Dim(1)
 	xs, _ := x.Float64s()
 	ls, _ := lse.Float64s()
 	ds, _ := dlse.Float64s()

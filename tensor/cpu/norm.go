@@ -4,22 +4,8 @@ import (
 	"math"
 
 	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/opcheck"
 )
-
-// checkNorm validates x (N, C), w (C) and rstd (N elements).
-func checkNorm(c *checker, x, w, rstd *tensor.Tensor) {
-	checkRowsBias(c, x, "w", w)
-	if c.failed() {
-		return
-	}
-	c.side("rstd", rstd, x.DType())
-	if c.failed() {
-		return
-	}
-	if n, _ := rows(x); rstd.Numel() != n {
-		c.failf("rstd has shape %v, expected %v (one value per row of x %v)", rstd.Shape(), outer(x.Shape()), x.Shape())
-	}
-}
 
 // RMSNorm sets out = x / rms(x) · w over the last dim, and rstd = 1/rms(x)
 // per row, where rms(x) = sqrt(mean(x²) + eps).
@@ -27,12 +13,10 @@ func checkNorm(c *checker, x, w, rstd *tensor.Tensor) {
 //	x, out (N, C); w (C); rstd (N), Float32 or x's dtype
 func (bk *Backend) RMSNorm(out, rstd, x, w *tensor.Tensor, eps float32) {
 	c := bk.check("RMSNorm")
-	checkNorm(c, x, w, rstd)
-	c.like("out", out, "x", x)
-	if !c.ok() {
+	n, cols := opcheck.RMSNorm(c, out, rstd, x, w)
+	if !c.OK() {
 		return
 	}
-	n, cols := rows(x)
 	switch {
 	case x.DType() == tensor.Float32:
 		rmsNorm(bk, out.F32(), rstd.F32(), x.F32(), w.F32(), n, cols, eps)
@@ -67,14 +51,10 @@ func rmsNorm[T, S float](bk *Backend, out []T, rstd []S, x, w []T, n, cols int, 
 //	dw += Σ_n dout·x·rstd
 func (bk *Backend) RMSNormBackward(dx, dw, dout, x, w, rstd *tensor.Tensor) {
 	c := bk.check("RMSNormBackward")
-	checkNorm(c, x, w, rstd)
-	c.like("dout", dout, "x", x)
-	c.like("dx", dx, "x", x)
-	c.like("dw", dw, "w", w)
-	if !c.ok() {
+	n, cols := opcheck.RMSNormBackward(c, dx, dw, dout, x, w, rstd)
+	if !c.OK() {
 		return
 	}
-	n, cols := rows(x)
 	switch {
 	case x.DType() == tensor.Float32:
 		rmsNormBackward(bk, dx.F32(), dw.F32(), dout.F32(), x.F32(), w.F32(), rstd.F32(), n, cols)

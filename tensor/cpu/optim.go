@@ -4,6 +4,7 @@ import (
 	"math"
 
 	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/opcheck"
 )
 
 // optChunk is the number of elements an AdamW or SumSquares work item
@@ -22,45 +23,13 @@ const optChunk = 1 << 14
 // compute dtype; g may be any float dtype. All have the same numel.
 func (bk *Backend) AdamW(p, g, m, v, master *tensor.Tensor, hp tensor.AdamW) {
 	c := bk.check("AdamW")
-	c.host("p", p)
-	c.host("g", g)
-	if master != nil {
-		c.float("master", master)
-	}
-	if c.failed() {
-		c.ok()
+	cd := opcheck.AdamW(c, p, g, m, v, master, hp)
+	if !c.OK() {
 		return
 	}
 	w := p // the weights the update is computed on
 	if master != nil {
 		w = master
-	}
-	cd := w.DType()
-	if !p.DType().IsFloat() || !g.DType().IsFloat() {
-		c.failf("p %v and g %v must be float tensors", p, g)
-	}
-	if cd != tensor.Float32 && cd != tensor.Float64 {
-		c.failf("p is %v, expected f32 or f64, or an f32 master copy for a bf16 p", p)
-	}
-	c.dtype("m", m, cd)
-	c.dtype("v", v, cd)
-	if c.failed() {
-		c.ok()
-		return
-	}
-	for _, t := range []struct {
-		name string
-		t    *tensor.Tensor
-	}{{"g", g}, {"m", m}, {"v", v}, {"master", master}} {
-		if t.t != nil && t.t.Numel() != p.Numel() {
-			c.failf("%s %v has %d elements, expected %d like p %v", t.name, t.t, t.t.Numel(), p.Numel(), p)
-		}
-	}
-	if hp.Step < 1 {
-		c.failf("hp.Step = %d, expected ≥ 1 (bias correction counts steps from 1)", hp.Step)
-	}
-	if !c.ok() {
-		return
 	}
 	switch cd {
 	case tensor.Float32:
@@ -157,11 +126,8 @@ func storeFloats[T float](t *tensor.Tensor, s int, src []T) {
 // once the backend holds an error.
 func (bk *Backend) SumSquares(x *tensor.Tensor) float64 {
 	c := bk.check("SumSquares")
-	c.host("x", x)
-	if !c.failed() && !x.DType().IsFloat() {
-		c.failf("x is %v, expected a float tensor", x)
-	}
-	if !c.ok() {
+	opcheck.SumSquares(c, x)
+	if !c.OK() {
 		return math.NaN()
 	}
 	n := x.Numel()

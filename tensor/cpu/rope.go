@@ -4,28 +4,16 @@ import (
 	"math"
 
 	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/opcheck"
 )
-
-// checkRoPE validates x (B, T, H, D) with D even, and out like x.
-func checkRoPE(c *checker, xName string, x *tensor.Tensor, outName string, out *tensor.Tensor) {
-	c.float(xName, x)
-	c.rank(xName, x, 4, 4)
-	if c.failed() {
-		return
-	}
-	if d := x.Dim(3); d%2 != 0 {
-		c.failf("%s has shape %v, expected an even head dim D (the last)", xName, x.Shape())
-	}
-	c.like(outName, out, xName, x)
-}
 
 // RoPE rotates x (B, T, H, D) by position: for t < T and i < D/2 the pair
 // (x[..., i], x[..., i+D/2]) turns by the angle t·theta^(−2i/D). out may
 // alias x.
 func (bk *Backend) RoPE(out, x *tensor.Tensor, theta float64) {
 	c := bk.check("RoPE")
-	checkRoPE(c, "x", x, "out", out)
-	if !c.ok() {
+	opcheck.RoPE(c, out, x)
+	if !c.OK() {
 		return
 	}
 	switch x.DType() {
@@ -40,8 +28,8 @@ func (bk *Backend) RoPE(out, x *tensor.Tensor, theta float64) {
 // dx may alias dout).
 func (bk *Backend) RoPEBackward(dx, dout *tensor.Tensor, theta float64) {
 	c := bk.check("RoPEBackward")
-	checkRoPE(c, "dout", dout, "dx", dx)
-	if !c.ok() {
+	opcheck.RoPEBackward(c, dx, dout)
+	if !c.OK() {
 		return
 	}
 	switch dout.DType() {

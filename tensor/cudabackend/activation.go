@@ -3,15 +3,8 @@ package cudabackend
 import (
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cudabackend/internal/gpu"
+	"github.com/asynctp/asynctp/tensor/opcheck"
 )
-
-// sameAs checks that every tensor has the float dtype and shape of the first.
-func sameAs(c *checker, names []string, ts ...*tensor.Tensor) {
-	c.float(names[0], ts[0])
-	for i := 1; i < len(ts); i++ {
-		c.like(names[i], ts[i], names[0], ts[0])
-	}
-}
 
 // elementwise queues a grid-stride kernel over the n elements of ts[0].
 func (b *Backend) elementwise(op, kernel string, ts []*tensor.Tensor, extra ...any) {
@@ -32,8 +25,8 @@ func (b *Backend) elementwise(op, kernel string, ts []*tensor.Tensor, extra ...a
 // input.
 func (b *Backend) SwiGLU(out, gate, up *tensor.Tensor) {
 	c := b.check("SwiGLU")
-	sameAs(c, []string{"gate", "up", "out"}, gate, up, out)
-	if !c.ok() {
+	opcheck.Elementwise(c, []string{"gate", "up", "out"}, gate, up, out)
+	if !c.OK() {
 		return
 	}
 	b.elementwise("SwiGLU", "swiglu_fwd", []*tensor.Tensor{out, gate, up})
@@ -42,8 +35,8 @@ func (b *Backend) SwiGLU(out, gate, up *tensor.Tensor) {
 // SwiGLUBackward sets dgate and dup (overwritten) from dout, gate and up.
 func (b *Backend) SwiGLUBackward(dgate, dup, dout, gate, up *tensor.Tensor) {
 	c := b.check("SwiGLUBackward")
-	sameAs(c, []string{"gate", "up", "dout", "dgate", "dup"}, gate, up, dout, dgate, dup)
-	if !c.ok() {
+	opcheck.Elementwise(c, []string{"gate", "up", "dout", "dgate", "dup"}, gate, up, dout, dgate, dup)
+	if !c.OK() {
 		return
 	}
 	b.elementwise("SwiGLUBackward", "swiglu_bwd", []*tensor.Tensor{dgate, dup, dout, gate, up})
@@ -52,8 +45,8 @@ func (b *Backend) SwiGLUBackward(dgate, dup, dout, gate, up *tensor.Tensor) {
 // GELU (tanh approximation) sets out = gelu(x); out may alias x.
 func (b *Backend) GELU(out, x *tensor.Tensor) {
 	c := b.check("GELU")
-	sameAs(c, []string{"x", "out"}, x, out)
-	if !c.ok() {
+	opcheck.Elementwise(c, []string{"x", "out"}, x, out)
+	if !c.OK() {
 		return
 	}
 	b.elementwise("GELU", "gelu_fwd", []*tensor.Tensor{out, x})
@@ -62,8 +55,8 @@ func (b *Backend) GELU(out, x *tensor.Tensor) {
 // GELUBackward sets dx (overwritten) from dout and x.
 func (b *Backend) GELUBackward(dx, dout, x *tensor.Tensor) {
 	c := b.check("GELUBackward")
-	sameAs(c, []string{"x", "dout", "dx"}, x, dout, dx)
-	if !c.ok() {
+	opcheck.Elementwise(c, []string{"x", "dout", "dx"}, x, dout, dx)
+	if !c.OK() {
 		return
 	}
 	b.elementwise("GELUBackward", "gelu_bwd", []*tensor.Tensor{dx, dout, x})
@@ -72,16 +65,9 @@ func (b *Backend) GELUBackward(dx, dout, x *tensor.Tensor) {
 // Softmax sets out = softmax(x) over the last dimension (one block per row).
 func (b *Backend) Softmax(out, x *tensor.Tensor) {
 	c := b.check("Softmax")
-	c.float("x", x)
-	c.rank("x", x, 1, 8)
-	c.like("out", out, "x", x)
-	n, cols := 0, 0
-	if !c.failed() {
-		n, cols = rows(x)
-		c.fits("N", n)
-		c.fits("C", cols)
-	}
-	if !c.ok() || n == 0 || cols == 0 {
+	n, cols := opcheck.Softmax(c, out, x)
+	rowsFit(c, n, cols)
+	if !c.OK() || n == 0 || cols == 0 {
 		return
 	}
 	b.launch("Softmax", "softmax_fwd"+sfx(x.DType()), gpu.D1(n), rowBlock(cols, packOf(x.DType().Size())), 0,
@@ -91,17 +77,9 @@ func (b *Backend) Softmax(out, x *tensor.Tensor) {
 // SoftmaxBackward sets dx = out·(dout − Σ dout·out) row by row.
 func (b *Backend) SoftmaxBackward(dx, dout, out *tensor.Tensor) {
 	c := b.check("SoftmaxBackward")
-	c.float("out", out)
-	c.rank("out", out, 1, 8)
-	c.like("dout", dout, "out", out)
-	c.like("dx", dx, "out", out)
-	n, cols := 0, 0
-	if !c.failed() {
-		n, cols = rows(out)
-		c.fits("N", n)
-		c.fits("C", cols)
-	}
-	if !c.ok() || n == 0 || cols == 0 {
+	n, cols := opcheck.SoftmaxBackward(c, dx, dout, out)
+	rowsFit(c, n, cols)
+	if !c.OK() || n == 0 || cols == 0 {
 		return
 	}
 	b.launch("SoftmaxBackward", "softmax_bwd"+sfx(out.DType()), gpu.D1(n), rowBlock(cols, packOf(out.DType().Size())), 0,

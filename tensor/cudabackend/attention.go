@@ -6,6 +6,7 @@ import (
 
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cudabackend/internal/gpu"
+	"github.com/asynctp/asynctp/tensor/opcheck"
 )
 
 // ropeKey identifies a table of RoPE angles.
@@ -46,20 +47,11 @@ func (b *Backend) ropeTable(d gpu.Device, t, dim int, theta float64) (gpu.Ptr, e
 	return p, nil
 }
 
-// checkRoPE validates x (B, T, H, D) with D even, and out like x.
-func checkRoPE(c *checker, xName string, x *tensor.Tensor, outName string, out *tensor.Tensor) {
-	c.float(xName, x)
-	c.rank(xName, x, 4, 4)
-	if c.failed() {
-		return
-	}
-	if d := x.Dim(3); d%2 != 0 {
-		c.failf("%s has shape %v, expected an even head dim D (the last)", xName, x.Shape())
-	}
-	c.like(outName, out, xName, x)
-	c.fits("T", x.Dim(1))
-	c.fits("H", x.Dim(2))
-	c.fits("D", x.Dim(3))
+// ropeFits checks T, H and D against the kernels' sizes.
+func ropeFits(c *opcheck.Checker, nt, nh, d int) {
+	fits(c, "T", nt)
+	fits(c, "H", nh)
+	fits(c, "D", d)
 }
 
 // RoPE rotates x (B, T, H, D) by position: for t < T and i < D/2 the pair
@@ -67,8 +59,9 @@ func checkRoPE(c *checker, xName string, x *tensor.Tensor, outName string, out *
 // cos and sin from a float64 host table. out may alias x.
 func (b *Backend) RoPE(out, x *tensor.Tensor, theta float64) {
 	c := b.check("RoPE")
-	checkRoPE(c, "x", x, "out", out)
-	if !c.ok() {
+	_, nt, nh, d := opcheck.RoPE(c, out, x)
+	ropeFits(c, nt, nh, d)
+	if !c.OK() {
 		return
 	}
 	b.rope4("RoPE", out, x, theta, 1)
@@ -77,8 +70,9 @@ func (b *Backend) RoPE(out, x *tensor.Tensor, theta float64) {
 // RoPEBackward sets dx to dout turned back by the same angles.
 func (b *Backend) RoPEBackward(dx, dout *tensor.Tensor, theta float64) {
 	c := b.check("RoPEBackward")
-	checkRoPE(c, "dout", dout, "dx", dx)
-	if !c.ok() {
+	_, nt, nh, d := opcheck.RoPEBackward(c, dx, dout)
+	ropeFits(c, nt, nh, d)
+	if !c.OK() {
 		return
 	}
 	b.rope4("RoPEBackward", dx, dout, theta, -1)
@@ -101,28 +95,16 @@ func (b *Backend) rope4(op string, out, x *tensor.Tensor, theta float64, sign fl
 	})
 }
 
-// checkAttention validates q (B, T, H, D), k and v like q, and lse (B, H, T)
-// Float32; it returns the shape.
-func checkAttention(c *checker, q, k, v, lse *tensor.Tensor) (nb, nt, nh, d int) {
-	c.float("q", q)
-	c.rank("q", q, 4, 4)
-	c.like("k", k, "q", q)
-	c.like("v", v, "q", q)
-	if c.failed() {
-		return
+// attnFits checks the limits of the attention kernels: D ≤ 128, B·H within
+// the grid, T in 32 bits.
+func attnFits(c *opcheck.Checker, q *tensor.Tensor, nb, nt, nh, d int) {
+	if !c.Failed() && d > 128 {
+		c.Failf("q has shape %v: head dim D = %d, the attention kernels take D ≤ 128", q.Shape(), d)
 	}
-	c.dtype("lse", lse, tensor.Float32)
-	s := q.Shape()
-	c.shape("lse", lse, tensor.Shape{s[0], s[2], s[1]}, "(B, H, T) for q "+s.String()+" (B, T, H, D)")
-	nb, nt, nh, d = s[0], s[1], s[2], s[3]
-	if !c.failed() && d > 128 {
-		c.failf("q has shape %v: head dim D = %d, the attention kernels take D ≤ 128", s, d)
+	if !c.Failed() && nb*nh > 65535 {
+		c.Failf("q has shape %v: B·H = %d exceeds the kernels' grid limit 65535", q.Shape(), nb*nh)
 	}
-	if !c.failed() && nb*nh > 65535 {
-		c.failf("q has shape %v: B·H = %d exceeds the kernels' grid limit 65535", s, nb*nh)
-	}
-	c.fits("T", nt)
-	return
+	fits(c, "T", nt)
 }
 
 // attnVariant is the kernel name suffix for head dim d: "_d32", "_d64" or
@@ -148,9 +130,9 @@ func attnGrid(nb, nt, nh int) gpu.Dim3 { return gpu.D2(ceilDiv(nt, 32), nb*nh) }
 // (B, T, H, D) with D ≤ 128.
 func (b *Backend) Attention(out, lse, q, k, v *tensor.Tensor, scale float32) {
 	c := b.check("Attention")
-	nb, nt, nh, d := checkAttention(c, q, k, v, lse)
-	c.like("out", out, "q", q)
-	if !c.ok() || nb*nt*nh == 0 {
+	nb, nt, nh, d := opcheck.Attention(c, out, lse, q, k, v)
+	attnFits(c, q, nb, nt, nh, d)
+	if !c.OK() || nb*nt*nh == 0 {
 		return
 	}
 	if b.useTensorCores(q.DType(), d) && tcAligned(out, q, k, v) {
@@ -168,13 +150,9 @@ func (b *Backend) Attention(out, lse, q, k, v *tensor.Tensor, scale float32) {
 // each), with no atomics.
 func (b *Backend) AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse *tensor.Tensor, scale float32) {
 	c := b.check("AttentionBackward")
-	nb, nt, nh, d := checkAttention(c, q, k, v, lse)
-	c.like("out", out, "q", q)
-	c.like("dout", dout, "q", q)
-	c.like("dq", dq, "q", q)
-	c.like("dk", dk, "q", q)
-	c.like("dv", dv, "q", q)
-	if !c.ok() || nb*nt*nh*d == 0 {
+	nb, nt, nh, d := opcheck.AttentionBackward(c, dq, dk, dv, dout, q, k, v, out, lse)
+	attnFits(c, q, nb, nt, nh, d)
+	if !c.OK() || nb*nt*nh*d == 0 {
 		return
 	}
 	if b.useTensorCores(q.DType(), d) && tcAligned(dq, dk, dv, dout, q, k, v) {

@@ -9,6 +9,7 @@ import (
 	"github.com/asynctp/asynctp/cuda"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cudabackend/internal/gpu"
+	"github.com/asynctp/asynctp/tensor/opcheck"
 )
 
 // Backend is tensor.Backend on one GPU. Create it with New; Close it when
@@ -24,7 +25,8 @@ type Backend struct {
 	flags   gpu.Ptr       // device int32 pairs, one per flagSlot (see common.cuh: err)
 	pending []pendingFlag // launches whose data checks are not read back yet
 	rope    map[ropeKey]gpu.Ptr
-	hasTC   bool // the image has the tensor-core attention kernels
+	hasTC   bool           // the image has the tensor-core attention kernels
+	pol     opcheck.Policy // what its ops accept, with the shared checks (check.go)
 
 	errMu sync.Mutex
 	err   error
@@ -91,6 +93,7 @@ func New(device int, opts ...Option) (*Backend, error) {
 // in tests).
 func newBackend(d gpu.Device, index int, cfg config) (*Backend, error) {
 	b := &Backend{dev: d, index: index, cfg: cfg, rope: make(map[ropeKey]gpu.Ptr)}
+	b.pol = b.policy()
 	b.alloc = newAllocator(d)
 	if err := d.Acquire(); err != nil {
 		return nil, err

@@ -7,34 +7,8 @@ import (
 
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cudabackend/internal/gpu"
+	"github.com/asynctp/asynctp/tensor/opcheck"
 )
-
-// host checks that t is a tensor in host memory.
-func (c *checker) host(name string, t *tensor.Tensor) {
-	if c.failed() {
-		return
-	}
-	if t == nil {
-		c.failf("%s is nil", name)
-		return
-	}
-	if _, ok := t.Buffer().(*tensor.HostBuffer); !ok {
-		c.failf("%s is %v, expected a tensor in host memory", name, t)
-	}
-}
-
-// convertible checks the numels and dtypes of a conversion src → dst.
-func (c *checker) convertible(dst, src *tensor.Tensor) {
-	if c.failed() {
-		return
-	}
-	if dst.Numel() != src.Numel() {
-		c.failf("dst %v has %d elements, expected %d like src %v", dst, dst.Numel(), src.Numel(), src)
-	}
-	if (dst.DType() == tensor.Int32) != (src.DType() == tensor.Int32) {
-		c.failf("cannot convert %v to %v (integer and float dtypes do not mix)", src, dst)
-	}
-}
 
 // Upload copies the host tensor src into dst, converting src's dtype (f32,
 // f64, bf16, i32) to dst's on the host first (to bfloat16: round to nearest
@@ -42,10 +16,8 @@ func (c *checker) convertible(dst, src *tensor.Tensor) {
 // src may be reused when Upload returns.
 func (b *Backend) Upload(dst, src *tensor.Tensor) {
 	c := b.check("Upload")
-	c.dev("dst", dst)
-	c.host("src", src)
-	c.convertible(dst, src)
-	if !c.ok() {
+	opcheck.Upload(c, dst, src)
+	if !c.OK() {
 		return
 	}
 	data := hostAs(src, dst.DType())
@@ -62,10 +34,8 @@ func (b *Backend) Upload(dst, src *tensor.Tensor) {
 // reads back the kernels' data checks.
 func (b *Backend) Download(dst, src *tensor.Tensor) {
 	c := b.check("Download")
-	c.host("dst", dst)
-	c.dev("src", src)
-	c.convertible(dst, src)
-	if !c.ok() {
+	opcheck.Download(c, dst, src)
+	if !c.OK() {
 		return
 	}
 	n := src.Numel()
@@ -89,10 +59,8 @@ func (b *Backend) Download(dst, src *tensor.Tensor) {
 // (to bf16: round to nearest even); i32 copies only to i32. dst may be src.
 func (b *Backend) Copy(dst, src *tensor.Tensor) {
 	c := b.check("Copy")
-	c.dev("dst", dst)
-	c.dev("src", src)
-	c.convertible(dst, src)
-	if !c.ok() {
+	opcheck.Copy(c, dst, src)
+	if !c.OK() {
 		return
 	}
 	n := src.Numel()
@@ -118,11 +86,8 @@ func (b *Backend) Copy(dst, src *tensor.Tensor) {
 // must be an integer in range).
 func (b *Backend) Fill(t *tensor.Tensor, v float64) {
 	c := b.check("Fill")
-	c.dev("t", t)
-	if !c.failed() && t.DType() == tensor.Int32 && (v != math.Trunc(v) || v < math.MinInt32 || v > math.MaxInt32) {
-		c.failf("value %v does not fit %v", v, t)
-	}
-	if !c.ok() {
+	opcheck.Fill(c, t, v)
+	if !c.OK() {
 		return
 	}
 	n := t.Numel()

@@ -30,7 +30,10 @@
 //
 // Ops queue work and return. Argument errors (shapes, dtypes, a tensor of
 // another device) are found on the host and recorded at once as the sticky
-// error, named "cuda: <op>: ..."; later ops are then no-ops. Errors in the
+// error, named "cuda: <op>: ..."; later ops are then no-ops. These checks are
+// shared with the CPU reference (tensor/opcheck), so both accept the same
+// calls; the policy in check.go and the kernels' size limits are this
+// backend's own. Errors in the
 // data that only the kernels see (an Embedding id outside the table, a
 // CrossEntropy target ≥ V) are flagged on the device and read back at the
 // next Sync, Download or SumSquares (the host waits there anyway), so Err

@@ -3,18 +3,16 @@ package cudabackend
 import (
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cudabackend/internal/gpu"
+	"github.com/asynctp/asynctp/tensor/opcheck"
 )
 
 // Add sets dst = a + b (same shape and dtype; dst may alias a or b).
 func (b *Backend) Add(dst, a, bb *tensor.Tensor) {
 	c := b.check("Add")
-	c.float("a", a)
-	c.like("b", bb, "a", a)
-	c.like("dst", dst, "a", a)
-	if !c.ok() || a.Numel() == 0 {
+	n := opcheck.Elementwise(c, []string{"a", "b", "dst"}, a, bb, dst)
+	if !c.OK() || n == 0 {
 		return
 	}
-	n := a.Numel()
 	b.launch("Add", "add"+sfx(a.DType()), b.gridStride(n, packOf(a.DType().Size())), gpu.D1(threads256), 0,
 		ptr(dst), ptr(a), ptr(bb), int64(n))
 }
@@ -22,12 +20,10 @@ func (b *Backend) Add(dst, a, bb *tensor.Tensor) {
 // Scale sets dst = s·a (dst may alias a).
 func (b *Backend) Scale(dst, a *tensor.Tensor, s float32) {
 	c := b.check("Scale")
-	c.float("a", a)
-	c.like("dst", dst, "a", a)
-	if !c.ok() || a.Numel() == 0 {
+	n := opcheck.Elementwise(c, []string{"a", "dst"}, a, dst)
+	if !c.OK() || n == 0 {
 		return
 	}
-	n := a.Numel()
 	b.launch("Scale", "scale"+sfx(a.DType()), b.gridStride(n, packOf(a.DType().Size())), gpu.D1(threads256), 0,
 		ptr(dst), ptr(a), s, int64(n))
 }
@@ -35,38 +31,21 @@ func (b *Backend) Scale(dst, a *tensor.Tensor, s float32) {
 // Axpy sets y += alpha·x (y may alias x).
 func (b *Backend) Axpy(y *tensor.Tensor, alpha float32, x *tensor.Tensor) {
 	c := b.check("Axpy")
-	c.float("x", x)
-	c.like("y", y, "x", x)
-	if !c.ok() || x.Numel() == 0 {
+	n := opcheck.Elementwise(c, []string{"x", "y"}, x, y)
+	if !c.OK() || n == 0 {
 		return
 	}
-	n := x.Numel()
 	b.launch("Axpy", "axpy"+sfx(x.DType()), b.gridStride(n, packOf(x.DType().Size())), gpu.D1(threads256), 0,
 		ptr(y), alpha, ptr(x), int64(n))
-}
-
-// checkRowsVec validates x (..., C) and a vector v (C) of x's dtype.
-func checkRowsVec(c *checker, x *tensor.Tensor, vName string, v *tensor.Tensor) {
-	c.float("x", x)
-	c.rank("x", x, 1, 8)
-	if c.failed() {
-		return
-	}
-	c.dtype(vName, v, x.DType())
-	c.shape(vName, v, tensor.Shape{x.Dim(-1)}, "to match the last dim of x "+x.Shape().String())
 }
 
 // AddBias adds bias (C) to every row of x (N, C) (x may have more leading
 // dimensions).
 func (b *Backend) AddBias(x, bias *tensor.Tensor) {
 	c := b.check("AddBias")
-	checkRowsVec(c, x, "bias", bias)
-	n, cols := 0, 0
-	if !c.failed() {
-		n, cols = rows(x)
-		c.fits("C", cols)
-	}
-	if !c.ok() || x.Numel() == 0 {
+	n, cols := opcheck.RowsVec(c, x, "bias", bias)
+	fits(c, "C", cols)
+	if !c.OK() || x.Numel() == 0 {
 		return
 	}
 	b.launch("AddBias", "add_bias"+sfx(x.DType()), b.gridStride(x.Numel(), packOf(x.DType().Size())), gpu.D1(threads256), 0,
@@ -78,14 +57,9 @@ func (b *Backend) AddBias(x, bias *tensor.Tensor) {
 // in chunk order (see colsumPlan).
 func (b *Backend) SumRows(dst, x *tensor.Tensor) {
 	c := b.check("SumRows")
-	checkRowsVec(c, x, "dst", dst)
-	n, cols := 0, 0
-	if !c.failed() {
-		n, cols = rows(x)
-		c.fits("N", n)
-		c.fits("C", cols)
-	}
-	if !c.ok() || n == 0 || cols == 0 {
+	n, cols := opcheck.RowsVec(c, x, "dst", dst)
+	rowsFit(c, n, cols)
+	if !c.OK() || n == 0 || cols == 0 {
 		return
 	}
 	suffix := sfx(x.DType())

@@ -5,25 +5,15 @@ import (
 
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cudabackend/internal/gpu"
+	"github.com/asynctp/asynctp/tensor/opcheck"
 )
 
-// checkEmbedding validates table (V, C), ids int32 and a per-token tensor x
-// (ids' shape, then C). The ids' values are checked by the kernels.
-func checkEmbedding(c *checker, tableName string, table, ids *tensor.Tensor, xName string, x *tensor.Tensor) (n, v, cols int) {
-	c.float(tableName, table)
-	c.rank(tableName, table, 2, 2)
-	c.dtype("ids", ids, tensor.Int32)
-	if c.failed() {
-		return
-	}
-	c.dtype(xName, x, table.DType())
-	want := append(ids.Shape().Clone(), table.Dim(1))
-	c.shape(xName, x, want, "(one row of "+tableName+" "+table.Shape().String()+" per id of ids "+ids.Shape().String()+")")
-	n, v, cols = ids.Numel(), table.Dim(0), table.Dim(1)
-	c.fits("N", n)
-	c.fits("V", v+1)
-	c.fits("C", cols)
-	return
+// embeddingFits checks N, V + 1 (the counts of the backward) and C against
+// the kernels' sizes.
+func embeddingFits(c *opcheck.Checker, n, v, cols int) {
+	fits(c, "N", n)
+	fits(c, "V", v+1)
+	fits(c, "C", cols)
 }
 
 // badID explains a flagged id of op.
@@ -40,8 +30,9 @@ func badID(op string, table *tensor.Tensor) func(int32) error {
 // by the kernel and reported at the next Sync (its row is zeroed).
 func (b *Backend) Embedding(out, table, ids *tensor.Tensor) {
 	c := b.check("Embedding")
-	n, v, cols := checkEmbedding(c, "table", table, ids, "out", out)
-	if !c.ok() || n == 0 {
+	n, v, cols := opcheck.Embedding(c, out, table, ids)
+	embeddingFits(c, n, v, cols)
+	if !c.OK() || n == 0 {
 		return
 	}
 	b.do("Embedding", func(d gpu.Device) error {
@@ -57,8 +48,9 @@ func (b *Backend) Embedding(out, table, ids *tensor.Tensor) {
 // in fp32 in that order (see cuda/kernels/embedding.cu).
 func (b *Backend) EmbeddingBackward(dtable, dout, ids *tensor.Tensor) {
 	c := b.check("EmbeddingBackward")
-	n, v, cols := checkEmbedding(c, "dtable", dtable, ids, "dout", dout)
-	if !c.ok() || n == 0 || cols == 0 {
+	n, v, cols := opcheck.EmbeddingBackward(c, dtable, dout, ids)
+	embeddingFits(c, n, v, cols)
+	if !c.OK() || n == 0 || cols == 0 {
 		return
 	}
 	b.do("EmbeddingBackward", func(d gpu.Device) error {

@@ -3,6 +3,7 @@ package cudabackend
 import (
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cudabackend/internal/gpu"
+	"github.com/asynctp/asynctp/tensor/opcheck"
 )
 
 // MatMul computes C = alpha·op(A)·op(B) + beta·C with cuBLASLt, for 2-D
@@ -17,44 +18,8 @@ import (
 // beta = 0 ignores C's old contents (even NaN).
 func (b *Backend) MatMul(c, a, bm *tensor.Tensor, transA, transB bool, alpha, beta float32) {
 	ck := b.check("MatMul")
-	ck.float("a", a)
-	ck.rank("a", a, 2, 3)
-	if !ck.ok() {
-		return
-	}
-	ck.dtype("b", bm, a.DType())
-	ck.dtype("c", c, a.DType())
-	ck.rank("b", bm, len(a.Shape()), len(a.Shape()))
-	ck.rank("c", c, len(a.Shape()), len(a.Shape()))
-	if !ck.ok() {
-		return
-	}
-	sa, sb := a.Shape(), bm.Shape()
-	batch := 1
-	if len(sa) == 3 {
-		batch = sa[0]
-		if sb[0] != batch || c.Dim(0) != batch {
-			ck.failf("batch dimensions of a %v, b %v and c %v differ", sa, sb, c.Shape())
-		}
-		sa, sb = sa[1:], sb[1:]
-	}
-	m, k := sa[0], sa[1]
-	if transA {
-		m, k = k, m
-	}
-	kb, n := sb[0], sb[1]
-	if transB {
-		kb, n = n, kb
-	}
-	if kb != k {
-		ck.failf("b has shape %v, expected inner dimension %d (transB %v) to match a %v (transA %v)", bm.Shape(), k, transB, a.Shape(), transA)
-	}
-	want := tensor.Shape{m, n}
-	if len(a.Shape()) == 3 {
-		want = tensor.Shape{batch, m, n}
-	}
-	ck.shape("c", c, want, "for a "+a.Shape().String()+" and b "+bm.Shape().String())
-	if !ck.ok() {
+	batch, m, n, k := opcheck.MatMul(ck, c, a, bm, transA, transB)
+	if !ck.OK() {
 		return
 	}
 	if m == 0 || n == 0 || batch == 0 {

@@ -5,6 +5,7 @@ import (
 
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cudabackend/internal/gpu"
+	"github.com/asynctp/asynctp/tensor/opcheck"
 )
 
 // CrossEntropy is softmax cross-entropy over the last dim of logits (N, V)
@@ -16,28 +17,10 @@ import (
 // One block per row, two passes over the row.
 func (b *Backend) CrossEntropy(losses, dlogits, logits, targets *tensor.Tensor, gradScale float32) {
 	c := b.check("CrossEntropy")
-	c.float("logits", logits)
-	c.rank("logits", logits, 1, 8)
-	c.dtype("targets", targets, tensor.Int32)
-	if c.failed() {
-		c.ok()
-		return
-	}
-	c.dtype("losses", losses, tensor.Float32)
-	if dlogits != nil {
-		c.like("dlogits", dlogits, "logits", logits)
-	}
-	n, v := rows(logits)
-	rowsOf := "one per row of logits " + logits.Shape().String()
-	if !c.failed() && targets.Numel() != n {
-		c.failf("targets has shape %v, expected %v (%s)", targets.Shape(), outer(logits.Shape()), rowsOf)
-	}
-	if !c.failed() && losses.Numel() != n {
-		c.failf("losses has shape %v, expected %v (%s)", losses.Shape(), outer(logits.Shape()), rowsOf)
-	}
-	c.fits("N", n)
-	c.fits("V", v)
-	if !c.ok() || n == 0 {
+	n, v := opcheck.CrossEntropy(c, losses, dlogits, logits, targets)
+	fits(c, "N", n)
+	fits(c, "V", v)
+	if !c.OK() || n == 0 {
 		return
 	}
 	shape := logits.Shape().String()

@@ -6,6 +6,7 @@ import (
 
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cudabackend/internal/gpu"
+	"github.com/asynctp/asynctp/tensor/opcheck"
 )
 
 // AdamW updates p in place from the gradient g with the moments m and v, in
@@ -22,29 +23,8 @@ import (
 // though the CPU reference refuses it.)
 func (b *Backend) AdamW(p, g, m, v, master *tensor.Tensor, hp tensor.AdamW) {
 	c := b.check("AdamW")
-	c.float("p", p)
-	c.float("g", g)
-	c.dtype("m", m, tensor.Float32)
-	c.dtype("v", v, tensor.Float32)
-	if master != nil {
-		c.dtype("master", master, tensor.Float32)
-	}
-	if c.failed() {
-		c.ok()
-		return
-	}
-	for _, t := range []struct {
-		name string
-		t    *tensor.Tensor
-	}{{"g", g}, {"m", m}, {"v", v}, {"master", master}} {
-		if t.t != nil && t.t.Numel() != p.Numel() {
-			c.failf("%s %v has %d elements, expected %d like p %v", t.name, t.t, t.t.Numel(), p.Numel(), p)
-		}
-	}
-	if hp.Step < 1 {
-		c.failf("hp.Step = %d, expected ≥ 1 (bias correction counts steps from 1)", hp.Step)
-	}
-	if !c.ok() || p.Numel() == 0 {
+	opcheck.AdamW(c, p, g, m, v, master, hp)
+	if !c.OK() || p.Numel() == 0 {
 		return
 	}
 	gs := hp.GradScale
@@ -65,8 +45,8 @@ func (b *Backend) AdamW(p, g, m, v, master *tensor.Tensor, hp tensor.AdamW) {
 // recorded.
 func (b *Backend) SumSquares(x *tensor.Tensor) float64 {
 	c := b.check("SumSquares")
-	c.float("x", x)
-	if !c.ok() || x.Numel() == 0 {
+	opcheck.SumSquares(c, x)
+	if !c.OK() || x.Numel() == 0 {
 		return 0
 	}
 	n := x.Numel()
