@@ -90,6 +90,8 @@ type flagValues struct {
 	tp, dp, ep, world                                    int
 	sequenceParallel                                     bool
 	commTimeout                                          time.Duration
+	nproc                                                int
+	comm                                                 string
 }
 
 func newFlagSet(fv *flagValues) *flag.FlagSet {
@@ -128,12 +130,27 @@ func newFlagSet(fv *flagValues) *flag.FlagSet {
 	fs.IntVar(&fv.world, "world", 0, "ranks, run as goroutines on the CPU (default dp × tp, which it must equal)")
 	fs.BoolVar(&fv.sequenceParallel, "sequence-parallel", false, "split the residual stream and the norms along the tokens over the TP group (needs --tp > 1)")
 	fs.DurationVar(&fv.commTimeout, "comm-timeout", defaultCommTimeout, "how long a rank waits for the others in a collective before the run fails naming the missing ranks")
+	fs.IntVar(&fv.nproc, "nproc", 0, "start `N` local processes of this command, one rank each (the world defaults to N); see --comm")
+	fs.StringVar(&fv.comm, "comm", "", "transport between the ranks: local (goroutines of one process, CPU), tcp (processes, CPU), nccl or nvshmem (processes, GPUs); default local, or with --nproc or a launcher (torchrun, srun, mpirun) tcp on the CPU and nccl with --device cuda")
 	return fs
 }
 
 // loadConfig builds the run's Config from the arguments: preset, then file,
-// then flags given on the command line.
-func loadConfig(args []string) (Config, error) {
+// then flags given on the command line (for a process that no launcher
+// started).
+func loadConfig(args []string) (Config, error) { return loadConfigIn(args, origin{}) }
+
+// origin is how this process was started: by a launcher (torchrun, srun,
+// mpirun, or --nproc's own) as one rank of a world of the given size, or
+// not (the zero value).
+type origin struct {
+	launched bool
+	world    int
+}
+
+// loadConfigIn is loadConfig for a process started as l: under a launcher
+// the world defaults to the launcher's.
+func loadConfigIn(args []string, l origin) (Config, error) {
 	var fv flagValues
 	fs := newFlagSet(&fv)
 	fs.SetOutput(os.Stderr)
@@ -179,7 +196,16 @@ func loadConfig(args []string) (Config, error) {
 	}
 	applyFlags(&cfg, &fv, set)
 	cfg.Train.Seq = cfg.Model.Seq // one sequence length: the model's
-	return cfg, cfg.validate()
+	if p := &cfg.Parallel; p.World == 0 && p.DP == 0 {
+		// The world defaults to the processes there are (dp = world / tp).
+		switch {
+		case l.launched:
+			p.World = l.world
+		case p.NProc > 0:
+			p.World = p.NProc
+		}
+	}
+	return cfg, cfg.validate(l)
 }
 
 func applyFlags(cfg *Config, fv *flagValues, set map[string]bool) {
@@ -253,9 +279,15 @@ func applyFlags(cfg *Config, fv *flagValues, set map[string]bool) {
 	if set["comm-timeout"] {
 		p.CommTimeout = Duration(fv.commTimeout)
 	}
+	if set["nproc"] {
+		p.NProc = fv.nproc
+	}
+	if set["comm"] {
+		p.Comm = fv.comm
+	}
 }
 
-func (c *Config) validate() error {
+func (c *Config) validate(l origin) error {
 	if !slices.Contains(devices, c.Device) {
 		return fmt.Errorf("unknown device %q, expected one of %s", c.Device, strings.Join(devices, ", "))
 	}
@@ -273,5 +305,8 @@ func (c *Config) validate() error {
 	if c.Parallel, err = c.Parallel.resolve(); err != nil {
 		return err
 	}
-	return c.Parallel.check(c.Model.WithDefaults(), c.Train, c.Device)
+	if err := c.Parallel.check(c.Model.WithDefaults(), c.Train); err != nil {
+		return err
+	}
+	return c.resolveComm(l)
 }

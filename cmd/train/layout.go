@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/asynctp/asynctp/layers"
@@ -24,6 +26,10 @@ const maxRanks = 4096
 // config: World = DP × TP ranks, EP dividing the world. Zero sizes mean the
 // defaults (TP, EP 1; DP World/TP when World is given, else 1; World
 // DP × TP). With TP = DP = EP = 1 the run is the plain single-rank one.
+//
+// Comm is the transport between the ranks (the Comm* constants; empty: the
+// default, see Config.resolveComm) and NProc the local processes --nproc
+// starts (0: none, the ranks are goroutines or a launcher's processes).
 type ParallelConfig struct {
 	TP               int      `json:"tp"`
 	DP               int      `json:"dp"`
@@ -31,7 +37,23 @@ type ParallelConfig struct {
 	World            int      `json:"world"`
 	SequenceParallel bool     `json:"sequence_parallel"`
 	CommTimeout      Duration `json:"comm_timeout"` // "5m0s"; a number is seconds
+	Comm             string   `json:"comm,omitempty"`
+	NProc            int      `json:"nproc,omitempty"`
 }
+
+// The transports --comm names.
+const (
+	CommLocal   = "local"   // goroutine ranks of one process over comm/local, CPU
+	CommTCP     = "tcp"     // process ranks over comm/tcp, CPU
+	CommNCCL    = "nccl"    // process ranks over comm/nccl, one GPU each
+	CommNVSHMEM = "nvshmem" // process ranks over comm/nvshmem, GPUs may be shared
+)
+
+var comms = []string{CommLocal, CommTCP, CommNCCL, CommNVSHMEM}
+
+// Processes reports whether the ranks are processes (a transport other
+// than comm/local).
+func (p ParallelConfig) Processes() bool { return p.Comm != "" && p.Comm != CommLocal }
 
 func defaultParallel() ParallelConfig {
 	return ParallelConfig{TP: 1, EP: 1, CommTimeout: Duration(defaultCommTimeout)}
@@ -57,7 +79,7 @@ func (p ParallelConfig) resolve() (ParallelConfig, error) {
 	for _, f := range []struct {
 		name string
 		v    int
-	}{{"tp", p.TP}, {"dp", p.DP}, {"ep", p.EP}, {"world", p.World}} {
+	}{{"tp", p.TP}, {"dp", p.DP}, {"ep", p.EP}, {"world", p.World}, {"nproc", p.NProc}} {
 		if f.v < 0 || f.v > maxRanks {
 			return p, fmt.Errorf("layout: --%s %d, expected 1 to %d (or 0 for the default)", f.name, f.v, maxRanks)
 		}
@@ -95,7 +117,7 @@ func (p ParallelConfig) resolve() (ParallelConfig, error) {
 // check validates the (resolved) layout against the model (defaults filled
 // in) and the run, before any work: the same conditions model.New and
 // model.Forward check, said in terms of the flags.
-func (p ParallelConfig) check(m layers.GPTConfig, t train.Config, device string) error {
+func (p ParallelConfig) check(m layers.GPTConfig, t train.Config) error {
 	if p.SequenceParallel && p.TP == 1 {
 		return fmt.Errorf("layout: --sequence-parallel splits the tokens over the TP group, which needs --tp > 1")
 	}
@@ -127,8 +149,56 @@ func (p ParallelConfig) check(m layers.GPTConfig, t train.Config, device string)
 	if tokens := t.Batch / p.DP * t.Seq; (p.SequenceParallel || m.Experts > 0) && tokens%p.TP != 0 {
 		return fmt.Errorf("layout: a replica's %d tokens (batch/dp × seq) are not divisible by --tp %d, as sequence parallelism and the MoE blocks need", tokens, p.TP)
 	}
-	if !p.Single() && device == "cuda" {
-		return fmt.Errorf("layout: a parallel layout (%s) runs its ranks as goroutines on the CPU (comm/local); --device cuda takes one rank for now", p)
+	return nil
+}
+
+// resolveComm picks the transport (--comm) and, for process ranks, the
+// device, and checks them against each other and against how the ranks
+// are started (l, --nproc), before any work:
+//
+//	local    goroutine ranks on the CPU (the default without processes)
+//	tcp      process ranks on the CPU (the default with processes on the CPU)
+//	nccl     process ranks on GPUs, one each (the default with --device cuda)
+//	nvshmem  process ranks on GPUs, which they may share
+//
+// A world of processes must have as many ranks as there are processes.
+func (c *Config) resolveComm(l origin) error {
+	p := &c.Parallel
+	procs := l.launched || p.NProc > 0
+	if p.Comm == "" {
+		switch {
+		case !procs:
+			p.Comm = CommLocal
+		case c.Device == "cuda":
+			p.Comm = CommNCCL
+		default:
+			p.Comm = CommTCP
+		}
+	}
+	gpu := p.Comm == CommNCCL || p.Comm == CommNVSHMEM
+	switch {
+	case !slices.Contains(comms, p.Comm):
+		return fmt.Errorf("unknown --comm %q, expected one of %s", p.Comm, strings.Join(comms, ", "))
+	case p.Comm == CommLocal && procs:
+		return fmt.Errorf("--comm local runs the ranks as goroutines of one process; processes (--nproc %d, or a launcher's) need --comm tcp on the CPU, or nccl or nvshmem on GPUs", p.NProc)
+	case p.Comm == CommLocal && c.Device == "cuda" && !p.Single():
+		return fmt.Errorf("layout: a parallel layout (%s) over --comm local runs its ranks as goroutines on the CPU; --device cuda takes one rank, or processes on GPUs: --nproc %d --comm nccl (one GPU per rank) or --comm nvshmem (ranks may share a GPU)", p, p.World)
+	case p.Comm == CommTCP && c.Device == "cuda":
+		return fmt.Errorf("--comm tcp moves host tensors between CPU ranks; with --device cuda use --comm nccl or nvshmem")
+	case gpu && c.Device == "cpu":
+		return fmt.Errorf("--comm %s moves GPU tensors; use --device cuda (or auto), or --comm tcp on the CPU", p.Comm)
+	case l.launched && p.World != l.world:
+		return fmt.Errorf("layout: the launcher started %d processes, but the layout (%s) has %d ranks: give --dp, --tp (and --world) whose product is %d, or start %d processes", l.world, p, p.World, l.world, p.World)
+	case !l.launched && p.NProc > 0 && p.NProc != p.World:
+		return fmt.Errorf("layout: --nproc %d starts %d processes, but the layout (%s) has %d ranks: give --dp, --tp (and --world) whose product is %d, or --nproc %d", p.NProc, p.NProc, p, p.World, p.NProc, p.World)
+	case !procs && p.Processes() && p.World > 1:
+		return fmt.Errorf("--comm %s runs one process per rank: add --nproc %d, or start %d processes with torchrun, srun or mpirun", p.Comm, p.World, p.World)
+	}
+	if p.Processes() && c.Device == "auto" {
+		c.Device = "cpu"
+		if gpu {
+			c.Device = "cuda"
+		}
 	}
 	return nil
 }

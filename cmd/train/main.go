@@ -32,7 +32,11 @@ func main() {
 }
 
 func run(ctx context.Context, args []string) error {
-	cfg, err := loadConfig(args)
+	info, org, err := startedBy()
+	if err != nil {
+		return err
+	}
+	cfg, err := loadConfigIn(args, org)
 	if err != nil {
 		return err
 	}
@@ -41,7 +45,14 @@ func run(ctx context.Context, args []string) error {
 			return err
 		}
 	}
-	if !cfg.Parallel.Single() {
+	switch p := cfg.Parallel; {
+	case org.launched: // a rank of torchrun, srun, mpirun or --nproc
+		return runRankProcess(ctx, cfg, info)
+	case p.NProc > 0:
+		return launchLocal(ctx, cfg, args)
+	case p.Processes(): // a world of one process over tcp, nccl or nvshmem
+		return runRankProcess(ctx, cfg, info)
+	case !p.Single():
 		return runParallel(ctx, cfg)
 	}
 	b, dt, note, err := openBackend(cfg.Device)

@@ -15,12 +15,15 @@ import (
 )
 
 // TestMain lets the tests run the real command (main, with its exit code) by
-// re-executing the test binary with ASYNCTP_TRAIN_MAIN=1.
+// re-executing the test binary with ASYNCTP_TRAIN_MAIN=1. The variable is
+// then set in the test process too, so that the ranks that --nproc's
+// launcher starts from a test (the test binary itself) run the command.
 func TestMain(m *testing.M) {
 	if os.Getenv("ASYNCTP_TRAIN_MAIN") == "1" {
 		main()
 		os.Exit(0)
 	}
+	os.Setenv("ASYNCTP_TRAIN_MAIN", "1")
 	os.Exit(m.Run())
 }
 

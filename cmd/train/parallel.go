@@ -77,16 +77,22 @@ func runParallel(ctx context.Context, cfg Config) error {
 	return nil
 }
 
-// runRank is one rank of a parallel run.
+// runRank is one goroutine rank of a parallel run.
 func runRank(ctx context.Context, c comm.Comm, cfg Config, ds *train.Dataset, threads int) (train.Result, error) {
+	return trainRank(ctx, c, cfg, ds, newRankBackend(c.Rank(), threads), tensor.Float32, nil)
+}
+
+// trainRank trains rank c.Rank() of the world c: its comm.Grid, its part of
+// the model on b in dtype dt, and model.Run, with the interrupt agreement
+// (and then hook, when not nil) after every step.
+func trainRank(ctx context.Context, c comm.Comm, cfg Config, ds *train.Dataset, b tensor.Backend, dt tensor.DType, hook func(train.StepMetrics)) (train.Result, error) {
 	p := cfg.Parallel
-	b := newRankBackend(c.Rank(), threads)
 	g, err := comm.NewGrid(c, p.DP, p.TP, p.EP)
 	if err != nil {
 		return train.Result{}, err
 	}
 	defer g.Close()
-	m, err := model.New(b, g, cfg.Model, model.Options{SequenceParallel: p.SequenceParallel}, tensor.Float32)
+	m, err := model.New(b, g, cfg.Model, model.Options{SequenceParallel: p.SequenceParallel}, dt)
 	if err != nil {
 		return train.Result{}, err
 	}
@@ -97,6 +103,9 @@ func runRank(ctx context.Context, c comm.Comm, cfg Config, ds *train.Dataset, th
 	stop := newStopAgreement(ctx, g.World)
 	defer stop.cancel(nil)
 	opts := []train.Option{train.WithStepHook(stop.hook)}
+	if hook != nil {
+		opts[0] = train.WithStepHook(func(m train.StepMetrics) { hook(m); stop.hook(m) })
+	}
 	if m.Config().Experts > 0 {
 		opts = append(opts, train.WithExtraMetrics(func(int) map[string]any { return routerMetrics(m) }))
 	}

@@ -123,7 +123,7 @@ func TestParallelTP(t *testing.T) {
 		out := trainRun(t, args...)
 		sameRun(t, strings.Join(args, " "), metrics(t, out), single, 1e-4)
 		if args[1] == "2" {
-			checkParallelOutputs(t, out, 2, ParallelConfig{TP: 2, DP: 1, EP: 1, World: 2, CommTimeout: Duration(defaultCommTimeout)})
+			checkParallelOutputs(t, out, 2, ParallelConfig{TP: 2, DP: 1, EP: 1, World: 2, CommTimeout: Duration(defaultCommTimeout), Comm: CommLocal})
 		}
 	}
 }
@@ -352,12 +352,12 @@ func TestParallelConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := ParallelConfig{TP: 2, DP: 2, EP: 2, World: 4, SequenceParallel: true, CommTimeout: Duration(90 * time.Second)}
+	want := ParallelConfig{TP: 2, DP: 2, EP: 2, World: 4, SequenceParallel: true, CommTimeout: Duration(90 * time.Second), Comm: CommLocal}
 	if cfg.Parallel != want {
 		t.Fatalf("parallel %+v, want %+v", cfg.Parallel, want)
 	}
 	cfg, err = loadConfig([]string{"--config", p, "--tp", "4", "--dp", "1", "--comm-timeout", "2m"})
-	want = ParallelConfig{TP: 4, DP: 1, EP: 2, World: 4, SequenceParallel: true, CommTimeout: Duration(2 * time.Minute)}
+	want = ParallelConfig{TP: 4, DP: 1, EP: 2, World: 4, SequenceParallel: true, CommTimeout: Duration(2 * time.Minute), Comm: CommLocal}
 	if err != nil || cfg.Parallel != want {
 		t.Fatalf("flags over the file: %+v, %v; want %+v", cfg.Parallel, err, want)
 	}

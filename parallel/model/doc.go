@@ -82,8 +82,9 @@
 // shards and their moments, under the unsharded model's parameter names)
 // in outDir/rank-0000r (RankDir), and rank 0 alone writes metrics.jsonl
 // and loss.png in outDir; each state.json records the rank's Layout; a
-// resume checks the layout and that all ranks resume from the same step,
-// then continues exactly.
+// resume checks the layout and that all ranks resume from the same step
+// (the newest that every rank holds, when a rank died between its peers'
+// checkpoints of a step), then continues exactly.
 //
 // # Failures
 //

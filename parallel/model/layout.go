@@ -56,7 +56,10 @@ func RankDir(outDir string, rank int) string {
 // run's out dir (what cfg.OutDir was), and every rank resumes from the
 // latest checkpoint of its rank dir, after checking that the checkpoint
 // was written with this layout and that all ranks resume from the same
-// step. The gradient norm for clipping comes from Model.GradSumSquares.
+// step. When the ranks' latest checkpoints differ (a rank died between
+// its peers' checkpoints of a step), every rank resumes from the newest
+// step that all of them hold, if they do. The gradient norm for clipping
+// comes from Model.GradSumSquares.
 func Run(ctx context.Context, m *Model, data *train.Loader, cfg train.Config, opts ...train.Option) (train.Result, error) {
 	cfg = cfg.WithDefaults()
 	rank := m.grid.World.Rank()
@@ -66,36 +69,76 @@ func Run(ctx context.Context, m *Model, data *train.Loader, cfg train.Config, op
 	}
 	cfg.OutDir = RankDir(cfg.OutDir, rank)
 	if cfg.Resume != "" {
-		cfg.Resume = RankDir(cfg.Resume, rank)
-		if err := m.checkResume(cfg.Resume); err != nil {
+		ck, err := m.checkResume(RankDir(cfg.Resume, rank))
+		if err != nil {
 			return train.Result{}, err
 		}
+		cfg.Resume = ck
 	}
 	return train.Run(ctx, m.b, m, data, cfg, append(base, opts...)...)
 }
 
 // checkResume checks, collectively over the world, that every rank's
 // checkpoint under dir has this rank's layout and that all are at the same
-// step. Every rank takes part even when its own check fails, so none waits.
-func (m *Model) checkResume(dir string) error {
-	step, localErr := -1, error(nil)
-	if ck, err := train.ResolveCheckpoint(dir); err != nil {
-		localErr = err
-	} else if st, err := train.ReadState(filepath.Join(ck, train.StateFile)); err != nil {
-		localErr = err
-	} else {
-		var got Layout
-		want := m.Layout()
-		switch {
-		case len(st.Layout) == 0:
-			localErr = fmt.Errorf("model: resume from %s: the checkpoint records no layout, expected %+v", ck, want)
-		case json.Unmarshal(st.Layout, &got) != nil || got != want:
-			localErr = fmt.Errorf("model: resume from %s: the checkpoint was written with layout %s, this rank runs %+v", ck, st.Layout, want)
-		default:
-			step = st.Step
-		}
+// step, and returns the checkpoint this rank resumes from. Every rank takes
+// part even when its own check fails, so none waits. When the ranks'
+// latest checkpoints are at different steps, the newest step that every
+// rank holds (the lowest of the latest ones) is taken, if every rank holds
+// a valid checkpoint of it.
+func (m *Model) checkResume(dir string) (string, error) {
+	step, ck, localErr := -1, "", error(nil)
+	if ck, localErr = train.ResolveCheckpoint(dir); localErr == nil {
+		step, localErr = m.checkpointStep(ck)
 	}
 	// Max and min of the steps over the world (−1 marks a failed rank).
+	hi, lo, err := m.stepRange(step)
+	if err != nil {
+		return "", fmt.Errorf("model: resume: agreeing on the step: %w", err)
+	}
+	if localErr != nil {
+		return "", localErr
+	}
+	if lo < 0 {
+		return "", fmt.Errorf("model: resume from %s: another rank has no usable checkpoint (this rank is at step %d)", dir, step)
+	}
+	if hi == lo {
+		return ck, sticky(m.b, "resume")
+	}
+	// Fall back to step lo, the newest that every rank may hold.
+	older := filepath.Join(dir, train.CheckpointName(lo))
+	have := lo
+	if got, err := m.checkpointStep(older); err != nil || got != lo {
+		have = -1
+	}
+	_, lowest, err := m.stepRange(have)
+	if err != nil {
+		return "", fmt.Errorf("model: resume: agreeing on the step: %w", err)
+	}
+	if lowest != lo {
+		return "", fmt.Errorf("model: resume from %s: the ranks' latest checkpoints are at steps %d to %d, and not every rank holds step %d (this rank: %d)", dir, lo, hi, lo, step)
+	}
+	return older, sticky(m.b, "resume")
+}
+
+// checkpointStep reads the step of checkpoint ck after checking its layout.
+func (m *Model) checkpointStep(ck string) (int, error) {
+	st, err := train.ReadState(filepath.Join(ck, train.StateFile))
+	if err != nil {
+		return -1, err
+	}
+	var got Layout
+	want := m.Layout()
+	switch {
+	case len(st.Layout) == 0:
+		return -1, fmt.Errorf("model: resume from %s: the checkpoint records no layout, expected %+v", ck, want)
+	case json.Unmarshal(st.Layout, &got) != nil || got != want:
+		return -1, fmt.Errorf("model: resume from %s: the checkpoint was written with layout %s, this rank runs %+v", ck, st.Layout, want)
+	}
+	return st.Step, nil
+}
+
+// stepRange returns the maximum and minimum of step over the world.
+func (m *Model) stepRange(step int) (hi, lo int, err error) {
 	b, s := m.b, m.par.Stream
 	buf := b.Zeros(statDType(m.dt), 2)
 	defer b.Free(buf)
@@ -107,17 +150,8 @@ func (m *Model) checkResume(dir string) error {
 		err = w.Wait(s)
 	}
 	if err != nil {
-		return fmt.Errorf("model: resume: agreeing on the step: %w", err)
+		return 0, 0, err
 	}
 	b.Download(h, buf)
-	if localErr != nil {
-		return localErr
-	}
-	if hi, lo := int(h.F64()[0]), int(-h.F64()[1]); hi != lo {
-		if lo < 0 {
-			return fmt.Errorf("model: resume from %s: another rank has no usable checkpoint (this rank is at step %d)", dir, step)
-		}
-		return fmt.Errorf("model: resume from %s: the ranks' latest checkpoints are at steps %d to %d, expected one step (this rank: %d)", dir, lo, hi, step)
-	}
-	return sticky(b, "resume")
+	return int(h.F64()[0]), int(-h.F64()[1]), nil
 }

@@ -127,8 +127,9 @@ func TestTrainMatchesGPT(t *testing.T) {
 // TestCheckpointResume: every rank saves its own shards under rank-NNNNN,
 // with the layout in state.json, and rank 0 alone writes metrics.jsonl and
 // the plot in the out dir; a resume at the same layout continues exactly; a
-// resume at another layout or from ranks at different steps is refused on
-// every rank. Dense at TP 2 × DP 2 with SP, and MoE at TP 2 × DP 2, EP 4.
+// resume at another layout is refused on every rank; ranks at different
+// steps resume from the newest step all of them hold, and are refused when
+// one lacks it. Dense at TP 2 × DP 2 with SP, and MoE at TP 2 × DP 2, EP 4.
 func TestCheckpointResume(t *testing.T) {
 	for _, c := range []struct {
 		name string
@@ -202,12 +203,24 @@ func checkResume(t *testing.T, cfg layers.GPTConfig, l layout) {
 	if _, _, err := runSharded(other, cfg, ds, tc); err == nil || !strings.Contains(err.Error(), "layout") {
 		t.Fatalf("resume at %v from a %v checkpoint: error %v, want one about the layout", other, l, err)
 	}
-	// Ranks at different steps: refused.
+	// Ranks at different steps (one died before its peers' checkpoint of
+	// step 12): every rank resumes from step 6, the newest all hold.
 	if err := os.WriteFile(filepath.Join(model.RankDir(dir, 2), train.LatestFile), []byte(train.CheckpointName(6)+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := runSharded(l, cfg, ds, tc); err == nil || !strings.Contains(err.Error(), "steps 6 to 12") {
-		t.Fatalf("resume from ranks at steps 6 and 12: error %v, want one naming both steps", err)
+	again, _, err := runSharded(l, cfg, ds, tc)
+	if err != nil || again.StartStep != 6 || again.Losses[0] != full.Losses[6] {
+		t.Fatalf("resume from ranks at steps 6 and 12: start %d, %v; want step 6 and the uninterrupted run's loss at step 7", again.StartStep, err)
+	}
+	// ... unless a rank lacks that step: refused, naming the steps.
+	if err := os.WriteFile(filepath.Join(model.RankDir(dir, 2), train.LatestFile), []byte(train.CheckpointName(6)+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(model.RankDir(dir, 1), train.CheckpointName(6))); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := runSharded(l, cfg, ds, tc); err == nil || !strings.Contains(err.Error(), "steps 6 to 20") || !strings.Contains(err.Error(), "not every rank holds step 6") {
+		t.Fatalf("resume from ranks at steps 6 and 20 without step 6 on rank 1: error %v, want one naming both steps", err)
 	}
 }
 

@@ -1,0 +1,152 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/comm/nccl"
+	"github.com/asynctp/asynctp/comm/rendezvous"
+	"github.com/asynctp/asynctp/cuda"
+	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/cudabackend"
+)
+
+// The GPU process ranks: each on GPU local_rank % (GPUs of its node), with
+// the CUDA backend (bf16, fp32 master weights) and an NCCL or NVSHMEM world.
+
+// preflight loads the library of a GPU transport in the launcher, so that a
+// missing one fails the launch once, before any process starts, with the
+// transport's error (the library and the variable that overrides its path).
+func preflight(c string) error {
+	var err error
+	switch c {
+	case CommNCCL:
+		_, err = nccl.Load()
+	case CommNVSHMEM:
+		err = preflightNVSHMEM()
+	}
+	return err
+}
+
+// gpuFor picks the GPU of a rank and returns the number of GPUs of the node.
+func gpuFor(info rendezvous.Info) (device, count int, err error) {
+	if err := cuda.Init(); err != nil {
+		return 0, 0, err
+	}
+	n, err := cuda.DeviceCount()
+	if err != nil {
+		return 0, 0, err
+	}
+	if n < 1 {
+		return 0, 0, fmt.Errorf("no CUDA device")
+	}
+	return info.LocalRank % n, n, nil
+}
+
+// openNCCL: one GPU per rank. The library is loaded first, so that a
+// missing one is the first error, as the transport words it; two ranks on
+// one GPU are refused before NCCL would ("Duplicate GPU detected").
+func openNCCL(ctx context.Context, cfg Config, env rankEnv) (*transport, error) {
+	lib, err := nccl.Load()
+	if err != nil {
+		return nil, err
+	}
+	info := env.info
+	dev, n, err := gpuFor(info)
+	if err != nil {
+		return nil, fmt.Errorf("--comm nccl: %w", err)
+	}
+	if info.LocalWorldSize > n {
+		return nil, fmt.Errorf("--comm nccl: %d ranks on this node but %d GPU(s): NCCL refuses two ranks on one GPU (\"Duplicate GPU detected\"); use --comm nvshmem, whose ranks may share a GPU, or at most %d ranks per node",
+			info.LocalWorldSize, n, n)
+	}
+	b, err := cudabackend.New(dev)
+	if err != nil {
+		return nil, fmt.Errorf("--device cuda: %w", err)
+	}
+	c, err := nccl.New(ctx, env.store, info.Rank, info.WorldSize, dev, nccl.WithTimeout(time.Duration(cfg.Parallel.CommTimeout)))
+	if err != nil {
+		b.Close()
+		return nil, err
+	}
+	return &transport{world: &syncedComm{Comm: c, b: b}, b: b, dt: tensor.BFloat16,
+		close: func() { c.Close(); b.Close() },
+		note:  fmt.Sprintf("%s, bf16 with fp32 master weights; %d ranks as processes over %v", b.DeviceName(), info.WorldSize, lib)}, nil
+}
+
+// syncedComm runs the ops of a GPU transport in the order of a backend
+// whose stream it cannot see (tensor/cudabackend does not export its
+// stream): before an op it waits for the backend's queued work (Sync), it
+// queues the op on the transport's own stream (a nil comm.Stream) and waits
+// for it on the host, so that the backend's next ops see the result. Each
+// op is thus a host synchronisation: correct, not fast; a backend that
+// exports its stream would let the transport order the ops on the device
+// instead. Groups split from it are wrapped alike.
+type syncedComm struct {
+	comm.Comm
+	b tensor.Backend
+}
+
+var (
+	_ comm.Aborter       = (*syncedComm)(nil)
+	_ comm.NamedSplitter = (*syncedComm)(nil)
+)
+
+// run orders op after the backend's work and waits for it.
+func (s *syncedComm) run(op string, f func() (comm.Work, error)) (comm.Work, error) {
+	if err := s.b.Sync(); err != nil {
+		return nil, comm.Errorf(s, op, "the backend failed before the op: %w", err)
+	}
+	w, err := f()
+	if err == nil {
+		err = w.Wait(nil)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return comm.Done, nil
+}
+
+func (s *syncedComm) AllGather(dst, src *tensor.Tensor, _ comm.Stream) (comm.Work, error) {
+	return s.run(comm.OpAllGather, func() (comm.Work, error) { return s.Comm.AllGather(dst, src, nil) })
+}
+
+func (s *syncedComm) ReduceScatter(dst, src *tensor.Tensor, op comm.ReduceOp, _ comm.Stream) (comm.Work, error) {
+	return s.run(comm.OpReduceScatter, func() (comm.Work, error) { return s.Comm.ReduceScatter(dst, src, op, nil) })
+}
+
+func (s *syncedComm) AllReduce(buf *tensor.Tensor, op comm.ReduceOp, _ comm.Stream) (comm.Work, error) {
+	return s.run(comm.OpAllReduce, func() (comm.Work, error) { return s.Comm.AllReduce(buf, op, nil) })
+}
+
+func (s *syncedComm) AllToAllV(dst, src *tensor.Tensor, sendCounts, recvCounts []int, _ comm.Stream) (comm.Work, error) {
+	return s.run(comm.OpAllToAllV, func() (comm.Work, error) { return s.Comm.AllToAllV(dst, src, sendCounts, recvCounts, nil) })
+}
+
+func (s *syncedComm) Broadcast(buf *tensor.Tensor, root int, _ comm.Stream) (comm.Work, error) {
+	return s.run(comm.OpBroadcast, func() (comm.Work, error) { return s.Comm.Broadcast(buf, root, nil) })
+}
+
+func (s *syncedComm) Split(color, key int) (comm.Comm, error) { return s.SplitNamed(color, key, "") }
+
+func (s *syncedComm) SplitNamed(color, key int, label string) (comm.Comm, error) {
+	var c comm.Comm
+	var err error
+	if label == "" {
+		c, err = s.Comm.Split(color, key)
+	} else {
+		c, err = comm.SplitNamed(s.Comm, color, key, label)
+	}
+	if err != nil || c == nil {
+		return nil, err
+	}
+	return &syncedComm{Comm: c, b: s.b}, nil
+}
+
+func (s *syncedComm) Abort(err error) {
+	if a, ok := s.Comm.(comm.Aborter); ok {
+		a.Abort(err)
+	}
+}

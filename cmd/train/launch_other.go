@@ -1,0 +1,8 @@
+//go:build !linux
+
+package main
+
+import "os/exec"
+
+// setProcAttr: only Linux can tie a rank's life to the launcher's.
+func setProcAttr(cmd *exec.Cmd) {}

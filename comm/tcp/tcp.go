@@ -1,0 +1,347 @@
+package tcp
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/comm/rendezvous"
+)
+
+// DefaultTimeout is the deadline of every op (and of New, when its context
+// has none) unless WithTimeout says otherwise.
+const DefaultTimeout = 5 * time.Minute
+
+// ErrPeerGone is wrapped by the errors of a world in which a rank's
+// connection closed without a goodbye: its process exited, crashed or was
+// killed.
+var ErrPeerGone = errors.New("tcp: a rank of the world is gone")
+
+// Option configures New.
+type Option func(*options)
+
+type options struct {
+	timeout time.Duration
+	label   string
+	key     string
+	host    string
+}
+
+// WithTimeout sets the deadline of every op: a rank that waits longer than
+// d for a peer fails with an error naming the peers that did not arrive,
+// and fails the world (every rank's pending and later ops). d ≤ 0 keeps
+// DefaultTimeout.
+func WithTimeout(d time.Duration) Option {
+	return func(o *options) {
+		if d > 0 {
+			o.timeout = d
+		}
+	}
+}
+
+// WithLabel sets the label of the world's Name (default "world": "world[0 1]").
+func WithLabel(label string) Option { return func(o *options) { o.label = label } }
+
+// WithKey sets the prefix of the store keys of this world (the ranks'
+// addresses). By default the k-th New on a store client uses
+// "asynctp/tcp/<k>", which agrees between ranks as long as they create their
+// worlds in the same order.
+func WithKey(prefix string) Option { return func(o *options) { o.key = prefix } }
+
+// WithHost sets the address this rank listens on and tells its peers. By
+// default: 127.0.0.1 when the store is on a loopback address, else the
+// address of the interface that routes to the store's host.
+func WithHost(host string) Option { return func(o *options) { o.host = host } }
+
+// worldSeq numbers the worlds made on each store client, for their keys.
+var worldSeq sync.Map // *rendezvous.Client → *atomic.Int64
+
+func nextPrefix(store *rendezvous.Client) string {
+	v, _ := worldSeq.LoadOrStore(store, new(atomic.Int64))
+	return fmt.Sprintf("asynctp/tcp/%d", v.(*atomic.Int64).Add(1))
+}
+
+// New makes this process's rank of a world of size ranks that move host
+// tensors over TCP. It is collective: every rank calls it with the same
+// size and options, and its own rank. Each rank listens on a port of its
+// own, publishes the address in the store and connects to every other rank
+// (the higher rank dials), so the store is only used here; store may be nil
+// for a world of one rank. New fails when the mesh is not complete before
+// ctx's deadline (or the op timeout), naming the ranks that did not connect.
+//
+// The returned Comm must be closed; Close of the world ends the
+// connections (the groups split from it stop working).
+func New(ctx context.Context, store *rendezvous.Client, rank, size int, opts ...Option) (*Comm, error) {
+	o := options{timeout: DefaultTimeout, label: "world"}
+	for _, f := range opts {
+		f(&o)
+	}
+	switch {
+	case size < 1 || rank < 0 || rank >= size:
+		return nil, fmt.Errorf("tcp: New(rank %d, size %d): expected 0 ≤ rank < size", rank, size)
+	case store == nil && size > 1:
+		return nil, fmt.Errorf("tcp: New(rank %d, size %d): expected a rendezvous store to exchange the ranks' addresses (nil is only for a world of one rank)", rank, size)
+	}
+	w := &world{rank: rank, size: size, opts: o, peers: make([]*peer, size),
+		boxes: map[msgKey]*box{}, groupClosed: map[groupPeer]bool{}, failed: make(chan struct{})}
+	if size > 1 {
+		w.prefix = o.key
+		if w.prefix == "" {
+			w.prefix = nextPrefix(store)
+		}
+		if err := w.connect(ctx, store); err != nil {
+			return nil, fmt.Errorf("tcp: world rank %d of %d: %w", rank, size, err)
+		}
+		for _, p := range w.peers {
+			if p != nil {
+				w.readers.Add(1)
+				go w.read(p)
+			}
+		}
+	}
+	members := make([]int, size)
+	for i := range members {
+		members[i] = i
+	}
+	return &Comm{g: newGroup(w, "w", o.label, members), rank: rank, isWorld: true}, nil
+}
+
+// connect builds the mesh: every rank listens, publishes its address, dials
+// the lower ranks and accepts the higher ones.
+func (w *world) connect(ctx context.Context, store *rendezvous.Client) error {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(w.opts.timeout)
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
+	}
+	host := w.opts.host
+	if host == "" {
+		host = pickHost(store.Addr())
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", host, err)
+	}
+	defer ln.Close()
+	stop := context.AfterFunc(ctx, func() { ln.Close() })
+	defer stop()
+	if err := store.Set(ctx, w.addrKey(w.rank), []byte(ln.Addr().String())); err != nil {
+		return fmt.Errorf("publishing this rank's address: %w", err)
+	}
+
+	var mu sync.Mutex
+	accepted := make(chan error, 1)
+	go func() { // the higher ranks dial this one
+		n := w.size - 1 - w.rank
+		for n > 0 {
+			conn, err := ln.Accept()
+			if err != nil {
+				var missing []int
+				mu.Lock()
+				for q := w.rank + 1; q < w.size; q++ {
+					if w.peers[q] == nil {
+						missing = append(missing, q)
+					}
+				}
+				mu.Unlock()
+				accepted <- fmt.Errorf("ranks %v did not connect by the deadline (%v): %w", missing, ctx.Err(), err)
+				return
+			}
+			r := bufio.NewReaderSize(conn, 64<<10)
+			q, err := readHello(conn, r, w.prefix, w.size, deadline)
+			mu.Lock()
+			if err == nil && (q <= w.rank || w.peers[q] != nil) {
+				err = fmt.Errorf("rank %d connected twice, or is not a higher rank", q)
+			}
+			mu.Unlock()
+			if err == nil {
+				conn.SetWriteDeadline(deadline)
+				_, err = conn.Write(helloFrame(w.prefix, w.rank, w.size))
+				conn.SetWriteDeadline(time.Time{})
+			}
+			if err != nil {
+				conn.Close() // a stray connection: ignore it
+				continue
+			}
+			mu.Lock()
+			w.peers[q] = &peer{rank: q, conn: conn, r: r}
+			mu.Unlock()
+			n--
+		}
+		accepted <- nil
+	}()
+
+	var dialErr error
+	for q := 0; q < w.rank && dialErr == nil; q++ { // this rank dials the lower ones
+		addr, err := store.Get(ctx, w.addrKey(q))
+		if err != nil {
+			dialErr = fmt.Errorf("waiting for the address of rank %d: %w", q, err)
+			break
+		}
+		conn, r, err := dialPeer(ctx, string(addr), w.prefix, w.rank, w.size, q, deadline)
+		if err != nil {
+			if conn != nil {
+				conn.Close()
+			}
+			dialErr = fmt.Errorf("connecting to rank %d at %s: %w", q, addr, err)
+			break
+		}
+		mu.Lock()
+		w.peers[q] = &peer{rank: q, conn: conn, r: r}
+		mu.Unlock()
+	}
+	if dialErr != nil {
+		ln.Close()
+	}
+	accErr := <-accepted
+	if err := errors.Join(dialErr, accErr); err != nil {
+		for _, p := range w.peers {
+			if p != nil {
+				p.conn.Close()
+			}
+		}
+		return err
+	}
+	return nil
+}
+
+// dialPeer connects to rank q at addr and exchanges hellos, retrying while
+// the connection is refused until deadline.
+func dialPeer(ctx context.Context, addr, prefix string, rank, size, q int, deadline time.Time) (net.Conn, *bufio.Reader, error) {
+	var d net.Dialer
+	for backoff := 10 * time.Millisecond; ; backoff = min(2*backoff, 500*time.Millisecond) {
+		conn, err := d.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, nil, err
+			}
+			time.Sleep(backoff)
+			continue
+		}
+		conn.SetWriteDeadline(deadline)
+		if _, err := conn.Write(helloFrame(prefix, rank, size)); err != nil {
+			return conn, nil, err
+		}
+		conn.SetWriteDeadline(time.Time{})
+		r := bufio.NewReaderSize(conn, 64<<10)
+		got, err := readHello(conn, r, prefix, size, deadline)
+		if err == nil && got != q {
+			err = fmt.Errorf("the peer says it is rank %d", got)
+		}
+		return conn, r, err
+	}
+}
+
+func (w *world) addrKey(rank int) string { return w.prefix + "/addr/" + strconv.Itoa(rank) }
+
+// pickHost is the address to listen on: loopback for a store on loopback,
+// else the local address of the interface that routes to the store.
+func pickHost(storeAddr string) string {
+	host, _, err := net.SplitHostPort(storeAddr)
+	if err != nil {
+		return "127.0.0.1"
+	}
+	if ip := net.ParseIP(host); host == "localhost" || ip != nil && ip.IsLoopback() {
+		return "127.0.0.1"
+	}
+	c, err := net.Dial("udp", storeAddr) // sends nothing: picks the route
+	if err != nil {
+		return ""
+	}
+	defer c.Close()
+	if a, ok := c.LocalAddr().(*net.UDPAddr); ok && !a.IP.IsUnspecified() {
+		return a.IP.String()
+	}
+	return ""
+}
+
+// group is one group of a world as this rank sees it: its id (the same on
+// every member, carried by every frame of its ops), label and members.
+type group struct {
+	w       *world
+	id      string
+	label   string
+	name    string
+	members []int // world rank of each group rank
+}
+
+func newGroup(w *world, id, label string, members []int) *group {
+	return &group{w: w, id: id, label: label, name: comm.GroupName(label, members), members: members}
+}
+
+// Comm is one rank's handle on a group of a TCP world: the world made by
+// New or a group split from it. It implements comm.Comm, comm.Aborter and
+// comm.NamedSplitter. Ops move host tensors and complete before they
+// return (their Work is already done).
+type Comm struct {
+	g       *group
+	rank    int
+	isWorld bool
+	seq     atomic.Uint64 // ops called
+	closed  atomic.Bool
+}
+
+var (
+	_ comm.Comm          = (*Comm)(nil)
+	_ comm.Aborter       = (*Comm)(nil)
+	_ comm.NamedSplitter = (*Comm)(nil)
+)
+
+func (c *Comm) Rank() int    { return c.rank }
+func (c *Comm) Size() int    { return len(c.g.members) }
+func (c *Comm) Name() string { return c.g.name }
+
+// Members returns the world rank of each rank of the group.
+func (c *Comm) Members() []int { return append([]int(nil), c.g.members...) }
+
+// Abort fails the world: every pending and later op of every rank, in every
+// group, fails with an error that names this rank and carries err's text
+// (and, on this rank, wraps err and comm.ErrAborted).
+func (c *Comm) Abort(err error) {
+	c.g.w.fail(fmt.Errorf("world rank %d aborted: %w (%w)", c.g.w.rank, err, comm.ErrAborted), true)
+}
+
+// Close closes this rank's handle. Peers that wait for it in an op, or call
+// one later, fail with comm.ErrClosed instead of waiting for their deadline.
+// Closing the world says goodbye to every peer and ends the connections,
+// so that a peer whose connection ends without one knows that this rank
+// died; the groups split from the world fail with comm.ErrClosed after it.
+func (c *Comm) Close() error {
+	if c.closed.Swap(true) {
+		return nil
+	}
+	w := c.g.w
+	if c.isWorld {
+		w.shutdown()
+		return nil
+	}
+	f := newFrame(kindCloseGroup).str(c.g.id).frame(0)
+	for q, m := range c.g.members {
+		if q != c.rank {
+			w.send(m, time.Now().Add(time.Second), f)
+		}
+	}
+	return nil
+}
+
+// wrap makes err an error of op on this rank.
+func (c *Comm) wrap(op string, err error) error {
+	return fmt.Errorf("tcp: %w", &comm.Error{Op: op, Group: c.g.name, Rank: c.rank, Err: err})
+}
+
+// describe names group rank q, with its world rank when they differ.
+func (g *group) describe(q int) string {
+	if g.members[q] == q {
+		return fmt.Sprintf("rank %d", q)
+	}
+	return fmt.Sprintf("rank %d (world rank %d)", q, g.members[q])
+}

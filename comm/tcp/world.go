@@ -1,0 +1,364 @@
+package tcp
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/asynctp/asynctp/comm"
+)
+
+// world is this process's rank of a TCP world and what its groups share:
+// the connections to the peers, the mailbox of the frames they sent, and
+// the failure state. One goroutine per peer reads its connection into the
+// mailbox, so that a peer's writes never wait for this rank's ops; the ops
+// take their messages out of it.
+type world struct {
+	rank, size int
+	opts       options
+	prefix     string
+	peers      []*peer // by world rank; nil for this rank
+	readers    sync.WaitGroup
+
+	mu          sync.Mutex
+	boxes       map[msgKey]*box
+	groupClosed map[groupPeer]bool // groups a peer closed
+	err         error              // why the world failed, once it has
+	failed      chan struct{}      // closed with err
+	closing     bool               // Close of the world has begun
+}
+
+// peer is the connection to one other rank.
+type peer struct {
+	rank int
+	conn net.Conn
+	r    *bufio.Reader
+	wmu  sync.Mutex // one frame at a time
+	bye  bool       // the peer closed its world; guarded by world.mu
+}
+
+// msgKey names a message: the op seq of a group, from a world rank.
+type msgKey struct {
+	group string
+	seq   uint64
+	from  int
+}
+
+type groupPeer struct {
+	group string
+	rank  int // world rank
+}
+
+// box holds one expected or arrived message; ready is closed when msg or
+// err is set.
+type box struct {
+	msg   *message
+	err   error
+	ready chan struct{}
+}
+
+// closedBy returns the error of a message that can no longer come from
+// world rank from in group g (it closed its world or the group), or nil.
+// w.mu must be held.
+func (w *world) closedBy(g *group, from int) error {
+	if p := w.peers[from]; p != nil && p.bye {
+		return fmt.Errorf("world rank %d closed its world before arriving (%w)", from, comm.ErrClosed)
+	}
+	if w.groupClosed[groupPeer{g.id, from}] {
+		return fmt.Errorf("world rank %d closed %s before arriving (%w)", from, g.name, comm.ErrClosed)
+	}
+	return nil
+}
+
+// boxLocked returns the box of k, making it if needed. w.mu must be held.
+func (w *world) boxLocked(k msgKey) *box {
+	b := w.boxes[k]
+	if b == nil {
+		b = &box{ready: make(chan struct{})}
+		w.boxes[k] = b
+	}
+	return b
+}
+
+// recv waits for the message k of group g until deadline, the world's
+// failure or its sender's close.
+func (w *world) recv(g *group, k msgKey, deadline time.Time) (*message, error) {
+	w.mu.Lock()
+	b := w.boxLocked(k)
+	if b.msg == nil && b.err == nil {
+		if err := w.closedBy(g, k.from); err != nil {
+			b.err = err
+			close(b.ready)
+		}
+	}
+	w.mu.Unlock()
+	select {
+	case <-b.ready:
+	default:
+		timer := time.NewTimer(time.Until(deadline))
+		defer timer.Stop()
+		select {
+		case <-b.ready:
+		case <-w.failed:
+			return nil, w.failure()
+		case <-timer.C:
+			return nil, errDeadline
+		}
+	}
+	w.mu.Lock()
+	delete(w.boxes, k)
+	w.mu.Unlock()
+	return b.msg, b.err
+}
+
+var errDeadline = errors.New("deadline")
+
+// arrived reports whether message k is in the mailbox.
+func (w *world) arrived(k msgKey) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	b := w.boxes[k]
+	return b != nil && b.msg != nil
+}
+
+// deliver puts a peer's message in the mailbox.
+func (w *world) deliver(k msgKey, m *message) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	b := w.boxLocked(k)
+	if b.msg != nil {
+		return fmt.Errorf("a second message for op #%d of group %q", k.seq, k.group)
+	}
+	if b.err != nil { // the receiver gave up on it; keep nothing
+		delete(w.boxes, k)
+		return nil
+	}
+	b.msg = m
+	close(b.ready)
+	return nil
+}
+
+// wakeClosed fails the waits for messages that world rank from will not
+// send: in group id, or in every group ("" after its bye).
+func (w *world) wakeClosed(id string, from int, why error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for k, b := range w.boxes {
+		if k.from == from && (id == "" || k.group == id) && b.msg == nil && b.err == nil {
+			b.err = why
+			close(b.ready)
+		}
+	}
+}
+
+// failure returns the world's error, or nil while it is healthy.
+func (w *world) failure() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.err
+}
+
+// fail fails the world with err; the first failure wins. With tell the
+// peers are told (an abort frame), so that they fail promptly too.
+func (w *world) fail(err error, tell bool) {
+	w.mu.Lock()
+	if w.err != nil {
+		w.mu.Unlock()
+		return
+	}
+	w.err = err
+	close(w.failed)
+	w.mu.Unlock()
+	if !tell {
+		return
+	}
+	var causes byte
+	for _, c := range []struct {
+		err error
+		bit byte
+	}{{comm.ErrTimeout, causeTimeout}, {ErrPeerGone, causeGone}, {comm.ErrClosed, causeClosed}, {comm.ErrMismatch, causeMismatch}} {
+		if errors.Is(err, c.err) {
+			causes |= c.bit
+		}
+	}
+	f := newFrame(kindAbort).u8(causes).str32(err.Error()).frame(0)
+	var wg sync.WaitGroup
+	for _, p := range w.peers {
+		if p != nil {
+			wg.Go(func() { w.send(p.rank, time.Now().Add(2*time.Second), f) })
+		}
+	}
+	wg.Wait()
+}
+
+// remoteError is the failure of another rank, told by its abort frame: its
+// message, and the sentinels the original error wrapped.
+type remoteError struct {
+	from   int
+	msg    string
+	causes []error
+}
+
+func (e *remoteError) Error() string { return e.msg }
+
+func (e *remoteError) Unwrap() []error { return append(e.causes, comm.ErrAborted) }
+
+func newRemoteError(from int, causes byte, msg string) error {
+	e := &remoteError{from: from, msg: msg}
+	for _, c := range []struct {
+		bit byte
+		err error
+	}{{causeTimeout, comm.ErrTimeout}, {causeGone, ErrPeerGone}, {causeClosed, comm.ErrClosed}, {causeMismatch, comm.ErrMismatch}} {
+		if causes&c.bit != 0 {
+			e.causes = append(e.causes, c.err)
+		}
+	}
+	if !strings.Contains(msg, fmt.Sprintf("world rank %d ", from)) {
+		e.msg = fmt.Sprintf("world rank %d failed: %s", from, msg)
+	}
+	return e
+}
+
+// send writes one frame (and the extra parts that follow it, if any) to
+// world rank to before deadline. A failed write leaves the stream in an
+// unknown state, so it ends the connection (the reader then reports the
+// peer). It is a no-op once the connection is closed.
+func (w *world) send(to int, deadline time.Time, parts ...[]byte) error {
+	p := w.peers[to]
+	p.wmu.Lock()
+	defer p.wmu.Unlock()
+	p.conn.SetWriteDeadline(deadline)
+	bufs := net.Buffers(parts)
+	if _, err := bufs.WriteTo(p.conn); err != nil {
+		p.conn.Close()
+		return fmt.Errorf("sending to world rank %d: %w", to, err)
+	}
+	return nil
+}
+
+// read is the reader of one peer's connection: it files data frames in the
+// mailbox and acts on the others until the connection ends. A connection
+// that ends without a goodbye fails the world: the peer is gone.
+func (w *world) read(p *peer) {
+	defer w.readers.Done()
+	for {
+		body, err := readFrame(p.r, maxFrame)
+		if err == nil {
+			err = w.handle(p, body)
+		}
+		if err == nil {
+			continue
+		}
+		w.mu.Lock()
+		quiet := w.closing || p.bye
+		w.mu.Unlock()
+		if !quiet {
+			w.fail(fmt.Errorf("world rank %d is gone: its connection ended without a goodbye (%v): its process exited, crashed or was killed (%w) (%w)",
+				p.rank, err, ErrPeerGone, comm.ErrAborted), true)
+		}
+		p.conn.Close()
+		return
+	}
+}
+
+// errBye ends the reader after a goodbye.
+var errBye = errors.New("goodbye")
+
+func (w *world) handle(p *peer, body []byte) error {
+	d := dec{b: body}
+	switch kind := d.u8(); kind {
+	case kindData:
+		k := msgKey{group: d.str(), seq: d.u64(), from: p.rank}
+		h := d.header()
+		if d.err != nil {
+			return fmt.Errorf("malformed data frame: %w", d.err)
+		}
+		return w.deliver(k, &message{h: h, payload: d.b})
+	case kindAbort:
+		causes, msg := d.u8(), d.str32()
+		if d.err != nil {
+			return fmt.Errorf("malformed abort frame: %w", d.err)
+		}
+		w.fail(newRemoteError(p.rank, causes, msg), false)
+	case kindCloseGroup:
+		id := d.str()
+		if d.err != nil {
+			return fmt.Errorf("malformed close frame: %w", d.err)
+		}
+		w.mu.Lock()
+		w.groupClosed[groupPeer{id, p.rank}] = true
+		w.mu.Unlock()
+		w.wakeClosed(id, p.rank, fmt.Errorf("world rank %d closed the group before arriving (%w)", p.rank, comm.ErrClosed))
+	case kindBye:
+		w.mu.Lock()
+		p.bye = true
+		w.mu.Unlock()
+		w.wakeClosed("", p.rank, fmt.Errorf("world rank %d closed its world before arriving (%w)", p.rank, comm.ErrClosed))
+		return errBye
+	default:
+		return fmt.Errorf("unknown frame kind %d", kind)
+	}
+	return nil
+}
+
+// lingerTimeout bounds how long Close of the world waits for the peers to
+// end their side of the connections (so that nothing this rank sent is
+// lost to a reset).
+const lingerTimeout = 2 * time.Second
+
+// shutdown says goodbye to every peer, ends this side of each connection,
+// waits (at most lingerTimeout) for the peers to end theirs, and closes.
+func (w *world) shutdown() {
+	w.mu.Lock()
+	if w.closing {
+		w.mu.Unlock()
+		return
+	}
+	w.closing = true
+	w.mu.Unlock()
+	bye := newFrame(kindBye).frame(0)
+	for _, p := range w.peers {
+		if p == nil {
+			continue
+		}
+		if w.send(p.rank, time.Now().Add(time.Second), bye) == nil {
+			if tc, ok := p.conn.(*net.TCPConn); ok {
+				tc.CloseWrite()
+			}
+		}
+	}
+	done := make(chan struct{})
+	go func() { w.readers.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(lingerTimeout):
+	}
+	for _, p := range w.peers {
+		if p != nil {
+			p.conn.Close()
+		}
+	}
+	<-done
+}
+
+// usable returns the error of an op called on c now, or nil.
+func (c *Comm) usable(op string) error {
+	if c.closed.Load() {
+		return c.wrap(op, fmt.Errorf("this rank's handle is closed (%w)", comm.ErrClosed))
+	}
+	w := c.g.w
+	w.mu.Lock()
+	err, closing := w.err, w.closing
+	w.mu.Unlock()
+	switch {
+	case err != nil:
+		return c.wrap(op, err)
+	case closing:
+		return c.wrap(op, fmt.Errorf("the world was closed on this rank (%w)", comm.ErrClosed))
+	}
+	return nil
+}
