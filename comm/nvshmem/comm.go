@@ -325,16 +325,23 @@ func (c *Comm) Close() error {
 	if c.isWorld {
 		close(w.stop)
 		<-w.stopped
+		hung := false
 		if w.failure() == nil {
 			deadline := time.Now().Add(w.opts.timeout)
 			if err := w.blocking("nvshmem_finalize", deadline, cFinalize); err != nil {
 				errs = append(errs, comm.Errorf(c, "close", "%w", err))
+				hung = true
 			}
 		}
 		w.mu.Lock()
 		w.closed = true
 		w.mu.Unlock()
-		cHostFree(w.dev, w.recs)
+		// A finalize still running (a peer never came) keeps the device
+		// busy, and freeing pinned memory would wait for it: leak the
+		// records instead, so that Close returns and the process can exit.
+		if !hung {
+			cHostFree(w.dev, w.recs)
+		}
 	}
 	return errors.Join(errs...)
 }
