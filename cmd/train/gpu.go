@@ -18,16 +18,24 @@ import (
 
 // preflight loads the library of a GPU transport in the launcher, so that a
 // missing one fails the launch once, before any process starts, with the
-// transport's error (the library and the variable that overrides its path).
-func preflight(c string) error {
-	var err error
+// transport's error (the library and the variable that overrides its path);
+// for NCCL it also refuses more ranks than GPUs.
+func preflight(c string, nproc int) error {
 	switch c {
 	case CommNCCL:
-		_, err = nccl.Load()
+		if _, err := nccl.Load(); err != nil {
+			return err
+		}
+		if err := cuda.Init(); err != nil {
+			return fmt.Errorf("--comm nccl: %w", err)
+		}
+		if n, err := cuda.DeviceCount(); err == nil && nproc > n {
+			return fmt.Errorf("--comm nccl: --nproc %d ranks but %d GPU(s): NCCL refuses two ranks on one GPU (\"Duplicate GPU detected\"); use --comm nvshmem, whose ranks may share a GPU, or --nproc %d or fewer", nproc, n, n)
+		}
 	case CommNVSHMEM:
-		err = preflightNVSHMEM()
+		return preflightNVSHMEM()
 	}
-	return err
+	return nil
 }
 
 // gpuFor picks the GPU of a rank and returns the number of GPUs of the node.

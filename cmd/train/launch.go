@@ -60,7 +60,7 @@ type rankProc struct {
 func launchLocal(ctx context.Context, cfg Config, args []string) error {
 	p := cfg.Parallel
 	n := p.NProc
-	if err := preflight(p.Comm); err != nil {
+	if err := preflight(p.Comm, n); err != nil {
 		return err
 	}
 	exe, err := os.Executable()
@@ -144,7 +144,7 @@ func launchLocal(ctx context.Context, cfg Config, args []string) error {
 		case <-ctx.Done():
 			if !interrupted {
 				interrupted = true
-				signalAll(syscall.SIGTERM, "interrupted: passed on SIGTERM")
+				signalAll(syscall.SIGTERM, "passed on the interrupt (SIGTERM)")
 				grace = time.After(stopGrace(p))
 			}
 		case <-grace:
@@ -160,14 +160,6 @@ func launchLocal(ctx context.Context, cfg Config, args []string) error {
 		return nil
 	}
 	var b strings.Builder
-	if first != nil {
-		fmt.Fprintf(&b, "--nproc %d: rank %d %s %v into the run", n, first.rank, describeExit(first.err), first.ended.Sub(start).Round(time.Millisecond))
-		if l := first.last.String(); l != "" {
-			fmt.Fprintf(&b, ": %s", l)
-		}
-	} else {
-		fmt.Fprintf(&b, "--nproc %d: interrupted (%v)", n, context.Cause(ctx))
-	}
 	for _, q := range procs {
 		if q == first {
 			continue
@@ -176,7 +168,7 @@ func launchLocal(ctx context.Context, cfg Config, args []string) error {
 		switch {
 		case q.err == nil:
 			b.WriteString("finished")
-		case q.stop != "" && first != nil:
+		case q.stop != "":
 			fmt.Fprintf(&b, "%s (%s)", q.stop, describeExit(q.err))
 		default:
 			fmt.Fprintf(&b, "%s on its own", describeExit(q.err))
@@ -189,9 +181,13 @@ func launchLocal(ctx context.Context, cfg Config, args []string) error {
 		}
 	}
 	if first == nil {
-		return fmt.Errorf("%s: %w", b.String(), context.Cause(ctx))
+		return fmt.Errorf("--nproc %d: %w%s", n, context.Cause(ctx), b.String())
 	}
-	return errors.New(b.String())
+	head := fmt.Sprintf("--nproc %d: rank %d %s %v into the run", n, first.rank, describeExit(first.err), first.ended.Sub(start).Round(time.Millisecond))
+	if l := first.last.String(); l != "" {
+		head += ": " + l
+	}
+	return errors.New(head + b.String())
 }
 
 // describeExit says how a process ended.

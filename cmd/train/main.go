@@ -1,5 +1,10 @@
 // Command train trains a GPT model. With no flags it trains the tiny preset
 // on the built-in corpus on the CPU; see README.md and -help.
+//
+// A parallel layout (--tp, --dp, --ep) runs its ranks as goroutines of this
+// process (--comm local, parallel.go) or as processes (--comm tcp, nccl,
+// nvshmem; rank.go): started by --nproc's own launcher (launch.go), or by
+// torchrun, srun or mpirun, whose variables make this process one rank.
 package main
 
 import (

@@ -61,9 +61,14 @@ func (c *Comm) exchange(op string, h header, local error, payload func(q int) []
 				if closed != nil { // not a failure of the world: the peer left
 					return nil, seq, c.wrap(op, fmt.Errorf("call #%d: %w", seq, closed))
 				}
-				err = c.wrap(op, fmt.Errorf("call #%d: %w (%w)", seq, err, comm.ErrAborted))
-				w.fail(err, true)
-				return nil, seq, err
+				// The connection broke: its reader says why (the peer is
+				// gone) as soon as it sees the end; give it a moment.
+				select {
+				case <-w.failed:
+				case <-time.After(time.Second):
+					w.fail(fmt.Errorf("world rank %d is gone: %w (%w) (%w)", to, err, ErrPeerGone, comm.ErrAborted), true)
+				}
+				return nil, seq, c.wrap(op, fmt.Errorf("call #%d: %w", seq, w.failure()))
 			}
 		}
 		for q, from := range g.members {

@@ -157,7 +157,9 @@ func (w *world) connect(ctx context.Context, store *rendezvous.Client) error {
 				return
 			}
 			r := bufio.NewReaderSize(conn, 64<<10)
-			q, err := readHello(conn, r, w.prefix, w.size, deadline)
+			// A stray connection that says nothing holds the others up
+			// for helloTimeout at most.
+			q, err := readHello(conn, r, w.prefix, w.size, earliest(deadline, time.Now().Add(helloTimeout)))
 			mu.Lock()
 			if err == nil && (q <= w.rank || w.peers[q] != nil) {
 				err = fmt.Errorf("rank %d connected twice, or is not a higher rank", q)
@@ -239,6 +241,16 @@ func dialPeer(ctx context.Context, addr, prefix string, rank, size, q int, deadl
 		}
 		return conn, r, err
 	}
+}
+
+// helloTimeout bounds the wait for an accepted connection's hello.
+const helloTimeout = 5 * time.Second
+
+func earliest(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 func (w *world) addrKey(rank int) string { return w.prefix + "/addr/" + strconv.Itoa(rank) }
