@@ -19,9 +19,13 @@ test-race:
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 2x ./tensor/cpu ./train/...
 
-# The CUDA kernels image; needs nvcc (run on the GPU machine, see scripts/gpu.sh).
+# The GPU artefacts; need nvcc (run on the GPU machine, see scripts/gpu.sh):
+# build/asynctp_kernels.fatbin (our kernels, loaded with the driver API) and
+# build/libasynctp_nvshmem.so (comm/nvshmem's native half, device-linked with
+# libnvshmem_device.a; skipped with a message where NVSHMEM is not installed).
 cuda:
 	bash cuda/kernels/build.sh
+	bash cuda/nvshmem/build.sh || echo "make cuda: libasynctp_nvshmem.so not built (NVSHMEM missing?); --comm nvshmem needs it"
 
 # Test binaries and the train command for the GPU machine (built here, no CUDA needed).
 gpu-test-binaries:
