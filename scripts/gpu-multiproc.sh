@@ -14,7 +14,12 @@
 #     SIGKILL mid-run; the launcher must exit non-zero naming rank 1, rank 0
 #     must notice on its own; then the run resumes from the last checkpoint;
 #  5. (if torchrun is there) the CPU path under torchrun --no-python.
-# Logs go to $OUT; a table is printed last.
+# Logs go to $OUT; a table is printed last, with the speed of each run of
+# step 2 beside its one-process reference (the median per-step tokens/s of
+# metrics.jsonl after the first 5 steps). The GPU ranks order their
+# collectives on the backend's stream; ASYNCTP_SYNC_COLLECTIVES=1 (exported
+# before running this script) makes them synchronise each one on the host
+# instead, the old, slow path, for comparison or debugging.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build/out}/multiproc
@@ -57,6 +62,36 @@ sys.exit(0 if worst <= tol else 1)
 PY
 }
 
+# tps NAME: the median per-step tokens/s of run NAME (metrics.jsonl, steps
+# after the fifth: the warm-up excluded), or "?".
+tps() {
+  python3 - "$OUT/$1/metrics.jsonl" <<'PY'
+import json, statistics, sys
+recs = []
+try:
+    for line in open(sys.argv[1]):
+        try:
+            recs.append(json.loads(line))
+        except ValueError:
+            pass
+except OSError:
+    pass
+v = [r.get("tokens_per_s") or 0 for r in recs]
+steady = [t for r, t in zip(recs, v) if r.get("step", 0) > 5 and t > 0] or [t for t in v if t > 0]
+print(f"{statistics.median(steady):.0f}" if steady else "?")
+PY
+}
+
+# speed NAME REF: a summary row with NAME's tokens/s beside REF's (one
+# process) and the ratio, and how NAME's ranks ran their collectives.
+speed() {
+  local mine ref how ratio
+  mine=$(tps "$1"); ref=$(tps "$2")
+  how=$(grep -m1 -o 'collectives [^;,]*' "$OUT/$1.log" 2>/dev/null || echo "collectives: see $1.log")
+  ratio=$(python3 -c "import sys; a, b = sys.argv[1:]; print(f'{float(a) / float(b):.3f}x' if a != '?' and b != '?' else '?')" "$mine" "$ref")
+  row "  tokens/s $1" speed "$mine vs $ref for 1 process ($2): $ratio; $how"
+}
+
 # train NAME ARGS...: one run, its log in $OUT/NAME.log.
 train() {
   local name=$1; shift
@@ -67,8 +102,8 @@ train() {
 }
 
 # 1. references.
-train ref-tiny --model tiny && row "reference tiny, 1 process" ok "$(tail -1 "$OUT/ref-tiny.log")"
-train ref-moe --model tiny-moe && row "reference tiny-moe, 1 process" ok "$(tail -1 "$OUT/ref-moe.log")"
+train ref-tiny --model tiny && row "reference tiny, 1 process" ok "$(tail -1 "$OUT/ref-tiny.log"); median $(tps ref-tiny) tokens/s"
+train ref-moe --model tiny-moe && row "reference tiny-moe, 1 process" ok "$(tail -1 "$OUT/ref-moe.log"); median $(tps ref-moe) tokens/s"
 
 # 2. process ranks against the references.
 for spec in "nvshmem-tp2|ref-tiny|$TOL|--model tiny --nproc 2 --comm nvshmem --tp 2" \
@@ -80,6 +115,7 @@ for spec in "nvshmem-tp2|ref-tiny|$TOL|--model tiny --nproc 2 --comm nvshmem --t
   if train "$name" $args; then
     res=$(compare "$ref" "$name" "$tol"); st=$?
     row "$args" "$([ $st -eq 0 ] && echo ok || echo FAIL)" "$res, $(($(date +%s)-t0)) s"
+    speed "$name" "$ref"
   fi
 done
 

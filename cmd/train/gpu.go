@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/asynctp/asynctp/comm"
@@ -79,19 +80,45 @@ func openNCCL(ctx context.Context, cfg Config, env rankEnv) (*transport, error) 
 		b.Close()
 		return nil, err
 	}
-	return &transport{world: &syncedComm{Comm: c, b: b}, b: b, dt: tensor.BFloat16,
+	world, stream, how := gpuWorld(c, b)
+	return &transport{world: world, stream: stream, b: b, dt: tensor.BFloat16,
 		close: func() { c.Close(); b.Close() },
-		note:  fmt.Sprintf("%s, bf16 with fp32 master weights; %d ranks as processes over %v", b.DeviceName(), info.WorldSize, lib)}, nil
+		note:  fmt.Sprintf("%s, bf16 with fp32 master weights; %d ranks as processes over %v; %s", b.DeviceName(), info.WorldSize, lib, how)}, nil
 }
 
-// syncedComm runs the ops of a GPU transport in the order of a backend
-// whose stream it cannot see (tensor/cudabackend does not export its
-// stream): before an op it waits for the backend's queued work (Sync), it
-// queues the op on the transport's own stream (a nil comm.Stream) and waits
-// for it on the host, so that the backend's next ops see the result. Each
-// op is thus a host synchronisation: correct, not fast; a backend that
-// exports its stream would let the transport order the ops on the device
-// instead. Groups split from it are wrapped alike.
+// envSyncCollectives=1 makes the GPU ranks synchronise every collective on
+// the host (syncedComm) instead of ordering it on the backend's stream: a
+// debugging aid, to tell a stream-ordering bug from a transport's (the
+// losses must not change, only the speed, which drops by an order of
+// magnitude or more).
+const envSyncCollectives = "ASYNCTP_SYNC_COLLECTIVES"
+
+// gpuWorld is the world of a GPU rank over the transport c and the stream
+// its model passes to every collective (model.Options.Stream): c itself
+// and the backend's stream, so that each collective is queued in order with
+// the backend's ops and waited for on the device (Work.Wait on the
+// backend's stream), with no host synchronisation; or, with
+// ASYNCTP_SYNC_COLLECTIVES=1, c behind syncedComm and no stream. how says
+// which, for the log.
+func gpuWorld(c comm.Comm, b *cudabackend.Backend) (world comm.Comm, stream comm.Stream, how string) {
+	if os.Getenv(envSyncCollectives) == "1" {
+		return &syncedComm{Comm: c, b: b}, nil, "collectives synchronised on the host (" + envSyncCollectives + "=1)"
+	}
+	// A *cuda.Stream: comm/nccl takes it as is, comm/nvshmem by its Handle.
+	s := b.Stream()
+	if s == nil { // no CUDA stream (the kernel emulator): nothing to order on
+		return &syncedComm{Comm: c, b: b}, nil, "collectives synchronised on the host (the backend has no CUDA stream)"
+	}
+	return c, s, "collectives ordered on the backend's stream"
+}
+
+// syncedComm is the debugging mode of gpuWorld (ASYNCTP_SYNC_COLLECTIVES=1):
+// it runs the ops of a GPU transport as host synchronisations, ignoring the
+// stream it is given. Before an op it waits for the backend's queued work
+// (Sync), it queues the op on the transport's own stream (a nil
+// comm.Stream) and waits for it on the host, so that the backend's next ops
+// see the result; it returns comm.Done. Correct, not fast. Groups split
+// from it are wrapped alike.
 type syncedComm struct {
 	comm.Comm
 	b tensor.Backend

@@ -74,8 +74,9 @@ func openNVSHMEM(ctx context.Context, cfg Config, env rankEnv) (*transport, erro
 	if info.LocalWorldSize > n {
 		shared = fmt.Sprintf(", %d ranks share each GPU", (info.LocalWorldSize+n-1)/n)
 	}
-	t := &transport{world: &syncedComm{Comm: c, b: b}, b: b, dt: tensor.BFloat16,
-		note: fmt.Sprintf("%s, bf16 with fp32 master weights; %d ranks as processes over %v%s", b.DeviceName(), info.WorldSize, lib, shared)}
+	world, stream, how := gpuWorld(c, b)
+	t := &transport{world: world, stream: stream, b: b, dt: tensor.BFloat16,
+		note: fmt.Sprintf("%s, bf16 with fp32 master weights; %d ranks as processes over %v%s; %s", b.DeviceName(), info.WorldSize, lib, shared, how)}
 	t.close = func() {
 		if watch != nil {
 			watch.close(true)

@@ -79,20 +79,22 @@ func runParallel(ctx context.Context, cfg Config) error {
 
 // runRank is one goroutine rank of a parallel run.
 func runRank(ctx context.Context, c comm.Comm, cfg Config, ds *train.Dataset, threads int) (train.Result, error) {
-	return trainRank(ctx, c, cfg, ds, newRankBackend(c.Rank(), threads), tensor.Float32, nil)
+	return trainRank(ctx, c, cfg, ds, newRankBackend(c.Rank(), threads), nil, tensor.Float32, nil)
 }
 
 // trainRank trains rank c.Rank() of the world c: its comm.Grid, its part of
 // the model on b in dtype dt, and model.Run, with the interrupt agreement
-// (and then hook, when not nil) after every step.
-func trainRank(ctx context.Context, c comm.Comm, cfg Config, ds *train.Dataset, b tensor.Backend, dt tensor.DType, hook func(train.StepMetrics)) (train.Result, error) {
+// (and then hook, when not nil) after every step. s is b's stream, on which
+// every collective of the model and of the agreement is ordered (nil on
+// the CPU).
+func trainRank(ctx context.Context, c comm.Comm, cfg Config, ds *train.Dataset, b tensor.Backend, s comm.Stream, dt tensor.DType, hook func(train.StepMetrics)) (train.Result, error) {
 	p := cfg.Parallel
 	g, err := comm.NewGrid(c, p.DP, p.TP, p.EP)
 	if err != nil {
 		return train.Result{}, err
 	}
 	defer g.Close()
-	m, err := model.New(b, g, cfg.Model, model.Options{SequenceParallel: p.SequenceParallel}, dt)
+	m, err := model.New(b, g, cfg.Model, model.Options{SequenceParallel: p.SequenceParallel, Stream: s}, dt)
 	if err != nil {
 		return train.Result{}, err
 	}
@@ -100,8 +102,8 @@ func trainRank(ctx context.Context, c comm.Comm, cfg Config, ds *train.Dataset, 
 	if err != nil {
 		return train.Result{}, err
 	}
-	stop := newStopAgreement(ctx, g.World)
-	defer stop.cancel(nil)
+	stop := newStopAgreement(ctx, g.World, b, s)
+	defer stop.close()
 	opts := []train.Option{train.WithStepHook(stop.hook)}
 	if hook != nil {
 		opts[0] = train.WithStepHook(func(m train.StepMetrics) { hook(m); stop.hook(m) })
@@ -115,36 +117,53 @@ func trainRank(ctx context.Context, c comm.Comm, cfg Config, ds *train.Dataset, 
 // stopAgreement makes the ranks stop at the same step when the run is
 // interrupted: after every step each rank all-reduces (max) whether its
 // context is done, and all of them cancel their run's context together, so
-// every rank checkpoints the same step and none waits for the others.
+// every rank checkpoints the same step and none waits for the others. The
+// flag is a tensor of the model's backend (a GPU transport moves device
+// memory only), reduced on the backend's stream s and read back.
 type stopAgreement struct {
 	parent context.Context
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	world  comm.Comm
-	flag   *tensor.Tensor
+	b      tensor.Backend
+	s      comm.Stream
+	flag   *tensor.Tensor // (1) f32 on b
+	host   *tensor.Tensor // (1) f32 in host memory
 }
 
-func newStopAgreement(parent context.Context, world comm.Comm) *stopAgreement {
+func newStopAgreement(parent context.Context, world comm.Comm, b tensor.Backend, s comm.Stream) *stopAgreement {
 	ctx, cancel := context.WithCancelCause(context.Background())
-	return &stopAgreement{parent: parent, ctx: ctx, cancel: cancel, world: world, flag: tensor.MustHost(tensor.Float32, 1)}
+	return &stopAgreement{parent: parent, ctx: ctx, cancel: cancel, world: world, b: b, s: s,
+		flag: b.Zeros(tensor.Float32, 1), host: tensor.MustHost(tensor.Float32, 1)}
+}
+
+// close cancels the run's context and gives the flag back.
+func (s *stopAgreement) close() {
+	s.cancel(nil)
+	s.b.Free(s.flag)
 }
 
 func (s *stopAgreement) hook(train.StepMetrics) {
 	if s.ctx.Err() != nil {
 		return
 	}
-	s.flag.F32()[0] = 0
+	s.host.F32()[0] = 0
 	if s.parent.Err() != nil {
-		s.flag.F32()[0] = 1
+		s.host.F32()[0] = 1
 	}
-	w, err := s.world.AllReduce(s.flag, comm.Max, nil)
+	s.b.Upload(s.flag, s.host)
+	w, err := s.world.AllReduce(s.flag, comm.Max, s.s)
 	if err == nil {
-		err = w.Wait(nil)
+		err = w.Wait(s.s)
 	}
 	if err != nil {
 		return // the world is broken: the next collective of the step fails and says why
 	}
-	if s.flag.F32()[0] > 0 {
+	s.b.Download(s.host, s.flag)
+	if s.b.Err() != nil {
+		return // the backend failed: the next step says why
+	}
+	if s.host.F32()[0] > 0 {
 		cause := context.Cause(s.parent)
 		if cause == nil {
 			cause = fmt.Errorf("another rank was interrupted: %w", context.Canceled)

@@ -58,14 +58,16 @@ type rankEnv struct {
 }
 
 // transport is what a rank trains with: its world, the backend its model
-// runs on, the model's dtype, a line for the log, and how to release them
-// (after the world, the backend).
+// runs on and the stream of that backend on which the collectives are
+// ordered (nil on the CPU), the model's dtype, a line for the log, and how
+// to release them (after the world, the backend).
 type transport struct {
-	world comm.Comm
-	b     tensor.Backend
-	dt    tensor.DType
-	note  string
-	close func()
+	world  comm.Comm
+	stream comm.Stream
+	b      tensor.Backend
+	dt     tensor.DType
+	note   string
+	close  func()
 	// fail, when set, tells the others that this rank failed with err;
 	// close is then not called (NVSHMEM: closing would wait for peers).
 	fail func(err error)
@@ -144,7 +146,7 @@ func rankProcess(ctx context.Context, cfg Config, info rendezvous.Info) error {
 		}
 	}
 
-	res, err := trainRank(ctx, t.world, cfg, ds, t.b, t.dt, fault)
+	res, err := trainRank(ctx, t.world, cfg, ds, t.b, t.stream, t.dt, fault)
 	if err == nil {
 		// Nobody closes its connections while another still trains.
 		if err = t.world.Barrier(); err != nil {

@@ -236,6 +236,7 @@ func (m *MoE) Forward(out, x *tensor.Tensor) error {
 	m.h, m.recv = h, recv
 	// While the rows move: the aux-loss statistics of the whole group.
 	if err := m.globalStats(h); err != nil {
+		work.Wait(m.opts.stream) // recv and the handle's buffers stay the transport's until then
 		return err
 	}
 	if err := work.Wait(m.opts.stream); err != nil {

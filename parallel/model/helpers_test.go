@@ -21,11 +21,13 @@ func smallConfig() layers.GPTConfig {
 	return layers.GPTConfig{Layers: 2, Dim: 32, Heads: 4, Vocab: 64, Seq: 8, FFN: 64, InitStd: 0.1, Seed: 11}
 }
 
-// layout is one parallel configuration (ep 0 means 1).
+// layout is one parallel configuration (ep 0 means 1). stream, when set,
+// is the model's Options.Stream.
 type layout struct {
 	tp, dp int
 	sp     bool
 	ep     int
+	stream comm.Stream
 }
 
 func (l layout) String() string {
@@ -54,7 +56,7 @@ func onGrid(l layout, fn func(b tensor.Backend, g *comm.Grid) error, opts ...loc
 
 // newModel builds the sharded model of cfg on a rank.
 func newModel(b tensor.Backend, g *comm.Grid, cfg layers.GPTConfig, l layout, dt tensor.DType) (*model.Model, error) {
-	return model.New(b, g, cfg, model.Options{SequenceParallel: l.sp}, dt)
+	return model.New(b, g, cfg, model.Options{SequenceParallel: l.sp, Stream: l.stream}, dt)
 }
 
 // batch returns a global batch (B, T) of ids and targets drawn from seed;

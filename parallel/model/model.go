@@ -19,7 +19,12 @@ type Options struct {
 	// Strategy runs the fused all-gather/matmul and matmul/reduce-scatter
 	// sites; nil means comm.Collective{Stream: Stream}.
 	Strategy comm.Strategy
-	// Stream is the stream of the backend (nil on the CPU).
+	// Stream is the stream of the backend (nil on the CPU; on a GPU the
+	// backend's own, e.g. tensor/cudabackend's Backend.Stream). Every
+	// collective of the model, of its layers and of the default Strategy
+	// is queued on it and waited for on it (Work.Wait(Stream)) before its
+	// result is used, so a GPU transport orders them with the backend's
+	// ops on the device, without host synchronisation.
 	Stream comm.Stream
 }
 

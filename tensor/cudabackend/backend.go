@@ -124,6 +124,32 @@ func (b *Backend) Device() tensor.Device { return tensor.Device{Kind: tensor.CUD
 // DeviceName names the GPU, e.g. "cuda:0 (NVIDIA H200)".
 func (b *Backend) DeviceName() string { return b.dev.Name() }
 
+// Stream returns the CUDA stream on which the backend queues every op: the
+// stream to hand a GPU transport (comm.Stream, e.g. parallel/model's
+// Options.Stream), so that collectives are ordered with the ops on the
+// device instead of on the host. It is a *cuda.Stream, which comm/nccl takes
+// as is and comm/nvshmem through its Handle; it stays the backend's (do not
+// Destroy it) and is valid until Close. On the kernel emulator, which has no
+// CUDA stream, it is nil. See the package documentation ("Streams and
+// collectives") for the contract.
+func (b *Backend) Stream() *cuda.Stream {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if d, ok := b.dev.(*cudaDevice); ok && !b.closed {
+		return d.stream
+	}
+	return nil
+}
+
+// StreamHandle is the CUstream (also a cudaStream_t) of Stream, for code
+// that takes a raw handle; 0 on the emulator and after Close.
+func (b *Backend) StreamHandle() uintptr {
+	if s := b.Stream(); s != nil {
+		return s.Handle()
+	}
+	return 0
+}
+
 // Err returns the first error recorded by an op, or nil. It does not wait
 // for the GPU: errors found by kernels in the data (an id outside the
 // table, a target ≥ V) are read back at the next Sync, Download or

@@ -1,7 +1,11 @@
 package cudabackend
 
 import (
+	"math"
 	"testing"
+
+	"github.com/asynctp/asynctp/cuda"
+	"github.com/asynctp/asynctp/tensor"
 )
 
 // openGPU opens GPU 0, or skips the test with the reason (no driver, no GPU,
@@ -37,3 +41,76 @@ func TestAttentionShapesSIMT(t *testing.T) {
 func TestRoutingPlan(t *testing.T) { runRoutingPlan(t, openGPU) }
 
 func TestGPT(t *testing.T) { runGPT(t, openGPU) }
+
+// TestStream checks the stream contract of the package documentation on the
+// GPU: work queued on Stream by other code (as comm/nccl queues its
+// collectives) comes before a later Download, and work on another stream
+// that Stream is made to wait for with an event (as Work.Wait does for
+// comm/nvshmem) comes before it too.
+func TestStream(t *testing.T) {
+	b := openGPU(t)
+	s := b.Stream()
+	if s == nil || s.Handle() == 0 || b.StreamHandle() != s.Handle() {
+		t.Fatalf("Stream() = %v, StreamHandle() = %#x: expected the backend's own stream", s, b.StreamHandle())
+	}
+	const n = 1 << 20
+	x := b.Zeros(tensor.Float32, n)
+	ptr := cuda.DevicePtr(x.Buffer().(interface{ Ptr() uint64 }).Ptr())
+	host := tensor.MustHost(tensor.Float32, n)
+	check := func(what string, want float32) {
+		t.Helper()
+		b.Download(host, x)
+		if err := b.Err(); err != nil {
+			t.Fatal(err)
+		}
+		for i, v := range host.F32() {
+			if v != want {
+				t.Fatalf("%s: x[%d] = %v, want %v", what, i, v, want)
+			}
+		}
+	}
+	// On the backend's stream, by other code.
+	err := cuda.OnDevice(0, func(*cuda.Context) error {
+		return cuda.MemsetD32Async(ptr, math.Float32bits(2), n, s)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("a fill queued on Stream", 2)
+
+	// On another stream, ordered after the backend's and waited for with
+	// an event: x = 3 there, then x *= 2 on the backend's stream.
+	err = cuda.OnDevice(0, func(*cuda.Context) error {
+		other, err := cuda.NewStream()
+		if err != nil {
+			return err
+		}
+		defer other.Destroy()
+		in, err := cuda.NewEvent(false)
+		if err != nil {
+			return err
+		}
+		out, err := cuda.NewEvent(false)
+		if err != nil {
+			return err
+		}
+		if err := in.Record(s); err != nil {
+			return err
+		}
+		if err := other.WaitEvent(in); err != nil {
+			return err
+		}
+		if err := cuda.MemsetD32Async(ptr, math.Float32bits(3), n, other); err != nil {
+			return err
+		}
+		if err := out.Record(other); err != nil {
+			return err
+		}
+		return s.WaitEvent(out)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Scale(x, x, 2) // queued after the wait: must see the 3s
+	check("a fill on another stream, waited for with an event, then Scale", 6)
+}

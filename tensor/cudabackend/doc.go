@@ -40,6 +40,35 @@
 // reports them only after one of those. Launch failures and faults surface
 // the same way, at the next call that waits.
 //
+// # Streams and collectives
+//
+// Every op is queued on one stream, Stream (StreamHandle is its raw
+// CUstream). Hand it to a GPU transport as the comm.Stream of its ops
+// (parallel/model's Options.Stream does, for every collective of the model
+// and of its TP and EP layers), and collectives are ordered on the device
+// with the backend's ops, without host synchronisation:
+//
+//   - ops and collectives queued on the backend's stream run in the order
+//     they were queued (comm/nccl queues its kernels on it directly);
+//   - a transport that runs its ops on a stream of its own (comm/nvshmem)
+//     first makes that stream wait for the backend's stream (so the op sees
+//     every op queued before it), and Work.Wait(backend.Stream()) makes the
+//     backend's stream wait for the op (cuStreamWaitEvent), so every op
+//     queued after Wait sees its result;
+//   - so, once Wait(backend.Stream()) has been called for a collective's
+//     Work, the host-side reads (Download, SumSquares, Sync) wait for it too,
+//     as they wait for everything queued on the stream, and its tensors may
+//     be freed: the caching allocator reuses blocks in the stream's order.
+//
+// The contract of comm.Work is the caller's part: until Wait has been
+// called for an op (on this stream), the backend must neither read its
+// destination nor write its source, and its tensors must not be freed.
+// Other streams (a transport's, or the caller's own) are ordered against
+// this one only through events, as Work.Wait does. Queuing on the stream
+// from other code needs the device's primary context current on the calling
+// thread (cuda.Context.Bind); the backend's lock does not cover it, which is
+// fine: a CUDA stream may be used from several threads.
+//
 // # Dtypes
 //
 // Device tensors are BFloat16, Float32 or Int32 (no Float64). Every float
@@ -66,8 +95,9 @@
 // class), so per-step activations do not call cuMemAlloc; Free, or the
 // garbage collector finding a tensor's buffer unreachable, gives the block
 // back to its list. Blocks are reused in stream order, which is safe
-// because every op runs on the one stream. MemStats and EmptyCache inspect
-// and trim the cache.
+// because every op runs on the one stream, and collectives on other streams
+// are ordered against it (see Streams and collectives). MemStats and
+// EmptyCache inspect and trim the cache.
 //
 // # Determinism
 //

@@ -97,3 +97,11 @@ func TestEmuReverseOrder(t *testing.T) {
 	t.Run("AttentionShapes", func(t *testing.T) { runAttentionShapes(t, openEmu) })
 	t.Run("RoutingPlan", func(t *testing.T) { runRoutingPlan(t, openEmu) })
 }
+
+// TestEmuStream: the emulator has no CUDA stream to hand a transport.
+func TestEmuStream(t *testing.T) {
+	b := openEmu(t)
+	if s := b.Stream(); s != nil || b.StreamHandle() != 0 {
+		t.Fatalf("Stream() = %v, StreamHandle() = %#x on the emulator, want nil and 0", s, b.StreamHandle())
+	}
+}
