@@ -5,7 +5,9 @@
 
 #include <dlfcn.h>
 #include <limits.h>
+#include <sched.h>
 #include <string.h>
+#include <time.h>
 
 // The table the trampolines call: all NULL until a library is installed.
 static atp_nccl_api api;
@@ -190,3 +192,44 @@ atp_ncclResult atp_ncclGroupEnd(void) { return api.ncclGroupEnd(); }
 const char *atp_ncclGetErrorString(atp_ncclResult r) { return api.ncclGetErrorString(r); }
 
 const char *atp_ncclGetLastError(atp_ncclComm comm) { return api.ncclGetLastError(comm); }
+
+// ---- several calls in one crossing from Go --------------------------------
+
+atp_ncclResult atp_nccl_group_p2p(const atp_nccl_p2p *parts, int n, int dt, atp_ncclComm comm, atp_cudaStream s, int *failed) {
+	*failed = -2;
+	atp_ncclResult r = api.ncclGroupStart();
+	if (r != 0) {
+		return r;
+	}
+	*failed = -1;
+	atp_ncclResult res = 0;
+	for (int i = 0; i < n; i++) {
+		const atp_nccl_p2p *p = &parts[i];
+		atp_ncclResult q = p->send ? api.ncclSend(p->buf, p->count, dt, p->peer, comm, s)
+		                           : api.ncclRecv(p->buf, p->count, dt, p->peer, comm, s);
+		if (q != 0 && res == 0) {
+			res = q;
+			*failed = i;
+		}
+	}
+	r = api.ncclGroupEnd();
+	return res != 0 ? res : r;
+}
+
+static int64_t atp_nccl_now_ns(void) {
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+atp_ncclResult atp_nccl_settle(atp_ncclComm comm, int64_t spin_ns, atp_ncclResult *state) {
+	int64_t end = atp_nccl_now_ns() + spin_ns;
+	for (;;) {
+		int expired = atp_nccl_now_ns() >= end;
+		atp_ncclResult r = api.ncclCommGetAsyncError(comm, state);
+		if (r != 0 || *state != ATP_NCCL_IN_PROGRESS || expired) {
+			return r;
+		}
+		sched_yield();
+	}
+}

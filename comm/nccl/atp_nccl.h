@@ -107,6 +107,36 @@ void atp_nccl_config_layout(size_t *out);
 // the new communicator from its init thread).
 atp_ncclComm atp_nccl_load_handle(atp_ncclComm *p);
 
+// One ncclSend (send = 1) or ncclRecv (send = 0) of a grouped
+// point-to-point op.
+typedef struct {
+	uintptr_t buf;
+	size_t count;
+	int peer;
+	int send;
+} atp_nccl_p2p;
+
+// atp_nccl_group_p2p issues ncclGroupStart, the ncclSend or ncclRecv of every
+// part, and ncclGroupEnd: a whole all-to-all in one call from Go. A group it
+// started is always ended, even after a failed part, so that the thread's
+// group state is clean. It returns the first failure, with *failed the index
+// of the failed part, or -2 when ncclGroupStart failed; otherwise
+// ncclGroupEnd's result (ncclInProgress on a non-blocking communicator) with
+// *failed = -1.
+atp_ncclResult atp_nccl_group_p2p(const atp_nccl_p2p *parts, int n, int dt, atp_ncclComm comm, atp_cudaStream s, int *failed);
+
+// ncclInProgress.
+#define ATP_NCCL_IN_PROGRESS 7
+
+// atp_nccl_settle polls ncclCommGetAsyncError while the communicator says
+// ncclInProgress, for about spin_ns nanoseconds at most, yielding the CPU
+// between polls (NCCL's own launch thread may need it). It returns the
+// result of the last ncclCommGetAsyncError and leaves the state it read in
+// *state. The last poll comes after the time is up, so that a caller that
+// was descheduled for the whole budget still sees a state that settled
+// meanwhile.
+atp_ncclResult atp_nccl_settle(atp_ncclComm comm, int64_t spin_ns, atp_ncclResult *state);
+
 // Trampolines.
 atp_ncclResult atp_ncclGetVersion(int *v);
 atp_ncclResult atp_ncclGetUniqueId(atp_ncclUniqueId *id);

@@ -5,6 +5,14 @@ package nccl
 // reduce-scatter: the input; all-to-all: the send buffer), algbw = size /
 // time, busbw = algbw · busFactor (2(n-1)/n for all-reduce, (n-1)/n for the
 // others). bf16 data.
+//
+// Time is taken on the GPU, as bench/torch_nccl.py does for PyTorch: CUDA
+// events recorded on the stream before the first and after the last of the
+// timed ops (after warm-up ops and a synchronisation). Each benchmark
+// reports it as us/op (and algGB/s, busGB/s); host-us/op is the host's time
+// for the same loop, from before the first op is queued until the stream
+// has drained, and ns/op is that loop only (the buffers, their zeroing, the
+// warm-up and the freeing are outside the benchmark timer).
 
 import (
 	"bufio"
@@ -91,29 +99,65 @@ func newBenchCase(c *Comm, mem *rawMemory, op string, bytes int) (*benchCase, er
 // free gives the buffers back (after the stream has drained).
 func (bc *benchCase) free() { bc.mem.free(bc.bufs...) }
 
-// timeIt queues iters ops on s and returns the wall time per op until s has
-// drained (after warm-up ops).
-func (bc *benchCase) timeIt(dev int, s *cuda.Stream, warm, iters int) (time.Duration, error) {
-	sync := func() error { return cuda.OnDevice(dev, func(*cuda.Context) error { return s.Synchronize() }) }
-	for range warm {
-		if _, err := bc.run(s); err != nil {
-			return 0, err
+// timeIt queues warm ops on s and waits for them, then queues iters ops
+// between two timing events and waits for the last. It returns the time per
+// op on the GPU (between the events) and on the host (from before the first
+// timed op is queued until the end event has completed). start and stop, if
+// not nil, run just before the timed loop and just after it (the benchmark
+// timer).
+func (bc *benchCase) timeIt(dev int, s *cuda.Stream, warm, iters int, start, stop func()) (gpu, host time.Duration, err error) {
+	err = cuda.OnDevice(dev, func(*cuda.Context) error {
+		t0, err := cuda.NewEvent(true)
+		if err != nil {
+			return err
 		}
-	}
-	if err := sync(); err != nil {
-		return 0, err
-	}
-	start := time.Now()
-	for range iters {
-		if _, err := bc.run(s); err != nil {
-			return 0, err
+		defer t0.Destroy()
+		t1, err := cuda.NewEvent(true)
+		if err != nil {
+			return err
 		}
+		defer t1.Destroy()
+		for range warm {
+			if _, err := bc.run(s); err != nil {
+				return err
+			}
+		}
+		if err := s.Synchronize(); err != nil {
+			return err
+		}
+		if start != nil {
+			start()
+		}
+		began := time.Now()
+		if err := t0.Record(s); err != nil {
+			return err
+		}
+		for range iters {
+			if _, err := bc.run(s); err != nil {
+				return err
+			}
+		}
+		if err := t1.Record(s); err != nil {
+			return err
+		}
+		if err := t1.Synchronize(); err != nil {
+			return err
+		}
+		host = time.Since(began)
+		if stop != nil {
+			stop()
+		}
+		gpu, err = cuda.Elapsed(t0, t1)
+		return err
+	})
+	if err != nil {
+		return 0, 0, err
 	}
-	if err := sync(); err != nil {
-		return 0, err
-	}
-	return time.Since(start) / time.Duration(iters), nil
+	return gpu / time.Duration(iters), host / time.Duration(iters), nil
 }
+
+// us is a duration in microseconds.
+func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 
 // gbps is bytes per op time in GB/s (10⁹ bytes).
 func gbps(bytes int, per time.Duration) float64 { return float64(bytes) / per.Seconds() / 1e9 }
@@ -130,16 +174,19 @@ func BenchmarkBusBandwidth(b *testing.B) {
 		for _, op := range benchOps {
 			for _, size := range benchSizes {
 				b.Run(op+"/"+sizeName(size), func(b *testing.B) {
+					b.StopTimer() // until the timed loop
 					bc, err := newBenchCase(c, mem, op, size)
 					if err != nil {
 						b.Fatal(err)
 					}
 					defer bc.free()
-					per, err := bc.timeIt(0, s, 3, b.N)
+					per, host, err := bc.timeIt(0, s, 3, b.N, b.StartTimer, b.StopTimer)
 					if err != nil {
 						b.Fatal(err)
 					}
 					alg := gbps(bc.bytes, per)
+					b.ReportMetric(us(per), "us/op")
+					b.ReportMetric(us(host), "host-us/op")
 					b.ReportMetric(alg, "algGB/s")
 					b.ReportMetric(alg*busFactor(op, 1), "busGB/s")
 				})
@@ -198,7 +245,7 @@ func multiBench(b *testing.B, ranks int) []benchRow {
 			r.busbw, _ = strconv.ParseFloat(f[5], 64)
 			multiBenchOnce.rows = append(multiBenchOnce.rows, r)
 		}
-		fmt.Printf("\nNCCL bus bandwidth, %d ranks (one process per GPU), bf16, nccl-tests conventions (time: slowest rank)\n", ranks)
+		fmt.Printf("\nNCCL bus bandwidth, %d ranks (one process per GPU), bf16, nccl-tests conventions (time: the slowest rank's GPU time per op, CUDA events around the loop)\n", ranks)
 		fmt.Printf("%-16s %10s %12s %12s %12s\n", "op", "size", "time (us)", "algbw GB/s", "busbw GB/s")
 		for _, r := range multiBenchOnce.rows {
 			fmt.Printf("%-16s %10s %12.1f %12.2f %12.2f\n", r.op, sizeName(r.bytes), r.us, r.algbw, r.busbw)
@@ -229,7 +276,7 @@ func benchChild(t *testing.T, c *Comm) {
 				t.Fatal(err)
 			}
 			iters := min(max((1<<30)/size, 10), 500)
-			per, err := bc.timeIt(dev, s, 5, iters)
+			per, _, err := bc.timeIt(dev, s, 5, iters, nil, nil)
 			bc.free()
 			if err != nil {
 				t.Fatalf("%s %s: %v", op, sizeName(size), err)

@@ -43,14 +43,24 @@ type options struct {
 	lostAfter  time.Duration
 	poll       time.Duration // watchdog period while ops are pending
 	idlePoll   time.Duration // watchdog period otherwise
+	spin       time.Duration // how long a host wait polls before it sleeps (see hostSpin)
 	blocking   int           // ncclConfig_t.blocking: always 0
 	streamPrio *int
 }
 
 func defaultOptions() options {
 	return options{timeout: DefaultTimeout, label: "world", heartbeat: DefaultHeartbeat, lostAfter: DefaultLostAfter,
-		poll: time.Millisecond, idlePoll: 20 * time.Millisecond}
+		poll: time.Millisecond, idlePoll: 20 * time.Millisecond, spin: hostSpin}
 }
+
+// hostSpin is how long a host wait polls without sleeping (ncclInProgress
+// after an NCCL call, Work.Wait(nil)) before it backs off to sleeps. A Go
+// sleep or timer lasts about a millisecond at least on Linux, whatever it
+// asks for (the runtime waits for timers in epoll_wait, whose timeout is in
+// milliseconds), so a wait that sleeps costs an op a millisecond: NCCL's
+// launch thread of a non-blocking group is done in tens of microseconds, a
+// small op on the GPU in a few.
+const hostSpin = 2 * time.Millisecond
 
 // WithTimeout sets the deadline of every op: an op whose event has not
 // completed d after it was queued fails the world with an error that wraps

@@ -46,8 +46,26 @@
 // Wait(nil) blocks the host until the op has completed. With a nil stream
 // the caller orders the inputs itself (their producer has finished, e.g. a
 // synchronised backend). AllToAllV is a group of ncclSend/ncclRecv, one pair
-// per peer with a nonzero count. Barrier is a one-element all-reduce on the
-// group's stream, waited for on the host.
+// per peer with a nonzero count, issued in one call into C; a rank that
+// exchanges rows with itself only (any rank of a world of one) calls no
+// NCCL: its own part is a device-to-device copy on the stream
+// (cuMemcpyDtoDAsync), as NCCL does for the collectives of a communicator
+// of one rank. Barrier is a one-element all-reduce on the group's stream,
+// waited for on the host.
+//
+// # Host cost of an op
+//
+// The communicators are non-blocking (so that init, split and finalize
+// keep a deadline and can be aborted). On those, NCCL 2.19 and later run
+// every group, and every collective of a communicator of several ranks, on
+// a launch thread of their own: the call answers ncclInProgress and the
+// communicator takes no other call until ncclCommGetAsyncError says
+// ncclSuccess, tens of microseconds later. An op polls for that, and
+// Wait(nil) polls its event, without sleeping for up to 2 ms (in C for the
+// former), then with sleeps: a Go sleep or timer lasts about a millisecond
+// on Linux, whatever it asks for, so a wait that sleeps costs an op a
+// millisecond. An op makes no host synchronisation and no allocation of
+// device memory; its event comes from a pool that the watchdog refills.
 //
 // Ops of one group run in the order they are queued. Groups used from
 // several goroutines at once (a TP and a DP group) must not share one
@@ -85,12 +103,19 @@
 // heartbeats over a real store, the checks before any NCCL call) run
 // everywhere; TestFakeLibrary builds a fake libnccl with the C compiler and
 // drives the loader and the non-blocking init through it in a child
-// process. The GPU tests skip, saying why, without libnccl.so.2 or a GPU.
+// process. TestFakeOps drives ops through a fake libnccl that behaves like
+// NCCL's non-blocking launch thread and a fake libcuda, and counts what an
+// op costs the host: NCCL calls, host synchronisations, events, sleeps. The
+// GPU tests skip, saying why, without libnccl.so.2 or a GPU.
 // On the GPU machine (one command each):
 //
 //	go test -c -o build/comm_nccl.test ./comm/nccl     # on the dev machine
 //	NCCL_NVLS_ENABLE=0 ./build/comm_nccl.test -test.v -test.timeout 30m
 //	NCCL_NVLS_ENABLE=0 ./build/comm_nccl.test -test.run '^$' -test.bench BusBandwidth -test.timeout 30m
+//
+// BenchmarkBusBandwidth times the ops on the GPU with CUDA events around the
+// loop, as bench/torch_nccl.py does for PyTorch, and reports us/op,
+// host-us/op, algGB/s and busGB/s (ns/op is the host time of the loop alone).
 //
 // TestWorldOfOne runs commtest.RunRank in this process on GPU 0 (on
 // tensor/cudabackend's memory when its kernels image is found and

@@ -12,7 +12,6 @@ import (
 	"errors"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -108,24 +107,7 @@ const char *ncclGetLastError(ncclComm_t comm) { return last; }
 // buildFake compiles the fake library with extra -D flags.
 func buildFake(t *testing.T, name string, defines ...string) string {
 	t.Helper()
-	cc := os.Getenv("CC")
-	if cc == "" {
-		cc = "gcc"
-	}
-	if _, err := exec.LookPath(cc); err != nil {
-		t.Skipf("no C compiler (%s) to build a fake libnccl: %v", cc, err)
-	}
-	dir := t.TempDir()
-	src := filepath.Join(dir, "fake.c")
-	if err := os.WriteFile(src, []byte(fakeSource), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	lib := filepath.Join(dir, name)
-	args := append([]string{"-shared", "-fPIC", "-o", lib, src}, defines...)
-	if out, err := exec.Command(cc, args...).CombinedOutput(); err != nil {
-		t.Fatalf("%s %v: %v\n%s", cc, args, err, out)
-	}
-	return lib
+	return buildShared(t, name, fakeSource, defines...)
 }
 
 // runFake runs TestFakeChild in mode with the library at lib.

@@ -20,8 +20,9 @@ import (
 type devicePointer interface{ Ptr() uint64 }
 
 // call is one NCCL call (or a group of them) on a communicator: it returns
-// what it called, for errors, and NCCL's result.
-type call func(h C.atp_ncclComm) (string, Result)
+// what it called, for errors, and NCCL's result; or, for work queued
+// without NCCL (a local copy), an error when nothing could be queued.
+type call func(h C.atp_ncclComm) (string, Result, error)
 
 func (c *Comm) AllGather(dst, src *tensor.Tensor, s comm.Stream) (comm.Work, error) {
 	const op = comm.OpAllGather
@@ -40,8 +41,8 @@ func (c *Comm) AllGather(dst, src *tensor.Tensor, s comm.Stream) (comm.Work, err
 	if n == 0 {
 		return comm.Done, nil
 	}
-	return c.start(op, st, func(h C.atp_ncclComm) (string, Result) {
-		return "ncclAllGather", Result(C.atp_ncclAllGather(C.uintptr_t(ps), C.uintptr_t(pd), C.size_t(n), C.int(dt), h, stream(st)))
+	return c.start(op, st, func(h C.atp_ncclComm) (string, Result, error) {
+		return "ncclAllGather", Result(C.atp_ncclAllGather(C.uintptr_t(ps), C.uintptr_t(pd), C.size_t(n), C.int(dt), h, stream(st))), nil
 	})
 }
 
@@ -66,8 +67,8 @@ func (c *Comm) ReduceScatter(dst, src *tensor.Tensor, op comm.ReduceOp, s comm.S
 	if n == 0 {
 		return comm.Done, nil
 	}
-	return c.start(name, st, func(h C.atp_ncclComm) (string, Result) {
-		return "ncclReduceScatter", Result(C.atp_ncclReduceScatter(C.uintptr_t(ps), C.uintptr_t(pd), C.size_t(n), C.int(dt), C.int(rop), h, stream(st)))
+	return c.start(name, st, func(h C.atp_ncclComm) (string, Result, error) {
+		return "ncclReduceScatter", Result(C.atp_ncclReduceScatter(C.uintptr_t(ps), C.uintptr_t(pd), C.size_t(n), C.int(dt), C.int(rop), h, stream(st))), nil
 	})
 }
 
@@ -88,8 +89,8 @@ func (c *Comm) AllReduce(buf *tensor.Tensor, op comm.ReduceOp, s comm.Stream) (c
 	if n == 0 {
 		return comm.Done, nil
 	}
-	return c.start(name, st, func(h C.atp_ncclComm) (string, Result) {
-		return "ncclAllReduce", Result(C.atp_ncclAllReduce(C.uintptr_t(p), C.uintptr_t(p), C.size_t(n), C.int(dt), C.int(rop), h, stream(st)))
+	return c.start(name, st, func(h C.atp_ncclComm) (string, Result, error) {
+		return "ncclAllReduce", Result(C.atp_ncclAllReduce(C.uintptr_t(p), C.uintptr_t(p), C.size_t(n), C.int(dt), C.int(rop), h, stream(st))), nil
 	})
 }
 
@@ -106,13 +107,18 @@ func (c *Comm) Broadcast(buf *tensor.Tensor, root int, s comm.Stream) (comm.Work
 	if n == 0 {
 		return comm.Done, nil
 	}
-	return c.start(op, st, func(h C.atp_ncclComm) (string, Result) {
-		return "ncclBroadcast", Result(C.atp_ncclBroadcast(C.uintptr_t(p), C.uintptr_t(p), C.size_t(n), C.int(dt), C.int(root), h, stream(st)))
+	return c.start(op, st, func(h C.atp_ncclComm) (string, Result, error) {
+		return "ncclBroadcast", Result(C.atp_ncclBroadcast(C.uintptr_t(p), C.uintptr_t(p), C.size_t(n), C.int(dt), C.int(root), h, stream(st))), nil
 	})
 }
 
 // AllToAllV runs as one group of ncclSend and ncclRecv calls, one pair per
-// peer with a nonzero count (this rank included: NCCL copies to itself).
+// peer with a nonzero count (this rank included: NCCL copies to itself),
+// issued in one call into C. A rank that exchanges rows with itself only
+// (every rank of a world of one) calls no NCCL at all: its own part is a
+// device-to-device copy on the stream, as NCCL itself does for the
+// collectives of a communicator of one rank, which saves the launch thread
+// NCCL starts for every group of a non-blocking communicator.
 func (c *Comm) AllToAllV(dst, src *tensor.Tensor, sendCounts, recvCounts []int, s comm.Stream) (comm.Work, error) {
 	const op = comm.OpAllToAllV
 	if err := comm.CheckAllToAllV(c, dst, src, sendCounts, recvCounts); err != nil {
@@ -126,22 +132,26 @@ func (c *Comm) AllToAllV(dst, src *tensor.Tensor, sendCounts, recvCounts []int, 
 	if overlaps(pd, uintptr(dst.Bytes()), ps, uintptr(src.Bytes())) {
 		return nil, comm.Errorf(c, op, "dst %v overlaps src %v: expected disjoint buffers", dst, src)
 	}
+	if ns, nr := sendCounts[c.rank], recvCounts[c.rank]; ns != nr {
+		return nil, comm.Errorf(c, op, "sendCounts[%d] = %d rows to itself, recvCounts[%d] = %d rows from itself: expected the same count (%w)",
+			c.rank, ns, c.rank, nr, comm.ErrMismatch)
+	}
 	row := tensor.Shape(src.Shape()[1:]).Numel() // elements per row
 	rowBytes := uintptr(row * src.DType().Size())
-	type part struct {
-		peer  int
-		ptr   uintptr
-		count int
-		send  bool
-	}
-	var parts []part
-	var soff, roff uintptr
+	parts := make([]C.atp_nccl_p2p, 0, 2*c.size)
+	var soff, roff, selfSrc, selfDst uintptr
+	peers := false
 	for j := range c.size {
+		if j == c.rank {
+			selfSrc, selfDst = ps+soff, pd+roff
+		}
 		if n := sendCounts[j] * row; n > 0 {
-			parts = append(parts, part{j, ps + soff, n, true})
+			parts = append(parts, C.atp_nccl_p2p{buf: C.uintptr_t(ps + soff), count: C.size_t(n), peer: C.int(j), send: 1})
+			peers = peers || j != c.rank
 		}
 		if n := recvCounts[j] * row; n > 0 {
-			parts = append(parts, part{j, pd + roff, n, false})
+			parts = append(parts, C.atp_nccl_p2p{buf: C.uintptr_t(pd + roff), count: C.size_t(n), peer: C.int(j), send: 0})
+			peers = peers || j != c.rank
 		}
 		soff += uintptr(sendCounts[j]) * rowBytes
 		roff += uintptr(recvCounts[j]) * rowBytes
@@ -149,28 +159,22 @@ func (c *Comm) AllToAllV(dst, src *tensor.Tensor, sendCounts, recvCounts []int, 
 	if len(parts) == 0 {
 		return comm.Done, nil // this rank neither sends nor receives
 	}
-	return c.start(op, st, func(h C.atp_ncclComm) (string, Result) {
-		if r := Result(C.atp_ncclGroupStart()); r != Success {
-			return "ncclGroupStart", r
+	if !peers {
+		bytes := sendCounts[c.rank] * int(rowBytes)
+		return c.start(op, st, func(C.atp_ncclComm) (string, Result, error) {
+			return "cuMemcpyDtoDAsync", Success, cuda.CopyDtoDAsync(cuda.DevicePtr(selfDst), cuda.DevicePtr(selfSrc), bytes, st)
+		})
+	}
+	return c.start(op, st, func(h C.atp_ncclComm) (string, Result, error) {
+		var failed C.int
+		r := Result(C.atp_nccl_group_p2p(&parts[0], C.int(len(parts)), C.int(dt), h, stream(st), &failed))
+		switch {
+		case failed == -2:
+			return "ncclGroupStart", r, nil
+		case failed >= 0:
+			return fmt.Sprintf("ncclSend/ncclRecv with rank %d", parts[failed].peer), r, nil
 		}
-		what, res := "", Success
-		for _, p := range parts {
-			var r Result
-			if p.send {
-				r = Result(C.atp_ncclSend(C.uintptr_t(p.ptr), C.size_t(p.count), C.int(dt), C.int(p.peer), h, stream(st)))
-			} else {
-				r = Result(C.atp_ncclRecv(C.uintptr_t(p.ptr), C.size_t(p.count), C.int(dt), C.int(p.peer), h, stream(st)))
-			}
-			if r != Success && res == Success {
-				what, res = fmt.Sprintf("ncclSend/ncclRecv with rank %d", p.peer), r
-			}
-		}
-		// Always end the group, even after a failed call, so that the
-		// thread's group state is clean.
-		if r := Result(C.atp_ncclGroupEnd()); res == Success {
-			what, res = "ncclGroupEnd", r
-		}
-		return what, res
+		return "ncclGroupEnd", r, nil
 	})
 }
 
@@ -179,8 +183,8 @@ func (c *Comm) AllToAllV(dst, src *tensor.Tensor, sendCounts, recvCounts []int, 
 func (c *Comm) Barrier() error {
 	const op = comm.OpBarrier
 	p := uintptr(c.scratch)
-	wk, err := c.launch(op, c.stream, func(h C.atp_ncclComm) (string, Result) {
-		return "ncclAllReduce", Result(C.atp_ncclAllReduce(C.uintptr_t(p), C.uintptr_t(p), 1, ncclFloat32, ncclSum, h, stream(c.stream)))
+	wk, err := c.launch(op, c.stream, func(h C.atp_ncclComm) (string, Result, error) {
+		return "ncclAllReduce", Result(C.atp_ncclAllReduce(C.uintptr_t(p), C.uintptr_t(p), 1, ncclFloat32, ncclSum, h, stream(c.stream))), nil
 	})
 	if err != nil {
 		return err
@@ -265,9 +269,13 @@ func (c *Comm) start(op string, st *cuda.Stream, fn call) (comm.Work, error) {
 
 // launch runs an NCCL call on the group and returns its Work: an event
 // recorded on st after the call, which the watchdog polls until it
-// completes or its deadline passes. When NCCL answers ncclInProgress (a
-// non-blocking communicator still connecting), launch polls the
-// communicator until the call is queued, within the deadline.
+// completes or its deadline passes. When NCCL answers ncclInProgress (on a
+// non-blocking communicator, NCCL 2.19 and later hand every group, and every
+// collective of several ranks, to a launch thread), launch polls the
+// communicator until the call is queued: without sleeping for the world's
+// spin time, with c.mu held (NCCL refuses any other call on the
+// communicator meanwhile), then with sleeps between polls (connections being
+// set up, NCCL's queue full), within the deadline.
 func (c *Comm) launch(op string, st *cuda.Stream, fn call) (*work, error) {
 	unbind, err := c.w.bind()
 	if err != nil {
@@ -286,11 +294,27 @@ func (c *Comm) launch(op string, st *cuda.Stream, fn call) (*work, error) {
 		c.mu.Unlock()
 		return nil, err
 	}
-	what, r := fn(c.handle())
+	h := c.handle()
+	what, r, lerr := fn(h)
+	var serr error
+	if lerr == nil && r == InProgress {
+		// NCCL (2.19 and later) hands every group on a non-blocking
+		// communicator, and every collective of one of several ranks,
+		// to a launch thread and answers ncclInProgress; the
+		// communicator takes no other call until it says ncclSuccess.
+		// The thread is done in tens of microseconds: poll for it here
+		// without sleeping (a Go sleep lasts a millisecond).
+		r, serr = spinState(h, what, c.w.opts.spin)
+	}
 	c.mu.Unlock()
-	switch r {
-	case Success:
-	case InProgress:
+	switch {
+	case lerr != nil:
+		// Nothing was queued, NCCL was not called: the world is fine.
+		return nil, &comm.Error{Op: op, Group: c.name, Rank: c.rank, Err: lerr}
+	case serr != nil:
+		return nil, c.failed(op, seq, start, serr)
+	case r == Success:
+	case r == InProgress:
 		if err := c.settle(what, deadline); err != nil {
 			return nil, c.failed(op, seq, start, err)
 		}
@@ -312,8 +336,27 @@ func (c *Comm) launch(op string, st *cuda.Stream, fn call) (*work, error) {
 	return wk, nil
 }
 
+// spinState polls h's state for at most d without sleeping, after what
+// answered ncclInProgress (c.mu is held, so that an abort cannot free h
+// meanwhile: abortNCCL waits far longer than d for it). It returns Success,
+// or InProgress when d was not enough, or the error that broke the
+// communicator.
+func spinState(h C.atp_ncclComm, what string, d time.Duration) (Result, error) {
+	var s C.atp_ncclResult
+	if r := Result(C.atp_nccl_settle(h, C.int64_t(d), &s)); r != Success {
+		return r, newError("ncclCommGetAsyncError", r)
+	}
+	switch s := Result(s); s {
+	case Success, InProgress:
+		return s, nil
+	default:
+		return s, newError(what+" (asynchronous part)", s)
+	}
+}
+
 // settle polls the communicator until the call NCCL answered with
-// ncclInProgress is done.
+// ncclInProgress is done, sleeping between polls (spinState did not see it
+// done in time: connections are being set up, or NCCL's queue is full).
 func (c *Comm) settle(what string, deadline time.Time) error {
 	return c.w.poll(deadline, func() (bool, error) {
 		c.mu.Lock()

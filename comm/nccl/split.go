@@ -139,8 +139,8 @@ func (c *Comm) exchange(op string, a, b int32) ([]int32, error) {
 		return nil, comm.Errorf(c, op, "%w", err)
 	}
 	ps, pd := uintptr(part), uintptr(c.scratch)
-	wk, err := c.launch(op, c.stream, func(h C.atp_ncclComm) (string, Result) {
-		return "ncclAllGather", Result(C.atp_ncclAllGather(C.uintptr_t(ps), C.uintptr_t(pd), 2, ncclInt32, h, stream(c.stream)))
+	wk, err := c.launch(op, c.stream, func(h C.atp_ncclComm) (string, Result, error) {
+		return "ncclAllGather", Result(C.atp_ncclAllGather(C.uintptr_t(ps), C.uintptr_t(pd), 2, ncclInt32, h, stream(c.stream))), nil
 	})
 	if err != nil {
 		return nil, err

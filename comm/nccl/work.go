@@ -64,26 +64,34 @@ func (wk *work) Wait(s comm.Stream) error {
 	return nil
 }
 
-// hostWait polls the event until the op completes or fails.
+// hostWait polls the event until the op completes or fails: without
+// sleeping for the world's spin time (short ops complete in microseconds,
+// and a Go sleep lasts a millisecond), then with sleeps between polls.
 func (wk *work) hostWait() error {
 	unbind, err := wk.c.w.bind()
 	if err != nil {
 		return comm.Errorf(wk.c, wk.op, "%w", err)
 	}
 	defer unbind()
-	d := time.Duration(0)
+	for end := time.Now().Add(wk.c.w.opts.spin); ; {
+		late := time.Now().After(end) // then poll once more: this goroutine may have been descheduled
+		if wk.poll() {
+			return wk.result()
+		}
+		if late {
+			break
+		}
+	}
+	d := 50 * time.Microsecond
 	t := time.NewTimer(time.Hour)
 	defer t.Stop()
 	for {
 		if wk.poll() {
 			return wk.result()
 		}
-		if d == 0 {
-			d = 5 * time.Microsecond // a few polls first: short ops complete in microseconds
-		} else {
-			d = min(2*d, time.Millisecond)
-		}
+		hostSleeps.Add(1)
 		t.Reset(d)
+		d = min(2*d, time.Millisecond)
 		select {
 		case <-wk.fin:
 			return wk.result()

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynctp/asynctp/comm"
@@ -47,8 +48,15 @@ type world struct {
 // NCCL's kernels may still be winding down).
 const abortWait = 30 * time.Second
 
-// maxPooled bounds the recycled events.
-const maxPooled = 64
+// maxPooled bounds the recycled events. The watchdog recycles the events
+// of completed ops every millisecond or so while ops are pending: the pool
+// holds enough for the ops queued meanwhile.
+const maxPooled = 256
+
+// hostSleeps counts the sleeps of host waits for NCCL or an op (poll,
+// hostWait), for the tests: an op that NCCL queues in microseconds must not
+// sleep (a sleep lasts a millisecond).
+var hostSleeps atomic.Int64
 
 func newWorld(lib Library, dev int, cctx *cuda.Context, rank, size int, o options) *world {
 	return &world{lib: lib, dev: dev, cctx: cctx, rank: rank, size: size, opts: o,
@@ -127,21 +135,27 @@ func (w *world) waitAborted() bool {
 	}
 }
 
-// track adds a queued op to the watchdog's list.
+// track adds a queued op to the watchdog's list. The first pending op
+// wakes the watchdog, which then polls every opts.poll until none is
+// pending (waking it for every op would cost each op a thread switch).
 func (w *world) track(wk *work) {
 	w.mu.Lock()
 	err := w.err
+	first := false
 	if err == nil {
 		w.pending = append(w.pending, wk)
+		first = len(w.pending) == 1
 	}
 	w.mu.Unlock()
 	if err != nil {
 		wk.finish(err)
 		return
 	}
-	select {
-	case w.wake <- struct{}{}:
-	default:
+	if first {
+		select {
+		case w.wake <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -388,6 +402,7 @@ func (w *world) poll(deadline time.Time, check func() (bool, error)) error {
 		if time.Now().After(deadline) {
 			return errDeadline
 		}
+		hostSleeps.Add(1)
 		time.Sleep(d)
 		d = min(2*d, time.Millisecond)
 	}
