@@ -3,10 +3,10 @@ package local
 import (
 	"cmp"
 	"fmt"
-	"math"
 	"slices"
 
 	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/comm/internal/hostops"
 	"github.com/asynctp/asynctp/tensor"
 )
 
@@ -29,7 +29,7 @@ func (g *group) execute(s *slot) error {
 		part := cs[0].src.Numel()
 		for _, to := range cs {
 			for r, from := range cs {
-				copyElems(to.dst, r*part, from.src, 0, part)
+				hostops.CopyElems(to.dst, r*part, from.src, 0, part)
 			}
 		}
 	case comm.OpReduceScatter:
@@ -39,23 +39,23 @@ func (g *group) execute(s *slot) error {
 			srcs[k] = from.src
 		}
 		for r, to := range cs {
-			acc := reduce(srcs, r*part, part, to.rop)
-			store(to.dst, acc)
+			acc := hostops.Reduce(srcs, r*part, part, to.rop)
+			hostops.Narrow(to.dst, acc)
 		}
 	case comm.OpAllReduce:
 		bufs := make([]*tensor.Tensor, len(cs))
 		for k, cl := range cs {
 			bufs[k] = cl.dst
 		}
-		acc := reduce(bufs, 0, cs[0].dst.Numel(), cs[0].rop)
+		acc := hostops.Reduce(bufs, 0, cs[0].dst.Numel(), cs[0].rop)
 		for _, cl := range cs {
-			store(cl.dst, acc)
+			hostops.Narrow(cl.dst, acc)
 		}
 	case comm.OpBroadcast:
 		root := cs[0].root
 		for r, cl := range cs {
 			if r != root {
-				copyElems(cl.dst, 0, cs[root].src, 0, cl.dst.Numel())
+				hostops.CopyElems(cl.dst, 0, cs[root].src, 0, cl.dst.Numel())
 			}
 		}
 	case comm.OpAllToAllV:
@@ -83,7 +83,7 @@ func allToAllV(seq uint64, cs []*call) error {
 		srcOff := 0
 		for j, to := range cs {
 			n := from.send[j]
-			copyElems(to.dst, dstOff[j]*row, from.src, srcOff*row, n*row)
+			hostops.CopyElems(to.dst, dstOff[j]*row, from.src, srcOff*row, n*row)
 			srcOff += n
 			dstOff[j] += n
 		}
@@ -117,93 +117,4 @@ func (g *group) split(cs []*call) error {
 		}
 	}
 	return nil
-}
-
-// copyElems copies n elements of src from sOff to dst at dOff (same dtype,
-// host tensors; checked before).
-func copyElems(dst *tensor.Tensor, dOff int, src *tensor.Tensor, sOff, n int) {
-	if n == 0 {
-		return
-	}
-	switch dst.DType() {
-	case tensor.Float32:
-		copy(dst.F32()[dOff:dOff+n], src.F32()[sOff:sOff+n])
-	case tensor.Float64:
-		copy(dst.F64()[dOff:dOff+n], src.F64()[sOff:sOff+n])
-	case tensor.Int32:
-		copy(dst.I32()[dOff:dOff+n], src.I32()[sOff:sOff+n])
-	case tensor.BFloat16:
-		copy(dst.BF16()[dOff:dOff+n], src.BF16()[sOff:sOff+n])
-	}
-}
-
-// reduce returns the reduction of elements [off, off+n) of every tensor, in
-// order, in float64 (Avg already divided).
-func reduce(ts []*tensor.Tensor, off, n int, op comm.ReduceOp) []float64 {
-	acc := make([]float64, n)
-	for k, t := range ts {
-		v := load(t, off, n)
-		if k == 0 {
-			copy(acc, v)
-			continue
-		}
-		for i := range acc {
-			if op == comm.Max {
-				acc[i] = math.Max(acc[i], v[i])
-			} else {
-				acc[i] += v[i]
-			}
-		}
-	}
-	if op == comm.Avg {
-		for i := range acc {
-			acc[i] /= float64(len(ts))
-		}
-	}
-	return acc
-}
-
-// load widens elements [off, off+n) of t to float64.
-func load(t *tensor.Tensor, off, n int) []float64 {
-	out := make([]float64, n)
-	switch t.DType() {
-	case tensor.Float32:
-		for i, x := range t.F32()[off : off+n] {
-			out[i] = float64(x)
-		}
-	case tensor.Float64:
-		copy(out, t.F64()[off:off+n])
-	case tensor.Int32:
-		for i, x := range t.I32()[off : off+n] {
-			out[i] = float64(x)
-		}
-	case tensor.BFloat16:
-		for i, x := range t.BF16()[off : off+n] {
-			out[i] = float64(tensor.BF16ToFloat32(x))
-		}
-	}
-	return out
-}
-
-// store rounds acc to t's dtype (bf16 through float32) into t.
-func store(t *tensor.Tensor, acc []float64) {
-	switch t.DType() {
-	case tensor.Float32:
-		d := t.F32()
-		for i, v := range acc {
-			d[i] = float32(v)
-		}
-	case tensor.Float64:
-		copy(t.F64(), acc)
-	case tensor.Int32:
-		d := t.I32()
-		for i, v := range acc {
-			d[i] = int32(int64(v)) // wraps like int32 arithmetic
-		}
-	case tensor.BFloat16:
-		d := t.BF16()
-		for i, v := range acc {
-			d[i] = tensor.BF16FromFloat32(float32(v))
-		}
-	}
 }

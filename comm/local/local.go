@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/comm/internal/hostops"
 	"github.com/asynctp/asynctp/tensor"
 )
 
@@ -201,27 +202,27 @@ func (c *Comm) Close() error {
 
 func (c *Comm) AllGather(dst, src *tensor.Tensor, s comm.Stream) (comm.Work, error) {
 	cl := &call{op: comm.OpAllGather, dst: dst, src: src}
-	cl.err = firstErr(comm.CheckAllGather(c, dst, src), c.hostOnly(cl.op, dst, src))
+	cl.err = hostops.FirstErr(comm.CheckAllGather(c, dst, src), c.hostOnly(cl.op, dst, src))
 	if cl.err == nil {
-		cl.sig = fmt.Sprintf("all-gather of %v", shapeOf(src))
+		cl.sig = fmt.Sprintf("all-gather of %v", hostops.ShapeOf(src))
 	}
 	return c.data(cl)
 }
 
 func (c *Comm) ReduceScatter(dst, src *tensor.Tensor, op comm.ReduceOp, s comm.Stream) (comm.Work, error) {
 	cl := &call{op: comm.OpReduceScatter, dst: dst, src: src, rop: op}
-	cl.err = firstErr(comm.CheckReduceScatter(c, dst, src, op), c.hostOnly(cl.op, dst, src))
+	cl.err = hostops.FirstErr(comm.CheckReduceScatter(c, dst, src, op), c.hostOnly(cl.op, dst, src))
 	if cl.err == nil {
-		cl.sig = fmt.Sprintf("reduce-scatter(%v) of %v", op, shapeOf(src))
+		cl.sig = fmt.Sprintf("reduce-scatter(%v) of %v", op, hostops.ShapeOf(src))
 	}
 	return c.data(cl)
 }
 
 func (c *Comm) AllReduce(buf *tensor.Tensor, op comm.ReduceOp, s comm.Stream) (comm.Work, error) {
 	cl := &call{op: comm.OpAllReduce, dst: buf, src: buf, rop: op}
-	cl.err = firstErr(comm.CheckAllReduce(c, buf, op), c.hostOnly(cl.op, buf))
+	cl.err = hostops.FirstErr(comm.CheckAllReduce(c, buf, op), c.hostOnly(cl.op, buf))
 	if cl.err == nil {
-		cl.sig = fmt.Sprintf("all-reduce(%v) of %v", op, shapeOf(buf))
+		cl.sig = fmt.Sprintf("all-reduce(%v) of %v", op, hostops.ShapeOf(buf))
 	}
 	return c.data(cl)
 }
@@ -229,7 +230,7 @@ func (c *Comm) AllReduce(buf *tensor.Tensor, op comm.ReduceOp, s comm.Stream) (c
 func (c *Comm) AllToAllV(dst, src *tensor.Tensor, sendCounts, recvCounts []int, s comm.Stream) (comm.Work, error) {
 	cl := &call{op: comm.OpAllToAllV, dst: dst, src: src,
 		send: append([]int(nil), sendCounts...), recv: append([]int(nil), recvCounts...)}
-	cl.err = firstErr(comm.CheckAllToAllV(c, dst, src, sendCounts, recvCounts), c.hostOnly(cl.op, dst, src))
+	cl.err = hostops.FirstErr(comm.CheckAllToAllV(c, dst, src, sendCounts, recvCounts), c.hostOnly(cl.op, dst, src))
 	if cl.err == nil {
 		cl.sig = fmt.Sprintf("all-to-all-v of %v rows %v", src.DType(), append(tensor.Shape{-1}, src.Shape()[1:]...))
 	}
@@ -238,9 +239,9 @@ func (c *Comm) AllToAllV(dst, src *tensor.Tensor, sendCounts, recvCounts []int, 
 
 func (c *Comm) Broadcast(buf *tensor.Tensor, root int, s comm.Stream) (comm.Work, error) {
 	cl := &call{op: comm.OpBroadcast, dst: buf, src: buf, root: root}
-	cl.err = firstErr(comm.CheckBroadcast(c, buf, root), c.hostOnly(cl.op, buf))
+	cl.err = hostops.FirstErr(comm.CheckBroadcast(c, buf, root), c.hostOnly(cl.op, buf))
 	if cl.err == nil {
-		cl.sig = fmt.Sprintf("broadcast from rank %d of %v", root, shapeOf(buf))
+		cl.sig = fmt.Sprintf("broadcast from rank %d of %v", root, hostops.ShapeOf(buf))
 	}
 	return c.data(cl)
 }
@@ -291,25 +292,5 @@ func (c *Comm) data(cl *call) (comm.Work, error) {
 
 // hostOnly checks that every tensor is in host memory.
 func (c *Comm) hostOnly(op string, ts ...*tensor.Tensor) error {
-	for _, t := range ts {
-		if t == nil {
-			continue
-		}
-		if _, ok := t.Buffer().(*tensor.HostBuffer); !ok {
-			return comm.Errorf(c, op, "%v: expected a tensor in host memory (comm/local moves host tensors)", t)
-		}
-	}
-	return nil
+	return hostops.HostOnly(c, op, "comm/local", ts...)
 }
-
-func firstErr(errs ...error) error {
-	for _, e := range errs {
-		if e != nil {
-			return e
-		}
-	}
-	return nil
-}
-
-// shapeOf prints dtype and shape: "f32(2, 3)".
-func shapeOf(t *tensor.Tensor) string { return fmt.Sprintf("%v%v", t.DType(), t.Shape()) }

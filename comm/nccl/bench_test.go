@@ -227,11 +227,11 @@ func multiBench(b *testing.B, ranks int) []benchRow {
 	multiBenchOnce.Do(func() {
 		res := runChildren(b, "bench", ranks, 9*time.Minute)
 		for _, c := range res {
-			if c.err != nil {
-				b.Fatalf("rank %d: %v; its output:\n%s", c.rank, c.err, c.out)
+			if c.Err != nil {
+				b.Fatalf("rank %d: %v; its output:\n%s", c.Rank, c.Err, c.Out)
 			}
 		}
-		sc := bufio.NewScanner(strings.NewReader(res[0].out))
+		sc := bufio.NewScanner(strings.NewReader(res[0].Out))
 		for sc.Scan() {
 			f := strings.Split(sc.Text(), "\t")
 			if len(f) != 6 || f[0] != "BUSBW" {

@@ -17,6 +17,7 @@ import (
 	"unsafe"
 
 	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/comm/internal/newworld"
 	"github.com/asynctp/asynctp/comm/rendezvous"
 	"github.com/asynctp/asynctp/cuda"
 )
@@ -138,14 +139,6 @@ var (
 	_ comm.NamedSplitter = (*Comm)(nil)
 )
 
-// worldSeq numbers the worlds made on each store client, for their keys.
-var worldSeq sync.Map // *rendezvous.Client → *atomic.Int64
-
-func nextPrefix(store *rendezvous.Client) string {
-	v, _ := worldSeq.LoadOrStore(store, new(atomic.Int64))
-	return fmt.Sprintf("asynctp/nccl/%d", v.(*atomic.Int64).Add(1))
-}
-
 // New makes this process's rank of an NCCL world of size ranks on CUDA
 // device ordinal device. It is collective: every rank calls it, with the
 // same size and options, and its own rank. Rank 0 makes NCCL's unique id and
@@ -164,13 +157,8 @@ func New(ctx context.Context, store *rendezvous.Client, rank, size, device int, 
 	for _, f := range opts {
 		f(&o)
 	}
-	switch {
-	case size < 1 || rank < 0 || rank >= size:
-		return nil, fmt.Errorf("nccl: New(rank %d, size %d): expected 0 ≤ rank < size", rank, size)
-	case device < 0:
-		return nil, fmt.Errorf("nccl: New(rank %d, size %d): device %d: expected a CUDA ordinal ≥ 0", rank, size, device)
-	case store == nil && size > 1:
-		return nil, fmt.Errorf("nccl: New(rank %d, size %d): expected a rendezvous store to share the unique id (nil is only for a world of one rank)", rank, size)
+	if err := newworld.CheckGPU("nccl", rank, size, device, store); err != nil {
+		return nil, err
 	}
 	lib, err := Load()
 	if err != nil {
@@ -200,7 +188,7 @@ func New(ctx context.Context, store *rendezvous.Client, rank, size, device int, 
 
 	prefix := o.key
 	if prefix == "" && store != nil {
-		prefix = nextPrefix(store)
+		prefix = newworld.Prefix(store, "nccl")
 	}
 	var id []byte
 	if rank == 0 {

@@ -10,9 +10,10 @@ import "C"
 import (
 	"fmt"
 	"os"
-	"sync"
 	"sync/atomic"
 	"unsafe"
+
+	"github.com/asynctp/asynctp/comm/internal/native"
 )
 
 // EnvLibNCCL names the environment variable that gives the path of the NCCL
@@ -81,11 +82,8 @@ type library struct {
 	handle unsafe.Pointer
 }
 
-var loaded struct {
-	mu   sync.Mutex
-	lib  *Library         // the installed library, once one loaded
-	errs map[string]error // failures, by path
-}
+// loaded keeps the installed library, once one loaded, and the failures.
+var loaded native.Cache[Library]
 
 // installed is set once a table is installed: the trampolines may be called.
 var installed atomic.Bool
@@ -109,25 +107,10 @@ func libraryPath() (path string, fromEnv bool) {
 // ASYNCTP_LIBNCCL to its path; it comes with the NCCL package or PyTorch's
 // nvidia-nccl wheel): <dlerror>".
 func Load() (Library, error) {
-	loaded.mu.Lock()
-	defer loaded.mu.Unlock()
-	if loaded.lib != nil {
-		return *loaded.lib, nil
-	}
-	path, fromEnv := libraryPath()
-	if err := loaded.errs[path]; err != nil {
-		return Library{}, err
-	}
-	lib, err := install(path, fromEnv)
-	if err != nil {
-		if loaded.errs == nil {
-			loaded.errs = make(map[string]error)
-		}
-		loaded.errs[path] = err
-		return Library{}, err
-	}
-	loaded.lib = &lib
-	return lib, nil
+	return loaded.Load(func() (string, bool, error) {
+		path, fromEnv := libraryPath()
+		return path, fromEnv, nil
+	}, install)
 }
 
 // install opens path, installs its table and reads its version.
@@ -164,11 +147,7 @@ func openLibrary(path string, fromEnv bool) (*library, error) {
 	defer C.free(unsafe.Pointer(buf))
 	h := C.atp_nccl_dlopen(cp, buf, dlerrLen)
 	if h == nil {
-		msg := C.GoString(buf)
-		if fromEnv {
-			return nil, fmt.Errorf("nccl: cannot load %s (named by %s; %s): %s", path, EnvLibNCCL, libHint, msg)
-		}
-		return nil, fmt.Errorf("nccl: cannot load %s (set %s to its path; %s): %s", path, EnvLibNCCL, libHint, msg)
+		return nil, native.OpenError("nccl", path, fromEnv, EnvLibNCCL, libHint, C.GoString(buf))
 	}
 	l := &library{path: path, handle: h}
 	var missing *C.char

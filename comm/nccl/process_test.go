@@ -4,14 +4,10 @@ package nccl
 // children (TestChild) that meet through comm/rendezvous on 127.0.0.1.
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
-	"os/exec"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -44,75 +40,22 @@ func multiGPU(tb testing.TB) int {
 	return min(n, 8)
 }
 
-// child is the outcome of one child process.
-type child struct {
-	rank int
-	out  string
-	err  error // from Wait: nil when it exited with 0
-}
-
-func (c child) code() int {
-	var ee *exec.ExitError
-	if errors.As(c.err, &ee) {
-		return ee.ExitCode()
-	}
-	if c.err != nil {
-		return -1
-	}
-	return 0
-}
-
-func freePort(tb testing.TB) string {
-	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer ln.Close()
-	_, port, _ := net.SplitHostPort(ln.Addr().String())
-	return port
-}
-
 // runChildren runs n children in mode, rank r on GPU r, and waits for all
 // of them (at most timeout).
-func runChildren(tb testing.TB, mode string, n int, timeout time.Duration) []child {
+func runChildren(tb testing.TB, mode string, n int, timeout time.Duration) []commtest.Process {
 	tb.Helper()
-	port := freePort(tb)
-	job := fmt.Sprintf("nccl-%s-%d-%d", mode, os.Getpid(), time.Now().UnixNano())
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	cmds := make([]*exec.Cmd, n)
-	outs := make([]*bytes.Buffer, n)
-	for r := range n {
-		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestChild$", "-test.count=1", "-test.v",
-			"-test.timeout="+timeout.String())
-		cmd.Env = append(os.Environ(), childEnv+"="+mode, "NCCL_NVLS_ENABLE=0",
-			"ASYNCTP_RANK="+strconv.Itoa(r), "ASYNCTP_WORLD_SIZE="+strconv.Itoa(n),
-			"ASYNCTP_LOCAL_RANK="+strconv.Itoa(r), "ASYNCTP_LOCAL_WORLD_SIZE="+strconv.Itoa(n),
-			"ASYNCTP_MASTER_ADDR=127.0.0.1", "ASYNCTP_MASTER_PORT="+port, "ASYNCTP_JOB_ID="+job)
-		outs[r] = new(bytes.Buffer)
-		cmd.Stdout, cmd.Stderr = outs[r], outs[r]
-		if err := cmd.Start(); err != nil {
-			tb.Fatalf("starting rank %d: %v", r, err)
-		}
-		cmds[r] = cmd
-	}
-	res := make([]child, n)
-	for r, cmd := range cmds {
-		err := cmd.Wait()
-		res[r] = child{rank: r, out: outs[r].String(), err: err}
-	}
-	return res
+	return commtest.RunProcesses(tb, commtest.Processes{N: n, Test: "TestChild", Job: "nccl-" + mode, Timeout: timeout,
+		Env: func(int) []string { return []string{childEnv + "=" + mode, "NCCL_NVLS_ENABLE=0"} }})
 }
 
 // TestMultiProcess runs the conformance suite with one process per GPU.
 func TestMultiProcess(t *testing.T) {
 	n := multiGPU(t)
 	for _, c := range runChildren(t, "suite", n, 9*time.Minute) {
-		if c.err != nil {
-			t.Errorf("rank %d of %d failed (%v); its output:\n%s", c.rank, n, c.err, c.out)
+		if c.Err != nil {
+			t.Errorf("rank %d of %d failed (%v); its output:\n%s", c.Rank, n, c.Err, c.Out)
 		} else if testing.Verbose() {
-			t.Logf("rank %d of %d passed; its output:\n%s", c.rank, n, c.out)
+			t.Logf("rank %d of %d passed; its output:\n%s", c.Rank, n, c.Out)
 		}
 	}
 }
@@ -123,12 +66,12 @@ func TestKillRank(t *testing.T) {
 	n := multiGPU(t)
 	for _, c := range runChildren(t, "kill", n, 3*time.Minute) {
 		switch {
-		case c.rank == n-1 && c.code() != 3:
-			t.Errorf("victim rank %d: exit code %d (%v), want 3; its output:\n%s", c.rank, c.code(), c.err, c.out)
-		case c.rank != n-1 && c.err != nil:
-			t.Errorf("survivor rank %d: %v; its output:\n%s", c.rank, c.err, c.out)
+		case c.Rank == n-1 && c.Code() != 3:
+			t.Errorf("victim rank %d: exit code %d (%v), want 3; its output:\n%s", c.Rank, c.Code(), c.Err, c.Out)
+		case c.Rank != n-1 && c.Err != nil:
+			t.Errorf("survivor rank %d: %v; its output:\n%s", c.Rank, c.Err, c.Out)
 		default:
-			t.Logf("rank %d: %s", c.rank, grepLine(c.out, "KILLTEST"))
+			t.Logf("rank %d: %s", c.Rank, grepLine(c.Out, "KILLTEST"))
 		}
 	}
 }
@@ -139,10 +82,10 @@ func TestKillRank(t *testing.T) {
 func TestStraggler(t *testing.T) {
 	n := multiGPU(t)
 	for _, c := range runChildren(t, "straggler", n, 3*time.Minute) {
-		if c.err != nil {
-			t.Errorf("rank %d: %v; its output:\n%s", c.rank, c.err, c.out)
+		if c.Err != nil {
+			t.Errorf("rank %d: %v; its output:\n%s", c.Rank, c.Err, c.Out)
 		} else {
-			t.Logf("rank %d: %s", c.rank, grepLine(c.out, "STRAGGLER"))
+			t.Logf("rank %d: %s", c.Rank, grepLine(c.Out, "STRAGGLER"))
 		}
 	}
 }

@@ -2,10 +2,10 @@ package nccl
 
 import (
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/comm/internal/gpuwork"
 	"github.com/asynctp/asynctp/cuda"
 )
 
@@ -20,16 +20,13 @@ type work struct {
 	seq             uint64
 	st              *cuda.Stream // the stream it was queued on
 	start, deadline time.Time
-	fin             chan struct{} // closed when done
 
-	mu   sync.Mutex
-	ev   *cuda.Event // nil once done
-	done bool
-	err  error
+	gpuwork.State[*cuda.Event] // Ev: nil once done
 }
 
 func newWork(c *Comm, op string, seq uint64, st *cuda.Stream, ev *cuda.Event, start, deadline time.Time) *work {
-	return &work{c: c, op: op, seq: seq, st: st, ev: ev, start: start, deadline: deadline, fin: make(chan struct{})}
+	return &work{c: c, op: op, seq: seq, st: st, start: start, deadline: deadline,
+		State: gpuwork.State[*cuda.Event]{Ev: ev, Fin: make(chan struct{})}}
 }
 
 // Wait orders the stream s after the op and returns at once: s waits on the
@@ -53,12 +50,12 @@ func (wk *work) Wait(s comm.Stream) error {
 		return comm.Errorf(wk.c, wk.op, "%w", err)
 	}
 	defer unbind()
-	wk.mu.Lock()
-	defer wk.mu.Unlock()
-	if wk.done {
-		return wk.err
+	wk.Mu.Lock()
+	defer wk.Mu.Unlock()
+	if wk.Done {
+		return wk.Err
 	}
-	if err := st.WaitEvent(wk.ev); err != nil {
+	if err := st.WaitEvent(wk.Ev); err != nil {
 		return comm.Errorf(wk.c, wk.op, "making %v wait for it: %w", st, err)
 	}
 	return nil
@@ -76,7 +73,7 @@ func (wk *work) hostWait() error {
 	for end := time.Now().Add(wk.c.w.opts.spin); ; {
 		late := time.Now().After(end) // then poll once more: this goroutine may have been descheduled
 		if wk.poll() {
-			return wk.result()
+			return wk.Result()
 		}
 		if late {
 			break
@@ -87,14 +84,14 @@ func (wk *work) hostWait() error {
 	defer t.Stop()
 	for {
 		if wk.poll() {
-			return wk.result()
+			return wk.Result()
 		}
 		hostSleeps.Add(1)
 		t.Reset(d)
 		d = min(2*d, time.Millisecond)
 		select {
-		case <-wk.fin:
-			return wk.result()
+		case <-wk.Fin:
+			return wk.Result()
 		case <-t.C:
 		}
 	}
@@ -103,13 +100,13 @@ func (wk *work) hostWait() error {
 // poll queries the event (the caller is bound) and reports whether the work
 // is done, finishing it when the event has completed.
 func (wk *work) poll() bool {
-	wk.mu.Lock()
-	if wk.done {
-		wk.mu.Unlock()
+	wk.Mu.Lock()
+	if wk.Done {
+		wk.Mu.Unlock()
 		return true
 	}
-	ok, err := wk.ev.Query()
-	wk.mu.Unlock()
+	ok, err := wk.Ev.Query()
+	wk.Mu.Unlock()
 	switch {
 	case err != nil:
 		wk.c.w.fail(fmt.Errorf("nccl: %s #%d on %s, world rank %d: polling its event: %w (%w)",
@@ -122,35 +119,14 @@ func (wk *work) poll() bool {
 	return false
 }
 
-func (wk *work) isDone() bool {
-	wk.mu.Lock()
-	defer wk.mu.Unlock()
-	return wk.done
-}
-
-func (wk *work) result() error {
-	wk.mu.Lock()
-	defer wk.mu.Unlock()
-	return wk.err
-}
-
 // finish marks the work done with err (nil: completed). A completed event
 // is recycled; the event of a failed op is destroyed (its kernels may still
 // be winding down). The caller is bound.
 func (wk *work) finish(err error) {
-	wk.mu.Lock()
-	if wk.done {
-		wk.mu.Unlock()
+	ev, ok := wk.Finish(err, wk.op, wk.c.name, wk.c.rank)
+	if !ok {
 		return
 	}
-	wk.done = true
-	if err != nil {
-		wk.err = &comm.Error{Op: wk.op, Group: wk.c.name, Rank: wk.c.rank, Err: err}
-	}
-	ev := wk.ev
-	wk.ev = nil
-	close(wk.fin)
-	wk.mu.Unlock()
 	if err == nil {
 		wk.c.w.recycle(ev)
 	} else {

@@ -297,7 +297,7 @@ func (w *world) check(now time.Time) bool {
 	w.mu.Lock()
 	kept := w.pending[:0]
 	for _, wk := range w.pending {
-		if !wk.isDone() {
+		if !wk.IsDone() {
 			kept = append(kept, wk)
 		}
 	}

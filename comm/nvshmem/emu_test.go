@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/asynctp/asynctp/internal/artefact"
 )
 
 // TestMain removes the emulated library built for this run.
@@ -45,7 +47,7 @@ func emuLib(t testing.TB) childLib {
 			emu.err = "no /dev/shm for the emulated symmetric heaps"
 			return
 		}
-		root, err := repoRoot()
+		root, err := artefact.RepoRoot()
 		if err != nil {
 			emu.err = "cannot find the repository: " + err.Error()
 			return

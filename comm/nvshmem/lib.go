@@ -9,14 +9,13 @@ package nvshmem
 import "C"
 
 import (
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
-	"path/filepath"
-	"sync"
 	"sync/atomic"
 	"unsafe"
+
+	"github.com/asynctp/asynctp/comm/internal/native"
+	"github.com/asynctp/asynctp/internal/artefact"
 )
 
 // EnvLibrary names the environment variable that gives the path of the
@@ -57,11 +56,8 @@ func (l Library) String() string {
 	return fmt.Sprintf("%s (NVSHMEM %v headers)", l.Path, l.NVSHMEM)
 }
 
-var loaded struct {
-	mu   sync.Mutex
-	lib  *Library         // the installed library, once one loaded
-	errs map[string]error // failures, by path
-}
+// loaded keeps the installed library, once one loaded, and the failures.
+var loaded native.Cache[Library]
 
 // installed is set once a table is installed: the trampolines may be called.
 var installed atomic.Bool
@@ -76,52 +72,12 @@ func FindLibrary() (path string, fromEnv bool, err error) {
 	if p := os.Getenv(EnvLibrary); p != "" {
 		return p, true, nil
 	}
-	var tried []string
-	if exe, err := os.Executable(); err == nil {
-		p := filepath.Join(filepath.Dir(exe), LibraryFile)
-		if isFile(p) {
-			return p, false, nil
-		}
-		tried = append(tried, p+" (next to the executable)")
-	} else {
-		tried = append(tried, "next to the executable ("+err.Error()+")")
-	}
-	if root, err := repoRoot(); err == nil {
-		p := filepath.Join(root, "build", LibraryFile)
-		if isFile(p) {
-			return p, false, nil
-		}
-		tried = append(tried, p+" (the repository's build folder)")
-	} else {
-		tried = append(tried, "the repository's build folder ("+err.Error()+")")
+	p, tried := artefact.Find(LibraryFile)
+	if p != "" {
+		return p, false, nil
 	}
 	return "", false, fmt.Errorf("nvshmem: %s not found: $%s is not set, and it is not at %s, nor %s; %s, or set %s to its path",
 		LibraryFile, EnvLibrary, tried[0], tried[1], buildHint, EnvLibrary)
-}
-
-func isFile(p string) bool {
-	st, err := os.Stat(p)
-	return err == nil && st.Mode().IsRegular()
-}
-
-// repoRoot walks up from the working directory to the folder holding go.mod.
-func repoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		} else if !errors.Is(err, fs.ErrNotExist) {
-			return "", err
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("no go.mod above the working directory")
-		}
-		dir = parent
-	}
 }
 
 // Load opens the native library (see FindLibrary), checks that every entry
@@ -134,28 +90,7 @@ func repoRoot() (string, error) {
 // ASYNCTP_LIBNVSHMEM; build it ... with `bash cuda/nvshmem/build.sh`):
 // <dlerror>", or FindLibrary's error when the variable is not set.
 func Load() (Library, error) {
-	loaded.mu.Lock()
-	defer loaded.mu.Unlock()
-	if loaded.lib != nil {
-		return *loaded.lib, nil
-	}
-	path, fromEnv, err := FindLibrary()
-	if err != nil {
-		return Library{}, err
-	}
-	if err := loaded.errs[path]; err != nil {
-		return Library{}, err
-	}
-	lib, err := install(path, fromEnv)
-	if err != nil {
-		if loaded.errs == nil {
-			loaded.errs = make(map[string]error)
-		}
-		loaded.errs[path] = err
-		return Library{}, err
-	}
-	loaded.lib = &lib
-	return lib, nil
+	return loaded.Load(FindLibrary, install)
 }
 
 // install opens path, installs its table and reads what it was built with.
@@ -200,11 +135,7 @@ func openLibrary(path string, fromEnv bool) (unsafe.Pointer, error) {
 	var buf [1024]C.char
 	h := C.atpg_dlopen(cp, &buf[0], C.size_t(len(buf)))
 	if h == nil {
-		msg := C.GoString(&buf[0])
-		if fromEnv {
-			return nil, fmt.Errorf("nvshmem: cannot load %s (named by %s; %s): %s", path, EnvLibrary, buildHint, msg)
-		}
-		return nil, fmt.Errorf("nvshmem: cannot load %s (set %s to its path; %s): %s", path, EnvLibrary, buildHint, msg)
+		return nil, native.OpenError("nvshmem", path, fromEnv, EnvLibrary, buildHint, C.GoString(&buf[0]))
 	}
 	if missing := C.atpg_resolve(h, 0); missing != nil {
 		C.atpg_dlclose(h)

@@ -25,9 +25,7 @@ func TestMissingLibrary(t *testing.T) {
 	}
 	// Load says the same, unless another test of this process already
 	// loaded the real library (which Load then keeps).
-	loaded.mu.Lock()
-	have := loaded.lib != nil
-	loaded.mu.Unlock()
+	have := loaded.Loaded()
 	if have {
 		t.Log("a library is already loaded in this process; Load keeps it")
 		return

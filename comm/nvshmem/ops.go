@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/comm/internal/gpuwork"
 	"github.com/asynctp/asynctp/tensor"
 )
 
@@ -108,7 +109,7 @@ func (c *Comm) start(op string, s comm.Stream, keep []*tensor.Tensor, enqueue fu
 		c.w.fail(err)
 		return nil, comm.Errorf(c, op, "%w", err)
 	}
-	wk := &work{c: c, op: op, seq: seq, ev: ev, keep: keep, fin: make(chan struct{}),
+	wk := &work{c: c, op: op, seq: seq, keep: keep, State: gpuwork.State[uint64]{Ev: ev, Fin: make(chan struct{})},
 		deadline: queued.Add(c.w.opts.timeout + grace(c.w.opts.timeout))}
 	c.pending = append(c.pending, wk)
 	c.mu.Unlock()

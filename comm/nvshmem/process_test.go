@@ -1,17 +1,15 @@
 package nvshmem
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/asynctp/asynctp/comm/commtest"
 	"github.com/asynctp/asynctp/comm/rendezvous"
 )
 
@@ -50,46 +48,24 @@ func needGPU(t testing.TB) childLib {
 func runChildren(t testing.TB, lib childLib, job string, n int, algo string, timeout time.Duration, env ...string) []string {
 	t.Helper()
 	gpus := lib.gpus
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, port, _ := net.SplitHostPort(ln.Addr().String())
-	ln.Close()
-	jobID := fmt.Sprintf("nvshmem-%s-%d-%d", job, os.Getpid(), time.Now().UnixNano())
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	cmds := make([]*exec.Cmd, n)
-	outs := make([]*bytes.Buffer, n)
-	for rank := range n {
-		dev := 0
-		if gpus > 1 {
-			dev = rank % gpus
-		}
-		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1", "-test.v",
-			"-test.timeout="+timeout.String())
-		cmd.Env = append(os.Environ(), helperEnv+"="+job, deviceEnv+"="+strconv.Itoa(dev), algoEnv+"="+algo,
-			EnvLibrary+"="+lib.path,
-			"ASYNCTP_RANK="+strconv.Itoa(rank), "ASYNCTP_WORLD_SIZE="+strconv.Itoa(n),
-			"ASYNCTP_LOCAL_RANK="+strconv.Itoa(rank), "ASYNCTP_LOCAL_WORLD_SIZE="+strconv.Itoa(n),
-			"ASYNCTP_MASTER_ADDR=127.0.0.1", "ASYNCTP_MASTER_PORT="+port, "ASYNCTP_JOB_ID="+jobID)
-		if os.Getenv("NVSHMEM_DISABLE_NVLS") == "" { // the rule of the multi-GPU machines
-			cmd.Env = append(cmd.Env, "NVSHMEM_DISABLE_NVLS=1")
-		}
-		cmd.Env = append(cmd.Env, env...)
-		outs[rank] = new(bytes.Buffer)
-		cmd.Stdout, cmd.Stderr = outs[rank], outs[rank]
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		cmds[rank] = cmd
-	}
+	procs := commtest.RunProcesses(t, commtest.Processes{N: n, Test: "TestHelperProcess", Job: "nvshmem-" + job, Timeout: timeout,
+		Env: func(rank int) []string {
+			dev := 0
+			if gpus > 1 {
+				dev = rank % gpus
+			}
+			e := []string{helperEnv + "=" + job, deviceEnv + "=" + strconv.Itoa(dev), algoEnv + "=" + algo,
+				EnvLibrary + "=" + lib.path}
+			if os.Getenv("NVSHMEM_DISABLE_NVLS") == "" { // the rule of the multi-GPU machines
+				e = append(e, "NVSHMEM_DISABLE_NVLS=1")
+			}
+			return append(e, env...)
+		}})
 	res := make([]string, n)
-	for rank, cmd := range cmds {
-		err := cmd.Wait()
-		res[rank] = outs[rank].String()
-		if err != nil {
-			t.Errorf("%s, %d PEs (%s), rank %d on %s: %v; output:\n%s", job, n, algo, rank, placement(gpus, n), err, tail(res[rank], 12000))
+	for rank, p := range procs {
+		res[rank] = p.Out
+		if p.Err != nil {
+			t.Errorf("%s, %d PEs (%s), rank %d on %s: %v; output:\n%s", job, n, algo, rank, placement(gpus, n), p.Err, tail(res[rank], 12000))
 		}
 	}
 	return res

@@ -2,10 +2,10 @@ package nvshmem
 
 import (
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/comm/internal/gpuwork"
 	"github.com/asynctp/asynctp/tensor"
 )
 
@@ -19,13 +19,9 @@ type work struct {
 	op       string
 	seq      uint64
 	deadline time.Time
-	fin      chan struct{} // closed when done
+	keep     []*tensor.Tensor // the op's tensors, alive until it is done
 
-	mu   sync.Mutex
-	ev   uint64           // 0 once done
-	keep []*tensor.Tensor // the op's tensors, alive until it is done
-	done bool
-	err  error
+	gpuwork.State[uint64] // Ev: 0 once done
 }
 
 // Wait orders the stream s after the op and returns at once: s waits on the
@@ -42,12 +38,12 @@ func (wk *work) Wait(s comm.Stream) error {
 	if err != nil {
 		return comm.Errorf(wk.c, wk.op, "%v", err)
 	}
-	wk.mu.Lock()
-	defer wk.mu.Unlock()
-	if wk.done {
-		return wk.err
+	wk.Mu.Lock()
+	defer wk.Mu.Unlock()
+	if wk.Done {
+		return wk.Err
 	}
-	if err := cStreamWaitEvent(wk.c.w.dev, h, wk.ev); err != nil {
+	if err := cStreamWaitEvent(wk.c.w.dev, h, wk.Ev); err != nil {
 		return comm.Errorf(wk.c, wk.op, "making stream %#x wait for it: %w", h, err)
 	}
 	return nil
@@ -59,7 +55,7 @@ func (wk *work) hostWait() error {
 	defer t.Stop()
 	for d := time.Duration(0); ; {
 		if wk.poll(time.Now()) {
-			return wk.result()
+			return wk.Result()
 		}
 		if d == 0 {
 			d = 5 * time.Microsecond // short ops complete in microseconds
@@ -68,8 +64,8 @@ func (wk *work) hostWait() error {
 		}
 		t.Reset(d)
 		select {
-		case <-wk.fin:
-			return wk.result()
+		case <-wk.Fin:
+			return wk.Result()
 		case <-t.C:
 		}
 	}
@@ -80,13 +76,13 @@ func (wk *work) hostWait() error {
 // its deadline, its event cannot be queried, or a kernel of the group gave
 // up.
 func (wk *work) poll(now time.Time) bool {
-	wk.mu.Lock()
-	if wk.done {
-		wk.mu.Unlock()
+	wk.Mu.Lock()
+	if wk.Done {
+		wk.Mu.Unlock()
 		return true
 	}
-	ok, err := cEventQuery(wk.c.w.dev, wk.ev)
-	wk.mu.Unlock()
+	ok, err := cEventQuery(wk.c.w.dev, wk.Ev)
+	wk.Mu.Unlock()
 	c := wk.c
 	var ferr error
 	switch {
@@ -109,28 +105,13 @@ func (wk *work) poll(now time.Time) bool {
 	return true
 }
 
-func (wk *work) result() error {
-	wk.mu.Lock()
-	defer wk.mu.Unlock()
-	return wk.err
-}
-
 // finish marks the work done with err (nil: completed).
 func (wk *work) finish(err error) {
-	wk.mu.Lock()
-	if wk.done {
-		wk.mu.Unlock()
+	ev, ok := wk.Finish(err, wk.op, wk.c.name, wk.c.rank)
+	if !ok {
 		return
 	}
-	wk.done = true
-	if err != nil {
-		wk.err = &comm.Error{Op: wk.op, Group: wk.c.name, Rank: wk.c.rank, Err: err}
-	}
-	ev := wk.ev
-	wk.ev = 0
 	wk.keep = nil
-	close(wk.fin)
-	wk.mu.Unlock()
 	if err == nil {
 		wk.c.w.recycle(ev) // a failed op's event may still be pending: it leaks
 	}
@@ -162,10 +143,7 @@ func (c *Comm) poll(now time.Time) bool {
 func slicesDeleteDone(ws []*work) []*work {
 	out := ws[:0]
 	for _, wk := range ws {
-		wk.mu.Lock()
-		done := wk.done
-		wk.mu.Unlock()
-		if !done {
+		if !wk.IsDone() {
 			out = append(out, wk)
 		}
 	}

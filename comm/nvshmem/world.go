@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/comm/internal/newworld"
 	"github.com/asynctp/asynctp/comm/rendezvous"
 )
 
@@ -69,14 +70,6 @@ type peerInfo struct {
 	Algorithm string `json:"algorithm"`
 }
 
-// worldSeq numbers the worlds made on each store client, for their keys.
-var worldSeq sync.Map // *rendezvous.Client → *atomic.Int64
-
-func nextPrefix(store *rendezvous.Client) string {
-	v, _ := worldSeq.LoadOrStore(store, new(atomic.Int64))
-	return fmt.Sprintf("asynctp/nvshmem/%d", v.(*atomic.Int64).Add(1))
-}
-
 // New makes this process's PE of an NVSHMEM world of size PEs, PE rank, on
 // CUDA device ordinal device; several PEs may share a device. It is
 // collective: every rank calls it with the same size and options.
@@ -97,14 +90,10 @@ func New(ctx context.Context, store *rendezvous.Client, rank, size, device int, 
 	for _, f := range opts {
 		f(&o)
 	}
-	switch {
-	case size < 1 || rank < 0 || rank >= size:
-		return nil, fmt.Errorf("nvshmem: New(rank %d, size %d): expected 0 ≤ rank < size", rank, size)
-	case device < 0:
-		return nil, fmt.Errorf("nvshmem: New(rank %d, size %d): device %d: expected a CUDA ordinal ≥ 0", rank, size, device)
-	case store == nil && size > 1:
-		return nil, fmt.Errorf("nvshmem: New(rank %d, size %d): expected a rendezvous store to share the unique id (nil is only for a world of one rank)", rank, size)
-	case o.maxGroups < 1 || o.maxGroups > 64:
+	if err := newworld.CheckGPU("nvshmem", rank, size, device, store); err != nil {
+		return nil, err
+	}
+	if o.maxGroups < 1 || o.maxGroups > 64 {
 		return nil, fmt.Errorf("nvshmem: WithMaxGroups(%d): expected 1 to 64", o.maxGroups)
 	}
 	lib, err := Load()
@@ -127,7 +116,7 @@ func New(ctx context.Context, store *rendezvous.Client, rank, size, device int, 
 	w.layout = newSlotLayout(size, o.staging)
 	w.prefix = o.key
 	if w.prefix == "" && store != nil {
-		w.prefix = nextPrefix(store)
+		w.prefix = newworld.Prefix(store, "nvshmem")
 	}
 
 	// The unique id, from rank 0 to all.

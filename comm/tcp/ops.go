@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/comm/internal/hostops"
 	"github.com/asynctp/asynctp/tensor"
 )
 
@@ -121,11 +122,11 @@ func (c *Comm) checkPayload(op string, seq uint64, q int, m *message, want int) 
 
 func (c *Comm) AllGather(dst, src *tensor.Tensor, s comm.Stream) (comm.Work, error) {
 	op := comm.OpAllGather
-	local := firstErr(comm.CheckAllGather(c, dst, src), c.hostOnly(op, dst, src))
+	local := hostops.FirstErr(comm.CheckAllGather(c, dst, src), c.hostOnly(op, dst, src))
 	var h header
 	var p []byte
 	if local == nil {
-		h.sig = fmt.Sprintf("all-gather of %v", shapeOf(src))
+		h.sig = fmt.Sprintf("all-gather of %v", hostops.ShapeOf(src))
 		p = encode(src, 0, src.Numel())
 	}
 	msgs, seq, err := c.exchange(op, h, local, func(int) []byte { return p })
@@ -133,7 +134,7 @@ func (c *Comm) AllGather(dst, src *tensor.Tensor, s comm.Stream) (comm.Work, err
 		return nil, err
 	}
 	part := src.Numel()
-	copyElems(dst, c.rank*part, src, 0, part)
+	hostops.CopyElems(dst, c.rank*part, src, 0, part)
 	for q, m := range msgs {
 		if q == c.rank {
 			continue
@@ -148,11 +149,11 @@ func (c *Comm) AllGather(dst, src *tensor.Tensor, s comm.Stream) (comm.Work, err
 
 func (c *Comm) ReduceScatter(dst, src *tensor.Tensor, rop comm.ReduceOp, s comm.Stream) (comm.Work, error) {
 	op := comm.OpReduceScatter
-	local := firstErr(comm.CheckReduceScatter(c, dst, src, rop), c.hostOnly(op, dst, src))
+	local := hostops.FirstErr(comm.CheckReduceScatter(c, dst, src, rop), c.hostOnly(op, dst, src))
 	var h header
 	part := 0
 	if local == nil {
-		h.sig = fmt.Sprintf("reduce-scatter(%v) of %v", rop, shapeOf(src))
+		h.sig = fmt.Sprintf("reduce-scatter(%v) of %v", rop, hostops.ShapeOf(src))
 		part = dst.Numel()
 	}
 	msgs, seq, err := c.exchange(op, h, local, func(q int) []byte { return encode(src, q*part, part) })
@@ -163,27 +164,27 @@ func (c *Comm) ReduceScatter(dst, src *tensor.Tensor, rop comm.ReduceOp, s comm.
 	for q, m := range msgs {
 		var v []float64
 		if q == c.rank {
-			v = widen(src, c.rank*part, part)
+			v = hostops.Widen(src, c.rank*part, part)
 		} else {
 			if err := c.checkPayload(op, seq, q, m, part*src.DType().Size()); err != nil {
 				return nil, err
 			}
 			v = widenBytes(src.DType(), m.payload)
 		}
-		accumulate(acc, v, q == 0, rop)
+		hostops.Accumulate(acc, v, q == 0, rop)
 	}
-	finish(acc, rop, len(msgs))
-	narrow(dst, acc)
+	hostops.Finish(acc, rop, len(msgs))
+	hostops.Narrow(dst, acc)
 	return comm.Done, nil
 }
 
 func (c *Comm) AllReduce(buf *tensor.Tensor, rop comm.ReduceOp, s comm.Stream) (comm.Work, error) {
 	op := comm.OpAllReduce
-	local := firstErr(comm.CheckAllReduce(c, buf, rop), c.hostOnly(op, buf))
+	local := hostops.FirstErr(comm.CheckAllReduce(c, buf, rop), c.hostOnly(op, buf))
 	var h header
 	var p []byte
 	if local == nil {
-		h.sig = fmt.Sprintf("all-reduce(%v) of %v", rop, shapeOf(buf))
+		h.sig = fmt.Sprintf("all-reduce(%v) of %v", rop, hostops.ShapeOf(buf))
 		if c.Size() > 1 {
 			p = encode(buf, 0, buf.Numel())
 		}
@@ -197,27 +198,27 @@ func (c *Comm) AllReduce(buf *tensor.Tensor, rop comm.ReduceOp, s comm.Stream) (
 	for q, m := range msgs {
 		var v []float64
 		if q == c.rank {
-			v = widen(buf, 0, n)
+			v = hostops.Widen(buf, 0, n)
 		} else {
 			if err := c.checkPayload(op, seq, q, m, len(p)); err != nil {
 				return nil, err
 			}
 			v = widenBytes(buf.DType(), m.payload)
 		}
-		accumulate(acc, v, q == 0, rop)
+		hostops.Accumulate(acc, v, q == 0, rop)
 	}
-	finish(acc, rop, len(msgs))
-	narrow(buf, acc)
+	hostops.Finish(acc, rop, len(msgs))
+	hostops.Narrow(buf, acc)
 	return comm.Done, nil
 }
 
 func (c *Comm) Broadcast(buf *tensor.Tensor, root int, s comm.Stream) (comm.Work, error) {
 	op := comm.OpBroadcast
-	local := firstErr(comm.CheckBroadcast(c, buf, root), c.hostOnly(op, buf))
+	local := hostops.FirstErr(comm.CheckBroadcast(c, buf, root), c.hostOnly(op, buf))
 	var h header
 	var p []byte
 	if local == nil {
-		h.sig = fmt.Sprintf("broadcast from rank %d of %v", root, shapeOf(buf))
+		h.sig = fmt.Sprintf("broadcast from rank %d of %v", root, hostops.ShapeOf(buf))
 		if c.rank == root && c.Size() > 1 {
 			p = encode(buf, 0, buf.Numel())
 		}
@@ -238,7 +239,7 @@ func (c *Comm) Broadcast(buf *tensor.Tensor, root int, s comm.Stream) (comm.Work
 
 func (c *Comm) AllToAllV(dst, src *tensor.Tensor, sendCounts, recvCounts []int, s comm.Stream) (comm.Work, error) {
 	op := comm.OpAllToAllV
-	local := firstErr(comm.CheckAllToAllV(c, dst, src, sendCounts, recvCounts), c.hostOnly(op, dst, src))
+	local := hostops.FirstErr(comm.CheckAllToAllV(c, dst, src, sendCounts, recvCounts), c.hostOnly(op, dst, src))
 	P := c.Size()
 	var h header
 	row := 0
@@ -279,7 +280,7 @@ func (c *Comm) AllToAllV(dst, src *tensor.Tensor, sendCounts, recvCounts []int, 
 	for q, m := range msgs {
 		n := recvCounts[q] * row
 		if q == c.rank {
-			copyElems(dst, recvOff[q]*row, src, sendOff[q]*row, n)
+			hostops.CopyElems(dst, recvOff[q]*row, src, sendOff[q]*row, n)
 			continue
 		}
 		if err := c.checkPayload(op, seq, q, m, n*dst.DType().Size()); err != nil {
@@ -344,24 +345,7 @@ func (c *Comm) SplitNamed(color, key int, label string) (comm.Comm, error) {
 
 // hostOnly checks that every tensor is in host memory.
 func (c *Comm) hostOnly(op string, ts ...*tensor.Tensor) error {
-	for _, t := range ts {
-		if t == nil {
-			continue
-		}
-		if _, ok := t.Buffer().(*tensor.HostBuffer); !ok {
-			return comm.Errorf(c, op, "%v: expected a tensor in host memory (comm/tcp moves host tensors)", t)
-		}
-	}
-	return nil
-}
-
-func firstErr(errs ...error) error {
-	for _, e := range errs {
-		if e != nil {
-			return e
-		}
-	}
-	return nil
+	return hostops.HostOnly(c, op, "comm/tcp", ts...)
 }
 
 func prefixSums(counts []int) []int {
@@ -373,6 +357,3 @@ func prefixSums(counts []int) []int {
 	}
 	return out
 }
-
-// shapeOf prints dtype and shape: "f32(2, 3)".
-func shapeOf(t *tensor.Tensor) string { return fmt.Sprintf("%v%v", t.DType(), t.Shape()) }

@@ -4,14 +4,10 @@ package tcp
 // children (TestChild) that meet through comm/rendezvous on 127.0.0.1.
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
-	"os/exec"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -29,63 +25,12 @@ const childEnv = "ASYNCTP_TCP_TEST_CHILD"
 // long before it.
 const killTimeout = time.Minute
 
-type child struct {
-	rank int
-	out  string
-	err  error
-}
-
-func (c child) code() int {
-	var ee *exec.ExitError
-	if errors.As(c.err, &ee) {
-		return ee.ExitCode()
-	}
-	if c.err != nil {
-		return -1
-	}
-	return 0
-}
-
-func freePort(tb testing.TB) string {
-	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer ln.Close()
-	_, port, _ := net.SplitHostPort(ln.Addr().String())
-	return port
-}
-
 // runChildren runs n children in mode and waits for all of them (at most
 // timeout).
-func runChildren(tb testing.TB, mode string, n int, timeout time.Duration) []child {
+func runChildren(tb testing.TB, mode string, n int, timeout time.Duration) []commtest.Process {
 	tb.Helper()
-	port := freePort(tb)
-	job := fmt.Sprintf("tcp-%s-%d-%d", mode, os.Getpid(), time.Now().UnixNano())
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	cmds := make([]*exec.Cmd, n)
-	outs := make([]*bytes.Buffer, n)
-	for r := range n {
-		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestChild$", "-test.count=1", "-test.v",
-			"-test.timeout="+timeout.String())
-		cmd.Env = append(os.Environ(), childEnv+"="+mode,
-			"ASYNCTP_RANK="+strconv.Itoa(r), "ASYNCTP_WORLD_SIZE="+strconv.Itoa(n),
-			"ASYNCTP_MASTER_ADDR=127.0.0.1", "ASYNCTP_MASTER_PORT="+port, "ASYNCTP_JOB_ID="+job)
-		outs[r] = new(bytes.Buffer)
-		cmd.Stdout, cmd.Stderr = outs[r], outs[r]
-		if err := cmd.Start(); err != nil {
-			tb.Fatalf("starting rank %d: %v", r, err)
-		}
-		cmds[r] = cmd
-	}
-	res := make([]child, n)
-	for r, cmd := range cmds {
-		err := cmd.Wait()
-		res[r] = child{rank: r, out: outs[r].String(), err: err}
-	}
-	return res
+	return commtest.RunProcesses(tb, commtest.Processes{N: n, Test: "TestChild", Job: "tcp-" + mode, Timeout: timeout,
+		Env: func(int) []string { return []string{childEnv + "=" + mode} }})
 }
 
 // TestMultiProcess runs the conformance suite with one process per rank,
@@ -93,8 +38,8 @@ func runChildren(tb testing.TB, mode string, n int, timeout time.Duration) []chi
 func TestMultiProcess(t *testing.T) {
 	for _, n := range []int{2, 4} {
 		for _, c := range runChildren(t, "suite", n, 2*time.Minute) {
-			if c.err != nil {
-				t.Errorf("rank %d of %d failed (%v); its output:\n%s", c.rank, n, c.err, c.out)
+			if c.Err != nil {
+				t.Errorf("rank %d of %d failed (%v); its output:\n%s", c.Rank, n, c.Err, c.Out)
 			}
 		}
 	}
@@ -107,12 +52,12 @@ func TestKillRank(t *testing.T) {
 	const n = 3
 	for _, c := range runChildren(t, "kill", n, 2*time.Minute) {
 		switch {
-		case c.rank == n-1 && !strings.Contains(fmt.Sprint(c.err), "signal: killed"):
-			t.Errorf("victim rank %d: %v, want killed; its output:\n%s", c.rank, c.err, c.out)
-		case c.rank != n-1 && c.err != nil:
-			t.Errorf("survivor rank %d: %v; its output:\n%s", c.rank, c.err, c.out)
-		case c.rank != n-1:
-			t.Logf("rank %d: %s", c.rank, grepLine(c.out, "KILLTEST"))
+		case c.Rank == n-1 && !strings.Contains(fmt.Sprint(c.Err), "signal: killed"):
+			t.Errorf("victim rank %d: %v, want killed; its output:\n%s", c.Rank, c.Err, c.Out)
+		case c.Rank != n-1 && c.Err != nil:
+			t.Errorf("survivor rank %d: %v; its output:\n%s", c.Rank, c.Err, c.Out)
+		case c.Rank != n-1:
+			t.Logf("rank %d: %s", c.Rank, grepLine(c.Out, "KILLTEST"))
 		}
 	}
 }

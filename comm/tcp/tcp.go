@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/comm/internal/newworld"
 	"github.com/asynctp/asynctp/comm/rendezvous"
 )
 
@@ -60,14 +61,6 @@ func WithKey(prefix string) Option { return func(o *options) { o.key = prefix } 
 // address of the interface that routes to the store's host.
 func WithHost(host string) Option { return func(o *options) { o.host = host } }
 
-// worldSeq numbers the worlds made on each store client, for their keys.
-var worldSeq sync.Map // *rendezvous.Client → *atomic.Int64
-
-func nextPrefix(store *rendezvous.Client) string {
-	v, _ := worldSeq.LoadOrStore(store, new(atomic.Int64))
-	return fmt.Sprintf("asynctp/tcp/%d", v.(*atomic.Int64).Add(1))
-}
-
 // New makes this process's rank of a world of size ranks that move host
 // tensors over TCP. It is collective: every rank calls it with the same
 // size and options, and its own rank. Each rank listens on a port of its
@@ -94,7 +87,7 @@ func New(ctx context.Context, store *rendezvous.Client, rank, size int, opts ...
 	if size > 1 {
 		w.prefix = o.key
 		if w.prefix == "" {
-			w.prefix = nextPrefix(store)
+			w.prefix = newworld.Prefix(store, "tcp")
 		}
 		if err := w.connect(ctx, store); err != nil {
 			return nil, fmt.Errorf("tcp: world rank %d of %d: %w", rank, size, err)
