@@ -26,16 +26,90 @@ type Attention struct {
 	Theta               float64
 	Wq, Wk, Wv, Wo      *Linear // Dim → Dim each
 
+	b    tensor.Backend
+	bt   [2]int // B, T of the last Forward; zeros before a successful one
+	core *AttentionCore
+}
+
+// AttentionCore is the per-head part of attention, between the input
+// projections and the output projection: RoPE on q and k, causal attention
+// of each head, and their backward. Attention runs it on all the heads,
+// tp.Attention on the heads of its rank. It owns its buffers: the caller
+// writes the projections into Inputs before Forward, and ∂L/∂att into
+// OutputGrad before Backward.
+type AttentionCore struct {
+	Heads, HeadDim int
+	Theta          float64
+
 	b        tensor.Backend
-	bt       [2]int         // B, T of the last Forward; zeros before a successful one
-	q, k, v  *tensor.Tensor // (B*T, Dim) projections (v is read as (B, T, H, D))
+	bt       [2]int         // B, T of the last Inputs
+	q, k, v  *tensor.Tensor // (B*T, H*D) projections (v is read as (B, T, H, D))
 	qr, kr   *tensor.Tensor // (B, T, H, D) q and k after RoPE
 	att      *tensor.Tensor // (B, T, H, D) attention output, the input of wo
 	lse      *tensor.Tensor // (B, H, T) log-sum-exp of each row of scores
-	datt     *tensor.Tensor // (B*T, Dim) backward scratch: ∂L/∂att
+	datt     *tensor.Tensor // (B*T, H*D) backward scratch: ∂L/∂att
 	dqr, dkr *tensor.Tensor // (B, T, H, D) backward scratch: ∂L/∂qr, ∂L/∂kr
-	dq, dk   *tensor.Tensor // (B*T, Dim) backward scratch: ∂L/∂q, ∂L/∂k
-	dv       *tensor.Tensor // (B*T, Dim) backward scratch: ∂L/∂v
+	dq, dk   *tensor.Tensor // (B*T, H*D) backward scratch: ∂L/∂q, ∂L/∂k
+	dv       *tensor.Tensor // (B*T, H*D) backward scratch: ∂L/∂v
+}
+
+// NewAttentionCore returns the core of heads heads of headDim features
+// (even: RoPE turns pairs) with RoPE base theta.
+func NewAttentionCore(b tensor.Backend, heads, headDim int, theta float64) *AttentionCore {
+	return &AttentionCore{Heads: heads, HeadDim: headDim, Theta: theta, b: b}
+}
+
+// Scale is the factor of the scores, 1/sqrt(HeadDim).
+func (c *AttentionCore) Scale() float32 { return float32(1 / math.Sqrt(float64(c.HeadDim))) }
+
+// Inputs returns the (B·T, Heads·HeadDim) buffers the projections q, k
+// and v of a batch of B sequences of T tokens go into, before Forward.
+func (c *AttentionCore) Inputs(dt tensor.DType, B, T int) (q, k, v *tensor.Tensor) {
+	N, H, D := B*T, c.Heads, c.HeadDim
+	c.bt = [2]int{B, T}
+	c.q = Ensure(c.b, c.q, dt, N, H*D)
+	c.k = Ensure(c.b, c.k, dt, N, H*D)
+	c.v = Ensure(c.b, c.v, dt, N, H*D)
+	c.qr = Ensure(c.b, c.qr, dt, B, T, H, D)
+	c.kr = Ensure(c.b, c.kr, dt, B, T, H, D)
+	c.att = Ensure(c.b, c.att, dt, B, T, H, D)
+	c.lse = Ensure(c.b, c.lse, StatDType(dt), B, H, T)
+	return c.q, c.k, c.v
+}
+
+// Forward turns q and k by RoPE and returns the heads' attention output
+// att (B·T, Heads·HeadDim), the input of the output projection; position t
+// attends to positions [0, t] of its own sequence.
+func (c *AttentionCore) Forward() (att *tensor.Tensor) {
+	B, T, H, D := c.bt[0], c.bt[1], c.Heads, c.HeadDim
+	c.b.RoPE(c.qr, Reshape(c.q, B, T, H, D), c.Theta)
+	c.b.RoPE(c.kr, Reshape(c.k, B, T, H, D), c.Theta)
+	c.b.Attention(c.att, c.lse, c.qr, c.kr, Reshape(c.v, B, T, H, D), c.Scale())
+	return Reshape(c.att, B*T, H*D)
+}
+
+// OutputGrad returns the (B·T, Heads·HeadDim) buffer ∂L/∂att goes into,
+// before Backward.
+func (c *AttentionCore) OutputGrad() (datt *tensor.Tensor) {
+	dt, B, T, H, D := c.q.DType(), c.bt[0], c.bt[1], c.Heads, c.HeadDim
+	c.datt = Ensure(c.b, c.datt, dt, B*T, H*D)
+	c.dqr = Ensure(c.b, c.dqr, dt, B, T, H, D)
+	c.dkr = Ensure(c.b, c.dkr, dt, B, T, H, D)
+	c.dq = Ensure(c.b, c.dq, dt, B*T, H*D)
+	c.dk = Ensure(c.b, c.dk, dt, B*T, H*D)
+	c.dv = Ensure(c.b, c.dv, dt, B*T, H*D)
+	return c.datt
+}
+
+// Backward returns ∂L/∂q, ∂L/∂k and ∂L/∂v (B·T, Heads·HeadDim) from the
+// ∂L/∂att in OutputGrad: the attention's backward, then RoPE's.
+func (c *AttentionCore) Backward() (dq, dk, dv *tensor.Tensor) {
+	B, T, H, D := c.bt[0], c.bt[1], c.Heads, c.HeadDim
+	c.b.AttentionBackward(c.dqr, c.dkr, Reshape(c.dv, B, T, H, D), Reshape(c.datt, B, T, H, D),
+		c.qr, c.kr, Reshape(c.v, B, T, H, D), c.att, c.lse, c.Scale())
+	c.b.RoPEBackward(Reshape(c.dq, B, T, H, D), c.dqr, c.Theta)
+	c.b.RoPEBackward(Reshape(c.dk, B, T, H, D), c.dkr, c.Theta)
+	return c.dq, c.dk, c.dv
 }
 
 // NewAttention registers name+".wq", ".wk", ".wv" and ".wo".
@@ -50,7 +124,8 @@ func NewAttention(b tensor.Backend, ps *ParamSet, name string, cfg AttentionConf
 	if !(cfg.RopeTheta > 0) {
 		return nil, fmt.Errorf("layers: attention %q: RopeTheta = %v, expected > 0", name, cfg.RopeTheta)
 	}
-	a := &Attention{Name: name, Dim: cfg.Dim, Heads: cfg.Heads, HeadDim: hd, Theta: cfg.RopeTheta, b: b}
+	a := &Attention{Name: name, Dim: cfg.Dim, Heads: cfg.Heads, HeadDim: hd, Theta: cfg.RopeTheta, b: b,
+		core: NewAttentionCore(b, cfg.Heads, hd, cfg.RopeTheta)}
 	lin := func(suffix string, std float64) (*Linear, error) {
 		return NewLinear(b, ps, name+"."+suffix, LinearConfig{In: cfg.Dim, Out: cfg.Dim, Std: std})
 	}
@@ -76,100 +151,82 @@ func (a *Attention) Params() []*Param {
 }
 
 // Scale is the factor of the scores, 1/sqrt(HeadDim).
-func (a *Attention) Scale() float32 { return float32(1 / math.Sqrt(float64(a.HeadDim))) }
+func (a *Attention) Scale() float32 { return a.core.Scale() }
 
-func (a *Attention) what() string { return "attention " + a.Name }
+func (a *Attention) what() string { return "layers: attention " + a.Name }
 
 // Forward writes out (B, T, Dim) from x (B, T, Dim); position t attends to
 // positions [0, t] of its own sequence.
 func (a *Attention) Forward(out, x *tensor.Tensor) error {
 	a.bt = [2]int{}
-	if err := checkParams(a.what(), a.Params()...); err != nil {
+	if err := CheckParams(a.what(), a.Params()...); err != nil {
 		return err
 	}
 	dt := a.Wq.W.W.DType()
-	if err := checkOn(a.b, a.what(), "input x", x, dt); err != nil {
+	if err := CheckOn(a.b, a.what(), "input x", x, dt); err != nil {
 		return err
 	}
 	if s := x.Shape(); len(s) != 3 || s[2] != a.Dim || s[0] <= 0 || s[1] <= 0 {
-		return fmt.Errorf("layers: %s: input x has shape %v, expected (B, T, %d)", a.what(), s, a.Dim)
+		return fmt.Errorf("%s: input x has shape %v, expected (B, T, %d)", a.what(), s, a.Dim)
 	}
-	B, T, C, H, D := x.Dim(0), x.Dim(1), a.Dim, a.Heads, a.HeadDim
-	if err := checkShape(a.b, a.what(), "output", out, dt, B, T, C); err != nil {
+	B, T, C := x.Dim(0), x.Dim(1), a.Dim
+	if err := CheckShape(a.b, a.what(), "output", out, dt, B, T, C); err != nil {
 		return err
 	}
-	if err := checkApart(a.what(), "output", out, "input x", x); err != nil {
+	if err := CheckApart(a.what(), "output", out, "input x", x); err != nil {
 		return err
 	}
 	N := B * T
-	a.q = ensure(a.b, a.q, dt, N, C)
-	a.k = ensure(a.b, a.k, dt, N, C)
-	a.v = ensure(a.b, a.v, dt, N, C)
-	a.qr = ensure(a.b, a.qr, dt, B, T, H, D)
-	a.kr = ensure(a.b, a.kr, dt, B, T, H, D)
-	a.att = ensure(a.b, a.att, dt, B, T, H, D)
-	a.lse = ensure(a.b, a.lse, statDType(dt), B, H, T)
-
-	x2 := reshape(x, N, C)
+	q, k, v := a.core.Inputs(dt, B, T)
+	x2 := Reshape(x, N, C)
 	for _, p := range []struct {
 		l   *Linear
 		out *tensor.Tensor
-	}{{a.Wq, a.q}, {a.Wk, a.k}, {a.Wv, a.v}} {
+	}{{a.Wq, q}, {a.Wk, k}, {a.Wv, v}} {
 		if err := p.l.Forward(p.out, x2); err != nil {
 			return err
 		}
 	}
-	a.b.RoPE(a.qr, reshape(a.q, B, T, H, D), a.Theta)
-	a.b.RoPE(a.kr, reshape(a.k, B, T, H, D), a.Theta)
-	a.b.Attention(a.att, a.lse, a.qr, a.kr, reshape(a.v, B, T, H, D), a.Scale())
-	if err := a.Wo.Forward(reshape(out, N, C), reshape(a.att, N, C)); err != nil {
+	att := a.core.Forward()
+	if err := a.Wo.Forward(Reshape(out, N, C), att); err != nil {
 		return err
 	}
 	a.bt = [2]int{B, T}
-	return sticky(a.b, a.what(), "forward")
+	return Sticky(a.b, a.what(), "forward")
 }
 
 // Backward overwrites dx (B, T, Dim) with ∂L/∂x and adds the weight
 // gradients, from dout (B, T, Dim).
 func (a *Attention) Backward(dx, dout *tensor.Tensor) error {
 	if a.bt[0] == 0 {
-		return errors.New("layers: " + a.what() + ": Backward without a successful Forward")
+		return errors.New(a.what() + ": Backward without a successful Forward")
 	}
 	dt := a.Wq.W.W.DType()
-	B, T, C, H, D := a.bt[0], a.bt[1], a.Dim, a.Heads, a.HeadDim
+	B, T, C := a.bt[0], a.bt[1], a.Dim
 	N := B * T
-	if err := checkShape(a.b, a.what(), "output gradient", dout, dt, B, T, C); err != nil {
+	if err := CheckShape(a.b, a.what(), "output gradient", dout, dt, B, T, C); err != nil {
 		return err
 	}
-	if err := checkShape(a.b, a.what(), "input gradient dx", dx, dt, B, T, C); err != nil {
+	if err := CheckShape(a.b, a.what(), "input gradient dx", dx, dt, B, T, C); err != nil {
 		return err
 	}
-	if err := checkApart(a.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
+	if err := CheckApart(a.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
 		return err
 	}
-	a.datt = ensure(a.b, a.datt, dt, N, C)
-	a.dqr = ensure(a.b, a.dqr, dt, B, T, H, D)
-	a.dkr = ensure(a.b, a.dkr, dt, B, T, H, D)
-	a.dq = ensure(a.b, a.dq, dt, N, C)
-	a.dk = ensure(a.b, a.dk, dt, N, C)
-	a.dv = ensure(a.b, a.dv, dt, N, C)
-
-	if err := a.Wo.Backward(a.datt, reshape(dout, N, C)); err != nil {
+	datt := a.core.OutputGrad()
+	if err := a.Wo.Backward(datt, Reshape(dout, N, C)); err != nil {
 		return err
 	}
-	a.b.AttentionBackward(a.dqr, a.dkr, reshape(a.dv, B, T, H, D), reshape(a.datt, B, T, H, D),
-		a.qr, a.kr, reshape(a.v, B, T, H, D), a.att, a.lse, a.Scale())
-	a.b.RoPEBackward(reshape(a.dq, B, T, H, D), a.dqr, a.Theta)
-	a.b.RoPEBackward(reshape(a.dk, B, T, H, D), a.dkr, a.Theta)
-	dx2 := reshape(dx, N, C)
-	if err := a.Wq.Backward(dx2, a.dq); err != nil {
+	dq, dk, dv := a.core.Backward()
+	dx2 := Reshape(dx, N, C)
+	if err := a.Wq.Backward(dx2, dq); err != nil {
 		return err
 	}
-	if err := a.Wk.BackwardAccumulate(dx2, a.dk); err != nil {
+	if err := a.Wk.BackwardAccumulate(dx2, dk); err != nil {
 		return err
 	}
-	if err := a.Wv.BackwardAccumulate(dx2, a.dv); err != nil {
+	if err := a.Wv.BackwardAccumulate(dx2, dv); err != nil {
 		return err
 	}
-	return sticky(a.b, a.what(), "backward")
+	return Sticky(a.b, a.what(), "backward")
 }

@@ -119,30 +119,30 @@ func (blk *Block) AuxLoss() float64 {
 	return 0
 }
 
-func (blk *Block) what() string { return "block " + blk.Name }
+func (blk *Block) what() string { return "layers: block " + blk.Name }
 
 // Forward writes out (B, T, Dim) from x (B, T, Dim); out must not alias x.
 func (blk *Block) Forward(out, x *tensor.Tensor) error {
 	blk.bt = [2]int{}
-	if err := checkParams(blk.what(), blk.Params()...); err != nil {
+	if err := CheckParams(blk.what(), blk.Params()...); err != nil {
 		return err
 	}
 	dt := blk.Norm1.W.W.DType()
-	if err := checkOn(blk.b, blk.what(), "input x", x, dt); err != nil {
+	if err := CheckOn(blk.b, blk.what(), "input x", x, dt); err != nil {
 		return err
 	}
 	if s := x.Shape(); len(s) != 3 || s[2] != blk.Dim || s[0] <= 0 || s[1] <= 0 {
-		return fmt.Errorf("layers: %s: input x has shape %v, expected (B, T, %d)", blk.what(), s, blk.Dim)
+		return fmt.Errorf("%s: input x has shape %v, expected (B, T, %d)", blk.what(), s, blk.Dim)
 	}
 	B, T, C := x.Dim(0), x.Dim(1), blk.Dim
-	if err := checkShape(blk.b, blk.what(), "output", out, dt, B, T, C); err != nil {
+	if err := CheckShape(blk.b, blk.what(), "output", out, dt, B, T, C); err != nil {
 		return err
 	}
-	if err := checkApart(blk.what(), "output", out, "input x", x); err != nil {
+	if err := CheckApart(blk.what(), "output", out, "input x", x); err != nil {
 		return err
 	}
 	for _, p := range []**tensor.Tensor{&blk.h1, &blk.a, &blk.x1, &blk.h2, &blk.m} {
-		*p = ensure(blk.b, *p, dt, B, T, C)
+		*p = Ensure(blk.b, *p, dt, B, T, C)
 	}
 	if err := blk.Norm1.Forward(blk.h1, x); err != nil {
 		return err
@@ -159,28 +159,28 @@ func (blk *Block) Forward(out, x *tensor.Tensor) error {
 	}
 	blk.b.Add(out, blk.x1, blk.m)
 	blk.bt = [2]int{B, T}
-	return sticky(blk.b, blk.what(), "forward")
+	return Sticky(blk.b, blk.what(), "forward")
 }
 
 // Backward overwrites dx (B, T, Dim) with ∂L/∂x and adds the parameters'
 // gradients, from dout (B, T, Dim); dx must not alias dout.
 func (blk *Block) Backward(dx, dout *tensor.Tensor) error {
 	if blk.bt[0] == 0 {
-		return errors.New("layers: " + blk.what() + ": Backward without a successful Forward")
+		return errors.New(blk.what() + ": Backward without a successful Forward")
 	}
 	dt := blk.Norm1.W.W.DType()
 	B, T, C := blk.bt[0], blk.bt[1], blk.Dim
-	if err := checkShape(blk.b, blk.what(), "output gradient", dout, dt, B, T, C); err != nil {
+	if err := CheckShape(blk.b, blk.what(), "output gradient", dout, dt, B, T, C); err != nil {
 		return err
 	}
-	if err := checkShape(blk.b, blk.what(), "input gradient dx", dx, dt, B, T, C); err != nil {
+	if err := CheckShape(blk.b, blk.what(), "input gradient dx", dx, dt, B, T, C); err != nil {
 		return err
 	}
-	if err := checkApart(blk.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
+	if err := CheckApart(blk.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
 		return err
 	}
-	blk.dh = ensure(blk.b, blk.dh, dt, B, T, C)
-	blk.dx1 = ensure(blk.b, blk.dx1, dt, B, T, C)
+	blk.dh = Ensure(blk.b, blk.dh, dt, B, T, C)
+	blk.dx1 = Ensure(blk.b, blk.dx1, dt, B, T, C)
 	// out = x1 + m: ∂L/∂x1 = dout + norm2ᵀ(mlpᵀ(dout)).
 	if err := blk.ffn().Backward(blk.dh, dout); err != nil {
 		return err
@@ -197,5 +197,5 @@ func (blk *Block) Backward(dx, dout *tensor.Tensor) error {
 		return err
 	}
 	blk.b.Add(dx, dx, blk.dx1)
-	return sticky(blk.b, blk.what(), "backward")
+	return Sticky(blk.b, blk.what(), "backward")
 }

@@ -35,46 +35,46 @@ func NewEmbedding(b tensor.Backend, ps *ParamSet, name string, vocab, dim int, s
 // Params returns the table.
 func (e *Embedding) Params() []*Param { return []*Param{e.W} }
 
-func (e *Embedding) what() string { return "embedding " + e.Name }
+func (e *Embedding) what() string { return "layers: embedding " + e.Name }
 
 // Forward writes out (..., Dim) from ids (...) int32 on the backend's
 // device. Ids in host memory are checked to lie in [0, Vocab) before any op
 // runs; elsewhere the backend checks them (a sticky error).
 func (e *Embedding) Forward(out, ids *tensor.Tensor) error {
 	e.ids = nil
-	if err := checkParams(e.what(), e.W); err != nil {
+	if err := CheckParams(e.what(), e.W); err != nil {
 		return err
 	}
-	if err := checkOn(e.b, e.what(), "ids", ids, tensor.Int32); err != nil {
+	if err := CheckOn(e.b, e.what(), "ids", ids, tensor.Int32); err != nil {
 		return err
 	}
 	if len(ids.Shape()) == 0 {
-		return fmt.Errorf("layers: %s: ids is a scalar, expected (N) or (B, T)", e.what())
+		return fmt.Errorf("%s: ids is a scalar, expected (N) or (B, T)", e.what())
 	}
 	n := ids.Numel()
-	if err := checkShape(e.b, e.what(), "output", out, e.W.W.DType(), append(ids.Shape().Clone(), e.Dim)...); err != nil {
+	if err := CheckShape(e.b, e.what(), "output", out, e.W.W.DType(), append(ids.Shape().Clone(), e.Dim)...); err != nil {
 		return err
 	}
 	if err := CheckIDs("ids", ids, e.Vocab); err != nil {
-		return fmt.Errorf("layers: %s: %w", e.what(), err)
+		return fmt.Errorf("%s: %w", e.what(), err)
 	}
-	ids1 := reshape(ids, n)
-	e.b.Embedding(reshape(out, n, e.Dim), e.W.W, ids1)
+	ids1 := Reshape(ids, n)
+	e.b.Embedding(Reshape(out, n, e.Dim), e.W.W, ids1)
 	e.ids = ids1
-	return sticky(e.b, e.what(), "forward")
+	return Sticky(e.b, e.what(), "forward")
 }
 
 // Backward adds ∂L/∂W from dout (..., Dim); ids get no gradient.
 func (e *Embedding) Backward(dout *tensor.Tensor) error {
 	if e.ids == nil {
-		return errors.New("layers: " + e.what() + ": Backward without a successful Forward")
+		return errors.New(e.what() + ": Backward without a successful Forward")
 	}
 	n := e.ids.Numel()
-	if err := checkRowsN(e.b, e.what(), "output gradient", dout, e.W.W.DType(), e.Dim, n); err != nil {
+	if err := CheckRowsN(e.b, e.what(), "output gradient", dout, e.W.W.DType(), e.Dim, n, "like the forward's input"); err != nil {
 		return err
 	}
-	e.b.EmbeddingBackward(e.W.G, reshape(dout, n, e.Dim), e.ids)
-	return sticky(e.b, e.what(), "backward")
+	e.b.EmbeddingBackward(e.W.G, Reshape(dout, n, e.Dim), e.ids)
+	return Sticky(e.b, e.what(), "backward")
 }
 
 // CheckIDs checks that a host int32 tensor holds values in [0, n); tensors

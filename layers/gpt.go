@@ -231,21 +231,44 @@ func (m *GPT) Logits() *tensor.Tensor { return m.logits }
 // ZeroGrad sets every parameter gradient to zero.
 func (m *GPT) ZeroGrad() { m.ps.ZeroGrad() }
 
-// checkTokens checks a host int32 (B, T) tensor of token ids or targets.
-func (m *GPT) checkTokens(what string, t *tensor.Tensor) error {
+// CheckTokens checks a host int32 (B, T) tensor of token ids or targets
+// for a model of sequence length seq (T ≤ seq). layer begins the errors
+// ("layers: gpt"); what names the tensor.
+func CheckTokens(layer, what string, t *tensor.Tensor, seq int) error {
 	if t == nil {
-		return fmt.Errorf("layers: gpt: %s is nil", what)
+		return fmt.Errorf("%s: %s is nil", layer, what)
 	}
 	if _, host := t.Buffer().(*tensor.HostBuffer); !host || t.DType() != tensor.Int32 {
-		return fmt.Errorf("layers: gpt: %s is %v, expected a host int32 tensor (B, T)", what, t)
+		return fmt.Errorf("%s: %s is %v, expected a host int32 tensor (B, T)", layer, what, t)
 	}
-	if s := t.Shape(); len(s) != 2 || s[0] <= 0 || s[1] <= 0 {
-		return fmt.Errorf("layers: gpt: %s has shape %v, expected (B, T) with B, T > 0", what, s)
+	s := t.Shape()
+	if len(s) != 2 || s[0] <= 0 || s[1] <= 0 {
+		return fmt.Errorf("%s: %s has shape %v, expected (B, T) with B, T > 0", layer, what, s)
 	}
-	if T := t.Dim(1); T > m.cfg.Seq {
-		return fmt.Errorf("layers: gpt: %s has shape %v: T = %d exceeds the model's Seq = %d", what, t.Shape(), T, m.cfg.Seq)
+	if s[1] > seq {
+		return fmt.Errorf("%s: %s has shape %v: T = %d exceeds the model's Seq = %d", layer, what, s, s[1], seq)
 	}
 	return nil
+}
+
+// CountTargets checks host int32 targets against the ids they go with
+// (the same shape) and a vocabulary of vocab tokens, negative targets
+// being ignored, and returns how many are not ignored. layer begins the
+// errors ("layers: gpt").
+func CountTargets(layer string, targets, ids *tensor.Tensor, vocab int) (int, error) {
+	if !targets.Shape().Equal(ids.Shape()) {
+		return 0, fmt.Errorf("%s: targets have shape %v, expected %v like ids", layer, targets.Shape(), ids.Shape())
+	}
+	n := 0
+	for i, t := range targets.I32() {
+		if int(t) >= vocab {
+			return 0, fmt.Errorf("%s: targets[%d] = %d, expected a value < Vocab = %d (or negative to ignore it)", layer, i, t, vocab)
+		}
+		if t >= 0 {
+			n++
+		}
+	}
+	return n, nil
 }
 
 // Forward runs the model on ids (host int32 (B, T), T ≤ Seq, each id in
@@ -256,7 +279,7 @@ func (m *GPT) checkTokens(what string, t *tensor.Tensor) error {
 // targets the loss is 0 and Backward is not allowed.
 func (m *GPT) Forward(ids, targets *tensor.Tensor) (float64, error) {
 	m.ready = false
-	if err := m.checkTokens("ids", ids); err != nil {
+	if err := CheckTokens("layers: gpt", "ids", ids, m.cfg.Seq); err != nil {
 		return 0, err
 	}
 	if err := CheckIDs("layers: gpt: ids", ids, m.cfg.Vocab); err != nil {
@@ -264,19 +287,12 @@ func (m *GPT) Forward(ids, targets *tensor.Tensor) (float64, error) {
 	}
 	nTargets := 0
 	if targets != nil {
-		if err := m.checkTokens("targets", targets); err != nil {
+		if err := CheckTokens("layers: gpt", "targets", targets, m.cfg.Seq); err != nil {
 			return 0, err
 		}
-		if !targets.Shape().Equal(ids.Shape()) {
-			return 0, fmt.Errorf("layers: gpt: targets have shape %v, expected %v like ids", targets.Shape(), ids.Shape())
-		}
-		for i, t := range targets.I32() {
-			if int(t) >= m.cfg.Vocab {
-				return 0, fmt.Errorf("layers: gpt: targets[%d] = %d, expected a value < Vocab = %d (or negative to ignore it)", i, t, m.cfg.Vocab)
-			}
-			if t >= 0 {
-				nTargets++
-			}
+		var err error
+		if nTargets, err = CountTargets("layers: gpt", targets, ids, m.cfg.Vocab); err != nil {
+			return 0, err
 		}
 	}
 	if err := m.b.Err(); err != nil {
@@ -297,20 +313,20 @@ func (m *GPT) Forward(ids, targets *tensor.Tensor) (float64, error) {
 	if err := m.Norm.Forward(m.hf, m.xs[len(m.Blocks)]); err != nil {
 		return 0, err
 	}
-	if err := m.Head.Forward(m.logits, reshape(m.hf, N, C)); err != nil {
+	if err := m.Head.Forward(m.logits, Reshape(m.hf, N, C)); err != nil {
 		return 0, err
 	}
 	if targets == nil {
-		return 0, sticky(m.b, "gpt", "forward")
+		return 0, Sticky(m.b, "layers: gpt", "forward")
 	}
 	scale := float32(0)
 	if nTargets > 0 {
 		scale = float32(1 / float64(nTargets))
 	}
-	m.b.Upload(m.targets, reshape(targets, N))
+	m.b.Upload(m.targets, Reshape(targets, N))
 	m.b.CrossEntropy(m.losses, m.dlogits, m.logits, m.targets, scale)
 	m.b.Download(m.hostLoss, m.losses)
-	if err := sticky(m.b, "gpt", "forward"); err != nil {
+	if err := Sticky(m.b, "layers: gpt", "forward"); err != nil {
 		return 0, err
 	}
 	var sum float64
@@ -354,22 +370,22 @@ func (m *GPT) alloc(B, T int) {
 		return
 	}
 	m.bt = [2]int{B, T}
-	m.ids = ensure(m.b, m.ids, tensor.Int32, B, T)
-	m.targets = ensure(m.b, m.targets, tensor.Int32, N)
+	m.ids = Ensure(m.b, m.ids, tensor.Int32, B, T)
+	m.targets = Ensure(m.b, m.targets, tensor.Int32, N)
 	if m.xs == nil {
 		m.xs = make([]*tensor.Tensor, len(m.Blocks)+1)
 	}
 	for i := range m.xs {
-		m.xs[i] = ensure(m.b, m.xs[i], dt, B, T, C)
+		m.xs[i] = Ensure(m.b, m.xs[i], dt, B, T, C)
 	}
-	m.hf = ensure(m.b, m.hf, dt, B, T, C)
-	m.logits = ensure(m.b, m.logits, dt, N, V)
-	m.dlogits = ensure(m.b, m.dlogits, dt, N, V)
-	m.losses = ensure(m.b, m.losses, statDType(dt), N)
+	m.hf = Ensure(m.b, m.hf, dt, B, T, C)
+	m.logits = Ensure(m.b, m.logits, dt, N, V)
+	m.dlogits = Ensure(m.b, m.dlogits, dt, N, V)
+	m.losses = Ensure(m.b, m.losses, StatDType(dt), N)
 	m.hostLoss = tensor.MustHost(tensor.Float64, N)
-	m.dhf = ensure(m.b, m.dhf, dt, B, T, C)
-	m.dxa = ensure(m.b, m.dxa, dt, B, T, C)
-	m.dxb = ensure(m.b, m.dxb, dt, B, T, C)
+	m.dhf = Ensure(m.b, m.dhf, dt, B, T, C)
+	m.dxa = Ensure(m.b, m.dxa, dt, B, T, C)
+	m.dxb = Ensure(m.b, m.dxb, dt, B, T, C)
 }
 
 // Backward adds the gradient of the last Forward's mean loss to the
@@ -381,7 +397,7 @@ func (m *GPT) Backward() error {
 	}
 	m.ready = false
 	N, C := m.bt[0]*m.bt[1], m.cfg.Dim
-	if err := m.Head.Backward(reshape(m.dhf, N, C), m.dlogits); err != nil {
+	if err := m.Head.Backward(Reshape(m.dhf, N, C), m.dlogits); err != nil {
 		return err
 	}
 	dx, dnext := m.dxa, m.dxb
@@ -397,17 +413,22 @@ func (m *GPT) Backward() error {
 	if err := m.Embed.Backward(dx); err != nil {
 		return err
 	}
-	return sticky(m.b, "gpt", "backward")
+	return Sticky(m.b, "layers: gpt", "backward")
 }
 
-// FLOPsPerToken is the forward+backward model FLOPs per token, for MFU:
-// 6·N for the matmul parameters N (all linear layers and the LM head; the
-// embedding lookup and norms are not matmuls), plus the attention scores
-// and weighted sum, 12·Layers·Dim·Seq (the usual convention, which does not
-// halve for the causal mask). In an MoE block N counts the router and the
-// TopK experts a token goes through (the active parameters).
-func (m *GPT) FLOPsPerToken() float64 {
-	c := m.cfg
+// FLOPsPerToken is the forward+backward model FLOPs per token
+// (GPTConfig.FLOPsPerToken), for MFU.
+func (m *GPT) FLOPsPerToken() float64 { return m.cfg.FLOPsPerToken() }
+
+// FLOPsPerToken is the forward+backward FLOPs per token of the model c
+// describes (defaults filled in), all ranks together: 6·N for the matmul
+// parameters N (all linear layers and the LM head; the embedding lookup
+// and norms are not matmuls), plus the attention scores and weighted sum,
+// 12·Layers·Dim·Seq (the usual convention, which does not halve for the
+// causal mask). In an MoE block N counts the router and the TopK experts
+// a token goes through (the active parameters).
+func (c GPTConfig) FLOPsPerToken() float64 {
+	c = c.WithDefaults()
 	var n float64
 	for l := range c.Layers {
 		ffn := 3 * c.Dim * c.FFN

@@ -101,29 +101,38 @@ func TestGPTDeterminism(t *testing.T) {
 	}
 }
 
+// overfit trains m for 50 steps of plain SGD (learning rate 1) on one
+// random batch of 4 sequences of 16 tokens, and returns the loss of the
+// first step and the loss after the last.
+func overfit(t *testing.T, b tensor.Backend, m *GPT) (first, loss float64) {
+	t.Helper()
+	rng := testutil.Rng(5)
+	V := m.Config().Vocab
+	ids := testutil.RandInts(rng, V, 4, 16)
+	tg := testutil.RandInts(rng, V, 4, 16)
+	w, g := m.Params().Flat()
+	for step := range 50 {
+		m.ZeroGrad()
+		l, err := m.Forward(ids, tg)
+		noErr(t, b, err)
+		noErr(t, b, m.Backward())
+		if step == 0 {
+			first = l
+		}
+		b.Axpy(w, -1.0, g)
+		noErr(t, b, nil)
+	}
+	loss, err := m.Forward(ids, tg)
+	noErr(t, b, err)
+	return first, loss
+}
+
 // TestGPTOverfit: a tiny model learns one small batch with plain SGD.
 func TestGPTOverfit(t *testing.T) {
 	b := newBackend()
 	m, err := NewGPT(b, tinyConfig, tensor.Float32)
 	noErr(t, b, err)
-	rng := testutil.Rng(5)
-	ids := testutil.RandInts(rng, tinyConfig.Vocab, 4, 16)
-	tg := testutil.RandInts(rng, tinyConfig.Vocab, 4, 16)
-	w, g := m.Params().Flat()
-	var first, loss float64
-	for step := range 50 {
-		m.ZeroGrad()
-		loss, err = m.Forward(ids, tg)
-		noErr(t, b, err)
-		noErr(t, b, m.Backward())
-		if step == 0 {
-			first = loss
-		}
-		b.Axpy(w, -1.0, g)
-		noErr(t, b, nil)
-	}
-	loss, err = m.Forward(ids, tg)
-	noErr(t, b, err)
+	first, loss := overfit(t, b, m)
 	t.Logf("loss %.4f → %.4f after 50 SGD steps (log V = %.4f)", first, loss, math.Log(float64(tinyConfig.Vocab)))
 	if math.Abs(first-math.Log(float64(tinyConfig.Vocab))) > 0.1 {
 		t.Errorf("initial loss %v, want about log(V) = %v", first, math.Log(float64(tinyConfig.Vocab)))

@@ -3,6 +3,7 @@ package layers
 import (
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/asynctp/asynctp/internal/testutil"
@@ -72,16 +73,49 @@ func runGradCase(t *testing.T, c gradCase) {
 		want := testutil.NumGrad(loss, c.x.F64(), fdStep)
 		logErr(t, "dx", download(t, b, c.dx), want)
 	}
-	for _, p := range c.ps.Params() {
+	checkParamGrads(t, c.ps, gotG, loss, rng, c.window)
+}
+
+// checkParamGrads compares the flat gradient got of the parameters ps
+// with central differences of loss, on every parameter's elements or, with
+// window > 0, on a random window of at most window of them.
+func checkParamGrads(t *testing.T, ps *ParamSet, got []float64, loss func() float64, rng *rand.Rand, window int) {
+	t.Helper()
+	for _, p := range ps.Params() {
 		n := p.Numel()
 		lo, hi := 0, n
-		if c.window > 0 && n > c.window {
-			lo = rng.IntN(n - c.window)
-			hi = lo + c.window
+		if window > 0 && n > window {
+			lo = rng.IntN(n - window)
+			hi = lo + window
 		}
 		want := testutil.NumGrad(loss, p.W.F64()[lo:hi], fdStep)
-		logErr(t, fmt.Sprintf("d%s[%d:%d]", p.Name, lo, hi), gotG[p.Offset()+lo:p.Offset()+hi], want)
+		logErr(t, fmt.Sprintf("d%s[%d:%d]", p.Name, lo, hi), got[p.Offset()+lo:p.Offset()+hi], want)
 	}
+}
+
+// checkLayerGrads runs the check of a layer that newLayer registers, on an
+// input x of the given shape (drawn from rng, times scale) and an output
+// of the same shape.
+func checkLayerGrads(t *testing.T, rng *rand.Rand, scale float64, shape []int, window int,
+	newLayer func(b tensor.Backend, ps *ParamSet) (rowLayer, error)) {
+	t.Helper()
+	b, ps := newBackend(), NewParamSet(1)
+	l, err := newLayer(b, ps)
+	noErr(t, b, err)
+	materialize(t, b, ps)
+	x := randDevice(t, b, rng, tensor.Float64, scale, shape...)
+	dx, out := b.Zeros(tensor.Float64, shape...), b.Zeros(tensor.Float64, shape...)
+	runGradCase(t, gradCase{b: b, ps: ps, x: x, dx: dx, out: out,
+		forward:  func() error { return l.Forward(out, x) },
+		backward: func(d *tensor.Tensor) error { return l.Backward(dx, d) },
+		window:   window,
+	})
+}
+
+// rowLayer is a layer whose output has its input's shape.
+type rowLayer interface {
+	Forward(out, x *tensor.Tensor) error
+	Backward(dx, dout *tensor.Tensor) error
 }
 
 // materialize randomizes ps's weights after materializing it in float64.
@@ -144,56 +178,37 @@ func TestGradEmbedding(t *testing.T) {
 }
 
 func TestGradRMSNorm(t *testing.T) {
-	b, ps := newBackend(), NewParamSet(1)
-	r, err := NewRMSNorm(b, ps, "norm", 6, 1e-5)
-	noErr(t, b, err)
-	materialize(t, b, ps)
-	x := randDevice(t, b, testutil.Rng(4), tensor.Float64, 2, 3, 2, 6)
-	dx, out := b.Zeros(tensor.Float64, 3, 2, 6), b.Zeros(tensor.Float64, 3, 2, 6)
-	runGradCase(t, gradCase{b: b, ps: ps, x: x, dx: dx, out: out,
-		forward:  func() error { return r.Forward(out, x) },
-		backward: func(d *tensor.Tensor) error { return r.Backward(dx, d) },
+	checkLayerGrads(t, testutil.Rng(4), 2, []int{3, 2, 6}, 0, func(b tensor.Backend, ps *ParamSet) (rowLayer, error) {
+		return NewRMSNorm(b, ps, "norm", 6, 1e-5)
 	})
 }
 
 func TestGradMLP(t *testing.T) {
-	b, ps := newBackend(), NewParamSet(1)
-	m, err := NewMLP(b, ps, "mlp", MLPConfig{Dim: 6, Hidden: 10, Std: 0.1, OutStd: 0.1})
-	noErr(t, b, err)
-	materialize(t, b, ps)
-	x := randDevice(t, b, testutil.Rng(5), tensor.Float64, 1, 2, 3, 6)
-	dx, out := b.Zeros(tensor.Float64, 2, 3, 6), b.Zeros(tensor.Float64, 2, 3, 6)
-	runGradCase(t, gradCase{b: b, ps: ps, x: x, dx: dx, out: out,
-		forward:  func() error { return m.Forward(out, x) },
-		backward: func(d *tensor.Tensor) error { return m.Backward(dx, d) },
+	checkLayerGrads(t, testutil.Rng(5), 1, []int{2, 3, 6}, 0, func(b tensor.Backend, ps *ParamSet) (rowLayer, error) {
+		return NewMLP(b, ps, "mlp", MLPConfig{Dim: 6, Hidden: 10, Std: 0.1, OutStd: 0.1})
 	})
 }
 
 func TestGradAttention(t *testing.T) {
-	b, ps := newBackend(), NewParamSet(1)
-	a, err := NewAttention(b, ps, "attn", AttentionConfig{Dim: 8, Heads: 2, RopeTheta: 100, Std: 0.1, OutStd: 0.1})
-	noErr(t, b, err)
-	materialize(t, b, ps)
-	x := randDevice(t, b, testutil.Rng(6), tensor.Float64, 1, 2, 5, 8)
-	dx, out := b.Zeros(tensor.Float64, 2, 5, 8), b.Zeros(tensor.Float64, 2, 5, 8)
-	runGradCase(t, gradCase{b: b, ps: ps, x: x, dx: dx, out: out,
-		forward:  func() error { return a.Forward(out, x) },
-		backward: func(d *tensor.Tensor) error { return a.Backward(dx, d) },
+	checkLayerGrads(t, testutil.Rng(6), 1, []int{2, 5, 8}, 0, func(b tensor.Backend, ps *ParamSet) (rowLayer, error) {
+		return NewAttention(b, ps, "attn", AttentionConfig{Dim: 8, Heads: 2, RopeTheta: 100, Std: 0.1, OutStd: 0.1})
 	})
 }
 
 func TestGradBlock(t *testing.T) {
-	b, ps := newBackend(), NewParamSet(1)
-	blk, err := NewBlock(b, ps, "block", BlockConfig{Dim: 8, Heads: 2, FFN: 12, RopeTheta: 100, NormEps: 1e-5, Std: 0.1, OutStd: 0.1})
-	noErr(t, b, err)
-	materialize(t, b, ps)
-	x := randDevice(t, b, testutil.Rng(7), tensor.Float64, 1, 2, 4, 8)
-	dx, out := b.Zeros(tensor.Float64, 2, 4, 8), b.Zeros(tensor.Float64, 2, 4, 8)
-	runGradCase(t, gradCase{b: b, ps: ps, x: x, dx: dx, out: out,
-		forward:  func() error { return blk.Forward(out, x) },
-		backward: func(d *tensor.Tensor) error { return blk.Backward(dx, d) },
-		window:   24,
+	checkLayerGrads(t, testutil.Rng(7), 1, []int{2, 4, 8}, 24, func(b tensor.Backend, ps *ParamSet) (rowLayer, error) {
+		return NewBlock(b, ps, "block", BlockConfig{Dim: 8, Heads: 2, FFN: 12, RopeTheta: 100, NormEps: 1e-5, Std: 0.1, OutStd: 0.1})
 	})
+}
+
+// lossOf is the loss of m on ids and targets tg, as a function of m's
+// parameters for finite differences.
+func lossOf(t *testing.T, b tensor.Backend, m *GPT, ids, tg *tensor.Tensor) func() float64 {
+	return func() float64 {
+		l, err := m.Forward(ids, tg)
+		noErr(t, b, err)
+		return l
+	}
 }
 
 // TestGradGPT checks the gradient of the whole model's mean loss against
@@ -210,11 +225,7 @@ func TestGradGPT(t *testing.T) {
 			ids := testutil.RandInts(rng, cfg.Vocab, 2, 5)
 			tg := testutil.RandInts(rng, cfg.Vocab, 2, 5)
 			tg.I32()[3], tg.I32()[7] = -1, -100
-			loss := func() float64 {
-				l, err := m.Forward(ids, tg)
-				noErr(t, b, err)
-				return l
-			}
+			loss := lossOf(t, b, m, ids, tg)
 			m.ZeroGrad()
 			loss()
 			noErr(t, b, m.Backward())
@@ -223,15 +234,7 @@ func TestGradGPT(t *testing.T) {
 			if tied != (m.Params().Lookup("lm_head.weight") == nil) {
 				t.Fatalf("tied = %v but lm_head.weight registered = %v", tied, m.Params().Lookup("lm_head.weight") != nil)
 			}
-			for _, p := range m.Params().Params() {
-				lo, hi := 0, p.Numel()
-				if hi > 16 {
-					lo = rng.IntN(p.Numel() - 16)
-					hi = lo + 16
-				}
-				want := testutil.NumGrad(loss, p.W.F64()[lo:hi], fdStep)
-				logErr(t, fmt.Sprintf("d%s[%d:%d]", p.Name, lo, hi), got[p.Offset()+lo:p.Offset()+hi], want)
-			}
+			checkParamGrads(t, m.Params(), got, loss, rng, 16)
 			// The whole embedding gradient, where the tied head adds to it.
 			e := m.Params().Lookup("embed.weight")
 			want := testutil.NumGrad(loss, e.W.F64(), fdStep)

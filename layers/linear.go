@@ -71,37 +71,37 @@ func (l *Linear) Params() []*Param {
 	return []*Param{l.W}
 }
 
-func (l *Linear) what() string { return "linear " + l.Name }
+func (l *Linear) what() string { return "layers: linear " + l.Name }
 
 // Forward computes y (..., Out) = x (..., In)·Wᵀ + bias and keeps x for the
 // backward.
 func (l *Linear) Forward(y, x *tensor.Tensor) error {
 	l.x = nil
-	if err := checkParams(l.what(), l.W, l.Bias); err != nil {
+	if err := CheckParams(l.what(), l.W, l.Bias); err != nil {
 		return err
 	}
 	dt := l.W.W.DType()
-	n, err := checkRows(l.b, l.what(), "input x", x, dt, l.In)
+	n, err := CheckRows(l.b, l.what(), "input x", x, dt, l.In)
 	if err != nil {
 		return err
 	}
-	ny, err := checkRows(l.b, l.what(), "output y", y, dt, l.Out)
+	ny, err := CheckRows(l.b, l.what(), "output y", y, dt, l.Out)
 	if err != nil {
 		return err
 	}
 	if ny != n {
-		return fmt.Errorf("layers: %s: output y has shape %v, expected %d rows like input x %v", l.what(), y.Shape(), n, x.Shape())
+		return fmt.Errorf("%s: output y has shape %v, expected %d rows like input x %v", l.what(), y.Shape(), n, x.Shape())
 	}
-	if err := checkApart(l.what(), "output y", y, "input x", x); err != nil {
+	if err := CheckApart(l.what(), "output y", y, "input x", x); err != nil {
 		return err
 	}
-	x2, y2 := reshape(x, n, l.In), reshape(y, n, l.Out)
+	x2, y2 := Reshape(x, n, l.In), Reshape(y, n, l.Out)
 	l.b.MatMul(y2, x2, l.W.W, false, true, 1, 0)
 	if l.Bias != nil {
 		l.b.AddBias(y2, l.Bias.W)
 	}
 	l.x = x2
-	return sticky(l.b, l.what(), "forward")
+	return Sticky(l.b, l.what(), "forward")
 }
 
 // Backward overwrites dx (..., In) with ∂L/∂x (dx nil skips it) and adds
@@ -114,25 +114,25 @@ func (l *Linear) BackwardAccumulate(dx, dy *tensor.Tensor) error { return l.back
 
 func (l *Linear) backward(dx, dy *tensor.Tensor, beta float32) error {
 	if l.x == nil {
-		return errors.New("layers: " + l.what() + ": Backward without a successful Forward")
+		return errors.New(l.what() + ": Backward without a successful Forward")
 	}
 	dt, n := l.W.W.DType(), l.x.Dim(0)
-	if err := checkRowsN(l.b, l.what(), "output gradient dy", dy, dt, l.Out, n); err != nil {
+	if err := CheckRowsN(l.b, l.what(), "output gradient dy", dy, dt, l.Out, n, "like the forward's input"); err != nil {
 		return err
 	}
 	if dx != nil {
-		if err := checkRowsN(l.b, l.what(), "input gradient dx", dx, dt, l.In, n); err != nil {
+		if err := CheckRowsN(l.b, l.what(), "input gradient dx", dx, dt, l.In, n, "like the forward's input"); err != nil {
 			return err
 		}
-		if err := checkApart(l.what(), "input gradient dx", dx, "output gradient dy", dy); err != nil {
+		if err := CheckApart(l.what(), "input gradient dx", dx, "output gradient dy", dy); err != nil {
 			return err
 		}
-		l.b.MatMul(reshape(dx, n, l.In), reshape(dy, n, l.Out), l.W.W, false, false, 1, beta) // dx = dy·W (+ dx)
+		l.b.MatMul(Reshape(dx, n, l.In), Reshape(dy, n, l.Out), l.W.W, false, false, 1, beta) // dx = dy·W (+ dx)
 	}
-	dy2 := reshape(dy, n, l.Out)
+	dy2 := Reshape(dy, n, l.Out)
 	l.b.MatMul(l.W.G, dy2, l.x, true, false, 1, 1) // dW += dyᵀ·x
 	if l.Bias != nil {
 		l.b.SumRows(l.Bias.G, dy2)
 	}
-	return sticky(l.b, l.what(), "backward")
+	return Sticky(l.b, l.what(), "backward")
 }

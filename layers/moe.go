@@ -110,7 +110,7 @@ func (m *MoE) Config() MoEConfig { return m.cfg }
 // Params returns the router weight, then w_gate, w_up, w_down.
 func (m *MoE) Params() []*Param { return append([]*Param{m.Router.W}, m.Experts.Params()...) }
 
-func (m *MoE) what() string { return "moe " + m.Name }
+func (m *MoE) what() string { return "layers: moe " + m.Name }
 
 // AuxLoss is the auxiliary loss of the last Forward (0 before one).
 func (m *MoE) AuxLoss() float64 {
@@ -139,22 +139,22 @@ func NewMoEStats(name string, r *Router, g LoadStats, dropped int) MoEStats {
 // until Backward.
 func (m *MoE) Forward(out, x *tensor.Tensor) error {
 	m.n = 0
-	if err := checkParams(m.what(), m.Params()...); err != nil {
+	if err := CheckParams(m.what(), m.Params()...); err != nil {
 		return err
 	}
 	dt := m.Router.W.W.DType()
-	n, err := checkRows(m.b, m.what(), "input x", x, dt, m.cfg.Dim)
+	n, err := CheckRows(m.b, m.what(), "input x", x, dt, m.cfg.Dim)
 	if err != nil {
 		return err
 	}
-	if err := checkShape(m.b, m.what(), "output", out, dt, x.Shape()...); err != nil {
+	if err := CheckShape(m.b, m.what(), "output", out, dt, x.Shape()...); err != nil {
 		return err
 	}
-	if err := checkApart(m.what(), "output", out, "input x", x); err != nil {
+	if err := CheckApart(m.what(), "output", out, "input x", x); err != nil {
 		return err
 	}
 	C, K := m.cfg.Dim, m.cfg.TopK
-	x2, out2 := reshape(x, n, C), reshape(out, n, C)
+	x2, out2 := Reshape(x, n, C), Reshape(out, n, C)
 	if err := m.Router.Forward(x2); err != nil {
 		return err
 	}
@@ -164,19 +164,19 @@ func (m *MoE) Forward(out, x *tensor.Tensor) error {
 	capacity := Capacity(m.cfg.CapacityFactor, n, K, m.cfg.Experts)
 	plan, err := NewRoutingPlan(m.Router.Indices(), n, K, m.cfg.Experts, capacity, nil)
 	if err != nil {
-		return fmt.Errorf("layers: %s: %w", m.what(), err)
+		return fmt.Errorf("%s: %w", m.what(), err)
 	}
 	M := plan.Rows()
 	m.tok = uploadInts(m.b, m.tok, plan.TokenOf(), M)
 	m.pos = uploadInts(m.b, m.pos, plan.Pos, n, K)
-	m.xe = ensure(m.b, m.xe, dt, M, C)
-	m.ye = ensure(m.b, m.ye, dt, M, C)
+	m.xe = Ensure(m.b, m.xe, dt, M, C)
+	m.ye = Ensure(m.b, m.ye, dt, M, C)
 	m.ops.GatherRows(m.xe, x2, m.tok, nil)
 	if err := m.Experts.Forward(m.ye, m.xe, plan.Kept); err != nil {
 		return err
 	}
 	m.ops.CombineRows(out2, m.ye, m.pos, m.Router.Weights())
-	if err := sticky(m.b, m.what(), "forward"); err != nil {
+	if err := Sticky(m.b, m.what(), "forward"); err != nil {
 		return err
 	}
 	m.plan, m.n = plan, n
@@ -187,23 +187,23 @@ func (m *MoE) Forward(out, x *tensor.Tensor) error {
 // gradients, from dout (..., Dim), and adds the gradient of AuxLoss.
 func (m *MoE) Backward(dx, dout *tensor.Tensor) error {
 	if m.n == 0 {
-		return errors.New("layers: " + m.what() + ": Backward without a successful Forward")
+		return errors.New(m.what() + ": Backward without a successful Forward")
 	}
 	dt, n, C, K := m.Router.W.W.DType(), m.n, m.cfg.Dim, m.cfg.TopK
-	if err := checkRowsN(m.b, m.what(), "output gradient", dout, dt, C, n); err != nil {
+	if err := CheckRowsN(m.b, m.what(), "output gradient", dout, dt, C, n, "like the forward's input"); err != nil {
 		return err
 	}
-	if err := checkRowsN(m.b, m.what(), "input gradient dx", dx, dt, C, n); err != nil {
+	if err := CheckRowsN(m.b, m.what(), "input gradient dx", dx, dt, C, n, "like the forward's input"); err != nil {
 		return err
 	}
-	if err := checkApart(m.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
+	if err := CheckApart(m.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
 		return err
 	}
 	M := m.plan.Rows()
-	m.dxe = ensure(m.b, m.dxe, dt, M, C)
-	m.dye = ensure(m.b, m.dye, dt, M, C)
-	m.dw = ensure(m.b, m.dw, dt, n, K)
-	dx2, dout2 := reshape(dx, n, C), reshape(dout, n, C)
+	m.dxe = Ensure(m.b, m.dxe, dt, M, C)
+	m.dye = Ensure(m.b, m.dye, dt, M, C)
+	m.dw = Ensure(m.b, m.dw, dt, n, K)
+	dx2, dout2 := Reshape(dx, n, C), Reshape(dout, n, C)
 	m.ops.CombineRowsBackward(m.dye, m.dw, dout2, m.ye, m.pos, m.Router.Weights())
 	if err := m.Experts.Backward(m.dxe, m.dye); err != nil {
 		return err
@@ -212,13 +212,13 @@ func (m *MoE) Backward(dx, dout *tensor.Tensor) error {
 	if err := m.Router.Backward(dx2, m.dw, true); err != nil {
 		return err
 	}
-	return sticky(m.b, m.what(), "backward")
+	return Sticky(m.b, m.what(), "backward")
 }
 
 // uploadInts uploads vals into an int32 device tensor of the given shape,
 // reusing t when it fits.
 func uploadInts(b tensor.Backend, t *tensor.Tensor, vals []int32, shape ...int) *tensor.Tensor {
-	t = ensure(b, t, tensor.Int32, shape...)
+	t = Ensure(b, t, tensor.Int32, shape...)
 	h, err := tensor.FromInt32(vals, shape...)
 	if err != nil {
 		panic("layers: internal error: " + err.Error())

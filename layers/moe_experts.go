@@ -36,8 +36,8 @@ type Experts struct {
 	b                 tensor.Backend
 	counts            []int          // rows per local expert of the last Forward; nil before one
 	x                 *tensor.Tensor // (M, Dim) the last Forward's input
-	gate, up, h       *tensor.Tensor // (M, Hidden)
-	dh, dgate, dup    *tensor.Tensor // (M, Hidden) backward scratch
+	act               *SwiGLUCore    // on the (M, Hidden) rows of all the experts
+	h                 *tensor.Tensor // (M, Hidden) the activation's output, the input of w_down
 	gateW, upW, downW []*tensor.Tensor
 	gateG, upG, downG []*tensor.Tensor
 	rowsM             int
@@ -55,7 +55,8 @@ func NewExperts(b tensor.Backend, ps *ParamSet, name string, cfg ExpertsConfig) 
 	if cfg.Dim <= 0 || cfg.Hidden <= 0 || cfg.Experts <= 0 || cfg.First < 0 || cfg.Count <= 0 || cfg.First+cfg.Count > cfg.Experts {
 		return nil, fmt.Errorf("layers: experts %q: Dim = %d, Hidden = %d, experts [%d, %d) of %d: expected positive sizes and a non-empty range inside [0, Experts)", name, cfg.Dim, cfg.Hidden, cfg.First, cfg.First+cfg.Count, cfg.Experts)
 	}
-	ex := &Experts{Name: name, Dim: cfg.Dim, Hidden: cfg.Hidden, Experts: cfg.Experts, First: cfg.First, Count: cfg.Count, b: b}
+	ex := &Experts{Name: name, Dim: cfg.Dim, Hidden: cfg.Hidden, Experts: cfg.Experts, First: cfg.First, Count: cfg.Count, b: b,
+		act: NewSwiGLUCore(b)}
 	add := func(suffix string, rows, cols int, std float64) (*Param, error) {
 		init := Normal(std)
 		if cfg.Count != cfg.Experts {
@@ -82,7 +83,7 @@ func NewExperts(b tensor.Backend, ps *ParamSet, name string, cfg ExpertsConfig) 
 // Params returns w_gate, w_up, w_down.
 func (ex *Experts) Params() []*Param { return []*Param{ex.Gate, ex.Up, ex.Down} }
 
-func (ex *Experts) what() string { return "experts " + ex.Name }
+func (ex *Experts) what() string { return "layers: experts " + ex.Name }
 
 // views makes the per-expert views of the stacked weights and gradients.
 func (ex *Experts) views() {
@@ -121,33 +122,31 @@ func rows(t *tensor.Tensor, lo, hi int) *tensor.Tensor {
 // x must stay unchanged until Backward.
 func (ex *Experts) Forward(out, x *tensor.Tensor, counts []int) error {
 	ex.counts = nil
-	if err := checkParams(ex.what(), ex.Params()...); err != nil {
+	if err := CheckParams(ex.what(), ex.Params()...); err != nil {
 		return err
 	}
 	if len(counts) != ex.Count {
-		return fmt.Errorf("layers: %s: %d row counts, expected one per local expert (%d)", ex.what(), len(counts), ex.Count)
+		return fmt.Errorf("%s: %d row counts, expected one per local expert (%d)", ex.what(), len(counts), ex.Count)
 	}
 	m := 0
 	for e, c := range counts {
 		if c < 0 {
-			return fmt.Errorf("layers: %s: %d rows for expert %d, expected ≥ 0", ex.what(), c, ex.First+e)
+			return fmt.Errorf("%s: %d rows for expert %d, expected ≥ 0", ex.what(), c, ex.First+e)
 		}
 		m += c
 	}
 	dt := ex.Gate.W.DType()
-	if err := checkShape(ex.b, ex.what(), "input x", x, dt, m, ex.Dim); err != nil {
+	if err := CheckShape(ex.b, ex.what(), "input x", x, dt, m, ex.Dim); err != nil {
 		return err
 	}
-	if err := checkShape(ex.b, ex.what(), "output", out, dt, m, ex.Dim); err != nil {
+	if err := CheckShape(ex.b, ex.what(), "output", out, dt, m, ex.Dim); err != nil {
 		return err
 	}
-	if err := checkApart(ex.what(), "output", out, "input x", x); err != nil {
+	if err := CheckApart(ex.what(), "output", out, "input x", x); err != nil {
 		return err
 	}
 	ex.views()
-	ex.gate = ensure(ex.b, ex.gate, dt, m, ex.Hidden)
-	ex.up = ensure(ex.b, ex.up, dt, m, ex.Hidden)
-	ex.h = ensure(ex.b, ex.h, dt, m, ex.Hidden)
+	gate, up := ex.act.Inputs(dt, m, ex.Hidden)
 	lo := 0
 	for e, c := range counts {
 		if c == 0 {
@@ -155,13 +154,11 @@ func (ex *Experts) Forward(out, x *tensor.Tensor, counts []int) error {
 		}
 		hi := lo + c
 		xe := rows(x, lo, hi)
-		ex.b.MatMul(rows(ex.gate, lo, hi), xe, ex.gateW[e], false, true, 1, 0)
-		ex.b.MatMul(rows(ex.up, lo, hi), xe, ex.upW[e], false, true, 1, 0)
+		ex.b.MatMul(rows(gate, lo, hi), xe, ex.gateW[e], false, true, 1, 0)
+		ex.b.MatMul(rows(up, lo, hi), xe, ex.upW[e], false, true, 1, 0)
 		lo = hi
 	}
-	if m > 0 {
-		ex.b.SwiGLU(ex.h, ex.gate, ex.up)
-	}
+	ex.h = ex.act.Forward()
 	lo = 0
 	for e, c := range counts {
 		if c == 0 {
@@ -172,28 +169,26 @@ func (ex *Experts) Forward(out, x *tensor.Tensor, counts []int) error {
 		lo = hi
 	}
 	ex.x, ex.counts, ex.rowsM = x, append([]int(nil), counts...), m
-	return sticky(ex.b, ex.what(), "forward")
+	return Sticky(ex.b, ex.what(), "forward")
 }
 
 // Backward overwrites dx (M, Dim) with ∂L/∂x and adds the weights'
 // gradients, from dout (M, Dim).
 func (ex *Experts) Backward(dx, dout *tensor.Tensor) error {
 	if ex.counts == nil {
-		return errors.New("layers: " + ex.what() + ": Backward without a successful Forward")
+		return errors.New(ex.what() + ": Backward without a successful Forward")
 	}
 	dt, m := ex.Gate.W.DType(), ex.rowsM
-	if err := checkShape(ex.b, ex.what(), "output gradient", dout, dt, m, ex.Dim); err != nil {
+	if err := CheckShape(ex.b, ex.what(), "output gradient", dout, dt, m, ex.Dim); err != nil {
 		return err
 	}
-	if err := checkShape(ex.b, ex.what(), "input gradient dx", dx, dt, m, ex.Dim); err != nil {
+	if err := CheckShape(ex.b, ex.what(), "input gradient dx", dx, dt, m, ex.Dim); err != nil {
 		return err
 	}
-	if err := checkApart(ex.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
+	if err := CheckApart(ex.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
 		return err
 	}
-	ex.dh = ensure(ex.b, ex.dh, dt, m, ex.Hidden)
-	ex.dgate = ensure(ex.b, ex.dgate, dt, m, ex.Hidden)
-	ex.dup = ensure(ex.b, ex.dup, dt, m, ex.Hidden)
+	dh := ex.act.OutputGrad()
 	lo := 0
 	for e, c := range ex.counts {
 		if c == 0 {
@@ -201,13 +196,11 @@ func (ex *Experts) Backward(dx, dout *tensor.Tensor) error {
 		}
 		hi := lo + c
 		do := rows(dout, lo, hi)
-		ex.b.MatMul(rows(ex.dh, lo, hi), do, ex.downW[e], false, false, 1, 0) // dh = dout·W_down
-		ex.b.MatMul(ex.downG[e], do, rows(ex.h, lo, hi), true, false, 1, 1)   // dW_down += doutᵀ·h
+		ex.b.MatMul(rows(dh, lo, hi), do, ex.downW[e], false, false, 1, 0)  // dh = dout·W_down
+		ex.b.MatMul(ex.downG[e], do, rows(ex.h, lo, hi), true, false, 1, 1) // dW_down += doutᵀ·h
 		lo = hi
 	}
-	if m > 0 {
-		ex.b.SwiGLUBackward(ex.dgate, ex.dup, ex.dh, ex.gate, ex.up)
-	}
+	dgate, dup := ex.act.Backward()
 	lo = 0
 	for e, c := range ex.counts {
 		if c == 0 {
@@ -215,12 +208,12 @@ func (ex *Experts) Backward(dx, dout *tensor.Tensor) error {
 		}
 		hi := lo + c
 		xe, dxe := rows(ex.x, lo, hi), rows(dx, lo, hi)
-		dg, du := rows(ex.dgate, lo, hi), rows(ex.dup, lo, hi)
+		dg, du := rows(dgate, lo, hi), rows(dup, lo, hi)
 		ex.b.MatMul(dxe, dg, ex.gateW[e], false, false, 1, 0) // dx = dgate·W_gate + dup·W_up
 		ex.b.MatMul(dxe, du, ex.upW[e], false, false, 1, 1)
 		ex.b.MatMul(ex.gateG[e], dg, xe, true, false, 1, 1) // dW += dᵀ·x
 		ex.b.MatMul(ex.upG[e], du, xe, true, false, 1, 1)
 		lo = hi
 	}
-	return sticky(ex.b, ex.what(), "backward")
+	return Sticky(ex.b, ex.what(), "backward")
 }

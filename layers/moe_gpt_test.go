@@ -129,11 +129,7 @@ func TestGradGPTMoE(t *testing.T) {
 			ids := testutil.RandInts(rng, cfg.Vocab, 2, 4) // 8 tokens: 2·ZLossCoef/8 is exact in float32
 			tg := testutil.RandInts(rng, cfg.Vocab, 2, 4)
 			tg.I32()[3] = -1
-			loss := func() float64 {
-				l, err := m.Forward(ids, tg)
-				noErr(t, b, err)
-				return l
-			}
+			loss := lossOf(t, b, m, ids, tg)
 			m.ZeroGrad()
 			loss()
 			for _, blk := range m.Blocks {
@@ -153,15 +149,7 @@ func TestGradGPTMoE(t *testing.T) {
 			noErr(t, b, m.Backward())
 			_, g := m.Params().Flat()
 			got := download(t, b, g)
-			for _, p := range m.Params().Params() {
-				lo, hi := 0, p.Numel()
-				if hi > 12 {
-					lo = rng.IntN(p.Numel() - 12)
-					hi = lo + 12
-				}
-				want := testutil.NumGrad(loss, p.W.F64()[lo:hi], fdStep)
-				logErr(t, fmt.Sprintf("d%s[%d:%d]", p.Name, lo, hi), got[p.Offset()+lo:p.Offset()+hi], want)
-			}
+			checkParamGrads(t, m.Params(), got, loss, rng, 12)
 		})
 	}
 }
@@ -176,24 +164,7 @@ func TestGPTMoEOverfit(t *testing.T) {
 			cfg.MoEEvery = every
 			m, err := NewGPT(b, cfg, tensor.Float32)
 			noErr(t, b, err)
-			rng := testutil.Rng(5)
-			ids := testutil.RandInts(rng, cfg.Vocab, 4, 16)
-			tg := testutil.RandInts(rng, cfg.Vocab, 4, 16)
-			w, g := m.Params().Flat()
-			var first, loss float64
-			for step := range 50 {
-				m.ZeroGrad()
-				loss, err = m.Forward(ids, tg)
-				noErr(t, b, err)
-				noErr(t, b, m.Backward())
-				if step == 0 {
-					first = loss
-				}
-				b.Axpy(w, -1.0, g)
-				noErr(t, b, nil)
-			}
-			loss, err = m.Forward(ids, tg)
-			noErr(t, b, err)
+			first, loss := overfit(t, b, m)
 			st := m.RouterStats()
 			t.Logf("loss %.4f → %.4f (aux %.4f) after 50 SGD steps; routing %+v", first, loss, m.AuxLoss(), st[0])
 			if !(loss < 0.35*first) {

@@ -106,7 +106,7 @@ func NewRouter(b tensor.Backend, ps *ParamSet, name string, cfg RouterConfig) (*
 		AuxLossCoef: cfg.AuxLossCoef, ZLossCoef: cfg.ZLossCoef, W: w, b: b, ops: ops}, nil
 }
 
-func (r *Router) what() string { return "router " + r.Name }
+func (r *Router) what() string { return "layers: router " + r.Name }
 
 // Forward routes the tokens x (N, Dim): it computes the probabilities, the
 // top-k choices and weights, and the local load statistics (downloading
@@ -115,31 +115,31 @@ func (r *Router) what() string { return "router " + r.Name }
 // Backward.
 func (r *Router) Forward(x *tensor.Tensor) error {
 	r.n, r.global = 0, false
-	if err := checkParams(r.what(), r.W); err != nil {
+	if err := CheckParams(r.what(), r.W); err != nil {
 		return err
 	}
 	dt := r.W.W.DType()
-	n, err := checkRows(r.b, r.what(), "input x", x, dt, r.Dim)
+	n, err := CheckRows(r.b, r.what(), "input x", x, dt, r.Dim)
 	if err != nil {
 		return err
 	}
 	if n == 0 {
-		return fmt.Errorf("layers: %s: input x has shape %v, expected at least one token", r.what(), x.Shape())
+		return fmt.Errorf("%s: input x has shape %v, expected at least one token", r.what(), x.Shape())
 	}
 	E, K := r.Experts, r.TopK
-	r.logits = ensure(r.b, r.logits, dt, n, E)
-	r.probs = ensure(r.b, r.probs, dt, n, E)
-	r.weights = ensure(r.b, r.weights, dt, n, K)
-	r.idx = ensure(r.b, r.idx, tensor.Int32, n, K)
-	r.lse = ensure(r.b, r.lse, statDType(dt), n)
-	r.psum = ensure(r.b, r.psum, dt, E)
+	r.logits = Ensure(r.b, r.logits, dt, n, E)
+	r.probs = Ensure(r.b, r.probs, dt, n, E)
+	r.weights = Ensure(r.b, r.weights, dt, n, K)
+	r.idx = Ensure(r.b, r.idx, tensor.Int32, n, K)
+	r.lse = Ensure(r.b, r.lse, StatDType(dt), n)
+	r.psum = Ensure(r.b, r.psum, dt, E)
 	if r.hostIdx == nil || !r.hostIdx.Shape().Equal(tensor.Shape{n, K}) {
 		r.hostIdx = tensor.MustHost(tensor.Int32, n, K)
 	}
 	if r.hostSum == nil {
 		r.hostSum = tensor.MustHost(tensor.Float64, E)
 	}
-	x2 := reshape(x, n, r.Dim)
+	x2 := Reshape(x, n, r.Dim)
 	r.b.MatMul(r.logits, x2, r.W.W, false, true, 1, 0)
 	r.b.Softmax(r.probs, r.logits)
 	r.ops.TopK(r.weights, r.idx, r.probs, true)
@@ -149,7 +149,7 @@ func (r *Router) Forward(x *tensor.Tensor) error {
 	r.b.Download(r.hostIdx, r.idx)
 	r.b.Download(r.hostSum, r.psum)
 	sq := r.b.SumSquares(r.lse)
-	if err := sticky(r.b, r.what(), "forward"); err != nil {
+	if err := Sticky(r.b, r.what(), "forward"); err != nil {
 		return err
 	}
 	r.local = LoadStats{Tokens: n, Routed: make([]int, E), ProbSums: append([]float64(nil), r.hostSum.F64()...), LSESquares: sq}
@@ -176,11 +176,11 @@ func (r *Router) Local() LoadStats { return r.local }
 // the auxiliary losses and prepares their gradients.
 func (r *Router) SetGlobal(g LoadStats) error {
 	if r.n == 0 {
-		return errors.New("layers: " + r.what() + ": SetGlobal without a successful Forward")
+		return errors.New(r.what() + ": SetGlobal without a successful Forward")
 	}
 	E, K := r.Experts, r.TopK
 	if g.Tokens < r.n || len(g.Routed) != E || len(g.ProbSums) != E {
-		return fmt.Errorf("layers: %s: global statistics of %d tokens, %d counts, %d sums; expected ≥ %d tokens and %d experts", r.what(), g.Tokens, len(g.Routed), len(g.ProbSums), r.n, E)
+		return fmt.Errorf("%s: global statistics of %d tokens, %d counts, %d sums; expected ≥ %d tokens and %d experts", r.what(), g.Tokens, len(g.Routed), len(g.ProbSums), r.n, E)
 	}
 	T := float64(g.Tokens)
 	var balance float64
@@ -199,12 +199,12 @@ func (r *Router) SetGlobal(g LoadStats) error {
 	r.zGrad = scale * r.ZLossCoef * 2 / T
 	if r.AuxLossCoef != 0 {
 		dt := r.W.W.DType()
-		r.auxGrad = ensure(r.b, r.auxGrad, dt, E)
+		r.auxGrad = Ensure(r.b, r.auxGrad, dt, E)
 		h, _ := tensor.FromFloat64(grad, E)
 		r.b.Upload(r.auxGrad, h)
 	}
 	r.global = true
-	return sticky(r.b, r.what(), "forward")
+	return Sticky(r.b, r.what(), "forward")
 }
 
 // Losses returns the raw load-balancing loss and z-loss of the last step
@@ -226,25 +226,25 @@ func (r *Router) AuxLoss() float64 {
 // overwritten, or added when accumulate is true (x also feeds the experts).
 func (r *Router) Backward(dx, dweights *tensor.Tensor, accumulate bool) error {
 	if r.n == 0 || !r.global {
-		return errors.New("layers: " + r.what() + ": Backward needs a Forward and SetGlobal first")
+		return errors.New(r.what() + ": Backward needs a Forward and SetGlobal first")
 	}
 	dt, n, E := r.W.W.DType(), r.n, r.Experts
-	if err := checkShape(r.b, r.what(), "weight gradient", dweights, dt, n, r.TopK); err != nil {
+	if err := CheckShape(r.b, r.what(), "weight gradient", dweights, dt, n, r.TopK); err != nil {
 		return err
 	}
-	if err := checkRowsN(r.b, r.what(), "input gradient dx", dx, dt, r.Dim, n); err != nil {
+	if err := CheckRowsN(r.b, r.what(), "input gradient dx", dx, dt, r.Dim, n, "like the forward's input"); err != nil {
 		return err
 	}
-	r.dprobs = ensure(r.b, r.dprobs, dt, n, E)
-	r.dlogits = ensure(r.b, r.dlogits, dt, n, E)
+	r.dprobs = Ensure(r.b, r.dprobs, dt, n, E)
+	r.dlogits = Ensure(r.b, r.dlogits, dt, n, E)
 	r.ops.TopKBackward(r.dprobs, dweights, r.weights, r.idx, r.probs, true)
 	if r.AuxLossCoef != 0 {
 		r.b.AddBias(r.dprobs, r.auxGrad) // ∂/∂p[n, e] = coef·E·f_e/T for every token
 	}
 	r.b.SoftmaxBackward(r.dlogits, r.dprobs, r.probs)
 	if r.ZLossCoef != 0 {
-		r.dz = ensure(r.b, r.dz, dt, n, E)
-		r.dlse = ensure(r.b, r.dlse, statDType(dt), n)
+		r.dz = Ensure(r.b, r.dz, dt, n, E)
+		r.dlse = Ensure(r.b, r.dlse, StatDType(dt), n)
 		r.b.Scale(r.dlse, r.lse, float32(r.zGrad))
 		r.ops.LogSumExpBackward(r.dz, r.dlse, r.logits, r.lse)
 		r.b.Add(r.dlogits, r.dlogits, r.dz)
@@ -254,6 +254,6 @@ func (r *Router) Backward(dx, dweights *tensor.Tensor, accumulate bool) error {
 	if accumulate {
 		beta = 1
 	}
-	r.b.MatMul(reshape(dx, n, r.Dim), r.dlogits, r.W.W, false, false, 1, beta)
-	return sticky(r.b, r.what(), "backward")
+	r.b.MatMul(Reshape(dx, n, r.Dim), r.dlogits, r.W.W, false, false, 1, beta)
+	return Sticky(r.b, r.what(), "backward")
 }

@@ -256,7 +256,7 @@ func TestMoEOneExpertIsMLP(t *testing.T) {
 	noErr(t, b, err)
 	noErr(t, b, ps.Materialize(b, tensor.Float64))
 	for i, p := range c.m.Experts.Params() {
-		b.Copy(mlp.Params()[i].W, reshape(p.W, mlp.Params()[i].W.Shape()...))
+		b.Copy(mlp.Params()[i].W, Reshape(p.W, mlp.Params()[i].W.Shape()...))
 	}
 	want := b.Zeros(tensor.Float64, 7, 6)
 	noErr(t, b, mlp.Forward(want, c.x))

@@ -38,48 +38,48 @@ func NewRMSNorm(b tensor.Backend, ps *ParamSet, name string, dim int, eps float3
 // Params returns the weight.
 func (r *RMSNorm) Params() []*Param { return []*Param{r.W} }
 
-func (r *RMSNorm) what() string { return "rmsnorm " + r.Name }
+func (r *RMSNorm) what() string { return "layers: rmsnorm " + r.Name }
 
 // Forward writes out (..., Dim) = RMSNorm(x (..., Dim)) and keeps x and the
 // per-row 1/rms.
 func (r *RMSNorm) Forward(out, x *tensor.Tensor) error {
 	r.x = nil
-	if err := checkParams(r.what(), r.W); err != nil {
+	if err := CheckParams(r.what(), r.W); err != nil {
 		return err
 	}
 	dt := r.W.W.DType()
-	n, err := checkRows(r.b, r.what(), "input x", x, dt, r.Dim)
+	n, err := CheckRows(r.b, r.what(), "input x", x, dt, r.Dim)
 	if err != nil {
 		return err
 	}
-	if err := checkShape(r.b, r.what(), "output", out, dt, x.Shape()...); err != nil {
+	if err := CheckShape(r.b, r.what(), "output", out, dt, x.Shape()...); err != nil {
 		return err
 	}
-	if err := checkApart(r.what(), "output", out, "input x", x); err != nil {
+	if err := CheckApart(r.what(), "output", out, "input x", x); err != nil {
 		return err
 	}
-	x2 := reshape(x, n, r.Dim)
-	r.rstd = ensure(r.b, r.rstd, statDType(dt), n)
-	r.b.RMSNorm(reshape(out, n, r.Dim), r.rstd, x2, r.W.W, r.Eps)
+	x2 := Reshape(x, n, r.Dim)
+	r.rstd = Ensure(r.b, r.rstd, StatDType(dt), n)
+	r.b.RMSNorm(Reshape(out, n, r.Dim), r.rstd, x2, r.W.W, r.Eps)
 	r.x = x2
-	return sticky(r.b, r.what(), "forward")
+	return Sticky(r.b, r.what(), "forward")
 }
 
 // Backward overwrites dx (..., Dim) with ∂L/∂x and adds ∂L/∂w, from dout.
 func (r *RMSNorm) Backward(dx, dout *tensor.Tensor) error {
 	if r.x == nil {
-		return errors.New("layers: " + r.what() + ": Backward without a successful Forward")
+		return errors.New(r.what() + ": Backward without a successful Forward")
 	}
 	dt, n := r.W.W.DType(), r.x.Dim(0)
-	if err := checkRowsN(r.b, r.what(), "output gradient", dout, dt, r.Dim, n); err != nil {
+	if err := CheckRowsN(r.b, r.what(), "output gradient", dout, dt, r.Dim, n, "like the forward's input"); err != nil {
 		return err
 	}
-	if err := checkRowsN(r.b, r.what(), "input gradient dx", dx, dt, r.Dim, n); err != nil {
+	if err := CheckRowsN(r.b, r.what(), "input gradient dx", dx, dt, r.Dim, n, "like the forward's input"); err != nil {
 		return err
 	}
-	if err := checkApart(r.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
+	if err := CheckApart(r.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
 		return err
 	}
-	r.b.RMSNormBackward(reshape(dx, n, r.Dim), r.W.G, reshape(dout, n, r.Dim), r.x, r.W.W, r.rstd)
-	return sticky(r.b, r.what(), "backward")
+	r.b.RMSNormBackward(Reshape(dx, n, r.Dim), r.W.G, Reshape(dout, n, r.Dim), r.x, r.W.W, r.rstd)
+	return Sticky(r.b, r.what(), "backward")
 }

@@ -131,3 +131,39 @@ func Dot(a, b []float64) float64 {
 	}
 	return s
 }
+
+// Within returns an error when RelErr(got, want) > tol: AllClose for code
+// that reports instead of failing (the ranks of a multi-rank test).
+func Within(name string, got, want []float64, tol float64) error {
+	if len(got) != len(want) {
+		return fmt.Errorf("%s: %d values, want %d", name, len(got), len(want))
+	}
+	if e := RelErr(got, want); !(e <= tol) {
+		return fmt.Errorf("%s: relative error %.3g > %.3g", name, e, tol)
+	}
+	return nil
+}
+
+// Download copies a tensor of b (on its device or the host) into float64s.
+func Download(b tensor.Backend, x *tensor.Tensor) []float64 {
+	h := tensor.MustHost(tensor.Float64, x.Shape()...)
+	b.Download(h, x)
+	return h.F64()
+}
+
+// Slice returns the values of the slice [lo, hi) along dimension dim of a
+// row-major tensor of shape full holding v (all of v for dim < 0): the
+// shard of a parameter that a rank holds.
+func Slice(v []float64, full []int, dim, lo, hi int) []float64 {
+	if dim < 0 {
+		return v
+	}
+	inner := tensor.Shape(full[dim+1:]).Numel()
+	outer := tensor.Shape(full[:dim]).Numel()
+	var out []float64
+	for o := range outer {
+		base := o * full[dim] * inner
+		out = append(out, v[base+lo*inner:base+hi*inner]...)
+	}
+	return out
+}

@@ -11,19 +11,10 @@ import (
 
 // checkTokens checks a host int32 (B, T) tensor of the global batch.
 func (m *Model) checkTokens(what string, t *tensor.Tensor) error {
-	if t == nil {
-		return fmt.Errorf("model: %s is nil", what)
-	}
-	if _, host := t.Buffer().(*tensor.HostBuffer); !host || t.DType() != tensor.Int32 {
-		return fmt.Errorf("model: %s is %v, expected a host int32 tensor (B, T)", what, t)
+	if err := layers.CheckTokens("model", what, t, m.cfg.Seq); err != nil {
+		return err
 	}
 	s := t.Shape()
-	if len(s) != 2 || s[0] <= 0 || s[1] <= 0 {
-		return fmt.Errorf("model: %s has shape %v, expected (B, T) with B, T > 0", what, s)
-	}
-	if s[1] > m.cfg.Seq {
-		return fmt.Errorf("model: %s has shape %v: T = %d exceeds the model's Seq = %d", what, s, s[1], m.cfg.Seq)
-	}
 	if s[0]%m.grid.DP != 0 {
 		return fmt.Errorf("model: %s has shape %v: the global batch B = %d is not divisible by DP = %d (each replica takes B/DP sequences)", what, s, s[0], m.grid.DP)
 	}
@@ -65,16 +56,9 @@ func (m *Model) Forward(ids, targets *tensor.Tensor) (float64, error) {
 		if err := m.checkTokens("targets", targets); err != nil {
 			return 0, err
 		}
-		if !targets.Shape().Equal(ids.Shape()) {
-			return 0, fmt.Errorf("model: targets have shape %v, expected %v like ids", targets.Shape(), ids.Shape())
-		}
-		for i, t := range targets.I32() {
-			if int(t) >= m.cfg.Vocab {
-				return 0, fmt.Errorf("model: targets[%d] = %d, expected a value < Vocab = %d (or negative to ignore it)", i, t, m.cfg.Vocab)
-			}
-			if t >= 0 {
-				nTargets++
-			}
+		var err error
+		if nTargets, err = layers.CountTargets("model", targets, ids, m.cfg.Vocab); err != nil {
+			return 0, err
 		}
 	}
 	if err := m.b.Err(); err != nil {
@@ -173,16 +157,16 @@ func (m *Model) alloc(B, T int) {
 		m.xs = make([]*tensor.Tensor, len(m.Blocks)+1)
 	}
 	for i := range m.xs {
-		m.xs[i] = ensure(b, m.xs[i], dt, n, C)
+		m.xs[i] = layers.Ensure(b, m.xs[i], dt, n, C)
 	}
-	m.hf = ensure(b, m.hf, dt, n, C)
-	m.logits = ensure(b, m.logits, dt, N, m.Head.LocalOut)
-	m.dlogits = ensure(b, m.dlogits, dt, N, m.Head.LocalOut)
+	m.hf = layers.Ensure(b, m.hf, dt, n, C)
+	m.logits = layers.Ensure(b, m.logits, dt, N, m.Head.LocalOut)
+	m.dlogits = layers.Ensure(b, m.dlogits, dt, N, m.Head.LocalOut)
 	m.losses = tensor.MustHost(tensor.Float64, N)
-	m.lossBuf = ensure(b, m.lossBuf, statDType(dt), 1)
-	m.dhf = ensure(b, m.dhf, dt, n, C)
-	m.dxa = ensure(b, m.dxa, dt, n, C)
-	m.dxb = ensure(b, m.dxb, dt, n, C)
+	m.lossBuf = layers.Ensure(b, m.lossBuf, layers.StatDType(dt), 1)
+	m.dhf = layers.Ensure(b, m.dhf, dt, n, C)
+	m.dxa = layers.Ensure(b, m.dxa, dt, n, C)
+	m.dxb = layers.Ensure(b, m.dxb, dt, n, C)
 }
 
 // Backward adds this replica's gradient of the last Forward's global mean
@@ -224,26 +208,6 @@ func (m *Model) backward() error {
 		return err
 	}
 	return m.reduceGrads()
-}
-
-// statDType is the dtype of the model's scalar reductions: f64 for f64
-// models, f32 otherwise.
-func statDType(dt tensor.DType) tensor.DType {
-	if dt == tensor.Float64 {
-		return tensor.Float64
-	}
-	return tensor.Float32
-}
-
-// ensure returns t when it has dtype dt and shape, else a fresh tensor.
-func ensure(b tensor.Backend, t *tensor.Tensor, dt tensor.DType, shape ...int) *tensor.Tensor {
-	if t != nil && t.DType() == dt && t.Shape().Equal(shape) {
-		return t
-	}
-	if t != nil {
-		b.Free(t)
-	}
-	return b.Zeros(dt, shape...)
 }
 
 // sticky wraps the backend's sticky error.

@@ -190,7 +190,7 @@ func (m *Model) sumOver(c comm.Comm, what string, v float64) (float64, error) {
 	if c.Size() == 1 {
 		return v, nil
 	}
-	m.normBuf = ensure(m.b, m.normBuf, statDType(m.dt), 1)
+	m.normBuf = layers.Ensure(m.b, m.normBuf, layers.StatDType(m.dt), 1)
 	h := tensor.MustHost(tensor.Float64, 1)
 	h.F64()[0] = v
 	m.b.Upload(m.normBuf, h)

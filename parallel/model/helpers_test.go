@@ -10,7 +10,6 @@ import (
 	"github.com/asynctp/asynctp/internal/testutil"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/parallel/model"
-	"github.com/asynctp/asynctp/parallel/tp"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cpu"
 )
@@ -69,39 +68,6 @@ func batch(seed uint64, B, T, V int) (ids, targets *tensor.Tensor) {
 	return ids, targets
 }
 
-// values downloads a tensor into float64s.
-func values(b tensor.Backend, x *tensor.Tensor) []float64 {
-	h := tensor.MustHost(tensor.Float64, x.Shape()...)
-	b.Download(h, x)
-	return h.F64()
-}
-
-// sliceShard cuts full parameter values down to a shard.
-func sliceShard(v []float64, s tp.Shard) []float64 {
-	if s.Replicated() {
-		return v
-	}
-	inner := tensor.Shape(s.Full[s.Dim+1:]).Numel()
-	outer := tensor.Shape(s.Full[:s.Dim]).Numel()
-	var out []float64
-	for o := range outer {
-		base := o * s.Full[s.Dim] * inner
-		out = append(out, v[base+s.Lo*inner:base+s.Hi*inner]...)
-	}
-	return out
-}
-
-// closeTo returns an error when RelErr(got, want) > tol.
-func closeTo(name string, got, want []float64, tol float64) error {
-	if len(got) != len(want) {
-		return fmt.Errorf("%s: %d values, want %d", name, len(got), len(want))
-	}
-	if e := testutil.RelErr(got, want); !(e <= tol) {
-		return fmt.Errorf("%s: relative error %.3g > %.3g", name, e, tol)
-	}
-	return nil
-}
-
 // relErr is the relative error of two scalars.
 func relErr(got, want float64) float64 { return testutil.RelErr([]float64{got}, []float64{want}) }
 
@@ -143,10 +109,10 @@ func runReferenceWith(t *testing.T, cfg layers.GPTConfig, dt tensor.DType, ids, 
 	if err := m.Backward(); err != nil {
 		t.Fatal(err)
 	}
-	ref := reference{loss: loss, logits: values(b, m.Logits()), w: map[string][]float64{}, g: map[string][]float64{},
+	ref := reference{loss: loss, logits: testutil.Download(b, m.Logits()), w: map[string][]float64{}, g: map[string][]float64{},
 		aux: m.AuxLoss(), stats: m.RouterStats()}
 	for _, p := range m.Params().Params() {
-		ref.w[p.Name], ref.g[p.Name] = values(b, p.W), values(b, p.G)
+		ref.w[p.Name], ref.g[p.Name] = testutil.Download(b, p.W), testutil.Download(b, p.G)
 	}
 	_, g := m.Params().Flat()
 	ref.sumSquare = b.SumSquares(g)

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 
 	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/train"
 )
@@ -140,7 +141,7 @@ func (m *Model) checkpointStep(ck string) (int, error) {
 // stepRange returns the maximum and minimum of step over the world.
 func (m *Model) stepRange(step int) (hi, lo int, err error) {
 	b, s := m.b, m.par.Stream
-	buf := b.Zeros(statDType(m.dt), 2)
+	buf := b.Zeros(layers.StatDType(m.dt), 2)
 	defer b.Free(buf)
 	h := tensor.MustHost(tensor.Float64, 2)
 	h.F64()[0], h.F64()[1] = float64(step), -float64(step)

@@ -257,19 +257,7 @@ func (m *Model) ReplicaRows(batch int) (lo, hi int) {
 // FLOPsPerToken is the forward+backward FLOPs of the whole model per token
 // (layers.GPT's count: all ranks together; in an MoE block the router and
 // the TopK experts a token goes through), for MFU over the job.
-func (m *Model) FLOPsPerToken() float64 {
-	c := m.cfg
-	var n float64
-	for l := range c.Layers {
-		ffn := 3 * c.Dim * c.FFN
-		if c.IsMoE(l) {
-			ffn = c.TopK*ffn + c.Experts*c.Dim
-		}
-		n += float64(4*c.Dim*c.Dim + ffn)
-	}
-	n += float64(c.Vocab) * float64(c.Dim)
-	return 6*n + 12*float64(c.Layers)*float64(c.Dim)*float64(c.Seq)
-}
+func (m *Model) FLOPsPerToken() float64 { return m.cfg.FLOPsPerToken() }
 
 // fail aborts the world (comm.Aborter), so that the other ranks, which
 // will wait for this one in their next collective, fail at once with an

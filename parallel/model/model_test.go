@@ -108,8 +108,8 @@ func checkAgainst(b tensor.Backend, g *comm.Grid, cfg layers.GPTConfig, l layout
 	for r := lo * T; r < hi*T; r++ {
 		want = append(want, ref.logits[r*V+c0:r*V+c0+vl]...)
 	}
-	got := values(b, m.Logits())
-	if err := closeTo("logits", got, want, tol); err != nil {
+	got := testutil.Download(b, m.Logits())
+	if err := testutil.Within("logits", got, want, tol); err != nil {
 		return err
 	}
 	worst.see("logits", relErrs(got, want))
@@ -117,11 +117,11 @@ func checkAgainst(b tensor.Backend, g *comm.Grid, cfg layers.GPTConfig, l layout
 	names := map[string]bool{}
 	for _, s := range m.Shards() {
 		names[s.Param.Name] = true
-		if err := closeTo(s.Param.Name+" weight", values(b, s.Param.W), sliceShard(ref.w[s.Param.Name], s), 0); err != nil {
+		if err := testutil.Within(s.Param.Name+" weight", testutil.Download(b, s.Param.W), testutil.Slice(ref.w[s.Param.Name], s.Full, s.Dim, s.Lo, s.Hi), 0); err != nil {
 			return err
 		}
-		gv, want := values(b, s.Param.G), sliceShard(ref.g[s.Param.Name], s)
-		if err := closeTo(s.Param.Name+" gradient", gv, want, tol); err != nil {
+		gv, want := testutil.Download(b, s.Param.G), testutil.Slice(ref.g[s.Param.Name], s.Full, s.Dim, s.Lo, s.Hi)
+		if err := testutil.Within(s.Param.Name+" gradient", gv, want, tol); err != nil {
 			return err
 		}
 		worst.see("gradients", relErrs(gv, want))
@@ -193,7 +193,7 @@ func TestForwardWithoutTargets(t *testing.T) {
 		for r := range 4 * 8 {
 			want = append(want, ref.logits[r*cfg.Vocab+c0:r*cfg.Vocab+c0+vl]...)
 		}
-		if err := closeTo("logits", values(b, m.Logits()), want, 1e-5); err != nil {
+		if err := testutil.Within("logits", testutil.Download(b, m.Logits()), want, 1e-5); err != nil {
 			return err
 		}
 		if err := m.Backward(); err == nil {

@@ -1,9 +1,7 @@
 package model_test
 
 import (
-	"context"
 	"fmt"
-	"io"
 	"math"
 	"slices"
 	"strings"
@@ -14,8 +12,6 @@ import (
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/parallel/model"
 	"github.com/asynctp/asynctp/tensor"
-	"github.com/asynctp/asynctp/tensor/cpu"
-	"github.com/asynctp/asynctp/train"
 )
 
 // moeConfig is the MoE model of the tests: smallConfig with 8 experts,
@@ -242,14 +238,7 @@ func TestMoELayoutErrors(t *testing.T) {
 				if c.bad != nil {
 					c.bad(&gg)
 				}
-				_, err := model.New(cb, &gg, cfg, model.Options{SequenceParallel: c.l.sp}, tensor.Float32)
-				if err == nil || !strings.Contains(err.Error(), c.want) {
-					return fmt.Errorf("New: error %v, want one containing %q", err, c.want)
-				}
-				if cb.allocs != 0 {
-					return fmt.Errorf("New allocated %d tensors before failing, want none", cb.allocs)
-				}
-				return nil
+				return newFails(cb, cb.countingBackend, &gg, cfg, c.l.sp, c.want)
 			})
 			if err != nil {
 				t.Fatal(err)
@@ -334,18 +323,7 @@ func TestMoETrainMatchesGPT(t *testing.T) {
 	cfg := moeConfig()
 	cfg.AuxLossCoef, cfg.ZLossCoef = 0.01, 1e-3 // the tiny-moe preset's
 	ds := corpus(4000, cfg.Vocab)
-	b := cpu.New()
-	gpt, err := layers.NewGPT(b, cfg, tensor.Float32)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var refNorms []float64
-	ref, err := train.Run(context.Background(), b, gpt, loader(t, ds, cfg), trainConfig(20, t.TempDir()),
-		train.WithOutput(io.Discard), train.WithProgressBar(false),
-		train.WithStepHook(func(sm train.StepMetrics) { refNorms = append(refNorms, sm.GradNorm) }))
-	if err != nil {
-		t.Fatal(err)
-	}
+	ref, refNorms := trainReference(t, cfg, ds)
 	if ref.Losses[19] >= ref.Losses[0] {
 		t.Fatalf("reference run: losses %v, expected the loss to fall", ref.Losses)
 	}
@@ -353,23 +331,6 @@ func TestMoETrainMatchesGPT(t *testing.T) {
 		{tp: 1, dp: 1, ep: 1}, {tp: 2, dp: 1, ep: 2}, {tp: 4, dp: 1, ep: 4}, {tp: 4, dp: 1, ep: 2, sp: true},
 		{tp: 1, dp: 2, ep: 2}, {tp: 2, dp: 2, ep: 4, sp: true}, {tp: 2, dp: 2, ep: 1},
 	} {
-		t.Run(l.String(), func(t *testing.T) {
-			res, norms, err := runSharded(l, cfg, ds, trainConfig(20, t.TempDir()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(res.Losses) != 20 || len(norms) != 20 {
-				t.Fatalf("%d losses and %d norms, want 20", len(res.Losses), len(norms))
-			}
-			worst := 0.0
-			for i := range res.Losses {
-				e, en := relErr(res.Losses[i], ref.Losses[i]), relErr(norms[i], refNorms[i])
-				if !(e <= 1e-4) || !(en <= 1e-4) {
-					t.Fatalf("step %d: loss %v (reference %v), gradient norm %v (reference %v)", i+1, res.Losses[i], ref.Losses[i], norms[i], refNorms[i])
-				}
-				worst = max(worst, e, en)
-			}
-			t.Logf("worst relative error over 20 steps (loss, gradient norm): %.3g", worst)
-		})
+		t.Run(l.String(), func(t *testing.T) { matchReference(t, l, cfg, ds, ref, refNorms) })
 	}
 }

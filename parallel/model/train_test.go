@@ -81,18 +81,7 @@ func runSharded(l layout, cfg layers.GPTConfig, ds *train.Dataset, tc train.Conf
 func TestTrainMatchesGPT(t *testing.T) {
 	cfg := smallConfig()
 	ds := corpus(4000, cfg.Vocab)
-	b := cpu.New()
-	gpt, err := layers.NewGPT(b, cfg, tensor.Float32)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var refNorms []float64
-	ref, err := train.Run(context.Background(), b, gpt, loader(t, ds, cfg), trainConfig(20, t.TempDir()),
-		train.WithOutput(io.Discard), train.WithProgressBar(false),
-		train.WithStepHook(func(sm train.StepMetrics) { refNorms = append(refNorms, sm.GradNorm) }))
-	if err != nil {
-		t.Fatal(err)
-	}
+	ref, refNorms := trainReference(t, cfg, ds)
 	clipped := 0
 	for _, n := range refNorms {
 		if n > 0.5 {
@@ -103,25 +92,50 @@ func TestTrainMatchesGPT(t *testing.T) {
 		t.Fatalf("reference run: %d clipped steps, losses %v: expected clipping to act and the loss to fall", clipped, ref.Losses)
 	}
 	for _, l := range []layout{{tp: 1, dp: 1, sp: false}, {tp: 2, dp: 1, sp: false}, {tp: 4, dp: 1, sp: true}, {tp: 1, dp: 2, sp: false}, {tp: 2, dp: 2, sp: true}, {tp: 4, dp: 1, sp: false}} {
-		t.Run(l.String(), func(t *testing.T) {
-			res, norms, err := runSharded(l, cfg, ds, trainConfig(20, t.TempDir()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(res.Losses) != 20 || len(norms) != 20 {
-				t.Fatalf("%d losses and %d norms, want 20", len(res.Losses), len(norms))
-			}
-			worst := 0.0
-			for i := range res.Losses {
-				e, en := relErr(res.Losses[i], ref.Losses[i]), relErr(norms[i], refNorms[i])
-				if !(e <= 1e-4) || !(en <= 1e-4) {
-					t.Fatalf("step %d: loss %v (reference %v), gradient norm %v (reference %v)", i+1, res.Losses[i], ref.Losses[i], norms[i], refNorms[i])
-				}
-				worst = max(worst, e, en)
-			}
-			t.Logf("worst relative error over 20 steps (loss, gradient norm): %.3g", worst)
-		})
+		t.Run(l.String(), func(t *testing.T) { matchReference(t, l, cfg, ds, ref, refNorms) })
 	}
+}
+
+// trainReference trains layers.GPT for 20 steps through train.Run: the run
+// the sharded ones are compared with, and its gradient norms.
+func trainReference(t *testing.T, cfg layers.GPTConfig, ds *train.Dataset) (train.Result, []float64) {
+	t.Helper()
+	b := cpu.New()
+	gpt, err := layers.NewGPT(b, cfg, tensor.Float32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var norms []float64
+	ref, err := train.Run(context.Background(), b, gpt, loader(t, ds, cfg), trainConfig(20, t.TempDir()),
+		train.WithOutput(io.Discard), train.WithProgressBar(false),
+		train.WithStepHook(func(sm train.StepMetrics) { norms = append(norms, sm.GradNorm) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ref, norms
+}
+
+// matchReference trains 20 steps at layout l through model.Run and
+// compares the loss and the gradient norm of every step with the
+// reference run's, within 1e-4.
+func matchReference(t *testing.T, l layout, cfg layers.GPTConfig, ds *train.Dataset, ref train.Result, refNorms []float64) {
+	t.Helper()
+	res, norms, err := runSharded(l, cfg, ds, trainConfig(20, t.TempDir()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Losses) != 20 || len(norms) != 20 {
+		t.Fatalf("%d losses and %d norms, want 20", len(res.Losses), len(norms))
+	}
+	worst := 0.0
+	for i := range res.Losses {
+		e, en := relErr(res.Losses[i], ref.Losses[i]), relErr(norms[i], refNorms[i])
+		if !(e <= 1e-4) || !(en <= 1e-4) {
+			t.Fatalf("step %d: loss %v (reference %v), gradient norm %v (reference %v)", i+1, res.Losses[i], ref.Losses[i], norms[i], refNorms[i])
+		}
+		worst = max(worst, e, en)
+	}
+	t.Logf("worst relative error over 20 steps (loss, gradient norm): %.3g", worst)
 }
 
 // TestCheckpointResume: every rank saves its own shards under rank-NNNNN,
@@ -239,6 +253,19 @@ func (c *countingBackend) Zeros(dt tensor.DType, shape ...int) *tensor.Tensor {
 	return c.Backend.Zeros(dt, shape...)
 }
 
+// newFails checks that model.New on b fails with an error containing want
+// before it allocates a tensor (cb counts b's allocations).
+func newFails(b tensor.Backend, cb *countingBackend, g *comm.Grid, cfg layers.GPTConfig, sp bool, want string) error {
+	_, err := model.New(b, g, cfg, model.Options{SequenceParallel: sp}, tensor.Float32)
+	if err == nil || !strings.Contains(err.Error(), want) {
+		return fmt.Errorf("New: error %v, want one containing %q", err, want)
+	}
+	if cb.allocs != 0 {
+		return fmt.Errorf("New allocated %d tensors before failing, want none", cb.allocs)
+	}
+	return nil
+}
+
 func TestLayoutErrors(t *testing.T) {
 	for _, c := range []struct {
 		name string
@@ -255,14 +282,7 @@ func TestLayoutErrors(t *testing.T) {
 			c.edit(&cfg)
 			err := onGrid(c.l, func(b tensor.Backend, g *comm.Grid) error {
 				cb := &countingBackend{Backend: b}
-				_, err := model.New(cb, g, cfg, model.Options{SequenceParallel: c.l.sp}, tensor.Float32)
-				if err == nil || !strings.Contains(err.Error(), c.want) {
-					return fmt.Errorf("New: error %v, want one containing %q", err, c.want)
-				}
-				if cb.allocs != 0 {
-					return fmt.Errorf("New allocated %d tensors before failing, want none", cb.allocs)
-				}
-				return nil
+				return newFails(cb, cb, g, cfg, c.l.sp, c.want)
 			})
 			if err != nil {
 				t.Fatal(err)

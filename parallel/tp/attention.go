@@ -2,7 +2,6 @@ package tp
 
 import (
 	"fmt"
-	"math"
 
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/tensor"
@@ -12,7 +11,7 @@ import (
 // rank r computes heads [r·H/P, (r+1)·H/P). wq, wk and wv are
 // column-parallel (their rows are the heads' features, so a rank's rows are
 // whole heads) and share one entry into the TP region; RoPE and the
-// attention op run on the local heads as they are; wo is row-parallel and
+// attention op (layers.AttentionCore) run on the local heads as they are; wo is row-parallel and
 // its partial products leave the region (all-reduce, or reduce-scatter
 // under sequence parallelism).
 type Attention struct {
@@ -23,43 +22,36 @@ type Attention struct {
 	Wq, Wk, Wv          *ColumnParallelLinear // Dim → Dim/P each
 	Wo                  *RowParallelLinear    // Dim/P → Dim
 
-	b        tensor.Backend
-	par      Parallel
-	e        *entry
-	bt       [2]int         // B, T of the last Forward; zeros before a successful one
-	q, k, v  *tensor.Tensor // (B*T, Dim/P) projections of the local heads
-	qr, kr   *tensor.Tensor // (B, T, H/P, D) q and k after RoPE
-	att      *tensor.Tensor // (B, T, H/P, D) attention output, the input of wo
-	lse      *tensor.Tensor // (B, H/P, T)
-	datt     *tensor.Tensor // (B*T, Dim/P) backward scratch
-	dqr, dkr *tensor.Tensor // (B, T, H/P, D) backward scratch
-	dq, dk   *tensor.Tensor // (B*T, Dim/P) backward scratch
-	dv       *tensor.Tensor // (B*T, Dim/P) backward scratch
+	b    tensor.Backend
+	par  Parallel
+	e    *entry
+	bt   [2]int                // B, T of the last Forward; zeros before a successful one
+	core *layers.AttentionCore // on the local heads
 }
 
 // NewAttention registers name+".wq", ".wk", ".wv" and ".wo" with this
 // rank's shards of the values layers.NewAttention gives them with the same
 // seed. P must divide Heads.
 func NewAttention(b tensor.Backend, ps *layers.ParamSet, par Parallel, name string, cfg layers.AttentionConfig) (*Attention, error) {
-	what := "attention " + name
+	what := "tp: attention " + name
 	if err := par.check(what); err != nil {
 		return nil, err
 	}
 	if cfg.Dim <= 0 || cfg.Heads <= 0 || cfg.Dim%cfg.Heads != 0 {
-		return nil, fmt.Errorf("tp: %s: Dim = %d, Heads = %d, expected positive sizes with Heads dividing Dim", what, cfg.Dim, cfg.Heads)
+		return nil, fmt.Errorf("%s: Dim = %d, Heads = %d, expected positive sizes with Heads dividing Dim", what, cfg.Dim, cfg.Heads)
 	}
 	if cfg.Heads%par.Size() != 0 {
-		return nil, fmt.Errorf("tp: %s: Heads = %d is not divisible by the TP size %d (each rank computes whole heads)", what, cfg.Heads, par.Size())
+		return nil, fmt.Errorf("%s: Heads = %d is not divisible by the TP size %d (each rank computes whole heads)", what, cfg.Heads, par.Size())
 	}
 	hd := cfg.Dim / cfg.Heads
 	if hd%2 != 0 {
-		return nil, fmt.Errorf("tp: %s: head dim %d = Dim/Heads is odd, expected it even (RoPE turns pairs)", what, hd)
+		return nil, fmt.Errorf("%s: head dim %d = Dim/Heads is odd, expected it even (RoPE turns pairs)", what, hd)
 	}
 	if !(cfg.RopeTheta > 0) {
-		return nil, fmt.Errorf("tp: %s: RopeTheta = %v, expected > 0", what, cfg.RopeTheta)
+		return nil, fmt.Errorf("%s: RopeTheta = %v, expected > 0", what, cfg.RopeTheta)
 	}
 	a := &Attention{Name: name, Dim: cfg.Dim, Heads: cfg.Heads, HeadDim: hd, LocalHeads: cfg.Heads / par.Size(),
-		Theta: cfg.RopeTheta, b: b, par: par}
+		Theta: cfg.RopeTheta, b: b, par: par, core: layers.NewAttentionCore(b, cfg.Heads/par.Size(), hd, cfg.RopeTheta)}
 	col := func(suffix string) (*ColumnParallelLinear, error) {
 		return NewColumnParallelLinear(b, ps, par, name+"."+suffix, ColumnConfig{In: cfg.Dim, Out: cfg.Dim, Std: cfg.Std})
 	}
@@ -95,88 +87,70 @@ func (a *Attention) Shards() []Shard {
 }
 
 // Scale is the factor of the scores, 1/sqrt(HeadDim).
-func (a *Attention) Scale() float32 { return float32(1 / math.Sqrt(float64(a.HeadDim))) }
+func (a *Attention) Scale() float32 { return a.core.Scale() }
 
-func (a *Attention) what() string { return "attention " + a.Name }
+func (a *Attention) what() string { return "tp: attention " + a.Name }
 
 // Forward writes out from x, both (B·T, Dim) — or (B·T/P, Dim), this
 // rank's tokens of the flattened batch, under sequence parallelism.
 // Position t attends to positions [0, t] of its own sequence.
 func (a *Attention) Forward(out, x *tensor.Tensor, batch, seq int) error {
 	a.bt = [2]int{}
-	if err := materialized(a.what(), a.Params()...); err != nil {
+	if err := layers.CheckParams(a.what(), a.Params()...); err != nil {
 		return err
 	}
 	if batch <= 0 || seq <= 0 {
-		return fmt.Errorf("tp: %s: batch %d, seq %d, expected positive sizes", a.what(), batch, seq)
+		return fmt.Errorf("%s: batch %d, seq %d, expected positive sizes", a.what(), batch, seq)
 	}
 	dt := a.Wq.W.W.DType()
-	B, T, C, H, D := batch, seq, a.Dim, a.LocalHeads, a.HeadDim
-	N, Cl := B*T, a.Dim/a.par.Size()
-	n, err := a.par.seqRows(a.what(), N)
+	B, T, C := batch, seq, a.Dim
+	n, err := a.par.seqRows(a.what(), B*T)
 	if err != nil {
 		return err
 	}
-	if err := wantRows(a.b, a.what(), "input x", x, dt, C, n, fmt.Sprintf("this rank's tokens of batch %d × seq %d", B, T)); err != nil {
+	if err := layers.CheckRowsN(a.b, a.what(), "input x", x, dt, C, n, fmt.Sprintf("this rank's tokens of batch %d × seq %d", B, T)); err != nil {
 		return err
 	}
-	if err := wantRows(a.b, a.what(), "output", out, dt, C, n, "like the input"); err != nil {
+	if err := layers.CheckRowsN(a.b, a.what(), "output", out, dt, C, n, "like the input"); err != nil {
 		return err
 	}
-	if err := apart(a.what(), "output", out, "input x", x); err != nil {
+	if err := layers.CheckApart(a.what(), "output", out, "input x", x); err != nil {
 		return err
 	}
-	a.q = ensure(a.b, a.q, dt, N, Cl)
-	a.k = ensure(a.b, a.k, dt, N, Cl)
-	a.v = ensure(a.b, a.v, dt, N, Cl)
-	a.qr = ensure(a.b, a.qr, dt, B, T, H, D)
-	a.kr = ensure(a.b, a.kr, dt, B, T, H, D)
-	a.att = ensure(a.b, a.att, dt, B, T, H, D)
-	a.lse = ensure(a.b, a.lse, statDType(dt), B, H, T)
-	if err := a.e.forward(reshape(x, n, C), []*tensor.Tensor{a.q, a.k, a.v}); err != nil {
+	q, k, v := a.core.Inputs(dt, B, T)
+	if err := a.e.forward(layers.Reshape(x, n, C), []*tensor.Tensor{q, k, v}); err != nil {
 		return err
 	}
-	a.b.RoPE(a.qr, reshape(a.q, B, T, H, D), a.Theta)
-	a.b.RoPE(a.kr, reshape(a.k, B, T, H, D), a.Theta)
-	a.b.Attention(a.att, a.lse, a.qr, a.kr, reshape(a.v, B, T, H, D), a.Scale())
-	if err := a.Wo.Forward(reshape(out, n, C), reshape(a.att, N, Cl)); err != nil {
+	att := a.core.Forward()
+	if err := a.Wo.Forward(layers.Reshape(out, n, C), att); err != nil {
 		return err
 	}
 	a.bt = [2]int{B, T}
-	return sticky(a.b, a.what(), "forward")
+	return layers.Sticky(a.b, a.what(), "forward")
 }
 
 // Backward overwrites dx (shaped like the forward's x) with ∂L/∂x and adds
 // the weight gradients, from dout (shaped like out).
 func (a *Attention) Backward(dx, dout *tensor.Tensor) error {
 	if a.bt[0] == 0 {
-		return fmt.Errorf("tp: %s: %w", a.what(), errNoForward)
+		return fmt.Errorf("%s: %w", a.what(), errNoForward)
 	}
 	dt := a.Wq.W.W.DType()
-	B, T, C, H, D := a.bt[0], a.bt[1], a.Dim, a.LocalHeads, a.HeadDim
-	N, Cl := B*T, a.Dim/a.par.Size()
-	n, _ := a.par.seqRows(a.what(), N)
-	if err := wantRows(a.b, a.what(), "output gradient", dout, dt, C, n, "like the forward's output"); err != nil {
+	C := a.Dim
+	n, _ := a.par.seqRows(a.what(), a.bt[0]*a.bt[1])
+	if err := layers.CheckRowsN(a.b, a.what(), "output gradient", dout, dt, C, n, "like the forward's output"); err != nil {
 		return err
 	}
-	if err := wantRows(a.b, a.what(), "input gradient dx", dx, dt, C, n, "like the forward's input"); err != nil {
+	if err := layers.CheckRowsN(a.b, a.what(), "input gradient dx", dx, dt, C, n, "like the forward's input"); err != nil {
 		return err
 	}
-	if err := apart(a.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
+	if err := layers.CheckApart(a.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
 		return err
 	}
-	a.datt = ensure(a.b, a.datt, dt, N, Cl)
-	a.dqr = ensure(a.b, a.dqr, dt, B, T, H, D)
-	a.dkr = ensure(a.b, a.dkr, dt, B, T, H, D)
-	a.dq = ensure(a.b, a.dq, dt, N, Cl)
-	a.dk = ensure(a.b, a.dk, dt, N, Cl)
-	a.dv = ensure(a.b, a.dv, dt, N, Cl)
-	if err := a.Wo.Backward(a.datt, reshape(dout, n, C)); err != nil {
+	datt := a.core.OutputGrad()
+	if err := a.Wo.Backward(datt, layers.Reshape(dout, n, C)); err != nil {
 		return err
 	}
-	a.b.AttentionBackward(a.dqr, a.dkr, reshape(a.dv, B, T, H, D), reshape(a.datt, B, T, H, D),
-		a.qr, a.kr, reshape(a.v, B, T, H, D), a.att, a.lse, a.Scale())
-	a.b.RoPEBackward(reshape(a.dq, B, T, H, D), a.dqr, a.Theta)
-	a.b.RoPEBackward(reshape(a.dk, B, T, H, D), a.dkr, a.Theta)
-	return a.e.backward(reshape(dx, n, C), []*tensor.Tensor{a.dq, a.dk, a.dv})
+	dq, dk, dv := a.core.Backward()
+	return a.e.backward(layers.Reshape(dx, n, C), []*tensor.Tensor{dq, dk, dv})
 }

@@ -5,6 +5,7 @@ import (
 	"math"
 
 	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/tensor"
 )
 
@@ -49,21 +50,20 @@ type VocabParallelCrossEntropy struct {
 // NewVocabParallelCrossEntropy returns the loss for a vocabulary of vocab
 // ids split over par's TP group (P must divide vocab).
 func NewVocabParallelCrossEntropy(b tensor.Backend, par Parallel, vocab int) (*VocabParallelCrossEntropy, error) {
-	const what = "vocab-parallel cross-entropy"
 	if b == nil {
-		return nil, fmt.Errorf("tp: %s: nil backend", what)
+		return nil, fmt.Errorf("%s: nil backend", ceWhat)
 	}
-	if err := par.check(what); err != nil {
+	if err := par.check(ceWhat); err != nil {
 		return nil, err
 	}
-	lo, hi, err := par.split(what, "vocab", vocab)
+	lo, hi, err := par.split(ceWhat, "vocab", vocab)
 	if err != nil {
 		return nil, err
 	}
 	return &VocabParallelCrossEntropy{Vocab: vocab, LocalVocab: hi - lo, Lo: lo, b: b, par: par}, nil
 }
 
-const ceWhat = "vocab-parallel cross-entropy"
+const ceWhat = "tp: vocab-parallel cross-entropy"
 
 // Forward computes the per-row losses of logits (N, Vocab/P), this rank's
 // columns, against targets, a host int32 tensor of N values (any shape;
@@ -74,10 +74,10 @@ const ceWhat = "vocab-parallel cross-entropy"
 func (ce *VocabParallelCrossEntropy) Forward(losses, dlogits, logits, targets *tensor.Tensor, gradScale float32) error {
 	b := ce.b
 	if logits == nil || !logits.DType().IsFloat() || logits.Device() != b.Device() {
-		return fmt.Errorf("tp: %s: logits %v, expected a float tensor on %v", ceWhat, logits, b.Device())
+		return fmt.Errorf("%s: logits %v, expected a float tensor on %v", ceWhat, logits, b.Device())
 	}
 	dt := logits.DType()
-	N, err := rowsOf(b, ceWhat, "logits", logits, dt, ce.LocalVocab)
+	N, err := layers.CheckRows(b, ceWhat, "logits", logits, dt, ce.LocalVocab)
 	if err != nil {
 		return err
 	}
@@ -86,57 +86,57 @@ func (ce *VocabParallelCrossEntropy) Forward(losses, dlogits, logits, targets *t
 		tv = targets.I32()
 	}
 	if tv == nil || len(tv) != N {
-		return fmt.Errorf("tp: %s: targets %v, expected a host int32 tensor of %d values (one per row of logits %v)", ceWhat, targets, N, logits.Shape())
+		return fmt.Errorf("%s: targets %v, expected a host int32 tensor of %d values (one per row of logits %v)", ceWhat, targets, N, logits.Shape())
 	}
 	var lv []float64
 	if losses != nil {
 		lv = losses.F64()
 	}
 	if lv == nil || len(lv) != N {
-		return fmt.Errorf("tp: %s: losses %v, expected a host f64 tensor of %d values", ceWhat, losses, N)
+		return fmt.Errorf("%s: losses %v, expected a host f64 tensor of %d values", ceWhat, losses, N)
 	}
 	if dlogits != nil {
-		if err := wantRows(b, ceWhat, "dlogits", dlogits, dt, ce.LocalVocab, N, "like logits"); err != nil {
+		if err := layers.CheckRowsN(b, ceWhat, "dlogits", dlogits, dt, ce.LocalVocab, N, "like logits"); err != nil {
 			return err
 		}
-		if err := apart(ceWhat, "dlogits", dlogits, "logits", logits); err != nil {
+		if err := layers.CheckApart(ceWhat, "dlogits", dlogits, "logits", logits); err != nil {
 			return err
 		}
 	}
 	for i, t := range tv {
 		if int(t) >= ce.Vocab {
-			return fmt.Errorf("tp: %s: targets[%d] = %d, expected a value < Vocab = %d (or negative to ignore it)", ceWhat, i, t, ce.Vocab)
+			return fmt.Errorf("%s: targets[%d] = %d, expected a value < Vocab = %d (or negative to ignore it)", ceWhat, i, t, ce.Vocab)
 		}
 	}
-	if err := sticky(b, ceWhat, "forward"); err != nil {
+	if err := layers.Sticky(b, ceWhat, "forward"); err != nil {
 		return err
 	}
-	x := reshape(logits, N, ce.LocalVocab)
+	x := layers.Reshape(logits, N, ce.LocalVocab)
 	ce.alloc(N, dt)
 	if ce.par.Size() == 1 {
 		ce.b.Upload(ce.tgt, hostI32(tv))
 		var d *tensor.Tensor
 		if dlogits != nil {
-			d = reshape(dlogits, N, ce.LocalVocab)
+			d = layers.Reshape(dlogits, N, ce.LocalVocab)
 		}
 		b.CrossEntropy(ce.lossR, d, x, ce.tgt, gradScale)
 		b.Download(losses, ce.lossR)
-		return sticky(b, ceWhat, "forward")
+		return layers.Sticky(b, ceWhat, "forward")
 	}
 	return ce.forwardSplit(lv, dlogits, x, tv, gradScale)
 }
 
 func (ce *VocabParallelCrossEntropy) alloc(N int, dt tensor.DType) {
-	b, sdt := ce.b, statDType(dt)
-	ce.tgt = ensure(b, ce.tgt, tensor.Int32, N)
-	ce.lossR = ensure(b, ce.lossR, sdt, N)
+	b, sdt := ce.b, layers.StatDType(dt)
+	ce.tgt = layers.Ensure(b, ce.tgt, tensor.Int32, N)
+	ce.lossR = layers.Ensure(b, ce.lossR, sdt, N)
 	if ce.par.Size() == 1 {
 		return
 	}
-	ce.gidx = ensure(b, ce.gidx, tensor.Int32, N)
-	ce.xr = ensure(b, ce.xr, dt, N, 1)
-	ce.mx = ensure(b, ce.mx, sdt, N)
-	ce.sums = ensure(b, ce.sums, sdt, 2, N)
+	ce.gidx = layers.Ensure(b, ce.gidx, tensor.Int32, N)
+	ce.xr = layers.Ensure(b, ce.xr, dt, N, 1)
+	ce.mx = layers.Ensure(b, ce.mx, sdt, N)
+	ce.sums = layers.Ensure(b, ce.sums, sdt, 2, N)
 	ce.hostA = tensor.MustHost(tensor.Float64, N)
 	ce.hostB = tensor.MustHost(tensor.Float64, 2, N)
 }
@@ -165,12 +165,12 @@ func (ce *VocabParallelCrossEntropy) forwardSplit(losses []float64, dlogits, x *
 	}
 	b.Upload(ce.tgt, hostI32(tgt))
 	b.Upload(ce.gidx, hostI32(gidx))
-	b.CrossEntropy(ce.lossR, nil, x, ce.tgt, 0)     // lse_r − x[column]
-	b.Embedding(ce.xr, reshape(x, N*V, 1), ce.gidx) // x[column]
+	b.CrossEntropy(ce.lossR, nil, x, ce.tgt, 0)            // lse_r − x[column]
+	b.Embedding(ce.xr, layers.Reshape(x, N*V, 1), ce.gidx) // x[column]
 	b.Download(ce.hostA, ce.lossR)
 	xr := tensor.MustHost(tensor.Float64, N)
-	b.Download(xr, reshape(ce.xr, N))
-	if err := sticky(b, ceWhat, "forward"); err != nil {
+	b.Download(xr, layers.Reshape(ce.xr, N))
+	if err := layers.Sticky(b, ceWhat, "forward"); err != nil {
 		return err
 	}
 	lse := ce.hostA.F64()
@@ -179,11 +179,11 @@ func (ce *VocabParallelCrossEntropy) forwardSplit(losses []float64, dlogits, x *
 	}
 	// m = max over ranks of lse_r.
 	b.Upload(ce.mx, ce.hostA)
-	if err := sticky(b, ceWhat, "forward"); err != nil {
+	if err := layers.Sticky(b, ceWhat, "forward"); err != nil {
 		return err
 	}
 	if err := wait(s)(g.AllReduce(ce.mx, comm.Max, s)); err != nil {
-		return fmt.Errorf("tp: %s forward: %w", ceWhat, err)
+		return fmt.Errorf("%s forward: %w", ceWhat, err)
 	}
 	m := tensor.MustHost(tensor.Float64, N)
 	b.Download(m, ce.mx)
@@ -197,14 +197,14 @@ func (ce *VocabParallelCrossEntropy) forwardSplit(losses []float64, dlogits, x *
 		}
 	}
 	b.Upload(ce.sums, ce.hostB)
-	if err := sticky(b, ceWhat, "forward"); err != nil {
+	if err := layers.Sticky(b, ceWhat, "forward"); err != nil {
 		return err
 	}
 	if err := wait(s)(g.AllReduce(ce.sums, comm.Sum, s)); err != nil {
-		return fmt.Errorf("tp: %s forward: %w", ceWhat, err)
+		return fmt.Errorf("%s forward: %w", ceWhat, err)
 	}
 	b.Download(ce.hostB, ce.sums)
-	if err := sticky(b, ceWhat, "forward"); err != nil {
+	if err := layers.Sticky(b, ceWhat, "forward"); err != nil {
 		return err
 	}
 	scale := make([]float64, N) // exp(lse_r − lse)·gradScale
@@ -221,19 +221,19 @@ func (ce *VocabParallelCrossEntropy) forwardSplit(losses []float64, dlogits, x *
 		return nil
 	}
 	// ∂/∂x = softmax_r(x)·exp(lse_r − lse)·gradScale − onehot·gradScale.
-	ce.sm = ensure(b, ce.sm, dt, N, 1, V)
-	ce.scale = ensure(b, ce.scale, dt, N, 1, 1)
-	b.Softmax(reshape(ce.sm, N, V), x)
+	ce.sm = layers.Ensure(b, ce.sm, dt, N, 1, V)
+	ce.scale = layers.Ensure(b, ce.scale, dt, N, 1, 1)
+	b.Softmax(layers.Reshape(ce.sm, N, V), x)
 	st := tensor.MustHost(tensor.Float64, N, 1, 1)
 	copy(st.F64(), scale)
 	b.Upload(ce.scale, st)
-	b.MatMul(reshape(dlogits, N, 1, V), ce.scale, ce.sm, false, false, 1, 0) // row n times scale[n]
+	b.MatMul(layers.Reshape(dlogits, N, 1, V), ce.scale, ce.sm, false, false, 1, 0) // row n times scale[n]
 	if M := len(tidx); M > 0 {
-		ce.tidx = ensure(b, ce.tidx, tensor.Int32, M)
-		ce.neg = ensure(b, ce.neg, dt, M, 1)
+		ce.tidx = layers.Ensure(b, ce.tidx, tensor.Int32, M)
+		ce.neg = layers.Ensure(b, ce.neg, dt, M, 1)
 		b.Upload(ce.tidx, hostI32(tidx))
 		b.Fill(ce.neg, -float64(gradScale))
-		b.EmbeddingBackward(reshape(dlogits, N*V, 1), ce.neg, ce.tidx) // −gradScale at the targets
+		b.EmbeddingBackward(layers.Reshape(dlogits, N*V, 1), ce.neg, ce.tidx) // −gradScale at the targets
 	}
-	return sticky(b, ceWhat, "forward")
+	return layers.Sticky(b, ceWhat, "forward")
 }

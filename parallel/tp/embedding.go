@@ -41,15 +41,15 @@ type VocabParallelEmbedding struct {
 // NewVocabParallelEmbedding registers name+".weight" with this rank's rows
 // of the table layers.NewEmbedding draws from N(0, std²) with the same seed.
 func NewVocabParallelEmbedding(b tensor.Backend, ps *layers.ParamSet, par Parallel, name string, vocab, dim int, std float64) (*VocabParallelEmbedding, error) {
-	what := "vocab-parallel embedding " + name
+	what := "tp: vocab-parallel embedding " + name
 	if b == nil || ps == nil {
-		return nil, fmt.Errorf("tp: %s: nil backend or parameter set", what)
+		return nil, fmt.Errorf("%s: nil backend or parameter set", what)
 	}
 	if err := par.check(what); err != nil {
 		return nil, err
 	}
 	if vocab <= 0 || dim <= 0 {
-		return nil, fmt.Errorf("tp: %s: vocab = %d, dim = %d, expected positive sizes", what, vocab, dim)
+		return nil, fmt.Errorf("%s: vocab = %d, dim = %d, expected positive sizes", what, vocab, dim)
 	}
 	lo, hi, err := par.split(what, "vocab", vocab)
 	if err != nil {
@@ -69,21 +69,21 @@ func (e *VocabParallelEmbedding) Params() []*layers.Param { return []*layers.Par
 // Shards describes the table shard.
 func (e *VocabParallelEmbedding) Shards() []Shard { return e.shards }
 
-func (e *VocabParallelEmbedding) what() string { return "vocab-parallel embedding " + e.Name }
+func (e *VocabParallelEmbedding) what() string { return "tp: vocab-parallel embedding " + e.Name }
 
 // Forward writes out (N, Dim) — or (N/P, Dim), this rank's tokens, under
 // sequence parallelism — from ids, a host int32 tensor of N ids in
 // [0, Vocab) (any shape; row-major order gives the token order).
 func (e *VocabParallelEmbedding) Forward(out, ids *tensor.Tensor) error {
 	e.n = 0
-	if err := materialized(e.what(), e.W); err != nil {
+	if err := layers.CheckParams(e.what(), e.W); err != nil {
 		return err
 	}
 	if ids == nil || ids.DType() != tensor.Int32 || ids.I32() == nil || len(ids.Shape()) == 0 || ids.Numel() == 0 {
-		return fmt.Errorf("tp: %s: ids is %v, expected a non-empty host int32 tensor (N) or (B, T)", e.what(), ids)
+		return fmt.Errorf("%s: ids is %v, expected a non-empty host int32 tensor (N) or (B, T)", e.what(), ids)
 	}
 	if err := layers.CheckIDs("ids", ids, e.Vocab); err != nil {
-		return fmt.Errorf("tp: %s: %w", e.what(), err)
+		return fmt.Errorf("%s: %w", e.what(), err)
 	}
 	N := ids.Numel()
 	n, err := e.par.seqRows(e.what(), N)
@@ -91,10 +91,10 @@ func (e *VocabParallelEmbedding) Forward(out, ids *tensor.Tensor) error {
 		return err
 	}
 	dt := e.W.W.DType()
-	if err := wantRows(e.b, e.what(), "output", out, dt, e.Dim, n, "this rank's tokens"); err != nil {
+	if err := layers.CheckRowsN(e.b, e.what(), "output", out, dt, e.Dim, n, "this rank's tokens"); err != nil {
 		return err
 	}
-	if err := sticky(e.b, e.what(), "forward"); err != nil {
+	if err := layers.Sticky(e.b, e.what(), "forward"); err != nil {
 		return err
 	}
 	// This rank's tokens: positions and local rows, in token order.
@@ -107,15 +107,15 @@ func (e *VocabParallelEmbedding) Forward(out, ids *tensor.Tensor) error {
 	}
 	e.m, e.all = len(pos), len(pos) == N
 	if e.m > 0 {
-		e.pos = ensure(e.b, e.pos, tensor.Int32, e.m)
-		e.loc = ensure(e.b, e.loc, tensor.Int32, e.m)
+		e.pos = layers.Ensure(e.b, e.pos, tensor.Int32, e.m)
+		e.loc = layers.Ensure(e.b, e.loc, tensor.Int32, e.m)
 		e.b.Upload(e.pos, hostI32(pos))
 		e.b.Upload(e.loc, hostI32(loc))
 	}
-	out2 := reshape(out, n, e.Dim)
+	out2 := layers.Reshape(out, n, e.Dim)
 	target := out2
 	if e.par.SequenceParallel && e.par.Size() > 1 {
-		e.full = ensure(e.b, e.full, dt, N, e.Dim)
+		e.full = layers.Ensure(e.b, e.full, dt, N, e.Dim)
 		target = e.full
 	}
 	switch {
@@ -124,12 +124,12 @@ func (e *VocabParallelEmbedding) Forward(out, ids *tensor.Tensor) error {
 	default:
 		e.b.Fill(target, 0)
 		if e.m > 0 {
-			e.rows = ensure(e.b, e.rows, dt, e.m, e.Dim)
+			e.rows = layers.Ensure(e.b, e.rows, dt, e.m, e.Dim)
 			e.b.Embedding(e.rows, e.W.W, e.loc)          // gather this rank's rows
 			e.b.EmbeddingBackward(target, e.rows, e.pos) // scatter them to their tokens
 		}
 	}
-	if err := sticky(e.b, e.what(), "forward"); err != nil {
+	if err := layers.Sticky(e.b, e.what(), "forward"); err != nil {
 		return err
 	}
 	g, s := e.par.Group, e.par.Stream
@@ -139,36 +139,36 @@ func (e *VocabParallelEmbedding) Forward(out, ids *tensor.Tensor) error {
 		err = wait(s)(comm.ReduceFromRegionForward(g, out2, s))
 	}
 	if err != nil {
-		return fmt.Errorf("tp: %s forward: %w", e.what(), err)
+		return fmt.Errorf("%s forward: %w", e.what(), err)
 	}
 	e.n = N
-	return sticky(e.b, e.what(), "forward")
+	return layers.Sticky(e.b, e.what(), "forward")
 }
 
 // Backward adds ∂L/∂W from dout (shaped like the forward's out); ids get
 // no gradient.
 func (e *VocabParallelEmbedding) Backward(dout *tensor.Tensor) error {
 	if e.n == 0 {
-		return fmt.Errorf("tp: %s: %w", e.what(), errNoForward)
+		return fmt.Errorf("%s: %w", e.what(), errNoForward)
 	}
 	N, dt := e.n, e.W.W.DType()
 	n, _ := e.par.seqRows(e.what(), N)
-	if err := wantRows(e.b, e.what(), "output gradient", dout, dt, e.Dim, n, "like the forward's output"); err != nil {
+	if err := layers.CheckRowsN(e.b, e.what(), "output gradient", dout, dt, e.Dim, n, "like the forward's output"); err != nil {
 		return err
 	}
-	if err := sticky(e.b, e.what(), "backward"); err != nil {
+	if err := layers.Sticky(e.b, e.what(), "backward"); err != nil {
 		return err
 	}
 	g, s := e.par.Group, e.par.Stream
-	d := reshape(dout, n, e.Dim)
+	d := layers.Reshape(dout, n, e.Dim)
 	if e.par.SequenceParallel && e.par.Size() > 1 {
-		e.full = ensure(e.b, e.full, dt, N, e.Dim)
+		e.full = layers.Ensure(e.b, e.full, dt, N, e.Dim)
 		if err := wait(s)(comm.SequenceReduceScatterBackward(e.b, g, e.full, d, s)); err != nil {
-			return fmt.Errorf("tp: %s backward: %w", e.what(), err)
+			return fmt.Errorf("%s backward: %w", e.what(), err)
 		}
 		d = e.full
 	} else if err := wait(s)(comm.ReduceFromRegionBackward(g, d, s)); err != nil {
-		return fmt.Errorf("tp: %s backward: %w", e.what(), err)
+		return fmt.Errorf("%s backward: %w", e.what(), err)
 	}
 	switch {
 	case e.all:
@@ -177,7 +177,7 @@ func (e *VocabParallelEmbedding) Backward(dout *tensor.Tensor) error {
 		e.b.Embedding(e.rows, d, e.pos)             // this rank's tokens' gradients
 		e.b.EmbeddingBackward(e.W.G, e.rows, e.loc) // into their table rows, in token order
 	}
-	return sticky(e.b, e.what(), "backward")
+	return layers.Sticky(e.b, e.what(), "backward")
 }
 
 // hostI32 wraps v as a host int32 tensor (N).

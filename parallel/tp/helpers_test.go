@@ -67,13 +67,6 @@ func onRanks(t *testing.T, s setup, fn func(r int, par tp.Parallel, b tensor.Bac
 	}
 }
 
-// values copies a tensor (host or device of b) into float64s.
-func values(b tensor.Backend, x *tensor.Tensor) []float64 {
-	h := tensor.MustHost(tensor.Float64, x.Shape()...)
-	b.Download(h, x)
-	return h.F64()
-}
-
 // random returns a host tensor of dt with values of magnitude [0.1, 1)
 // drawn from seed (the same on every rank).
 func random(seed uint64, dt tensor.DType, shape ...int) *tensor.Tensor {
@@ -95,32 +88,6 @@ func rowsOf(v []float64, c, lo, hi int) []float64 { return v[lo*c : hi*c] }
 // part returns rank r's part [r·n/p, (r+1)·n/p) of n.
 func part(n, p, r int) (lo, hi int) { return r * n / p, (r + 1) * n / p }
 
-// sliceShard cuts the full parameter values v down to the shard s.
-func sliceShard(v []float64, s tp.Shard) []float64 {
-	if s.Replicated() {
-		return v
-	}
-	inner := tensor.Shape(s.Full[s.Dim+1:]).Numel()
-	outer := tensor.Shape(s.Full[:s.Dim]).Numel()
-	var out []float64
-	for o := range outer {
-		base := o * s.Full[s.Dim] * inner
-		out = append(out, v[base+s.Lo*inner:base+s.Hi*inner]...)
-	}
-	return out
-}
-
-// closeTo returns an error when RelErr(got, want) > tol.
-func closeTo(name string, got, want []float64, tol float64) error {
-	if len(got) != len(want) {
-		return fmt.Errorf("%s: %d values, want %d", name, len(got), len(want))
-	}
-	if e := testutil.RelErr(got, want); !(e <= tol) {
-		return fmt.Errorf("%s: relative error %.3g > %.3g", name, e, tol)
-	}
-	return nil
-}
-
 // refParams maps the names of a materialized reference set to their
 // weights and gradients (float64).
 type refParams map[string][2][]float64
@@ -128,7 +95,7 @@ type refParams map[string][2][]float64
 func refOf(b tensor.Backend, ps *layers.ParamSet) refParams {
 	out := refParams{}
 	for _, p := range ps.Params() {
-		out[p.Name] = [2][]float64{values(b, p.W), values(b, p.G)}
+		out[p.Name] = [2][]float64{testutil.Download(b, p.W), testutil.Download(b, p.G)}
 	}
 	return out
 }
@@ -143,15 +110,15 @@ func checkShards(b tensor.Backend, ref refParams, shards []tp.Shard, tol float64
 		if !ok {
 			return fmt.Errorf("shard %q: no such reference parameter", s.Param.Name)
 		}
-		if err := closeTo(s.Param.Name+" weight", values(b, s.Param.W), sliceShard(rv[0], s), 0); err != nil {
+		if err := testutil.Within(s.Param.Name+" weight", testutil.Download(b, s.Param.W), testutil.Slice(rv[0], s.Full, s.Dim, s.Lo, s.Hi), 0); err != nil {
 			return err
 		}
-		g := values(b, s.Param.G)
+		g := testutil.Download(b, s.Param.G)
 		if s.PartialGrad {
 			partial.add(rank, s.Param.Name, g)
 			continue
 		}
-		if err := closeTo(s.Param.Name+" gradient", g, sliceShard(rv[1], s), tol); err != nil {
+		if err := testutil.Within(s.Param.Name+" gradient", g, testutil.Slice(rv[1], s.Full, s.Dim, s.Lo, s.Hi), tol); err != nil {
 			return err
 		}
 	}
@@ -181,7 +148,7 @@ func (ps *partialSums) check(t *testing.T, ref refParams, tol float64) {
 				sum[i] += v
 			}
 		}
-		if err := closeTo(name+" gradient (sum over TP of partials)", sum, ref[name][1], tol); err != nil {
+		if err := testutil.Within(name+" gradient (sum over TP of partials)", sum, ref[name][1], tol); err != nil {
 			t.Fatal(err)
 		}
 	}

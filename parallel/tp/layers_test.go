@@ -22,44 +22,100 @@ func tens(dt tensor.DType, vals []float64, shape ...int) *tensor.Tensor {
 	return t
 }
 
-// pass is the forward and backward of a layer that maps rows of C to rows
-// of C (attention, MLP, block), as closures.
-type pass struct {
-	fwd    func(out, x *tensor.Tensor) error
-	bwd    func(dx, dout *tensor.Tensor) error
-	shards func() []tp.Shard
+// rowLayer is a layer that maps rows: out from x, dx from dout.
+type rowLayer interface {
+	Forward(out, x *tensor.Tensor) error
+	Backward(dx, dout *tensor.Tensor) error
 }
 
-// checkRowwise runs a reference layer and its TP version on x (N, C) with
-// output gradient dout (N, C), and compares the outputs, the input
-// gradients and every parameter's weight and gradient. Under sequence
-// parallelism each rank gets its rows of x and dout.
-func checkRowwise(t *testing.T, s setup, N, C int, ref func(b tensor.Backend, ps *layers.ParamSet) (pass, error),
-	par func(b tensor.Backend, ps *layers.ParamSet, par tp.Parallel) (pass, error)) {
+// tpLayer is the TP version of a rowLayer.
+type tpLayer interface {
+	rowLayer
+	Shards() []tp.Shard
+}
+
+// seqLayer is a TP layer that takes the batch and sequence sizes
+// (tp.Attention, tp.Block).
+type seqLayer interface {
+	Forward(out, x *tensor.Tensor, batch, seq int) error
+	Backward(dx, dout *tensor.Tensor) error
+	Shards() []tp.Shard
+}
+
+// batched runs a seqLayer on rows of B sequences of T tokens.
+type batched struct {
+	seqLayer
+	B, T int
+}
+
+func (l batched) Forward(out, x *tensor.Tensor) error { return l.seqLayer.Forward(out, x, l.B, l.T) }
+
+// in3D runs a layer of (B, T, C) tensors (layers.Attention, layers.Block)
+// on (B·T, C) rows.
+type in3D struct {
+	l    rowLayer
+	B, T int
+}
+
+func (l in3D) view(t *tensor.Tensor) *tensor.Tensor { return layers.Reshape(t, l.B, l.T, t.Dim(1)) }
+
+func (l in3D) Forward(out, x *tensor.Tensor) error { return l.l.Forward(l.view(out), l.view(x)) }
+
+func (l in3D) Backward(dx, dout *tensor.Tensor) error { return l.l.Backward(l.view(dx), l.view(dout)) }
+
+// reference is what a layer of package layers computes from random x
+// (N, In) and output gradient dout (N, Out): its parameters after the
+// backward, and x, y, dx and dout.
+type reference struct {
+	params         refParams
+	x, y, dx, dout []float64
+}
+
+func runReference(t *testing.T, s setup, N, in, out int, newLayer func(b tensor.Backend, ps *layers.ParamSet) (rowLayer, error)) reference {
 	t.Helper()
 	b := cpu.New()
 	ps := layers.NewParamSet(seed)
-	rl, err := ref(b, ps)
+	l, err := newLayer(b, ps)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := ps.Materialize(b, s.dt); err != nil {
 		t.Fatal(err)
 	}
-	x, dout := random(1, s.dt, N, C), random(2, s.dt, N, C)
-	y, dx := b.Zeros(s.dt, N, C), b.Zeros(s.dt, N, C)
-	if err := rl.fwd(y, x); err != nil {
+	x, dout := random(1, s.dt, N, in), random(2, s.dt, N, out)
+	y, dx := b.Zeros(s.dt, N, out), b.Zeros(s.dt, N, in)
+	if err := l.Forward(y, x); err != nil {
 		t.Fatal(err)
 	}
-	if err := rl.bwd(dx, dout); err != nil {
+	if err := l.Backward(dx, dout); err != nil {
 		t.Fatal(err)
 	}
-	refP := refOf(b, ps)
-	xv, yv, dxv, dov := values(b, x), values(b, y), values(b, dx), values(b, dout)
-	partial := newPartial(s.p)
-	onRanks(t, s, func(r int, p tp.Parallel, b tensor.Backend) error {
+	return reference{params: refOf(b, ps), x: testutil.Download(b, x), y: testutil.Download(b, y),
+		dx: testutil.Download(b, dx), dout: testutil.Download(b, dout)}
+}
+
+// newRef binds the name and configuration of a constructor of package
+// layers.
+func newRef[C any, L rowLayer](newLayer func(tensor.Backend, *layers.ParamSet, string, C) (L, error), name string, cfg C) func(tensor.Backend, *layers.ParamSet) (rowLayer, error) {
+	return func(b tensor.Backend, ps *layers.ParamSet) (rowLayer, error) { return newLayer(b, ps, name, cfg) }
+}
+
+// newTP binds the name and configuration of a constructor of package tp.
+func newTP[C, L any](newLayer func(tensor.Backend, *layers.ParamSet, tp.Parallel, string, C) (L, error), name string, cfg C) func(tensor.Backend, *layers.ParamSet, tp.Parallel) (L, error) {
+	return func(b tensor.Backend, ps *layers.ParamSet, par tp.Parallel) (L, error) {
+		return newLayer(b, ps, par, name, cfg)
+	}
+}
+
+// onRanksWith runs fn on every rank with the TP layer newLayer registers
+// (materialized) and [lo, hi), the rows of the N tokens the rank holds: all
+// of them, or its part under sequence parallelism.
+func onRanksWith[L any](t *testing.T, s setup, N int, newLayer func(b tensor.Backend, ps *layers.ParamSet, par tp.Parallel) (L, error),
+	fn func(r int, b tensor.Backend, l L, lo, hi int) error) {
+	t.Helper()
+	onRanks(t, s, func(r int, par tp.Parallel, b tensor.Backend) error {
 		ps := layers.NewParamSet(seed)
-		l, err := par(b, ps, p)
+		l, err := newLayer(b, ps, par)
 		if err != nil {
 			return err
 		}
@@ -70,100 +126,75 @@ func checkRowwise(t *testing.T, s setup, N, C int, ref func(b tensor.Backend, ps
 		if s.sp {
 			lo, hi = part(N, s.p, r)
 		}
-		n := hi - lo
-		x := tens(s.dt, rowsOf(xv, C, lo, hi), n, C)
-		y, dx := b.Zeros(s.dt, n, C), b.Zeros(s.dt, n, C)
-		if err := l.fwd(y, x); err != nil {
-			return err
-		}
-		if err := closeTo("output", values(b, y), rowsOf(yv, C, lo, hi), s.tol()); err != nil {
-			return err
-		}
-		if err := l.bwd(dx, tens(s.dt, rowsOf(dov, C, lo, hi), n, C)); err != nil {
-			return err
-		}
-		if err := closeTo("input gradient", values(b, dx), rowsOf(dxv, C, lo, hi), s.tol()); err != nil {
-			return err
-		}
-		return checkShards(b, refP, l.shards(), s.tol(), partial, r)
+		return fn(r, b, l, lo, hi)
 	})
-	partial.check(t, refP, s.tol())
+}
+
+// check runs l, the TP layer of rank r, forward from x into y and backward
+// from dout into dx, and compares y and dx with wantY and wantDX and its
+// parameters with the reference's (partial gradients go to partial).
+func (ref reference) check(b tensor.Backend, l tpLayer, r int, x, y, dout, dx *tensor.Tensor, wantY, wantDX []float64,
+	partial *partialSums, tol float64) error {
+	if err := l.Forward(y, x); err != nil {
+		return err
+	}
+	if err := testutil.Within("output", testutil.Download(b, y), wantY, tol); err != nil {
+		return err
+	}
+	if err := l.Backward(dx, dout); err != nil {
+		return err
+	}
+	if err := testutil.Within("input gradient", testutil.Download(b, dx), wantDX, tol); err != nil {
+		return err
+	}
+	return checkShards(b, ref.params, l.Shards(), tol, partial, r)
+}
+
+// checkRowwise runs a reference layer and its TP version on x (N, C) with
+// output gradient dout (N, C) in every setup, and compares the outputs, the
+// input gradients and every parameter's weight and gradient. Under sequence
+// parallelism each rank gets its rows of x and dout.
+func checkRowwise[L tpLayer](t *testing.T, N, C int, newRef func(tensor.Backend, *layers.ParamSet) (rowLayer, error),
+	newTP func(tensor.Backend, *layers.ParamSet, tp.Parallel) (L, error)) {
+	forSetups(t, func(t *testing.T, s setup) {
+		ref := runReference(t, s, N, C, C, newRef)
+		partial := newPartial(s.p)
+		onRanksWith(t, s, N, newTP, func(r int, b tensor.Backend, l L, lo, hi int) error {
+			n := hi - lo
+			x, dout := tens(s.dt, rowsOf(ref.x, C, lo, hi), n, C), tens(s.dt, rowsOf(ref.dout, C, lo, hi), n, C)
+			y, dx := b.Zeros(s.dt, n, C), b.Zeros(s.dt, n, C)
+			return ref.check(b, l, r, x, y, dout, dx, rowsOf(ref.y, C, lo, hi), rowsOf(ref.dx, C, lo, hi), partial, s.tol())
+		})
+		partial.check(t, ref.params, s.tol())
+	})
+}
+
+// checkSequence is checkRowwise for layers of B sequences of T tokens of
+// width C (attention, block).
+func checkSequence[L seqLayer](t *testing.T, B, T, C int, newRef func(tensor.Backend, *layers.ParamSet) (rowLayer, error),
+	newTP func(tensor.Backend, *layers.ParamSet, tp.Parallel) (L, error)) {
+	checkRowwise(t, B*T, C, func(b tensor.Backend, ps *layers.ParamSet) (rowLayer, error) {
+		l, err := newRef(b, ps)
+		return in3D{l, B, T}, err
+	}, func(b tensor.Backend, ps *layers.ParamSet, par tp.Parallel) (batched, error) {
+		l, err := newTP(b, ps, par)
+		return batched{l, B, T}, err
+	})
 }
 
 func TestAttentionMatchesLayers(t *testing.T) {
-	const B, T, C, H = 2, 8, 32, 4
-	cfg := layers.AttentionConfig{Dim: C, Heads: H, RopeTheta: 10000, Std: 0.3, OutStd: 0.2}
-	forSetups(t, func(t *testing.T, s setup) {
-		checkRowwise(t, s, B*T, C, func(b tensor.Backend, ps *layers.ParamSet) (pass, error) {
-			a, err := layers.NewAttention(b, ps, "attn", cfg)
-			if err != nil {
-				return pass{}, err
-			}
-			r3 := func(x *tensor.Tensor) *tensor.Tensor { v, _ := x.Reshape(B, T, C); return v }
-			return pass{
-				fwd: func(out, x *tensor.Tensor) error { return a.Forward(r3(out), r3(x)) },
-				bwd: func(dx, dout *tensor.Tensor) error { return a.Backward(r3(dx), r3(dout)) },
-			}, nil
-		}, func(b tensor.Backend, ps *layers.ParamSet, par tp.Parallel) (pass, error) {
-			a, err := tp.NewAttention(b, ps, par, "attn", cfg)
-			if err != nil {
-				return pass{}, err
-			}
-			return pass{
-				fwd:    func(out, x *tensor.Tensor) error { return a.Forward(out, x, B, T) },
-				bwd:    a.Backward,
-				shards: a.Shards,
-			}, nil
-		})
-	})
+	cfg := layers.AttentionConfig{Dim: 32, Heads: 4, RopeTheta: 10000, Std: 0.3, OutStd: 0.2}
+	checkSequence(t, 2, 8, 32, newRef(layers.NewAttention, "attn", cfg), newTP(tp.NewAttention, "attn", cfg))
 }
 
 func TestMLPMatchesLayers(t *testing.T) {
-	const N, C, F = 16, 32, 64
-	cfg := layers.MLPConfig{Dim: C, Hidden: F, Std: 0.3, OutStd: 0.2}
-	forSetups(t, func(t *testing.T, s setup) {
-		checkRowwise(t, s, N, C, func(b tensor.Backend, ps *layers.ParamSet) (pass, error) {
-			m, err := layers.NewMLP(b, ps, "mlp", cfg)
-			if err != nil {
-				return pass{}, err
-			}
-			return pass{fwd: m.Forward, bwd: m.Backward}, nil
-		}, func(b tensor.Backend, ps *layers.ParamSet, par tp.Parallel) (pass, error) {
-			m, err := tp.NewMLP(b, ps, par, "mlp", cfg)
-			if err != nil {
-				return pass{}, err
-			}
-			return pass{fwd: m.Forward, bwd: m.Backward, shards: m.Shards}, nil
-		})
-	})
+	cfg := layers.MLPConfig{Dim: 32, Hidden: 64, Std: 0.3, OutStd: 0.2}
+	checkRowwise(t, 16, 32, newRef(layers.NewMLP, "mlp", cfg), newTP(tp.NewMLP, "mlp", cfg))
 }
 
 func TestBlockMatchesLayers(t *testing.T) {
-	const B, T, C = 2, 8, 32
-	cfg := layers.BlockConfig{Dim: C, Heads: 4, FFN: 64, RopeTheta: 10000, NormEps: 1e-5, Std: 0.3, OutStd: 0.2}
-	forSetups(t, func(t *testing.T, s setup) {
-		checkRowwise(t, s, B*T, C, func(b tensor.Backend, ps *layers.ParamSet) (pass, error) {
-			blk, err := layers.NewBlock(b, ps, "blk", cfg)
-			if err != nil {
-				return pass{}, err
-			}
-			r3 := func(x *tensor.Tensor) *tensor.Tensor { v, _ := x.Reshape(B, T, C); return v }
-			return pass{
-				fwd: func(out, x *tensor.Tensor) error { return blk.Forward(r3(out), r3(x)) },
-				bwd: func(dx, dout *tensor.Tensor) error { return blk.Backward(r3(dx), r3(dout)) },
-			}, nil
-		}, func(b tensor.Backend, ps *layers.ParamSet, par tp.Parallel) (pass, error) {
-			blk, err := tp.NewBlock(b, ps, par, "blk", cfg)
-			if err != nil {
-				return pass{}, err
-			}
-			return pass{
-				fwd:    func(out, x *tensor.Tensor) error { return blk.Forward(out, x, B, T) },
-				bwd:    blk.Backward,
-				shards: blk.Shards,
-			}, nil
-		})
-	})
+	cfg := layers.BlockConfig{Dim: 32, Heads: 4, FFN: 64, RopeTheta: 10000, NormEps: 1e-5, Std: 0.3, OutStd: 0.2}
+	checkSequence(t, 2, 8, 32, newRef(layers.NewBlock, "blk", cfg), newTP(tp.NewBlock, "blk", cfg))
 }
 
 func TestColumnParallelLinearMatchesLinear(t *testing.T) {
@@ -171,58 +202,18 @@ func TestColumnParallelLinearMatchesLinear(t *testing.T) {
 	for _, gather := range []bool{false, true} {
 		t.Run(fmt.Sprint("gather=", gather), func(t *testing.T) {
 			forSetups(t, func(t *testing.T, s setup) {
-				b := cpu.New()
-				ps := layers.NewParamSet(seed)
-				lin, err := layers.NewLinear(b, ps, "lin", layers.LinearConfig{In: In, Out: Out, Bias: true, Std: 0.5})
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := ps.Materialize(b, s.dt); err != nil {
-					t.Fatal(err)
-				}
-				x, dy := random(1, s.dt, N, In), random(2, s.dt, N, Out)
-				y, dx := b.Zeros(s.dt, N, Out), b.Zeros(s.dt, N, In)
-				if err := lin.Forward(y, x); err != nil {
-					t.Fatal(err)
-				}
-				if err := lin.Backward(dx, dy); err != nil {
-					t.Fatal(err)
-				}
-				ref := refOf(b, ps)
-				xv, yv, dxv, dyv := values(b, x), values(b, y), values(b, dx), values(b, dy)
-				onRanks(t, s, func(r int, par tp.Parallel, b tensor.Backend) error {
-					ps := layers.NewParamSet(seed)
-					l, err := tp.NewColumnParallelLinear(b, ps, par, "lin", tp.ColumnConfig{In: In, Out: Out, Bias: true, Std: 0.5, GatherOutput: gather})
-					if err != nil {
-						return err
-					}
-					if err := ps.Materialize(b, s.dt); err != nil {
-						return err
-					}
-					lo, hi := 0, N // this rank's tokens
-					if s.sp {
-						lo, hi = part(N, s.p, r)
-					}
+				ref := runReference(t, s, N, In, Out, newRef(layers.NewLinear, "lin", layers.LinearConfig{In: In, Out: Out, Bias: true, Std: 0.5}))
+				onRanksWith(t, s, N, func(b tensor.Backend, ps *layers.ParamSet, par tp.Parallel) (*tp.ColumnParallelLinear, error) {
+					return tp.NewColumnParallelLinear(b, ps, par, "lin", tp.ColumnConfig{In: In, Out: Out, Bias: true, Std: 0.5, GatherOutput: gather})
+				}, func(r int, b tensor.Backend, l *tp.ColumnParallelLinear, lo, hi int) error {
 					clo, chi := part(Out, s.p, r)
-					wantY, dyIn, w := colsOf(yv, Out, clo, chi), colsOf(dyv, Out, clo, chi), chi-clo
+					wantY, dyIn, w := colsOf(ref.y, Out, clo, chi), colsOf(ref.dout, Out, clo, chi), chi-clo
 					if gather {
-						wantY, dyIn, w = yv, dyv, Out
+						wantY, dyIn, w = ref.y, ref.dout, Out
 					}
-					x := tens(s.dt, rowsOf(xv, In, lo, hi), hi-lo, In)
+					x, dy := tens(s.dt, rowsOf(ref.x, In, lo, hi), hi-lo, In), tens(s.dt, dyIn, N, w)
 					y, dx := b.Zeros(s.dt, N, w), b.Zeros(s.dt, hi-lo, In)
-					if err := l.Forward(y, x); err != nil {
-						return err
-					}
-					if err := closeTo("output", values(b, y), wantY, s.tol()); err != nil {
-						return err
-					}
-					if err := l.Backward(dx, tens(s.dt, dyIn, N, w)); err != nil {
-						return err
-					}
-					if err := closeTo("input gradient", values(b, dx), rowsOf(dxv, In, lo, hi), s.tol()); err != nil {
-						return err
-					}
-					return checkShards(b, ref, l.Shards(), s.tol(), nil, r)
+					return ref.check(b, l, r, x, y, dy, dx, wantY, rowsOf(ref.dx, In, lo, hi), nil, s.tol())
 				})
 			})
 		})
@@ -232,56 +223,17 @@ func TestColumnParallelLinearMatchesLinear(t *testing.T) {
 func TestRowParallelLinearMatchesLinear(t *testing.T) {
 	const N, In, Out = 16, 16, 12
 	forSetups(t, func(t *testing.T, s setup) {
-		b := cpu.New()
-		ps := layers.NewParamSet(seed)
-		lin, err := layers.NewLinear(b, ps, "lin", layers.LinearConfig{In: In, Out: Out, Bias: true, Std: 0.5})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := ps.Materialize(b, s.dt); err != nil {
-			t.Fatal(err)
-		}
-		x, dy := random(1, s.dt, N, In), random(2, s.dt, N, Out)
-		y, dx := b.Zeros(s.dt, N, Out), b.Zeros(s.dt, N, In)
-		if err := lin.Forward(y, x); err != nil {
-			t.Fatal(err)
-		}
-		if err := lin.Backward(dx, dy); err != nil {
-			t.Fatal(err)
-		}
-		ref := refOf(b, ps)
-		xv, yv, dxv, dyv := values(b, x), values(b, y), values(b, dx), values(b, dy)
+		ref := runReference(t, s, N, In, Out, newRef(layers.NewLinear, "lin", layers.LinearConfig{In: In, Out: Out, Bias: true, Std: 0.5}))
 		partial := newPartial(s.p)
-		onRanks(t, s, func(r int, par tp.Parallel, b tensor.Backend) error {
-			ps := layers.NewParamSet(seed)
-			l, err := tp.NewRowParallelLinear(b, ps, par, "lin", tp.RowConfig{In: In, Out: Out, Bias: true, Std: 0.5})
-			if err != nil {
-				return err
-			}
-			if err := ps.Materialize(b, s.dt); err != nil {
-				return err
-			}
-			lo, hi := 0, N
-			if s.sp {
-				lo, hi = part(N, s.p, r)
-			}
+		onRanksWith(t, s, N, func(b tensor.Backend, ps *layers.ParamSet, par tp.Parallel) (*tp.RowParallelLinear, error) {
+			return tp.NewRowParallelLinear(b, ps, par, "lin", tp.RowConfig{In: In, Out: Out, Bias: true, Std: 0.5})
+		}, func(r int, b tensor.Backend, l *tp.RowParallelLinear, lo, hi int) error {
 			clo, chi := part(In, s.p, r)
+			x, dy := tens(s.dt, colsOf(ref.x, In, clo, chi), N, chi-clo), tens(s.dt, rowsOf(ref.dout, Out, lo, hi), hi-lo, Out)
 			y, dx := b.Zeros(s.dt, hi-lo, Out), b.Zeros(s.dt, N, chi-clo)
-			if err := l.Forward(y, tens(s.dt, colsOf(xv, In, clo, chi), N, chi-clo)); err != nil {
-				return err
-			}
-			if err := closeTo("output", values(b, y), rowsOf(yv, Out, lo, hi), s.tol()); err != nil {
-				return err
-			}
-			if err := l.Backward(dx, tens(s.dt, rowsOf(dyv, Out, lo, hi), hi-lo, Out)); err != nil {
-				return err
-			}
-			if err := closeTo("input gradient", values(b, dx), colsOf(dxv, In, clo, chi), s.tol()); err != nil {
-				return err
-			}
-			return checkShards(b, ref, l.Shards(), s.tol(), partial, r)
+			return ref.check(b, l, r, x, y, dy, dx, rowsOf(ref.y, Out, lo, hi), colsOf(ref.dx, In, clo, chi), partial, s.tol())
 		})
-		partial.check(t, ref, s.tol())
+		partial.check(t, ref.params, s.tol())
 	})
 }
 
@@ -308,25 +260,15 @@ func TestVocabParallelEmbeddingMatchesEmbedding(t *testing.T) {
 			t.Fatal(err)
 		}
 		ref := refOf(b, ps)
-		ov, dov := values(b, out), values(b, dout)
-		onRanks(t, s, func(r int, par tp.Parallel, b tensor.Backend) error {
-			ps := layers.NewParamSet(seed)
-			e, err := tp.NewVocabParallelEmbedding(b, ps, par, "embed", V, C, 0.5)
-			if err != nil {
-				return err
-			}
-			if err := ps.Materialize(b, s.dt); err != nil {
-				return err
-			}
-			lo, hi := 0, B*T
-			if s.sp {
-				lo, hi = part(B*T, s.p, r)
-			}
+		ov, dov := testutil.Download(b, out), testutil.Download(b, dout)
+		onRanksWith(t, s, B*T, func(b tensor.Backend, ps *layers.ParamSet, par tp.Parallel) (*tp.VocabParallelEmbedding, error) {
+			return tp.NewVocabParallelEmbedding(b, ps, par, "embed", V, C, 0.5)
+		}, func(r int, b tensor.Backend, e *tp.VocabParallelEmbedding, lo, hi int) error {
 			out := b.Zeros(s.dt, hi-lo, C)
 			if err := e.Forward(out, ids); err != nil {
 				return err
 			}
-			if err := closeTo("output", values(b, out), rowsOf(ov, C, lo, hi), 0); err != nil {
+			if err := testutil.Within("output", testutil.Download(b, out), rowsOf(ov, C, lo, hi), 0); err != nil {
 				return err
 			}
 			if err := e.Backward(tens(s.dt, rowsOf(dov, C, lo, hi), hi-lo, C)); err != nil {
@@ -358,7 +300,7 @@ func TestVocabParallelCrossEntropyMatchesCrossEntropy(t *testing.T) {
 		if err := b.Err(); err != nil {
 			t.Fatal(err)
 		}
-		lv, lgv, dv := values(b, losses), values(b, logits), values(b, dlogits)
+		lv, lgv, dv := testutil.Download(b, losses), testutil.Download(b, logits), testutil.Download(b, dlogits)
 		onRanks(t, s, func(r int, par tp.Parallel, b tensor.Backend) error {
 			ce, err := tp.NewVocabParallelCrossEntropy(b, par, V)
 			if err != nil {
@@ -372,10 +314,10 @@ func TestVocabParallelCrossEntropyMatchesCrossEntropy(t *testing.T) {
 					return err
 				}
 			}
-			if err := closeTo("losses", losses.F64(), lv, s.tol()); err != nil {
+			if err := testutil.Within("losses", losses.F64(), lv, s.tol()); err != nil {
 				return err
 			}
-			return closeTo("dlogits", values(b, dlogits), colsOf(dv, V, clo, chi), s.tol())
+			return testutil.Within("dlogits", testutil.Download(b, dlogits), colsOf(dv, V, clo, chi), s.tol())
 		})
 	})
 }

@@ -46,21 +46,7 @@ type ColumnParallelLinear struct {
 // with this rank's shard of the values layers.NewLinear gives the full
 // parameters with the same seed.
 func NewColumnParallelLinear(b tensor.Backend, ps *layers.ParamSet, par Parallel, name string, cfg ColumnConfig) (*ColumnParallelLinear, error) {
-	what := "column-parallel linear " + name
-	if b == nil || ps == nil {
-		return nil, fmt.Errorf("tp: %s: nil backend or parameter set", what)
-	}
-	if err := par.check(what); err != nil {
-		return nil, err
-	}
-	if cfg.In <= 0 || cfg.Out <= 0 {
-		return nil, fmt.Errorf("tp: %s: In = %d, Out = %d, expected positive sizes", what, cfg.In, cfg.Out)
-	}
-	lo, hi, err := par.split(what, "Out", cfg.Out)
-	if err != nil {
-		return nil, err
-	}
-	w, ws, err := addShard(ps, name+".weight", []int{cfg.Out, cfg.In}, 0, lo, hi, true, layers.Normal(cfg.Std))
+	w, ws, err := addLinearWeight(b, ps, par, "tp: column-parallel linear "+name, name, cfg.In, cfg.Out, 0, cfg.Std)
 	if err != nil {
 		return nil, err
 	}
@@ -68,7 +54,7 @@ func NewColumnParallelLinear(b tensor.Backend, ps *layers.ParamSet, par Parallel
 	var bias *layers.Param
 	if cfg.Bias {
 		var bs Shard
-		if bias, bs, err = addShard(ps, name+".bias", []int{cfg.Out}, 0, lo, hi, false, layers.Constant(0)); err != nil {
+		if bias, bs, err = addShard(ps, name+".bias", []int{cfg.Out}, 0, ws.Lo, ws.Hi, false, layers.Constant(0)); err != nil {
 			return nil, err
 		}
 		shards = append(shards, bs)
@@ -87,9 +73,9 @@ func NewColumnParallelLinear(b tensor.Backend, ps *layers.ParamSet, par Parallel
 // vocab-parallel token embedding (the same rows on the same rank). Its
 // Shards are empty: the parameters belong to their owner.
 func NewColumnParallelLinearFromParams(b tensor.Backend, par Parallel, name string, w, bias *layers.Param, out int, gatherOutput bool) (*ColumnParallelLinear, error) {
-	what := "column-parallel linear " + name
+	what := "tp: column-parallel linear " + name
 	if b == nil || w == nil {
-		return nil, fmt.Errorf("tp: %s: nil backend or weight", what)
+		return nil, fmt.Errorf("%s: nil backend or weight", what)
 	}
 	if err := par.check(what); err != nil {
 		return nil, err
@@ -100,10 +86,10 @@ func NewColumnParallelLinearFromParams(b tensor.Backend, par Parallel, name stri
 	}
 	s := w.Shape()
 	if len(s) != 2 || s[0] != hi-lo {
-		return nil, fmt.Errorf("tp: %s: weight %q has shape %v, expected (%d, In) = (Out %d / TP %d, In)", what, w.Name, s, hi-lo, out, par.Size())
+		return nil, fmt.Errorf("%s: weight %q has shape %v, expected (%d, In) = (Out %d / TP %d, In)", what, w.Name, s, hi-lo, out, par.Size())
 	}
 	if bias != nil && !bias.Shape().Equal(tensor.Shape{hi - lo}) {
-		return nil, fmt.Errorf("tp: %s: bias %q has shape %v, expected (%d)", what, bias.Name, bias.Shape(), hi-lo)
+		return nil, fmt.Errorf("%s: bias %q has shape %v, expected (%d)", what, bias.Name, bias.Shape(), hi-lo)
 	}
 	l := &ColumnParallelLinear{Name: name, In: s[1], Out: out, LocalOut: hi - lo, Lo: lo, W: w, Bias: bias,
 		GatherOutput: gatherOutput, b: b, par: par}
@@ -122,7 +108,7 @@ func (l *ColumnParallelLinear) Params() []*layers.Param {
 // Shards describes the parameters this layer registered.
 func (l *ColumnParallelLinear) Shards() []Shard { return l.shards }
 
-func (l *ColumnParallelLinear) what() string { return "column-parallel linear " + l.Name }
+func (l *ColumnParallelLinear) what() string { return "tp: column-parallel linear " + l.Name }
 
 // outWidth is the width of y: Out when gathered, else Out/P.
 func (l *ColumnParallelLinear) outWidth() int {
@@ -137,11 +123,11 @@ func (l *ColumnParallelLinear) outWidth() int {
 // Leading dims of x and y are flattened into rows.
 func (l *ColumnParallelLinear) Forward(y, x *tensor.Tensor) error {
 	l.e.n = 0
-	if err := materialized(l.what(), l.Params()...); err != nil {
+	if err := layers.CheckParams(l.what(), l.Params()...); err != nil {
 		return err
 	}
 	dt := l.W.W.DType()
-	n, err := rowsOf(l.b, l.what(), "input x", x, dt, l.In)
+	n, err := layers.CheckRows(l.b, l.what(), "input x", x, dt, l.In)
 	if err != nil {
 		return err
 	}
@@ -149,57 +135,57 @@ func (l *ColumnParallelLinear) Forward(y, x *tensor.Tensor) error {
 	if l.par.SequenceParallel {
 		N = n * l.par.Size()
 	}
-	if err := wantRows(l.b, l.what(), "output y", y, dt, l.outWidth(), N, "the tokens of the region"); err != nil {
+	if err := layers.CheckRowsN(l.b, l.what(), "output y", y, dt, l.outWidth(), N, "the tokens of the region"); err != nil {
 		return err
 	}
-	if err := apart(l.what(), "output y", y, "input x", x); err != nil {
+	if err := layers.CheckApart(l.what(), "output y", y, "input x", x); err != nil {
 		return err
 	}
-	y2 := reshape(y, N, l.outWidth())
+	y2 := layers.Reshape(y, N, l.outWidth())
 	yl := y2
 	if l.GatherOutput {
-		l.yl = ensure(l.b, l.yl, dt, N, l.LocalOut)
+		l.yl = layers.Ensure(l.b, l.yl, dt, N, l.LocalOut)
 		yl = l.yl
 	}
-	if err := l.e.forward(reshape(x, n, l.In), []*tensor.Tensor{yl}); err != nil {
+	if err := l.e.forward(layers.Reshape(x, n, l.In), []*tensor.Tensor{yl}); err != nil {
 		return err
 	}
 	if l.GatherOutput {
 		s := l.par.Stream
 		if err := wait(s)(comm.GatherFromRegionForward(l.b, l.par.Group, y2, yl, s)); err != nil {
 			l.e.n = 0
-			return fmt.Errorf("tp: %s forward: %w", l.what(), err)
+			return fmt.Errorf("%s forward: %w", l.what(), err)
 		}
 	}
-	return sticky(l.b, l.what(), "forward")
+	return layers.Sticky(l.b, l.what(), "forward")
 }
 
 // Backward overwrites dx (shaped like the forward's x) with ∂L/∂x and adds
 // the parameters' gradients, from dy (shaped like y).
 func (l *ColumnParallelLinear) Backward(dx, dy *tensor.Tensor) error {
 	if l.e.n == 0 {
-		return fmt.Errorf("tp: %s: %w", l.what(), errNoForward)
+		return fmt.Errorf("%s: %w", l.what(), errNoForward)
 	}
 	dt, n, N := l.W.W.DType(), l.e.n, l.e.xFull.Dim(0)
-	if err := wantRows(l.b, l.what(), "output gradient dy", dy, dt, l.outWidth(), N, "like the forward's output"); err != nil {
+	if err := layers.CheckRowsN(l.b, l.what(), "output gradient dy", dy, dt, l.outWidth(), N, "like the forward's output"); err != nil {
 		return err
 	}
-	if err := wantRows(l.b, l.what(), "input gradient dx", dx, dt, l.In, n, "like the forward's input"); err != nil {
+	if err := layers.CheckRowsN(l.b, l.what(), "input gradient dx", dx, dt, l.In, n, "like the forward's input"); err != nil {
 		return err
 	}
-	if err := apart(l.what(), "input gradient dx", dx, "output gradient dy", dy); err != nil {
+	if err := layers.CheckApart(l.what(), "input gradient dx", dx, "output gradient dy", dy); err != nil {
 		return err
 	}
-	dyl := reshape(dy, N, l.outWidth())
+	dyl := layers.Reshape(dy, N, l.outWidth())
 	if l.GatherOutput {
-		l.dyl = ensure(l.b, l.dyl, dt, N, l.LocalOut)
+		l.dyl = layers.Ensure(l.b, l.dyl, dt, N, l.LocalOut)
 		s := l.par.Stream
 		if err := wait(s)(comm.GatherFromRegionBackward(l.b, l.par.Group, l.dyl, dyl, s)); err != nil {
-			return fmt.Errorf("tp: %s backward: %w", l.what(), err)
+			return fmt.Errorf("%s backward: %w", l.what(), err)
 		}
 		dyl = l.dyl
 	}
-	return l.e.backward(reshape(dx, n, l.In), []*tensor.Tensor{dyl})
+	return l.e.backward(layers.Reshape(dx, n, l.In), []*tensor.Tensor{dyl})
 }
 
 // RowConfig describes a row-parallel linear layer: y = x·Wᵀ (+ bias) with
@@ -236,25 +222,11 @@ type RowParallelLinear struct {
 // with this rank's shard of the values layers.NewLinear gives the full
 // parameters with the same seed.
 func NewRowParallelLinear(b tensor.Backend, ps *layers.ParamSet, par Parallel, name string, cfg RowConfig) (*RowParallelLinear, error) {
-	what := "row-parallel linear " + name
-	if b == nil || ps == nil {
-		return nil, fmt.Errorf("tp: %s: nil backend or parameter set", what)
-	}
-	if err := par.check(what); err != nil {
-		return nil, err
-	}
-	if cfg.In <= 0 || cfg.Out <= 0 {
-		return nil, fmt.Errorf("tp: %s: In = %d, Out = %d, expected positive sizes", what, cfg.In, cfg.Out)
-	}
-	lo, hi, err := par.split(what, "In", cfg.In)
+	w, ws, err := addLinearWeight(b, ps, par, "tp: row-parallel linear "+name, name, cfg.In, cfg.Out, 1, cfg.Std)
 	if err != nil {
 		return nil, err
 	}
-	w, ws, err := addShard(ps, name+".weight", []int{cfg.Out, cfg.In}, 1, lo, hi, true, layers.Normal(cfg.Std))
-	if err != nil {
-		return nil, err
-	}
-	l := &RowParallelLinear{Name: name, In: cfg.In, Out: cfg.Out, LocalIn: hi - lo, Lo: lo, W: w, b: b, par: par,
+	l := &RowParallelLinear{Name: name, In: cfg.In, Out: cfg.Out, LocalIn: ws.Hi - ws.Lo, Lo: ws.Lo, W: w, b: b, par: par,
 		shards: []Shard{ws}}
 	if cfg.Bias {
 		if l.Bias, err = ps.Add(name+".bias", []int{cfg.Out}, false, layers.Constant(0)); err != nil {
@@ -276,17 +248,17 @@ func (l *RowParallelLinear) Params() []*layers.Param {
 // Shards describes the parameters of the layer.
 func (l *RowParallelLinear) Shards() []Shard { return l.shards }
 
-func (l *RowParallelLinear) what() string { return "row-parallel linear " + l.Name }
+func (l *RowParallelLinear) what() string { return "tp: row-parallel linear " + l.Name }
 
 // Forward computes y (N, Out) — or (N/P, Out), this rank's tokens, under
 // sequence parallelism — from x (N, In/P). Leading dims are flattened.
 func (l *RowParallelLinear) Forward(y, x *tensor.Tensor) error {
 	l.n = 0
-	if err := materialized(l.what(), l.Params()...); err != nil {
+	if err := layers.CheckParams(l.what(), l.Params()...); err != nil {
 		return err
 	}
 	dt := l.W.W.DType()
-	N, err := rowsOf(l.b, l.what(), "input x", x, dt, l.LocalIn)
+	N, err := layers.CheckRows(l.b, l.what(), "input x", x, dt, l.LocalIn)
 	if err != nil {
 		return err
 	}
@@ -294,72 +266,97 @@ func (l *RowParallelLinear) Forward(y, x *tensor.Tensor) error {
 	if err != nil {
 		return err
 	}
-	if err := wantRows(l.b, l.what(), "output y", y, dt, l.Out, n, "this rank's tokens"); err != nil {
+	if err := layers.CheckRowsN(l.b, l.what(), "output y", y, dt, l.Out, n, "this rank's tokens"); err != nil {
 		return err
 	}
-	if err := apart(l.what(), "output y", y, "input x", x); err != nil {
+	if err := layers.CheckApart(l.what(), "output y", y, "input x", x); err != nil {
 		return err
 	}
-	x2, y2 := reshape(x, N, l.LocalIn), reshape(y, n, l.Out)
-	if err := sticky(l.b, l.what(), "forward"); err != nil {
+	x2, y2 := layers.Reshape(x, N, l.LocalIn), layers.Reshape(y, n, l.Out)
+	if err := layers.Sticky(l.b, l.what(), "forward"); err != nil {
 		return err
 	}
 	g, s := l.par.Group, l.par.Stream
 	if l.par.SequenceParallel {
 		if err := l.par.strategy().MatmulReduceScatter(l.b, g, x2, l.W.W, y2); err != nil {
-			return fmt.Errorf("tp: %s forward: %w", l.what(), err)
+			return fmt.Errorf("%s forward: %w", l.what(), err)
 		}
 	} else {
 		l.b.MatMul(y2, x2, l.W.W, false, true, 1, 0)
-		if err := sticky(l.b, l.what(), "forward"); err != nil {
+		if err := layers.Sticky(l.b, l.what(), "forward"); err != nil {
 			return err
 		}
 		if err := wait(s)(comm.ReduceFromRegionForward(g, y2, s)); err != nil {
-			return fmt.Errorf("tp: %s forward: %w", l.what(), err)
+			return fmt.Errorf("%s forward: %w", l.what(), err)
 		}
 	}
 	if l.Bias != nil {
 		l.b.AddBias(y2, l.Bias.W)
 	}
 	l.x, l.n = x2, N
-	return sticky(l.b, l.what(), "forward")
+	return layers.Sticky(l.b, l.what(), "forward")
 }
 
 // Backward overwrites dx (N, In/P) with ∂L/∂x and adds the parameters'
 // gradients, from dy (shaped like y).
 func (l *RowParallelLinear) Backward(dx, dy *tensor.Tensor) error {
 	if l.n == 0 {
-		return fmt.Errorf("tp: %s: %w", l.what(), errNoForward)
+		return fmt.Errorf("%s: %w", l.what(), errNoForward)
 	}
 	dt, N := l.W.W.DType(), l.n
 	n, _ := l.par.seqRows(l.what(), N)
-	if err := wantRows(l.b, l.what(), "output gradient dy", dy, dt, l.Out, n, "like the forward's output"); err != nil {
+	if err := layers.CheckRowsN(l.b, l.what(), "output gradient dy", dy, dt, l.Out, n, "like the forward's output"); err != nil {
 		return err
 	}
-	if err := wantRows(l.b, l.what(), "input gradient dx", dx, dt, l.LocalIn, N, "like the forward's input"); err != nil {
+	if err := layers.CheckRowsN(l.b, l.what(), "input gradient dx", dx, dt, l.LocalIn, N, "like the forward's input"); err != nil {
 		return err
 	}
-	if err := apart(l.what(), "input gradient dx", dx, "output gradient dy", dy); err != nil {
+	if err := layers.CheckApart(l.what(), "input gradient dx", dx, "output gradient dy", dy); err != nil {
 		return err
 	}
-	dx2, dy2 := reshape(dx, N, l.LocalIn), reshape(dy, n, l.Out)
+	dx2, dy2 := layers.Reshape(dx, N, l.LocalIn), layers.Reshape(dy, n, l.Out)
 	if l.Bias != nil {
 		l.b.SumRows(l.Bias.G, dy2) // partial under SP: this rank's tokens
 	}
-	if err := sticky(l.b, l.what(), "backward"); err != nil {
+	if err := layers.Sticky(l.b, l.what(), "backward"); err != nil {
 		return err
 	}
 	g, s := l.par.Group, l.par.Stream
 	if l.par.SequenceParallel {
 		if err := l.par.strategy().MatmulReduceScatterBackward(l.b, g, dy2, l.x, l.W.W, dx2, l.W.G); err != nil {
-			return fmt.Errorf("tp: %s backward: %w", l.what(), err)
+			return fmt.Errorf("%s backward: %w", l.what(), err)
 		}
-		return sticky(l.b, l.what(), "backward")
+		return layers.Sticky(l.b, l.what(), "backward")
 	}
 	if err := wait(s)(comm.ReduceFromRegionBackward(g, dy2, s)); err != nil {
-		return fmt.Errorf("tp: %s backward: %w", l.what(), err)
+		return fmt.Errorf("%s backward: %w", l.what(), err)
 	}
 	l.b.MatMul(dx2, dy2, l.W.W, false, false, 1, 0) // dx = dy·W
 	l.b.MatMul(l.W.G, dy2, l.x, true, false, 1, 1)  // dW += dyᵀ·x
-	return sticky(l.b, l.what(), "backward")
+	return layers.Sticky(l.b, l.what(), "backward")
+}
+
+// addLinearWeight checks the arguments of a parallel linear layer of In =
+// in, Out = out features and registers this rank's shard of its weight
+// (Out, In) in ps, split along dim: 0, the output features (column
+// parallel), or 1, the input features (row parallel).
+func addLinearWeight(b tensor.Backend, ps *layers.ParamSet, par Parallel, what, name string, in, out, dim int, std float64) (*layers.Param, Shard, error) {
+	if b == nil || ps == nil {
+		return nil, Shard{}, fmt.Errorf("%s: nil backend or parameter set", what)
+	}
+	if err := par.check(what); err != nil {
+		return nil, Shard{}, err
+	}
+	if in <= 0 || out <= 0 {
+		return nil, Shard{}, fmt.Errorf("%s: In = %d, Out = %d, expected positive sizes", what, in, out)
+	}
+	dimName, n := "Out", out
+	if dim == 1 {
+		dimName, n = "In", in
+	}
+	lo, hi, err := par.split(what, dimName, n)
+	if err != nil {
+		return nil, Shard{}, err
+	}
+	return addShard(ps, name+".weight", []int{out, in}, dim, lo, hi, true, layers.Normal(std))
 }

@@ -9,9 +9,10 @@ import (
 
 // MLP is layers.MLP (SwiGLU) with the hidden features split over the TP
 // group: w_gate and w_up are column-parallel and share one entry into the
-// TP region, SwiGLU runs on the local features, w_down is row-parallel and
-// its partial products leave the region (all-reduce, or reduce-scatter
-// under sequence parallelism). P must divide Hidden.
+// TP region, the activation (layers.SwiGLUCore) runs on the local features,
+// w_down is row-parallel and its partial products leave the region
+// (all-reduce, or reduce-scatter under sequence parallelism). P must divide
+// Hidden.
 type MLP struct {
 	Name        string
 	Dim, Hidden int
@@ -19,31 +20,28 @@ type MLP struct {
 	Gate, Up    *ColumnParallelLinear // Dim → Hidden/P
 	Down        *RowParallelLinear    // Hidden/P → Dim
 
-	b    tensor.Backend
-	par  Parallel
-	e    *entry
-	n    int            // rows of the last Forward's x; 0 before a successful one
-	gate *tensor.Tensor // (N, Hidden/P)
-	up   *tensor.Tensor // (N, Hidden/P)
-	h    *tensor.Tensor // (N, Hidden/P) silu(gate)·up
-	// backward scratch
-	dh, dgate, dup *tensor.Tensor // (N, Hidden/P)
+	b   tensor.Backend
+	par Parallel
+	e   *entry
+	n   int                // rows of the last Forward's x; 0 before a successful one
+	act *layers.SwiGLUCore // on the local features
 }
 
 // NewMLP registers name+".w_gate", ".w_up" and ".w_down" with this rank's
 // shards of the values layers.NewMLP gives them with the same seed.
 func NewMLP(b tensor.Backend, ps *layers.ParamSet, par Parallel, name string, cfg layers.MLPConfig) (*MLP, error) {
-	what := "mlp " + name
+	what := "tp: mlp " + name
 	if err := par.check(what); err != nil {
 		return nil, err
 	}
 	if cfg.Dim <= 0 || cfg.Hidden <= 0 {
-		return nil, fmt.Errorf("tp: %s: Dim = %d, Hidden = %d, expected positive sizes", what, cfg.Dim, cfg.Hidden)
+		return nil, fmt.Errorf("%s: Dim = %d, Hidden = %d, expected positive sizes", what, cfg.Dim, cfg.Hidden)
 	}
 	if cfg.Hidden%par.Size() != 0 {
-		return nil, fmt.Errorf("tp: %s: Hidden = %d is not divisible by the TP size %d", what, cfg.Hidden, par.Size())
+		return nil, fmt.Errorf("%s: Hidden = %d is not divisible by the TP size %d", what, cfg.Hidden, par.Size())
 	}
-	m := &MLP{Name: name, Dim: cfg.Dim, Hidden: cfg.Hidden, LocalHidden: cfg.Hidden / par.Size(), b: b, par: par}
+	m := &MLP{Name: name, Dim: cfg.Dim, Hidden: cfg.Hidden, LocalHidden: cfg.Hidden / par.Size(), b: b, par: par,
+		act: layers.NewSwiGLUCore(b)}
 	var err error
 	if m.Gate, err = NewColumnParallelLinear(b, ps, par, name+".w_gate", ColumnConfig{In: cfg.Dim, Out: cfg.Hidden, Std: cfg.Std}); err != nil {
 		return nil, err
@@ -72,66 +70,62 @@ func (m *MLP) Shards() []Shard {
 	return s
 }
 
-func (m *MLP) what() string { return "mlp " + m.Name }
+func (m *MLP) what() string { return "tp: mlp " + m.Name }
 
 // Forward writes out from x, both (N, Dim) — or (N/P, Dim), this rank's
 // tokens, under sequence parallelism. Leading dims are flattened.
 func (m *MLP) Forward(out, x *tensor.Tensor) error {
 	m.n = 0
-	if err := materialized(m.what(), m.Params()...); err != nil {
+	if err := layers.CheckParams(m.what(), m.Params()...); err != nil {
 		return err
 	}
 	dt := m.Gate.W.W.DType()
-	n, err := rowsOf(m.b, m.what(), "input x", x, dt, m.Dim)
+	n, err := layers.CheckRows(m.b, m.what(), "input x", x, dt, m.Dim)
 	if err != nil {
 		return err
 	}
-	if err := wantRows(m.b, m.what(), "output", out, dt, m.Dim, n, "like the input"); err != nil {
+	if err := layers.CheckRowsN(m.b, m.what(), "output", out, dt, m.Dim, n, "like the input"); err != nil {
 		return err
 	}
-	if err := apart(m.what(), "output", out, "input x", x); err != nil {
+	if err := layers.CheckApart(m.what(), "output", out, "input x", x); err != nil {
 		return err
 	}
 	N := n
 	if m.par.SequenceParallel {
 		N = n * m.par.Size()
 	}
-	m.gate = ensure(m.b, m.gate, dt, N, m.LocalHidden)
-	m.up = ensure(m.b, m.up, dt, N, m.LocalHidden)
-	m.h = ensure(m.b, m.h, dt, N, m.LocalHidden)
-	if err := m.e.forward(reshape(x, n, m.Dim), []*tensor.Tensor{m.gate, m.up}); err != nil {
+	gate, up := m.act.Inputs(dt, N, m.LocalHidden)
+	if err := m.e.forward(layers.Reshape(x, n, m.Dim), []*tensor.Tensor{gate, up}); err != nil {
 		return err
 	}
-	m.b.SwiGLU(m.h, m.gate, m.up)
-	if err := m.Down.Forward(reshape(out, n, m.Dim), m.h); err != nil {
+	h := m.act.Forward()
+	if err := m.Down.Forward(layers.Reshape(out, n, m.Dim), h); err != nil {
 		return err
 	}
 	m.n = n
-	return sticky(m.b, m.what(), "forward")
+	return layers.Sticky(m.b, m.what(), "forward")
 }
 
 // Backward overwrites dx (shaped like the forward's x) with ∂L/∂x and adds
 // the weight gradients, from dout (shaped like out).
 func (m *MLP) Backward(dx, dout *tensor.Tensor) error {
 	if m.n == 0 {
-		return fmt.Errorf("tp: %s: %w", m.what(), errNoForward)
+		return fmt.Errorf("%s: %w", m.what(), errNoForward)
 	}
-	dt, n, N := m.Gate.W.W.DType(), m.n, m.gate.Dim(0)
-	if err := wantRows(m.b, m.what(), "output gradient", dout, dt, m.Dim, n, "like the forward's output"); err != nil {
+	dt, n := m.Gate.W.W.DType(), m.n
+	if err := layers.CheckRowsN(m.b, m.what(), "output gradient", dout, dt, m.Dim, n, "like the forward's output"); err != nil {
 		return err
 	}
-	if err := wantRows(m.b, m.what(), "input gradient dx", dx, dt, m.Dim, n, "like the forward's input"); err != nil {
+	if err := layers.CheckRowsN(m.b, m.what(), "input gradient dx", dx, dt, m.Dim, n, "like the forward's input"); err != nil {
 		return err
 	}
-	if err := apart(m.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
+	if err := layers.CheckApart(m.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
 		return err
 	}
-	m.dh = ensure(m.b, m.dh, dt, N, m.LocalHidden)
-	m.dgate = ensure(m.b, m.dgate, dt, N, m.LocalHidden)
-	m.dup = ensure(m.b, m.dup, dt, N, m.LocalHidden)
-	if err := m.Down.Backward(m.dh, reshape(dout, n, m.Dim)); err != nil {
+	dh := m.act.OutputGrad()
+	if err := m.Down.Backward(dh, layers.Reshape(dout, n, m.Dim)); err != nil {
 		return err
 	}
-	m.b.SwiGLUBackward(m.dgate, m.dup, m.dh, m.gate, m.up)
-	return m.e.backward(reshape(dx, n, m.Dim), []*tensor.Tensor{m.dgate, m.dup})
+	dgate, dup := m.act.Backward()
+	return m.e.backward(layers.Reshape(dx, n, m.Dim), []*tensor.Tensor{dgate, dup})
 }

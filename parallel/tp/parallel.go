@@ -46,10 +46,10 @@ func (p Parallel) strategy() comm.Strategy {
 // check validates p for a layer.
 func (p Parallel) check(what string) error {
 	if p.Group == nil {
-		return fmt.Errorf("tp: %s: nil TP group", what)
+		return fmt.Errorf("%s: nil TP group", what)
 	}
 	if p.Group.Size() < 1 || p.Group.Rank() < 0 || p.Group.Rank() >= p.Group.Size() {
-		return fmt.Errorf("tp: %s: TP group %s has rank %d of %d", what, p.Group.Name(), p.Group.Rank(), p.Group.Size())
+		return fmt.Errorf("%s: TP group %s has rank %d of %d", what, p.Group.Name(), p.Group.Rank(), p.Group.Size())
 	}
 	return nil
 }
@@ -58,7 +58,7 @@ func (p Parallel) check(what string) error {
 func (p Parallel) split(what, dimName string, n int) (lo, hi int, err error) {
 	P := p.Size()
 	if n <= 0 || n%P != 0 {
-		return 0, 0, fmt.Errorf("tp: %s: %s = %d is not divisible by the TP size %d", what, dimName, n, P)
+		return 0, 0, fmt.Errorf("%s: %s = %d is not divisible by the TP size %d", what, dimName, n, P)
 	}
 	w := n / P
 	return p.Rank() * w, (p.Rank() + 1) * w, nil
@@ -109,97 +109,6 @@ func replicated(p *layers.Param, partial bool) Shard {
 	return Shard{Param: p, Full: p.Shape().Clone(), Dim: -1, Lo: 0, Hi: p.Shape()[0], PartialGrad: partial}
 }
 
-// statDType is the dtype of per-row side outputs (losses, rstd): f64 for
-// f64 models, f32 otherwise (as in layers).
-func statDType(dt tensor.DType) tensor.DType {
-	if dt == tensor.Float64 {
-		return tensor.Float64
-	}
-	return tensor.Float32
-}
-
-// ensure returns t when it already has dtype dt and shape, else a fresh
-// zeroed tensor (freeing t): activations are reused while shapes stay.
-func ensure(b tensor.Backend, t *tensor.Tensor, dt tensor.DType, shape ...int) *tensor.Tensor {
-	if t != nil && t.DType() == dt && t.Shape().Equal(shape) {
-		return t
-	}
-	if t != nil {
-		b.Free(t)
-	}
-	return b.Zeros(dt, shape...)
-}
-
-// reshape is Tensor.Reshape for shapes already checked to have t's numel.
-func reshape(t *tensor.Tensor, shape ...int) *tensor.Tensor {
-	r, err := t.Reshape(shape...)
-	if err != nil {
-		panic("tp: internal error: " + err.Error())
-	}
-	return r
-}
-
-// rowsOf checks that t is a tensor of dtype dt on b's device with last dim
-// c and returns its number of rows (the product of the other dims).
-func rowsOf(b tensor.Backend, layer, what string, t *tensor.Tensor, dt tensor.DType, c int) (int, error) {
-	if t == nil {
-		return 0, fmt.Errorf("tp: %s: %s is nil", layer, what)
-	}
-	if t.Device() != b.Device() || t.DType() != dt {
-		return 0, fmt.Errorf("tp: %s: %s is %v, expected %v on %v", layer, what, t, dt, b.Device())
-	}
-	s := t.Shape()
-	if len(s) < 2 || s[len(s)-1] != c {
-		return 0, fmt.Errorf("tp: %s: %s has shape %v, expected (..., %d)", layer, what, s, c)
-	}
-	return s[:len(s)-1].Numel(), nil
-}
-
-// wantRows is rowsOf that also wants exactly n rows.
-func wantRows(b tensor.Backend, layer, what string, t *tensor.Tensor, dt tensor.DType, c, n int, why string) error {
-	m, err := rowsOf(b, layer, what, t, dt, c)
-	if err != nil {
-		return err
-	}
-	if m != n {
-		return fmt.Errorf("tp: %s: %s has shape %v, expected %d rows of %d (%s)", layer, what, t.Shape(), n, c, why)
-	}
-	return nil
-}
-
-// overlaps reports whether two tensors share storage.
-func overlaps(a, b *tensor.Tensor) bool {
-	if a == nil || b == nil || a.Buffer() != b.Buffer() {
-		return false
-	}
-	return a.Offset() < b.Offset()+b.Numel() && b.Offset() < a.Offset()+a.Numel()
-}
-
-func apart(layer, whatA string, a *tensor.Tensor, whatB string, b *tensor.Tensor) error {
-	if overlaps(a, b) {
-		return fmt.Errorf("tp: %s: %s overlaps %s, expected separate storage", layer, whatA, whatB)
-	}
-	return nil
-}
-
-// materialized fails when a parameter has no storage yet.
-func materialized(layer string, ps ...*layers.Param) error {
-	for _, p := range ps {
-		if p != nil && p.W == nil {
-			return fmt.Errorf("tp: %s: parameter %q is not materialized (call ParamSet.Materialize first)", layer, p.Name)
-		}
-	}
-	return nil
-}
-
-// sticky wraps the backend's sticky error with the layer's name.
-func sticky(b tensor.Backend, layer, pass string) error {
-	if err := b.Err(); err != nil {
-		return fmt.Errorf("tp: %s %s: %w", layer, pass, err)
-	}
-	return nil
-}
-
 // wait waits for a mapping's Work on the stream s.
 func wait(s comm.Stream) func(comm.Work, error) error {
 	return func(w comm.Work, err error) error {
@@ -217,7 +126,7 @@ func (p Parallel) seqRows(layer string, n int) (int, error) {
 		return n, nil
 	}
 	if n%p.Size() != 0 {
-		return 0, fmt.Errorf("tp: %s: %d tokens are not divisible by the TP size %d (sequence parallelism splits the tokens evenly)", layer, n, p.Size())
+		return 0, fmt.Errorf("%s: %d tokens are not divisible by the TP size %d (sequence parallelism splits the tokens evenly)", layer, n, p.Size())
 	}
 	return n / p.Size(), nil
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/tensor"
 )
 
@@ -46,12 +47,12 @@ func (e *entry) forward(x *tensor.Tensor, outs []*tensor.Tensor) error {
 	start := 0
 	if e.par.SequenceParallel {
 		N := n * e.par.Size()
-		e.gathered = ensure(b, e.gathered, dt, N, e.in)
-		if err := sticky(b, e.what, "forward"); err != nil {
+		e.gathered = layers.Ensure(b, e.gathered, dt, N, e.in)
+		if err := layers.Sticky(b, e.what, "forward"); err != nil {
 			return err
 		}
 		if err := e.par.strategy().AllGatherMatmul(b, e.par.Group, x, e.lins[0].W.W, outs[0], e.gathered); err != nil {
-			return fmt.Errorf("tp: %s forward: %w", e.what, err)
+			return fmt.Errorf("%s forward: %w", e.what, err)
 		}
 		e.xFull, start = e.gathered, 1
 	} else {
@@ -66,7 +67,7 @@ func (e *entry) forward(x *tensor.Tensor, outs []*tensor.Tensor) error {
 		}
 	}
 	e.x, e.n = x, n
-	return sticky(b, e.what, "forward")
+	return layers.Sticky(b, e.what, "forward")
 }
 
 // backward overwrites dx (n, In) with ∂L/∂x and adds the weight gradients,
@@ -79,18 +80,18 @@ func (e *entry) backward(dx *tensor.Tensor, douts []*tensor.Tensor) error {
 		}
 	}
 	if e.par.SequenceParallel && len(e.lins) == 1 {
-		if err := sticky(b, e.what, "backward"); err != nil {
+		if err := layers.Sticky(b, e.what, "backward"); err != nil {
 			return err
 		}
 		l := e.lins[0]
 		if err := e.par.strategy().AllGatherMatmulBackward(b, g, douts[0], e.x, e.xFull, l.W.W, dx, l.W.G); err != nil {
-			return fmt.Errorf("tp: %s backward: %w", e.what, err)
+			return fmt.Errorf("%s backward: %w", e.what, err)
 		}
-		return sticky(b, e.what, "backward")
+		return layers.Sticky(b, e.what, "backward")
 	}
 	target := dx
 	if e.par.SequenceParallel {
-		e.dFull = ensure(b, e.dFull, dx.DType(), e.xFull.Dim(0), e.in)
+		e.dFull = layers.Ensure(b, e.dFull, dx.DType(), e.xFull.Dim(0), e.in)
 		target = e.dFull
 	}
 	for i, l := range e.lins {
@@ -101,7 +102,7 @@ func (e *entry) backward(dx *tensor.Tensor, douts []*tensor.Tensor) error {
 		b.MatMul(target, douts[i], l.W.W, false, false, 1, beta) // dxFull (+)= dy·W
 		b.MatMul(l.W.G, douts[i], e.xFull, true, false, 1, 1)    // dW += dyᵀ·xFull
 	}
-	if err := sticky(b, e.what, "backward"); err != nil {
+	if err := layers.Sticky(b, e.what, "backward"); err != nil {
 		return err
 	}
 	var err error
@@ -111,7 +112,7 @@ func (e *entry) backward(dx *tensor.Tensor, douts []*tensor.Tensor) error {
 		err = wait(s)(comm.CopyToRegionBackward(g, dx, s))
 	}
 	if err != nil {
-		return fmt.Errorf("tp: %s backward: %w", e.what, err)
+		return fmt.Errorf("%s backward: %w", e.what, err)
 	}
-	return sticky(b, e.what, "backward")
+	return layers.Sticky(b, e.what, "backward")
 }
