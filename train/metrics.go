@@ -172,6 +172,7 @@ func WriteLossPlot(path string, records []StepMetrics) error {
 	p.X.Label.Text = "step"
 	p.Y.Label.Text = "loss"
 	p.Add(plotter.NewGrid())
+	p.Legend.Top = true // a falling loss leaves the top right empty
 	if len(trainXY) > 0 {
 		l, err := plotter.NewLine(trainXY)
 		if err != nil {
