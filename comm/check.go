@@ -2,6 +2,7 @@ package comm
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/asynctp/asynctp/tensor"
 )
@@ -162,4 +163,17 @@ func scaleRows(s tensor.Shape, n int) tensor.Shape {
 	out := s.Clone()
 	out[0] *= n
 	return out
+}
+
+// CheckSplit validates the arguments of Split for transports whose native
+// split takes 32-bit colors and keys (NCCL, NVSHMEM): color in
+// [0, MaxInt32] or NoColor, key a 32-bit integer.
+func CheckSplit(c Comm, color, key int) error {
+	if color < 0 && color != NoColor || color > math.MaxInt32 {
+		return Errorf(c, OpSplit, "color %d: expected 0 ≤ color ≤ %d, or comm.NoColor (%d)", color, math.MaxInt32, NoColor)
+	}
+	if key < math.MinInt32 || key > math.MaxInt32 {
+		return Errorf(c, OpSplit, "key %d: expected a 32-bit integer", key)
+	}
+	return nil
 }

@@ -8,7 +8,6 @@ import "C"
 
 import (
 	"fmt"
-	"math"
 	"slices"
 	"strconv"
 	"time"
@@ -33,11 +32,8 @@ func (c *Comm) Split(color, key int) (comm.Comm, error) {
 // the op timeout. A rank that passes comm.NoColor gets (nil, nil).
 func (c *Comm) SplitNamed(color, key int, label string) (comm.Comm, error) {
 	const op = comm.OpSplit
-	if color < 0 && color != comm.NoColor || color > math.MaxInt32 {
-		return nil, comm.Errorf(c, op, "color %d: expected 0 ≤ color ≤ %d, or comm.NoColor (%d)", color, math.MaxInt32, comm.NoColor)
-	}
-	if key < math.MinInt32 || key > math.MaxInt32 {
-		return nil, comm.Errorf(c, op, "key %d: expected a 32-bit integer", key)
+	if err := comm.CheckSplit(c, color, key); err != nil {
+		return nil, err
 	}
 	all, err := c.exchange(op, int32(color), int32(key))
 	if err != nil {

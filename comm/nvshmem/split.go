@@ -3,7 +3,6 @@ package nvshmem
 import (
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"strconv"
 	"time"
@@ -37,11 +36,8 @@ func (c *Comm) Split(color, key int) (comm.Comm, error) {
 // AllocSymmetric and FreeSymmetric of one world must not run concurrently.
 func (c *Comm) SplitNamed(color, key int, label string) (comm.Comm, error) {
 	const op = comm.OpSplit
-	if color < 0 && color != comm.NoColor || color > math.MaxInt32 {
-		return nil, comm.Errorf(c, op, "color %d: expected 0 ≤ color ≤ %d, or comm.NoColor (%d)", color, math.MaxInt32, comm.NoColor)
-	}
-	if key < math.MinInt32 || key > math.MaxInt32 {
-		return nil, comm.Errorf(c, op, "key %d: expected a 32-bit integer", key)
+	if err := comm.CheckSplit(c, color, key); err != nil {
+		return nil, err
 	}
 	if err := c.usable(op); err != nil {
 		return nil, err
