@@ -87,15 +87,6 @@ func AllClose(t testing.TB, name string, got, want []float64, tol float64) {
 	}
 }
 
-// TensorsClose compares two host tensors of any dtype by relative norm.
-func TensorsClose(t testing.TB, name string, got, want *tensor.Tensor, tol float64) {
-	t.Helper()
-	if !got.Shape().Equal(want.Shape()) {
-		t.Fatalf("%s: shape %v, want %v", name, got.Shape(), want.Shape())
-	}
-	AllClose(t, name, Values(t, got), Values(t, want), tol)
-}
-
 func head(v []float64) []float64 {
 	if len(v) > 4 {
 		return v[:4]

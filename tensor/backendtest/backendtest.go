@@ -143,11 +143,6 @@ func (h *harness) values(dt tensor.DType, vals []float64, shape ...int) pair {
 	return h.fromHost(host)
 }
 
-// ints is an input of int32 values in [0, n).
-func (h *harness) ints(n int, shape ...int) pair {
-	return h.fromHost(testutil.RandInts(h.rng, n, shape...))
-}
-
 // out is an output, poisoned with NaN on both sides.
 func (h *harness) out(dt tensor.DType, shape ...int) pair {
 	dev := h.b.Zeros(dt, shape...)
