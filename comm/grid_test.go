@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/comm/local"
 	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/cpu"
 )
 
 // TestGrid: world 8 = dp 4 × tp 2, ep 4. The group layout is also checked
@@ -75,4 +77,28 @@ func TestGroupName(t *testing.T) {
 			t.Errorf("GroupName(%v) = %q, want %q", tc.ranks, got, tc.want)
 		}
 	}
+}
+
+// onRanks runs fn on every rank of a local world of n, each with its own
+// CPU backend, and fails the test with the ranks' errors.
+func onRanks(t *testing.T, n int, fn func(c comm.Comm, b tensor.Backend) error) {
+	t.Helper()
+	err := local.Run(n, func(c comm.Comm) error {
+		b := cpu.New(cpu.WithThreads(1))
+		if err := fn(c, b); err != nil {
+			return err
+		}
+		return b.Err()
+	}, local.WithTimeout(20*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// wait runs an op and waits on its work.
+func wait(w comm.Work, err error) error {
+	if err != nil {
+		return err
+	}
+	return w.Wait(nil)
 }

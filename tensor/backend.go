@@ -132,3 +132,18 @@ type AdamW struct {
 	Step        int     // 1-based step, for bias correction
 	GradScale   float32 // g is multiplied by this first (gradient clipping); 0 means 1
 }
+
+// Streams is an optional capability of a GPU backend, found by type
+// assertion: the stream fork/join that the communication sites use to run
+// communication on a side stream beside the math on the backend's stream.
+// Stream values are the backend's own (a *cuda.Stream for the CUDA
+// backend); nil names the backend's stream.
+type Streams interface {
+	// NewStream makes a stream on the backend's device.
+	NewStream() (any, error)
+	// StreamWait makes stream waiter wait for the work queued so far on
+	// stream on (an event recorded on on; no host synchronisation).
+	StreamWait(waiter, on any) error
+	// DestroyStream releases a stream of NewStream once its work is done.
+	DestroyStream(s any) error
+}

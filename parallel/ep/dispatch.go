@@ -5,6 +5,7 @@ import (
 
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/tensor"
 )
 
@@ -166,7 +167,7 @@ func (d *Dispatcher) Dispatch(x *tensor.Tensor, l *Layout) (*tensor.Tensor, *Han
 		d.Release(h)
 		return nil, nil, nil, fmt.Errorf("%s: %w", d.what(), err)
 	}
-	w, err := comm.AllToAllForward(d.b, d.group, recv, h.send, h.SendCounts, h.RecvCounts, d.stream)
+	w, err := overlap.AllToAllForward(d.b, d.group, recv, h.send, h.SendCounts, h.RecvCounts, d.stream)
 	if err != nil {
 		d.Release(h)
 		return nil, nil, nil, fmt.Errorf("%s: %w", d.what(), err)
@@ -197,7 +198,7 @@ func (d *Dispatcher) exchangeCounts(l *Layout) ([][]int, error) {
 		if err := d.b.Err(); err != nil {
 			return nil, fmt.Errorf("%s: counts: %w", d.what(), err)
 		}
-		w, err := comm.SequenceGatherForward(d.b, g, dst, src, d.stream) // the all-gather of rows
+		w, err := overlap.SequenceGatherForward(d.b, g, dst, src, d.stream) // the all-gather of rows
 		if err == nil {
 			err = w.Wait(d.stream)
 		}
@@ -304,7 +305,7 @@ func (d *Dispatcher) Combine(out, y, weights *tensor.Tensor, h *Handle) error {
 	if h.back == nil {
 		h.back = d.b.Zeros(h.dt, h.SendRows(), h.cols)
 	}
-	if err := d.wait(comm.AllToAllBackward(d.b, d.group, h.back, y, h.SendCounts, h.RecvCounts, d.stream)); err != nil {
+	if err := d.wait(overlap.AllToAllBackward(d.b, d.group, h.back, y, h.SendCounts, h.RecvCounts, d.stream)); err != nil {
 		return fmt.Errorf("%s: combine: %w", d.what(), err)
 	}
 	d.ops.CombineRows(out, h.back, h.pos, weights)
@@ -331,7 +332,7 @@ func (d *Dispatcher) CombineBackward(dweights, dout, weights *tensor.Tensor, h *
 	if err := d.sticky("combine backward"); err != nil {
 		return nil, nil, err
 	}
-	w, err := comm.AllToAllForward(d.b, d.group, dy, h.dback, h.SendCounts, h.RecvCounts, d.stream)
+	w, err := overlap.AllToAllForward(d.b, d.group, dy, h.dback, h.SendCounts, h.RecvCounts, d.stream)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: combine backward: %w", d.what(), err)
 	}
@@ -353,7 +354,7 @@ func (d *Dispatcher) DispatchBackward(dx, drecv *tensor.Tensor, h *Handle) error
 	if h.dsend == nil {
 		h.dsend = d.b.Zeros(h.dt, h.SendRows(), h.cols)
 	}
-	if err := d.wait(comm.AllToAllBackward(d.b, d.group, h.dsend, drecv, h.SendCounts, h.RecvCounts, d.stream)); err != nil {
+	if err := d.wait(overlap.AllToAllBackward(d.b, d.group, h.dsend, drecv, h.SendCounts, h.RecvCounts, d.stream)); err != nil {
 		return fmt.Errorf("%s: dispatch backward: %w", d.what(), err)
 	}
 	d.ops.CombineRows(dx, h.dsend, h.pos, nil)

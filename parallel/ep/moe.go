@@ -6,6 +6,7 @@ import (
 
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/tensor"
 )
 
@@ -283,7 +284,7 @@ func (m *MoE) globalStats(h *Handle) error {
 		if err := m.b.Err(); err != nil {
 			return fmt.Errorf("%s: statistics: %w", m.what(), err)
 		}
-		w, err := comm.ReduceFromRegionForward(group, m.stats, m.opts.stream) // all-reduce (sum) of partial sums
+		w, err := overlap.ReduceFromRegionForward(group, m.stats, m.opts.stream) // all-reduce (sum) of partial sums
 		if err == nil {
 			err = w.Wait(m.opts.stream)
 		}

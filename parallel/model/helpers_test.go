@@ -9,6 +9,7 @@ import (
 	"github.com/asynctp/asynctp/comm/local"
 	"github.com/asynctp/asynctp/internal/testutil"
 	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/parallel/model"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cpu"
@@ -27,14 +28,24 @@ type layout struct {
 	sp     bool
 	ep     int
 	stream comm.Stream
+	// overlap is the strategy of every site ("" is collective).
+	overlap string
 }
 
 func (l layout) String() string {
+	s := fmt.Sprintf("tp=%d/dp=%d/sp=%v", l.tp, l.dp, l.sp)
 	if l.ep > 1 {
-		return fmt.Sprintf("tp=%d/dp=%d/ep=%d/sp=%v", l.tp, l.dp, l.ep, l.sp)
+		s = fmt.Sprintf("tp=%d/dp=%d/ep=%d/sp=%v", l.tp, l.dp, l.ep, l.sp)
 	}
-	return fmt.Sprintf("tp=%d/dp=%d/sp=%v", l.tp, l.dp, l.sp)
+	if l.overlap != "" {
+		s += "/" + l.overlap
+	}
+	return s
 }
+
+// strategies are the overlap strategies every sharded-equals-single-rank
+// test runs with.
+var strategies = []string{"collective", "pipelined"}
 
 // onGrid runs fn on each rank of a local world of dp·tp ranks, each with
 // its own CPU backend and grid, and returns the ranks' errors.
@@ -55,7 +66,11 @@ func onGrid(l layout, fn func(b tensor.Backend, g *comm.Grid) error, opts ...loc
 
 // newModel builds the sharded model of cfg on a rank.
 func newModel(b tensor.Backend, g *comm.Grid, cfg layers.GPTConfig, l layout, dt tensor.DType) (*model.Model, error) {
-	return model.New(b, g, cfg, model.Options{SequenceParallel: l.sp, Stream: l.stream}, dt)
+	ch, err := overlap.NewChooser(overlap.Config{Default: l.overlap}, []overlap.Strategy{overlap.Pipelined{}}, nil)
+	if err != nil {
+		return nil, err
+	}
+	return model.New(b, g, cfg, model.Options{SequenceParallel: l.sp, Stream: l.stream, Overlap: ch}, dt)
 }
 
 // batch returns a global batch (B, T) of ids and targets drawn from seed;

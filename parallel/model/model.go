@@ -7,6 +7,7 @@ import (
 
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/parallel/tp"
 	"github.com/asynctp/asynctp/tensor"
 )
@@ -16,12 +17,13 @@ type Options struct {
 	// SequenceParallel splits the residual stream, the norms and the
 	// embedding's output along the tokens over the TP group.
 	SequenceParallel bool
-	// Strategy runs the fused all-gather/matmul and matmul/reduce-scatter
-	// sites; nil means comm.Collective{Stream: Stream}.
-	Strategy comm.Strategy
+	// Overlap chooses the strategy of every communication site of the TP
+	// layers (overlap.Chooser: --overlap and the "overlap" configuration);
+	// nil gives every site overlap.Collective.
+	Overlap *overlap.Chooser
 	// Stream is the stream of the backend (nil on the CPU; on a GPU the
 	// backend's own, e.g. tensor/cudabackend's Backend.Stream). Every
-	// collective of the model, of its layers and of the default Strategy
+	// collective of the model, of its layers and of its sites
 	// is queued on it and waited for on it (Work.Wait(Stream)) before its
 	// result is used, so a GPU transport orders them with the backend's
 	// ops on the device, without host synchronisation.
@@ -98,7 +100,7 @@ func New(b tensor.Backend, grid *comm.Grid, cfg layers.GPTConfig, opts Options, 
 		return nil, fmt.Errorf("model: dtype %v, expected a float dtype (f32 or f64 on the cpu)", dt)
 	}
 	m := &Model{cfg: cfg, b: b, dt: dt, grid: grid, ps: layers.NewParamSet(cfg.Seed),
-		par: tp.Parallel{Group: grid.TPGroup, Strategy: opts.Strategy, SequenceParallel: opts.SequenceParallel, Stream: opts.Stream}}
+		par: tp.Parallel{Group: grid.TPGroup, Overlap: opts.Overlap, SequenceParallel: opts.SequenceParallel, Stream: opts.Stream}}
 	std, outStd := cfg.InitStd, cfg.InitStd/math.Sqrt(2*float64(cfg.Layers))
 	var err error
 	if m.Embed, err = tp.NewVocabParallelEmbedding(b, m.ps, m.par, "embed", cfg.Vocab, cfg.Dim, std); err != nil {

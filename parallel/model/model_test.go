@@ -54,15 +54,17 @@ func TestModelMatchesGPT(t *testing.T) {
 		for _, tpn := range []int{1, 2, 4} {
 			for _, dp := range []int{1, 2} {
 				for _, sp := range []bool{false, true} {
-					l := layout{tp: tpn, dp: dp, sp: sp}
-					t.Run(fmt.Sprintf("%v/tied=%v/%v", v.dt, v.tied, l), func(t *testing.T) {
-						err := onGrid(l, func(b tensor.Backend, g *comm.Grid) error {
-							return checkAgainst(b, g, cfg, l, v.dt, ids, targets, ref, tol, &worst, checkHooks{})
+					for _, ov := range strategies {
+						l := layout{tp: tpn, dp: dp, sp: sp, overlap: ov}
+						t.Run(fmt.Sprintf("%v/tied=%v/%v", v.dt, v.tied, l), func(t *testing.T) {
+							err := onGrid(l, func(b tensor.Backend, g *comm.Grid) error {
+								return checkAgainst(b, g, cfg, l, v.dt, ids, targets, ref, tol, &worst, checkHooks{})
+							})
+							if err != nil {
+								t.Fatal(err)
+							}
 						})
-						if err != nil {
-							t.Fatal(err)
-						}
-					})
+					}
 				}
 			}
 		}
@@ -162,7 +164,8 @@ func TestAsyncTransport(t *testing.T) {
 	cfg := smallConfig()
 	ids, targets := batch(3, 4, 8, cfg.Vocab)
 	ref := runReference(t, cfg, tensor.Float32, ids, targets)
-	for _, l := range []layout{{tp: 2, dp: 2, sp: true}, {tp: 2, dp: 2, sp: false}} {
+	for _, l := range []layout{{tp: 2, dp: 2, sp: true}, {tp: 2, dp: 2, sp: false},
+		{tp: 2, dp: 2, sp: true, overlap: "pipelined"}, {tp: 4, dp: 1, sp: false, overlap: "pipelined"}} {
 		err := onGrid(l, func(b tensor.Backend, g *comm.Grid) error {
 			return checkAgainst(b, g, cfg, l, tensor.Float32, ids, targets, ref, 1e-5, &worstErr{}, checkHooks{})
 		}, local.Async())

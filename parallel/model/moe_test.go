@@ -112,6 +112,9 @@ func moeLayouts() []layout {
 						continue
 					}
 					ls = append(ls, layout{tp: tpn, dp: dp, ep: epn, sp: sp})
+					if tpn > 1 && dp == 1 {
+						ls = append(ls, layout{tp: tpn, dp: dp, ep: epn, sp: sp, overlap: "pipelined"})
+					}
 				}
 			}
 		}
@@ -330,6 +333,7 @@ func TestMoETrainMatchesGPT(t *testing.T) {
 	for _, l := range []layout{
 		{tp: 1, dp: 1, ep: 1}, {tp: 2, dp: 1, ep: 2}, {tp: 4, dp: 1, ep: 4}, {tp: 4, dp: 1, ep: 2, sp: true},
 		{tp: 1, dp: 2, ep: 2}, {tp: 2, dp: 2, ep: 4, sp: true}, {tp: 2, dp: 2, ep: 1},
+		{tp: 2, dp: 1, ep: 2, overlap: "pipelined"}, {tp: 4, dp: 1, ep: 2, sp: true, overlap: "pipelined"},
 	} {
 		t.Run(l.String(), func(t *testing.T) { matchReference(t, l, cfg, ds, ref, refNorms) })
 	}

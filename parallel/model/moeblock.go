@@ -5,6 +5,7 @@ import (
 
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/parallel/ep"
 	"github.com/asynctp/asynctp/parallel/tp"
 	"github.com/asynctp/asynctp/tensor"
@@ -165,7 +166,7 @@ func (f *moeFFN) gather(what string, dst, src *tensor.Tensor) error {
 		return err
 	}
 	s := f.par.Stream
-	w, err := comm.SequenceGatherForward(f.b, f.par.Group, dst, src, s)
+	w, err := overlap.SequenceGatherForward(f.b, f.par.Group, dst, src, s)
 	if err == nil {
 		err = w.Wait(s)
 	}

@@ -228,6 +228,9 @@ func TestStreamContract(t *testing.T) {
 		{moeConfig(), layout{tp: 2, dp: 2, ep: 2, sp: true}},
 		{moeConfig(), layout{tp: 2, dp: 2, ep: 4, sp: false}},
 		{moeConfig(), layout{tp: 1, dp: 2, ep: 2}},
+		{smallConfig(), layout{tp: 2, dp: 2, sp: true, overlap: "pipelined"}},
+		{smallConfig(), layout{tp: 4, dp: 1, sp: false, overlap: "pipelined"}},
+		{moeConfig(), layout{tp: 2, dp: 2, ep: 2, sp: true, overlap: "pipelined"}},
 	}
 	for _, c := range cases {
 		ids, targets := batch(3, B, T, c.cfg.Vocab)

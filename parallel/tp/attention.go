@@ -53,7 +53,7 @@ func NewAttention(b tensor.Backend, ps *layers.ParamSet, par Parallel, name stri
 	a := &Attention{Name: name, Dim: cfg.Dim, Heads: cfg.Heads, HeadDim: hd, LocalHeads: cfg.Heads / par.Size(),
 		Theta: cfg.RopeTheta, b: b, par: par, core: layers.NewAttentionCore(b, cfg.Heads/par.Size(), hd, cfg.RopeTheta)}
 	col := func(suffix string) (*ColumnParallelLinear, error) {
-		return NewColumnParallelLinear(b, ps, par, name+"."+suffix, ColumnConfig{In: cfg.Dim, Out: cfg.Dim, Std: cfg.Std})
+		return NewColumnParallelLinear(b, ps, par.part(), name+"."+suffix, ColumnConfig{In: cfg.Dim, Out: cfg.Dim, Std: cfg.Std})
 	}
 	var err error
 	if a.Wq, err = col("wq"); err != nil {
@@ -68,7 +68,9 @@ func NewAttention(b tensor.Backend, ps *layers.ParamSet, par Parallel, name stri
 	if a.Wo, err = NewRowParallelLinear(b, ps, par, name+".wo", RowConfig{In: cfg.Dim, Out: cfg.Dim, Std: cfg.OutStd}); err != nil {
 		return nil, err
 	}
-	a.e = newEntry(b, par, what, a.Wq, a.Wk, a.Wv)
+	if a.e, err = newEntry(b, par, what, name+".qkv", a.Wq, a.Wk, a.Wv); err != nil {
+		return nil, err
+	}
 	return a, nil
 }
 

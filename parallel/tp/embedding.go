@@ -3,8 +3,8 @@ package tp
 import (
 	"fmt"
 
-	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/tensor"
 )
 
@@ -134,9 +134,9 @@ func (e *VocabParallelEmbedding) Forward(out, ids *tensor.Tensor) error {
 	}
 	g, s := e.par.Group, e.par.Stream
 	if e.par.SequenceParallel {
-		err = wait(s)(comm.SequenceReduceScatterForward(e.b, g, out2, target, s))
+		err = wait(s)(overlap.SequenceReduceScatterForward(e.b, g, out2, target, s))
 	} else {
-		err = wait(s)(comm.ReduceFromRegionForward(g, out2, s))
+		err = wait(s)(overlap.ReduceFromRegionForward(g, out2, s))
 	}
 	if err != nil {
 		return fmt.Errorf("%s forward: %w", e.what(), err)
@@ -163,11 +163,11 @@ func (e *VocabParallelEmbedding) Backward(dout *tensor.Tensor) error {
 	d := layers.Reshape(dout, n, e.Dim)
 	if e.par.SequenceParallel && e.par.Size() > 1 {
 		e.full = layers.Ensure(e.b, e.full, dt, N, e.Dim)
-		if err := wait(s)(comm.SequenceReduceScatterBackward(e.b, g, e.full, d, s)); err != nil {
+		if err := wait(s)(overlap.SequenceReduceScatterBackward(e.b, g, e.full, d, s)); err != nil {
 			return fmt.Errorf("%s backward: %w", e.what(), err)
 		}
 		d = e.full
-	} else if err := wait(s)(comm.ReduceFromRegionBackward(g, d, s)); err != nil {
+	} else if err := wait(s)(overlap.ReduceFromRegionBackward(g, d, s)); err != nil {
 		return fmt.Errorf("%s backward: %w", e.what(), err)
 	}
 	switch {

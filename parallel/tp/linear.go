@@ -3,8 +3,8 @@ package tp
 import (
 	"fmt"
 
-	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/tensor"
 )
 
@@ -93,7 +93,11 @@ func NewColumnParallelLinearFromParams(b tensor.Backend, par Parallel, name stri
 	}
 	l := &ColumnParallelLinear{Name: name, In: s[1], Out: out, LocalOut: hi - lo, Lo: lo, W: w, Bias: bias,
 		GatherOutput: gatherOutput, b: b, par: par}
-	l.e = newEntry(b, par, what, l)
+	if !par.shared {
+		if l.e, err = newEntry(b, par, what, name, l); err != nil {
+			return nil, err
+		}
+	}
 	return l, nil
 }
 
@@ -122,6 +126,9 @@ func (l *ColumnParallelLinear) outWidth() int {
 // (N, In), or x (N/P, In), this rank's tokens, under sequence parallelism.
 // Leading dims of x and y are flattened into rows.
 func (l *ColumnParallelLinear) Forward(y, x *tensor.Tensor) error {
+	if l.e == nil {
+		return fmt.Errorf("%s: a part of a layer with a shared entry (attention, MLP): call the layer", l.what())
+	}
 	l.e.n = 0
 	if err := layers.CheckParams(l.what(), l.Params()...); err != nil {
 		return err
@@ -152,7 +159,7 @@ func (l *ColumnParallelLinear) Forward(y, x *tensor.Tensor) error {
 	}
 	if l.GatherOutput {
 		s := l.par.Stream
-		if err := wait(s)(comm.GatherFromRegionForward(l.b, l.par.Group, y2, yl, s)); err != nil {
+		if err := wait(s)(overlap.GatherFromRegionForward(l.b, l.par.Group, y2, yl, s)); err != nil {
 			l.e.n = 0
 			return fmt.Errorf("%s forward: %w", l.what(), err)
 		}
@@ -163,7 +170,7 @@ func (l *ColumnParallelLinear) Forward(y, x *tensor.Tensor) error {
 // Backward overwrites dx (shaped like the forward's x) with ∂L/∂x and adds
 // the parameters' gradients, from dy (shaped like y).
 func (l *ColumnParallelLinear) Backward(dx, dy *tensor.Tensor) error {
-	if l.e.n == 0 {
+	if l.e == nil || l.e.n == 0 {
 		return fmt.Errorf("%s: %w", l.what(), errNoForward)
 	}
 	dt, n, N := l.W.W.DType(), l.e.n, l.e.xFull.Dim(0)
@@ -180,7 +187,7 @@ func (l *ColumnParallelLinear) Backward(dx, dy *tensor.Tensor) error {
 	if l.GatherOutput {
 		l.dyl = layers.Ensure(l.b, l.dyl, dt, N, l.LocalOut)
 		s := l.par.Stream
-		if err := wait(s)(comm.GatherFromRegionBackward(l.b, l.par.Group, l.dyl, dyl, s)); err != nil {
+		if err := wait(s)(overlap.GatherFromRegionBackward(l.b, l.par.Group, l.dyl, dyl, s)); err != nil {
 			return fmt.Errorf("%s backward: %w", l.what(), err)
 		}
 		dyl = l.dyl
@@ -214,8 +221,10 @@ type RowParallelLinear struct {
 	b      tensor.Backend
 	par    Parallel
 	shards []Shard
-	n      int            // tokens N of the last Forward; 0 before a successful one
-	x      *tensor.Tensor // (N, In/P): the input of the last Forward (the caller's)
+	mmrs   overlap.MatmulReduceScatter // SP: the exit site
+	mmar   overlap.MatmulAllReduce     // without SP: the exit site
+	n      int                         // tokens N of the last Forward; 0 before a successful one
+	x      *tensor.Tensor              // (N, In/P): the input of the last Forward (the caller's)
 }
 
 // NewRowParallelLinear registers name+".weight" (and name+".bias") in ps
@@ -228,6 +237,15 @@ func NewRowParallelLinear(b tensor.Backend, ps *layers.ParamSet, par Parallel, n
 	}
 	l := &RowParallelLinear{Name: name, In: cfg.In, Out: cfg.Out, LocalIn: ws.Hi - ws.Lo, Lo: ws.Lo, W: w, b: b, par: par,
 		shards: []Shard{ws}}
+	sp := par.spec(b, name, l.LocalIn, cfg.Out)
+	if par.SequenceParallel {
+		l.mmrs, err = par.chooser().MatmulReduceScatter(sp)
+	} else {
+		l.mmar, err = par.chooser().MatmulAllReduce(sp)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", l.what(), err)
+	}
 	if cfg.Bias {
 		if l.Bias, err = ps.Add(name+".bias", []int{cfg.Out}, false, layers.Constant(0)); err != nil {
 			return nil, err
@@ -276,19 +294,12 @@ func (l *RowParallelLinear) Forward(y, x *tensor.Tensor) error {
 	if err := layers.Sticky(l.b, l.what(), "forward"); err != nil {
 		return err
 	}
-	g, s := l.par.Group, l.par.Stream
 	if l.par.SequenceParallel {
-		if err := l.par.strategy().MatmulReduceScatter(l.b, g, x2, l.W.W, y2); err != nil {
+		if err := l.mmrs.Forward(y2, x2, l.W.W); err != nil {
 			return fmt.Errorf("%s forward: %w", l.what(), err)
 		}
-	} else {
-		l.b.MatMul(y2, x2, l.W.W, false, true, 1, 0)
-		if err := layers.Sticky(l.b, l.what(), "forward"); err != nil {
-			return err
-		}
-		if err := wait(s)(comm.ReduceFromRegionForward(g, y2, s)); err != nil {
-			return fmt.Errorf("%s forward: %w", l.what(), err)
-		}
+	} else if err := wait(l.par.Stream)(l.mmar.Run(y2, []*tensor.Tensor{x2}, []*tensor.Tensor{l.W.W}, true)); err != nil {
+		return fmt.Errorf("%s forward: %w", l.what(), err)
 	}
 	if l.Bias != nil {
 		l.b.AddBias(y2, l.Bias.W)
@@ -321,16 +332,13 @@ func (l *RowParallelLinear) Backward(dx, dy *tensor.Tensor) error {
 	if err := layers.Sticky(l.b, l.what(), "backward"); err != nil {
 		return err
 	}
-	g, s := l.par.Group, l.par.Stream
 	if l.par.SequenceParallel {
-		if err := l.par.strategy().MatmulReduceScatterBackward(l.b, g, dy2, l.x, l.W.W, dx2, l.W.G); err != nil {
+		if err := wait(l.par.Stream)(l.mmrs.Backward(dx2, l.W.G, dy2, l.x, l.W.W)); err != nil {
 			return fmt.Errorf("%s backward: %w", l.what(), err)
 		}
 		return layers.Sticky(l.b, l.what(), "backward")
 	}
-	if err := wait(s)(comm.ReduceFromRegionBackward(g, dy2, s)); err != nil {
-		return fmt.Errorf("%s backward: %w", l.what(), err)
-	}
+	// the all-reduce's adjoint is the identity: the local matmuls alone
 	l.b.MatMul(dx2, dy2, l.W.W, false, false, 1, 0) // dx = dy·W
 	l.b.MatMul(l.W.G, dy2, l.x, true, false, 1, 1)  // dW += dyᵀ·x
 	return layers.Sticky(l.b, l.what(), "backward")

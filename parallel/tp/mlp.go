@@ -43,16 +43,18 @@ func NewMLP(b tensor.Backend, ps *layers.ParamSet, par Parallel, name string, cf
 	m := &MLP{Name: name, Dim: cfg.Dim, Hidden: cfg.Hidden, LocalHidden: cfg.Hidden / par.Size(), b: b, par: par,
 		act: layers.NewSwiGLUCore(b)}
 	var err error
-	if m.Gate, err = NewColumnParallelLinear(b, ps, par, name+".w_gate", ColumnConfig{In: cfg.Dim, Out: cfg.Hidden, Std: cfg.Std}); err != nil {
+	if m.Gate, err = NewColumnParallelLinear(b, ps, par.part(), name+".w_gate", ColumnConfig{In: cfg.Dim, Out: cfg.Hidden, Std: cfg.Std}); err != nil {
 		return nil, err
 	}
-	if m.Up, err = NewColumnParallelLinear(b, ps, par, name+".w_up", ColumnConfig{In: cfg.Dim, Out: cfg.Hidden, Std: cfg.Std}); err != nil {
+	if m.Up, err = NewColumnParallelLinear(b, ps, par.part(), name+".w_up", ColumnConfig{In: cfg.Dim, Out: cfg.Hidden, Std: cfg.Std}); err != nil {
 		return nil, err
 	}
 	if m.Down, err = NewRowParallelLinear(b, ps, par, name+".w_down", RowConfig{In: cfg.Hidden, Out: cfg.Dim, Std: cfg.OutStd}); err != nil {
 		return nil, err
 	}
-	m.e = newEntry(b, par, what, m.Gate, m.Up)
+	if m.e, err = newEntry(b, par, what, name+".gate_up", m.Gate, m.Up); err != nil {
+		return nil, err
+	}
 	return m, nil
 }
 

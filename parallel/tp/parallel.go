@@ -6,27 +6,32 @@ import (
 
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/tensor"
 )
 
 // Parallel is how a tensor-parallel layer communicates: the TP group it
-// spans, the strategy that runs its fused all-gather/matmul and
-// matmul/reduce-scatter sites, whether sequence parallelism is on, and the
+// spans, the chooser of the strategies of its communication sites, whether sequence parallelism is on, and the
 // stream of the backend. It is passed by value to every constructor; nothing
 // is read from globals.
 type Parallel struct {
 	// Group is the TP group (required): P = Group.Size() ranks share each
 	// layer's weights.
 	Group comm.Comm
-	// Strategy runs AllGatherMatmul and MatmulReduceScatter; nil means
-	// comm.Collective{Stream: Stream}.
-	Strategy comm.Strategy
+	// Overlap chooses the strategy of each communication site of the
+	// layers (overlap.Chooser); nil gives every site overlap.Collective.
+	Overlap *overlap.Chooser
 	// SequenceParallel splits the activations outside the TP regions (the
 	// residual stream, the norms) along the token dim: each rank holds N/P
 	// of the N = B·T rows, in rank order.
 	SequenceParallel bool
 	// Stream is the stream the backend queues its ops on (nil on the CPU).
 	Stream comm.Stream
+
+	// shared marks the column-parallel linears of a layer whose input
+	// enters the region once for all of them (attention's q, k, v; the
+	// MLP's gate and up): they get no entry site of their own.
+	shared bool
 }
 
 // Size is the number of ranks of the TP group.
@@ -35,12 +40,19 @@ func (p Parallel) Size() int { return p.Group.Size() }
 // Rank is this rank's index in the TP group.
 func (p Parallel) Rank() int { return p.Group.Rank() }
 
-// strategy returns the strategy to use.
-func (p Parallel) strategy() comm.Strategy {
-	if p.Strategy != nil {
-		return p.Strategy
+var collectiveOnly = overlap.Single(overlap.Collective{})
+
+// chooser returns the chooser of the layers' sites.
+func (p Parallel) chooser() *overlap.Chooser {
+	if p.Overlap != nil {
+		return p.Overlap
 	}
-	return comm.Collective{Stream: p.Stream}
+	return collectiveOnly
+}
+
+// spec is the spec of a site of the layer name on p's group.
+func (p Parallel) spec(b tensor.Backend, name string, k int, outs ...int) overlap.Spec {
+	return overlap.Spec{Name: name, Group: p.Group, Backend: b, Stream: p.Stream, K: k, Outs: outs}
 }
 
 // check validates p for a layer.
@@ -132,3 +144,9 @@ func (p Parallel) seqRows(layer string, n int) (int, error) {
 }
 
 var errNoForward = errors.New("Backward without a successful Forward")
+
+// part is p for the column-parallel parts of a layer with a shared entry.
+func (p Parallel) part() Parallel {
+	p.shared = true
+	return p
+}

@@ -5,6 +5,7 @@ import (
 
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/tensor"
 )
 
@@ -14,12 +15,11 @@ import (
 //	forward:  x (n, In) ──copy (identity) / sequence all-gather──► xFull (N, In) ──► y_i = xFull·W_iᵀ
 //	backward: dxFull = Σ_i dy_i·W_i ──all-reduce / reduce-scatter──► dx (n, In)
 //
-// (n = N, or N/P under sequence parallelism). The all-gather runs fused
-// with the first linear's matmul through the strategy (AllGatherMatmul),
-// and the gathered input is kept for the others and for the backward. A
-// single linear's backward under sequence parallelism goes through the
-// strategy too (AllGatherMatmulBackward); several linears sum their input
-// gradients first and reduce-scatter once (comm.SequenceGatherBackward).
+// (n = N, or N/P under sequence parallelism). It is one communication site
+// of the overlap layer: under sequence parallelism an all-gather∘matmul
+// site (the gather streamed into the matmuls of every linear), else a
+// matmul∘all-reduce site for the backward, whose all-reduce of dx runs
+// while the weight gradients compute.
 type entry struct {
 	what string
 	b    tensor.Backend
@@ -27,15 +27,49 @@ type entry struct {
 	lins []*ColumnParallelLinear
 	in   int
 
+	agmm overlap.AllGatherMatmul // SP
+	mmar overlap.MatmulAllReduce // without SP
+
 	n        int            // rows of the last forward's x; 0 before a successful one
 	x        *tensor.Tensor // (n, In): the caller's input, viewed 2-D
 	xFull    *tensor.Tensor // (N, In): x, or gathered under SP
 	gathered *tensor.Tensor // (N, In) owned buffer of the gathered input (SP)
-	dFull    *tensor.Tensor // (N, In) backward scratch: Σ_i dy_i·W_i (SP)
 }
 
-func newEntry(b tensor.Backend, par Parallel, what string, lins ...*ColumnParallelLinear) *entry {
-	return &entry{what: what, b: b, par: par, lins: lins, in: lins[0].In}
+// newEntry builds the entry of the layer name (its site's name).
+func newEntry(b tensor.Backend, par Parallel, what, name string, lins ...*ColumnParallelLinear) (*entry, error) {
+	e := &entry{what: what, b: b, par: par, lins: lins, in: lins[0].In}
+	outs := make([]int, len(lins))
+	for i, l := range lins {
+		outs[i] = l.LocalOut
+	}
+	sp := par.spec(b, name, e.in, outs...)
+	var err error
+	if par.SequenceParallel {
+		e.agmm, err = par.chooser().AllGatherMatmul(sp)
+	} else {
+		e.mmar, err = par.chooser().MatmulAllReduce(sp)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	return e, nil
+}
+
+func (e *entry) weights() []*tensor.Tensor {
+	ws := make([]*tensor.Tensor, len(e.lins))
+	for i, l := range e.lins {
+		ws[i] = l.W.W
+	}
+	return ws
+}
+
+func (e *entry) grads() []*tensor.Tensor {
+	gs := make([]*tensor.Tensor, len(e.lins))
+	for i, l := range e.lins {
+		gs[i] = l.W.G
+	}
+	return gs
 }
 
 // forward computes outs[i] (N, LocalOut_i) from x (n, In), both 2-D and
@@ -44,22 +78,21 @@ func (e *entry) forward(x *tensor.Tensor, outs []*tensor.Tensor) error {
 	e.n = 0
 	b, dt := e.b, x.DType()
 	n := x.Dim(0)
-	start := 0
 	if e.par.SequenceParallel {
 		N := n * e.par.Size()
 		e.gathered = layers.Ensure(b, e.gathered, dt, N, e.in)
 		if err := layers.Sticky(b, e.what, "forward"); err != nil {
 			return err
 		}
-		if err := e.par.strategy().AllGatherMatmul(b, e.par.Group, x, e.lins[0].W.W, outs[0], e.gathered); err != nil {
+		if err := e.agmm.Forward(outs, e.gathered, x, e.weights()); err != nil {
 			return fmt.Errorf("%s forward: %w", e.what, err)
 		}
-		e.xFull, start = e.gathered, 1
+		e.xFull = e.gathered
 	} else {
 		e.xFull = x
-	}
-	for i := start; i < len(e.lins); i++ {
-		b.MatMul(outs[i], e.xFull, e.lins[i].W.W, false, true, 1, 0)
+		for i, l := range e.lins {
+			b.MatMul(outs[i], x, l.W.W, false, true, 1, 0)
+		}
 	}
 	for i, l := range e.lins {
 		if l.Bias != nil {
@@ -73,43 +106,29 @@ func (e *entry) forward(x *tensor.Tensor, outs []*tensor.Tensor) error {
 // backward overwrites dx (n, In) with ∂L/∂x and adds the weight gradients,
 // from douts[i] (N, LocalOut_i).
 func (e *entry) backward(dx *tensor.Tensor, douts []*tensor.Tensor) error {
-	b, g, s := e.b, e.par.Group, e.par.Stream
+	b := e.b
 	for i, l := range e.lins {
 		if l.Bias != nil {
 			b.SumRows(l.Bias.G, douts[i])
 		}
 	}
-	if e.par.SequenceParallel && len(e.lins) == 1 {
-		if err := layers.Sticky(b, e.what, "backward"); err != nil {
-			return err
-		}
-		l := e.lins[0]
-		if err := e.par.strategy().AllGatherMatmulBackward(b, g, douts[0], e.x, e.xFull, l.W.W, dx, l.W.G); err != nil {
-			return fmt.Errorf("%s backward: %w", e.what, err)
-		}
-		return layers.Sticky(b, e.what, "backward")
-	}
-	target := dx
-	if e.par.SequenceParallel {
-		e.dFull = layers.Ensure(b, e.dFull, dx.DType(), e.xFull.Dim(0), e.in)
-		target = e.dFull
-	}
-	for i, l := range e.lins {
-		beta := float32(1)
-		if i == 0 {
-			beta = 0
-		}
-		b.MatMul(target, douts[i], l.W.W, false, false, 1, beta) // dxFull (+)= dy·W
-		b.MatMul(l.W.G, douts[i], e.xFull, true, false, 1, 1)    // dW += dyᵀ·xFull
-	}
 	if err := layers.Sticky(b, e.what, "backward"); err != nil {
 		return err
 	}
+	var work comm.Work
 	var err error
 	if e.par.SequenceParallel {
-		err = wait(s)(comm.SequenceGatherBackward(b, g, dx, e.dFull, s))
+		work, err = e.agmm.Backward(dx, e.grads(), douts, e.xFull, e.weights())
 	} else {
-		err = wait(s)(comm.CopyToRegionBackward(g, dx, s))
+		// dx = all-reduce(Σ_i dy_i·W_i), the weight gradients while it moves
+		if work, err = e.mmar.Run(dx, douts, e.weights(), false); err == nil {
+			for i, l := range e.lins {
+				b.MatMul(l.W.G, douts[i], e.xFull, true, false, 1, 1) // dW += dyᵀ·x
+			}
+		}
+	}
+	if err == nil {
+		err = work.Wait(e.par.Stream)
 	}
 	if err != nil {
 		return fmt.Errorf("%s backward: %w", e.what, err)

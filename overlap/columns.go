@@ -1,7 +1,8 @@
-package comm
+package overlap
 
 import (
 	"fmt"
+	"github.com/asynctp/asynctp/comm"
 
 	"github.com/asynctp/asynctp/tensor"
 )
@@ -105,31 +106,31 @@ func as2D(t *tensor.Tensor) (rows, cols int, err error) {
 
 // lastDimPart checks that part has the shape of whole with the last dim
 // divided by p, and returns the width of a part.
-func lastDimPart(c Comm, op string, part, whole *tensor.Tensor) (int, error) {
+func lastDimPart(c comm.Comm, op string, part, whole *tensor.Tensor) (int, error) {
 	if part == nil || whole == nil {
-		return 0, Errorf(c, op, "expected two tensors, found %v and %v", part, whole)
+		return 0, comm.Errorf(c, op, "expected two tensors, found %v and %v", part, whole)
 	}
 	p := c.Size()
 	ws := whole.Shape()
 	if len(ws) == 0 || ws[len(ws)-1]%p != 0 {
-		return 0, Errorf(c, op, "%v: expected a last dim divisible by the %d ranks", whole, p)
+		return 0, comm.Errorf(c, op, "%v: expected a last dim divisible by the %d ranks", whole, p)
 	}
 	want := ws.Clone()
 	want[len(want)-1] /= p
 	if !part.Shape().Equal(want) || part.DType() != whole.DType() {
-		return 0, Errorf(c, op, "part %v of %v: expected %v%v (last dim / %d ranks)", part, whole, whole.DType(), want, p)
+		return 0, comm.Errorf(c, op, "part %v of %v: expected %v%v (last dim / %d ranks)", part, whole, whole.DType(), want, p)
 	}
 	return want[len(want)-1], nil
 }
 
 // splitLastDim copies this rank's part of whole's last dim into part.
-func splitLastDim(b tensor.Backend, c Comm, op string, part, whole *tensor.Tensor) error {
+func splitLastDim(b tensor.Backend, c comm.Comm, op string, part, whole *tensor.Tensor) error {
 	w, err := lastDimPart(c, op, part, whole)
 	if err != nil {
 		return err
 	}
 	if err := copyColumns(b, part, 0, whole, c.Rank()*w, w); err != nil {
-		return Errorf(c, op, "%w", err)
+		return comm.Errorf(c, op, "%w", err)
 	}
 	return nil
 }
@@ -137,7 +138,7 @@ func splitLastDim(b tensor.Backend, c Comm, op string, part, whole *tensor.Tenso
 // allGatherLastDim gathers every rank's part into whole along the last dim:
 // an all-gather along dim 0 into a scratch (P·R, w), then one column copy per
 // rank. The scratch comes from b and is freed after the copies are queued.
-func allGatherLastDim(b tensor.Backend, c Comm, op string, whole, part *tensor.Tensor, s Stream) error {
+func allGatherLastDim(b tensor.Backend, c comm.Comm, op string, whole, part *tensor.Tensor, s comm.Stream) error {
 	w, err := lastDimPart(c, op, part, whole)
 	if err != nil {
 		return err
@@ -146,7 +147,7 @@ func allGatherLastDim(b tensor.Backend, c Comm, op string, whole, part *tensor.T
 	p := c.Size()
 	part2, err := part.Reshape(rows, w)
 	if err != nil {
-		return Errorf(c, op, "%w", err)
+		return comm.Errorf(c, op, "%w", err)
 	}
 	tmp := b.Zeros(part.DType(), p*rows, w)
 	defer b.Free(tmp)
@@ -155,15 +156,15 @@ func allGatherLastDim(b tensor.Backend, c Comm, op string, whole, part *tensor.T
 		err = wk.Wait(s)
 	}
 	if err != nil {
-		return fmt.Errorf("comm: %s: %w", op, err)
+		return fmt.Errorf("%s: %w", op, err)
 	}
 	for r := 0; r < p; r++ {
 		src, err := tmp.Rows(r*rows, (r+1)*rows)
 		if err != nil {
-			return Errorf(c, op, "%w", err)
+			return comm.Errorf(c, op, "%w", err)
 		}
 		if err := copyColumns(b, whole, r*w, src, 0, w); err != nil {
-			return Errorf(c, op, "%w", err)
+			return comm.Errorf(c, op, "%w", err)
 		}
 	}
 	return nil

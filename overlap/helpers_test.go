@@ -1,4 +1,4 @@
-package comm_test
+package overlap_test
 
 import (
 	"fmt"

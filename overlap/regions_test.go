@@ -1,4 +1,4 @@
-package comm_test
+package overlap_test
 
 import (
 	"errors"
@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/tensor"
 )
 
@@ -28,21 +29,21 @@ func TestCopyAndReduceRegions(t *testing.T) {
 				r := c.Rank()
 				x := seeded("x", 3, 4) // replicated
 				xt := x.t64()
-				if err := wait(comm.CopyToRegionForward(c, xt, nil)); err != nil {
+				if err := wait(overlap.CopyToRegionForward(c, xt, nil)); err != nil {
 					return err
 				}
 				if err := near("copy-to-region forward", xt, x); err != nil {
 					return err
 				}
 				dx := seeded(perRank("dx", r), 3, 4).t64()
-				if err := wait(comm.CopyToRegionBackward(c, dx, nil)); err != nil {
+				if err := wait(overlap.CopyToRegionBackward(c, dx, nil)); err != nil {
 					return err
 				}
 				if err := near("copy-to-region backward", dx, sum("dx", p, 3, 4)); err != nil {
 					return err
 				}
 				y := seeded(perRank("y", r), 2, 5).t64()
-				if err := wait(comm.ReduceFromRegionForward(c, y, nil)); err != nil {
+				if err := wait(overlap.ReduceFromRegionForward(c, y, nil)); err != nil {
 					return err
 				}
 				if err := near("reduce-from-region forward", y, sum("y", p, 2, 5)); err != nil {
@@ -50,7 +51,7 @@ func TestCopyAndReduceRegions(t *testing.T) {
 				}
 				dy := seeded("dy", 2, 5)
 				dyt := dy.t64()
-				if err := wait(comm.ReduceFromRegionBackward(c, dyt, nil)); err != nil {
+				if err := wait(overlap.ReduceFromRegionBackward(c, dyt, nil)); err != nil {
 					return err
 				}
 				return near("reduce-from-region backward", dyt, dy)
@@ -67,7 +68,7 @@ func TestScatterAndGatherRegions(t *testing.T) {
 				// scatter: forward splits the replicated X, backward gathers the parts.
 				x := seeded("x", n, w*p)
 				part := tensor.MustHost(tensor.Float64, n, w)
-				if err := wait(comm.ScatterToRegionForward(b, c, part, x.t64(), nil)); err != nil {
+				if err := wait(overlap.ScatterToRegionForward(b, c, part, x.t64(), nil)); err != nil {
 					return err
 				}
 				if err := near("scatter-to-region forward", part, x.cols(r, p)); err != nil {
@@ -78,7 +79,7 @@ func TestScatterAndGatherRegions(t *testing.T) {
 					dparts = append(dparts, seeded(perRank("dpart", q), n, w))
 				}
 				dx := tensor.MustHost(tensor.Float64, n, w*p)
-				if err := wait(comm.ScatterToRegionBackward(b, c, dx, dparts[r].t64(), nil)); err != nil {
+				if err := wait(overlap.ScatterToRegionBackward(b, c, dx, dparts[r].t64(), nil)); err != nil {
 					return err
 				}
 				if err := near("scatter-to-region backward", dx, catCols(dparts...)); err != nil {
@@ -86,7 +87,7 @@ func TestScatterAndGatherRegions(t *testing.T) {
 				}
 				// gather: forward gathers the parts, backward splits the replicated gradient.
 				full := tensor.MustHost(tensor.Float64, n, w*p)
-				if err := wait(comm.GatherFromRegionForward(b, c, full, dparts[r].t64(), nil)); err != nil {
+				if err := wait(overlap.GatherFromRegionForward(b, c, full, dparts[r].t64(), nil)); err != nil {
 					return err
 				}
 				if err := near("gather-from-region forward", full, catCols(dparts...)); err != nil {
@@ -94,7 +95,7 @@ func TestScatterAndGatherRegions(t *testing.T) {
 				}
 				dfull := seeded("dfull", n, w*p)
 				dpart := tensor.MustHost(tensor.Float64, n, w)
-				if err := wait(comm.GatherFromRegionBackward(b, c, dpart, dfull.t64(), nil)); err != nil {
+				if err := wait(overlap.GatherFromRegionBackward(b, c, dpart, dfull.t64(), nil)); err != nil {
 					return err
 				}
 				return near("gather-from-region backward", dpart, dfull.cols(r, p))
@@ -114,7 +115,7 @@ func TestGatherRegion3D(t *testing.T) {
 		}
 		src.SetFloat64s(vals)
 		dst := tensor.MustHost(tensor.BFloat16, 2, 2, 4)
-		if err := wait(comm.GatherFromRegionForward(b, c, dst, src, nil)); err != nil {
+		if err := wait(overlap.GatherFromRegionForward(b, c, dst, src, nil)); err != nil {
 			return err
 		}
 		got, _ := dst.Float64s()
@@ -139,14 +140,14 @@ func TestSequenceRegions(t *testing.T) {
 					xs = append(xs, seeded(perRank("x", q), n, k))
 				}
 				full := tensor.MustHost(tensor.Float64, n*p, k)
-				if err := wait(comm.SequenceGatherForward(b, c, full, xs[r].t64(), nil)); err != nil {
+				if err := wait(overlap.SequenceGatherForward(b, c, full, xs[r].t64(), nil)); err != nil {
 					return err
 				}
 				if err := near("sequence-gather forward", full, catRows(xs...)); err != nil {
 					return err
 				}
 				dx := tensor.MustHost(tensor.Float64, n, k)
-				if err := wait(comm.SequenceGatherBackward(b, c, dx, seeded(perRank("dfull", r), n*p, k).t64(), nil)); err != nil {
+				if err := wait(overlap.SequenceGatherBackward(b, c, dx, seeded(perRank("dfull", r), n*p, k).t64(), nil)); err != nil {
 					return err
 				}
 				if err := near("sequence-gather backward", dx, sum("dfull", p, n*p, k).rows(r, p)); err != nil {
@@ -154,14 +155,14 @@ func TestSequenceRegions(t *testing.T) {
 				}
 				// reduce-scatter: forward reduce-scatters partial sums, backward all-gathers.
 				y := tensor.MustHost(tensor.Float64, n, k)
-				if err := wait(comm.SequenceReduceScatterForward(b, c, y, seeded(perRank("partial", r), n*p, k).t64(), nil)); err != nil {
+				if err := wait(overlap.SequenceReduceScatterForward(b, c, y, seeded(perRank("partial", r), n*p, k).t64(), nil)); err != nil {
 					return err
 				}
 				if err := near("sequence-reduce-scatter forward", y, sum("partial", p, n*p, k).rows(r, p)); err != nil {
 					return err
 				}
 				dfull := tensor.MustHost(tensor.Float64, n*p, k)
-				if err := wait(comm.SequenceReduceScatterBackward(b, c, dfull, xs[r].t64(), nil)); err != nil {
+				if err := wait(overlap.SequenceReduceScatterBackward(b, c, dfull, xs[r].t64(), nil)); err != nil {
 					return err
 				}
 				return near("sequence-reduce-scatter backward", dfull, catRows(xs...))
@@ -188,14 +189,14 @@ func TestAllToAllRegion(t *testing.T) {
 				}
 				src, want := catRows(sent...), catRows(got...)
 				dst := tensor.MustHost(tensor.Float64, want.r, k)
-				if err := wait(comm.AllToAllForward(b, c, dst, src.t64(), send, recv, nil)); err != nil {
+				if err := wait(overlap.AllToAllForward(b, c, dst, src.t64(), send, recv, nil)); err != nil {
 					return err
 				}
 				if err := near("all-to-all forward", dst, want); err != nil {
 					return err
 				}
 				back := tensor.MustHost(tensor.Float64, src.r, k)
-				if err := wait(comm.AllToAllBackward(b, c, back, dst, send, recv, nil)); err != nil {
+				if err := wait(overlap.AllToAllBackward(b, c, back, dst, send, recv, nil)); err != nil {
 					return err
 				}
 				return near("all-to-all backward", back, src)
@@ -207,12 +208,12 @@ func TestAllToAllRegion(t *testing.T) {
 // TestMappingErrors: a wrong shape is an error that names the mapping.
 func TestMappingErrors(t *testing.T) {
 	onRanks(t, 2, func(c comm.Comm, b tensor.Backend) error {
-		_, err := comm.ScatterToRegionForward(b, c, tensor.MustHost(tensor.Float32, 3, 3), tensor.MustHost(tensor.Float32, 3, 4), nil)
+		_, err := overlap.ScatterToRegionForward(b, c, tensor.MustHost(tensor.Float32, 3, 3), tensor.MustHost(tensor.Float32, 3, 4), nil)
 		var e *comm.Error
 		if !errors.As(err, &e) || e.Op != "scatter-to-region forward" {
 			return fmt.Errorf("scatter: got %v", err)
 		}
-		_, err = comm.GatherFromRegionForward(b, c, tensor.MustHost(tensor.Float32, 3, 4), tensor.MustHost(tensor.Float32, 3, 3), nil)
+		_, err = overlap.GatherFromRegionForward(b, c, tensor.MustHost(tensor.Float32, 3, 4), tensor.MustHost(tensor.Float32, 3, 3), nil)
 		if !errors.As(err, &e) || e.Op != "gather-from-region forward" {
 			return fmt.Errorf("gather: got %v", err)
 		}

@@ -1,0 +1,229 @@
+package overlap
+
+import (
+	"errors"
+	"fmt"
+	"path"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+)
+
+// Names of the strategies a configuration may name. "auto" picks per site
+// from an autotune cache (cmd/ablate); until one exists it picks
+// collective, and says so.
+var Names = []string{"collective", "pipelined", "fused", "auto"}
+
+// Config chooses a strategy for each site: the JSON "overlap" section of a
+// run's configuration and the --overlap flag.
+//
+//	{"default": "pipelined", "sites": {"matmul-reduce-scatter": "collective", "blocks.0.*": "collective"}}
+//
+// A key of Sites is a site kind (Kinds) or a pattern over layer names
+// (path.Match syntax: "blocks.*.attn.qkv"); a layer name pattern wins over
+// a kind. The default applies to every site that has the strategy; a site
+// kind that has none keeps collective, and the summary says so. A strategy
+// named in Sites must exist for every site it matches, or building the
+// model fails, naming the site and why.
+type Config struct {
+	Default string            `json:"default,omitempty"`
+	Sites   map[string]string `json:"sites,omitempty"`
+}
+
+// Validate checks the names and patterns, without building anything.
+func (c Config) Validate() error {
+	if c.Default != "" && !slices.Contains(Names, c.Default) {
+		return fmt.Errorf("overlap: default strategy %q: expected one of %s", c.Default, strings.Join(Names, ", "))
+	}
+	for key, name := range c.Sites {
+		if !slices.Contains(Names, name) {
+			return fmt.Errorf("overlap: site %q: strategy %q: expected one of %s", key, name, strings.Join(Names, ", "))
+		}
+		if _, err := path.Match(key, ""); err != nil {
+			return fmt.Errorf("overlap: site pattern %q: %v", key, err)
+		}
+	}
+	return nil
+}
+
+// Chooser maps each site's spec to a strategy, from a Config and the
+// strategies this run can build (which depend on the transport).
+// It records its choices for the start-up summary. Safe for concurrent use
+// (goroutine ranks share one).
+type Chooser struct {
+	cfg       Config
+	available map[string]Strategy
+	missing   map[string]string // strategy name → why this run cannot build it
+
+	mu      sync.Mutex
+	choices map[Kind]map[string]int // kind → strategy → sites
+	notes   map[Kind]string         // kind → why the default did not apply
+}
+
+// NewChooser validates cfg against the strategies available in this run;
+// missing says, for each strategy this run cannot build, why ("fused needs
+// --comm nvshmem"). Collective is always available.
+func NewChooser(cfg Config, available []Strategy, missing map[string]string) (*Chooser, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	c := &Chooser{cfg: cfg, available: map[string]Strategy{"collective": Collective{}}, missing: map[string]string{},
+		choices: map[Kind]map[string]int{}, notes: map[Kind]string{}}
+	for _, s := range available {
+		c.available[s.Name()] = s
+	}
+	for k, v := range missing {
+		if _, ok := c.available[k]; !ok {
+			c.missing[k] = v
+		}
+	}
+	if d := cfg.Default; d != "" && d != "auto" {
+		if _, err := c.lookup(d); err != nil {
+			return nil, fmt.Errorf("overlap: default strategy: %w", err)
+		}
+	}
+	for key, name := range cfg.Sites {
+		if name == "auto" {
+			continue
+		}
+		if _, err := c.lookup(name); err != nil {
+			return nil, fmt.Errorf("overlap: site %q: %w", key, err)
+		}
+	}
+	return c, nil
+}
+
+func (c *Chooser) lookup(name string) (Strategy, error) {
+	if s, ok := c.available[name]; ok {
+		return s, nil
+	}
+	if why, ok := c.missing[name]; ok {
+		return nil, fmt.Errorf("strategy %s is not available in this run: %s (%w)", name, why, ErrUnavailable)
+	}
+	return nil, fmt.Errorf("strategy %s is not available in this run (%w)", name, ErrUnavailable)
+}
+
+// Choose returns the strategy for the site of sp.
+func (c *Chooser) Choose(sp Spec) (Strategy, error) {
+	name, explicit, from := c.cfg.Default, false, "the default"
+	if kindName, ok := c.cfg.Sites[string(sp.Kind)]; ok {
+		name, explicit, from = kindName, true, fmt.Sprintf("sites[%q]", sp.Kind)
+	}
+	keys := make([]string, 0, len(c.cfg.Sites))
+	for k := range c.cfg.Sites {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys) // the most specific (longest) pattern wins; ties by name
+	sort.SliceStable(keys, func(i, j int) bool { return len(keys[i]) > len(keys[j]) })
+	for _, k := range keys {
+		if ok, _ := path.Match(k, sp.Name); ok && sp.Name != "" {
+			name, explicit, from = c.cfg.Sites[k], true, fmt.Sprintf("sites[%q]", k)
+			break
+		}
+	}
+	note := ""
+	switch name {
+	case "", "collective":
+		name = "collective"
+	case "auto":
+		name, note = "collective", "auto: no autotune cache yet, so collective"
+	}
+	s, err := c.lookup(name)
+	if err == nil {
+		err = s.Supports(sp)
+	}
+	if err != nil {
+		if explicit || !errors.Is(err, ErrUnavailable) {
+			return nil, fmt.Errorf("%s: %s asks for %s: %w", sp.what(), from, name, err)
+		}
+		note = fmt.Sprintf("%s here: %v", name, err)
+		s = Collective{}
+	}
+	c.record(sp.Kind, s.Name(), note)
+	return s, nil
+}
+
+func (c *Chooser) record(k Kind, name, note string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.choices[k] == nil {
+		c.choices[k] = map[string]int{}
+	}
+	c.choices[k][name]++
+	if note != "" {
+		c.notes[k] = note
+	}
+}
+
+// Summary says which strategy each site kind got, one line per kind that
+// has sites ("all-gather-matmul: pipelined (4 sites)"), with why where the
+// default did not apply.
+func (c *Chooser) Summary() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for _, k := range Kinds {
+		m := c.choices[k]
+		if len(m) == 0 {
+			continue
+		}
+		names := make([]string, 0, len(m))
+		for n := range m {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		parts := make([]string, len(names))
+		for i, n := range names {
+			parts[i] = fmt.Sprintf("%s (%d sites)", n, m[n])
+		}
+		line := fmt.Sprintf("%s: %s", k, strings.Join(parts, ", "))
+		if note := c.notes[k]; note != "" {
+			line += "; " + note
+		}
+		out = append(out, line)
+	}
+	return out
+}
+
+// AllGatherMatmul builds the site of sp with its chosen strategy.
+func (c *Chooser) AllGatherMatmul(sp Spec) (AllGatherMatmul, error) {
+	sp.Kind = KindAllGatherMatmul
+	s, err := c.Choose(sp)
+	if err != nil {
+		return nil, err
+	}
+	return s.NewAllGatherMatmul(sp)
+}
+
+// MatmulReduceScatter builds the site of sp with its chosen strategy.
+func (c *Chooser) MatmulReduceScatter(sp Spec) (MatmulReduceScatter, error) {
+	sp.Kind = KindMatmulReduceScatter
+	s, err := c.Choose(sp)
+	if err != nil {
+		return nil, err
+	}
+	return s.NewMatmulReduceScatter(sp)
+}
+
+// MatmulAllReduce builds the site of sp with its chosen strategy.
+func (c *Chooser) MatmulAllReduce(sp Spec) (MatmulAllReduce, error) {
+	sp.Kind = KindMatmulAllReduce
+	s, err := c.Choose(sp)
+	if err != nil {
+		return nil, err
+	}
+	return s.NewMatmulAllReduce(sp)
+}
+
+// Single is a chooser that gives every site the strategy s (tests, and
+// layers built without a configuration).
+func Single(s Strategy) *Chooser {
+	c, _ := NewChooser(Config{Default: s.Name()}, []Strategy{s}, nil)
+	if c == nil { // a strategy name outside Names: build it directly
+		c = &Chooser{available: map[string]Strategy{"collective": Collective{}, s.Name(): s}, missing: map[string]string{},
+			choices: map[Kind]map[string]int{}, notes: map[Kind]string{}, cfg: Config{}}
+		c.cfg.Default = s.Name()
+	}
+	return c
+}

@@ -1,0 +1,30 @@
+// Package overlap is where communication meets math: the communication
+// sites of tensor-parallel and MoE layers, the strategies that run them,
+// and the chooser that picks a strategy for each site.
+//
+// A TP or MoE layer does not call collectives. At construction it asks for
+// a site for each place where its communication meets its math, from a
+// Spec (group, rows, widths, dtype), and calls the site in Forward and
+// Backward:
+//
+//	site                     forward                         backward (the adjoint)
+//	all-gather∘matmul        out_i = AG(x)·W_iᵀ              dx = RS(Σ_i dout_i·W_i); dW_i += dout_iᵀ·AG(x)
+//	matmul∘reduce-scatter    out = RS(x·Wᵀ)                  dx = AG(dout)·W; dW += AG(dout)ᵀ·x
+//	matmul∘all-reduce        out = AR(Σ_i a_i·op(W_i))       (the row-parallel exit; the column entry's backward)
+//
+// A site owns what lives as long as its layer: buffers, the side stream of
+// its lane, signal words. Strategies:
+//   - Collective, the reference: the collective, then the matmul;
+//   - Pipelined: the collective in P−1 exchange steps on a lane (a side
+//     stream on the GPU, a goroutine on the CPU), the math of each chunk as
+//     soon as it has landed, the own shard first;
+//   - GPU strategies in sub-packages (overlap/gpu: NVSHMEM peer copies
+//     with stream-ordered flags).
+//
+// A Chooser maps each site to a strategy from a Config (the --overlap flag
+// and the "overlap" section of a run's configuration). Every strategy
+// passes the conformance suite in overlap/overlaptest against Collective.
+//
+// The Megatron conjugate pairs (regions.go) stay for the communication
+// that meets no matmul: each has a forward and its adjoint.
+package overlap

@@ -1,0 +1,319 @@
+package overlap
+
+import (
+	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/tensor"
+)
+
+// Pipelined is the decomposed strategy on any transport (PyTorch's
+// symmetric-memory decomposition, on two-sided exchanges): the collective
+// is cut into P−1 exchange steps, and the math of each chunk runs as soon
+// as its step has landed, while the next step moves on the site's lane (a
+// side stream on the GPU, a goroutine on the CPU).
+//
+//   - all-gather∘matmul: the own shard's matmul first; step s brings the
+//     shard of rank r−s (every rank sends its own shard to r+s), and its
+//     matmul follows.
+//   - matmul∘reduce-scatter: step s computes the partial product of rank
+//     r+s's rows and sends it while the next one computes; the own rows'
+//     product last, then the received partials are added in step order.
+//   - matmul∘all-reduce: the rows in Chunks chunks, each all-reduced while
+//     the next one computes.
+//
+// The backwards are the adjoints: the entry's backward is a pipelined
+// matmul∘reduce-scatter, the exit's a pipelined all-gather∘matmul.
+// Exchange steps are all-to-all-v calls with one peer each, so every
+// transport runs it. The sums differ from the collective's only by the
+// order of rounding.
+type Pipelined struct {
+	// Chunks is the number of row chunks of matmul∘all-reduce; 0 means 4.
+	Chunks int
+}
+
+var _ Strategy = Pipelined{}
+
+// Name is "pipelined".
+func (Pipelined) Name() string { return "pipelined" }
+
+// Supports every TP site kind; the MoE expert path has no pipelined form
+// here (its overlap lives in parallel/ep's dispatcher).
+func (Pipelined) Supports(sp Spec) error {
+	if sp.Kind == KindExpert {
+		return unavailable("pipelined", sp.Kind, "the expert path has no pipelined dispatcher yet")
+	}
+	return nil
+}
+
+// NewAllGatherMatmul builds the pipelined entry site.
+func (p Pipelined) NewAllGatherMatmul(sp Spec) (AllGatherMatmul, error) {
+	if err := sp.check(KindAllGatherMatmul); err != nil {
+		return nil, err
+	}
+	l, err := newLane(sp)
+	if err != nil {
+		return nil, err
+	}
+	return &pipeAGMM{sp: sp, lane: l}, nil
+}
+
+// NewMatmulReduceScatter builds the pipelined exit site.
+func (p Pipelined) NewMatmulReduceScatter(sp Spec) (MatmulReduceScatter, error) {
+	if err := sp.check(KindMatmulReduceScatter); err != nil {
+		return nil, err
+	}
+	l, err := newLane(sp)
+	if err != nil {
+		return nil, err
+	}
+	return &pipeMMRS{sp: sp, lane: l}, nil
+}
+
+// NewMatmulAllReduce builds the pipelined all-reduce site.
+func (p Pipelined) NewMatmulAllReduce(sp Spec) (MatmulAllReduce, error) {
+	if err := sp.check(KindMatmulAllReduce); err != nil {
+		return nil, err
+	}
+	l, err := newLane(sp)
+	if err != nil {
+		return nil, err
+	}
+	chunks := p.Chunks
+	if chunks <= 0 {
+		chunks = 4
+	}
+	return &pipeMMAR{sp: sp, lane: l, chunks: chunks}, nil
+}
+
+// shift is exchange step s of P: this rank sends src to rank r+s and
+// receives dst from rank r−s (mod P).
+func shift(g comm.Comm, dst, src *tensor.Tensor, s int, st comm.Stream) (comm.Work, error) {
+	P, r := g.Size(), g.Rank()
+	send, recv := make([]int, P), make([]int, P)
+	send[(r+s)%P] = src.Dim(0)
+	recv[(r-s+P)%P] = dst.Dim(0)
+	return g.AllToAllV(dst, src, send, recv, st)
+}
+
+// part is the rows of rank q, n rows each.
+func part(t *tensor.Tensor, q, n int) *tensor.Tensor { return rows(t, q*n, (q+1)*n) }
+
+func parts(ts []*tensor.Tensor, q, n int) []*tensor.Tensor {
+	out := make([]*tensor.Tensor, len(ts))
+	for i, t := range ts {
+		out[i] = part(t, q, n)
+	}
+	return out
+}
+
+type pipeAGMM struct {
+	sp         Spec
+	lane       *lane
+	send, recv buffer // backward: (P−1)·n partial dx rows out and in
+}
+
+func (s *pipeAGMM) Forward(outs []*tensor.Tensor, xFull, x *tensor.Tensor, ws []*tensor.Tensor) error {
+	n, err := checkAGMM(s.sp, "forward", outs, xFull, x, ws)
+	if err != nil {
+		return err
+	}
+	b, g := s.sp.Backend, s.sp.Group
+	P, r := g.Size(), g.Rank()
+	if own := part(xFull, r, n); !sameView(own, x) {
+		b.Copy(own, x)
+	}
+	s.lane.begin()
+	steps := make([]comm.Work, P)
+	for st := 1; st < P; st++ {
+		dst := part(xFull, (r-st+P)%P, n)
+		steps[st] = s.lane.run(func(cs comm.Stream) (comm.Work, error) { return shift(g, dst, x, st, cs) })
+	}
+	for i, w := range ws { // the own shard first: nothing to wait for
+		b.MatMul(part(outs[i], r, n), x, w, false, true, 1, 0)
+	}
+	for st := 1; st < P && err == nil; st++ {
+		if err = steps[st].Wait(s.sp.Stream); err != nil {
+			break
+		}
+		q := (r - st + P) % P
+		for i, w := range ws {
+			b.MatMul(part(outs[i], q, n), part(xFull, q, n), w, false, true, 1, 0)
+		}
+	}
+	if werr := s.lane.end().Wait(s.sp.Stream); err == nil {
+		err = werr
+	}
+	return wrapErr(s.sp, "forward", err)
+}
+
+func (s *pipeAGMM) Backward(dx *tensor.Tensor, dws, douts []*tensor.Tensor, xFull *tensor.Tensor, ws []*tensor.Tensor) (comm.Work, error) {
+	n, err := checkAGMMBackward(s.sp, dx, dws, douts, xFull, ws)
+	if err != nil {
+		return nil, err
+	}
+	b, g := s.sp.Backend, s.sp.Group
+	P, r, k := g.Size(), g.Rank(), dx.Dim(1)
+	send := s.send.get(b, dx.DType(), (P-1)*n, k)
+	recv := s.recv.get(b, dx.DType(), (P-1)*n, k)
+	s.lane.begin()
+	steps := make([]comm.Work, P)
+	for st := 1; st < P; st++ { // rank r+s's rows of Σ_i dout_i·W_i, sent as soon as computed
+		out, in := part(send, st-1, n), part(recv, st-1, n)
+		sumProducts(b, out, parts(douts, (r+st)%P, n), ws, false)
+		steps[st] = s.lane.run(func(cs comm.Stream) (comm.Work, error) { return shift(g, in, out, st, cs) })
+	}
+	sumProducts(b, dx, parts(douts, r, n), ws, false)
+	for i, dout := range douts { // the weight gradients while the last steps move
+		b.MatMul(dws[i], dout, xFull, true, false, 1, 1)
+	}
+	for st := 1; st < P && err == nil; st++ {
+		if err = steps[st].Wait(s.sp.Stream); err == nil {
+			b.Axpy(dx, 1, part(recv, st-1, n))
+		}
+	}
+	if werr := s.lane.end().Wait(s.sp.Stream); err == nil {
+		err = werr
+	}
+	if err != nil {
+		return nil, wrapErr(s.sp, "backward", err)
+	}
+	return comm.Done, nil
+}
+
+func (s *pipeAGMM) Close() error {
+	s.send.free(s.sp.Backend)
+	s.recv.free(s.sp.Backend)
+	return s.lane.close()
+}
+
+type pipeMMRS struct {
+	sp         Spec
+	lane       *lane
+	send, recv buffer // forward: (P−1)·n partial rows out and in
+	doutFull   buffer // backward: (N, M) the gathered output gradient
+}
+
+func (s *pipeMMRS) Forward(out, x, w *tensor.Tensor) error {
+	n, err := checkMMRS(s.sp, "forward", out, x, w)
+	if err != nil {
+		return err
+	}
+	b, g := s.sp.Backend, s.sp.Group
+	P, r, m := g.Size(), g.Rank(), w.Dim(0)
+	send := s.send.get(b, out.DType(), (P-1)*n, m)
+	recv := s.recv.get(b, out.DType(), (P-1)*n, m)
+	s.lane.begin()
+	steps := make([]comm.Work, P)
+	for st := 1; st < P; st++ {
+		o, in := part(send, st-1, n), part(recv, st-1, n)
+		b.MatMul(o, part(x, (r+st)%P, n), w, false, true, 1, 0)
+		steps[st] = s.lane.run(func(cs comm.Stream) (comm.Work, error) { return shift(g, in, o, st, cs) })
+	}
+	b.MatMul(out, part(x, r, n), w, false, true, 1, 0)
+	for st := 1; st < P && err == nil; st++ {
+		if err = steps[st].Wait(s.sp.Stream); err == nil {
+			b.Axpy(out, 1, part(recv, st-1, n))
+		}
+	}
+	if werr := s.lane.end().Wait(s.sp.Stream); err == nil {
+		err = werr
+	}
+	return wrapErr(s.sp, "forward", err)
+}
+
+func (s *pipeMMRS) Backward(dx, dw, dout, x, w *tensor.Tensor) (comm.Work, error) {
+	n, err := checkMMRSBackward(s.sp, dx, dw, dout, x, w)
+	if err != nil {
+		return nil, err
+	}
+	b, g := s.sp.Backend, s.sp.Group
+	P, r := g.Size(), g.Rank()
+	full := s.doutFull.get(b, dout.DType(), P*n, dout.Dim(1))
+	s.lane.begin()
+	steps := make([]comm.Work, P)
+	for st := 1; st < P; st++ {
+		dst := part(full, (r-st+P)%P, n)
+		steps[st] = s.lane.run(func(cs comm.Stream) (comm.Work, error) { return shift(g, dst, dout, st, cs) })
+	}
+	chunk := func(q int, d *tensor.Tensor) {
+		b.MatMul(part(dx, q, n), d, w, false, false, 1, 0) // dx rows q = dout_q·w
+		b.MatMul(dw, d, part(x, q, n), true, false, 1, 1)  // dw += dout_qᵀ·x rows q
+	}
+	chunk(r, dout)
+	for st := 1; st < P && err == nil; st++ {
+		if err = steps[st].Wait(s.sp.Stream); err == nil {
+			q := (r - st + P) % P
+			chunk(q, part(full, q, n))
+		}
+	}
+	if werr := s.lane.end().Wait(s.sp.Stream); err == nil {
+		err = werr
+	}
+	if err != nil {
+		return nil, wrapErr(s.sp, "backward", err)
+	}
+	return comm.Done, nil
+}
+
+func (s *pipeMMRS) Close() error {
+	s.send.free(s.sp.Backend)
+	s.recv.free(s.sp.Backend)
+	s.doutFull.free(s.sp.Backend)
+	return s.lane.close()
+}
+
+type pipeMMAR struct {
+	sp     Spec
+	lane   *lane
+	chunks int
+}
+
+func (s *pipeMMAR) Run(out *tensor.Tensor, as, ws []*tensor.Tensor, transW bool) (comm.Work, error) {
+	R, err := checkMMAR(s.sp, out, as, ws, transW)
+	if err != nil {
+		return nil, err
+	}
+	b, g := s.sp.Backend, s.sp.Group
+	if g.Size() == 1 || R == 0 {
+		sumProducts(b, out, as, ws, transW)
+		return comm.Done, nil
+	}
+	chunks := min(s.chunks, R)
+	s.lane.begin()
+	for c := range chunks {
+		lo, hi := c*R/chunks, (c+1)*R/chunks
+		o := rows(out, lo, hi)
+		in := make([]*tensor.Tensor, len(as))
+		for i, a := range as {
+			in[i] = rows(a, lo, hi)
+		}
+		sumProducts(b, o, in, ws, transW)
+		s.lane.run(func(cs comm.Stream) (comm.Work, error) { return g.AllReduce(o, comm.Sum, cs) })
+	}
+	return errWork{s.lane.end(), s.sp}, nil
+}
+
+func (s *pipeMMAR) Close() error { return s.lane.close() }
+
+// errWork names the site in its Work's error.
+type errWork struct {
+	w  comm.Work
+	sp Spec
+}
+
+func (w errWork) Wait(s comm.Stream) error { return wrapErr(w.sp, "run", w.w.Wait(s)) }
+
+func unavailable(strategy string, k Kind, why string) error {
+	return &unavailableError{strategy, k, why}
+}
+
+type unavailableError struct {
+	strategy string
+	kind     Kind
+	why      string
+}
+
+func (e *unavailableError) Error() string {
+	return "overlap: " + e.strategy + " for " + string(e.kind) + " sites: " + e.why
+}
+
+func (e *unavailableError) Unwrap() error { return ErrUnavailable }
