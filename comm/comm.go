@@ -115,16 +115,48 @@ type Comm interface {
 	Close() error
 }
 
-// SymmetricMemory is an optional capability of a Comm, found by type
-// assertion (the io.WriterTo pattern): a transport whose ranks can address
-// each other's memory (NVSHMEM, NCCL symmetric windows) allocates tensors at
-// the same offset of a symmetric heap on every rank. AllocSymmetric is
-// collective: every rank calls it with the same shape and dtype. The fused
-// strategies put and signal tiles into such tensors; peer views, signal pads
-// and device-module initialisation will be added here as those strategies
-// land.
+// SymmetricMemory is an optional capability of a Comm, found with
+// SymmetricOf (which looks through decorators): a transport whose ranks can
+// address each other's memory (NVSHMEM; later NCCL symmetric windows)
+// allocates tensors at the same offset of a symmetric heap on every rank,
+// and hands out the peer pointers through which a rank's copies and
+// stream memory operations reach another rank's copy. The overlap layer's
+// GPU strategies build their staging buffers and signal words from it.
+//
+// AllocSymmetric and FreeSymmetric are collective over the whole world,
+// whichever group they are called on (NVSHMEM allocates on every PE):
+// every rank of the world makes the same calls, with the same shapes, in
+// the same order — as ranks that build the same model do — and no op of
+// the world may be in flight meanwhile. The tensor is zeroed.
 type SymmetricMemory interface {
 	AllocSymmetric(shape []int, dt tensor.DType) (*tensor.Tensor, error)
+	FreeSymmetric(t *tensor.Tensor) error
+	// PeerPtr is the device address of element 0 of group rank r's copy of
+	// t (a view of a tensor of AllocSymmetric), reachable from this rank
+	// with ordinary loads, stores and copies; an error when r cannot be
+	// reached so (another node: use the transport's own ops).
+	PeerPtr(t *tensor.Tensor, r int) (uint64, error)
+}
+
+// Wrapper is a Comm that decorates another (a debugging wrapper): the
+// optional capabilities are looked up through it.
+type Wrapper interface {
+	Unwrap() Comm
+}
+
+// SymmetricOf returns c's SymmetricMemory, looking through Wrappers.
+func SymmetricOf(c Comm) (SymmetricMemory, bool) {
+	for c != nil {
+		if s, ok := c.(SymmetricMemory); ok {
+			return s, true
+		}
+		w, ok := c.(Wrapper)
+		if !ok {
+			break
+		}
+		c = w.Unwrap()
+	}
+	return nil, false
 }
 
 // Aborter is an optional capability: Abort poisons the whole world (every

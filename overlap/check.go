@@ -15,8 +15,8 @@ func shapeErr(what, name string, t *tensor.Tensor, want string) error {
 	return fmt.Errorf("%s: %s is %v, expected %s", what, name, t, want)
 }
 
-// checkAGMM checks x (n, K), xFull (N, K), ws[i] (M_i, K), outs[i] (N, M_i).
-func checkAGMM(sp Spec, op string, outs []*tensor.Tensor, xFull, x *tensor.Tensor, ws []*tensor.Tensor) (n int, err error) {
+// CheckAllGatherMatmul checks x (n, K), xFull (N, K), ws[i] (M_i, K), outs[i] (N, M_i).
+func CheckAllGatherMatmul(sp Spec, op string, outs []*tensor.Tensor, xFull, x *tensor.Tensor, ws []*tensor.Tensor) (n int, err error) {
 	what := sp.what() + " " + op
 	P := sp.Group.Size()
 	if !is2D(x) {
@@ -40,13 +40,13 @@ func checkAGMM(sp Spec, op string, outs []*tensor.Tensor, xFull, x *tensor.Tenso
 	return n, nil
 }
 
-// checkAGMMBackward checks dx (n, K), douts[i] (N, M_i), dws[i] like ws[i].
-func checkAGMMBackward(sp Spec, dx *tensor.Tensor, dws, douts []*tensor.Tensor, xFull *tensor.Tensor, ws []*tensor.Tensor) (n int, err error) {
+// CheckAllGatherMatmulBackward checks dx (n, K), douts[i] (N, M_i), dws[i] like ws[i].
+func CheckAllGatherMatmulBackward(sp Spec, dx *tensor.Tensor, dws, douts []*tensor.Tensor, xFull *tensor.Tensor, ws []*tensor.Tensor) (n int, err error) {
 	what := sp.what() + " backward"
 	if !is2D(dx) {
 		return 0, shapeErr(what, "dx", dx, "a 2-D (rows, K) tensor")
 	}
-	if n, err = checkAGMM(sp, "backward", douts, xFull, dx, ws); err != nil {
+	if n, err = CheckAllGatherMatmul(sp, "backward", douts, xFull, dx, ws); err != nil {
 		return 0, err
 	}
 	if len(dws) != len(ws) {
@@ -60,8 +60,8 @@ func checkAGMMBackward(sp Spec, dx *tensor.Tensor, dws, douts []*tensor.Tensor, 
 	return n, nil
 }
 
-// checkMMRS checks x (N, K), w (M, K), out (n, M) with N = P·n.
-func checkMMRS(sp Spec, op string, out, x, w *tensor.Tensor) (n int, err error) {
+// CheckMatmulReduceScatter checks x (N, K), w (M, K), out (n, M) with N = P·n.
+func CheckMatmulReduceScatter(sp Spec, op string, out, x, w *tensor.Tensor) (n int, err error) {
 	what := sp.what() + " " + op
 	P := sp.Group.Size()
 	if !is2D(x) || x.Dim(0)%P != 0 {
@@ -77,8 +77,10 @@ func checkMMRS(sp Spec, op string, out, x, w *tensor.Tensor) (n int, err error) 
 	return N / P, nil
 }
 
-func checkMMRSBackward(sp Spec, dx, dw, dout, x, w *tensor.Tensor) (n int, err error) {
-	if n, err = checkMMRS(sp, "backward", dout, x, w); err != nil {
+// CheckMatmulReduceScatterBackward checks the arguments of
+// MatmulReduceScatter.Backward.
+func CheckMatmulReduceScatterBackward(sp Spec, dx, dw, dout, x, w *tensor.Tensor) (n int, err error) {
+	if n, err = CheckMatmulReduceScatter(sp, "backward", dout, x, w); err != nil {
 		return 0, err
 	}
 	what := sp.what() + " backward"
@@ -91,8 +93,8 @@ func checkMMRSBackward(sp Spec, dx, dw, dout, x, w *tensor.Tensor) (n int, err e
 	return n, nil
 }
 
-// checkMMAR checks out (R, C), as[i] (R, K_i), ws[i] (C, K_i) or (K_i, C).
-func checkMMAR(sp Spec, out *tensor.Tensor, as, ws []*tensor.Tensor, transW bool) (rows int, err error) {
+// CheckMatmulAllReduce checks out (R, C), as[i] (R, K_i), ws[i] (C, K_i) or (K_i, C).
+func CheckMatmulAllReduce(sp Spec, out *tensor.Tensor, as, ws []*tensor.Tensor, transW bool) (rows int, err error) {
 	what := sp.what()
 	if !is2D(out) {
 		return 0, shapeErr(what, "out", out, "a 2-D (rows, C) tensor")

@@ -59,6 +59,7 @@ type Chooser struct {
 	mu      sync.Mutex
 	choices map[Kind]map[string]int // kind → strategy → sites
 	notes   map[Kind]string         // kind → why the default did not apply
+	used    map[string]bool         // the Sites keys that chose a site
 }
 
 // NewChooser validates cfg against the strategies available in this run;
@@ -69,7 +70,7 @@ func NewChooser(cfg Config, available []Strategy, missing map[string]string) (*C
 		return nil, err
 	}
 	c := &Chooser{cfg: cfg, available: map[string]Strategy{"collective": Collective{}}, missing: map[string]string{},
-		choices: map[Kind]map[string]int{}, notes: map[Kind]string{}}
+		choices: map[Kind]map[string]int{}, notes: map[Kind]string{}, used: map[string]bool{}}
 	for _, s := range available {
 		c.available[s.Name()] = s
 	}
@@ -106,9 +107,9 @@ func (c *Chooser) lookup(name string) (Strategy, error) {
 
 // Choose returns the strategy for the site of sp.
 func (c *Chooser) Choose(sp Spec) (Strategy, error) {
-	name, explicit, from := c.cfg.Default, false, "the default"
+	name, explicit, from, key := c.cfg.Default, false, "the default", ""
 	if kindName, ok := c.cfg.Sites[string(sp.Kind)]; ok {
-		name, explicit, from = kindName, true, fmt.Sprintf("sites[%q]", sp.Kind)
+		name, explicit, from, key = kindName, true, fmt.Sprintf("sites[%q]", sp.Kind), string(sp.Kind)
 	}
 	keys := make([]string, 0, len(c.cfg.Sites))
 	for k := range c.cfg.Sites {
@@ -118,7 +119,7 @@ func (c *Chooser) Choose(sp Spec) (Strategy, error) {
 	sort.SliceStable(keys, func(i, j int) bool { return len(keys[i]) > len(keys[j]) })
 	for _, k := range keys {
 		if ok, _ := path.Match(k, sp.Name); ok && sp.Name != "" {
-			name, explicit, from = c.cfg.Sites[k], true, fmt.Sprintf("sites[%q]", k)
+			name, explicit, from, key = c.cfg.Sites[k], true, fmt.Sprintf("sites[%q]", k), k
 			break
 		}
 	}
@@ -140,13 +141,16 @@ func (c *Chooser) Choose(sp Spec) (Strategy, error) {
 		note = fmt.Sprintf("%s here: %v", name, err)
 		s = Collective{}
 	}
-	c.record(sp.Kind, s.Name(), note)
+	c.record(sp.Kind, s.Name(), note, key)
 	return s, nil
 }
 
-func (c *Chooser) record(k Kind, name, note string) {
+func (c *Chooser) record(k Kind, name, note, key string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if key != "" {
+		c.used[key] = true
+	}
 	if c.choices[k] == nil {
 		c.choices[k] = map[string]int{}
 	}
@@ -154,6 +158,33 @@ func (c *Chooser) record(k Kind, name, note string) {
 	if note != "" {
 		c.notes[k] = note
 	}
+}
+
+// CheckUsed returns an error naming the keys of the configuration's Sites
+// that chose no site (a typo, or a layer this model does not have); call it
+// once the model's sites are built.
+func (c *Chooser) CheckUsed() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var unused []string
+	for k := range c.cfg.Sites {
+		if !c.used[k] {
+			unused = append(unused, fmt.Sprintf("%q", k))
+		}
+	}
+	if len(unused) == 0 {
+		return nil
+	}
+	sort.Strings(unused)
+	return fmt.Errorf("overlap: sites %s match no communication site of this model: expected a site kind (%s) or a pattern of layer names such as \"blocks.0.attn.qkv\"", strings.Join(unused, ", "), kindList())
+}
+
+func kindList() string {
+	ks := make([]string, len(Kinds))
+	for i, k := range Kinds {
+		ks[i] = string(k)
+	}
+	return strings.Join(ks, ", ")
 }
 
 // Summary says which strategy each site kind got, one line per kind that
@@ -175,7 +206,11 @@ func (c *Chooser) Summary() []string {
 		sort.Strings(names)
 		parts := make([]string, len(names))
 		for i, n := range names {
-			parts[i] = fmt.Sprintf("%s (%d sites)", n, m[n])
+			unit := "sites"
+			if m[n] == 1 {
+				unit = "site"
+			}
+			parts[i] = fmt.Sprintf("%s (%d %s)", n, m[n], unit)
 		}
 		line := fmt.Sprintf("%s: %s", k, strings.Join(parts, ", "))
 		if note := c.notes[k]; note != "" {
@@ -222,7 +257,7 @@ func Single(s Strategy) *Chooser {
 	c, _ := NewChooser(Config{Default: s.Name()}, []Strategy{s}, nil)
 	if c == nil { // a strategy name outside Names: build it directly
 		c = &Chooser{available: map[string]Strategy{"collective": Collective{}, s.Name(): s}, missing: map[string]string{},
-			choices: map[Kind]map[string]int{}, notes: map[Kind]string{}, cfg: Config{}}
+			choices: map[Kind]map[string]int{}, notes: map[Kind]string{}, used: map[string]bool{}, cfg: Config{}}
 		c.cfg.Default = s.Name()
 	}
 	return c

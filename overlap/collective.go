@@ -50,7 +50,7 @@ type collAGMM struct {
 }
 
 func (s *collAGMM) Forward(outs []*tensor.Tensor, xFull, x *tensor.Tensor, ws []*tensor.Tensor) error {
-	if _, err := checkAGMM(s.sp, "forward", outs, xFull, x, ws); err != nil {
+	if _, err := CheckAllGatherMatmul(s.sp, "forward", outs, xFull, x, ws); err != nil {
 		return err
 	}
 	if err := gather(s.sp, "forward", xFull, x); err != nil {
@@ -63,7 +63,7 @@ func (s *collAGMM) Forward(outs []*tensor.Tensor, xFull, x *tensor.Tensor, ws []
 }
 
 func (s *collAGMM) Backward(dx *tensor.Tensor, dws, douts []*tensor.Tensor, xFull *tensor.Tensor, ws []*tensor.Tensor) (comm.Work, error) {
-	if _, err := checkAGMMBackward(s.sp, dx, dws, douts, xFull, ws); err != nil {
+	if _, err := CheckAllGatherMatmulBackward(s.sp, dx, dws, douts, xFull, ws); err != nil {
 		return nil, err
 	}
 	b, g := s.sp.Backend, s.sp.Group
@@ -94,7 +94,7 @@ type collMMRS struct {
 }
 
 func (s *collMMRS) Forward(out, x, w *tensor.Tensor) error {
-	if _, err := checkMMRS(s.sp, "forward", out, x, w); err != nil {
+	if _, err := CheckMatmulReduceScatter(s.sp, "forward", out, x, w); err != nil {
 		return err
 	}
 	b := s.sp.Backend
@@ -108,7 +108,7 @@ func (s *collMMRS) Forward(out, x, w *tensor.Tensor) error {
 }
 
 func (s *collMMRS) Backward(dx, dw, dout, x, w *tensor.Tensor) (comm.Work, error) {
-	if _, err := checkMMRSBackward(s.sp, dx, dw, dout, x, w); err != nil {
+	if _, err := CheckMatmulReduceScatterBackward(s.sp, dx, dw, dout, x, w); err != nil {
 		return nil, err
 	}
 	b := s.sp.Backend
@@ -133,7 +133,7 @@ func (s *collMMRS) Close() error {
 type collMMAR struct{ sp Spec }
 
 func (s *collMMAR) Run(out *tensor.Tensor, as, ws []*tensor.Tensor, transW bool) (comm.Work, error) {
-	if _, err := checkMMAR(s.sp, out, as, ws, transW); err != nil {
+	if _, err := CheckMatmulAllReduce(s.sp, out, as, ws, transW); err != nil {
 		return nil, err
 	}
 	sumProducts(s.sp.Backend, out, as, ws, transW)

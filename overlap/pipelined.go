@@ -112,7 +112,7 @@ type pipeAGMM struct {
 }
 
 func (s *pipeAGMM) Forward(outs []*tensor.Tensor, xFull, x *tensor.Tensor, ws []*tensor.Tensor) error {
-	n, err := checkAGMM(s.sp, "forward", outs, xFull, x, ws)
+	n, err := CheckAllGatherMatmul(s.sp, "forward", outs, xFull, x, ws)
 	if err != nil {
 		return err
 	}
@@ -146,7 +146,7 @@ func (s *pipeAGMM) Forward(outs []*tensor.Tensor, xFull, x *tensor.Tensor, ws []
 }
 
 func (s *pipeAGMM) Backward(dx *tensor.Tensor, dws, douts []*tensor.Tensor, xFull *tensor.Tensor, ws []*tensor.Tensor) (comm.Work, error) {
-	n, err := checkAGMMBackward(s.sp, dx, dws, douts, xFull, ws)
+	n, err := CheckAllGatherMatmulBackward(s.sp, dx, dws, douts, xFull, ws)
 	if err != nil {
 		return nil, err
 	}
@@ -193,7 +193,7 @@ type pipeMMRS struct {
 }
 
 func (s *pipeMMRS) Forward(out, x, w *tensor.Tensor) error {
-	n, err := checkMMRS(s.sp, "forward", out, x, w)
+	n, err := CheckMatmulReduceScatter(s.sp, "forward", out, x, w)
 	if err != nil {
 		return err
 	}
@@ -221,7 +221,7 @@ func (s *pipeMMRS) Forward(out, x, w *tensor.Tensor) error {
 }
 
 func (s *pipeMMRS) Backward(dx, dw, dout, x, w *tensor.Tensor) (comm.Work, error) {
-	n, err := checkMMRSBackward(s.sp, dx, dw, dout, x, w)
+	n, err := CheckMatmulReduceScatterBackward(s.sp, dx, dw, dout, x, w)
 	if err != nil {
 		return nil, err
 	}
@@ -268,7 +268,7 @@ type pipeMMAR struct {
 }
 
 func (s *pipeMMAR) Run(out *tensor.Tensor, as, ws []*tensor.Tensor, transW bool) (comm.Work, error) {
-	R, err := checkMMAR(s.sp, out, as, ws, transW)
+	R, err := CheckMatmulAllReduce(s.sp, out, as, ws, transW)
 	if err != nil {
 		return nil, err
 	}

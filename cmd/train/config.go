@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/train"
 )
 
@@ -26,6 +27,9 @@ type Config struct {
 	Model    layers.GPTConfig `json:"model"`
 	Train    train.Config     `json:"train"`
 	Parallel ParallelConfig   `json:"parallel"`
+	// Overlap chooses the strategy of each communication site (--overlap,
+	// overlap.Config: {"default": ..., "sites": {...}}).
+	Overlap overlap.Config `json:"overlap"`
 }
 
 // presets are named starting points. tiny trains on two CPU cores in about a
@@ -92,6 +96,7 @@ type flagValues struct {
 	commTimeout                                          time.Duration
 	nproc                                                int
 	comm                                                 string
+	overlap                                              string
 }
 
 func newFlagSet(fv *flagValues) *flag.FlagSet {
@@ -132,6 +137,8 @@ func newFlagSet(fv *flagValues) *flag.FlagSet {
 	fs.DurationVar(&fv.commTimeout, "comm-timeout", defaultCommTimeout, "how long a rank waits for the others in a collective before the run fails naming the missing ranks")
 	fs.IntVar(&fv.nproc, "nproc", 0, "start `N` local processes of this command, one rank each (the world defaults to N); see --comm")
 	fs.StringVar(&fv.comm, "comm", "", "transport between the ranks: local (goroutines of one process, CPU), tcp (processes, CPU), nccl or nvshmem (processes, GPUs); default local, or with --nproc or a launcher (torchrun, srun, mpirun) tcp on the CPU and nccl with --device cuda")
+	fs.StringVar(&fv.overlap, "overlap", "", "strategy of the communication sites: "+strings.Join(overlap.Names, ", ")+
+		" (default collective; per-site choices in the config's \"overlap\" section)")
 	return fs
 }
 
@@ -285,6 +292,9 @@ func applyFlags(cfg *Config, fv *flagValues, set map[string]bool) {
 	if set["comm"] {
 		p.Comm = fv.comm
 	}
+	if set["overlap"] {
+		cfg.Overlap.Default = fv.overlap
+	}
 }
 
 func (c *Config) validate(l origin) error {
@@ -292,6 +302,9 @@ func (c *Config) validate(l origin) error {
 		return fmt.Errorf("unknown device %q, expected one of %s", c.Device, strings.Join(devices, ", "))
 	}
 	if err := c.Model.WithDefaults().Validate(); err != nil {
+		return err
+	}
+	if err := c.Overlap.Validate(); err != nil {
 		return err
 	}
 	c.Train = c.Train.WithDefaults()

@@ -50,6 +50,9 @@ func run(ctx context.Context, args []string) error {
 			return err
 		}
 	}
+	if err := checkOverlap(cfg); err != nil {
+		return err
+	}
 	switch p := cfg.Parallel; {
 	case org.launched: // a rank of torchrun, srun, mpirun or --nproc
 		return runRankProcess(ctx, cfg, info)

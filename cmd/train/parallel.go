@@ -94,9 +94,19 @@ func trainRank(ctx context.Context, c comm.Comm, cfg Config, ds *train.Dataset, 
 		return train.Result{}, err
 	}
 	defer g.Close()
-	m, err := model.New(b, g, cfg.Model, model.Options{SequenceParallel: p.SequenceParallel, Stream: s}, dt)
+	ch, err := newChooser(cfg, gpuOverlap(c, b)...)
 	if err != nil {
 		return train.Result{}, err
+	}
+	m, err := model.New(b, g, cfg.Model, model.Options{SequenceParallel: p.SequenceParallel, Stream: s, Overlap: ch}, dt)
+	if err != nil {
+		return train.Result{}, err
+	}
+	if err := ch.CheckUsed(); err != nil {
+		return train.Result{}, err
+	}
+	if c.Rank() == 0 {
+		printOverlap(ch)
 	}
 	data, err := train.NewLoader(ds, loaderConfig(cfg))
 	if err != nil {

@@ -57,17 +57,15 @@ func (b *SymmetricBuffer) PeerPtr(r int) uint64 {
 
 // AllocSymmetric implements comm.SymmetricMemory: a zeroed tensor on
 // NVSHMEM's symmetric heap (nvshmem_calloc). NVSHMEM allocates collectively
-// over the whole world, so it is called on the world (every rank, the same
-// shape and dtype, in the same order as the other world-collective calls);
-// the tensor is then usable by every group. It waits for the world's queued
-// ops first (NVSHMEM allows no collective during an allocation). The heap's
-// size is NVSHMEM_SYMMETRIC_SIZE (1 GiB by default, grown on demand where
-// NVSHMEM uses CUDA VMM).
+// over the whole world, so on the world or on any group it is a world
+// collective: every rank of the world makes the same call (shape and
+// dtype) in the same order as the other world-collective calls — ranks
+// that build the same model do. The tensor is usable by every group. It
+// waits for this group's queued ops first (NVSHMEM allows no collective
+// during an allocation). The heap's size is NVSHMEM_SYMMETRIC_SIZE (1 GiB
+// by default, grown on demand where NVSHMEM uses CUDA VMM).
 func (c *Comm) AllocSymmetric(shape []int, dt tensor.DType) (*tensor.Tensor, error) {
 	const op = "alloc-symmetric"
-	if !c.isWorld {
-		return nil, comm.Errorf(c, op, "NVSHMEM allocates the symmetric heap collectively over the whole world: expected AllocSymmetric on the world, whose tensors every group can use")
-	}
 	s := tensor.Shape(shape)
 	for _, d := range s {
 		if d < 0 {
@@ -104,15 +102,13 @@ func (c *Comm) AllocSymmetric(shape []int, dt tensor.DType) (*tensor.Tensor, err
 }
 
 // FreeSymmetric gives a tensor of AllocSymmetric back to the symmetric heap
-// (nvshmem_free). Like AllocSymmetric it is collective over the world and
-// called on it, after the world's queued ops; only whole allocations may be
+// (nvshmem_free). Like AllocSymmetric it is collective over the world
+// (called on any group, by every rank of the world); only whole allocations may be
 // freed, and no op may still use them.
 func (c *Comm) FreeSymmetric(t *tensor.Tensor) error {
 	const op = "free-symmetric"
 	b, ok := t.Buffer().(*SymmetricBuffer)
 	switch {
-	case !c.isWorld:
-		return comm.Errorf(c, op, "expected FreeSymmetric on the world, like AllocSymmetric")
 	case !ok || b.w != c.w:
 		return comm.Errorf(c, op, "%v: expected a tensor of this world's AllocSymmetric", t)
 	case t.Offset() != 0 || t.Numel() != b.n:
@@ -134,6 +130,25 @@ func (c *Comm) FreeSymmetric(t *tensor.Tensor) error {
 		return comm.Errorf(c, op, "%w", err)
 	}
 	return nil
+}
+
+// PeerPtr implements comm.SymmetricMemory: the address through which this
+// rank reaches group rank r's copy of t (nvshmem_ptr of the PE of r, plus
+// t's offset), or an error when that PE is not P2P-reachable.
+func (c *Comm) PeerPtr(t *tensor.Tensor, r int) (uint64, error) {
+	const op = "peer-ptr"
+	b, ok := t.Buffer().(*SymmetricBuffer)
+	if !ok || b.w != c.w {
+		return 0, comm.Errorf(c, op, "%v: expected a tensor of this world's AllocSymmetric", t)
+	}
+	if r < 0 || r >= c.size {
+		return 0, comm.Errorf(c, op, "rank %d: expected a rank of the group's %d", r, c.size)
+	}
+	p := b.PeerPtr(c.members[r])
+	if p == 0 {
+		return 0, comm.Errorf(c, op, "world rank %d (PE %d) is not reachable by loads and stores from this PE (nvshmem_ptr is NULL): another node", c.members[r], c.members[r])
+	}
+	return p + uint64(t.Offset()*t.DType().Size()), nil
 }
 
 // ---- plain device memory ------------------------------------------------------

@@ -24,9 +24,13 @@ func (b *Backend) policy() opcheck.Policy {
 	}
 }
 
-// own checks that t is a live tensor of this backend.
+// own checks that t is a live tensor of this backend, or of device memory
+// on its device that another allocator owns (DeviceBuffer).
 func (b *Backend) own(name string, t *tensor.Tensor) string {
 	buf, ok := t.Buffer().(*Buffer)
+	if !ok && isForeign(b, t) {
+		return "" // same-device memory of another allocator (DeviceBuffer)
+	}
 	if !ok || buf.owner != b {
 		return fmt.Sprintf("%s is %v, expected a tensor of this backend (%v)", name, t, b.Device())
 	}

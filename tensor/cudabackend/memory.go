@@ -38,13 +38,15 @@ func (b *Buffer) Len() int { return b.n }
 func (b *Buffer) Ptr() uint64 { return uint64(b.ptr) }
 
 // DevicePtr returns the device address of t's first element, or 0 when t is
-// not a tensor of a cudabackend Buffer.
+// neither a tensor of a cudabackend Buffer nor of a DeviceBuffer.
 func DevicePtr(t *tensor.Tensor) uint64 {
-	buf, ok := t.Buffer().(*Buffer)
-	if !ok {
-		return 0
+	switch buf := t.Buffer().(type) {
+	case *Buffer:
+		return uint64(buf.ptr) + uint64(t.Offset()*t.DType().Size())
+	case DeviceBuffer:
+		return buf.Ptr() + uint64(t.Offset()*t.DType().Size())
 	}
-	return uint64(buf.ptr) + uint64(t.Offset()*t.DType().Size())
+	return 0
 }
 
 // ptr is the device address of t's first element (t checked by the caller).
@@ -293,6 +295,9 @@ func (b *Backend) Free(t *tensor.Tensor) {
 	}
 	buf, ok := t.Buffer().(*Buffer)
 	switch {
+	case !ok && isForeign(b, t):
+		b.fail(fmt.Errorf("cuda: Free: %v is device memory of another allocator (%T): expected a tensor of this backend's Zeros; its owner frees it", t, t.Buffer()))
+		return
 	case !ok || buf.owner != b:
 		b.fail(fmt.Errorf("cuda: Free: %v is not a tensor of this backend (%v)", t, b.Device()))
 		return

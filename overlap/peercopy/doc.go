@@ -1,0 +1,19 @@
+// Package peercopy is the pipelined strategy of the overlap layer on GPUs
+// whose ranks share memory through a symmetric heap (comm.SymmetricMemory:
+// NVSHMEM PEs of one node, also several PEs on one GPU under MPS).
+//
+// Each chunk of a site's communication is a copy-engine pull from the
+// peer's symmetric stage through its peer pointer, on the site's side
+// stream; the producer announces its rows with a 64-bit signal word that it
+// writes into the consumer's signal pad (cuStreamWriteValue64, which fences
+// the writes before it), the consumer's side stream waits for the word
+// (cuStreamWaitValue64) before its copy, and acknowledges it in the
+// producer's pad when done, so the producer never overwrites rows still
+// being read. The compute stream runs the own shard's matmul first, then
+// each chunk's after its pull's event. Nothing waits on the host; no kernel
+// spins, so no SM is held by a wait.
+//
+// A stream wait has no deadline on the device: a peer that dies leaves its
+// partners' streams waiting, and the run's liveness checks (heartbeats in
+// the rendezvous store) end the processes.
+package peercopy

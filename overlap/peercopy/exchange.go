@@ -1,0 +1,230 @@
+package peercopy
+
+import (
+	"fmt"
+
+	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/cuda"
+	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/cudabackend"
+)
+
+// exchange is one direction of a site's communication: each rank
+// publishes rows in its symmetric stage, and every peer pulls them with
+// the copy engine from a peer pointer, on the site's side stream.
+//
+// Slots: a gather stage has one slot that every peer pulls (the own
+// shard); a scatter stage has one slot per destination rank d, which only
+// d pulls (the partial product of d's rows).
+//
+// Signal words (symmetric, 64-bit, one pad per exchange), on rank r:
+//
+//	ready[q]  = the epoch of the call whose rows rank q has published for r
+//	done[q]   = the epoch of the call whose rows of r's stage rank q has pulled
+//
+// Each call is one epoch (the same count on every rank: ranks make the same
+// calls). Publishing slot d in epoch e first waits, on the compute stream,
+// for done[d] ≥ e−1 (d has finished reading the slot's previous rows), then
+// the rows are written (by the backend's ops), then a stream write sets
+// ready[r] = e on d (cuStreamWriteValue64 fences earlier writes first).
+// A pull of q's rows waits on the side stream for ready[q] ≥ e, copies,
+// and sets done[r] = e on q. No host synchronisation; the waits are stream
+// memory operations, which hold no SM, so neither side can starve the
+// other (ARCHITECTURE.md, "No deadlock by construction").
+type exchange struct {
+	sp      siteEnv
+	slots   int
+	rows    int // rows per slot
+	cols    int
+	stage   *tensor.Tensor // symmetric (slots·rows, cols)
+	pad     *tensor.Tensor // symmetric (2P) words: ready then done
+	padPeer []uint64       // each rank's pad (peer pointers; own at r)
+	stPeer  []uint64       // each rank's stage
+	epoch   uint64
+	events  []*cuda.Event // one per pull of a call (side stream → compute)
+}
+
+// siteEnv is what a site's exchanges share: the group and its symmetric
+// memory, the backend and the side stream.
+type siteEnv struct {
+	g    comm.Comm
+	sm   comm.SymmetricMemory
+	b    *cudabackend.Backend
+	side *cuda.Stream
+	what string
+}
+
+const wordBytes = 8
+
+// ensure (re)allocates the stage for rows per slot of cols columns. The
+// allocation is a world collective: every rank reaches it at the same call
+// (the first, or the first with more rows).
+func (x *exchange) ensure(rows, cols int, dt tensor.DType) error {
+	if x.stage != nil && x.rows >= rows && x.cols == cols && x.stage.DType() == dt {
+		return nil
+	}
+	if err := x.release(); err != nil {
+		return err
+	}
+	P := x.sp.g.Size()
+	st, err := x.sp.sm.AllocSymmetric([]int{x.slots * rows, cols}, dt)
+	if err != nil {
+		return fmt.Errorf("%s: stage (%d×%d, %d slots): %w", x.sp.what, rows, cols, x.slots, err)
+	}
+	pad, err := x.sp.sm.AllocSymmetric([]int{2 * P}, tensor.Float64) // 64-bit words, used as uint64
+	if err != nil {
+		return fmt.Errorf("%s: signal pad: %w", x.sp.what, err)
+	}
+	x.stage, x.pad, x.rows, x.cols, x.epoch = st, pad, rows, cols, 0
+	x.stPeer, x.padPeer = make([]uint64, P), make([]uint64, P)
+	for q := range P {
+		if x.stPeer[q], err = x.sp.sm.PeerPtr(st, q); err != nil {
+			return fmt.Errorf("%s: %w", x.sp.what, err)
+		}
+		if x.padPeer[q], err = x.sp.sm.PeerPtr(pad, q); err != nil {
+			return fmt.Errorf("%s: %w", x.sp.what, err)
+		}
+	}
+	return nil
+}
+
+func (x *exchange) release() error {
+	var first error
+	for _, t := range []*tensor.Tensor{x.stage, x.pad} {
+		if t != nil {
+			if err := x.sp.sm.FreeSymmetric(t); err != nil && first == nil {
+				first = err
+			}
+		}
+	}
+	for _, e := range x.events {
+		if e != nil {
+			_ = x.sp.b.OnDevice(func(*cuda.Stream) error { return e.Destroy() })
+		}
+	}
+	x.stage, x.pad, x.events = nil, nil, nil
+	return first
+}
+
+// begin starts a call: the next epoch.
+func (x *exchange) begin() { x.epoch++ }
+
+// slot is this rank's stage rows for destination d (n rows).
+func (x *exchange) slot(d, n int) *tensor.Tensor {
+	if x.slots == 1 {
+		d = 0
+	}
+	v, _ := x.stage.Rows(d*x.rows, d*x.rows+n)
+	return v
+}
+
+func (x *exchange) readyWord(pe, q int) cuda.DevicePtr {
+	return cuda.DevicePtr(x.padPeer[pe] + uint64(q)*wordBytes)
+}
+
+func (x *exchange) doneWord(pe, q int) cuda.DevicePtr {
+	return cuda.DevicePtr(x.padPeer[pe] + uint64(x.sp.g.Size()+q)*wordBytes)
+}
+
+// reserve waits on the compute stream until the destinations have pulled
+// the previous epoch's rows of the slot for d (every peer for a gather).
+func (x *exchange) reserve(d int) error {
+	me, P := x.sp.g.Rank(), x.sp.g.Size()
+	return x.sp.b.OnDevice(func(compute *cuda.Stream) error {
+		for q := range P {
+			if q == me || (x.slots > 1 && q != d) {
+				continue
+			}
+			if err := compute.WaitValue64(x.doneWord(me, q), x.epoch-1, cuda.WaitGEQ); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// publish tells d (every peer for a gather) that the slot's rows of this
+// epoch are written, after the compute stream's work so far.
+func (x *exchange) publish(d int) error {
+	me, P := x.sp.g.Rank(), x.sp.g.Size()
+	return x.sp.b.OnDevice(func(compute *cuda.Stream) error {
+		for q := range P {
+			if q == me || (x.slots > 1 && q != d) {
+				continue
+			}
+			if err := compute.WriteValue64(x.readyWord(q, me), x.epoch); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// pull queues on the side stream the copy of q's rows for this rank into
+// dst (n rows), after the compute stream's work so far, and returns the
+// Work that orders the compute stream after it.
+func (x *exchange) pull(step, q int, dst *tensor.Tensor) (comm.Work, error) {
+	me := x.sp.g.Rank()
+	n := dst.Dim(0)
+	var ev *cuda.Event
+	err := x.sp.b.OnDevice(func(compute *cuda.Stream) error {
+		for len(x.events) <= step {
+			e, err := cuda.NewEvent(false)
+			if err != nil {
+				return err
+			}
+			x.events = append(x.events, e)
+		}
+		ev = x.events[step]
+		fork, err := cuda.NewEvent(false)
+		if err != nil {
+			return err
+		}
+		defer fork.Destroy()
+		if err := fork.Record(compute); err != nil { // dst's earlier readers are done first
+			return err
+		}
+		side := x.sp.side
+		if err := side.WaitEvent(fork); err != nil {
+			return err
+		}
+		if err := side.WaitValue64(x.readyWord(me, q), x.epoch, cuda.WaitGEQ); err != nil {
+			return err
+		}
+		slot := 0
+		if x.slots > 1 {
+			slot = me
+		}
+		es := dst.DType().Size()
+		src := cuda.DevicePtr(x.stPeer[q] + uint64(slot*x.rows*x.cols*es))
+		if n > 0 {
+			if err := cuda.CopyDtoDAsync(cuda.DevicePtr(cudabackend.DevicePtr(dst)), src, n*x.cols*es, side); err != nil {
+				return err
+			}
+		}
+		if err := side.WriteValue64(x.doneWord(q, me), x.epoch); err != nil {
+			return err
+		}
+		return ev.Record(side)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%s: pull from rank %d: %w", x.sp.what, q, err)
+	}
+	return eventWork{x.sp.b, ev}, nil
+}
+
+// eventWork orders a stream after a recorded event.
+type eventWork struct {
+	b  *cudabackend.Backend
+	ev *cuda.Event
+}
+
+func (w eventWork) Wait(s comm.Stream) error {
+	return w.b.OnDevice(func(compute *cuda.Stream) error {
+		st := compute
+		if cs, ok := s.(*cuda.Stream); ok && cs != nil {
+			st = cs
+		}
+		return st.WaitEvent(w.ev)
+	})
+}

@@ -1,0 +1,122 @@
+package cudabackend
+
+import (
+	"fmt"
+
+	"github.com/asynctp/asynctp/cuda"
+	"github.com/asynctp/asynctp/tensor"
+)
+
+// The stream fork/join of the communication sites (tensor.Streams): a site
+// queues its communication on a side stream of its own, ordered after the
+// backend's work by an event, and the backend's stream waits on the
+// site's Work the same way. Streams are *cuda.Stream; nil names the
+// backend's stream.
+
+var _ tensor.Streams = (*Backend)(nil)
+
+// NewStream makes a non-blocking stream on the backend's device.
+func (b *Backend) NewStream() (any, error) {
+	var s *cuda.Stream
+	err := b.OnDevice(func(*cuda.Stream) error {
+		var err error
+		s, err = cuda.NewStream()
+		return err
+	})
+	return s, err
+}
+
+// StreamWait makes waiter wait for the work queued so far on on.
+func (b *Backend) StreamWait(waiter, on any) error {
+	return b.OnDevice(func(own *cuda.Stream) error {
+		w, err := b.streamOf(waiter, own)
+		if err != nil {
+			return err
+		}
+		o, err := b.streamOf(on, own)
+		if err != nil {
+			return err
+		}
+		if w == o {
+			return nil
+		}
+		e, err := cuda.NewEvent(false)
+		if err != nil {
+			return err
+		}
+		defer e.Destroy() // the driver keeps the recorded state until the wait has run
+		if err := e.Record(o); err != nil {
+			return err
+		}
+		return w.WaitEvent(e)
+	})
+}
+
+// DestroyStream destroys a stream of NewStream (after its queued work).
+func (b *Backend) DestroyStream(s any) error {
+	return b.OnDevice(func(own *cuda.Stream) error {
+		st, err := b.streamOf(s, own)
+		if err != nil || st == own {
+			return err
+		}
+		return st.Destroy()
+	})
+}
+
+func (b *Backend) streamOf(s any, own *cuda.Stream) (*cuda.Stream, error) {
+	switch v := s.(type) {
+	case nil:
+		return own, nil
+	case *cuda.Stream:
+		if v == nil {
+			return own, nil
+		}
+		return v, nil
+	}
+	return nil, fmt.Errorf("stream %T: expected a *cuda.Stream of this backend, or nil for its own", s)
+}
+
+// OnDevice runs fn on this goroutine with the backend's CUDA context bound
+// (and the backend locked), for code that queues driver calls of its own
+// on the backend's stream, given to fn, or on streams of NewStream: the
+// communication sites' copies and stream memory operations. It returns
+// fn's error; it does not record it as the backend's.
+func (b *Backend) OnDevice(fn func(stream *cuda.Stream) error) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return fmt.Errorf("cuda: %w", errClosed)
+	}
+	d, ok := b.dev.(*cudaDevice)
+	if !ok {
+		return fmt.Errorf("cuda: the backend runs on %s, which has no CUDA streams", b.dev.Name())
+	}
+	if err := d.Acquire(); err != nil {
+		return err
+	}
+	defer d.Release()
+	return fn(d.stream)
+}
+
+// DeviceBuffer is device memory that another allocator owns (NVSHMEM's
+// symmetric heap, a transport's buffers): the backend's ops accept tensors
+// of such buffers on its own device, and never free them.
+type DeviceBuffer interface {
+	tensor.Buffer
+	// Ptr is the device address of element 0.
+	Ptr() uint64
+}
+
+// isForeign reports whether t is a tensor of device memory on b's device
+// that another allocator owns (a DeviceBuffer that is not a *Buffer).
+func isForeign(b *Backend, t *tensor.Tensor) bool {
+	if t == nil {
+		return false
+	}
+	buf, ok := t.Buffer().(DeviceBuffer)
+	if !ok || buf.Device() != b.Device() || buf.Ptr() == 0 {
+		return false
+	}
+	_, own := buf.(*Buffer)
+	return !own
+}
