@@ -8,7 +8,7 @@ mkdir -p build
 go build -o build/train ./cmd/train
 for pkg in $(go list ./... | sed 's|^github.com/asynctp/asynctp/||;s|^github.com/asynctp/asynctp$||'); do
   case "$pkg" in
-    cuda|tensor/cudabackend|comm/nccl|comm/nvshmem|comm/tcp|bench|bench/*)
+    cuda|tensor/cudabackend|comm/nccl|comm/nvshmem|comm/tcp|overlap/peercopy|bench|bench/*)
       if [ -n "$(ls "$pkg"/*_test.go 2>/dev/null)" ]; then
         go test -c -o "build/$(echo "$pkg" | tr / _).test" "./$pkg"
       fi ;;

@@ -1,0 +1,332 @@
+package peercopy_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/comm/commtest"
+	"github.com/asynctp/asynctp/comm/nvshmem"
+	"github.com/asynctp/asynctp/comm/rendezvous"
+	"github.com/asynctp/asynctp/cuda"
+	"github.com/asynctp/asynctp/overlap"
+	"github.com/asynctp/asynctp/overlap/overlaptest"
+	"github.com/asynctp/asynctp/overlap/peercopy"
+	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/cudabackend"
+)
+
+// The GPU tests run N processes, one NVSHMEM PE each, all on GPU 0 when
+// the machine has one (start MPS first with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
+// = 100/N per process for NVSHMEM's full MPG mode: scripts/gpu-overlap.sh).
+const jobEnv = "ASYNCTP_OVERLAP_TEST_JOB" // the child's job: suite, bench
+
+// needGPU skips unless the NVSHMEM library, a GPU and the kernels image are
+// there.
+func needGPU(t *testing.T) (lib string, gpus int) {
+	t.Helper()
+	l, err := nvshmem.Load()
+	if err != nil {
+		t.Skipf("no NVSHMEM transport library, skipping the GPU tests: %v", err)
+	}
+	if err := cuda.Init(); err != nil {
+		t.Skipf("no CUDA driver, skipping the GPU tests: %v", err)
+	}
+	n, err := cuda.DeviceCount()
+	if err != nil || n == 0 {
+		t.Skipf("no CUDA device (%v), skipping the GPU tests", err)
+	}
+	if _, err := cudabackend.FindKernels(); err != nil {
+		t.Skipf("no kernels image, skipping the GPU tests: %v", err)
+	}
+	return l.Path, n
+}
+
+func runPEs(t *testing.T, job string, n int) []string {
+	lib, gpus := needGPU(t)
+	procs := commtest.RunProcesses(t, commtest.Processes{N: n, Test: "TestHelperProcess", Job: "overlap-" + job, Timeout: 8 * time.Minute,
+		Env: func(rank int) []string {
+			return []string{jobEnv + "=" + job, nvshmem.EnvLibrary + "=" + lib, "ASYNCTP_TEST_DEVICE=" + strconv.Itoa(rank%gpus),
+				"NVSHMEM_DISABLE_NVLS=1", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=" + strconv.Itoa(100/n)}
+		}})
+	outs := make([]string, n)
+	for r, p := range procs {
+		outs[r] = p.Out
+		if p.Err != nil {
+			out := p.Out
+			if len(out) > 12000 {
+				out = "…" + out[len(out)-12000:]
+			}
+			t.Errorf("%s, %d PEs, rank %d: %v; output:\n%s", job, n, r, p.Err, out)
+		}
+	}
+	return outs
+}
+
+// TestSuiteGPU: the conformance suite of every strategy on NVSHMEM PEs,
+// in bf16 and f32, on worlds of 2 and 4 PEs.
+func TestSuiteGPU(t *testing.T) {
+	for _, n := range []int{2, 4} {
+		t.Run(fmt.Sprintf("PEs=%d", n), func(t *testing.T) {
+			for _, out := range runPEs(t, "suite", n) {
+				for _, l := range strings.Split(out, "\n") {
+					if strings.HasPrefix(l, "suite:") {
+						t.Log(l)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestBenchGPU times the sites of each strategy at TP-shaped sizes (it is a
+// benchmark run as a test so that its PEs can be several processes; it
+// asserts nothing about speed). Only with ASYNCTP_OVERLAP_BENCH=1.
+func TestBenchGPU(t *testing.T) {
+	if os.Getenv("ASYNCTP_OVERLAP_BENCH") != "1" {
+		t.Skip("set ASYNCTP_OVERLAP_BENCH=1 to time the sites on the GPU")
+	}
+	for _, n := range []int{2, 4} {
+		outs := runPEs(t, "bench", n)
+		for _, l := range strings.Split(outs[0], "\n") {
+			if strings.HasPrefix(l, "bench:") {
+				fmt.Println(l)
+			}
+		}
+	}
+}
+
+// TestHelperProcess is not a test: it is the body of one PE.
+func TestHelperProcess(t *testing.T) {
+	job := os.Getenv(jobEnv)
+	if job == "" {
+		return
+	}
+	pe := newPE(t)
+	defer pe.close(t)
+	switch job {
+	case "suite":
+		pe.suite(t)
+	case "bench":
+		pe.bench(t)
+	default:
+		t.Fatalf("unknown job %q", job)
+	}
+}
+
+type pe struct {
+	rank, size int
+	store      *rendezvous.Client
+	closeStore func() error
+	world      *nvshmem.Comm
+	b          *cudabackend.Backend
+}
+
+func newPE(t *testing.T) *pe {
+	info, err := rendezvous.FromEnv(os.Getenv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, _ := strconv.Atoi(os.Getenv("ASYNCTP_TEST_DEVICE"))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	store, closeStore, err := rendezvous.Join(ctx, info, rendezvous.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := cudabackend.New(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := nvshmem.New(ctx, store, info.Rank, info.WorldSize, dev, nvshmem.WithTimeout(2*time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("rank %d: %v", info.Rank, w.Report())
+	return &pe{rank: info.Rank, size: info.WorldSize, store: store, closeStore: closeStore, world: w, b: b}
+}
+
+func (p *pe) close(t *testing.T) {
+	if err := p.world.Close(); err != nil {
+		t.Errorf("rank %d: close: %v", p.rank, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := p.store.Barrier(ctx, "done", p.size); err != nil {
+		t.Errorf("rank %d: %v", p.rank, err)
+	}
+	p.closeStore()
+	p.b.Close()
+}
+
+func strategies() []overlap.Strategy {
+	return []overlap.Strategy{overlap.Collective{}, overlap.Pipelined{}, peercopy.Pipelined{}}
+}
+
+func (p *pe) suite(t *testing.T) {
+	for i, s := range strategies() {
+		for _, dt := range []tensor.DType{tensor.BFloat16, tensor.Float32} {
+			start := time.Now()
+			r := overlaptest.Rank{Group: p.world, Backend: p.b, Stream: p.b.Stream(), Strategy: s, DType: dt, Seed: uint64(100 + i)}
+			err := r.CheckAll()
+			if err == nil {
+				err = p.b.Sync()
+			}
+			name := fmt.Sprintf("%T", s)
+			if err != nil {
+				t.Fatalf("rank %d: %s %v: %v", p.rank, name, dt, err)
+			}
+			fmt.Printf("suite: rank %d: %s %v passed (%v)\n", p.rank, name, dt, time.Since(start).Round(time.Millisecond))
+		}
+	}
+}
+
+// bench times each strategy's forward and backward of the two TP sites at
+// TP-shaped sizes, with CUDA events on the backend's stream, and the GEMM
+// and the collective alone (for the ceiling (T_gemm+T_comm)/max).
+func (p *pe) bench(t *testing.T) {
+	const rows, k = 8192, 4096 // tokens of the whole sequence; the model width
+	P := p.size
+	n := rows / P
+	b := p.b
+	mk := func(r, c int) *tensor.Tensor {
+		h := tensor.MustHost(tensor.BFloat16, r, c)
+		v := make([]float64, r*c)
+		for i := range v {
+			v[i] = float64((i*7919+p.rank*31)%2001)/1000 - 1
+		}
+		_ = h.SetFloat64s(v)
+		d := b.Zeros(tensor.BFloat16, r, c)
+		b.Upload(d, h)
+		return d
+	}
+	// all-gather∘matmul: q, k, v of width k·3/P each rank.
+	m := 3 * k / P
+	x, xFull, w, out := mk(n, k), mk(rows, k), mk(m, k), mk(rows, m)
+	dout, dx, dw := mk(rows, m), mk(n, k), mk(m, k)
+	// matmul∘reduce-scatter: the output projection, K = k/P on each rank.
+	kl := k / P
+	x2, w2, out2, dout2, dx2, dw2 := mk(rows, kl), mk(k, kl), mk(n, k), mk(n, k), mk(rows, kl), mk(k, kl)
+	partial := mk(rows, k)
+
+	timeIt := func(reps int, fn func() error) (time.Duration, error) {
+		for range 3 { // warm-up
+			if err := fn(); err != nil {
+				return 0, err
+			}
+		}
+		if err := b.Sync(); err != nil {
+			return 0, err
+		}
+		if err := p.world.Barrier(); err != nil {
+			return 0, err
+		}
+		var ds []time.Duration
+		for range reps {
+			var start, end *cuda.Event
+			_ = b.OnDevice(func(s *cuda.Stream) error {
+				start, _ = cuda.NewEvent(true)
+				end, _ = cuda.NewEvent(true)
+				return start.Record(s)
+			})
+			if err := fn(); err != nil {
+				return 0, err
+			}
+			var d time.Duration
+			err := b.OnDevice(func(s *cuda.Stream) error {
+				if err := end.Record(s); err != nil {
+					return err
+				}
+				if err := end.Synchronize(); err != nil {
+					return err
+				}
+				var err error
+				d, err = cuda.Elapsed(start, end)
+				start.Destroy()
+				end.Destroy()
+				return err
+			})
+			if err != nil {
+				return 0, err
+			}
+			ds = append(ds, d)
+		}
+		sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+		return ds[len(ds)/2], b.Err()
+	}
+	row := func(name string, d time.Duration, err error) {
+		if err != nil {
+			t.Fatalf("rank %d: %s: %v", p.rank, name, err)
+		}
+		fmt.Printf("bench: P=%d %-46s %8.1f µs\n", P, name, float64(d.Nanoseconds())/1e3)
+	}
+	const reps = 20
+	sp := func(kind overlap.Kind, kk int, outs ...int) overlap.Spec {
+		return overlap.Spec{Kind: kind, Name: "bench", Group: p.world, Backend: b, Stream: b.Stream(), K: kk, Outs: outs, DType: tensor.BFloat16}
+	}
+	shape := fmt.Sprintf("rows %d, K %d, N %d/rank", rows, k, m)
+	d, err := timeIt(reps, func() error { b.MatMul(out, xFull, w, false, true, 1, 0); return nil })
+	row("gemm alone, AG shape ("+shape+")", d, err)
+	d, err = timeIt(reps, func() error {
+		wk, err := p.world.AllGather(xFull, x, b.Stream())
+		if err == nil {
+			err = wk.Wait(b.Stream())
+		}
+		return err
+	})
+	row("all-gather alone (NVSHMEM transport)", d, err)
+	d, err = timeIt(reps, func() error { b.MatMul(partial, x2, w2, false, true, 1, 0); return nil })
+	row(fmt.Sprintf("gemm alone, RS shape (rows %d, K %d/rank, N %d)", rows, kl, k), d, err)
+	d, err = timeIt(reps, func() error {
+		wk, err := p.world.ReduceScatter(out2, partial, comm.Sum, b.Stream())
+		if err == nil {
+			err = wk.Wait(b.Stream())
+		}
+		return err
+	})
+	row("reduce-scatter alone (NVSHMEM transport)", d, err)
+	for _, s := range strategies() {
+		name := fmt.Sprintf("%T", s)
+		ag, err := s.NewAllGatherMatmul(sp(overlap.KindAllGatherMatmul, k, m))
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := timeIt(reps, func() error {
+			return ag.Forward([]*tensor.Tensor{out}, xFull, x, []*tensor.Tensor{w})
+		})
+		row(name+" all-gather∘matmul forward", d, err)
+		d, err = timeIt(reps, func() error {
+			wk, err := ag.Backward(dx, []*tensor.Tensor{dw}, []*tensor.Tensor{dout}, xFull, []*tensor.Tensor{w})
+			if err == nil {
+				err = wk.Wait(b.Stream())
+			}
+			return err
+		})
+		row(name+" all-gather∘matmul backward", d, err)
+		rs, err := s.NewMatmulReduceScatter(sp(overlap.KindMatmulReduceScatter, kl, k))
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err = timeIt(reps, func() error { return rs.Forward(out2, x2, w2) })
+		row(name+" matmul∘reduce-scatter forward", d, err)
+		d, err = timeIt(reps, func() error {
+			wk, err := rs.Backward(dx2, dw2, dout2, x2, w2)
+			if err == nil {
+				err = wk.Wait(b.Stream())
+			}
+			return err
+		})
+		row(name+" matmul∘reduce-scatter backward", d, err)
+		if err := b.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		ag.Close()
+		rs.Close()
+	}
+}

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (one H200 is enough), from the repo root, with
+# build/ carried from the dev machine (bash scripts/build-gpu-artifacts.sh):
+# the overlap layer on NVSHMEM PEs that share the GPU under MPS.
+#  0. builds the kernels image and libasynctp_nvshmem.so with nvcc unless
+#     they are in build/ already;
+#  1. starts MPS (its own pipe and log folders; each PE gets
+#     CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100/N, NVSHMEM's full MPG mode) and
+#     quits it at the end, whatever happens;
+#  2. the site conformance suite on 2 and 4 PEs (collective, pipelined over
+#     the transport, pipelined by peer copies; bf16 and f32) and, with
+#     BENCH=1, the per-op times at TP-shaped sizes;
+#  3. cmd/train --overlap pipelined against --overlap collective on 2 PEs
+#     (tp 2, with and without sequence parallelism) and 4 PEs (tp 4, sp),
+#     STEPS steps each: the largest relative loss difference and tokens/s.
+# PEs that share one GPU share its SMs and memory: the times show the
+# mechanics of the overlap, not NVLink speeds.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-build/out}/overlap
+STEPS=${STEPS:-50}
+TOL=${TOL:-0.02} # bf16 over 50 steps
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+export ASYNCTP_KERNELS=${ASYNCTP_KERNELS:-$PWD/build/asynctp_kernels.fatbin}
+export ASYNCTP_LIBNVSHMEM=${ASYNCTP_LIBNVSHMEM:-$PWD/build/libasynctp_nvshmem.so}
+declare -a rows
+row() { rows+=("$(printf '%-52s %-6s %s' "$1" "$2" "$3")"); }
+mps_quit() { [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && echo quit | nvidia-cuda-mps-control > /dev/null 2>&1; }
+summary() { mps_quit; echo; echo "== summary"; printf '%s\n' "${rows[@]}"; }
+trap summary EXIT
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+if [ ! -f "$ASYNCTP_KERNELS" ]; then
+  t0=$(date +%s)
+  if bash cuda/kernels/build.sh > "$OUT/nvcc.log" 2>&1; then row "kernels (nvcc)" ok "$(($(date +%s)-t0)) s"; else row "kernels (nvcc)" FAIL "see nvcc.log"; tail -20 "$OUT/nvcc.log"; fi
+fi
+if [ ! -f "$ASYNCTP_LIBNVSHMEM" ]; then
+  t0=$(date +%s)
+  if bash cuda/nvshmem/build.sh > "$OUT/nvshmem-build.log" 2>&1; then row "libasynctp_nvshmem.so (nvcc)" ok "$(($(date +%s)-t0)) s"; else row "libasynctp_nvshmem.so (nvcc)" FAIL "see nvshmem-build.log"; tail -20 "$OUT/nvshmem-build.log"; fi
+fi
+
+# 1. MPS.
+PATH=$PATH:/usr/local/nvidia/bin
+export CUDA_MPS_PIPE_DIRECTORY=$(mktemp -d) CUDA_MPS_LOG_DIRECTORY=$(mktemp -d)
+if nvidia-cuda-mps-control -d; then row "MPS" ok "pipe $CUDA_MPS_PIPE_DIRECTORY"; else row "MPS" FAIL "nvidia-cuda-mps-control -d"; fi
+
+# 2. the suite (and the per-op times).
+t0=$(date +%s)
+if ASYNCTP_OVERLAP_BENCH=${BENCH:-0} ./build/overlap_peercopy.test -test.v -test.count=1 -test.timeout=540s \
+    -test.run '^(TestSuiteGPU|TestBenchGPU)$' > "$OUT/suite.log" 2>&1; then
+  row "site suite, 2 and 4 PEs (3 strategies × bf16, f32)" ok "$(grep -c 'suite: rank' "$OUT/suite.log") rank-runs passed, $(($(date +%s)-t0)) s"
+else
+  row "site suite, 2 and 4 PEs" FAIL "see suite.log"; grep -E -m20 'FAIL|Error|error|panic' "$OUT/suite.log"
+fi
+grep '^bench:' "$OUT/suite.log" | sed 's/^bench: //' > "$OUT/bench.txt"
+while read -r l; do row "  $l" "" ""; done < "$OUT/bench.txt"
+
+# 3. training curves.
+compare() {
+  python3 - "$OUT/$1/metrics.jsonl" "$OUT/$2/metrics.jsonl" "$3" <<'PY'
+import json, statistics, sys
+def recs(p):
+    return {r["step"]: r for r in map(json.loads, open(p))}
+a, b, tol = recs(sys.argv[1]), recs(sys.argv[2]), float(sys.argv[3])
+if set(a) != set(b):
+    print(f"FAIL steps differ: {len(a)} vs {len(b)}"); sys.exit(1)
+worst = max(abs(b[s]["loss"] - a[s]["loss"]) / abs(a[s]["loss"]) for s in a)
+tps = lambda r: statistics.median([v.get("tokens_per_s", 0) for k, v in r.items() if k > 5] or [0])
+print(f"{'ok' if worst <= tol else 'FAIL'} max rel loss diff {worst:.2e} over {len(a)} steps; tokens/s {tps(b):.0f} vs collective {tps(a):.0f}")
+sys.exit(0 if worst <= tol else 1)
+PY
+}
+COMMON=(--model tiny --device cuda --comm nvshmem --steps "$STEPS" --log-every 10 --checkpoint-every 0)
+for spec in "tp2|--nproc 2 --tp 2" "tp2-sp|--nproc 2 --tp 2 --sequence-parallel" "tp4-sp|--nproc 4 --tp 4 --sequence-parallel" ${EXTRA:-}; do
+  IFS='|' read -r name args <<< "$spec"
+  ok=1
+  for ov in collective pipelined; do
+    # shellcheck disable=SC2086
+    if ! ./build/train "${COMMON[@]}" $args --overlap $ov --out "$OUT/$name-$ov" > "$OUT/$name-$ov.log" 2>&1; then
+      row "$args --overlap $ov" FAIL "see $name-$ov.log"; tail -15 "$OUT/$name-$ov.log"; ok=0
+    fi
+  done
+  [ $ok -eq 1 ] || continue
+  res=$(compare "$name-collective" "$name-pipelined" "$TOL"); st=$?
+  row "$args: pipelined vs collective" "$([ $st -eq 0 ] && echo ok || echo FAIL)" "$res"
+  row "  $(grep -m1 'overlap: all-gather-matmul\|overlap: matmul-all-reduce' "$OUT/$name-pipelined.log")" "" ""
+done
