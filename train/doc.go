@@ -26,4 +26,10 @@
 // Metrics go to metrics.jsonl (one JSON object per step), a PNG loss curve
 // (loss.png), and a progress bar on a terminal or plain log lines otherwise.
 // Only rank 0 writes them (WithRank0).
+//
+// RunSharded runs one rank of a model sharded over ranks (train.Sharded,
+// which parallel/model.Model implements): per-rank checkpoint dirs
+// (RankDir), the layout in each state.json, and a resume that the ranks
+// agree on. The dependency points down: train adapts the sharded model,
+// which does not import train.
 package train

@@ -27,9 +27,9 @@ var newRankBackend = func(rank, threads int) tensor.Backend { return cpu.New(cpu
 
 // runParallel trains at the layout cfg.Parallel: World = DP × TP ranks as
 // goroutines over one comm/local world, each with its own CPU backend,
-// comm.Grid, parallel/model.Model and model.Run. World rank 0 prints and
+// comm.Grid, parallel/model.Model and train.RunSharded. World rank 0 prints and
 // writes metrics.jsonl and loss.png in the out dir; every rank writes its
-// own shards' checkpoints under OUT/rank-NNNNN (model.Run).
+// own shards' checkpoints under OUT/rank-NNNNN (train.RunSharded).
 func runParallel(ctx context.Context, cfg Config) error {
 	p := cfg.Parallel
 	W := p.World
@@ -83,7 +83,7 @@ func runRank(ctx context.Context, c comm.Comm, cfg Config, ds *train.Dataset, th
 }
 
 // trainRank trains rank c.Rank() of the world c: its comm.Grid, its part of
-// the model on b in dtype dt, and model.Run, with the interrupt agreement
+// the model on b in dtype dt, and train.RunSharded, with the interrupt agreement
 // (and then hook, when not nil) after every step. s is b's stream, on which
 // every collective of the model and of the agreement is ordered (nil on
 // the CPU).
@@ -111,7 +111,7 @@ func trainRank(ctx context.Context, c comm.Comm, cfg Config, ds *train.Dataset, 
 	if m.Config().Experts > 0 {
 		opts = append(opts, train.WithExtraMetrics(func(int) map[string]any { return routerMetrics(m) }))
 	}
-	return model.Run(stop.ctx, m, data, cfg.Train, opts...)
+	return train.RunSharded(stop.ctx, b, m, data, cfg.Train, opts...)
 }
 
 // stopAgreement makes the ranks stop at the same step when the run is

@@ -1,6 +1,9 @@
 // Package model is the tensor-, data- and expert-parallel GPT: layers.GPT
-// built from the layers of parallel/tp and parallel/ep over a comm.Grid,
-// implementing train.Model. Each rank holds one Model with its own shards.
+// built from the layers of parallel/tp and parallel/ep over a comm.Grid.
+// Each rank holds one Model with its own shards. It knows nothing of the
+// training loop: a Model has what train.Run (train.Model) and
+// train.RunSharded (train.Sharded: its Layout, WorldRank and StepRange)
+// need, and train adapts it, so the sharded model does not import train.
 //
 // # Layout
 //
@@ -78,11 +81,11 @@
 //
 // # Checkpoints
 //
-// Run wraps train.Run for one rank: rank r keeps its checkpoints (its
-// shards and their moments, under the unsharded model's parameter names)
-// in outDir/rank-0000r (RankDir), and rank 0 alone writes metrics.jsonl
-// and loss.png in outDir; each state.json records the rank's Layout; a
-// resume checks the layout and that all ranks resume from the same step
+// train.RunSharded wraps train.Run for one rank: rank r keeps its
+// checkpoints (its shards and their moments, under the unsharded model's
+// parameter names) in outDir/rank-0000r (train.RankDir), and rank 0 alone
+// writes metrics.jsonl and loss.png in outDir; each state.json records
+// the rank's Layout; a resume checks the layout and that all ranks resume from the same step
 // (the newest that every rank holds, when a rank died between its peers'
 // checkpoints of a step), then continues exactly.
 //
