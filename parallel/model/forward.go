@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/comm/hostreduce"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/tensor"
 )
@@ -113,24 +114,12 @@ func (m *Model) forward(ids, targets *tensor.Tensor, nTargets int) (float64, err
 	for _, l := range m.losses.F64()[:N] {
 		sum += l
 	}
-	if m.grid.DP > 1 { // the global sum: Σ over replicas
-		h := tensor.MustHost(tensor.Float64, 1)
-		h.F64()[0] = sum
-		m.b.Upload(m.lossBuf, h)
-		if err := sticky(m.b, "forward"); err != nil {
-			return 0, err
-		}
-		s := m.par.Stream
-		w, err := m.grid.DPGroup.AllReduce(m.lossBuf, comm.Sum, s)
-		if err == nil {
-			err = w.Wait(s)
-		}
-		if err != nil {
-			return 0, fmt.Errorf("model: loss over the DP group: %w", err)
-		}
-		m.b.Download(h, m.lossBuf)
-		sum = h.F64()[0]
+	// The global sum: Σ over replicas.
+	vals := []float64{sum}
+	if err := hostreduce.AllReduce(m.b, m.grid.DPGroup, layers.StatDType(m.dt), vals, comm.Sum, m.par.Stream); err != nil {
+		return 0, fmt.Errorf("model: loss over the DP group: %w", err)
 	}
+	sum = vals[0]
 	if err := sticky(m.b, "forward"); err != nil {
 		return 0, err
 	}
@@ -163,7 +152,6 @@ func (m *Model) alloc(B, T int) {
 	m.logits = layers.Ensure(b, m.logits, dt, N, m.Head.LocalOut)
 	m.dlogits = layers.Ensure(b, m.dlogits, dt, N, m.Head.LocalOut)
 	m.losses = tensor.MustHost(tensor.Float64, N)
-	m.lossBuf = layers.Ensure(b, m.lossBuf, layers.StatDType(dt), 1)
 	m.dhf = layers.Ensure(b, m.dhf, dt, n, C)
 	m.dxa = layers.Ensure(b, m.dxa, dt, n, C)
 	m.dxb = layers.Ensure(b, m.dxb, dt, n, C)

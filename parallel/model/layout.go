@@ -2,8 +2,8 @@ package model
 
 import (
 	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/comm/hostreduce"
 	"github.com/asynctp/asynctp/layers"
-	"github.com/asynctp/asynctp/tensor"
 )
 
 // Layout says how a rank's tensors are sharded: recorded in every
@@ -33,19 +33,9 @@ func (m *Model) WorldRank() int { return m.grid.World.Rank() }
 // collective over the grid's world: train.RunSharded agrees with it on the
 // checkpoint every rank resumes from.
 func (m *Model) StepRange(step int) (hi, lo int, err error) {
-	b, s := m.b, m.par.Stream
-	buf := b.Zeros(layers.StatDType(m.dt), 2)
-	defer b.Free(buf)
-	h := tensor.MustHost(tensor.Float64, 2)
-	h.F64()[0], h.F64()[1] = float64(step), -float64(step)
-	b.Upload(buf, h)
-	w, err := m.grid.World.AllReduce(buf, comm.Max, s)
-	if err == nil {
-		err = w.Wait(s)
-	}
-	if err != nil {
+	v := []float64{float64(step), -float64(step)}
+	if err := hostreduce.AllReduce(m.b, m.grid.World, layers.StatDType(m.dt), v, comm.Max, m.par.Stream); err != nil {
 		return 0, 0, err
 	}
-	b.Download(h, buf)
-	return int(h.F64()[0]), int(-h.F64()[1]), nil
+	return int(v[0]), int(-v[1]), nil
 }

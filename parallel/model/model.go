@@ -57,8 +57,6 @@ type Model struct {
 	logits   *tensor.Tensor   // (N, Vocab/P)
 	dlogits  *tensor.Tensor   // (N, Vocab/P)
 	losses   *tensor.Tensor   // (N) host f64 per-row losses
-	lossBuf  *tensor.Tensor   // (1) stat dtype: DP reduction of the loss
-	normBuf  *tensor.Tensor   // (1) stat dtype: TP reduction of the gradient norm
 	dhf, dxa *tensor.Tensor   // (n, C) backward scratch
 	dxb      *tensor.Tensor   // (n, C) backward scratch
 	ready    bool
