@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/asynctp/asynctp/comm"
-	"github.com/asynctp/asynctp/comm/hostreduce"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/tensor"
 )
@@ -110,16 +108,19 @@ func (m *Model) forward(ids, targets *tensor.Tensor, nTargets int) (float64, err
 	if err := m.Loss.Forward(m.losses, m.dlogits, m.logits, myTargets, scale); err != nil {
 		return 0, err
 	}
-	var sum float64
-	for _, l := range m.losses.F64()[:N] {
-		sum += l
+	// The global sum of the losses, on the device: Σ over this replica's
+	// rows, then over the replicas.
+	m.b.Fill(m.lossSum, 0)
+	m.b.SumRows(m.lossSum, layers.Reshape(m.losses, N, 1))
+	if err := sticky(m.b, "forward"); err != nil {
+		return 0, err
 	}
-	// The global sum: Σ over replicas.
-	vals := []float64{sum}
-	if err := hostreduce.AllReduce(m.b, m.grid.DPGroup, layers.StatDType(m.dt), vals, comm.Sum, m.par.Stream); err != nil {
-		return 0, fmt.Errorf("model: loss over the DP group: %w", err)
+	if err := m.allReduce(m.grid.DPGroup, "loss over the DP group", m.lossSum); err != nil {
+		return 0, err
 	}
-	sum = vals[0]
+	h := tensor.MustHost(tensor.Float64, 1)
+	m.b.Download(h, m.lossSum)
+	sum := h.F64()[0]
 	if err := sticky(m.b, "forward"); err != nil {
 		return 0, err
 	}
@@ -151,7 +152,8 @@ func (m *Model) alloc(B, T int) {
 	m.hf = layers.Ensure(b, m.hf, dt, n, C)
 	m.logits = layers.Ensure(b, m.logits, dt, N, m.Head.LocalOut)
 	m.dlogits = layers.Ensure(b, m.dlogits, dt, N, m.Head.LocalOut)
-	m.losses = tensor.MustHost(tensor.Float64, N)
+	m.losses = layers.Ensure(b, m.losses, layers.StatDType(dt), N)
+	m.lossSum = layers.Ensure(b, m.lossSum, layers.StatDType(dt), 1)
 	m.dhf = layers.Ensure(b, m.dhf, dt, n, C)
 	m.dxa = layers.Ensure(b, m.dxa, dt, n, C)
 	m.dxb = layers.Ensure(b, m.dxb, dt, n, C)

@@ -56,7 +56,8 @@ type Model struct {
 	hf       *tensor.Tensor   // (n, C) final norm output
 	logits   *tensor.Tensor   // (N, Vocab/P)
 	dlogits  *tensor.Tensor   // (N, Vocab/P)
-	losses   *tensor.Tensor   // (N) host f64 per-row losses
+	losses   *tensor.Tensor   // (N) stat dtype: per-row losses
+	lossSum  *tensor.Tensor   // (1) stat dtype: their sum over the global batch
 	dhf, dxa *tensor.Tensor   // (n, C) backward scratch
 	dxb      *tensor.Tensor   // (n, C) backward scratch
 	ready    bool
