@@ -5,6 +5,9 @@
 // One step is: ZeroGrad, Forward, Backward, the global gradient norm (one
 // SumSquares pass), then AdamW with the clipping factor folded into its
 // GradScale (no extra pass over the gradients), then metrics.
+// A model with AsyncLoss (layers.GPT, parallel/model.Model) runs
+// ForwardAsync instead of Forward and its loss is read after Backward, so
+// nothing waits on the host between the forward and the backward.
 //
 // Everything that decides the numbers of a step is a pure function of the
 // saved state: the parameters, the AdamW moments, the step (learning rate and

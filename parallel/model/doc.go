@@ -52,7 +52,8 @@
 // (ReplicaRows). Forward returns the global mean loss on every rank: the
 // per-row losses (the same on every rank of a TP group, from the
 // vocab-parallel cross-entropy) are summed and all-reduced over DP on the
-// device, and only that one scalar is read back and divided
+// device, and only that one scalar is read back (by ReadLoss, after the
+// Backward when train.Run drives ForwardAsync) and divided
 // by the number of non-ignored targets of the global batch, and each
 // replica's gradient is that of its rows' losses scaled by the same
 // 1/count.

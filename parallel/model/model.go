@@ -60,6 +60,8 @@ type Model struct {
 	lossSum  *tensor.Tensor   // (1) stat dtype: their sum over the global batch
 	dhf, dxa *tensor.Tensor   // (n, C) backward scratch
 	dxb      *tensor.Tensor   // (n, C) backward scratch
+	nTargets int              // non-ignored targets of the last Forward's global batch
+	lossAt   int              // where the last Forward's loss is (lossNone, ...)
 	ready    bool
 }
 
