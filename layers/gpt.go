@@ -159,7 +159,9 @@ type GPT struct {
 	logits   *tensor.Tensor   // (B*T, V)
 	losses   *tensor.Tensor   // (B*T) per-row loss (f32, or f64 for f64 models)
 	dlogits  *tensor.Tensor   // (B*T, V) ∂loss/∂logits, from the fused cross-entropy
-	hostLoss *tensor.Tensor   // (B*T) f64, host copy of losses
+	lossSum  *tensor.Tensor   // (1) Σ losses, like losses
+	nTargets int              // non-ignored targets of the last Forward
+	lossAt   int              // where the last Forward's loss is (lossNone, ...)
 	ready    bool             // a Forward with targets ran and no Backward since
 	// Backward scratch.
 	dhf, dxa, dxb *tensor.Tensor // (B, T, C)
@@ -276,48 +278,60 @@ func CountTargets(layer string, targets, ids *tensor.Tensor, vocab int) (int, er
 // ignored) is not nil, returns the mean cross-entropy over the non-ignored
 // targets plus the MoE blocks' auxiliary losses (AuxLoss; 0 in a dense
 // model) and prepares the gradient of that sum for Backward. With nil
-// targets the loss is 0 and Backward is not allowed.
+// targets the loss is 0 and Backward is not allowed. It is ForwardAsync
+// then ReadLoss.
 func (m *GPT) Forward(ids, targets *tensor.Tensor) (float64, error) {
-	m.ready = false
-	if err := CheckTokens("layers: gpt", "ids", ids, m.cfg.Seq); err != nil {
+	if err := m.ForwardAsync(ids, targets); err != nil {
 		return 0, err
 	}
+	return m.ReadLoss()
+}
+
+// ForwardAsync is Forward without reading the loss back: the per-row
+// losses are summed on the device and stay there until ReadLoss, so a
+// Backward queues behind the forward with no host sync in between.
+func (m *GPT) ForwardAsync(ids, targets *tensor.Tensor) error {
+	m.ready, m.lossAt = false, lossNone
+	if err := CheckTokens("layers: gpt", "ids", ids, m.cfg.Seq); err != nil {
+		return err
+	}
 	if err := CheckIDs("layers: gpt: ids", ids, m.cfg.Vocab); err != nil {
-		return 0, err
+		return err
 	}
 	nTargets := 0
 	if targets != nil {
 		if err := CheckTokens("layers: gpt", "targets", targets, m.cfg.Seq); err != nil {
-			return 0, err
+			return err
 		}
 		var err error
 		if nTargets, err = CountTargets("layers: gpt", targets, ids, m.cfg.Vocab); err != nil {
-			return 0, err
+			return err
 		}
 	}
 	if err := m.b.Err(); err != nil {
-		return 0, fmt.Errorf("layers: gpt: the backend already holds an error: %w", err)
+		return fmt.Errorf("layers: gpt: the backend already holds an error: %w", err)
 	}
 	B, T, C := ids.Dim(0), ids.Dim(1), m.cfg.Dim
 	N := B * T
 	m.alloc(B, T)
 	m.b.Upload(m.ids, ids)
 	if err := m.Embed.Forward(m.xs[0], m.ids); err != nil {
-		return 0, err
+		return err
 	}
 	for l, blk := range m.Blocks {
 		if err := blk.Forward(m.xs[l+1], m.xs[l]); err != nil {
-			return 0, err
+			return err
 		}
 	}
 	if err := m.Norm.Forward(m.hf, m.xs[len(m.Blocks)]); err != nil {
-		return 0, err
+		return err
 	}
 	if err := m.Head.Forward(m.logits, Reshape(m.hf, N, C)); err != nil {
-		return 0, err
+		return err
 	}
 	if targets == nil {
-		return 0, Sticky(m.b, "layers: gpt", "forward")
+		m.lossAt = lossZero
+		return Sticky(m.b, "layers: gpt", "forward")
 	}
 	scale := float32(0)
 	if nTargets > 0 {
@@ -325,19 +339,42 @@ func (m *GPT) Forward(ids, targets *tensor.Tensor) (float64, error) {
 	}
 	m.b.Upload(m.targets, Reshape(targets, N))
 	m.b.CrossEntropy(m.losses, m.dlogits, m.logits, m.targets, scale)
-	m.b.Download(m.hostLoss, m.losses)
+	m.b.Fill(m.lossSum, 0)
+	m.b.SumRows(m.lossSum, Reshape(m.losses, N, 1))
 	if err := Sticky(m.b, "layers: gpt", "forward"); err != nil {
+		return err
+	}
+	m.ready, m.lossAt, m.nTargets = true, lossOnDevice, nTargets
+	return nil
+}
+
+// Where the loss of the last forward is.
+const (
+	lossNone     = iota // no successful forward
+	lossZero            // a forward without targets: 0
+	lossOnDevice        // Σ losses in lossSum, over nTargets targets
+)
+
+// ReadLoss returns the loss of the last ForwardAsync (what Forward
+// returns), reading one scalar from the device: it waits for the work
+// queued before it, so read it after Backward to keep the two back to
+// back. It may be called more than once.
+func (m *GPT) ReadLoss() (float64, error) {
+	switch m.lossAt {
+	case lossNone:
+		return 0, errors.New("layers: gpt: ReadLoss needs a successful Forward first")
+	case lossZero:
+		return 0, nil
+	}
+	h := tensor.MustHost(tensor.Float64, 1)
+	m.b.Download(h, m.lossSum)
+	if err := Sticky(m.b, "layers: gpt", "reading the loss"); err != nil {
 		return 0, err
 	}
-	var sum float64
-	for _, l := range m.hostLoss.F64() {
-		sum += l
-	}
-	m.ready = true
-	if nTargets == 0 {
+	if m.nTargets == 0 {
 		return m.AuxLoss(), nil
 	}
-	return sum/float64(nTargets) + m.AuxLoss(), nil
+	return h.F64()[0]/float64(m.nTargets) + m.AuxLoss(), nil
 }
 
 // AuxLoss is the sum of the MoE blocks' auxiliary losses (load balance and
@@ -382,7 +419,7 @@ func (m *GPT) alloc(B, T int) {
 	m.logits = Ensure(m.b, m.logits, dt, N, V)
 	m.dlogits = Ensure(m.b, m.dlogits, dt, N, V)
 	m.losses = Ensure(m.b, m.losses, StatDType(dt), N)
-	m.hostLoss = tensor.MustHost(tensor.Float64, N)
+	m.lossSum = Ensure(m.b, m.lossSum, StatDType(dt), 1)
 	m.dhf = Ensure(m.b, m.dhf, dt, B, T, C)
 	m.dxa = Ensure(m.b, m.dxa, dt, B, T, C)
 	m.dxb = Ensure(m.b, m.dxb, dt, B, T, C)

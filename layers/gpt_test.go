@@ -203,3 +203,48 @@ func TestGPTShapesChange(t *testing.T) {
 	noErr(t, b, m.Backward())
 	testutil.AllClose(t, "prefix logits", download(t, b, m.Logits()), full[:5*tinyConfig.Vocab], 1e-12)
 }
+
+// TestGPTForwardAsync: ForwardAsync and Backward read nothing back to the
+// host; ReadLoss afterwards gives Forward's loss, and the gradients are
+// Forward's. ReadLoss before any forward is an error; after a forward
+// without targets it is 0.
+func TestGPTForwardAsync(t *testing.T) {
+	rng := testutil.Rng(21)
+	B, T := 2, 8
+	ids := testutil.RandInts(rng, tinyConfig.Vocab, B, T)
+	targets := testutil.RandInts(rng, tinyConfig.Vocab, B, T)
+	targets.I32()[5] = -1
+
+	ref, err := NewGPT(newBackend(), tinyConfig, tensor.Float64)
+	noErr(t, ref.b, err)
+	want, err := ref.Forward(ids, targets)
+	noErr(t, ref.b, err)
+	noErr(t, ref.b, ref.Backward())
+	_, wg := ref.Params().Flat()
+
+	b := &testutil.HostReads{Backend: newBackend()}
+	m, err := NewGPT(b, tinyConfig, tensor.Float64)
+	noErr(t, b, err)
+	if _, err := m.ReadLoss(); err == nil || !strings.Contains(err.Error(), "needs a successful Forward") {
+		t.Errorf("ReadLoss before a forward: %v", err)
+	}
+	before := b.Count()
+	noErr(t, b, m.ForwardAsync(ids, targets))
+	noErr(t, b, m.Backward())
+	if n := b.Count() - before; n != 0 {
+		t.Errorf("ForwardAsync and Backward read the device %d times, want 0", n)
+	}
+	got, err := m.ReadLoss()
+	noErr(t, b, err)
+	if math.Abs(got-want) > 1e-12*math.Abs(want) || want == 0 {
+		t.Errorf("ReadLoss after Backward = %v, Forward gives %v", got, want)
+	}
+	_, g := m.Params().Flat()
+	if err := testutil.Within("gradients", testutil.Download(b, g), testutil.Download(ref.b, wg), 1e-12); err != nil {
+		t.Error(err)
+	}
+	noErr(t, b, m.ForwardAsync(ids, nil))
+	if l, err := m.ReadLoss(); err != nil || l != 0 {
+		t.Errorf("ReadLoss after a forward without targets = %v, %v, want 0, nil", l, err)
+	}
+}

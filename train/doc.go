@@ -5,6 +5,9 @@
 // One step is: ZeroGrad, Forward, Backward, the global gradient norm (one
 // SumSquares pass), then AdamW with the clipping factor folded into its
 // GradScale (no extra pass over the gradients), then metrics.
+// A model with AsyncLoss (layers.GPT, parallel/model.Model) runs
+// ForwardAsync instead of Forward and its loss is read after Backward, so
+// nothing waits on the host between the forward and the backward.
 //
 // Everything that decides the numbers of a step is a pure function of the
 // saved state: the parameters, the AdamW moments, the step (learning rate and
@@ -26,4 +29,10 @@
 // Metrics go to metrics.jsonl (one JSON object per step), a PNG loss curve
 // (loss.png), and a progress bar on a terminal or plain log lines otherwise.
 // Only rank 0 writes them (WithRank0).
+//
+// RunSharded runs one rank of a model sharded over ranks (train.Sharded,
+// which parallel/model.Model implements): per-rank checkpoint dirs
+// (RankDir), the layout in each state.json, and a resume that the ranks
+// agree on. The dependency points down: train adapts the sharded model,
+// which does not import train.
 package train

@@ -27,6 +27,17 @@ type Model interface {
 	FLOPsPerToken() float64
 }
 
+// AsyncLoss is an optional interface of a Model whose loss stays on the
+// device (layers.GPT, parallel/model.Model): ForwardAsync is Forward
+// without reading the loss back, and ReadLoss reads the loss of the last
+// ForwardAsync. Run then queues Forward and Backward back to back, with no
+// host sync between them, and reads the loss after Backward (before the
+// gradient norm, which waits for the backward anyway).
+type AsyncLoss interface {
+	ForwardAsync(ids, targets *tensor.Tensor) error
+	ReadLoss() (float64, error)
+}
+
 // Result sums up a run.
 type Result struct {
 	Step         int           // the last step done (the run's global step count)

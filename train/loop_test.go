@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -349,4 +350,63 @@ func TestRunMetricsDir(t *testing.T) {
 			t.Errorf("metrics dir %q: no log lines:\n%s", metrics, log.String())
 		}
 	}
+}
+
+// asyncBigram is the bigram behind AsyncLoss: ForwardAsync keeps the loss
+// back until ReadLoss, and the calls are logged.
+type asyncBigram struct {
+	*bigram
+	loss  float64
+	calls []string
+}
+
+func (m *asyncBigram) Forward(ids, targets *tensor.Tensor) (float64, error) {
+	m.calls = append(m.calls, "Forward")
+	return m.bigram.Forward(ids, targets)
+}
+
+func (m *asyncBigram) ForwardAsync(ids, targets *tensor.Tensor) error {
+	m.calls = append(m.calls, "ForwardAsync")
+	var err error
+	m.loss, err = m.bigram.Forward(ids, targets)
+	return err
+}
+
+func (m *asyncBigram) ReadLoss() (float64, error) {
+	m.calls = append(m.calls, "ReadLoss")
+	return m.loss, nil
+}
+
+func (m *asyncBigram) Backward() error {
+	m.calls = append(m.calls, "Backward")
+	return m.bigram.Backward()
+}
+
+// TestRunAsyncLoss: with AsyncLoss, Run reads the loss after Backward, and
+// the run's losses are those of the plain model; a NaN read then still
+// stops the run before the update, naming the step.
+func TestRunAsyncLoss(t *testing.T) {
+	cfg := smallConfig(t.TempDir(), 6)
+	b := newCPU()
+	plain, err := Run(context.Background(), b, newBigram(t, b, 256, tensor.Float32, 1), loaderFor(t, cfg), cfg, WithOutput(&bytes.Buffer{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg = smallConfig(t.TempDir(), 6)
+	m := &asyncBigram{bigram: newBigram(t, b, 256, tensor.Float32, 1)}
+	res, err := Run(context.Background(), b, m, loaderFor(t, cfg), cfg, WithOutput(&bytes.Buffer{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(res.Losses) != fmt.Sprint(plain.Losses) {
+		t.Errorf("losses through AsyncLoss %v, want %v", res.Losses, plain.Losses)
+	}
+	if got := strings.Join(m.calls[:6], " "); got != "ForwardAsync Backward ReadLoss ForwardAsync Backward ReadLoss" {
+		t.Errorf("calls %q, want ForwardAsync, Backward, ReadLoss per step", got)
+	}
+	cfg = smallConfig(t.TempDir(), 6)
+	m = &asyncBigram{bigram: newBigram(t, b, 256, tensor.Float32, 1)}
+	m.nanAt = 3
+	_, err = Run(context.Background(), b, m, loaderFor(t, cfg), cfg, WithOutput(&bytes.Buffer{}))
+	mustContain(t, err, "loss is NaN at step 3")
 }

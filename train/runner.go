@@ -105,18 +105,9 @@ func (r *runner) step(step int) (StepMetrics, error) {
 		return StepMetrics{}, fmt.Errorf("train: step %d: data: %w", step, err)
 	}
 	r.model.ZeroGrad()
-	loss, err := r.model.Forward(ids, targets)
+	loss, err := r.forwardBackward(ids, targets, step)
 	if err != nil {
-		return StepMetrics{}, fmt.Errorf("train: step %d: forward: %w", step, err)
-	}
-	if !finite(loss) {
-		return StepMetrics{}, r.diverged("loss", loss, step)
-	}
-	if err := r.model.Backward(); err != nil {
-		return StepMetrics{}, fmt.Errorf("train: step %d: backward: %w", step, err)
-	}
-	if err := b.Err(); err != nil {
-		return StepMetrics{}, fmt.Errorf("train: step %d: %w", step, err)
+		return StepMetrics{}, err
 	}
 	norm, err := r.gradNorm()
 	if err != nil {
@@ -156,6 +147,42 @@ func (r *runner) step(step int) (StepMetrics, error) {
 		}
 	}
 	return m, nil
+}
+
+// forwardBackward runs the step's forward and backward and returns its
+// loss. A model with AsyncLoss reads the loss after the backward, so the
+// two are queued back to back; a non-finite loss stops the step either
+// way before the gradient norm and the update.
+func (r *runner) forwardBackward(ids, targets *tensor.Tensor, step int) (float64, error) {
+	async, ok := r.model.(AsyncLoss)
+	var loss float64
+	var err error
+	if ok {
+		err = async.ForwardAsync(ids, targets)
+	} else {
+		loss, err = r.model.Forward(ids, targets)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("train: step %d: forward: %w", step, err)
+	}
+	if !ok && !finite(loss) {
+		return 0, r.diverged("loss", loss, step)
+	}
+	if err := r.model.Backward(); err != nil {
+		return 0, fmt.Errorf("train: step %d: backward: %w", step, err)
+	}
+	if err := r.b.Err(); err != nil {
+		return 0, fmt.Errorf("train: step %d: %w", step, err)
+	}
+	if ok {
+		if loss, err = async.ReadLoss(); err != nil {
+			return 0, fmt.Errorf("train: step %d: reading the loss: %w", step, err)
+		}
+		if !finite(loss) {
+			return 0, r.diverged("loss", loss, step)
+		}
+	}
+	return loss, nil
 }
 
 // GradSumSquarer is an optional interface of a Model whose parameters are

@@ -262,7 +262,7 @@ func checkResume(p ParallelConfig, dir string) error {
 		if p.Single() {
 			return nil // train reports the missing or broken checkpoint itself
 		}
-		return fmt.Errorf("resume from %s: expected the out dir of a run at layout %s (holding %s...): %w", dir, want, model.RankDir(dir, 0), err)
+		return fmt.Errorf("resume from %s: expected the out dir of a run at layout %s (holding %s...): %w", dir, want, train.RankDir(dir, 0), err)
 	}
 	if got != want {
 		return fmt.Errorf("resume from %s: the run was trained at layout %s; this run asks for %s: resume with the same --tp, --dp, --ep and --sequence-parallel (or start a new run)", dir, got, want)
@@ -278,8 +278,8 @@ func checkResume(p ParallelConfig, dir string) error {
 // checkpoint or out dir (a state.json without a layout is a single rank).
 func recordedLayout(dir string) (l runLayout, parallelDir bool, err error) {
 	path := dir
-	if fi, err := os.Stat(model.RankDir(dir, 0)); err == nil && fi.IsDir() {
-		path, parallelDir = model.RankDir(dir, 0), true
+	if fi, err := os.Stat(train.RankDir(dir, 0)); err == nil && fi.IsDir() {
+		path, parallelDir = train.RankDir(dir, 0), true
 	}
 	ck, err := train.ResolveCheckpoint(path)
 	if err != nil {

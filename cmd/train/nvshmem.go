@@ -7,16 +7,21 @@ import (
 	"time"
 
 	"github.com/asynctp/asynctp/comm/nvshmem"
+	"github.com/asynctp/asynctp/comm/rendezvous"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cudabackend"
 )
 
 // The NVSHMEM wiring of the GPU process ranks, kept in this file.
 
-// Heartbeats of the NVSHMEM ranks (see peerWatch).
+// Heartbeats of the NVSHMEM ranks (rendezvous.Liveness): NVSHMEM does not
+// notice a lost peer (its kernels wait for it until the op deadline) and
+// cannot abort, so a rank learns of a peer's death or failure through the
+// store and exits.
 const (
-	nvshmemHeartbeat = time.Second
-	nvshmemLostAfter = 15 * time.Second
+	nvshmemHeartbeat  = time.Second
+	nvshmemLostAfter  = 15 * time.Second
+	nvshmemLivePrefix = "asynctp/train/live"
 )
 
 // exitGrace is how long a rank whose NVSHMEM world failed may take to
@@ -31,7 +36,7 @@ func preflightNVSHMEM() error {
 
 // openNVSHMEM: ranks on GPU local_rank % GPUs, several per GPU allowed. The
 // library is loaded first, so that a missing one is the first error, as
-// the transport words it. The store watch (peerWatch) tells a rank that a
+// the transport words it. The store watch (rendezvous.Liveness) tells a rank that a
 // peer died or failed: it then prints why and exits.
 func openNVSHMEM(ctx context.Context, cfg Config, env rankEnv) (*transport, error) {
 	lib, err := nvshmem.Load()
@@ -63,12 +68,25 @@ func openNVSHMEM(ctx context.Context, cfg Config, env rankEnv) (*transport, erro
 		b.Close()
 		return nil, err
 	}
-	var watch *peerWatch
+	var watch *rendezvous.Liveness
 	if env.store != nil && info.WorldSize > 1 {
-		watch = watchPeers(env.store, info.Rank, info.WorldSize, nvshmemHeartbeat, min(nvshmemLostAfter, timeout), func(err error) {
+		exit := func(err error) {
 			fmt.Fprintf(os.Stderr, "train: rank %d: %v\n", info.Rank, err)
 			os.Exit(1) // the peers' kernels and NVSHMEM's calls would wait for it
+		}
+		// Started after nvshmem.New, which every rank has joined: a peer
+		// that never beats is gone too (FromStart).
+		watch, err = rendezvous.StartLiveness(env.store, rendezvous.LivenessConfig{
+			Prefix: nvshmemLivePrefix, Rank: info.Rank, Size: info.WorldSize,
+			Interval: nvshmemHeartbeat, Lost: min(nvshmemLostAfter, timeout), FromStart: true,
+			OnGone:  exit,
+			OnAbort: func(from int, msg string) { exit(fmt.Errorf("world rank %d failed: %s", from, msg)) },
 		})
+		if err != nil {
+			c.Close()
+			b.Close()
+			return nil, err
+		}
 	}
 	shared := ""
 	if info.LocalWorldSize > n {
@@ -79,15 +97,15 @@ func openNVSHMEM(ctx context.Context, cfg Config, env rankEnv) (*transport, erro
 		note: fmt.Sprintf("%s, bf16 with fp32 master weights; %d ranks as processes over %v%s; %s", b.DeviceName(), info.WorldSize, lib, shared, how)}
 	t.close = func() {
 		if watch != nil {
-			watch.close(true)
+			watch.Close(true)
 		}
 		c.Close()
 		b.Close()
 	}
 	t.fail = func(err error) {
 		if watch != nil {
-			watch.tell(err)
-			watch.close(false)
+			watch.Abort(err)
+			watch.Close(false)
 		}
 		exitLater() // in case returning the error blocks
 	}

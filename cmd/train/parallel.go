@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/comm/hostreduce"
 	"github.com/asynctp/asynctp/comm/local"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/parallel/model"
@@ -27,9 +28,9 @@ var newRankBackend = func(rank, threads int) tensor.Backend { return cpu.New(cpu
 
 // runParallel trains at the layout cfg.Parallel: World = DP × TP ranks as
 // goroutines over one comm/local world, each with its own CPU backend,
-// comm.Grid, parallel/model.Model and model.Run. World rank 0 prints and
+// comm.Grid, parallel/model.Model and train.RunSharded. World rank 0 prints and
 // writes metrics.jsonl and loss.png in the out dir; every rank writes its
-// own shards' checkpoints under OUT/rank-NNNNN (model.Run).
+// own shards' checkpoints under OUT/rank-NNNNN (train.RunSharded).
 func runParallel(ctx context.Context, cfg Config) error {
 	p := cfg.Parallel
 	W := p.World
@@ -83,7 +84,7 @@ func runRank(ctx context.Context, c comm.Comm, cfg Config, ds *train.Dataset, th
 }
 
 // trainRank trains rank c.Rank() of the world c: its comm.Grid, its part of
-// the model on b in dtype dt, and model.Run, with the interrupt agreement
+// the model on b in dtype dt, and train.RunSharded, with the interrupt agreement
 // (and then hook, when not nil) after every step. s is b's stream, on which
 // every collective of the model and of the agreement is ordered (nil on
 // the CPU).
@@ -121,15 +122,15 @@ func trainRank(ctx context.Context, c comm.Comm, cfg Config, ds *train.Dataset, 
 	if m.Config().Experts > 0 {
 		opts = append(opts, train.WithExtraMetrics(func(int) map[string]any { return routerMetrics(m) }))
 	}
-	return model.Run(stop.ctx, m, data, cfg.Train, opts...)
+	return train.RunSharded(stop.ctx, b, m, data, cfg.Train, opts...)
 }
 
 // stopAgreement makes the ranks stop at the same step when the run is
 // interrupted: after every step each rank all-reduces (max) whether its
 // context is done, and all of them cancel their run's context together, so
 // every rank checkpoints the same step and none waits for the others. The
-// flag is a tensor of the model's backend (a GPU transport moves device
-// memory only), reduced on the backend's stream s and read back.
+// flag goes through the model's backend (a GPU transport moves device
+// memory only), reduced on the backend's stream s (hostreduce.AllReduce).
 type stopAgreement struct {
 	parent context.Context
 	ctx    context.Context
@@ -137,43 +138,28 @@ type stopAgreement struct {
 	world  comm.Comm
 	b      tensor.Backend
 	s      comm.Stream
-	flag   *tensor.Tensor // (1) f32 on b
-	host   *tensor.Tensor // (1) f32 in host memory
 }
 
 func newStopAgreement(parent context.Context, world comm.Comm, b tensor.Backend, s comm.Stream) *stopAgreement {
 	ctx, cancel := context.WithCancelCause(context.Background())
-	return &stopAgreement{parent: parent, ctx: ctx, cancel: cancel, world: world, b: b, s: s,
-		flag: b.Zeros(tensor.Float32, 1), host: tensor.MustHost(tensor.Float32, 1)}
+	return &stopAgreement{parent: parent, ctx: ctx, cancel: cancel, world: world, b: b, s: s}
 }
 
-// close cancels the run's context and gives the flag back.
-func (s *stopAgreement) close() {
-	s.cancel(nil)
-	s.b.Free(s.flag)
-}
+// close cancels the run's context.
+func (s *stopAgreement) close() { s.cancel(nil) }
 
 func (s *stopAgreement) hook(train.StepMetrics) {
 	if s.ctx.Err() != nil {
 		return
 	}
-	s.host.F32()[0] = 0
+	flag := []float64{0}
 	if s.parent.Err() != nil {
-		s.host.F32()[0] = 1
+		flag[0] = 1
 	}
-	s.b.Upload(s.flag, s.host)
-	w, err := s.world.AllReduce(s.flag, comm.Max, s.s)
-	if err == nil {
-		err = w.Wait(s.s)
+	if err := hostreduce.AllReduce(s.b, s.world, tensor.Float32, flag, comm.Max, s.s); err != nil {
+		return // the world or the backend is broken: the next step fails and says why
 	}
-	if err != nil {
-		return // the world is broken: the next collective of the step fails and says why
-	}
-	s.b.Download(s.host, s.flag)
-	if s.b.Err() != nil {
-		return // the backend failed: the next step says why
-	}
-	if s.host.F32()[0] > 0 {
+	if flag[0] > 0 {
 		cause := context.Cause(s.parent)
 		if cause == nil {
 			cause = fmt.Errorf("another rank was interrupted: %w", context.Canceled)

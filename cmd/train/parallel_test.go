@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/asynctp/asynctp/layers"
-	"github.com/asynctp/asynctp/parallel/model"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cpu"
 	"github.com/asynctp/asynctp/train"
@@ -95,7 +94,7 @@ func checkParallelOutputs(t *testing.T, out string, world int, want ParallelConf
 		}
 	}
 	for r := range world {
-		rd := model.RankDir(out, r)
+		rd := train.RankDir(out, r)
 		if _, err := train.ResolveCheckpoint(rd); err != nil {
 			t.Errorf("rank %d: %v", r, err)
 		}
@@ -103,7 +102,7 @@ func checkParallelOutputs(t *testing.T, out string, world int, want ParallelConf
 			t.Errorf("rank %d wrote its own %s", r, train.MetricsFile)
 		}
 	}
-	if _, err := os.Stat(model.RankDir(out, world)); err == nil {
+	if _, err := os.Stat(train.RankDir(out, world)); err == nil {
 		t.Errorf("a rank dir beyond the world of %d", world)
 	}
 	cfg, err := loadConfig([]string{"--config", filepath.Join(out, "config.json")})
@@ -216,7 +215,7 @@ func TestParallelResume(t *testing.T) {
 	want := metrics(t, full)
 	// Go back to step 5 on every rank.
 	for r := range 4 {
-		if err := os.WriteFile(filepath.Join(model.RankDir(full, r), train.LatestFile), []byte(train.CheckpointName(5)+"\n"), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(train.RankDir(full, r), train.LatestFile), []byte(train.CheckpointName(5)+"\n"), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -249,7 +248,7 @@ func TestParallelResume(t *testing.T) {
 		{"sequence parallel", full, append([]string{"--tp", "2", "--dp", "2", "--ep", "2", "--sequence-parallel"}, moe...), "sequence-parallel=true"},
 		{"parallel into single", full, moe, "this run asks for tp=1 dp=1 ep=1 sequence-parallel=false (a single rank)"},
 		{"single into parallel", single, []string{"--tp", "2"}, "trained at layout tp=1 dp=1 ep=1 sequence-parallel=false (a single rank); this run asks for tp=2"},
-		{"a rank's checkpoint", filepath.Join(model.RankDir(full, 0), train.CheckpointName(5)), layoutArgs, "the parent of rank-00000"},
+		{"a rank's checkpoint", filepath.Join(train.RankDir(full, 0), train.CheckpointName(5)), layoutArgs, "the parent of rank-00000"},
 		{"nothing there", filepath.Join(t.TempDir(), "none"), []string{"--tp", "2"}, "none"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -455,7 +454,7 @@ func TestParallelInterrupt(t *testing.T) {
 	}
 	var step string
 	for r := range 4 {
-		ck, err := train.ResolveCheckpoint(model.RankDir(out, r))
+		ck, err := train.ResolveCheckpoint(train.RankDir(out, r))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -76,7 +76,7 @@ type transport struct {
 // runRankProcess is this process's rank of a world of processes: started by
 // --nproc's launcher, torchrun, srun or mpirun, or alone (a world of one).
 // It joins the store, opens its transport and backend, and trains its part
-// of the model (model.Run) like a goroutine rank of runParallel: rank 0
+// of the model (train.RunSharded) like a goroutine rank of runParallel: rank 0
 // prints and writes metrics.jsonl and config.json, every rank writes its
 // own checkpoints under OUT/rank-NNNNN. An error aborts the world, so that
 // the other ranks stop at once with an error naming this rank.

@@ -206,12 +206,15 @@ func New(ctx context.Context, store *rendezvous.Client, rank, size, device int, 
 	}
 	if size > 1 && o.heartbeat > 0 {
 		// Before the init, so that a rank that dies during it is named.
-		w.live = startLiveness(store, prefix, rank, size, o.heartbeat, o.lostAfter, w.peerGone, w.remoteAbort)
+		if w.live, err = rendezvous.StartLiveness(store, rendezvous.LivenessConfig{Prefix: prefix, Rank: rank, Size: size,
+			Interval: o.heartbeat, Lost: o.lostAfter, OnGone: w.peerGone, OnAbort: w.remoteAbort}); err != nil {
+			return nil, fmt.Errorf("%s: %w", where, err)
+		}
 	}
 	c, err := initWorld(ctx, w, id, start, deadline)
 	if err != nil {
 		if w.live != nil {
-			w.live.close(false)
+			w.live.Close(false)
 		}
 		return nil, fmt.Errorf("%s: %w", where, err)
 	}
@@ -440,7 +443,7 @@ func (c *Comm) Close() error {
 		quiet = c.w.waitAborted()
 	}
 	if c.isWorld && c.w.live != nil {
-		c.w.live.close(c.w.failure() == nil)
+		c.w.live.Close(c.w.failure() == nil)
 	}
 	c.w.remove(c)
 	if c.stream != nil {

@@ -84,7 +84,8 @@
 // every communicator is aborted with ncclCommAbort so that NCCL's kernels
 // return. NCCL does not notice a peer whose process died when the ranks
 // talk over NVLink or PCIe, so the ranks of a world also keep a heartbeat
-// in the store (WithHeartbeat): a rank that falls silent fails the world
+// in the store (WithHeartbeat; rendezvous.Liveness, the heartbeats every
+// transport shares): a rank that falls silent fails the world
 // with ErrPeerGone and an error naming it, and a timeout's error says which
 // peers were silent. A rank whose world fails (Abort included, see
 // comm.Aborter) sets an abort key in the store, which every rank watches, so
@@ -100,8 +101,8 @@
 // # Tests
 //
 // The pure-Go tests (type mapping, config layout, loader errors, the
-// heartbeats over a real store, the checks before any NCCL call) run
-// everywhere; TestFakeLibrary builds a fake libnccl with the C compiler and
+// checks before any NCCL call) run everywhere (the heartbeats are tested
+// in comm/rendezvous); TestFakeLibrary builds a fake libnccl with the C compiler and
 // drives the loader and the non-blocking init through it in a child
 // process. TestFakeOps drives ops through a fake libnccl that behaves like
 // NCCL's non-blocking launch thread and a fake libcuda, and counts what an

@@ -14,8 +14,16 @@ import (
 	"time"
 
 	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/comm/rendezvous"
 	"github.com/asynctp/asynctp/cuda"
 )
+
+// ErrPeerGone is wrapped by the errors of a world in which a rank stopped
+// sending heartbeats (its process exited, crashed or hangs) or the store's
+// host went away (rendezvous.Liveness, whose rendezvous.ErrPeerGone they
+// wrap too). NCCL itself does not notice a dead peer on NVLink or PCIe:
+// its kernels wait for data that never comes.
+var ErrPeerGone = errors.New("nccl: a rank of the world is gone")
 
 // world is what a world Comm and every group split from it share in this
 // process: the device, the options, the watchdog, the link to the store and
@@ -28,7 +36,7 @@ type world struct {
 	cctx       *cuda.Context
 	rank, size int // world rank and size
 	opts       options
-	live       *liveness // nil for a world of one rank or without heartbeats
+	live       *rendezvous.Liveness // nil for a world of one rank or without heartbeats
 
 	mu      sync.Mutex
 	comms   map[*Comm]struct{}   // open communicators
@@ -111,7 +119,7 @@ func (w *world) fail(err error, tell bool) {
 	go func() {
 		defer close(w.aborted)
 		if tell && w.live != nil {
-			w.live.tellAbort(err)
+			w.live.Abort(err)
 		}
 		unbind, berr := w.bind()
 		if berr != nil {
@@ -327,12 +335,12 @@ func (w *world) peers() string {
 	if w.live == nil {
 		return ""
 	}
-	return "; " + w.live.probe(2*w.live.interval)
+	return "; " + w.live.Probe(2*w.live.Interval())
 }
 
 // peerGone fails the world because the heartbeats say a rank is gone.
 func (w *world) peerGone(err error) {
-	w.fail(fmt.Errorf("%w (seen by world rank %d) (%w)", err, w.rank, comm.ErrAborted), true)
+	w.fail(fmt.Errorf("nccl: %w (seen by world rank %d) (%w) (%w)", err, w.rank, ErrPeerGone, comm.ErrAborted), true)
 }
 
 // remoteAbort fails the world because another rank failed.

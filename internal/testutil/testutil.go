@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"sync/atomic"
 	"testing"
 
 	"github.com/asynctp/asynctp/tensor"
@@ -157,4 +158,34 @@ func Slice(v []float64, full []int, dim, lo, hi int) []float64 {
 		out = append(out, v[base+lo*inner:base+hi*inner]...)
 	}
 	return out
+}
+
+// HostReads wraps a backend and counts the calls that read its device back
+// to the host (Download, Sync, SumSquares), so a test can check that a
+// pass queues its work without waiting for it. It hides the optional op
+// sets (tensor.MoEOps) of the backend it wraps.
+type HostReads struct {
+	tensor.Backend
+	n atomic.Int64
+}
+
+// Count returns the host reads so far.
+func (h *HostReads) Count() int { return int(h.n.Load()) }
+
+// Download counts one read.
+func (h *HostReads) Download(dst, src *tensor.Tensor) {
+	h.n.Add(1)
+	h.Backend.Download(dst, src)
+}
+
+// Sync counts one read.
+func (h *HostReads) Sync() error {
+	h.n.Add(1)
+	return h.Backend.Sync()
+}
+
+// SumSquares counts one read.
+func (h *HostReads) SumSquares(x *tensor.Tensor) float64 {
+	h.n.Add(1)
+	return h.Backend.SumSquares(x)
 }

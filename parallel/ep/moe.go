@@ -5,8 +5,8 @@ import (
 	"fmt"
 
 	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/comm/hostreduce"
 	"github.com/asynctp/asynctp/layers"
-	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/tensor"
 )
 
@@ -96,7 +96,6 @@ type MoE struct {
 	n      int
 	h      *Handle
 	global layers.LoadStats
-	stats  *tensor.Tensor // (E+1) probability sums and Σ lse², for the all-reduce
 	recv   *tensor.Tensor // (M_recv, C) received rows
 	xe, ye *tensor.Tensor // (M_recv, C) in expert order
 	yr     *tensor.Tensor // (M_recv, C) expert outputs in received order
@@ -273,28 +272,13 @@ func (m *MoE) globalStats(h *Handle) error {
 	g := layers.LoadStats{Tokens: h.GlobalTokens, Routed: append([]int(nil), h.GlobalRouted...)}
 	vals := append(append([]float64(nil), loc.ProbSums...), loc.LSESquares)
 	group := m.Dispatch.tokenGroup()
-	if group.Size() > 1 {
-		sdt := tensor.Float32
-		if m.Router.W.W.DType() == tensor.Float64 {
-			sdt = tensor.Float64
-		}
-		m.stats = ensure(m.b, m.stats, sdt, E+1)
-		host, _ := tensor.FromFloat64(vals, E+1)
-		m.b.Upload(m.stats, host)
-		if err := m.b.Err(); err != nil {
-			return fmt.Errorf("%s: statistics: %w", m.what(), err)
-		}
-		w, err := overlap.ReduceFromRegionForward(group, m.stats, m.opts.stream) // all-reduce (sum) of partial sums
-		if err == nil {
-			err = w.Wait(m.opts.stream)
-		}
-		if err != nil {
-			return fmt.Errorf("%s: all-reduce of the router statistics: %w", m.what(), err)
-		}
-		m.b.Download(host, m.stats)
-		if err := m.b.Sync(); err != nil {
-			return fmt.Errorf("%s: statistics: %w", m.what(), err)
-		}
+	sdt := tensor.Float32
+	if m.Router.W.W.DType() == tensor.Float64 {
+		sdt = tensor.Float64
+	}
+	// All-reduce (sum) of the partial sums, the reduce-from-region's forward.
+	if err := hostreduce.AllReduce(m.b, group, sdt, vals, comm.Sum, m.opts.stream); err != nil {
+		return fmt.Errorf("%s: all-reduce of the router statistics: %w", m.what(), err)
 	}
 	g.ProbSums, g.LSESquares = vals[:E], vals[E]
 	m.global = g

@@ -1,6 +1,9 @@
 // Package model is the tensor-, data- and expert-parallel GPT: layers.GPT
-// built from the layers of parallel/tp and parallel/ep over a comm.Grid,
-// implementing train.Model. Each rank holds one Model with its own shards.
+// built from the layers of parallel/tp and parallel/ep over a comm.Grid.
+// Each rank holds one Model with its own shards. It knows nothing of the
+// training loop: a Model has what train.Run (train.Model) and
+// train.RunSharded (train.Sharded: its Layout, WorldRank and StepRange)
+// need, and train adapts it, so the sharded model does not import train.
 //
 // # Layout
 //
@@ -48,7 +51,9 @@
 // single-rank run — and replica d takes rows [d·B/DP, (d+1)·B/DP)
 // (ReplicaRows). Forward returns the global mean loss on every rank: the
 // per-row losses (the same on every rank of a TP group, from the
-// vocab-parallel cross-entropy) are summed, all-reduced over DP and divided
+// vocab-parallel cross-entropy) are summed and all-reduced over DP on the
+// device, and only that one scalar is read back (by ReadLoss, after the
+// Backward when train.Run drives ForwardAsync) and divided
 // by the number of non-ignored targets of the global batch, and each
 // replica's gradient is that of its rows' losses scaled by the same
 // 1/count.
@@ -78,11 +83,11 @@
 //
 // # Checkpoints
 //
-// Run wraps train.Run for one rank: rank r keeps its checkpoints (its
-// shards and their moments, under the unsharded model's parameter names)
-// in outDir/rank-0000r (RankDir), and rank 0 alone writes metrics.jsonl
-// and loss.png in outDir; each state.json records the rank's Layout; a
-// resume checks the layout and that all ranks resume from the same step
+// train.RunSharded wraps train.Run for one rank: rank r keeps its
+// checkpoints (its shards and their moments, under the unsharded model's
+// parameter names) in outDir/rank-0000r (train.RankDir), and rank 0 alone
+// writes metrics.jsonl and loss.png in outDir; each state.json records
+// the rank's Layout; a resume checks the layout and that all ranks resume from the same step
 // (the newest that every rank holds, when a rank died between its peers'
 // checkpoints of a step), then continues exactly.
 //

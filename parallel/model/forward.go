@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/tensor"
 )
@@ -39,64 +38,104 @@ func (m *Model) checkTokens(what string, t *tensor.Tensor) error {
 // replica's gradient of that mean for Backward: each replica's losses are
 // scaled by 1/(targets of the global batch), so the sum of the replicas'
 // gradients is the gradient of the global mean. With nil targets the loss
-// is 0 and Backward is not allowed.
+// is 0 and Backward is not allowed. It is ForwardAsync then ReadLoss.
 //
 // Input errors are found before any work, identically on every rank; an
 // error after that aborts the world (comm.Aborter) so the other ranks stop.
 func (m *Model) Forward(ids, targets *tensor.Tensor) (float64, error) {
-	m.ready = false
-	if err := m.checkTokens("ids", ids); err != nil {
+	if err := m.ForwardAsync(ids, targets); err != nil {
 		return 0, err
 	}
+	return m.ReadLoss()
+}
+
+// ForwardAsync is Forward without reading the loss back: the global sum of
+// the per-row losses is formed on the device (SumRows, then an all-reduce
+// over DP) and stays there until ReadLoss, so a Backward queues behind the
+// forward with no host sync for the loss in between.
+func (m *Model) ForwardAsync(ids, targets *tensor.Tensor) error {
+	m.ready, m.lossAt = false, lossNone
+	if err := m.checkTokens("ids", ids); err != nil {
+		return err
+	}
 	if err := layers.CheckIDs("model: ids", ids, m.cfg.Vocab); err != nil {
-		return 0, err
+		return err
 	}
 	nTargets := 0
 	if targets != nil {
 		if err := m.checkTokens("targets", targets); err != nil {
-			return 0, err
+			return err
 		}
 		var err error
 		if nTargets, err = layers.CountTargets("model", targets, ids, m.cfg.Vocab); err != nil {
-			return 0, err
+			return err
 		}
 	}
 	if err := m.b.Err(); err != nil {
-		return 0, m.fail(fmt.Errorf("model: the backend already holds an error: %w", err))
+		return m.fail(fmt.Errorf("model: the backend already holds an error: %w", err))
 	}
-	loss, err := m.forward(ids, targets, nTargets)
-	if err != nil {
-		return 0, m.fail(err)
+	if err := m.forward(ids, targets, nTargets); err != nil {
+		return m.fail(err)
 	}
 	m.ready = targets != nil
-	return loss, nil
+	return nil
 }
 
-func (m *Model) forward(ids, targets *tensor.Tensor, nTargets int) (float64, error) {
+// Where the loss of the last forward is.
+const (
+	lossNone     = iota // no successful forward
+	lossZero            // a forward without targets: 0
+	lossOnDevice        // the global Σ losses in lossSum, over nTargets targets
+)
+
+// ReadLoss returns the loss of the last ForwardAsync (what Forward
+// returns), reading one scalar from the device: it waits for the work
+// queued before it, so read it after Backward to keep the two back to
+// back. It involves no other rank and may be called more than once.
+func (m *Model) ReadLoss() (float64, error) {
+	switch m.lossAt {
+	case lossNone:
+		return 0, errors.New("model: ReadLoss needs a successful Forward first")
+	case lossZero:
+		return 0, nil
+	}
+	h := tensor.MustHost(tensor.Float64, 1)
+	m.b.Download(h, m.lossSum)
+	if err := sticky(m.b, "reading the loss"); err != nil {
+		return 0, m.fail(err)
+	}
+	if m.nTargets == 0 {
+		return m.AuxLoss(), nil
+	}
+	return h.F64()[0]/float64(m.nTargets) + m.AuxLoss(), nil
+}
+
+func (m *Model) forward(ids, targets *tensor.Tensor, nTargets int) error {
 	lo, hi := m.ReplicaRows(ids.Dim(0))
 	B, T := hi-lo, ids.Dim(1)
 	N := B * T
 	m.alloc(B, T)
 	myIDs, err := ids.Rows(lo, hi)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	if err := m.Embed.Forward(m.xs[0], myIDs); err != nil {
-		return 0, err
+		return err
 	}
 	for l, blk := range m.Blocks {
 		if err := blk.Forward(m.xs[l+1], m.xs[l], B, T); err != nil {
-			return 0, err
+			return err
 		}
 	}
 	if err := m.Norm.Forward(m.hf, m.xs[len(m.Blocks)]); err != nil {
-		return 0, err
+		return err
 	}
 	if err := m.Head.Forward(m.logits, m.hf); err != nil {
-		return 0, err
+		return err
 	}
 	if targets == nil {
-		return 0, sticky(m.b, "forward")
+		m.lossAt = lossZero
+		return sticky(m.b, "forward")
 	}
 	scale := float32(0)
 	if nTargets > 0 {
@@ -104,40 +143,23 @@ func (m *Model) forward(ids, targets *tensor.Tensor, nTargets int) (float64, err
 	}
 	myTargets, err := targets.Rows(lo, hi)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	if err := m.Loss.Forward(m.losses, m.dlogits, m.logits, myTargets, scale); err != nil {
-		return 0, err
+		return err
 	}
-	var sum float64
-	for _, l := range m.losses.F64()[:N] {
-		sum += l
-	}
-	if m.grid.DP > 1 { // the global sum: Σ over replicas
-		h := tensor.MustHost(tensor.Float64, 1)
-		h.F64()[0] = sum
-		m.b.Upload(m.lossBuf, h)
-		if err := sticky(m.b, "forward"); err != nil {
-			return 0, err
-		}
-		s := m.par.Stream
-		w, err := m.grid.DPGroup.AllReduce(m.lossBuf, comm.Sum, s)
-		if err == nil {
-			err = w.Wait(s)
-		}
-		if err != nil {
-			return 0, fmt.Errorf("model: loss over the DP group: %w", err)
-		}
-		m.b.Download(h, m.lossBuf)
-		sum = h.F64()[0]
-	}
+	// The global sum of the losses, on the device: Σ over this replica's
+	// rows, then over the replicas.
+	m.b.Fill(m.lossSum, 0)
+	m.b.SumRows(m.lossSum, layers.Reshape(m.losses, N, 1))
 	if err := sticky(m.b, "forward"); err != nil {
-		return 0, err
+		return err
 	}
-	if nTargets == 0 {
-		return m.AuxLoss(), nil
+	if err := m.allReduce(m.grid.DPGroup, "loss over the DP group", m.lossSum); err != nil {
+		return err
 	}
-	return sum/float64(nTargets) + m.AuxLoss(), nil
+	m.lossAt, m.nTargets = lossOnDevice, nTargets
+	return sticky(m.b, "forward")
 }
 
 // alloc (re)allocates the activations for a replica batch of B sequences
@@ -162,8 +184,8 @@ func (m *Model) alloc(B, T int) {
 	m.hf = layers.Ensure(b, m.hf, dt, n, C)
 	m.logits = layers.Ensure(b, m.logits, dt, N, m.Head.LocalOut)
 	m.dlogits = layers.Ensure(b, m.dlogits, dt, N, m.Head.LocalOut)
-	m.losses = tensor.MustHost(tensor.Float64, N)
-	m.lossBuf = layers.Ensure(b, m.lossBuf, layers.StatDType(dt), 1)
+	m.losses = layers.Ensure(b, m.losses, layers.StatDType(dt), N)
+	m.lossSum = layers.Ensure(b, m.lossSum, layers.StatDType(dt), 1)
 	m.dhf = layers.Ensure(b, m.dhf, dt, n, C)
 	m.dxa = layers.Ensure(b, m.dxa, dt, n, C)
 	m.dxb = layers.Ensure(b, m.dxb, dt, n, C)

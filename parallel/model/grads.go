@@ -5,6 +5,7 @@ import (
 	"sort"
 
 	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/comm/hostreduce"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/parallel/tp"
 	"github.com/asynctp/asynctp/tensor"
@@ -187,22 +188,9 @@ func (m *Model) GradSumSquares() (float64, error) {
 
 // sumOver returns the sum of v over group c (v on a group of one rank).
 func (m *Model) sumOver(c comm.Comm, what string, v float64) (float64, error) {
-	if c.Size() == 1 {
-		return v, nil
+	vals := []float64{v}
+	if err := hostreduce.AllReduce(m.b, c, layers.StatDType(m.dt), vals, comm.Sum, m.par.Stream); err != nil {
+		return 0, fmt.Errorf("model: %s: %w", what, err)
 	}
-	m.normBuf = layers.Ensure(m.b, m.normBuf, layers.StatDType(m.dt), 1)
-	h := tensor.MustHost(tensor.Float64, 1)
-	h.F64()[0] = v
-	m.b.Upload(m.normBuf, h)
-	if err := sticky(m.b, what); err != nil {
-		return 0, err
-	}
-	if err := m.allReduce(c, what, m.normBuf); err != nil {
-		return 0, err
-	}
-	m.b.Download(h, m.normBuf)
-	if err := sticky(m.b, what); err != nil {
-		return 0, err
-	}
-	return h.F64()[0], nil
+	return vals[0], nil
 }

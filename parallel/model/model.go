@@ -58,11 +58,12 @@ type Model struct {
 	hf       *tensor.Tensor   // (n, C) final norm output
 	logits   *tensor.Tensor   // (N, Vocab/P)
 	dlogits  *tensor.Tensor   // (N, Vocab/P)
-	losses   *tensor.Tensor   // (N) host f64 per-row losses
-	lossBuf  *tensor.Tensor   // (1) stat dtype: DP reduction of the loss
-	normBuf  *tensor.Tensor   // (1) stat dtype: TP reduction of the gradient norm
+	losses   *tensor.Tensor   // (N) stat dtype: per-row losses
+	lossSum  *tensor.Tensor   // (1) stat dtype: their sum over the global batch
 	dhf, dxa *tensor.Tensor   // (n, C) backward scratch
 	dxb      *tensor.Tensor   // (n, C) backward scratch
+	nTargets int              // non-ignored targets of the last Forward's global batch
+	lossAt   int              // where the last Forward's loss is (lossNone, ...)
 	ready    bool
 }
 

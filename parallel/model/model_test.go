@@ -3,8 +3,10 @@ package model_test
 import (
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/comm/local"
@@ -12,6 +14,7 @@ import (
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/parallel/model"
 	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/cpu"
 )
 
 // worstErr records the largest relative error seen per quantity, for the
@@ -230,5 +233,59 @@ func TestLayoutAndConfig(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestForwardAsync: at TP 2 × DP 2 (with and without sequence
+// parallelism), ForwardAsync and Backward read nothing back to the host;
+// ReadLoss afterwards gives layers.GPT's loss of the global batch, and the
+// gradients are still those of the unsharded model.
+func TestForwardAsync(t *testing.T) {
+	cfg := smallConfig()
+	ids, targets := batch(4, 4, 8, cfg.Vocab)
+	ref := runReference(t, cfg, tensor.Float64, ids, targets)
+	for _, l := range []layout{{tp: 2, dp: 2, sp: true}, {tp: 2, dp: 2, sp: false}} {
+		err := local.Run(l.tp*l.dp, func(c comm.Comm) error {
+			b := &testutil.HostReads{Backend: cpu.New(cpu.WithThreads(1))}
+			g, err := comm.NewGrid(c, l.dp, l.tp, 1)
+			if err != nil {
+				return err
+			}
+			defer g.Close()
+			m, err := newModel(b, g, cfg, l, tensor.Float64)
+			if err != nil {
+				return err
+			}
+			if _, err := m.ReadLoss(); err == nil || !strings.Contains(err.Error(), "needs a successful Forward") {
+				return fmt.Errorf("ReadLoss before a forward: %v", err)
+			}
+			before := b.Count()
+			if err := m.ForwardAsync(ids, targets); err != nil {
+				return err
+			}
+			if err := m.Backward(); err != nil {
+				return err
+			}
+			if n := b.Count() - before; n != 0 {
+				return fmt.Errorf("ForwardAsync and Backward read the device %d times, want 0", n)
+			}
+			loss, err := m.ReadLoss()
+			if err != nil {
+				return err
+			}
+			if e := relErr(loss, ref.loss); !(e <= 1e-12) {
+				return fmt.Errorf("ReadLoss %v, layers.GPT %v (relative error %.3g)", loss, ref.loss, e)
+			}
+			for _, s := range m.Shards() {
+				want := testutil.Slice(ref.g[s.Param.Name], s.Full, s.Dim, s.Lo, s.Hi)
+				if err := testutil.Within(s.Param.Name+" gradient", testutil.Download(b, s.Param.G), want, 1e-11); err != nil {
+					return err
+				}
+			}
+			return b.Err()
+		}, local.WithTimeout(30*time.Second))
+		if err != nil {
+			t.Fatalf("%v: %v", l, err)
+		}
 	}
 }

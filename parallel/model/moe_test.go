@@ -319,7 +319,7 @@ func TestMoEFLOPs(t *testing.T) {
 }
 
 // TestMoETrainMatchesGPT: 20 AdamW steps of an MoE model (8 experts, top-2,
-// aux and z losses, every block MoE) through model.Run at TP 1, 2, 4,
+// aux and z losses, every block MoE) through train.RunSharded at TP 1, 2, 4,
 // EP 1, 2, 4 and DP 1, 2 give the loss (with the aux losses) and the
 // gradient norm of train.Run on layers.GPT step by step, within 1e-4.
 func TestMoETrainMatchesGPT(t *testing.T) {

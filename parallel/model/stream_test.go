@@ -15,7 +15,6 @@ import (
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/comm/local"
 	"github.com/asynctp/asynctp/layers"
-	"github.com/asynctp/asynctp/parallel/model"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cpu"
 	"github.com/asynctp/asynctp/train"
@@ -254,7 +253,7 @@ func TestStreamContract(t *testing.T) {
 	}
 }
 
-// TestStreamContractTraining: the same through model.Run (the optimizer
+// TestStreamContractTraining: the same through train.RunSharded (the optimizer
 // step, clipping by the global norm, checkpoints, and the resume's
 // agreement on the step), with ops deferred until Wait: the losses equal
 // those of a run over a synchronous world, bit for bit.
@@ -289,7 +288,7 @@ func TestStreamContractTraining(t *testing.T) {
 					if err != nil {
 						return err
 					}
-					r, err := model.Run(context.Background(), m, ld, tc, train.WithOutput(io.Discard), train.WithProgressBar(false))
+					r, err := train.RunSharded(context.Background(), b, m, ld, tc, train.WithOutput(io.Discard), train.WithProgressBar(false))
 					if g.World.Rank() == 0 {
 						res = r
 					}
@@ -315,7 +314,7 @@ func TestStreamContractTraining(t *testing.T) {
 			same("6 steps", full.Losses, want.Losses)
 			// Back to the checkpoint of step 3 on every rank, and resume.
 			for r := range c.l.tp * c.l.dp {
-				if err := os.WriteFile(filepath.Join(model.RankDir(dir, r), train.LatestFile), []byte(train.CheckpointName(3)+"\n"), 0o644); err != nil {
+				if err := os.WriteFile(filepath.Join(train.RankDir(dir, r), train.LatestFile), []byte(train.CheckpointName(3)+"\n"), 0o644); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -50,7 +50,7 @@ func loader(t testing.TB, ds *train.Dataset, cfg layers.GPTConfig) *train.Loader
 	return l
 }
 
-// runSharded trains on every rank of l with model.Run and returns world
+// runSharded trains on every rank of l with train.RunSharded and returns world
 // rank 0's result and its gradient norms.
 func runSharded(l layout, cfg layers.GPTConfig, ds *train.Dataset, tc train.Config) (train.Result, []float64, error) {
 	var res train.Result
@@ -65,7 +65,7 @@ func runSharded(l layout, cfg layers.GPTConfig, ds *train.Dataset, tc train.Conf
 			return err
 		}
 		var mine []float64
-		r, err := model.Run(context.Background(), m, ld, tc, train.WithOutput(io.Discard), train.WithProgressBar(false),
+		r, err := train.RunSharded(context.Background(), b, m, ld, tc, train.WithOutput(io.Discard), train.WithProgressBar(false),
 			train.WithStepHook(func(sm train.StepMetrics) { mine = append(mine, sm.GradNorm) }))
 		if g.World.Rank() == 0 {
 			res, norms = r, mine
@@ -115,7 +115,7 @@ func trainReference(t *testing.T, cfg layers.GPTConfig, ds *train.Dataset) (trai
 	return ref, norms
 }
 
-// matchReference trains 20 steps at layout l through model.Run and
+// matchReference trains 20 steps at layout l through train.RunSharded and
 // compares the loss and the gradient norm of every step with the
 // reference run's, within 1e-4.
 func matchReference(t *testing.T, l layout, cfg layers.GPTConfig, ds *train.Dataset, ref train.Result, refNorms []float64) {
@@ -174,7 +174,7 @@ func checkResume(t *testing.T, cfg layers.GPTConfig, l layout) {
 		t.Fatalf("no plot in the out dir: %v", err)
 	}
 	for r := range 4 {
-		rd := model.RankDir(dir, r)
+		rd := train.RankDir(dir, r)
 		if _, err := os.Stat(filepath.Join(rd, train.MetricsFile)); err == nil {
 			t.Fatalf("rank %d wrote its own %s", r, train.MetricsFile)
 		}
@@ -219,7 +219,7 @@ func checkResume(t *testing.T, cfg layers.GPTConfig, l layout) {
 	}
 	// Ranks at different steps (one died before its peers' checkpoint of
 	// step 12): every rank resumes from step 6, the newest all hold.
-	if err := os.WriteFile(filepath.Join(model.RankDir(dir, 2), train.LatestFile), []byte(train.CheckpointName(6)+"\n"), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(train.RankDir(dir, 2), train.LatestFile), []byte(train.CheckpointName(6)+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	again, _, err := runSharded(l, cfg, ds, tc)
@@ -227,10 +227,10 @@ func checkResume(t *testing.T, cfg layers.GPTConfig, l layout) {
 		t.Fatalf("resume from ranks at steps 6 and 12: start %d, %v; want step 6 and the uninterrupted run's loss at step 7", again.StartStep, err)
 	}
 	// ... unless a rank lacks that step: refused, naming the steps.
-	if err := os.WriteFile(filepath.Join(model.RankDir(dir, 2), train.LatestFile), []byte(train.CheckpointName(6)+"\n"), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(train.RankDir(dir, 2), train.LatestFile), []byte(train.CheckpointName(6)+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.RemoveAll(filepath.Join(model.RankDir(dir, 1), train.CheckpointName(6))); err != nil {
+	if err := os.RemoveAll(filepath.Join(train.RankDir(dir, 1), train.CheckpointName(6))); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := runSharded(l, cfg, ds, tc); err == nil || !strings.Contains(err.Error(), "steps 6 to 20") || !strings.Contains(err.Error(), "not every rank holds step 6") {

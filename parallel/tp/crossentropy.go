@@ -2,9 +2,7 @@ package tp
 
 import (
 	"fmt"
-	"math"
 
-	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/tensor"
 )
@@ -13,38 +11,45 @@ import (
 // along the vocabulary: rank r holds the columns [Lo, Lo+Vocab/P) of the
 // (N, Vocab) logits, the output of a column-parallel LM head, and no rank
 // ever holds all of them. Per row n, with lse_r the log-sum-exp of rank r's
-// columns:
+// columns and o the rank that holds the target t:
 //
-//	m      = max_r lse_r                       all-reduce (max)
-//	S      = Σ_r exp(lse_r − m)                all-reduce (sum), together with
-//	x_t    = the target's logit (one rank has it, the others add 0)
-//	loss   = m + log S − x_t
+//	lse_r, ℓ_r = lse_r − x[column]          the backend's CrossEntropy (+ that column's logit)
+//	Q[n, :]    = (lse_0, …, lse_{P−1})      all-gather of (lse_r, ℓ_r), then a gather (Embedding)
+//	loss       = (LSE(Q) − lse_o) + ℓ_o     the backend's CrossEntropy over Q with target o,
+//	           = LSE over the vocabulary − x_t         plus the owner's ℓ_o
 //
-// and the backward is local: ∂loss/∂logits = exp(logits − lse) − onehot,
-// this rank's columns only. The per-row work on the backend is its own
-// CrossEntropy (which gives lse_r − x of a chosen local column), Embedding
-// on a view of the logits (that column's value), Softmax, a batched matmul
-// that scales each row, and EmbeddingBackward (subtracting the one-hot);
-// the few per-row scalars (exp, log) are computed on the host, where the
-// losses go anyway. With one rank it is the backend's fused CrossEntropy.
+// all on the device, so the only host read is the caller's (the per-row
+// losses stay on the device, the same on every rank of the group; the
+// all-gather moves 2N values per rank, like the all-reduces of a max and a
+// sum would). The LSE over ranks is the backend's own stable one (the max
+// subtracted inside CrossEntropy), so no exp or log is written here. The
+// backward is local: ∂loss/∂logits = softmax_r(x)·exp(lse_r − lse) −
+// onehot, this rank's columns, where exp(lse_r − lse) = softmax(Q)[n, r]:
+// Softmax, a batched matmul that scales each row, and EmbeddingBackward
+// (subtracting the one-hot). With one rank it is the backend's fused
+// CrossEntropy.
 type VocabParallelCrossEntropy struct {
 	Vocab, LocalVocab, Lo int
 
 	b   tensor.Backend
 	par Parallel
 	// Scratch, reallocated when N changes.
-	tgt   *tensor.Tensor // (N) int32: local target column (0 for remote targets, −1 ignored)
-	gidx  *tensor.Tensor // (N) int32: index of that column in the flat logits
-	lossR *tensor.Tensor // (N) lse_r − x[local column], stat dtype
+	n     int            // rows the scratch is for
+	idx   *tensor.Tensor // (5, N) int32: tgt, gidx, qtgt, oidx, widx (below)
+	qidx  *tensor.Tensor // (N·P) int32: Q[n, q] = gathered[q·2N + n]
 	xr    *tensor.Tensor // (N, 1) x[local column]
-	mx    *tensor.Tensor // (N) stat: lse_r, then m
-	sums  *tensor.Tensor // (2, N) stat: Σ exp(lse_r − m) and the target logit
+	xr32  *tensor.Tensor // (N) stat: xr in the stat dtype (when it differs)
+	send  *tensor.Tensor // (2, N) stat: lse_r, ℓ_r = lse_r − x[local column]
+	gath  *tensor.Tensor // (P·2N) stat: every rank's send
+	q     *tensor.Tensor // (N, P) stat: lse of every rank
+	own   *tensor.Tensor // (N, 1) stat: the owner's ℓ_o
+	lossQ *tensor.Tensor // (N) stat: LSE(Q) − lse_o
+	smq   *tensor.Tensor // (N·P + 1) stat: softmax(Q), then a 0 for ignored rows
+	w     *tensor.Tensor // (N, 1) stat: exp(lse_r − lse), 0 for ignored rows
+	scale *tensor.Tensor // (N, 1, 1) w in the logits' dtype (when it differs)
 	sm    *tensor.Tensor // (N, 1, V/P) local softmax
-	scale *tensor.Tensor // (N, 1, 1) per-row factor of the gradient
 	tidx  *tensor.Tensor // (M) int32: flat indices of the local targets
 	neg   *tensor.Tensor // (M, 1) −gradScale
-	hostA *tensor.Tensor // (N) f64
-	hostB *tensor.Tensor // (2, N) f64
 }
 
 // NewVocabParallelCrossEntropy returns the loss for a vocabulary of vocab
@@ -67,10 +72,12 @@ const ceWhat = "tp: vocab-parallel cross-entropy"
 
 // Forward computes the per-row losses of logits (N, Vocab/P), this rank's
 // columns, against targets, a host int32 tensor of N values (any shape;
-// negative values ignore their row: loss 0, gradient 0). losses, a host
-// Float64 tensor of N elements, receives the losses, the same on every rank
-// of the group. When dlogits (shaped like logits) is not nil it receives
-// gradScale·∂(Σ losses)/∂logits for this rank's columns.
+// negative values ignore their row: loss 0, gradient 0). losses, a tensor
+// of N elements on the backend in the stat dtype (layers.StatDType of the
+// logits'), receives the losses, the same on every rank of the group;
+// nothing is read back to the host. When dlogits (shaped like logits) is
+// not nil it receives gradScale·∂(Σ losses)/∂logits for this rank's
+// columns.
 func (ce *VocabParallelCrossEntropy) Forward(losses, dlogits, logits, targets *tensor.Tensor, gradScale float32) error {
 	b := ce.b
 	if logits == nil || !logits.DType().IsFloat() || logits.Device() != b.Device() {
@@ -88,12 +95,12 @@ func (ce *VocabParallelCrossEntropy) Forward(losses, dlogits, logits, targets *t
 	if tv == nil || len(tv) != N {
 		return fmt.Errorf("%s: targets %v, expected a host int32 tensor of %d values (one per row of logits %v)", ceWhat, targets, N, logits.Shape())
 	}
-	var lv []float64
-	if losses != nil {
-		lv = losses.F64()
+	sdt := layers.StatDType(dt)
+	if err := layers.CheckOn(b, ceWhat, "losses", losses, sdt); err != nil {
+		return err
 	}
-	if lv == nil || len(lv) != N {
-		return fmt.Errorf("%s: losses %v, expected a host f64 tensor of %d values", ceWhat, losses, N)
+	if losses.Numel() != N {
+		return fmt.Errorf("%s: losses %v, expected %d values of %v on %v (one per row of logits %v)", ceWhat, losses, N, sdt, b.Device(), logits.Shape())
 	}
 	if dlogits != nil {
 		if err := layers.CheckRowsN(b, ceWhat, "dlogits", dlogits, dt, ce.LocalVocab, N, "like logits"); err != nil {
@@ -112,122 +119,140 @@ func (ce *VocabParallelCrossEntropy) Forward(losses, dlogits, logits, targets *t
 		return err
 	}
 	x := layers.Reshape(logits, N, ce.LocalVocab)
+	lv := layers.Reshape(losses, N)
 	ce.alloc(N, dt)
 	if ce.par.Size() == 1 {
-		ce.b.Upload(ce.tgt, hostI32(tv))
+		ce.b.Upload(ce.idx, hostI32(tv))
 		var d *tensor.Tensor
 		if dlogits != nil {
 			d = layers.Reshape(dlogits, N, ce.LocalVocab)
 		}
-		b.CrossEntropy(ce.lossR, d, x, ce.tgt, gradScale)
-		b.Download(losses, ce.lossR)
+		b.CrossEntropy(lv, d, x, ce.idx, gradScale)
 		return layers.Sticky(b, ceWhat, "forward")
 	}
 	return ce.forwardSplit(lv, dlogits, x, tv, gradScale)
 }
 
 func (ce *VocabParallelCrossEntropy) alloc(N int, dt tensor.DType) {
-	b, sdt := ce.b, layers.StatDType(dt)
-	ce.tgt = layers.Ensure(b, ce.tgt, tensor.Int32, N)
-	ce.lossR = layers.Ensure(b, ce.lossR, sdt, N)
-	if ce.par.Size() == 1 {
+	b, sdt, P := ce.b, layers.StatDType(dt), ce.par.Size()
+	if P == 1 {
+		ce.idx = layers.Ensure(b, ce.idx, tensor.Int32, N)
 		return
 	}
-	ce.gidx = layers.Ensure(b, ce.gidx, tensor.Int32, N)
+	ce.idx = layers.Ensure(b, ce.idx, tensor.Int32, 5, N)
 	ce.xr = layers.Ensure(b, ce.xr, dt, N, 1)
-	ce.mx = layers.Ensure(b, ce.mx, sdt, N)
-	ce.sums = layers.Ensure(b, ce.sums, sdt, 2, N)
-	ce.hostA = tensor.MustHost(tensor.Float64, N)
-	ce.hostB = tensor.MustHost(tensor.Float64, 2, N)
+	if dt != sdt {
+		ce.xr32 = layers.Ensure(b, ce.xr32, sdt, N)
+		ce.scale = layers.Ensure(b, ce.scale, dt, N, 1, 1)
+	}
+	ce.send = layers.Ensure(b, ce.send, sdt, 2, N)
+	ce.gath = layers.Ensure(b, ce.gath, sdt, P*2*N)
+	ce.q = layers.Ensure(b, ce.q, sdt, N, P)
+	ce.own = layers.Ensure(b, ce.own, sdt, N, 1)
+	ce.lossQ = layers.Ensure(b, ce.lossQ, sdt, N)
+	ce.w = layers.Ensure(b, ce.w, sdt, N, 1)
+	if ce.n != N || ce.qidx == nil {
+		ce.n = N
+		// Q[n, q] is lse_q[n], at q·2N + n of the gathered (P, 2, N).
+		qidx := make([]int32, N*P)
+		for n := range N {
+			for q := range P {
+				qidx[n*P+q] = int32(q*2*N + n)
+			}
+		}
+		ce.qidx = layers.Ensure(b, ce.qidx, tensor.Int32, N*P)
+		b.Upload(ce.qidx, hostI32(qidx))
+	}
+	// softmax(Q) and one 0 after it (never written), the ignored rows' weight.
+	ce.smq = layers.Ensure(b, ce.smq, sdt, N*P+1)
 }
 
-// forwardSplit is Forward on P > 1 ranks.
-func (ce *VocabParallelCrossEntropy) forwardSplit(losses []float64, dlogits, x *tensor.Tensor, tv []int32, gradScale float32) error {
+// row is row i of t, flattened.
+func row(t *tensor.Tensor, i int) *tensor.Tensor {
+	r, err := t.Rows(i, i+1)
+	if err != nil {
+		panic("tp: internal error: " + err.Error())
+	}
+	return layers.Reshape(r, r.Numel())
+}
+
+// forwardSplit is Forward on P > 1 ranks; losses is (N).
+func (ce *VocabParallelCrossEntropy) forwardSplit(losses, dlogits, x *tensor.Tensor, tv []int32, gradScale float32) error {
 	b, g, s := ce.b, ce.par.Group, ce.par.Stream
-	N, V := x.Dim(0), ce.LocalVocab
-	dt := x.DType()
-	// Per row, a local column: the target when this rank has it, else 0
-	// (any column gives lse_r = loss + x[column]); −1 for ignored rows.
-	tgt := make([]int32, N)
-	gidx := make([]int32, N)
+	N, V, P, r := x.Dim(0), ce.LocalVocab, ce.par.Size(), ce.par.Rank()
+	dt, sdt := x.DType(), losses.DType()
+	// Per row: a local column (the target when this rank has it, else 0,
+	// since any column gives lse_r = ℓ_r + x[column]; −1 for ignored rows,
+	// whose ℓ_r is then 0), its flat index, the owner o of the target for
+	// the CrossEntropy over Q (−1 for ignored rows), where the owner's ℓ_o
+	// lies in the gathered buffer (rank 0's 0 for ignored rows), and where
+	// this rank's weight softmax(Q)[n, r] lies (the trailing 0 for ignored
+	// rows).
+	h := make([]int32, 5*N)
+	tgt, gidx, qtgt, oidx, widx := h[:N], h[N:2*N], h[2*N:3*N], h[3*N:4*N], h[4*N:]
 	var tidx []int32
-	local := make([]bool, N)
 	for n, t := range tv {
-		c := int32(0)
+		c, o := int32(0), 0
+		if t >= 0 {
+			o = int(t) / V // the vocabulary splits evenly (par.split)
+		}
 		switch l := int(t) - ce.Lo; {
 		case t < 0:
 			c = -1
 		case l >= 0 && l < V:
-			c, local[n] = int32(l), true
+			c = int32(l)
 			tidx = append(tidx, int32(n*V+l))
 		}
 		tgt[n], gidx[n] = c, int32(n*V+int(max(c, 0)))
-	}
-	b.Upload(ce.tgt, hostI32(tgt))
-	b.Upload(ce.gidx, hostI32(gidx))
-	b.CrossEntropy(ce.lossR, nil, x, ce.tgt, 0)            // lse_r − x[column]
-	b.Embedding(ce.xr, layers.Reshape(x, N*V, 1), ce.gidx) // x[column]
-	b.Download(ce.hostA, ce.lossR)
-	xr := tensor.MustHost(tensor.Float64, N)
-	b.Download(xr, layers.Reshape(ce.xr, N))
-	if err := layers.Sticky(b, ceWhat, "forward"); err != nil {
-		return err
-	}
-	lse := ce.hostA.F64()
-	for n, v := range xr.F64() {
-		lse[n] += v // lse_r
-	}
-	// m = max over ranks of lse_r.
-	b.Upload(ce.mx, ce.hostA)
-	if err := layers.Sticky(b, ceWhat, "forward"); err != nil {
-		return err
-	}
-	if err := wait(s)(g.AllReduce(ce.mx, comm.Max, s)); err != nil {
-		return fmt.Errorf("%s forward: %w", ceWhat, err)
-	}
-	m := tensor.MustHost(tensor.Float64, N)
-	b.Download(m, ce.mx)
-	// Σ_r exp(lse_r − m) and the target logit, in one all-reduce.
-	hb := ce.hostB.F64()
-	for n := range N {
-		hb[n] = math.Exp(lse[n] - m.F64()[n])
-		hb[N+n] = 0
-		if local[n] {
-			hb[N+n] = xr.F64()[n]
-		}
-	}
-	b.Upload(ce.sums, ce.hostB)
-	if err := layers.Sticky(b, ceWhat, "forward"); err != nil {
-		return err
-	}
-	if err := wait(s)(g.AllReduce(ce.sums, comm.Sum, s)); err != nil {
-		return fmt.Errorf("%s forward: %w", ceWhat, err)
-	}
-	b.Download(ce.hostB, ce.sums)
-	if err := layers.Sticky(b, ceWhat, "forward"); err != nil {
-		return err
-	}
-	scale := make([]float64, N) // exp(lse_r − lse)·gradScale
-	for n, t := range tv {
+		qtgt[n], oidx[n], widx[n] = int32(o), int32(o*2*N+N+n), int32(n*P+r)
 		if t < 0 {
-			losses[n] = 0
-			continue
+			qtgt[n], widx[n] = -1, int32(N*P)
 		}
-		full := m.F64()[n] + math.Log(hb[n])
-		losses[n] = full - hb[N+n]
-		scale[n] = math.Exp(lse[n]-full) * float64(gradScale)
 	}
+	b.Upload(ce.idx, hostI32(h))
+	ix := func(i int) *tensor.Tensor { return row(ce.idx, i) }
+	lse, lossR := row(ce.send, 0), row(ce.send, 1)
+	b.CrossEntropy(lossR, nil, x, ix(0), 0)              // ℓ_r = lse_r − x[column]
+	b.Embedding(ce.xr, layers.Reshape(x, N*V, 1), ix(1)) // x[column]
+	xr := layers.Reshape(ce.xr, N)
+	if dt != sdt {
+		b.Copy(ce.xr32, xr)
+		xr = ce.xr32
+	}
+	b.Add(lse, lossR, xr) // lse_r
+	if err := layers.Sticky(b, ceWhat, "forward"); err != nil {
+		return err
+	}
+	w, err := g.AllGather(ce.gath, layers.Reshape(ce.send, 2*N), s)
+	if err == nil {
+		err = w.Wait(s)
+	}
+	if err != nil {
+		return fmt.Errorf("%s forward: all-gather of the row statistics: %w", ceWhat, err)
+	}
+	table := layers.Reshape(ce.gath, P*2*N, 1)
+	b.Embedding(layers.Reshape(ce.q, N*P, 1), table, ce.qidx) // Q
+	b.Embedding(ce.own, table, ix(3))                         // ℓ_o
+	b.CrossEntropy(ce.lossQ, nil, ce.q, ix(2), 0)             // LSE(Q) − lse_o
+	b.Add(losses, ce.lossQ, layers.Reshape(ce.own, N))
 	if dlogits == nil {
-		return nil
+		return layers.Sticky(b, ceWhat, "forward")
 	}
 	// ∂/∂x = softmax_r(x)·exp(lse_r − lse)·gradScale − onehot·gradScale.
+	sq, err := ce.smq.View(0, N, P)
+	if err != nil {
+		return fmt.Errorf("%s: internal error: %w", ceWhat, err)
+	}
+	b.Softmax(sq, ce.q)
+	b.Embedding(ce.w, layers.Reshape(ce.smq, N*P+1, 1), ix(4)) // exp(lse_r − lse)
+	scale := layers.Reshape(ce.w, N, 1, 1)
+	if dt != sdt {
+		b.Copy(ce.scale, ce.w)
+		scale = ce.scale
+	}
 	ce.sm = layers.Ensure(b, ce.sm, dt, N, 1, V)
-	ce.scale = layers.Ensure(b, ce.scale, dt, N, 1, 1)
 	b.Softmax(layers.Reshape(ce.sm, N, V), x)
-	st := tensor.MustHost(tensor.Float64, N, 1, 1)
-	copy(st.F64(), scale)
-	b.Upload(ce.scale, st)
-	b.MatMul(layers.Reshape(dlogits, N, 1, V), ce.scale, ce.sm, false, false, 1, 0) // row n times scale[n]
+	b.MatMul(layers.Reshape(dlogits, N, 1, V), scale, ce.sm, false, false, gradScale, 0) // row n times its weight
 	if M := len(tidx); M > 0 {
 		ce.tidx = layers.Ensure(b, ce.tidx, tensor.Int32, M)
 		ce.neg = layers.Ensure(b, ce.neg, dt, M, 1)

@@ -66,6 +66,7 @@ func Tests() []Test {
 		{"Attention", TestAttention},
 		{"Embedding", TestEmbedding},
 		{"CrossEntropy", TestCrossEntropy},
+		{"Narrow", TestNarrow},
 		{"AdamW", TestAdamW},
 		{"SumSquares", TestSumSquares},
 		{"Errors", TestErrors},
