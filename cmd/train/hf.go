@@ -449,4 +449,3 @@ func runLogits(args []string) error {
 	fmt.Printf("logits: %s on %d × %d tokens of %s: loss %.6f → %s\n", *from, *B, *T, *data, ce, *out)
 	return nil
 }
-
