@@ -75,6 +75,7 @@ func launchLocal(ctx context.Context, cfg Config, args []string) error {
 		return fmt.Errorf("--nproc: %w", err)
 	}
 	defer srv.Close()
+	srv.SetWorld(n)
 	_, port, _ := net.SplitHostPort(srv.Addr())
 	fmt.Printf("launcher: %d processes of %s, --comm %s, store %s, job %s\n", n, exe, p.Comm, srv.Addr(), job)
 
