@@ -32,6 +32,7 @@ type Config struct {
 
 	explicit  map[string]bool // the fields the file and the flags give (explicitFields)
 	overwrite bool            // --overwrite
+	adopted   bool            // prepare has taken the model of the resume or --init-from
 }
 
 // presets are named starting points. tiny trains on two CPU cores in about a
@@ -327,8 +328,10 @@ func (c *Config) validate(l origin) error {
 	if c.Parallel, err = c.Parallel.resolve(); err != nil {
 		return err
 	}
-	if err := c.Parallel.check(c.Model.WithDefaults(), c.Train); err != nil {
-		return err
+	if c.modelKnown() {
+		if err := c.Parallel.check(c.Model.WithDefaults(), c.Train); err != nil {
+			return err
+		}
 	}
 	return c.resolveComm(l)
 }

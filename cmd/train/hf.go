@@ -122,10 +122,7 @@ func tokenizerOf(cfg Config) (string, error) {
 		return kind, nil
 	}
 	if b, err := os.ReadFile(filepath.Join(cfg.InitFrom, "asynctp_vocab.json")); err == nil && strings.Contains(string(b), `"bytes"`) {
-		if kind != tokBytes {
-			return "", fmt.Errorf("--init-from %s: the model reads bytes (asynctp_vocab.json), but --data %s holds token ids; give a text file", cfg.InitFrom, cfg.Data)
-		}
-		return tokBytes, nil
+		return kind, nil // our byte-level vocabulary: text, or ids given as they are
 	}
 	for _, f := range []string{"tokenizer.json", "tokenizer.model"} {
 		b, err := os.ReadFile(filepath.Join(cfg.InitFrom, f))
@@ -384,7 +381,7 @@ func runLogits(args []string) error {
 	}
 	var mc layers.GPTConfig
 	var full map[string]*tensor.Tensor
-	if _, err := os.Stat(filepath.Join(*from, hf.ConfigFile)); err == nil {
+	if isHFDir(*from) {
 		c, err := hf.ReadConfig(*from)
 		if err != nil {
 			return err
@@ -448,4 +445,17 @@ func runLogits(args []string) error {
 	}
 	fmt.Printf("logits: %s on %d × %d tokens of %s: loss %.6f → %s\n", *from, *B, *T, *data, ce, *out)
 	return nil
+}
+
+// isHFDir reports whether dir is a transformers model directory (weights
+// at its top), not a run or a checkpoint of ours.
+func isHFDir(dir string) bool {
+	for _, f := range []string{hf.WeightsFile, hf.IndexFile} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err == nil {
+			if _, err := os.Stat(filepath.Join(dir, train.StateFile)); err != nil {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -26,6 +26,22 @@ import (
 //   - with --init-from, the model is the Hugging Face directory's, under
 //     the same rule.
 func prepare(cfg *Config, l origin) error {
+	if err := adopt(cfg); err != nil {
+		return err
+	}
+	cfg.adopted = true
+	cfg.Train.Seq = cfg.Model.Seq
+	return cfg.validate(l)
+}
+
+// modelKnown reports whether the config's model is the run's: a resume's
+// and --init-from's is known once prepare has taken it.
+func (c *Config) modelKnown() bool {
+	return c.adopted || c.Train.Resume == "" && c.InitFrom == ""
+}
+
+// adopt is prepare's part that takes the model of a resume or --init-from.
+func adopt(cfg *Config) error {
 	t := &cfg.Train
 	if t.Resume != "" && cfg.InitFrom != "" {
 		return fmt.Errorf("--resume %s and --init-from %s: a run continues its own checkpoint or starts from a model's weights, not both", t.Resume, cfg.InitFrom)
@@ -86,8 +102,7 @@ func prepare(cfg *Config, l origin) error {
 			cfg.Model.AuxLossCoef = given.AuxLossCoef
 		}
 	}
-	t.Seq = cfg.Model.Seq
-	return cfg.validate(l)
+	return nil
 }
 
 // resumeOutDir is the out dir of the run --resume names: the directory
