@@ -31,6 +31,12 @@ type Config struct {
 	RMSNormEps            float64         `json:"rms_norm_eps"`
 	RopeTheta             float64         `json:"rope_theta"`
 	RopeScaling           json.RawMessage `json:"rope_scaling"`
+	// RopeParameters is where transformers 5 keeps rope_theta and the
+	// rope type ("default" is plain RoPE).
+	RopeParameters *struct {
+		RopeTheta float64 `json:"rope_theta"`
+		RopeType  string  `json:"rope_type"`
+	} `json:"rope_parameters,omitempty"`
 	TieWordEmbeddings     bool            `json:"tie_word_embeddings"`
 	AttentionBias         bool            `json:"attention_bias"`
 	MLPBias               bool            `json:"mlp_bias"`
@@ -58,6 +64,14 @@ func ReadConfig(dir string) (Config, error) {
 	}
 	if c.NumKeyValueHeads == 0 {
 		c.NumKeyValueHeads = c.NumAttentionHeads
+	}
+	if rp := c.RopeParameters; rp != nil {
+		if rp.RopeTheta > 0 {
+			c.RopeTheta = rp.RopeTheta
+		}
+		if rp.RopeType != "" && rp.RopeType != "default" {
+			c.RopeScaling = json.RawMessage(fmt.Sprintf(`{"rope_type": %q}`, rp.RopeType))
+		}
 	}
 	return c, nil
 }
