@@ -37,10 +37,10 @@ type Config struct {
 		RopeTheta float64 `json:"rope_theta"`
 		RopeType  string  `json:"rope_type"`
 	} `json:"rope_parameters,omitempty"`
-	TieWordEmbeddings     bool            `json:"tie_word_embeddings"`
-	AttentionBias         bool            `json:"attention_bias"`
-	MLPBias               bool            `json:"mlp_bias"`
-	TorchDType            string          `json:"torch_dtype,omitempty"`
+	TieWordEmbeddings bool   `json:"tie_word_embeddings"`
+	AttentionBias     bool   `json:"attention_bias"`
+	MLPBias           bool   `json:"mlp_bias"`
+	TorchDType        string `json:"torch_dtype,omitempty"`
 	// Mixtral.
 	NumLocalExperts   int             `json:"num_local_experts,omitempty"`
 	NumExpertsPerTok  int             `json:"num_experts_per_tok,omitempty"`
