@@ -1,5 +1,7 @@
 package tensor
 
+import "errors"
+
 // Backend is the set of ops the layers need, implemented once per device. The
 // CPU backend (tensor/cpu) is the reference every other backend is compared
 // with (tensor/backendtest).
@@ -146,4 +148,24 @@ type Streams interface {
 	StreamWait(waiter, on any) error
 	// DestroyStream releases a stream of NewStream once its work is done.
 	DestroyStream(s any) error
+}
+
+// ErrInterrupted is what an Interruptible backend records when its stop
+// function asks it to stop.
+var ErrInterrupted = errors.New("interrupted")
+
+// Interruptible is an optional interface of a Backend whose ops can be
+// stopped from outside (the CPU backend): a training loop that is asked to
+// stop in the middle of a long step need not wait for the step's end.
+type Interruptible interface {
+	// SetInterrupt has the backend call stop before each op and, in the
+	// long ops, every so often inside it; once stop returns true the
+	// backend records an error wrapping ErrInterrupted (the op in progress
+	// leaves its outputs undefined, the ops after it do nothing). nil
+	// turns the checks off.
+	SetInterrupt(stop func() bool)
+	// ClearInterrupt turns the checks off and clears the backend's error
+	// when it is the interrupt's, so that the backend works again. Tensors
+	// the interrupted ops were writing hold undefined values.
+	ClearInterrupt()
 }

@@ -42,10 +42,10 @@ func checkpointStep(name string) (int, bool) {
 // filled in here. It returns the checkpoint's path.
 func SaveCheckpoint(outDir string, b tensor.Backend, opt *AdamW, st State) (string, error) {
 	name := CheckpointName(st.Step)
-	if err := os.MkdirAll(outDir, 0o755); err != nil {
+	if err := os.MkdirAll(outDir, dirMode); err != nil {
 		return "", fmt.Errorf("train: checkpoint %s: %w", name, err)
 	}
-	tmp, err := os.MkdirTemp(outDir, ".tmp-"+name+"-")
+	tmp, err := mkdirTemp(outDir, ".tmp-"+name+"-")
 	if err != nil {
 		return "", fmt.Errorf("train: checkpoint %s: %w", name, err)
 	}
@@ -166,7 +166,7 @@ func download(b tensor.Backend, src *tensor.Tensor) (*tensor.Tensor, error) {
 // writeFileSync creates path, lets fill write it through a buffer, fsyncs
 // and closes it, and returns the hex sha256 of what was written.
 func writeFileSync(path string, fill func(io.Writer) error) (string, error) {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, fileMode)
 	if err != nil {
 		return "", err
 	}
@@ -203,7 +203,7 @@ func syncDir(dir string) error {
 // writeLatest points outDir/latest at the checkpoint called name (temp file,
 // fsync, rename, fsync of the directory).
 func writeLatest(outDir, name string) error {
-	f, err := os.CreateTemp(outDir, ".tmp-latest-")
+	f, err := createTemp(outDir, ".tmp-latest-")
 	if err != nil {
 		return fmt.Errorf("train: updating %s: %w", LatestFile, err)
 	}

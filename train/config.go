@@ -7,8 +7,11 @@ import (
 
 // Config holds the knobs of a training run. The zero value of a field means
 // "use the default" where zero makes no sense (see WithDefaults); for
-// WeightDecay, MinLR, Warmup, GradClip, CheckpointEvery and KeepCheckpoints
-// zero is a real setting (off / none / keep all).
+// WeightDecay, MinLR, Warmup, GradClip, CheckpointEvery, KeepCheckpoints,
+// EvalEvery and EvalBatches zero is a real setting (off / none / keep all).
+// Beta1 = 0 is a real setting too (no momentum, legal in PyTorch) whenever
+// Beta2 or Eps is set; only when all three are zero does the optimizer
+// block take the defaults.
 type Config struct {
 	Steps int `json:"steps"` // total optimizer steps of the run (the last step's number)
 	Batch int `json:"batch"` // sequences per step (B)
@@ -24,6 +27,14 @@ type Config struct {
 	GradClip    float64 `json:"grad_clip"` // global-norm clipping threshold; 0 turns it off
 
 	Seed uint64 `json:"seed"` // seeds the data order (the model has its own seed)
+
+	// Evaluation on a held-out split (cmd/train cuts it off the data, the
+	// last ValFraction of the tokens): the mean loss of the first
+	// EvalBatches batches of it every EvalEvery steps and at the last step.
+	// ValFraction 0 turns it off.
+	ValFraction float64 `json:"val_fraction"`
+	EvalEvery   int     `json:"eval_every"`
+	EvalBatches int     `json:"eval_batches"`
 
 	LogEvery        int    `json:"log_every"`        // plain log line every this many steps
 	CheckpointEvery int    `json:"checkpoint_every"` // 0: only the final checkpoint
@@ -53,8 +64,10 @@ func DefaultConfig() Config {
 }
 
 // WithDefaults returns c with the fields whose zero value makes no sense
-// (Steps, Batch, Seq, LR, Beta1, Beta2, Eps, LogEvery, OutDir) set from
-// DefaultConfig. Fields where zero is meaningful are left as they are.
+// (Steps, Batch, Seq, LR, LogEvery, OutDir; Beta1, Beta2 and Eps when all
+// three are zero) set from DefaultConfig. Fields where zero is meaningful
+// are left as they are. cmd/train does not call it: a value given there is
+// used as given or refused.
 func (c Config) WithDefaults() Config {
 	d := DefaultConfig()
 	if c.Steps == 0 {
@@ -69,14 +82,8 @@ func (c Config) WithDefaults() Config {
 	if c.LR == 0 {
 		c.LR = d.LR
 	}
-	if c.Beta1 == 0 {
-		c.Beta1 = d.Beta1
-	}
-	if c.Beta2 == 0 {
-		c.Beta2 = d.Beta2
-	}
-	if c.Eps == 0 {
-		c.Eps = d.Eps
+	if c.Beta1 == 0 && c.Beta2 == 0 && c.Eps == 0 {
+		c.Beta1, c.Beta2, c.Eps = d.Beta1, d.Beta2, d.Eps
 	}
 	if c.LogEvery == 0 {
 		c.LogEvery = d.LogEvery
@@ -123,6 +130,14 @@ func (c Config) Validate() error {
 		return bad("checkpoint_every", c.CheckpointEvery, ">= 0 (0: only the final checkpoint)")
 	case c.KeepCheckpoints < 0:
 		return bad("keep_checkpoints", c.KeepCheckpoints, ">= 0 (0 keeps all)")
+	case !(c.ValFraction >= 0 && c.ValFraction < 1):
+		return bad("val_fraction", c.ValFraction, "in [0, 1) (0: no held-out split)")
+	case c.EvalEvery < 0:
+		return bad("eval_every", c.EvalEvery, ">= 0")
+	case c.EvalBatches < 0:
+		return bad("eval_batches", c.EvalBatches, ">= 0")
+	case c.ValFraction > 0 && (c.EvalEvery == 0 || c.EvalBatches == 0):
+		return bad("eval_every, eval_batches", fmt.Sprintf("%d, %d", c.EvalEvery, c.EvalBatches), "both > 0 with a held-out split (val_fraction > 0); set val_fraction 0 to train without one")
 	case c.OutDir == "":
 		return bad("out_dir", `""`, "a directory")
 	}

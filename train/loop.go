@@ -65,6 +65,9 @@ type runOptions struct {
 	layout      any
 	extra       func(step int) map[string]any
 	hook        func(StepMetrics)
+	start       func(Result) error
+	interrupt   bool
+	tokenizer   string
 	metricsDir  *string
 }
 
@@ -109,6 +112,27 @@ func WithExtraMetrics(fn func(step int) map[string]any) Option {
 
 // WithStepHook calls fn after every step, on every rank.
 func WithStepHook(fn func(StepMetrics)) Option { return func(o *runOptions) { o.hook = fn } }
+
+// WithStartHook calls fn once the run is ready to take its first step: the
+// checkpoint of a resume is loaded and checked, nothing is written yet. An
+// error from fn stops the run before any step. cmd/train writes its
+// config.json there, so a resume that fails leaves it as it was.
+func WithStartHook(fn func(Result) error) Option { return func(o *runOptions) { o.start = fn } }
+
+// WithInterruptibleSteps lets a cancelled ctx stop a step in the middle of
+// its forward or backward pass, when the backend can stop between (and
+// inside) its ops (tensor.Interruptible, the CPU backend): the half-done
+// step is dropped, and the state after the step before it (the parameters
+// and moments are untouched until the optimizer update) is checkpointed
+// with the data position it had. Without it, or on a backend that cannot
+// stop, a cancelled ctx stops the run after the current step. Only for a
+// model of one rank: a rank of a parallel model that stopped mid-step
+// would leave its peers waiting in a collective.
+func WithInterruptibleSteps() Option { return func(o *runOptions) { o.interrupt = true } }
+
+// WithTokenizer records what the token ids mean in state.json ("bytes",
+// "uint16 ids", or a hash of a tokenizer file): a resume compares it.
+func WithTokenizer(id string) Option { return func(o *runOptions) { o.tokenizer = id } }
 
 // Run trains model on data for cfg.Steps steps (counted from 0, or from the
 // checkpoint named by cfg.Resume). Each step: ZeroGrad, Forward, Backward,
@@ -170,6 +194,9 @@ func Run(ctx context.Context, b tensor.Backend, model Model, data *Loader, cfg C
 		}
 		if err := data.Seek(st.Data); err != nil {
 			return Result{}, fmt.Errorf("train: resume from %s: %w", dir, err)
+		}
+		if o.tokenizer != "" && st.Tokenizer != "" && st.Tokenizer != o.tokenizer {
+			return Result{}, fmt.Errorf("train: resume from %s: the checkpoint's token ids are %s, this run's data are %s", dir, st.Tokenizer, o.tokenizer)
 		}
 		if st.Step > cfg.Steps {
 			return Result{}, fmt.Errorf("train: resume from %s: the checkpoint is at step %d, past the run's %d steps", dir, st.Step, cfg.Steps)

@@ -204,7 +204,7 @@ func WriteLossPlot(path string, records []StepMetrics) error {
 // writeFileAtomic writes path through a temporary file in the same
 // directory and a rename, so readers see the old or the new file.
 func writeFileAtomic(path string, fill func(io.Writer) error) error {
-	f, err := os.CreateTemp(filepath.Dir(path), ".tmp-"+filepath.Base(path)+"-")
+	f, err := createTemp(filepath.Dir(path), ".tmp-"+filepath.Base(path)+"-")
 	if err != nil {
 		return err
 	}

@@ -3,6 +3,7 @@ package train
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -44,6 +45,16 @@ func (r *runner) run() (Result, error) {
 		return r.res, fmt.Errorf("train: not started: %w", context.Cause(r.ctx))
 	}
 	if r.o.rank0 {
+		if err := CleanStale(cfg.OutDir); err != nil {
+			return r.res, err
+		}
+	}
+	if r.o.start != nil {
+		if err := r.o.start(r.res); err != nil {
+			return r.res, err
+		}
+	}
+	if r.o.rank0 {
 		bar := isTerminal(r.o.out)
 		if r.o.bar != nil {
 			bar = *r.o.bar
@@ -64,8 +75,12 @@ func (r *runner) run() (Result, error) {
 	tokens := float64(cfg.Batch * cfg.Seq)
 	r.start = time.Now()
 	for step := r.res.StartStep + 1; step <= cfg.Steps; step++ {
+		pos := r.data.Position()
 		m, err := r.step(step)
 		if err != nil {
+			if errors.Is(err, tensor.ErrInterrupted) && r.ctx.Err() != nil {
+				return r.res, r.interrupted(step, pos, err)
+			}
 			return r.res, err
 		}
 		r.res.Step, r.res.StepsRun, r.res.FinalLoss = step, r.res.StepsRun+1, m.Loss
@@ -104,8 +119,18 @@ func (r *runner) step(step int) (StepMetrics, error) {
 	if err != nil {
 		return StepMetrics{}, fmt.Errorf("train: step %d: data: %w", step, err)
 	}
+	stoppable, _ := b.(tensor.Interruptible)
+	if !r.o.interrupt {
+		stoppable = nil
+	}
+	if stoppable != nil {
+		stoppable.SetInterrupt(func() bool { return r.ctx.Err() != nil })
+	}
 	r.model.ZeroGrad()
 	loss, err := r.forwardBackward(ids, targets, step)
+	if stoppable != nil {
+		stoppable.SetInterrupt(nil) // the update below runs whole or not at all
+	}
 	if err != nil {
 		return StepMetrics{}, err
 	}
@@ -134,17 +159,18 @@ func (r *runner) step(step int) (StepMetrics, error) {
 	if f := r.model.FLOPsPerToken(); f > 0 {
 		m.Extra["flops_per_s"] = f * tps
 	}
+	if r.o.extra != nil { // before the validation, whose forward passes replace the router's statistics
+		for k, v := range r.o.extra(step) {
+			m.Extra[k] = v
+		}
+	}
 	if r.o.val != nil && (step%r.o.valEvery == 0 || step == cfg.Steps) {
 		vl, err := r.validate()
 		if err != nil {
 			return StepMetrics{}, fmt.Errorf("train: step %d: validation: %w", step, err)
 		}
 		m.Extra["val_loss"] = vl
-	}
-	if r.o.extra != nil {
-		for k, v := range r.o.extra(step) {
-			m.Extra[k] = v
-		}
+		m.Extra["val_ppl"] = math.Exp(vl)
 	}
 	return m, nil
 }
@@ -207,11 +233,13 @@ func (r *runner) gradNorm() (float64, error) {
 	return math.Sqrt(ss), nil
 }
 
-// validate is the mean loss over the first valBatches batches of the
-// validation loader (always the same batches).
+// validate is the mean cross-entropy over the first valBatches batches of
+// the validation loader (always the same batches); an MoE model's
+// auxiliary losses (AuxLoss) are not part of it.
 func (r *runner) validate() (float64, error) {
 	r.o.val.Reset()
 	var sum float64
+	aux, _ := r.model.(interface{ AuxLoss() float64 })
 	for range r.o.valBatches {
 		ids, targets, err := r.o.val.Next()
 		if err != nil {
@@ -221,9 +249,35 @@ func (r *runner) validate() (float64, error) {
 		if err != nil {
 			return 0, err
 		}
+		if aux != nil {
+			l -= aux.AuxLoss()
+		}
 		sum += l
 	}
 	return sum / float64(r.o.valBatches), nil
+}
+
+// interrupted ends a run whose step was stopped in the middle by a
+// cancelled ctx (WithInterruptibleSteps): the backend is cleared, the data
+// goes back to where the step began, and the state after the step before,
+// which the half-done step has not changed, is checkpointed (unless it is
+// step 0, or already saved).
+func (r *runner) interrupted(step int, pos DataPosition, cause error) error {
+	if s, ok := r.b.(tensor.Interruptible); ok {
+		s.ClearInterrupt()
+	}
+	if err := r.b.Err(); err != nil {
+		return fmt.Errorf("train: interrupted in step %d, and the backend still holds an error (%v); last checkpoint %s: %w", step, err, orNone(r.res.LastCheckpoint), cause)
+	}
+	if err := r.data.Seek(pos); err != nil {
+		return fmt.Errorf("train: interrupted in step %d: %w", step, err)
+	}
+	if step-1 > 0 {
+		if err := r.save(step-1, r.res.FinalLoss); err != nil {
+			return err
+		}
+	}
+	return fmt.Errorf("train: stopped in step %d, which is dropped (checkpoint %s): %w", step, orNone(r.res.LastCheckpoint), context.Cause(r.ctx))
 }
 
 func (r *runner) diverged(what string, v float64, step int) error {
@@ -251,6 +305,7 @@ func (r *runner) save(step int, loss float64) error {
 		ModelConfig: r.modelCfg,
 		TrainConfig: r.cfg,
 		Layout:      r.layout,
+		Tokenizer:   r.o.tokenizer,
 	}
 	dir, err := SaveCheckpoint(r.cfg.OutDir, r.b, r.opt, st)
 	if err != nil {

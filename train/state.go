@@ -45,6 +45,9 @@ type State struct {
 	// Layout is free-form: the parallel code records how tensors are
 	// sharded over ranks.
 	Layout json.RawMessage `json:"layout,omitempty"`
+	// Tokenizer says what the token ids mean (WithTokenizer; empty when
+	// not recorded).
+	Tokenizer string `json:"tokenizer,omitempty"`
 }
 
 var sha256Hex = regexp.MustCompile(`^[0-9a-f]{64}$`)

@@ -30,6 +30,13 @@ type Config struct {
 	// Overlap chooses the strategy of each communication site (--overlap,
 	// overlap.Config: {"default": ..., "sites": {...}}).
 	Overlap overlap.Config `json:"overlap"`
+	// InitFrom is a Hugging Face Llama or Mixtral directory the run's
+	// weights start from (hf.go).
+	InitFrom string `json:"init_from,omitempty"`
+
+	explicit  map[string]bool // the fields the file and the flags give (explicitFields)
+	overwrite bool            // --overwrite
+	adopted   bool            // prepare has taken the model of the resume or --init-from
 }
 
 // presets are named starting points. tiny trains on two CPU cores in about a
@@ -45,8 +52,10 @@ func tinyPreset() Config {
 	tc.Steps, tc.Batch, tc.Seq = 200, 8, 64
 	tc.LR, tc.MinLR, tc.Warmup = 3e-3, 3e-4, 20
 	tc.WeightDecay, tc.LogEvery, tc.CheckpointEvery = 0.0, 20, 100
+	tc.ValFraction, tc.EvalEvery, tc.EvalBatches = 0.05, 20, 4
 	return Config{Preset: "tiny", Device: "auto",
-		Model:    layers.GPTConfig{Layers: 2, Dim: 64, Heads: 4, Vocab: 256, Seq: 64, TiedEmbeddings: true, Seed: 1337},
+		Model: layers.GPTConfig{Layers: 2, Dim: 64, Heads: 4, Vocab: 256, Seq: 64, TiedEmbeddings: true, Seed: 1337,
+			AuxLossCoef: 0.01, ZLossCoef: 1e-3}, // the MoE coefficients, used once --experts makes it an MoE model
 		Train:    tc,
 		Parallel: defaultParallel()}
 }
@@ -56,7 +65,6 @@ func tinyMoEPreset() Config {
 	c := tinyPreset()
 	c.Preset = "tiny-moe"
 	c.Model.Experts, c.Model.TopK, c.Model.MoEEvery = 8, 2, 1
-	c.Model.AuxLossCoef, c.Model.ZLossCoef = 0.01, 1e-3
 	return c
 }
 
@@ -65,8 +73,10 @@ func gpt2Preset() Config {
 	tc.Steps, tc.Batch, tc.Seq = 1000, 8, 1024
 	tc.LR, tc.MinLR, tc.Warmup = 6e-4, 6e-5, 100
 	tc.LogEvery, tc.CheckpointEvery = 10, 500
+	tc.ValFraction, tc.EvalEvery, tc.EvalBatches = 0.05, 100, 8
 	return Config{Preset: "gpt2-124m", Device: "auto",
-		Model:    layers.GPTConfig{Layers: 12, Dim: 768, Heads: 12, Vocab: 50304, Seq: 1024, FFN: 2048, TiedEmbeddings: true, Seed: 1337},
+		Model: layers.GPTConfig{Layers: 12, Dim: 768, Heads: 12, Vocab: 50304, Seq: 1024, FFN: 2048, TiedEmbeddings: true, Seed: 1337,
+			AuxLossCoef: 0.01, ZLossCoef: 1e-3},
 		Train:    tc,
 		Parallel: defaultParallel()}
 }
@@ -97,6 +107,7 @@ type flagValues struct {
 	nproc                                                int
 	comm                                                 string
 	overlap                                              string
+	run                                                  runFlags
 }
 
 func newFlagSet(fv *flagValues) *flag.FlagSet {
@@ -139,6 +150,7 @@ func newFlagSet(fv *flagValues) *flag.FlagSet {
 	fs.StringVar(&fv.comm, "comm", "", "transport between the ranks: local (goroutines of one process, CPU), tcp (processes, CPU), nccl or nvshmem (processes, GPUs); default local, or with --nproc or a launcher (torchrun, srun, mpirun) tcp on the CPU and nccl with --device cuda")
 	fs.StringVar(&fv.overlap, "overlap", "", "strategy of the communication sites: "+strings.Join(overlap.Names, ", ")+
 		" (default collective; per-site choices in the config's \"overlap\" section)")
+	addRunFlags(fs, &fv.run)
 	return fs
 }
 
@@ -202,6 +214,10 @@ func loadConfigIn(args []string, l origin) (Config, error) {
 		cfg.Preset = name
 	}
 	applyFlags(&cfg, &fv, set)
+	var err error
+	if cfg.explicit, err = explicitFields(file, set); err != nil {
+		return Config{}, fmt.Errorf("config %s: %w", fv.config, err)
+	}
 	cfg.Train.Seq = cfg.Model.Seq // one sequence length: the model's
 	if p := &cfg.Parallel; p.World == 0 && p.DP == 0 {
 		// The world defaults to the processes there are (dp = world / tp).
@@ -295,20 +311,27 @@ func applyFlags(cfg *Config, fv *flagValues, set map[string]bool) {
 	if set["overlap"] {
 		cfg.Overlap.Default = fv.overlap
 	}
+	applyRunFlags(cfg, &fv.run, set)
 }
 
 func (c *Config) validate(l origin) error {
 	if !slices.Contains(devices, c.Device) {
 		return fmt.Errorf("unknown device %q, expected one of %s", c.Device, strings.Join(devices, ", "))
 	}
-	if err := c.Model.WithDefaults().Validate(); err != nil {
+	// Every value is the preset's, the file's or a flag's, used as given
+	// (train.Config.WithDefaults would turn an explicit 0 into a default):
+	// the model's optional fields resolve to their defaults, written back so
+	// that config.json holds what the run uses, and a preset's warm-up
+	// longer than the steps given shrinks to them; a warm-up given
+	// explicitly is refused instead.
+	if err := c.Model.Validate(); err != nil {
 		return err
 	}
 	if err := c.Overlap.Validate(); err != nil {
 		return err
 	}
-	c.Train = c.Train.WithDefaults()
-	if c.Train.Warmup > c.Train.Steps {
+	c.Model = c.Model.WithDefaults()
+	if c.Train.Warmup > c.Train.Steps && c.Train.Steps > 0 && !c.explicit["train.warmup"] {
 		c.Train.Warmup = c.Train.Steps
 	}
 	if err := c.Train.Validate(); err != nil {
@@ -318,8 +341,10 @@ func (c *Config) validate(l origin) error {
 	if c.Parallel, err = c.Parallel.resolve(); err != nil {
 		return err
 	}
-	if err := c.Parallel.check(c.Model.WithDefaults(), c.Train); err != nil {
-		return err
+	if c.modelKnown() {
+		if err := c.Parallel.check(c.Model.WithDefaults(), c.Train); err != nil {
+			return err
+		}
 	}
 	return c.resolveComm(l)
 }

@@ -75,6 +75,7 @@ func launchLocal(ctx context.Context, cfg Config, args []string) error {
 		return fmt.Errorf("--nproc: %w", err)
 	}
 	defer srv.Close()
+	srv.SetWorld(n)
 	_, port, _ := net.SplitHostPort(srv.Addr())
 	fmt.Printf("launcher: %d processes of %s, --comm %s, store %s, job %s\n", n, exe, p.Comm, srv.Addr(), job)
 
@@ -118,6 +119,8 @@ func launchLocal(ctx context.Context, cfg Config, args []string) error {
 	}
 
 	fmt.Printf("launcher: ranks 0 to %d are pids %s\n", n-1, strings.Join(pids, " "))
+	forwardSecond.Store(true)
+	defer forwardSecond.Store(false)
 	var first *rankProc // the first rank to fail
 	var grace, kill <-chan time.Time
 	interrupted := false
@@ -147,6 +150,11 @@ func launchLocal(ctx context.Context, cfg Config, args []string) error {
 				signalAll(syscall.SIGTERM, "passed on the interrupt (SIGTERM)")
 				grace = time.After(stopGrace(p))
 			}
+		case <-secondSignal:
+			// The ranks had the first as SIGTERM: a second makes them stop at once.
+			signalAll(syscall.SIGTERM, "passed on the second interrupt (SIGTERM): stopped at once")
+			interrupted = true
+			kill = time.After(killAfter)
 		case <-grace:
 			grace = nil
 			signalAll(syscall.SIGTERM, fmt.Sprintf("stopped by the launcher (SIGTERM) %v after the first failure", stopGrace(p)))

@@ -13,27 +13,80 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"syscall"
 
+	"github.com/asynctp/asynctp/hf"
 	"github.com/asynctp/asynctp/internal/corpus"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/train"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:])
-	stop()
+	ctx := stopOnSignals()
+	err := dispatch(ctx, os.Args[1:])
 	switch {
 	case err == nil:
 	case errors.Is(err, flag.ErrHelp):
 	default:
-		fmt.Fprintln(os.Stderr, "train:", err)
+		msg := err.Error()
+		if !strings.HasPrefix(msg, "train: ") { // the train package's errors say it already
+			msg = "train: " + msg
+		}
+		fmt.Fprintln(os.Stderr, msg)
 		os.Exit(1)
 	}
+}
+
+// dispatch runs a subcommand (export, logits) or a training run.
+func dispatch(ctx context.Context, args []string) error {
+	if len(args) > 0 {
+		switch args[0] {
+		case "export":
+			return runExport(args[1:])
+		case "logits":
+			return runLogits(args[1:])
+		}
+	}
+	return run(ctx, args)
+}
+
+// secondSignal receives the second and later SIGINT or SIGTERM when
+// forwardSecond is set (--nproc's launcher passes them on); otherwise the
+// second signal ends the process at once.
+var (
+	secondSignal  = make(chan os.Signal, 4)
+	forwardSecond atomic.Bool
+)
+
+// stopOnSignals returns a context that the first SIGINT or SIGTERM cancels
+// (the run stops after the current step, or inside a long one, with a
+// checkpoint); a second one exits at once with status 130, leaving the
+// last complete checkpoint (they are written under a temporary name and
+// renamed into place).
+func stopOnSignals() context.Context {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		s := <-sigs
+		fmt.Fprintf(os.Stderr, "train: %v: stopping with a checkpoint after the current step (or inside it); a second signal stops at once\n", s)
+		cancel(fmt.Errorf("interrupted by %v: %w", s, context.Canceled))
+		for s := range sigs {
+			if forwardSecond.Load() {
+				secondSignal <- s
+				continue
+			}
+			fmt.Fprintf(os.Stderr, "train: a second %v: stopping at once; the last complete checkpoint stays as it is\n", s)
+			os.Exit(130)
+		}
+	}()
+	return ctx
 }
 
 func run(ctx context.Context, args []string) error {
@@ -45,6 +98,9 @@ func run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	if err := prepare(&cfg, org); err != nil {
+		return err
+	}
 	if cfg.Train.Resume != "" {
 		if err := checkResume(cfg.Parallel, cfg.Train.Resume); err != nil {
 			return err
@@ -52,6 +108,13 @@ func run(ctx context.Context, args []string) error {
 	}
 	if err := checkOverlap(cfg); err != nil {
 		return err
+	}
+	if holdsLock(org, info.Rank) {
+		release, err := claimOutDir(cfg)
+		if err != nil {
+			return err
+		}
+		defer release()
 	}
 	switch p := cfg.Parallel; {
 	case org.launched: // a rank of torchrun, srun, mpirun or --nproc
@@ -69,7 +132,11 @@ func run(ctx context.Context, args []string) error {
 	}
 	fmt.Println("device:", note)
 
-	data, err := openData(cfg)
+	ds, err := openDataset(cfg)
+	if err != nil {
+		return err
+	}
+	data, more, err := dataAndOptions(cfg, ds, true)
 	if err != nil {
 		return err
 	}
@@ -77,18 +144,21 @@ func run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	if err := initWeights(cfg, b, model.Params(), hf.Single); err != nil {
+		return err
+	}
 	mc := model.Config()
 	fmt.Printf("model: %s, %d layers, width %d, %d heads, vocab %d, seq %d, %.2fM parameters\n",
 		cfg.Preset, mc.Layers, mc.Dim, mc.Heads, mc.Vocab, mc.Seq, float64(model.Params().Numel())/1e6)
 	fmt.Printf("data: %s, %d tokens; batch %d x %d, %d steps\n", data.Name(), data.Tokens(), cfg.Train.Batch, cfg.Train.Seq, cfg.Train.Steps)
 
-	if err := os.MkdirAll(cfg.Train.OutDir, 0o755); err != nil {
-		return err
-	}
-	if err := writeJSONAtomic(filepath.Join(cfg.Train.OutDir, "config.json"), cfg); err != nil {
-		return err
-	}
-	opts := []train.Option{train.WithModelConfig(mc)}
+	var lastVal any
+	opts := append(more, train.WithModelConfig(mc), train.WithInterruptibleSteps(),
+		train.WithStepHook(func(m train.StepMetrics) {
+			if v, ok := m.Extra["val_loss"]; ok {
+				lastVal = v
+			}
+		}))
 	if mc.Experts > 0 {
 		opts = append(opts, train.WithExtraMetrics(func(int) map[string]any { return routerMetrics(model) }))
 	}
@@ -96,8 +166,57 @@ func run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("done: step %d, loss %.4f, %.0f tokens/s; checkpoint %s\n", res.Step, res.FinalLoss, res.TokensPerSec, res.LastCheckpoint)
+	val := ""
+	if v, ok := lastVal.(float64); ok {
+		val = fmt.Sprintf(", validation loss %.4f (perplexity %.2f)", v, math.Exp(v))
+	}
+	fmt.Printf("done: step %d, loss %.4f%s, %.0f tokens/s; checkpoint %s\n", res.Step, res.FinalLoss, val, res.TokensPerSec, res.LastCheckpoint)
 	return nil
+}
+
+// dataAndOptions cuts the held-out split off ds (train.val_fraction) and
+// returns the training loader and the options of every rank's train.Run:
+// the validation, what the token ids are, and on rank 0 (rank0) the start
+// hook that writes OUT/config.json (and the tokenizer of --init-from) once
+// the run is sure to start, so a resume that fails leaves them as they
+// were.
+func dataAndOptions(cfg Config, ds *train.Dataset, rank0 bool) (*train.Loader, []train.Option, error) {
+	tok, err := tokenizerOf(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	opts := []train.Option{train.WithTokenizer(tok)}
+	t := cfg.Train
+	trainSet := ds
+	if t.ValFraction > 0 {
+		var valSet *train.Dataset
+		if trainSet, valSet, err = ds.Split(t.ValFraction); err != nil {
+			return nil, nil, err
+		}
+		lc := loaderConfig(cfg)
+		lc.Sequential = true
+		val, err := train.NewLoader(valSet, lc)
+		if err != nil {
+			return nil, nil, fmt.Errorf("the held-out split (--val-fraction %g): %w; give a larger --val-fraction, or 0 for none", t.ValFraction, err)
+		}
+		opts = append(opts, train.WithValidation(val, t.EvalEvery, t.EvalBatches))
+	}
+	data, err := train.NewLoader(trainSet, loaderConfig(cfg))
+	if err != nil {
+		return nil, nil, err
+	}
+	if rank0 {
+		opts = append(opts, train.WithStartHook(func(train.Result) error {
+			if err := os.MkdirAll(cfg.Train.OutDir, 0o755); err != nil {
+				return err
+			}
+			if err := copyTokenizer(cfg); err != nil {
+				return err
+			}
+			return writeJSONAtomic(filepath.Join(cfg.Train.OutDir, "config.json"), cfg)
+		}))
+	}
+	return data, opts, nil
 }
 
 // moeModel is what routerMetrics reads: layers.GPT and the sharded
@@ -118,15 +237,6 @@ func routerMetrics(m moeModel) map[string]any {
 		dropped += s.Dropped
 	}
 	return map[string]any{"aux_loss": m.AuxLoss(), "tokens_per_expert": perExpert, "dropped": dropped}
-}
-
-// openData opens --data, or the built-in corpus when none is given.
-func openData(cfg Config) (*train.Loader, error) {
-	ds, err := openDataset(cfg)
-	if err != nil {
-		return nil, err
-	}
-	return train.NewLoader(ds, loaderConfig(cfg))
 }
 
 // openDataset reads --data, or the built-in corpus when none is given.
@@ -150,17 +260,5 @@ func writeJSONAtomic(path string, v any) error {
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".config-*.tmp")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(append(js, '\n')); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
+	return train.WriteFileAtomic(path, append(js, '\n'))
 }

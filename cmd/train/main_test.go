@@ -267,7 +267,7 @@ func TestDeviceCudaWithoutGPUFailsClearly(t *testing.T) {
 		t.Fatalf("exit %d, output:\n%s", code, out)
 	}
 	// auto falls back to the CPU and says why.
-	out, code = runMain(t, small(t.TempDir(), "--device", "auto", "--steps", "1")...)
+	out, code = runMain(t, small(t.TempDir(), "--device", "auto", "--steps", "1", "--warmup", "0")...)
 	if code != 0 || !strings.Contains(out, "device: cpu") || !strings.Contains(out, "auto: no usable GPU") {
 		t.Fatalf("--device auto without a GPU: exit %d, output:\n%s", code, out)
 	}

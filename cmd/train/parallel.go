@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
@@ -15,6 +14,7 @@ import (
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/comm/hostreduce"
 	"github.com/asynctp/asynctp/comm/local"
+	"github.com/asynctp/asynctp/hf"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/parallel/model"
 	"github.com/asynctp/asynctp/tensor"
@@ -56,12 +56,6 @@ func runParallel(ctx context.Context, cfg Config) error {
 		cfg.Preset, mc.Layers, mc.Dim, mc.Heads, mc.Vocab, mc.Seq, float64(paramCount(mc))/1e6)
 	fmt.Printf("data: %s, %d tokens; batch %d x %d, %d steps\n", probe.Name(), probe.Tokens(), cfg.Train.Batch, cfg.Train.Seq, cfg.Train.Steps)
 
-	if err := os.MkdirAll(cfg.Train.OutDir, 0o755); err != nil {
-		return err
-	}
-	if err := writeJSONAtomic(filepath.Join(cfg.Train.OutDir, "config.json"), cfg); err != nil {
-		return err
-	}
 	var res train.Result
 	err = launch(W, time.Duration(p.CommTimeout), func(c comm.Comm) error {
 		r, err := runRank(ctx, c, cfg, ds, threads)
@@ -109,7 +103,11 @@ func trainRank(ctx context.Context, c comm.Comm, cfg Config, ds *train.Dataset, 
 	if c.Rank() == 0 {
 		printOverlap(ch)
 	}
-	data, err := train.NewLoader(ds, loaderConfig(cfg))
+	l := m.Layout()
+	if err := initWeights(cfg, b, m.Params(), hf.Placement{TP: l.TP, TPRank: l.TPRank, EP: l.EP, EPRank: l.Rank % l.EP}); err != nil {
+		return train.Result{}, err
+	}
+	data, more, err := dataAndOptions(cfg, ds, c.Rank() == 0)
 	if err != nil {
 		return train.Result{}, err
 	}
@@ -119,6 +117,7 @@ func trainRank(ctx context.Context, c comm.Comm, cfg Config, ds *train.Dataset, 
 	if hook != nil {
 		opts[0] = train.WithStepHook(func(m train.StepMetrics) { hook(m); stop.hook(m) })
 	}
+	opts = append(opts, more...)
 	if m.Config().Experts > 0 {
 		opts = append(opts, train.WithExtraMetrics(func(int) map[string]any { return routerMetrics(m) }))
 	}

@@ -46,6 +46,9 @@ func Join(ctx context.Context, info Info, opts Options) (*Client, func() error, 
 		listen = joinHostPort("", info.MasterPort)
 	}
 	srv, err := Serve(ctx, listen, info.JobID)
+	if err == nil {
+		srv.SetWorld(info.WorldSize)
+	}
 	if err != nil {
 		return nil, nil, err
 	}

@@ -32,6 +32,15 @@ type Server struct {
 	data    map[string][]byte
 	changed chan struct{} // closed and replaced whenever data or conns change
 	conns   map[*serverConn]struct{}
+	world   int // SetWorld's; 0: any rank
+}
+
+// SetWorld has the server turn away a rank outside [0, n) with an error
+// naming the world.
+func (s *Server) SetWorld(n int) {
+	s.mu.Lock()
+	s.world = n
+	s.mu.Unlock()
 }
 
 // Serve listens on addr ("host:port"; port 0 picks a free one, see Addr) and

@@ -73,6 +73,13 @@ func (c *serverConn) hello(r *bufio.Reader) bool {
 		return false
 	}
 	c.s.mu.Lock()
+	world := c.s.world
+	c.s.mu.Unlock()
+	if world > 0 && (rank < 0 || rank >= world) {
+		c.reply(f.id, statusError, fmt.Appendf(nil, "rank %d is outside the world of %d ranks of job %q, expected 0 to %d", rank, world, job, world-1))
+		return false
+	}
+	c.s.mu.Lock()
 	c.rank = rank
 	c.s.mu.Unlock()
 	c.conn.SetReadDeadline(time.Time{})

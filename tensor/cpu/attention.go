@@ -67,6 +67,9 @@ func attention[T, S float](bk *Backend, a attn, out []T, lse []S, q, k, v []T) {
 		for bh := lo; bh < hi; bh++ {
 			base, stride := a.rows(bh)
 			for i := range a.t {
+				if i&63 == 63 && bk.interrupted("Attention") {
+					return // the output is undefined; the error is recorded
+				}
 				oi := base + i*stride
 				qi := q[oi : oi+d]
 				m := T(math.Inf(-1))
@@ -130,6 +133,9 @@ func attentionBackward[T, S float](bk *Backend, a attn, dq, dk, dv, dout, q, k, 
 				clear(dv[o : o+d])
 			}
 			for i := range a.t {
+				if i&63 == 63 && bk.interrupted("AttentionBackward") {
+					return
+				}
 				oi := base + i*stride
 				qi, doi, dqi := q[oi:oi+d], dout[oi:oi+d], dq[oi:oi+d]
 				di := dot(doi, out[oi:oi+d])

@@ -1,9 +1,11 @@
 package cpu
 
 import (
+	"errors"
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 
 	"github.com/asynctp/asynctp/tensor"
 )
@@ -14,9 +16,47 @@ type Backend struct {
 
 	mu  sync.Mutex
 	err error
+
+	stop atomic.Pointer[func() bool] // SetInterrupt's; nil: off
 }
 
-var _ tensor.Backend = (*Backend)(nil)
+var (
+	_ tensor.Backend       = (*Backend)(nil)
+	_ tensor.Interruptible = (*Backend)(nil)
+)
+
+// SetInterrupt has every op call stop first, and the long loops (attention,
+// its backward) every few rows; once stop returns true the backend records
+// an error wrapping tensor.ErrInterrupted. nil turns it off.
+func (b *Backend) SetInterrupt(stop func() bool) {
+	if stop == nil {
+		b.stop.Store(nil)
+		return
+	}
+	b.stop.Store(&stop)
+}
+
+// ClearInterrupt turns the interrupt off and clears the backend's error if
+// it is the interrupt's.
+func (b *Backend) ClearInterrupt() {
+	b.stop.Store(nil)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if errors.Is(b.err, tensor.ErrInterrupted) {
+		b.err = nil
+	}
+}
+
+// interrupted reports whether an interrupt asks the ops to stop, recording
+// the error the first time (op names the op).
+func (b *Backend) interrupted(op string) bool {
+	f := b.stop.Load()
+	if f == nil || !(*f)() {
+		return false
+	}
+	b.setErr(fmt.Errorf("cpu: %s: %w", op, tensor.ErrInterrupted))
+	return true
+}
 
 // Option configures a Backend.
 type Option func(*Backend)

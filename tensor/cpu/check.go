@@ -21,6 +21,7 @@ var policy = opcheck.Policy{
 // check starts the argument checks of op; a failure becomes the backend's
 // sticky error when the op asks OK.
 func (b *Backend) check(op string) *opcheck.Checker {
+	b.interrupted(op)
 	return opcheck.New(&policy, op, b.Err() != nil, b.setErr)
 }
 

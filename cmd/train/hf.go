@@ -1,0 +1,461 @@
+package main
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/asynctp/asynctp/hf"
+	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/parallel/model"
+	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/cpu"
+	"github.com/asynctp/asynctp/train"
+)
+
+// tokenizerDir, in an out dir, holds the tokenizer files of the model a
+// run started from (--init-from), which train export copies on.
+const tokenizerDir = "tokenizer"
+
+// tokenizerFiles are the files of a Hugging Face tokenizer that travel
+// with a model; sourceConfig is the copy of the model's config.json (for
+// its token ids: bos, eos, pad).
+var tokenizerFiles = []string{"tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt", "generation_config.json", "asynctp_vocab.json"}
+
+const sourceConfig = "source_config.json"
+
+// The tokenizer kinds of state.json (train.WithTokenizer).
+const (
+	tokBytes = "bytes"      // text data: one token per byte
+	tokIDs   = "uint16 ids" // a .bin of token ids, of an unnamed tokenizer
+)
+
+// initFromModel is the model of the --init-from directory, at the run's
+// sequence length: the one given, else the preset's, at most the model's
+// max_position_embeddings.
+func initFromModel(cfg *Config) (layers.GPTConfig, error) {
+	c, err := hf.ReadConfig(cfg.InitFrom)
+	if err != nil {
+		return layers.GPTConfig{}, fmt.Errorf("--init-from: %w", err)
+	}
+	seq := cfg.Model.Seq
+	if !cfg.explicit["model.seq"] && c.MaxPositionEmbeddings > 0 {
+		seq = min(seq, c.MaxPositionEmbeddings)
+	}
+	m, err := c.Model(seq)
+	if err != nil {
+		return m, fmt.Errorf("--init-from %s: %w", cfg.InitFrom, err)
+	}
+	return m, nil
+}
+
+// initWeights sets the parameters ps (a rank at pl of the model cfg.Model,
+// on b) from the --init-from directory.
+func initWeights(cfg Config, b tensor.Backend, ps *layers.ParamSet, pl hf.Placement) error {
+	if cfg.InitFrom == "" {
+		return nil
+	}
+	c, err := hf.ReadConfig(cfg.InitFrom)
+	if err != nil {
+		return err
+	}
+	full, err := hf.ReadWeights(cfg.InitFrom, c, cfg.Model)
+	if err != nil {
+		return fmt.Errorf("--init-from: %w", err)
+	}
+	for _, p := range ps.Params() {
+		f, ok := full[p.Name]
+		if !ok {
+			return fmt.Errorf("--init-from: the model has no %s", p.Name)
+		}
+		s, err := hf.Shard(cfg.Model, p.Name, f, p.Shape(), pl)
+		if err != nil {
+			return fmt.Errorf("--init-from: %w", err)
+		}
+		h, err := castHost(s, p.W.DType())
+		if err != nil {
+			return fmt.Errorf("--init-from: %s: %w", p.Name, err)
+		}
+		b.Upload(p.W, h)
+	}
+	if err := b.Err(); err != nil {
+		return fmt.Errorf("--init-from: %w", err)
+	}
+	return nil
+}
+
+// castHost converts a float32 host tensor to dt.
+func castHost(t *tensor.Tensor, dt tensor.DType) (*tensor.Tensor, error) {
+	switch dt {
+	case tensor.Float32:
+		return t, nil
+	case tensor.BFloat16:
+		h, err := tensor.Host(dt, t.Shape()...)
+		if err != nil {
+			return nil, err
+		}
+		for i, v := range t.F32() {
+			h.BF16()[i] = tensor.BF16FromFloat32(v)
+		}
+		return h, nil
+	}
+	v := make([]float64, t.Numel())
+	for i, x := range t.F32() {
+		v[i] = float64(x)
+	}
+	return tensor.FromFloat64(v, t.Shape()...)
+}
+
+// tokenizerOf says what the run's token ids are, and refuses text data
+// (read as bytes) for a model that comes with a tokenizer of its own.
+func tokenizerOf(cfg Config) (string, error) {
+	kind := tokBytes
+	if strings.EqualFold(filepath.Ext(cfg.Data), ".bin") {
+		kind = tokIDs
+	}
+	if cfg.InitFrom == "" {
+		return kind, nil
+	}
+	if b, err := os.ReadFile(filepath.Join(cfg.InitFrom, "asynctp_vocab.json")); err == nil && strings.Contains(string(b), `"bytes"`) {
+		return kind, nil // our byte-level vocabulary: text, or ids given as they are
+	}
+	for _, f := range []string{"tokenizer.json", "tokenizer.model"} {
+		b, err := os.ReadFile(filepath.Join(cfg.InitFrom, f))
+		if err != nil {
+			continue
+		}
+		sum := sha256.Sum256(b)
+		id := "hf " + f + " sha256 " + hex.EncodeToString(sum[:8])
+		if kind == tokBytes {
+			return "", fmt.Errorf("--init-from %s: the model has its own tokenizer (%s), but text data is read here one byte per token; tokenize the data with that tokenizer into a .bin of uint16 ids and give it with --data", cfg.InitFrom, f)
+		}
+		return id, nil
+	}
+	return kind, nil // a model without tokenizer files: the data's ids are taken as they are
+}
+
+// copyTokenizer copies the --init-from directory's tokenizer files and its
+// config.json into OUT/tokenizer.
+func copyTokenizer(cfg Config) error {
+	if cfg.InitFrom == "" {
+		return nil
+	}
+	dst := filepath.Join(cfg.Train.OutDir, tokenizerDir)
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return err
+	}
+	for _, f := range append(tokenizerFiles, hf.ConfigFile) {
+		b, err := os.ReadFile(filepath.Join(cfg.InitFrom, f))
+		if err != nil {
+			continue
+		}
+		name := f
+		if f == hf.ConfigFile {
+			name = sourceConfig
+		}
+		if err := train.WriteFileAtomic(filepath.Join(dst, name), b); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// runCheckpoints finds the checkpoints of a run: dir is a checkpoint
+// (step-NNNNNN), a single rank's out dir, or a parallel run's out dir
+// (rank-NNNNN/, every rank at rank 0's latest step).
+func runCheckpoints(dir string) (cks []string, states []*train.State, err error) {
+	if fi, err := os.Stat(train.RankDir(dir, 0)); err == nil && fi.IsDir() {
+		ck0, err := train.ResolveCheckpoint(train.RankDir(dir, 0))
+		if err != nil {
+			return nil, nil, err
+		}
+		st0, err := train.ReadState(filepath.Join(ck0, train.StateFile))
+		if err != nil {
+			return nil, nil, err
+		}
+		var l model.Layout
+		if err := json.Unmarshal(st0.Layout, &l); err != nil || l.World < 1 {
+			return nil, nil, fmt.Errorf("%s: layout %s: expected a parallel run's layout", ck0, st0.Layout)
+		}
+		for r := range l.World {
+			ck := filepath.Join(train.RankDir(dir, r), filepath.Base(ck0))
+			st, err := train.ReadState(filepath.Join(ck, train.StateFile))
+			if err != nil {
+				return nil, nil, fmt.Errorf("rank %d of %d at %s: %w", r, l.World, filepath.Base(ck0), err)
+			}
+			cks, states = append(cks, ck), append(states, st)
+		}
+		return cks, states, nil
+	}
+	ck, err := train.ResolveCheckpoint(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	st, err := train.ReadState(filepath.Join(ck, train.StateFile))
+	if err != nil {
+		return nil, nil, err
+	}
+	return []string{ck}, []*train.State{st}, nil
+}
+
+// consolidateRun reads the checkpoints of a run (any layout) and returns
+// its model and full parameters.
+func consolidateRun(dir string) (layers.GPTConfig, map[string]*tensor.Tensor, []*train.State, error) {
+	var mc layers.GPTConfig
+	cks, states, err := runCheckpoints(dir)
+	if err != nil {
+		return mc, nil, nil, err
+	}
+	if err := json.Unmarshal(states[0].ModelConfig, &mc); err != nil || mc.Layers == 0 {
+		return mc, nil, nil, fmt.Errorf("%s: state.json has no model_config to export by", cks[0])
+	}
+	var ranks []hf.RankWeights
+	for i, ck := range cks {
+		data, err := os.ReadFile(filepath.Join(ck, train.ModelFile))
+		if err != nil {
+			return mc, nil, nil, err
+		}
+		sum := sha256.Sum256(data)
+		if got := hex.EncodeToString(sum[:]); got != states[i].Files[train.ModelFile] {
+			return mc, nil, nil, fmt.Errorf("%s/%s is corrupted: sha256 %s, expected %s", ck, train.ModelFile, got, states[i].Files[train.ModelFile])
+		}
+		sf, err := train.ReadSafetensors(data)
+		if err != nil {
+			return mc, nil, nil, fmt.Errorf("%s/%s: %w", ck, train.ModelFile, err)
+		}
+		rw := hf.RankWeights{Placement: hf.Single, Tensors: map[string]*tensor.Tensor{}}
+		if len(states[i].Layout) > 0 {
+			var l model.Layout
+			if err := json.Unmarshal(states[i].Layout, &l); err != nil {
+				return mc, nil, nil, fmt.Errorf("%s: layout: %w", ck, err)
+			}
+			rw.Placement = hf.Placement{TP: l.TP, TPRank: l.TPRank, EP: max(l.EP, 1), EPRank: l.Rank % max(l.EP, 1)}
+		}
+		for _, n := range sf.Names() {
+			if rw.Tensors[n], err = sf.Entries[n].Tensor(); err != nil {
+				return mc, nil, nil, fmt.Errorf("%s: %w", ck, err)
+			}
+		}
+		ranks = append(ranks, rw)
+	}
+	full, err := hf.Consolidate(mc, ranks)
+	return mc, full, states, err
+}
+
+// runExport is "train export --from RUN --out DIR".
+func runExport(args []string) error {
+	fs := flag.NewFlagSet("train export", flag.ContinueOnError)
+	from := fs.String("from", "", "a run's out dir (any layout; its latest checkpoint) or a checkpoint `dir`")
+	out := fs.String("out", "", "the Hugging Face model `dir` to write (config.json, model.safetensors, the vocabulary)")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: train export --from RUN --out DIR\n\nwrites a transformers model directory (LlamaForCausalLM, or MixtralForCausalLM for MoE) from a checkpoint of any layout:")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *from == "" || *out == "" || fs.NArg() > 0 {
+		return fmt.Errorf("export: expected --from RUN --out DIR and nothing else, found %q", args)
+	}
+	mc, full, states, err := consolidateRun(*from)
+	if err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
+	runDir := resumeOutDir(*from)
+	extra := map[string]any{}
+	if b, err := os.ReadFile(filepath.Join(runDir, tokenizerDir, sourceConfig)); err == nil {
+		var src map[string]any
+		if json.Unmarshal(b, &src) == nil {
+			for _, k := range []string{"bos_token_id", "eos_token_id", "pad_token_id"} {
+				if v, ok := src[k]; ok {
+					extra[k] = v
+				}
+			}
+		}
+	}
+	if err := hf.WriteDir(*out, mc, full, extra); err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
+	vocab := "no vocabulary file (the run's data were token ids of an unnamed tokenizer)"
+	if ents, err := os.ReadDir(filepath.Join(runDir, tokenizerDir)); err == nil && len(ents) > 0 {
+		for _, e := range ents {
+			if e.Name() == sourceConfig {
+				continue
+			}
+			if err := copyFile(filepath.Join(runDir, tokenizerDir, e.Name()), filepath.Join(*out, e.Name())); err != nil {
+				return fmt.Errorf("export: %w", err)
+			}
+		}
+		vocab = "the tokenizer of the model the run started from"
+	} else if states[0].Tokenizer == tokBytes || states[0].Tokenizer == "" && mc.Vocab >= 256 {
+		if err := writeByteTokenizer(*out, mc); err != nil {
+			return fmt.Errorf("export: %w", err)
+		}
+		vocab = "the byte-level vocabulary (tokenizer.json: token i is byte i)"
+	}
+	fmt.Printf("export: %s at step %d (%d checkpoint files) → %s: config.json (%s), model.safetensors, %s\n",
+		*from, states[0].Step, len(states), *out, map[bool]string{false: "LlamaForCausalLM", true: "MixtralForCausalLM"}[mc.Experts > 0], vocab)
+	return nil
+}
+
+func copyFile(src, dst string) error {
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	return train.WriteFileAtomic(dst, b)
+}
+
+// writeByteTokenizer writes the byte-level vocabulary as a tokenizers
+// tokenizer.json (a ByteLevel BPE without merges: token i is byte i) and
+// asynctp_vocab.json, which --init-from reads back.
+func writeByteTokenizer(dir string, mc layers.GPTConfig) error {
+	vocab := map[string]int{}
+	for b, r := range byteUnicode() {
+		vocab[string(r)] = b
+	}
+	tok := map[string]any{
+		"version": "1.0", "truncation": nil, "padding": nil, "added_tokens": []any{}, "normalizer": nil,
+		"pre_tokenizer":  map[string]any{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false},
+		"post_processor": nil,
+		"decoder":        map[string]any{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false},
+		"model": map[string]any{"type": "BPE", "dropout": nil, "unk_token": nil, "continuing_subword_prefix": nil,
+			"end_of_word_suffix": nil, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": vocab, "merges": []any{}},
+	}
+	files := map[string]any{
+		"tokenizer.json":        tok,
+		"tokenizer_config.json": map[string]any{"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": mc.Seq, "clean_up_tokenization_spaces": false},
+		"asynctp_vocab.json":    map[string]any{"type": "bytes", "vocab_size": mc.Vocab, "note": "token i < 256 is byte i"},
+	}
+	for name, v := range files {
+		js, err := json.MarshalIndent(v, "", " ")
+		if err != nil {
+			return err
+		}
+		if err := train.WriteFileAtomic(filepath.Join(dir, name), append(js, '\n')); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// byteUnicode is GPT-2's bytes_to_unicode: the printable character that
+// stands for each byte in a byte-level BPE vocabulary.
+func byteUnicode() [256]rune {
+	var m [256]rune
+	n := 0
+	for b := range 256 {
+		if b >= '!' && b <= '~' || b >= 0xa1 && b <= 0xac || b >= 0xae {
+			m[b] = rune(b)
+		} else {
+			m[b] = rune(256 + n)
+			n++
+		}
+	}
+	return m
+}
+
+// runLogits is "train logits --from MODEL --data tokens.bin --batch B
+// --seq T --out FILE": the logits of the model (a run or checkpoint of any
+// layout, or a Hugging Face directory) on the first B windows of T tokens
+// of the data (window i is tokens [i·T, i·T+T]), on the CPU in float32,
+// written as a safetensors file with "logits" (B, T, V), "ids" (B, T) and
+// "loss" (1, the mean cross-entropy against the next tokens).
+func runLogits(args []string) error {
+	fs := flag.NewFlagSet("train logits", flag.ContinueOnError)
+	from := fs.String("from", "", "a run, a checkpoint, or a Hugging Face model `dir`")
+	data := fs.String("data", "", "tokens: a .bin of uint16 ids, or a text file (bytes)")
+	B := fs.Int("batch", 1, "windows")
+	T := fs.Int("seq", 0, "tokens per window (default: the model's seq)")
+	out := fs.String("out", "", "the safetensors `file` to write")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *from == "" || *data == "" || *out == "" || fs.NArg() > 0 {
+		return fmt.Errorf("logits: expected --from DIR --data FILE --out FILE [--batch B --seq T], found %q", args)
+	}
+	var mc layers.GPTConfig
+	var full map[string]*tensor.Tensor
+	if isHFDir(*from) {
+		c, err := hf.ReadConfig(*from)
+		if err != nil {
+			return err
+		}
+		if mc, err = c.Model(max(*T, 1)); err != nil {
+			return err
+		}
+		if full, err = hf.ReadWeights(*from, c, mc); err != nil {
+			return err
+		}
+	} else {
+		var err error
+		if mc, full, _, err = consolidateRun(*from); err != nil {
+			return fmt.Errorf("logits: %w", err)
+		}
+	}
+	if *T == 0 {
+		*T = mc.Seq
+	}
+	mc.Seq = max(mc.Seq, *T)
+	ds, err := train.ReadDataset(*data)
+	if err != nil {
+		return err
+	}
+	if len(ds.Tokens) < *B**T+1 {
+		return fmt.Errorf("logits: %s has %d tokens, expected at least batch × seq + 1 = %d", *data, len(ds.Tokens), *B**T+1)
+	}
+	b := cpu.New()
+	g, err := layers.NewGPT(b, mc, tensor.Float32)
+	if err != nil {
+		return err
+	}
+	for _, p := range g.Params().Params() {
+		b.Upload(p.W, full[p.Name])
+	}
+	ids, tg := make([]int32, *B**T), make([]int32, *B**T)
+	for i := range ids {
+		w, t := i / *T, i%*T
+		ids[i], tg[i] = int32(ds.Tokens[w**T+t]), int32(ds.Tokens[w**T+t+1])
+	}
+	idT, _ := tensor.FromInt32(ids, *B, *T)
+	tgT, _ := tensor.FromInt32(tg, *B, *T)
+	loss, err := g.Forward(idT, tgT)
+	if err != nil {
+		return err
+	}
+	logits, err := tensor.Host(tensor.Float32, *B, *T, mc.Vocab)
+	if err != nil {
+		return err
+	}
+	b.Download(logits, g.Logits())
+	ce := loss - g.AuxLoss()
+	lt, _ := tensor.FromFloat32([]float32{float32(ce)}, 1)
+	f, err := os.Create(*out)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := train.WriteSafetensors(f, []train.NamedTensor{{Name: "logits", Tensor: logits}, {Name: "ids", Tensor: idT}, {Name: "loss", Tensor: lt}}, map[string]string{"format": "pt"}); err != nil {
+		return err
+	}
+	fmt.Printf("logits: %s on %d × %d tokens of %s: loss %.6f → %s\n", *from, *B, *T, *data, ce, *out)
+	return nil
+}
+
+// isHFDir reports whether dir is a transformers model directory (weights
+// at its top), not a run or a checkpoint of ours.
+func isHFDir(dir string) bool {
+	for _, f := range []string{hf.WeightsFile, hf.IndexFile} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err == nil {
+			if _, err := os.Stat(filepath.Join(dir, train.StateFile)); err != nil {
+				return true
+			}
+		}
+	}
+	return false
+}

@@ -1,0 +1,105 @@
+package train
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// The files of a run are made like os.WriteFile and os.MkdirAll make them:
+// 0644 and 0755 less the umask, so that under the usual umask 022 the other
+// users of a shared out dir (the ranks of other nodes) can read them.
+// os.CreateTemp and os.MkdirTemp would make them 0600 and 0700.
+const (
+	fileMode = 0o644
+	dirMode  = 0o755
+)
+
+// tempName is dir/prefix followed by random hex digits.
+func tempName(dir, prefix string) string {
+	var b [6]byte
+	rand.Read(b[:])
+	return filepath.Join(dir, prefix+hex.EncodeToString(b[:]))
+}
+
+// createTemp creates a new file dir/prefix<random> with fileMode.
+func createTemp(dir, prefix string) (*os.File, error) {
+	for range 100 {
+		f, err := os.OpenFile(tempName(dir, prefix), os.O_RDWR|os.O_CREATE|os.O_EXCL, fileMode)
+		if errors.Is(err, fs.ErrExist) {
+			continue
+		}
+		return f, err
+	}
+	return nil, fmt.Errorf("creating a temporary file %s* in %s: too many attempts", prefix, dir)
+}
+
+// mkdirTemp creates a new directory dir/prefix<random> with dirMode.
+func mkdirTemp(dir, prefix string) (string, error) {
+	for range 100 {
+		name := tempName(dir, prefix)
+		err := os.Mkdir(name, dirMode)
+		if errors.Is(err, fs.ErrExist) {
+			continue
+		}
+		return name, err
+	}
+	return "", fmt.Errorf("creating a temporary directory %s* in %s: too many attempts", prefix, dir)
+}
+
+// WriteFileAtomic writes data to path through a temporary file of the same
+// directory (mode 0644 less the umask), fsynced and renamed into place, so
+// that readers see the old file or the new one, never a part.
+func WriteFileAtomic(path string, data []byte) error {
+	return writeFileAtomic(path, func(w io.Writer) error {
+		_, err := w.Write(data)
+		return err
+	})
+}
+
+// CleanStale tidies outDir after a run that was killed: the temporary
+// files and directories a write leaves until its rename (".tmp-*"; a
+// checkpoint's is ".tmp-step-NNNNNN-*") are removed, and a checkpoint that
+// was moved aside to be replaced (".old-step-NNNNNN-*") is put back when
+// the replacement never arrived, else removed. Call it only while no other
+// run writes to outDir (cmd/train holds the directory's lock). A missing
+// outDir is not an error.
+func CleanStale(outDir string) error {
+	ents, err := os.ReadDir(outDir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("train: cleaning %s: %w", outDir, err)
+	}
+	for _, e := range ents {
+		name := e.Name()
+		path := filepath.Join(outDir, name)
+		switch {
+		case strings.HasPrefix(name, ".tmp-"):
+			err = os.RemoveAll(path)
+		case strings.HasPrefix(name, ".old-step-"):
+			ck := strings.TrimPrefix(name, ".old-")
+			if i := strings.Index(ck[len("step-"):], "-"); i >= 0 {
+				ck = ck[:len("step-")+i]
+			}
+			if _, ok := checkpointStep(ck); ok {
+				if _, serr := os.Stat(filepath.Join(outDir, ck)); errors.Is(serr, fs.ErrNotExist) {
+					err = os.Rename(path, filepath.Join(outDir, ck))
+					break
+				}
+			}
+			err = os.RemoveAll(path)
+		}
+		if err != nil {
+			return fmt.Errorf("train: cleaning %s: %w", outDir, err)
+		}
+	}
+	return nil
+}
