@@ -20,6 +20,11 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-build/out}/overlap
 STEPS=${STEPS:-50}
 TOL=${TOL:-0.02} # bf16 over 50 steps
+SUITE_PES=${SUITE_PES:-2,4}       # world sizes of the site suite
+SUITE_TIMEOUT=${SUITE_TIMEOUT:-4m} # per world size
+BENCH_PES=${BENCH_PES:-2,4}
+RUNS=${RUNS:-tp2 tp2-sp tp4-sp}   # the training comparisons (below)
+RUN_TIMEOUT=${RUN_TIMEOUT:-240}   # seconds per training run
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export ASYNCTP_KERNELS=${ASYNCTP_KERNELS:-$PWD/build/asynctp_kernels.fatbin}
@@ -45,16 +50,20 @@ PATH=$PATH:/usr/local/nvidia/bin
 export CUDA_MPS_PIPE_DIRECTORY=$(mktemp -d) CUDA_MPS_LOG_DIRECTORY=$(mktemp -d)
 if nvidia-cuda-mps-control -d; then row "MPS" ok "pipe $CUDA_MPS_PIPE_DIRECTORY"; else row "MPS" FAIL "nvidia-cuda-mps-control -d"; fi
 
-# 2. the suite (and the per-op times).
+# 2. the suite on SUITE_PES PEs, then (BENCH=1) the per-op times on BENCH_PES.
 t0=$(date +%s)
-if ASYNCTP_OVERLAP_BENCH=${BENCH:-0} ./build/overlap_peercopy.test -test.v -test.count=1 -test.timeout=540s \
-    -test.run '^(TestSuiteGPU|TestBenchGPU)$' > "$OUT/suite.log" 2>&1; then
-  row "site suite, 2 and 4 PEs (3 strategies × bf16, f32)" ok "$(grep -c 'suite: rank' "$OUT/suite.log") rank-runs passed, $(($(date +%s)-t0)) s"
+if ASYNCTP_OVERLAP_PES=$SUITE_PES ASYNCTP_OVERLAP_TIMEOUT=$SUITE_TIMEOUT ./build/overlap_peercopy.test -test.v -test.count=1 \
+    -test.timeout=540s -test.run '^TestSuiteGPU$' > "$OUT/suite.log" 2>&1; then
+  row "site suite, PEs $SUITE_PES (3 strategies × bf16, f32)" ok "$(grep -c 'suite: rank' "$OUT/suite.log") rank-runs passed, $(($(date +%s)-t0)) s"
 else
-  row "site suite, 2 and 4 PEs" FAIL "see suite.log"; grep -E -m20 'FAIL|Error|error|panic' "$OUT/suite.log"
+  row "site suite, PEs $SUITE_PES" FAIL "see suite.log"; grep -E 'FAIL|rank [0-9]: |panic' "$OUT/suite.log" | head -40
 fi
-grep '^bench:' "$OUT/suite.log" | sed 's/^bench: //' > "$OUT/bench.txt"
-while read -r l; do row "  $l" "" ""; done < "$OUT/bench.txt"
+if [ "${BENCH:-0}" = 1 ]; then
+  ASYNCTP_OVERLAP_BENCH=1 ASYNCTP_OVERLAP_PES=$BENCH_PES ./build/overlap_peercopy.test -test.v -test.count=1 -test.timeout=300s \
+    -test.run '^TestBenchGPU$' > "$OUT/bench.log" 2>&1 || { row "bench, PEs $BENCH_PES" FAIL "see bench.log"; tail -20 "$OUT/bench.log"; }
+  grep '^bench:' "$OUT/bench.log" | sed 's/^bench: //' > "$OUT/bench.txt"
+  while read -r l; do row "  $l" "" ""; done < "$OUT/bench.txt"
+fi
 
 # 3. training curves.
 compare() {
@@ -71,13 +80,16 @@ print(f"{'ok' if worst <= tol else 'FAIL'} max rel loss diff {worst:.2e} over {l
 sys.exit(0 if worst <= tol else 1)
 PY
 }
-COMMON=(--model tiny --device cuda --comm nvshmem --steps "$STEPS" --log-every 10 --checkpoint-every 0)
-for spec in "tp2|--nproc 2 --tp 2" "tp2-sp|--nproc 2 --tp 2 --sequence-parallel" "tp4-sp|--nproc 4 --tp 4 --sequence-parallel" ${EXTRA:-}; do
+COMMON=(--device cuda --comm nvshmem --steps "$STEPS" --log-every 10 --checkpoint-every 0)
+declare -A runargs=([tp2]="--model tiny --nproc 2 --tp 2" [tp2-sp]="--model tiny --nproc 2 --tp 2 --sequence-parallel" [tp4-sp]="--model tiny --nproc 4 --tp 4 --sequence-parallel"
+  [tp4]="--model tiny --nproc 4 --tp 4" [moe-tp2-ep2]="--model tiny-moe --nproc 2 --tp 2 --ep 2")
+for name in $RUNS; do
+  spec="$name|${runargs[$name]}"
   IFS='|' read -r name args <<< "$spec"
   ok=1
   for ov in collective pipelined; do
     # shellcheck disable=SC2086
-    if ! ./build/train "${COMMON[@]}" $args --overlap $ov --out "$OUT/$name-$ov" > "$OUT/$name-$ov.log" 2>&1; then
+    if ! timeout "$RUN_TIMEOUT" ./build/train "${COMMON[@]}" $args --overlap $ov --out "$OUT/$name-$ov" > "$OUT/$name-$ov.log" 2>&1; then
       row "$args --overlap $ov" FAIL "see $name-$ov.log"; tail -15 "$OUT/$name-$ov.log"; ok=0
     fi
   done

@@ -48,9 +48,33 @@ func needGPU(t *testing.T) (lib string, gpus int) {
 	return l.Path, n
 }
 
+// sizes are the world sizes to run: $ASYNCTP_OVERLAP_PES ("2,4" by default).
+func sizes(t *testing.T) []int {
+	var out []int
+	for _, f := range strings.Split(cmpOr(os.Getenv("ASYNCTP_OVERLAP_PES"), "2,4"), ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			t.Fatalf("ASYNCTP_OVERLAP_PES=%q: expected a comma-separated list of PE counts", os.Getenv("ASYNCTP_OVERLAP_PES"))
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
 func runPEs(t *testing.T, job string, n int) []string {
 	lib, gpus := needGPU(t)
-	procs := commtest.RunProcesses(t, commtest.Processes{N: n, Test: "TestHelperProcess", Job: "overlap-" + job, Timeout: 8 * time.Minute,
+	timeout, err := time.ParseDuration(cmpOr(os.Getenv("ASYNCTP_OVERLAP_TIMEOUT"), "8m"))
+	if err != nil {
+		t.Fatalf("ASYNCTP_OVERLAP_TIMEOUT: %v", err)
+	}
+	procs := commtest.RunProcesses(t, commtest.Processes{N: n, Test: "TestHelperProcess", Job: "overlap-" + job, Timeout: timeout,
 		Env: func(rank int) []string {
 			return []string{jobEnv + "=" + job, nvshmem.EnvLibrary + "=" + lib, "ASYNCTP_TEST_DEVICE=" + strconv.Itoa(rank%gpus),
 				"NVSHMEM_DISABLE_NVLS=1", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=" + strconv.Itoa(100/n)}
@@ -72,7 +96,7 @@ func runPEs(t *testing.T, job string, n int) []string {
 // TestSuiteGPU: the conformance suite of every strategy on NVSHMEM PEs,
 // in bf16 and f32, on worlds of 2 and 4 PEs.
 func TestSuiteGPU(t *testing.T) {
-	for _, n := range []int{2, 4} {
+	for _, n := range sizes(t) {
 		t.Run(fmt.Sprintf("PEs=%d", n), func(t *testing.T) {
 			for _, out := range runPEs(t, "suite", n) {
 				for _, l := range strings.Split(out, "\n") {
@@ -92,7 +116,7 @@ func TestBenchGPU(t *testing.T) {
 	if os.Getenv("ASYNCTP_OVERLAP_BENCH") != "1" {
 		t.Skip("set ASYNCTP_OVERLAP_BENCH=1 to time the sites on the GPU")
 	}
-	for _, n := range []int{2, 4} {
+	for _, n := range sizes(t) {
 		outs := runPEs(t, "bench", n)
 		for _, l := range strings.Split(outs[0], "\n") {
 			if strings.HasPrefix(l, "bench:") {
@@ -148,7 +172,7 @@ func newPE(t *testing.T) *pe {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("rank %d: %v", info.Rank, w.Report())
+	fmt.Fprintf(os.Stderr, "rank %d: world of %d up: %v\n", info.Rank, info.WorldSize, w.Report())
 	return &pe{rank: info.Rank, size: info.WorldSize, store: store, closeStore: closeStore, world: w, b: b}
 }
 
@@ -172,6 +196,7 @@ func strategies() []overlap.Strategy {
 func (p *pe) suite(t *testing.T) {
 	for i, s := range strategies() {
 		for _, dt := range []tensor.DType{tensor.BFloat16, tensor.Float32} {
+			fmt.Fprintf(os.Stderr, "rank %d: %T %v: start\n", p.rank, s, dt)
 			start := time.Now()
 			r := overlaptest.Rank{Group: p.world, Backend: p.b, Stream: p.b.Stream(), Strategy: s, DType: dt, Seed: uint64(100 + i)}
 			err := r.CheckAll()
