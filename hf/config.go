@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/asynctp/asynctp/layers"
@@ -144,9 +145,9 @@ func ConfigOf(m layers.GPTConfig) (map[string]any, error) {
 		"vocab_size": m.Vocab, "hidden_size": m.Dim, "intermediate_size": m.FFN,
 		"num_hidden_layers": m.Layers, "num_attention_heads": m.Heads, "num_key_value_heads": m.Heads,
 		"head_dim": m.Dim / m.Heads, "hidden_act": "silu", "max_position_embeddings": m.Seq,
-		"initializer_range": m.InitStd, "rms_norm_eps": float64(m.NormEps), "rope_theta": m.RopeTheta,
+		"initializer_range": floatJSON(m.InitStd), "rms_norm_eps": floatJSON(m.NormEps), "rope_theta": floatJSON(m.RopeTheta),
 		"rope_scaling": nil, "tie_word_embeddings": m.TiedEmbeddings, "attention_bias": false,
-		"attention_dropout": 0.0, "mlp_bias": false, "pretraining_tp": 1, "use_cache": true,
+		"attention_dropout": floatJSON(0), "mlp_bias": false, "pretraining_tp": 1, "use_cache": true,
 		"torch_dtype": "float32",
 	}
 	if m.Experts > 0 {
@@ -158,10 +159,24 @@ func ConfigOf(m layers.GPTConfig) (map[string]any, error) {
 		}
 		c["architectures"], c["model_type"] = []string{"MixtralForCausalLM"}, "mixtral"
 		c["num_local_experts"], c["num_experts_per_tok"] = m.Experts, m.TopK
-		c["router_aux_loss_coef"], c["output_router_logits"] = m.AuxLossCoef, false
-		c["sliding_window"], c["router_jitter_noise"] = nil, 0.0
+		c["router_aux_loss_coef"], c["output_router_logits"] = floatJSON(m.AuxLossCoef), false
+		c["sliding_window"], c["router_jitter_noise"] = nil, floatJSON(0)
 		delete(c, "mlp_bias")
 		delete(c, "pretraining_tp")
 	}
 	return c, nil
+}
+
+// floatJSON is a float that marshals with a decimal point ("0.0", not
+// "0"): transformers' strict config dataclasses refuse an int where the
+// field is typed float (router_jitter_noise = 0 failed from_pretrained of
+// MixtralConfig, transformers 5.17).
+type floatJSON float64
+
+func (f floatJSON) MarshalJSON() ([]byte, error) {
+	s := strconv.FormatFloat(float64(f), 'g', -1, 64)
+	if !strings.ContainsAny(s, ".eEnN") {
+		s += ".0"
+	}
+	return []byte(s), nil
 }

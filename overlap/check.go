@@ -145,3 +145,47 @@ func (p *buffer) free(b tensor.Backend) {
 		p.t = nil
 	}
 }
+
+// Accumulator adds the partial results of a reduce-scatter into its
+// output. A bf16 output is summed in fp32 and rounded once at the end, as
+// a collective reduce-scatter rounds; float32 and float64 outputs are
+// summed in place. Its scratch persists between calls (a site keeps one).
+type Accumulator struct {
+	acc, tmp buffer
+	b        tensor.Backend
+	out      *tensor.Tensor
+	wide     bool
+}
+
+// Begin starts a sum into out, which holds the first term.
+func (a *Accumulator) Begin(b tensor.Backend, out *tensor.Tensor) {
+	a.b, a.out, a.wide = b, out, out.DType() == tensor.BFloat16
+	if a.wide {
+		acc := a.acc.get(b, tensor.Float32, out.Dim(0), out.Dim(1))
+		b.Copy(acc, out)
+	}
+}
+
+// Add adds part (shaped like out) to the sum.
+func (a *Accumulator) Add(part *tensor.Tensor) {
+	if !a.wide {
+		a.b.Axpy(a.out, 1, part)
+		return
+	}
+	tmp := a.tmp.get(a.b, tensor.Float32, part.Dim(0), part.Dim(1))
+	a.b.Copy(tmp, part)
+	a.b.Axpy(rows(a.acc.t, 0, a.out.Dim(0)), 1, tmp)
+}
+
+// End writes the sum to out.
+func (a *Accumulator) End() {
+	if a.wide {
+		a.b.Copy(a.out, rows(a.acc.t, 0, a.out.Dim(0)))
+	}
+}
+
+// Free gives the scratch back.
+func (a *Accumulator) Free(b tensor.Backend) {
+	a.acc.free(b)
+	a.tmp.free(b)
+}

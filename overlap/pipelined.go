@@ -109,6 +109,7 @@ type pipeAGMM struct {
 	sp         Spec
 	lane       *lane
 	send, recv buffer // backward: (P−1)·n partial dx rows out and in
+	sum        Accumulator
 }
 
 func (s *pipeAGMM) Forward(outs []*tensor.Tensor, xFull, x *tensor.Tensor, ws []*tensor.Tensor) error {
@@ -165,11 +166,13 @@ func (s *pipeAGMM) Backward(dx *tensor.Tensor, dws, douts []*tensor.Tensor, xFul
 	for i, dout := range douts { // the weight gradients while the last steps move
 		b.MatMul(dws[i], dout, xFull, true, false, 1, 1)
 	}
+	s.sum.Begin(b, dx)
 	for st := 1; st < P && err == nil; st++ {
 		if err = steps[st].Wait(s.sp.Stream); err == nil {
-			b.Axpy(dx, 1, part(recv, st-1, n))
+			s.sum.Add(part(recv, st-1, n))
 		}
 	}
+	s.sum.End()
 	if werr := s.lane.end().Wait(s.sp.Stream); err == nil {
 		err = werr
 	}
@@ -180,6 +183,7 @@ func (s *pipeAGMM) Backward(dx *tensor.Tensor, dws, douts []*tensor.Tensor, xFul
 }
 
 func (s *pipeAGMM) Close() error {
+	s.sum.Free(s.sp.Backend)
 	s.send.free(s.sp.Backend)
 	s.recv.free(s.sp.Backend)
 	return s.lane.close()
@@ -190,6 +194,7 @@ type pipeMMRS struct {
 	lane       *lane
 	send, recv buffer // forward: (P−1)·n partial rows out and in
 	doutFull   buffer // backward: (N, M) the gathered output gradient
+	sum        Accumulator
 }
 
 func (s *pipeMMRS) Forward(out, x, w *tensor.Tensor) error {
@@ -209,11 +214,13 @@ func (s *pipeMMRS) Forward(out, x, w *tensor.Tensor) error {
 		steps[st] = s.lane.run(func(cs comm.Stream) (comm.Work, error) { return shift(g, in, o, st, cs) })
 	}
 	b.MatMul(out, part(x, r, n), w, false, true, 1, 0)
+	s.sum.Begin(b, out)
 	for st := 1; st < P && err == nil; st++ {
 		if err = steps[st].Wait(s.sp.Stream); err == nil {
-			b.Axpy(out, 1, part(recv, st-1, n))
+			s.sum.Add(part(recv, st-1, n))
 		}
 	}
+	s.sum.End()
 	if werr := s.lane.end().Wait(s.sp.Stream); err == nil {
 		err = werr
 	}
@@ -255,6 +262,7 @@ func (s *pipeMMRS) Backward(dx, dw, dout, x, w *tensor.Tensor) (comm.Work, error
 }
 
 func (s *pipeMMRS) Close() error {
+	s.sum.Free(s.sp.Backend)
 	s.send.free(s.sp.Backend)
 	s.recv.free(s.sp.Backend)
 	s.doutFull.free(s.sp.Backend)

@@ -31,7 +31,10 @@ export ASYNCTP_KERNELS=${ASYNCTP_KERNELS:-$PWD/build/asynctp_kernels.fatbin}
 export ASYNCTP_LIBNVSHMEM=${ASYNCTP_LIBNVSHMEM:-$PWD/build/libasynctp_nvshmem.so}
 declare -a rows
 row() { rows+=("$(printf '%-52s %-6s %s' "$1" "$2" "$3")"); }
-mps_quit() { [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && echo quit | nvidia-cuda-mps-control > /dev/null 2>&1; }
+mps_quit() { [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && echo quit | nvidia-cuda-mps-control > /dev/null 2>&1; sleep 1; }
+# A PE killed while its peers wait (a failed check: NVSHMEM cannot abort)
+# can leave the MPS server unable to make contexts; start it anew.
+mps_restart() { mps_quit; nvidia-cuda-mps-control -d && row "MPS restarted" ok "after a failure"; }
 summary() { mps_quit; echo; echo "== summary"; printf '%s\n' "${rows[@]}"; }
 trap summary EXIT
 
@@ -57,6 +60,7 @@ if ASYNCTP_OVERLAP_PES=$SUITE_PES ASYNCTP_OVERLAP_TIMEOUT=$SUITE_TIMEOUT ./build
   row "site suite, PEs $SUITE_PES (3 strategies × bf16, f32)" ok "$(grep -c 'suite: rank' "$OUT/suite.log") rank-runs passed, $(($(date +%s)-t0)) s"
 else
   row "site suite, PEs $SUITE_PES" FAIL "see suite.log"; grep -E 'FAIL|rank [0-9]: |panic' "$OUT/suite.log" | head -40
+  mps_restart
 fi
 if [ "${BENCH:-0}" = 1 ]; then
   ASYNCTP_OVERLAP_BENCH=1 ASYNCTP_OVERLAP_PES=$BENCH_PES ./build/overlap_peercopy.test -test.v -test.count=1 -test.timeout=300s \
@@ -90,7 +94,7 @@ for name in $RUNS; do
   for ov in collective pipelined; do
     # shellcheck disable=SC2086
     if ! timeout "$RUN_TIMEOUT" ./build/train "${COMMON[@]}" $args --overlap $ov --out "$OUT/$name-$ov" > "$OUT/$name-$ov.log" 2>&1; then
-      row "$args --overlap $ov" FAIL "see $name-$ov.log"; tail -15 "$OUT/$name-$ov.log"; ok=0
+      row "$args --overlap $ov" FAIL "see $name-$ov.log"; tail -15 "$OUT/$name-$ov.log"; ok=0; mps_restart
     fi
   done
   [ $ok -eq 1 ] || continue

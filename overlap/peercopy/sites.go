@@ -162,7 +162,7 @@ func gatherInto(x *exchange, full, src *tensor.Tensor) ([]comm.Work, error) {
 // pulls the partial of rank r−s for this rank into recv; then own(out)
 // computes this rank's rows and the received partials are added in step
 // order. between runs after the own rows (the weight gradients).
-func scatterSum(x *exchange, recv, out *tensor.Tensor, partial func(dst *tensor.Tensor, d int), own func(), between func()) error {
+func scatterSum(x *exchange, sum *overlap.Accumulator, recv, out *tensor.Tensor, partial func(dst *tensor.Tensor, d int), own func(), between func()) error {
 	g, b := x.sp.g, x.sp.b
 	P, r, n := g.Size(), g.Rank(), out.Dim(0)
 	if err := x.ensure(n, out.Dim(1), out.DType()); err != nil {
@@ -189,12 +189,14 @@ func scatterSum(x *exchange, recv, out *tensor.Tensor, partial func(dst *tensor.
 	if between != nil {
 		between()
 	}
+	sum.Begin(b, out)
 	for s := 1; s < P; s++ {
 		if err := steps[s].Wait(nil); err != nil {
 			return err
 		}
-		b.Axpy(out, 1, ownRows(recv, s-1, n))
+		sum.Add(ownRows(recv, s-1, n))
 	}
+	sum.End()
 	return nil
 }
 
@@ -217,6 +219,7 @@ type agmm struct {
 	e        siteEnv
 	fwd, bwd *exchange
 	recv     buffer
+	sum      overlap.Accumulator
 	generic  overlap.AllGatherMatmul // P = 1
 }
 
@@ -253,7 +256,7 @@ func (s *agmm) Backward(dx *tensor.Tensor, dws, douts []*tensor.Tensor, xFull *t
 	}
 	b, P := s.e.b, s.sp.Group.Size()
 	recv := s.recv.get(b, dx.DType(), (P-1)*n, dx.Dim(1))
-	err = scatterSum(s.bwd, recv, dx,
+	err = scatterSum(s.bwd, &s.sum, recv, dx,
 		func(dst *tensor.Tensor, d int) { sumProducts(b, dst, rowsOf(douts, d, n), ws) },
 		func() { sumProducts(b, dx, rowsOf(douts, s.sp.Group.Rank(), n), ws) },
 		func() {
@@ -277,6 +280,7 @@ func (s *agmm) fallback() overlap.AllGatherMatmul {
 }
 
 func (s *agmm) Close() error {
+	s.sum.Free(s.e.b)
 	if s.recv.t != nil {
 		s.e.b.Free(s.recv.t)
 	}
@@ -289,6 +293,7 @@ type mmrs struct {
 	fwd, bwd *exchange
 	recv     buffer
 	full     buffer
+	sum      overlap.Accumulator
 	generic  overlap.MatmulReduceScatter
 }
 
@@ -307,7 +312,7 @@ func (s *mmrs) Forward(out, x, w *tensor.Tensor) error {
 	}
 	b, r := s.e.b, s.sp.Group.Rank()
 	recv := s.recv.get(b, out.DType(), (P-1)*n, out.Dim(1))
-	return scatterSum(s.fwd, recv, out,
+	return scatterSum(s.fwd, &s.sum, recv, out,
 		func(dst *tensor.Tensor, d int) { b.MatMul(dst, ownRows(x, d, n), w, false, true, 1, 0) },
 		func() { b.MatMul(out, ownRows(x, r, n), w, false, true, 1, 0) }, nil)
 }
@@ -340,6 +345,7 @@ func (s *mmrs) Backward(dx, dw, dout, x, w *tensor.Tensor) (comm.Work, error) {
 }
 
 func (s *mmrs) Close() error {
+	s.sum.Free(s.e.b)
 	for _, t := range []*tensor.Tensor{s.recv.t, s.full.t} {
 		if t != nil {
 			s.e.b.Free(t)
