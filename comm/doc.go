@@ -1,18 +1,33 @@
-// Package comm is the communication layer of asynctp: the Comm interface
-// that every transport implements (comm/local in-process, comm/nccl and
-// comm/nvshmem on GPUs), the rank grid that carves TP, DP and EP groups from
-// the world, Megatron's conjugate mappings, and the Strategy interface of the
-// fused communication sites.
+// Package comm is the transport contract of asynctp: the Comm interface
+// that every transport implements (comm/local and comm/tcp on the CPU,
+// comm/nccl and comm/nvshmem on GPUs), Work, the optional capabilities, the
+// argument checks the transports share, and the rank grid that carves TP,
+// DP and EP groups from the world. Compute lives elsewhere: the conjugate
+// regions of tensor parallelism and the communication sites that meet the
+// math are in package overlap.
 //
-// # The async contract
+// # The stream contract (every transport)
 //
-// Every data op takes a Stream and returns a Work. The op is queued on the
-// stream; Work.Wait(s) orders stream s after it (a GPU Work makes s wait on
-// an event and returns at once; a CPU Work blocks until the op is done). Until
-// Wait, the op's buffers belong to the transport. Overlap is therefore a
-// visible decision: a caller that wants a gradient all-reduce to run under
-// the next matmul starts it, issues the matmul, and waits later. nil is the
-// default stream (synchronous on the CPU).
+// Every data op takes a Stream and returns a Work:
+//   - the op is ordered after the work already queued on the stream it is
+//     given (a GPU transport queues it there, or on a stream of its own made
+//     to wait on an event recorded there);
+//   - its result is ordered before whatever the caller queues on stream s
+//     after Work.Wait(s): a GPU Work makes s wait on an event recorded after
+//     the op and returns at once (no host synchronisation); Wait(nil) blocks
+//     the host until the op is done; a CPU Work returns when the op is done;
+//   - until Wait, the op's buffers belong to the transport: the caller
+//     neither reads its destination nor writes its source;
+//   - a nil stream orders the op after nothing but the group's earlier ops:
+//     the caller has made its inputs ready itself (synchronous copies, a
+//     synchronised backend). On the CPU nil is the only stream.
+//
+// A group's ops run in the order they are issued, and every rank issues a
+// group's ops in the same order. Side streams belong to the sites that use
+// them (overlap); the fork/join between streams is a backend capability
+// (tensor.Streams). Overlap is therefore a visible decision: a caller that
+// wants a gradient all-reduce to run under the next matmul starts it,
+// issues the matmul, and waits later.
 //
 // # Groups
 //
@@ -35,32 +50,7 @@
 // # Optional capabilities
 //
 // Like io.WriterTo, extra abilities are interfaces found by type assertion:
-// SymmetricMemory (a symmetric heap for one-sided transports), Aborter,
-// NamedSplitter on a Comm; ColumnCopier on a tensor.Backend.
-//
-// # Mappings
-//
-// The conjugate pairs of tensor parallelism are written once, as
-// XxxForward / XxxBackward functions (mappings.go): copy-to-region,
-// reduce-from-region, scatter-to-region, gather-from-region, the two
-// sequence-parallel pairs and the all-to-all. Each returns early on a group
-// of one rank, takes its group as an argument and orders its result on the
-// stream it is given, which must be the stream of the backend b.
-//
-// Splitting and gathering along the last dim move strided blocks, which
-// collectives (contiguous along dim 0) cannot. A last-dim all-gather runs as
-// an all-gather along dim 0 into a scratch (P·R, C/P) from the backend,
-// followed by one column-block copy per rank into (R, C); a last-dim split is
-// one column-block copy. A column-block copy uses, fastest first: the
-// backend's ColumnCopier (one strided copy, cudaMemcpy2DAsync on a GPU);
-// direct slice copies when both tensors are in host memory; otherwise one
-// backend.Copy per row on 1-row views, which is correct on any backend.
-//
-// # Strategies
-//
-// The fused sites of sequence parallelism, AllGatherMatmul and
-// MatmulReduceScatter with their backward twins, sit behind the Strategy
-// interface so that the GPU strategies (pipelined chunks, fused NVSHMEM
-// kernels) can replace the reference, Collective: the collective, then the
-// matmul. Every strategy must match Collective within bf16 tolerance.
+// SymmetricMemory (a symmetric heap with peer pointers, for one-sided
+// transports; found through decorators with SymmetricOf), Aborter and
+// NamedSplitter.
 package comm

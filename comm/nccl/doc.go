@@ -40,13 +40,10 @@
 // the device, the dtype and overlaps (in-place all-gather and
 // reduce-scatter at this rank's part only).
 //
-// The stream argument is a *cuda.Stream, on which the op is queued, or nil,
-// the group's own stream (Comm.Stream). The returned Work is an event
-// recorded after the op: Wait(s) makes s wait on it (no host sync);
-// Wait(nil) blocks the host until the op has completed. With a nil stream
-// the caller orders the inputs itself (their producer has finished, e.g. a
-// synchronised backend). AllToAllV is a group of ncclSend/ncclRecv, one pair
-// per peer with a nonzero count, issued in one call into C; a rank that
+// Streams follow comm's stream contract. Here the stream argument is a
+// *cuda.Stream, on which the op is queued, or nil, the group's own stream
+// (Comm.Stream); the returned Work is an event recorded after the op.
+// AllToAllV is a group of ncclSend/ncclRecv, one pair per peer with a nonzero count, issued in one call into C; a rank that
 // exchanges rows with itself only (any rank of a world of one) calls no
 // NCCL: its own part is a device-to-device copy on the stream
 // (cuMemcpyDtoDAsync), as NCCL does for the collectives of a communicator

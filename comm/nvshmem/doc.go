@@ -103,14 +103,11 @@
 // reduce-scatter on a team skip the staging when both tensors are
 // symmetric (every rank passing the same view) and disjoint.
 //
-// Every op is queued on the group's own stream (Stream), after the stream
-// it is given: a *cuda.Stream, or any value with Handle() uintptr
-// (StreamHandle), made to wait with an event. With a nil stream the op waits
-// for nothing but the group's earlier ops, and the caller orders its inputs
-// (they were written by synchronous copies, or the backend was
-// synchronised). The returned Work is an event recorded after the op:
-// Wait(s) makes s wait on it (no host sync), Wait(nil) blocks the host until
-// the op is done. A group's ops run in order; groups run concurrently on
+// Streams follow comm's stream contract. Here every op is queued on the
+// group's own stream (Stream), made to wait with an event on the stream it
+// is given: a *cuda.Stream, or any value with Handle() uintptr
+// (StreamHandle); the returned Work is an event recorded after the op. A
+// group's ops run in order; groups run concurrently on
 // their own streams, so two goroutines may drive a TP and a DP group at once.
 // Barrier is a kernel on the group's stream, waited for on the host.
 //

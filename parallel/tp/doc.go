@@ -1,12 +1,15 @@
 // Package tp holds the tensor-parallel layers (Megatron-LM style): the
 // layers of package layers with their weights split over a TP group of P
-// ranks, built from the conjugate pairs of package comm (each forward
-// collective has its adjoint as backward) and from the comm.Strategy sites
-// that a GPU strategy can fuse with the matmuls.
+// ranks, built from the conjugate regions of package overlap (each forward
+// collective has its adjoint as backward) and from its communication sites:
+// where a collective meets a matmul, the layer builds a site at construction
+// (overlap.Chooser picks its strategy: collective, pipelined, ...) and calls
+// it in Forward and Backward; the layers never call collectives of their
+// own there.
 //
 // Every layer takes a Parallel value: its TP group (a comm.Comm, passed in,
-// never global), the strategy, whether sequence parallelism is on, and the
-// stream. Parameters keep the names layers gives them, and each rank
+// never global), the chooser of its sites' strategies, whether sequence
+// parallelism is on, and the stream. Parameters keep the names layers gives them, and each rank
 // registers only its shard, initialised with layers.ShardInit: a TP model
 // holds exactly the slices of the unsharded model built with the same seed.
 // Shards reports, per parameter, which slice a rank holds (or that it is
@@ -20,14 +23,15 @@
 //	ColumnParallelLinear   W (Out/P, In) = rows of W
 //
 //	  x (n, In) ──[copy: fwd identity / bwd all-reduce]──────────► x (N, In) ─► x·Wᵀ ─► y (N, Out/P)
-//	            ──[SP: fwd all-gather / bwd reduce-scatter]──────►   (Strategy.AllGatherMatmul)
+//	              (bwd: a matmul∘all-reduce site)
+//	            ──[SP: fwd all-gather / bwd reduce-scatter]──────►   (an all-gather∘matmul site)
 //	  optional: y ──[gather: fwd all-gather last dim / bwd split]─► y (N, Out)
 //
 //	RowParallelLinear      W (Out, In/P) = columns of W
 //
 //	  x (N, In/P) ─► x·Wᵀ partial ──[reduce: fwd all-reduce / bwd identity]────────► y (N, Out)
 //	                              ──[SP: fwd reduce-scatter / bwd all-gather]──────► y (N/P, Out)
-//	                                (Strategy.MatmulReduceScatter)
+//	                                (fwd: a matmul∘all-reduce site; SP: a matmul∘reduce-scatter site)
 //
 //	VocabParallelEmbedding table (V/P, C) = rows of the table
 //
@@ -36,8 +40,8 @@
 //
 //	VocabParallelCrossEntropy   logits (N, V/P) = columns of the logits
 //
-//	  per row: max all-reduce of the local log-sum-exps, then one sum all-reduce of
-//	  Σ exp(lse_r − max) and of the target's logit; backward local (no collective).
+//	  per row: the local log-sum-exp and loss, one all-gather of both, the global
+//	  log-sum-exp on the device; backward local (no collective).
 //
 // A transformer block puts them together (the attention's heads and the
 // MLP's hidden features are split; the norms and the residual stream stay
@@ -50,8 +54,9 @@
 // SP, all-gather (reduce-scatter of the gradient), and [leave] is
 // all-reduce (identity) or, under SP, reduce-scatter (all-gather). Columns
 // that read the same input (q, k, v; gate, up) enter the region once: one
-// all-gather, fused by the strategy with the first matmul, and one
-// all-reduce or reduce-scatter of the summed input gradient.
+// site for all of them (one all-gather streamed into every weight's matmul,
+// and one all-reduce or reduce-scatter of the summed input gradient, which
+// moves while the weight gradients compute).
 //
 // Under SP the residual stream, the norms and the embedding's output are
 // split along the tokens, so their activations take 1/P of the memory; the

@@ -19,7 +19,7 @@ func Example() {
 	shapes := make([]string, 2)
 	err := local.Run(2, func(c comm.Comm) error {
 		b := cpu.New()
-		par := tp.Parallel{Group: c, SequenceParallel: true} // Strategy nil: comm.Collective
+		par := tp.Parallel{Group: c, SequenceParallel: true} // Overlap nil: every site collective
 		ps := layers.NewParamSet(1)
 		up, err := tp.NewColumnParallelLinear(b, ps, par, "up", tp.ColumnConfig{In: 4, Out: 16, Std: 0.1})
 		if err != nil {
