@@ -138,7 +138,7 @@ func (c *Chooser) Choose(sp Spec) (Strategy, error) {
 		if explicit || !errors.Is(err, ErrUnavailable) {
 			return nil, fmt.Errorf("%s: %s asks for %s: %w", sp.what(), from, name, err)
 		}
-		note = fmt.Sprintf("%s here: %v", name, err)
+		note = strings.TrimPrefix(err.Error(), "overlap: ")
 		s = Collective{}
 	}
 	c.record(sp.Kind, s.Name(), note, key)

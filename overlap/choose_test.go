@@ -53,7 +53,7 @@ func TestChooser(t *testing.T) {
 		if err != nil || s.Name() != "collective" {
 			t.Fatalf("expert site under the default pipelined: %v, %v; want collective", s, err)
 		}
-		if sum := strings.Join(ch.Summary(), "\n"); !strings.Contains(sum, "expert: collective (1 site); pipelined here:") {
+		if sum := strings.Join(ch.Summary(), "\n"); !strings.Contains(sum, "expert: collective (1 site); pipelined for expert sites: the expert path has no pipelined dispatcher yet") {
 			t.Errorf("summary %q: want the expert line to say why", sum)
 		}
 	})

@@ -36,7 +36,10 @@ func TestOverlapSummary(t *testing.T) {
 	if !strings.Contains(msg, "overlap: matmul-all-reduce: pipelined (") {
 		t.Errorf("no summary of the matmul-all-reduce sites; output:\n%s", msg)
 	}
-	if strings.Count(msg, "overlap: ") != 1 {
+	if !strings.Contains(msg, "overlap: expert: collective (1 site); pipelined for expert sites: the expert path has no pipelined dispatcher yet") {
+		t.Errorf("want the expert sites' line saying why they keep collective; output:\n%s", msg)
+	}
+	if strings.Count(msg, "overlap: ") != 2 {
 		t.Errorf("want one summary line per site kind, from rank 0 only; output:\n%s", msg)
 	}
 	js, err := os.ReadFile(filepath.Join(out, "config.json"))
@@ -102,14 +105,12 @@ func TestOverlapErrors(t *testing.T) {
 		{"fused on one rank", []string{"--overlap", "fused"}, "strategy fused is not available in this run"},
 		{"unknown site strategy", []string{"--tp", "2", "--config", conf(`{"overlap": {"sites": {"blocks.0.*": "fast"}}}`)}, `site "blocks.0.*": strategy "fast"`},
 		{"site that matches nothing", []string{"--tp", "2", "--config", conf(`{"overlap": {"sites": {"blocks.7.attn.qkv": "pipelined"}}}`)}, `sites "blocks.7.attn.qkv" match no communication site`},
-		{"expert path asked for pipelined", append([]string{"--tp", "2", "--ep", "2", "--config", conf(`{"overlap": {"sites": {"expert": "pipelined"}}}`)}, moe...), ""},
+		{"expert path asked for pipelined", append([]string{"--tp", "2", "--ep", "2", "--config", conf(`{"overlap": {"sites": {"expert": "pipelined"}}}`)}, moe...),
+			`expert site "blocks.0.moe" on ep[0 1]: sites["expert"] asks for pipelined: overlap: pipelined for expert sites: the expert path has no pipelined dispatcher yet`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			msg, code := runMain(t, par(filepath.Join(t.TempDir(), "out"), c.args...)...)
-			if c.want == "" { // the expert path has no site yet: the key matches nothing
-				c.want = `sites "expert" match no communication site`
-			}
 			if code == 0 || !strings.Contains(msg, c.want) {
 				t.Fatalf("exit %d, want non-zero with %q; output:\n%s", code, c.want, msg)
 			}

@@ -78,8 +78,10 @@ func (d *Dispatcher) what() string {
 // permutation of x into expert order on the backend, then issues the
 // all-to-all of the rows and returns its Work without waiting: the caller
 // waits on it (on its stream) before reading the received rows. x may be
-// reused as soon as Dispatch returns (its rows have been copied); the
-// handle's buffers belong to the protocol until Release.
+// reused as soon as Dispatch returns (its rows have been copied). The
+// received rows and the handle's rows are views of the dispatcher's
+// persistent buffers: valid until the next Dispatch, never freed by the
+// caller.
 func (d *Dispatcher) Dispatch(x *tensor.Tensor, l *Layout) (*tensor.Tensor, *Handle, comm.Work, error) {
 	if l == nil || x == nil {
 		return nil, nil, nil, fmt.Errorf("%s: nil input or layout", d.what())
@@ -93,6 +95,9 @@ func (d *Dispatcher) Dispatch(x *tensor.Tensor, l *Layout) (*tensor.Tensor, *Han
 	}
 	E, P, me := d.experts, d.group.Size(), d.group.Rank()
 	first, local := d.LocalExperts()
+	if d.maxTokens > 0 && l.Tokens > d.maxTokens {
+		return nil, nil, nil, fmt.Errorf("%s: %d tokens on this rank, expected at most %d (the maximum tokens per rank the expert path's buffers are sized for: ep.WithMaxTokens)", d.what(), l.Tokens, d.maxTokens)
+	}
 
 	// 1. Exchange the counts: (Q, E+1), row q = token-group rank q's
 	// per-expert slots and its token count (Q = P without a token group).
@@ -160,9 +165,9 @@ func (d *Dispatcher) Dispatch(x *tensor.Tensor, l *Layout) (*tensor.Tensor, *Han
 	h.tok = d.ints(h.Plan.TokenOf(), mSend)
 	h.pos = d.ints(h.Plan.Pos, l.Tokens, l.TopK)
 	h.makeSort(d, local)
-	h.send = d.b.Zeros(h.dt, mSend, C)
+	h.send = d.send.get(d.b, h.dt, mSend, C)
 	d.ops.GatherRows(h.send, x, h.tok, nil)
-	recv := d.b.Zeros(h.dt, mRecv, C)
+	recv := d.recv.get(d.b, h.dt, mRecv, C)
 	if err := d.b.Err(); err != nil {
 		d.Release(h)
 		return nil, nil, nil, fmt.Errorf("%s: %w", d.what(), err)
@@ -303,7 +308,7 @@ func (d *Dispatcher) Combine(out, y, weights *tensor.Tensor, h *Handle) error {
 		return err
 	}
 	if h.back == nil {
-		h.back = d.b.Zeros(h.dt, h.SendRows(), h.cols)
+		h.back = d.back.get(d.b, h.dt, h.SendRows(), h.cols)
 	}
 	if err := d.wait(overlap.AllToAllBackward(d.b, d.group, h.back, y, h.SendCounts, h.RecvCounts, d.stream)); err != nil {
 		return fmt.Errorf("%s: combine: %w", d.what(), err)
@@ -316,7 +321,7 @@ func (d *Dispatcher) Combine(out, y, weights *tensor.Tensor, h *Handle) error {
 // dweights (N, K) (overwritten; nil skips it) and returns ∂L/∂y
 // (M_recv, C), in the received order, sent to the ranks that hold the
 // experts by the all-to-all whose Work it returns: wait on it before
-// reading dy.
+// reading dy (a view of the dispatcher's buffer, like Dispatch's rows).
 func (d *Dispatcher) CombineBackward(dweights, dout, weights *tensor.Tensor, h *Handle) (*tensor.Tensor, comm.Work, error) {
 	if h.back == nil {
 		return nil, nil, fmt.Errorf("%s: CombineBackward without a Combine of this handle", d.what())
@@ -325,10 +330,10 @@ func (d *Dispatcher) CombineBackward(dweights, dout, weights *tensor.Tensor, h *
 		return nil, nil, err
 	}
 	if h.dback == nil {
-		h.dback = d.b.Zeros(h.dt, h.SendRows(), h.cols)
+		h.dback = d.dback.get(d.b, h.dt, h.SendRows(), h.cols)
 	}
 	d.ops.CombineRowsBackward(h.dback, dweights, dout, h.back, h.pos, weights)
-	dy := d.b.Zeros(h.dt, h.RecvRows(), h.cols)
+	dy := d.dy.get(d.b, h.dt, h.RecvRows(), h.cols)
 	if err := d.sticky("combine backward"); err != nil {
 		return nil, nil, err
 	}
@@ -352,7 +357,7 @@ func (d *Dispatcher) DispatchBackward(dx, drecv *tensor.Tensor, h *Handle) error
 		return err
 	}
 	if h.dsend == nil {
-		h.dsend = d.b.Zeros(h.dt, h.SendRows(), h.cols)
+		h.dsend = d.dsend.get(d.b, h.dt, h.SendRows(), h.cols)
 	}
 	if err := d.wait(overlap.AllToAllBackward(d.b, d.group, h.dsend, drecv, h.SendCounts, h.RecvCounts, d.stream)); err != nil {
 		return fmt.Errorf("%s: dispatch backward: %w", d.what(), err)
@@ -361,18 +366,20 @@ func (d *Dispatcher) DispatchBackward(dx, drecv *tensor.Tensor, h *Handle) error
 	return d.sticky("dispatch backward")
 }
 
-// Release gives back the buffers of a handle (a no-op for nil); the handle
-// must not be used afterwards.
+// Release gives back the index tensors of a handle (a no-op for nil) and
+// drops its views of the dispatcher's row buffers, which persist for the
+// next step; the handle must not be used afterwards.
 func (d *Dispatcher) Release(h *Handle) {
 	if h == nil {
 		return
 	}
-	for _, t := range []**tensor.Tensor{&h.tok, &h.pos, &h.send, &h.sortIdx, &h.unsortIdx, &h.back, &h.dback, &h.dsend} {
+	for _, t := range []**tensor.Tensor{&h.tok, &h.pos, &h.sortIdx, &h.unsortIdx} {
 		if *t != nil {
 			d.b.Free(*t)
 			*t = nil
 		}
 	}
+	h.send, h.back, h.dback, h.dsend = nil, nil, nil, nil
 }
 
 func (d *Dispatcher) wait(w comm.Work, err error) error {

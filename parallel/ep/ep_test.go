@@ -420,3 +420,61 @@ func TestErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// The dispatcher's row buffers persist across steps (a smaller step reuses
+// the larger step's storage and still round-trips), and SetMaxTokens
+// refuses a step over the bound, naming both numbers.
+func TestPersistentBuffersAndMaxTokens(t *testing.T) {
+	const P, E, K, C = 2, 4, 2, 3
+	err := local.Run(P, func(c comm.Comm) error {
+		b := cpu.New()
+		d, err := ep.NewDispatcher(b, c, E, nil)
+		if err != nil {
+			return err
+		}
+		d.SetMaxTokens(6)
+		var first tensor.Buffer
+		for step, n := range []int{6, 4, 7} {
+			rng := testutil.Rng(uint64(20 + 3*c.Rank() + step))
+			idx := make([]int32, n*K)
+			for i := range n {
+				for j, e := range rng.Perm(E)[:K] {
+					idx[i*K+j] = int32(e)
+				}
+			}
+			l, err := d.Layout(idx, n, K, 0)
+			if err != nil {
+				return err
+			}
+			xv := testutil.RandFloats(rng, n*C, 0.1, 1)
+			recv, h, w, err := d.Dispatch(upload(b, xv, n, C), l)
+			if n > 6 {
+				if err == nil || !strings.Contains(err.Error(), "7 tokens on this rank, expected at most 6") {
+					return fmt.Errorf("step of 7 tokens with a bound of 6: %v", err)
+				}
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			if err := w.Wait(nil); err != nil {
+				return err
+			}
+			if step == 0 {
+				first = recv.Buffer()
+			} else if recv.Buffer() != first && h.RecvRows() > 0 {
+				return fmt.Errorf("step %d: the received rows are in new storage, want the persistent buffer reused", step)
+			}
+			out := b.Zeros(tensor.Float32, n, C)
+			if err := d.Combine(out, recv, upload(b, slices.Repeat([]float64{1.0 / K}, n*K), n, K), h); err != nil {
+				return err
+			}
+			testutil.AllClose(t, fmt.Sprintf("rank %d step %d round trip", c.Rank(), step), download(t, b, out), xv, 1e-6)
+			d.Release(h)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

@@ -13,12 +13,16 @@ import (
 // holding experts [r·E/P, (r+1)·E/P). It holds no per-step state; each
 // Dispatch returns a Handle with it.
 type Dispatcher struct {
-	b       tensor.Backend
-	ops     tensor.MoEOps
-	group   comm.Comm
-	tokens  comm.Comm // the token group (SetTokenGroup); nil: the EP group
-	stream  comm.Stream
-	experts int
+	b         tensor.Backend
+	ops       tensor.MoEOps
+	group     comm.Comm
+	tokens    comm.Comm // the token group (SetTokenGroup); nil: the EP group
+	stream    comm.Stream
+	experts   int
+	maxTokens int // SetMaxTokens; 0: the buffers grow to the largest step
+
+	// The step's row buffers, persistent across steps (one step in flight).
+	send, recv, back, dback, dsend, dy rowBuffer
 }
 
 // NewDispatcher returns the protocol of a layer of experts experts over
@@ -63,8 +67,16 @@ func (d *Dispatcher) SetTokenGroup(tokens comm.Comm) error {
 	return nil
 }
 
-// tokenGroup is the group whose tokens make the step: the token group, or
+// SetMaxTokens bounds the tokens per rank of a step: Dispatch refuses more,
+// naming both numbers. The row buffers persist across steps either way;
+// with a bound they never grow past max·TopK rows sent and P·max·TopK
+// received.
+func (d *Dispatcher) SetMaxTokens(max int) { d.maxTokens = max }
+
+// TokenGroup is the group whose tokens make the step: the token group, or
 // the EP group.
+func (d *Dispatcher) TokenGroup() comm.Comm { return d.tokenGroup() }
+
 func (d *Dispatcher) tokenGroup() comm.Comm {
 	if d.tokens != nil {
 		return d.tokens

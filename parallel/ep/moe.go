@@ -7,6 +7,7 @@ import (
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/comm/hostreduce"
 	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/tensor"
 )
 
@@ -17,6 +18,8 @@ type options struct {
 	stream       comm.Stream
 	auxGradScale float64
 	tokens       comm.Comm
+	overlap      *overlap.Chooser
+	maxTokens    int
 }
 
 // WithStream sets the stream the backend queues its ops on (the stream the
@@ -42,6 +45,15 @@ func WithAuxGradScale(s float64) Option { return func(o *options) { o.auxGradSca
 // the router's gradients are summed over the token group and the experts'
 // over the ranks that hold the same experts.
 func WithTokenGroup(c comm.Comm) Option { return func(o *options) { o.tokens = c } }
+
+// WithOverlap gives the chooser of the layer's expert-path site (its
+// strategy; overlap.KindExpert, named after the layer). nil: collective.
+func WithOverlap(ch *overlap.Chooser) Option { return func(o *options) { o.overlap = ch } }
+
+// WithMaxTokens sizes the expert path's persistent buffers for at most n
+// tokens per rank and step, and refuses a step with more (0: the buffers
+// grow to the largest step seen).
+func WithMaxTokens(n int) Option { return func(o *options) { o.maxTokens = n } }
 
 // ParamKind says how a parameter of the EP layer is laid out over the EP
 // group, and so how its gradient must be reduced.
@@ -85,7 +97,7 @@ type MoE struct {
 	Name     string
 	Router   *layers.Router  // replicated
 	Experts  *layers.Experts // this rank's experts
-	Dispatch *Dispatcher
+	Dispatch ExpertPath      // the layer's communication site (*Dispatcher: collective)
 
 	cfg   layers.MoEConfig
 	b     tensor.Backend
@@ -122,11 +134,11 @@ func New(b tensor.Backend, group comm.Comm, ps *layers.ParamSet, name string, cf
 	for _, o := range opts {
 		o(&m.opts)
 	}
-	var err error
-	if m.Dispatch, err = NewDispatcher(b, group, cfg.Experts, m.opts.stream); err != nil {
-		return nil, fmt.Errorf("ep: moe %q: %w", name, err)
+	if group == nil || b == nil {
+		return nil, fmt.Errorf("ep: moe %q: nil backend or group", name)
 	}
-	if err := m.Dispatch.SetTokenGroup(m.opts.tokens); err != nil {
+	var err error
+	if m.Dispatch, err = newExpertPath(b, group, name, cfg.Experts, cfg.Dim, m.opts); err != nil {
 		return nil, fmt.Errorf("ep: moe %q: %w", name, err)
 	}
 	if m.Router, err = layers.NewRouter(b, ps, name+".router", layers.RouterConfig{Dim: cfg.Dim, Experts: cfg.Experts, TopK: cfg.TopK,
@@ -215,10 +227,7 @@ func (m *MoE) Forward(out, x *tensor.Tensor) error {
 	C, K := m.cfg.Dim, m.cfg.TopK
 	x2, out2 := reshape(x, n, C), reshape(out, n, C)
 	d := m.Dispatch
-	d.Release(m.h)
-	if m.recv != nil {
-		m.b.Free(m.recv)
-	}
+	d.Release(m.h) // the received rows are the path's buffer, reused by this step
 	m.h, m.recv = nil, nil
 
 	// Route this rank's tokens (local), lay them out, dispatch them.
@@ -271,7 +280,7 @@ func (m *MoE) globalStats(h *Handle) error {
 	E := m.cfg.Experts
 	g := layers.LoadStats{Tokens: h.GlobalTokens, Routed: append([]int(nil), h.GlobalRouted...)}
 	vals := append(append([]float64(nil), loc.ProbSums...), loc.LSESquares)
-	group := m.Dispatch.tokenGroup()
+	group := m.Dispatch.TokenGroup()
 	sdt := tensor.Float32
 	if m.Router.W.W.DType() == tensor.Float64 {
 		sdt = tensor.Float64
@@ -317,7 +326,6 @@ func (m *MoE) Backward(dx, dout *tensor.Tensor) error {
 	m.dxe = ensure(m.b, m.dxe, dt, M, C)
 	m.dxr = ensure(m.b, m.dxr, dt, M, C)
 	d.SortByExpert(m.dye, dy, h)
-	m.b.Free(dy)
 	if err := m.Experts.Backward(m.dxe, m.dye); err != nil {
 		return err
 	}

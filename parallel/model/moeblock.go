@@ -57,7 +57,8 @@ func newMoEBlock(b tensor.Backend, ps *layers.ParamSet, par tp.Parallel, grid *c
 		// Gradients are summed over the ranks (not averaged), so the aux
 		// term's gradient needs no scale (ep.WithAuxGradScale's default).
 		var err error
-		f.moe, err = ep.New(b, grid.EPGroup, ps, name+".moe", mc, ep.WithStream(par.Stream), ep.WithTokenGroup(grid.World))
+		f.moe, err = ep.New(b, grid.EPGroup, ps, name+".moe", mc, ep.WithStream(par.Stream), ep.WithTokenGroup(grid.World),
+			ep.WithOverlap(par.Overlap))
 		return f, err
 	})
 	if err != nil {

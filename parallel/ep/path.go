@@ -1,0 +1,100 @@
+package ep
+
+import (
+	"fmt"
+
+	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/overlap"
+	"github.com/asynctp/asynctp/tensor"
+)
+
+// ExpertPath is the communication site of an MoE layer (overlap's
+// KindExpert): DeepEP's contract of layout → dispatch → handle → combine,
+// and the backwards with the same handle. The MoE layer calls only these;
+// *Dispatcher is the collective implementation (all-to-all-v of the
+// permuted rows through the transport); the pipelined and fused forms over
+// NVSHMEM implement the same interface. A Handle's exported fields are the
+// contract (counts, plan); its unexported ones are *Dispatcher's.
+//
+// One step is in flight at a time: a Dispatch invalidates the buffers of
+// the previous handle, which the layer releases first.
+type ExpertPath interface {
+	// LocalExperts is the range [first, first+count) of experts this rank
+	// holds.
+	LocalExperts() (first, count int)
+	// TokenGroup is the group whose tokens make a step (the capacity and
+	// the router statistics are over it).
+	TokenGroup() comm.Comm
+	// Layout counts this rank's routed slots (idx (N·K) expert ids).
+	Layout(idx []int32, tokens, topK int, capacityFactor float64) (*Layout, error)
+	// Dispatch sends x (N, C) to the experts and returns the received rows
+	// (source rank, then local expert, then token order), the handle, and
+	// the Work to wait on before reading the rows.
+	Dispatch(x *tensor.Tensor, l *Layout) (*tensor.Tensor, *Handle, comm.Work, error)
+	// SortByExpert and UnsortByExpert move rows between the received order
+	// and expert order.
+	SortByExpert(dst, recv *tensor.Tensor, h *Handle)
+	UnsortByExpert(dst, src *tensor.Tensor, h *Handle)
+	// Combine returns expert outputs y to their tokens and writes out =
+	// Σ_j weights·y per token.
+	Combine(out, y, weights *tensor.Tensor, h *Handle) error
+	// CombineBackward returns ∂L/∂y at the experts' ranks and the Work to
+	// wait on before reading it; dweights is overwritten (nil skips it).
+	CombineBackward(dweights, dout, weights *tensor.Tensor, h *Handle) (*tensor.Tensor, comm.Work, error)
+	// DispatchBackward returns the received rows' gradients to their
+	// tokens: dx = Σ of each token's slot gradients.
+	DispatchBackward(dx, drecv *tensor.Tensor, h *Handle) error
+	// Release gives back what the handle holds for its step.
+	Release(h *Handle)
+}
+
+var _ ExpertPath = (*Dispatcher)(nil)
+
+// newExpertPath builds the expert path of a layer: the strategy the chooser
+// picks for the site (only collective has an expert path today: the
+// pipelined strategies say so and the chooser keeps collective, or refuses
+// an explicit request).
+func newExpertPath(b tensor.Backend, group comm.Comm, name string, experts, dim int, o options) (ExpertPath, error) {
+	ch := o.overlap
+	if ch == nil {
+		ch = overlap.Single(overlap.Collective{})
+	}
+	sp := overlap.Spec{Kind: overlap.KindExpert, Name: name, Group: group, Backend: b, Stream: o.stream,
+		Rows: o.maxTokens, K: dim, Outs: []int{dim}}
+	s, err := ch.Choose(sp)
+	if err != nil {
+		return nil, err
+	}
+	if s.Name() != (overlap.Collective{}).Name() {
+		return nil, fmt.Errorf("ep: moe %q: strategy %s has no expert path (%w)", name, s.Name(), overlap.ErrUnavailable)
+	}
+	d, err := NewDispatcher(b, group, experts, o.stream)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.SetTokenGroup(o.tokens); err != nil {
+		return nil, err
+	}
+	if o.maxTokens > 0 {
+		d.SetMaxTokens(o.maxTokens)
+	}
+	return d, nil
+}
+
+// rowBuffer is a persistent (rows, C) buffer of the dispatcher that grows
+// to the largest step (or is sized once by SetMaxTokens).
+type rowBuffer struct{ t *tensor.Tensor }
+
+func (r *rowBuffer) get(b tensor.Backend, dt tensor.DType, rows, cols int) *tensor.Tensor {
+	if r.t == nil || r.t.DType() != dt || r.t.Dim(1) != cols || r.t.Dim(0) < rows {
+		if r.t != nil {
+			b.Free(r.t)
+		}
+		r.t = b.Zeros(dt, max(rows, 1), cols)
+	}
+	v, err := r.t.Rows(0, rows)
+	if err != nil { // cannot happen: rows ≤ the buffer's
+		panic("ep: internal error: " + err.Error())
+	}
+	return v
+}
