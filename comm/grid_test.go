@@ -102,3 +102,31 @@ func wait(w comm.Work, err error) error {
 	}
 	return w.Wait(nil)
 }
+
+type symWorld struct{ comm.Comm }
+
+func (symWorld) AllocSymmetric([]int, tensor.DType) (*tensor.Tensor, error) { return nil, nil }
+func (symWorld) FreeSymmetric(*tensor.Tensor) error                         { return nil }
+func (symWorld) PeerPtr(*tensor.Tensor, int) (uint64, error)                { return 0, nil }
+
+type wrapped struct{ comm.Comm }
+
+func (w wrapped) Unwrap() comm.Comm { return w.Comm }
+
+// SymmetricOf finds the capability through decorators, and says when there
+// is none.
+func TestSymmetricOf(t *testing.T) {
+	base := local.NewWorld(1)[0]
+	if _, ok := comm.SymmetricOf(base); ok {
+		t.Fatal("comm/local has no symmetric memory")
+	}
+	sym := symWorld{base}
+	for _, c := range []comm.Comm{sym, wrapped{sym}, wrapped{wrapped{sym}}} {
+		if s, ok := comm.SymmetricOf(c); !ok || s != comm.SymmetricMemory(sym) {
+			t.Errorf("%T: got %v, %v; want the wrapped transport's", c, s, ok)
+		}
+	}
+	if _, ok := comm.SymmetricOf(wrapped{base}); ok {
+		t.Error("a wrapper of a transport without symmetric memory has none")
+	}
+}

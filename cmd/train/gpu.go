@@ -127,6 +127,7 @@ type syncedComm struct {
 var (
 	_ comm.Aborter       = (*syncedComm)(nil)
 	_ comm.NamedSplitter = (*syncedComm)(nil)
+	_ comm.Wrapper       = (*syncedComm)(nil)
 )
 
 // run orders op after the backend's work and waits for it.
@@ -179,6 +180,10 @@ func (s *syncedComm) SplitNamed(color, key int, label string) (comm.Comm, error)
 	}
 	return &syncedComm{Comm: c, b: s.b}, nil
 }
+
+// Unwrap lets the capabilities of the transport (its symmetric memory) be
+// found through the wrapper (comm.SymmetricOf).
+func (s *syncedComm) Unwrap() comm.Comm { return s.Comm }
 
 func (s *syncedComm) Abort(err error) {
 	if a, ok := s.Comm.(comm.Aborter); ok {
