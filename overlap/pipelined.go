@@ -46,10 +46,7 @@ func (Pipelined) Supports(sp Spec) error {
 
 // NewAllGatherMatmul builds the pipelined entry site.
 func (p Pipelined) NewAllGatherMatmul(sp Spec) (AllGatherMatmul, error) {
-	if err := sp.check(KindAllGatherMatmul); err != nil {
-		return nil, err
-	}
-	l, err := newLane(sp)
+	l, err := siteLane(sp, KindAllGatherMatmul)
 	if err != nil {
 		return nil, err
 	}
@@ -58,10 +55,7 @@ func (p Pipelined) NewAllGatherMatmul(sp Spec) (AllGatherMatmul, error) {
 
 // NewMatmulReduceScatter builds the pipelined exit site.
 func (p Pipelined) NewMatmulReduceScatter(sp Spec) (MatmulReduceScatter, error) {
-	if err := sp.check(KindMatmulReduceScatter); err != nil {
-		return nil, err
-	}
-	l, err := newLane(sp)
+	l, err := siteLane(sp, KindMatmulReduceScatter)
 	if err != nil {
 		return nil, err
 	}
@@ -70,10 +64,7 @@ func (p Pipelined) NewMatmulReduceScatter(sp Spec) (MatmulReduceScatter, error) 
 
 // NewMatmulAllReduce builds the pipelined all-reduce site.
 func (p Pipelined) NewMatmulAllReduce(sp Spec) (MatmulAllReduce, error) {
-	if err := sp.check(KindMatmulAllReduce); err != nil {
-		return nil, err
-	}
-	l, err := newLane(sp)
+	l, err := siteLane(sp, KindMatmulAllReduce)
 	if err != nil {
 		return nil, err
 	}
@@ -82,6 +73,14 @@ func (p Pipelined) NewMatmulAllReduce(sp Spec) (MatmulAllReduce, error) {
 		chunks = 4
 	}
 	return &pipeMMAR{sp: sp, lane: l, chunks: chunks}, nil
+}
+
+// siteLane checks a spec of kind k and makes its site's lane.
+func siteLane(sp Spec, k Kind) (*lane, error) {
+	if err := sp.check(k); err != nil {
+		return nil, err
+	}
+	return newLane(sp)
 }
 
 // shift is exchange step s of P: this rank sends src to rank r+s and
