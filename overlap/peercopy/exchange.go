@@ -42,6 +42,7 @@ type exchange struct {
 	stPeer  []uint64       // each rank's stage
 	epoch   uint64
 	events  []*cuda.Event // one per pull of a call (side stream → compute)
+	fork    *cuda.Event   // compute → side stream before each pull
 }
 
 // siteEnv is what a site's exchanges share: the group and its symmetric
@@ -97,12 +98,12 @@ func (x *exchange) release() error {
 			}
 		}
 	}
-	for _, e := range x.events {
+	for _, e := range append(x.events, x.fork) {
 		if e != nil {
 			_ = x.sp.b.OnDevice(func(*cuda.Stream) error { return e.Destroy() })
 		}
 	}
-	x.stage, x.pad, x.events = nil, nil, nil
+	x.stage, x.pad, x.events, x.fork = nil, nil, nil, nil
 	return first
 }
 
@@ -176,16 +177,18 @@ func (x *exchange) pull(step, q int, dst *tensor.Tensor) (comm.Work, error) {
 			x.events = append(x.events, e)
 		}
 		ev = x.events[step]
-		fork, err := cuda.NewEvent(false)
-		if err != nil {
-			return err
+		if x.fork == nil { // re-recorded by every pull: a wait keeps the record it was queued after
+			e, err := cuda.NewEvent(false)
+			if err != nil {
+				return err
+			}
+			x.fork = e
 		}
-		defer fork.Destroy()
-		if err := fork.Record(compute); err != nil { // dst's earlier readers are done first
+		if err := x.fork.Record(compute); err != nil { // dst's earlier readers are done first
 			return err
 		}
 		side := x.sp.side
-		if err := side.WaitEvent(fork); err != nil {
+		if err := side.WaitEvent(x.fork); err != nil {
 			return err
 		}
 		if err := side.WaitValue64(x.readyWord(me, q), x.epoch, cuda.WaitGEQ); err != nil {

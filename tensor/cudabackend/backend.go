@@ -27,6 +27,7 @@ type Backend struct {
 	rope    map[ropeKey]gpu.Ptr
 	hasTC   bool           // the image has the tensor-core attention kernels
 	pol     opcheck.Policy // what its ops accept, with the shared checks (check.go)
+	fork    *cuda.Event    // StreamWait's event, re-recorded by each call (streams.go)
 
 	errMu sync.Mutex
 	err   error
@@ -202,6 +203,9 @@ func (b *Backend) Close() error {
 		delete(b.rope, k)
 	}
 	keep(b.dev.Free(b.flags))
+	if b.fork != nil {
+		keep(b.fork.Destroy())
+	}
 	keep(b.dev.Close())
 	return err
 }

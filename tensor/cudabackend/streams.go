@@ -40,15 +40,20 @@ func (b *Backend) StreamWait(waiter, on any) error {
 		if w == o {
 			return nil
 		}
-		e, err := cuda.NewEvent(false)
-		if err != nil {
+		// One event serves every call: a stream wait captures the event's
+		// latest record when it is queued, so recording it again for the
+		// next call leaves this wait as it was.
+		if b.fork == nil {
+			e, err := cuda.NewEvent(false)
+			if err != nil {
+				return err
+			}
+			b.fork = e
+		}
+		if err := b.fork.Record(o); err != nil {
 			return err
 		}
-		defer e.Destroy() // the driver keeps the recorded state until the wait has run
-		if err := e.Record(o); err != nil {
-			return err
-		}
-		return w.WaitEvent(e)
+		return w.WaitEvent(b.fork)
 	})
 }
 
