@@ -39,8 +39,9 @@
 //	  per row: max all-reduce of the local log-sum-exps, then one sum all-reduce of
 //	  Σ exp(lse_r − max) and of the target's logit; backward local (no collective).
 //
-// A transformer block puts them together (the attention's heads and the
-// MLP's hidden features are split; the norms and the residual stream stay
+// A transformer block puts them together — Block is layers.Block with
+// Attention and MLP as its parts (the attention's heads and the MLP's
+// hidden features are split; the norms and the residual stream stay
 // outside the regions):
 //
 //	x ─► RMSNorm ─► [enter] ─► wq,wk,wv (column) ─► RoPE, attention on H/P heads ─► wo (row) ─► [leave] ─► + x
