@@ -28,6 +28,7 @@ type Attention struct {
 
 	b    tensor.Backend
 	bt   [2]int // B, T of the last Forward; zeros before a successful one
+	rows bool   // the last Forward was ForwardSeq: its tensors are (B·T, Dim) rows
 	core *AttentionCore
 }
 
@@ -158,7 +159,7 @@ func (a *Attention) what() string { return "layers: attention " + a.Name }
 // Forward writes out (B, T, Dim) from x (B, T, Dim); position t attends to
 // positions [0, t] of its own sequence.
 func (a *Attention) Forward(out, x *tensor.Tensor) error {
-	a.bt = [2]int{}
+	a.bt, a.rows = [2]int{}, false
 	if err := CheckParams(a.what(), a.Params()...); err != nil {
 		return err
 	}
@@ -176,27 +177,59 @@ func (a *Attention) Forward(out, x *tensor.Tensor) error {
 	if err := CheckApart(a.what(), "output", out, "input x", x); err != nil {
 		return err
 	}
-	N := B * T
-	q, k, v := a.core.Inputs(dt, B, T)
-	x2 := Reshape(x, N, C)
+	return a.forward(Reshape(out, B*T, C), Reshape(x, B*T, C), B, T)
+}
+
+// ForwardSeq is Forward on rows, the Mixer form: out and x are (B·T, Dim)
+// (leading dims are flattened), the tokens of batch sequences of seq in
+// order. A Backward after it takes its gradients shaped the same way.
+func (a *Attention) ForwardSeq(out, x *tensor.Tensor, batch, seq int) error {
+	a.bt, a.rows = [2]int{}, false
+	if err := CheckParams(a.what(), a.Params()...); err != nil {
+		return err
+	}
+	if batch <= 0 || seq <= 0 {
+		return fmt.Errorf("%s: batch %d, seq %d, expected positive sizes", a.what(), batch, seq)
+	}
+	dt, N, C := a.Wq.W.W.DType(), batch*seq, a.Dim
+	if err := CheckRowsN(a.b, a.what(), "input x", x, dt, C, N, fmt.Sprintf("the tokens of batch %d × seq %d", batch, seq)); err != nil {
+		return err
+	}
+	if err := CheckRowsN(a.b, a.what(), "output", out, dt, C, N, "like the input"); err != nil {
+		return err
+	}
+	if err := CheckApart(a.what(), "output", out, "input x", x); err != nil {
+		return err
+	}
+	if err := a.forward(Reshape(out, N, C), Reshape(x, N, C), batch, seq); err != nil {
+		return err
+	}
+	a.rows = true
+	return nil
+}
+
+// forward runs the layer on validated rows x, out (B·T, Dim).
+func (a *Attention) forward(out, x *tensor.Tensor, B, T int) error {
+	q, k, v := a.core.Inputs(x.DType(), B, T)
 	for _, p := range []struct {
 		l   *Linear
 		out *tensor.Tensor
 	}{{a.Wq, q}, {a.Wk, k}, {a.Wv, v}} {
-		if err := p.l.Forward(p.out, x2); err != nil {
+		if err := p.l.Forward(p.out, x); err != nil {
 			return err
 		}
 	}
 	att := a.core.Forward()
-	if err := a.Wo.Forward(Reshape(out, N, C), att); err != nil {
+	if err := a.Wo.Forward(out, att); err != nil {
 		return err
 	}
 	a.bt = [2]int{B, T}
 	return Sticky(a.b, a.what(), "forward")
 }
 
-// Backward overwrites dx (B, T, Dim) with ∂L/∂x and adds the weight
-// gradients, from dout (B, T, Dim).
+// Backward overwrites dx with ∂L/∂x and adds the weight gradients, from
+// dout, both shaped like the forward's x: (B, T, Dim) after Forward,
+// (B·T, Dim) rows after ForwardSeq.
 func (a *Attention) Backward(dx, dout *tensor.Tensor) error {
 	if a.bt[0] == 0 {
 		return errors.New(a.what() + ": Backward without a successful Forward")
@@ -204,11 +237,19 @@ func (a *Attention) Backward(dx, dout *tensor.Tensor) error {
 	dt := a.Wq.W.W.DType()
 	B, T, C := a.bt[0], a.bt[1], a.Dim
 	N := B * T
-	if err := CheckShape(a.b, a.what(), "output gradient", dout, dt, B, T, C); err != nil {
-		return err
-	}
-	if err := CheckShape(a.b, a.what(), "input gradient dx", dx, dt, B, T, C); err != nil {
-		return err
+	for _, g := range []struct {
+		what string
+		t    *tensor.Tensor
+	}{{"output gradient", dout}, {"input gradient dx", dx}} {
+		var err error
+		if a.rows {
+			err = CheckRowsN(a.b, a.what(), g.what, g.t, dt, C, N, "like the forward's input")
+		} else {
+			err = CheckShape(a.b, a.what(), g.what, g.t, dt, B, T, C)
+		}
+		if err != nil {
+			return err
+		}
 	}
 	if err := CheckApart(a.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
 		return err

@@ -20,70 +20,155 @@ type BlockConfig struct {
 	MoE *MoEConfig
 }
 
+// Mixer is the first part of a block, the token mixer: causal
+// self-attention over the rows of a batch of sequences. Attention is one
+// (its ForwardSeq form); tp.Attention, with its heads split over a TP
+// group, is another.
+type Mixer interface {
+	// ForwardSeq writes out from x, both (n, Dim): the rows this rank
+	// holds of batch sequences of seq tokens (n = batch·seq, or this
+	// rank's tokens of them under sequence parallelism).
+	ForwardSeq(out, x *tensor.Tensor, batch, seq int) error
+	// Backward overwrites dx with ∂L/∂x and adds the parameters'
+	// gradients, from dout, both shaped like the forward's x.
+	Backward(dx, dout *tensor.Tensor) error
+	Params() []*Param
+}
+
+// FeedForward is the second part of a block, on the rows of the residual
+// stream: MLP and MoE here; tp.MLP and the sharded model's
+// expert-parallel MoE elsewhere. A feed-forward layer with an auxiliary
+// loss (AuxLoss() float64) or routing statistics (Stats() MoEStats) has
+// them reported by the block and the Decoder.
+type FeedForward interface {
+	// Forward writes out from x, both (n, Dim).
+	Forward(out, x *tensor.Tensor) error
+	// Backward overwrites dx with ∂L/∂x and adds the parameters'
+	// gradients, from dout.
+	Backward(dx, dout *tensor.Tensor) error
+	Params() []*Param
+}
+
+// BlockParts are the parts NewBlockFrom builds a block from. Mixer and FFN
+// register their parameters and return the layer; they are called in that
+// order, after the block's attention norm and before and after its MLP
+// norm respectively, so that the parameters come in the forward's order.
+type BlockParts struct {
+	Mixer func() (Mixer, error)
+	FFN   func() (FeedForward, error)
+	// Rows returns the rows of the residual stream this rank holds of a
+	// batch of tokens (nil: all of them); under sequence parallelism the
+	// stream, the norms and the parts' inputs and outputs are this rank's
+	// token shard. Its errors are returned as they are (they name the
+	// layer).
+	Rows func(tokens int) (int, error)
+}
+
 // Block is a pre-norm transformer block:
 //
 //	x1  = x + attn(norm1(x))
-//	out = x1 + mlp(norm2(x1))
+//	out = x1 + ffn(norm2(x1))
 //
-// where mlp is the dense MLP or, in an MoE block, the mixture of experts
-// (then MLP is nil, and the block's objective includes MoE.AuxLoss).
+// on the rows of the residual stream, where attn is its Mixer and ffn its
+// FeedForward: the dense MLP or, in an MoE block, the mixture of experts
+// (then the block's objective includes the MoE's AuxLoss). It is the one
+// block of the single-rank GPT and of the sharded model (parallel/tp's
+// Block is this block with tensor-parallel parts): the residual adds and
+// the norms are here, and the parts own whatever communication they need.
 type Block struct {
 	Name  string
 	Dim   int
 	Norm1 *RMSNorm
-	Attn  *Attention
+	Mixer Mixer // Attn, or another mixer (tp.Attention)
 	Norm2 *RMSNorm
-	MLP   *MLP
-	MoE   *MoE // nil in a dense block
+	FFN   FeedForward // MLP or MoE, or another feed-forward layer
 
-	b   tensor.Backend
-	bt  [2]int         // B, T of the last Forward; zeros before a successful one
-	h1  *tensor.Tensor // (B, T, C) norm1(x)
-	a   *tensor.Tensor // (B, T, C) attn(h1)
-	x1  *tensor.Tensor // (B, T, C) x + a
-	h2  *tensor.Tensor // (B, T, C) norm2(x1)
-	m   *tensor.Tensor // (B, T, C) mlp(h2)
-	dh  *tensor.Tensor // (B, T, C) backward scratch: ∂L/∂h2, then ∂L/∂h1
-	dx1 *tensor.Tensor // (B, T, C) backward scratch: ∂L/∂x1
+	// The parts when they are this package's layers (nil otherwise).
+	Attn *Attention
+	MLP  *MLP
+	MoE  *MoE // nil in a dense block
+
+	b    tensor.Backend
+	rows func(tokens int) (int, error)
+	bt   [2]int         // B, T of the last Forward; zeros before a successful one
+	n    int            // rows of the last Forward
+	in3D bool           // the last Forward was the (B, T, Dim) form
+	h1   *tensor.Tensor // (n, C) norm1(x)
+	a    *tensor.Tensor // (n, C) attn(h1)
+	x1   *tensor.Tensor // (n, C) x + a
+	h2   *tensor.Tensor // (n, C) norm2(x1)
+	m    *tensor.Tensor // (n, C) ffn(h2)
+	dh   *tensor.Tensor // (n, C) backward scratch: ∂L/∂h2, then ∂L/∂h1
+	dx1  *tensor.Tensor // (n, C) backward scratch: ∂L/∂x1
 }
 
 // NewBlock registers name+".attn_norm", ".attn", ".mlp_norm" and ".mlp"
 // (".moe" in an MoE block).
 func NewBlock(b tensor.Backend, ps *ParamSet, name string, cfg BlockConfig) (*Block, error) {
-	blk := &Block{Name: name, Dim: cfg.Dim, b: b}
+	var attn *Attention
+	var mlp *MLP
+	var moe *MoE
+	blk, err := NewBlockFrom(b, ps, name, cfg.Dim, cfg.NormEps, BlockParts{
+		Mixer: func() (Mixer, error) {
+			var err error
+			attn, err = NewAttention(b, ps, name+".attn", AttentionConfig{
+				Dim: cfg.Dim, Heads: cfg.Heads, RopeTheta: cfg.RopeTheta, Std: cfg.Std, OutStd: cfg.OutStd,
+			})
+			return attn, err
+		},
+		FFN: func() (FeedForward, error) {
+			var err error
+			if cfg.MoE == nil {
+				mlp, err = NewMLP(b, ps, name+".mlp", MLPConfig{
+					Dim: cfg.Dim, Hidden: cfg.FFN, Std: cfg.Std, OutStd: cfg.OutStd,
+				})
+				return mlp, err
+			}
+			mc := *cfg.MoE
+			mc.Dim = cfg.Dim
+			if mc.Hidden == 0 {
+				mc.Hidden = cfg.FFN
+			}
+			if mc.Std == 0 {
+				mc.Std = cfg.Std
+			}
+			if mc.OutStd == 0 {
+				mc.OutStd = cfg.OutStd
+			}
+			moe, err = NewMoE(b, ps, name+".moe", mc)
+			return moe, err
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	blk.Attn, blk.MLP, blk.MoE = attn, mlp, moe
+	return blk, nil
+}
+
+// NewBlockFrom registers name+".attn_norm", then the mixer parts.Mixer
+// makes, name+".mlp_norm", then the feed-forward layer parts.FFN makes,
+// and returns the block of them (of width dim, norms with eps).
+func NewBlockFrom(b tensor.Backend, ps *ParamSet, name string, dim int, eps float32, parts BlockParts) (*Block, error) {
+	if parts.Mixer == nil || parts.FFN == nil {
+		return nil, fmt.Errorf("layers: block %q: BlockParts without a Mixer or an FFN constructor, expected both", name)
+	}
+	blk := &Block{Name: name, Dim: dim, b: b, rows: parts.Rows}
 	var err error
-	if blk.Norm1, err = NewRMSNorm(b, ps, name+".attn_norm", cfg.Dim, cfg.NormEps); err != nil {
+	if blk.Norm1, err = NewRMSNorm(b, ps, name+".attn_norm", dim, eps); err != nil {
 		return nil, err
 	}
-	if blk.Attn, err = NewAttention(b, ps, name+".attn", AttentionConfig{
-		Dim: cfg.Dim, Heads: cfg.Heads, RopeTheta: cfg.RopeTheta, Std: cfg.Std, OutStd: cfg.OutStd,
-	}); err != nil {
+	if blk.Mixer, err = parts.Mixer(); err != nil {
 		return nil, err
 	}
-	if blk.Norm2, err = NewRMSNorm(b, ps, name+".mlp_norm", cfg.Dim, cfg.NormEps); err != nil {
+	if blk.Norm2, err = NewRMSNorm(b, ps, name+".mlp_norm", dim, eps); err != nil {
 		return nil, err
 	}
-	if cfg.MoE != nil {
-		mc := *cfg.MoE
-		mc.Dim = cfg.Dim
-		if mc.Hidden == 0 {
-			mc.Hidden = cfg.FFN
-		}
-		if mc.Std == 0 {
-			mc.Std = cfg.Std
-		}
-		if mc.OutStd == 0 {
-			mc.OutStd = cfg.OutStd
-		}
-		if blk.MoE, err = NewMoE(b, ps, name+".moe", mc); err != nil {
-			return nil, err
-		}
-		return blk, nil
-	}
-	if blk.MLP, err = NewMLP(b, ps, name+".mlp", MLPConfig{
-		Dim: cfg.Dim, Hidden: cfg.FFN, Std: cfg.Std, OutStd: cfg.OutStd,
-	}); err != nil {
+	if blk.FFN, err = parts.FFN(); err != nil {
 		return nil, err
+	}
+	if blk.Mixer == nil || blk.FFN == nil {
+		return nil, fmt.Errorf("layers: block %q: a part constructor returned a nil layer and no error", name)
 	}
 	return blk, nil
 }
@@ -91,32 +176,27 @@ func NewBlock(b tensor.Backend, ps *ParamSet, name string, cfg BlockConfig) (*Bl
 // Params returns the block's parameters in the order of the forward.
 func (blk *Block) Params() []*Param {
 	ps := []*Param{blk.Norm1.W}
-	ps = append(ps, blk.Attn.Params()...)
+	ps = append(ps, blk.Mixer.Params()...)
 	ps = append(ps, blk.Norm2.W)
-	if blk.MoE != nil {
-		return append(ps, blk.MoE.Params()...)
-	}
-	return append(ps, blk.MLP.Params()...)
+	return append(ps, blk.FFN.Params()...)
 }
 
-// ffn is the block's feed-forward layer: the MLP or the MoE.
-func (blk *Block) ffn() interface {
-	Forward(out, x *tensor.Tensor) error
-	Backward(dx, dout *tensor.Tensor) error
-} {
-	if blk.MoE != nil {
-		return blk.MoE
-	}
-	return blk.MLP
-}
-
-// AuxLoss is the auxiliary loss of the block's last Forward: the MoE's
-// (AuxLoss of MoE), 0 in a dense block.
+// AuxLoss is the auxiliary loss of the block's last Forward: its
+// feed-forward layer's (an MoE's AuxLoss), 0 in a dense block.
 func (blk *Block) AuxLoss() float64 {
-	if blk.MoE != nil {
-		return blk.MoE.AuxLoss()
+	if a, ok := blk.FFN.(interface{ AuxLoss() float64 }); ok {
+		return a.AuxLoss()
 	}
 	return 0
+}
+
+// Stats returns the routing statistics of the block's last Forward and
+// true in an MoE block (a feed-forward layer with Stats), false otherwise.
+func (blk *Block) Stats() (MoEStats, bool) {
+	if s, ok := blk.FFN.(interface{ Stats() MoEStats }); ok {
+		return s.Stats(), true
+	}
+	return MoEStats{}, false
 }
 
 func (blk *Block) what() string { return "layers: block " + blk.Name }
@@ -141,61 +221,115 @@ func (blk *Block) Forward(out, x *tensor.Tensor) error {
 	if err := CheckApart(blk.what(), "output", out, "input x", x); err != nil {
 		return err
 	}
+	if err := blk.forward(Reshape(out, B*T, C), Reshape(x, B*T, C), B, T); err != nil {
+		return err
+	}
+	blk.in3D = true
+	return nil
+}
+
+// ForwardSeq is Forward on rows: out and x are (n, Dim), the rows this
+// rank holds of batch sequences of seq tokens (all batch·seq of them, or
+// BlockParts.Rows of them); out must not alias x. A Backward after it takes
+// its gradients shaped the same way.
+func (blk *Block) ForwardSeq(out, x *tensor.Tensor, batch, seq int) error {
+	blk.bt = [2]int{}
+	if err := CheckParams(blk.what(), blk.Params()...); err != nil {
+		return err
+	}
+	if batch <= 0 || seq <= 0 {
+		return fmt.Errorf("%s: batch %d, seq %d, expected positive sizes", blk.what(), batch, seq)
+	}
+	dt, C := blk.Norm1.W.W.DType(), blk.Dim
+	n := batch * seq
+	if blk.rows != nil {
+		var err error
+		if n, err = blk.rows(n); err != nil {
+			return err
+		}
+	}
+	if err := CheckRowsN(blk.b, blk.what(), "input x", x, dt, C, n, fmt.Sprintf("this rank's tokens of batch %d × seq %d", batch, seq)); err != nil {
+		return err
+	}
+	if err := CheckRowsN(blk.b, blk.what(), "output", out, dt, C, n, "like the input"); err != nil {
+		return err
+	}
+	if err := CheckApart(blk.what(), "output", out, "input x", x); err != nil {
+		return err
+	}
+	return blk.forward(Reshape(out, n, C), Reshape(x, n, C), batch, seq)
+}
+
+// forward runs the block on validated rows x, out (n, Dim).
+func (blk *Block) forward(out, x *tensor.Tensor, batch, seq int) error {
+	dt, n, C := x.DType(), x.Dim(0), blk.Dim
 	for _, p := range []**tensor.Tensor{&blk.h1, &blk.a, &blk.x1, &blk.h2, &blk.m} {
-		*p = Ensure(blk.b, *p, dt, B, T, C)
+		*p = Ensure(blk.b, *p, dt, n, C)
 	}
 	if err := blk.Norm1.Forward(blk.h1, x); err != nil {
 		return err
 	}
-	if err := blk.Attn.Forward(blk.a, blk.h1); err != nil {
+	if err := blk.Mixer.ForwardSeq(blk.a, blk.h1, batch, seq); err != nil {
 		return err
 	}
 	blk.b.Add(blk.x1, x, blk.a)
 	if err := blk.Norm2.Forward(blk.h2, blk.x1); err != nil {
 		return err
 	}
-	if err := blk.ffn().Forward(blk.m, blk.h2); err != nil {
+	if err := blk.FFN.Forward(blk.m, blk.h2); err != nil {
 		return err
 	}
 	blk.b.Add(out, blk.x1, blk.m)
-	blk.bt = [2]int{B, T}
-	return Sticky(blk.b, blk.what(), "forward")
+	if err := Sticky(blk.b, blk.what(), "forward"); err != nil {
+		return err
+	}
+	blk.bt, blk.n, blk.in3D = [2]int{batch, seq}, n, false
+	return nil
 }
 
-// Backward overwrites dx (B, T, Dim) with ∂L/∂x and adds the parameters'
-// gradients, from dout (B, T, Dim); dx must not alias dout.
+// Backward overwrites dx with ∂L/∂x and adds the parameters' gradients,
+// from dout, both shaped like the forward's x: (B, T, Dim) after Forward,
+// (n, Dim) rows after ForwardSeq; dx must not alias dout.
 func (blk *Block) Backward(dx, dout *tensor.Tensor) error {
 	if blk.bt[0] == 0 {
 		return errors.New(blk.what() + ": Backward without a successful Forward")
 	}
-	dt := blk.Norm1.W.W.DType()
-	B, T, C := blk.bt[0], blk.bt[1], blk.Dim
-	if err := CheckShape(blk.b, blk.what(), "output gradient", dout, dt, B, T, C); err != nil {
-		return err
-	}
-	if err := CheckShape(blk.b, blk.what(), "input gradient dx", dx, dt, B, T, C); err != nil {
-		return err
+	dt, n, C := blk.Norm1.W.W.DType(), blk.n, blk.Dim
+	for _, g := range []struct {
+		what, why string
+		t         *tensor.Tensor
+	}{{"output gradient", "like the forward's output", dout}, {"input gradient dx", "like the forward's input", dx}} {
+		var err error
+		if blk.in3D {
+			err = CheckShape(blk.b, blk.what(), g.what, g.t, dt, blk.bt[0], blk.bt[1], C)
+		} else {
+			err = CheckRowsN(blk.b, blk.what(), g.what, g.t, dt, C, n, g.why)
+		}
+		if err != nil {
+			return err
+		}
 	}
 	if err := CheckApart(blk.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
 		return err
 	}
-	blk.dh = Ensure(blk.b, blk.dh, dt, B, T, C)
-	blk.dx1 = Ensure(blk.b, blk.dx1, dt, B, T, C)
-	// out = x1 + m: ∂L/∂x1 = dout + norm2ᵀ(mlpᵀ(dout)).
-	if err := blk.ffn().Backward(blk.dh, dout); err != nil {
+	blk.dh = Ensure(blk.b, blk.dh, dt, n, C)
+	blk.dx1 = Ensure(blk.b, blk.dx1, dt, n, C)
+	dx2, dout2 := Reshape(dx, n, C), Reshape(dout, n, C)
+	// out = x1 + m: ∂L/∂x1 = dout + norm2ᵀ(ffnᵀ(dout)).
+	if err := blk.FFN.Backward(blk.dh, dout2); err != nil {
 		return err
 	}
 	if err := blk.Norm2.Backward(blk.dx1, blk.dh); err != nil {
 		return err
 	}
-	blk.b.Add(blk.dx1, blk.dx1, dout)
+	blk.b.Add(blk.dx1, blk.dx1, dout2)
 	// x1 = x + a: ∂L/∂x = dx1 + norm1ᵀ(attnᵀ(dx1)).
-	if err := blk.Attn.Backward(blk.dh, blk.dx1); err != nil {
+	if err := blk.Mixer.Backward(blk.dh, blk.dx1); err != nil {
 		return err
 	}
-	if err := blk.Norm1.Backward(dx, blk.dh); err != nil {
+	if err := blk.Norm1.Backward(dx2, blk.dh); err != nil {
 		return err
 	}
-	blk.b.Add(dx, dx, blk.dx1)
+	blk.b.Add(dx2, dx2, blk.dx1)
 	return Sticky(blk.b, blk.what(), "backward")
 }

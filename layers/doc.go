@@ -37,4 +37,12 @@
 // blocks (causal self-attention with rotary position embedding, SwiGLU
 // MLP), a final RMSNorm, an LM head tied to the embedding or not, and a
 // fused softmax cross-entropy.
+//
+// One model: Block and Decoder (the GPT assembly) take their parts as small
+// interfaces (Mixer, FeedForward; TokenEmbedding, Projection, Loss) and are
+// also the block and the assembly of the sharded model — parallel/tp and
+// parallel/model build them from tensor-, vocab- and expert-parallel parts,
+// with DecoderParts' hooks for the replica's rows, the token shard, the
+// loss all-reduce and failure handling. Parallelism is a property of the
+// parts, not a second copy of the model.
 package layers

@@ -138,33 +138,21 @@ func (c GPTConfig) Validate() error {
 }
 
 // GPT is a decoder-only transformer: token embedding → Layers pre-norm
-// blocks → final RMSNorm → LM head → softmax cross-entropy.
+// blocks → final RMSNorm → LM head → softmax cross-entropy. It is the
+// Decoder of this package's layers (parallel/model builds the same
+// assembly from sharded parts); its fields are those parts.
 type GPT struct {
 	Embed  *Embedding
 	Blocks []*Block
 	Norm   *RMSNorm
 	Head   *Linear // (Vocab, Dim) weight: the embedding's when tied
 
-	cfg GPTConfig
-	b   tensor.Backend
-	dt  tensor.DType
-	ps  *ParamSet
+	// The assembly of those parts: Forward, ForwardAsync, ReadLoss,
+	// Backward, AuxLoss, RouterStats and Logits are its.
+	*Decoder
 
-	// Activations of the last Forward (reallocated when B or T change).
-	bt       [2]int           // B, T
-	ids      *tensor.Tensor   // (B, T) int32 token ids, on the device
-	targets  *tensor.Tensor   // (B*T) int32 targets, on the device
-	xs       []*tensor.Tensor // Layers+1 of (B, T, C): xs[0] embeddings, xs[l+1] output of block l
-	hf       *tensor.Tensor   // (B, T, C) final norm output
-	logits   *tensor.Tensor   // (B*T, V)
-	losses   *tensor.Tensor   // (B*T) per-row loss (f32, or f64 for f64 models)
-	dlogits  *tensor.Tensor   // (B*T, V) ∂loss/∂logits, from the fused cross-entropy
-	lossSum  *tensor.Tensor   // (1) Σ losses, like losses
-	nTargets int              // non-ignored targets of the last Forward
-	lossAt   int              // where the last Forward's loss is (lossNone, ...)
-	ready    bool             // a Forward with targets ran and no Backward since
-	// Backward scratch.
-	dhf, dxa, dxb *tensor.Tensor // (B, T, C)
+	cfg GPTConfig
+	ps  *ParamSet
 }
 
 // NewGPT builds the model on b with parameters of dtype dt (Float32 or
@@ -182,7 +170,7 @@ func NewGPT(b tensor.Backend, cfg GPTConfig, dt tensor.DType) (*GPT, error) {
 	if !dt.IsFloat() {
 		return nil, fmt.Errorf("layers: NewGPT with dtype %v, expected a float dtype (f32 or f64 on the cpu)", dt)
 	}
-	m := &GPT{cfg: cfg, b: b, dt: dt, ps: NewParamSet(cfg.Seed)}
+	m := &GPT{cfg: cfg, ps: NewParamSet(cfg.Seed)}
 	std, outStd := cfg.InitStd, cfg.InitStd/math.Sqrt(2*float64(cfg.Layers))
 	var err error
 	if m.Embed, err = NewEmbedding(b, m.ps, "embed", cfg.Vocab, cfg.Dim, std); err != nil {
@@ -214,6 +202,16 @@ func NewGPT(b tensor.Backend, cfg GPTConfig, dt tensor.DType) (*GPT, error) {
 	if err != nil {
 		return nil, err
 	}
+	loss, err := NewCrossEntropy(b, cfg.Vocab)
+	if err != nil {
+		return nil, err
+	}
+	if m.Decoder, err = NewDecoder(b, DecoderParts{
+		What: "layers: gpt", Seq: cfg.Seq, Vocab: cfg.Vocab, Dim: cfg.Dim, LogitCols: cfg.Vocab, DType: dt,
+		Embed: &hostIDs{e: m.Embed, b: b}, Blocks: m.Blocks, Norm: m.Norm, Head: m.Head, Loss: loss,
+	}); err != nil {
+		return nil, err
+	}
 	if err := m.ps.Materialize(b, dt); err != nil {
 		return nil, err
 	}
@@ -225,10 +223,6 @@ func (m *GPT) Config() GPTConfig { return m.cfg }
 
 // Params returns the model's parameter set.
 func (m *GPT) Params() *ParamSet { return m.ps }
-
-// Logits returns the (B*T, Vocab) logits of the last Forward (nil before the
-// first); they stay valid until the next Forward.
-func (m *GPT) Logits() *tensor.Tensor { return m.logits }
 
 // ZeroGrad sets every parameter gradient to zero.
 func (m *GPT) ZeroGrad() { m.ps.ZeroGrad() }
@@ -271,186 +265,6 @@ func CountTargets(layer string, targets, ids *tensor.Tensor, vocab int) (int, er
 		}
 	}
 	return n, nil
-}
-
-// Forward runs the model on ids (host int32 (B, T), T ≤ Seq, each id in
-// [0, Vocab)) and, when targets (host int32 (B, T); negative values are
-// ignored) is not nil, returns the mean cross-entropy over the non-ignored
-// targets plus the MoE blocks' auxiliary losses (AuxLoss; 0 in a dense
-// model) and prepares the gradient of that sum for Backward. With nil
-// targets the loss is 0 and Backward is not allowed. It is ForwardAsync
-// then ReadLoss.
-func (m *GPT) Forward(ids, targets *tensor.Tensor) (float64, error) {
-	if err := m.ForwardAsync(ids, targets); err != nil {
-		return 0, err
-	}
-	return m.ReadLoss()
-}
-
-// ForwardAsync is Forward without reading the loss back: the per-row
-// losses are summed on the device and stay there until ReadLoss, so a
-// Backward queues behind the forward with no host sync in between.
-func (m *GPT) ForwardAsync(ids, targets *tensor.Tensor) error {
-	m.ready, m.lossAt = false, lossNone
-	if err := CheckTokens("layers: gpt", "ids", ids, m.cfg.Seq); err != nil {
-		return err
-	}
-	if err := CheckIDs("layers: gpt: ids", ids, m.cfg.Vocab); err != nil {
-		return err
-	}
-	nTargets := 0
-	if targets != nil {
-		if err := CheckTokens("layers: gpt", "targets", targets, m.cfg.Seq); err != nil {
-			return err
-		}
-		var err error
-		if nTargets, err = CountTargets("layers: gpt", targets, ids, m.cfg.Vocab); err != nil {
-			return err
-		}
-	}
-	if err := m.b.Err(); err != nil {
-		return fmt.Errorf("layers: gpt: the backend already holds an error: %w", err)
-	}
-	B, T, C := ids.Dim(0), ids.Dim(1), m.cfg.Dim
-	N := B * T
-	m.alloc(B, T)
-	m.b.Upload(m.ids, ids)
-	if err := m.Embed.Forward(m.xs[0], m.ids); err != nil {
-		return err
-	}
-	for l, blk := range m.Blocks {
-		if err := blk.Forward(m.xs[l+1], m.xs[l]); err != nil {
-			return err
-		}
-	}
-	if err := m.Norm.Forward(m.hf, m.xs[len(m.Blocks)]); err != nil {
-		return err
-	}
-	if err := m.Head.Forward(m.logits, Reshape(m.hf, N, C)); err != nil {
-		return err
-	}
-	if targets == nil {
-		m.lossAt = lossZero
-		return Sticky(m.b, "layers: gpt", "forward")
-	}
-	scale := float32(0)
-	if nTargets > 0 {
-		scale = float32(1 / float64(nTargets))
-	}
-	m.b.Upload(m.targets, Reshape(targets, N))
-	m.b.CrossEntropy(m.losses, m.dlogits, m.logits, m.targets, scale)
-	m.b.Fill(m.lossSum, 0)
-	m.b.SumRows(m.lossSum, Reshape(m.losses, N, 1))
-	if err := Sticky(m.b, "layers: gpt", "forward"); err != nil {
-		return err
-	}
-	m.ready, m.lossAt, m.nTargets = true, lossOnDevice, nTargets
-	return nil
-}
-
-// Where the loss of the last forward is.
-const (
-	lossNone     = iota // no successful forward
-	lossZero            // a forward without targets: 0
-	lossOnDevice        // Σ losses in lossSum, over nTargets targets
-)
-
-// ReadLoss returns the loss of the last ForwardAsync (what Forward
-// returns), reading one scalar from the device: it waits for the work
-// queued before it, so read it after Backward to keep the two back to
-// back. It may be called more than once.
-func (m *GPT) ReadLoss() (float64, error) {
-	switch m.lossAt {
-	case lossNone:
-		return 0, errors.New("layers: gpt: ReadLoss needs a successful Forward first")
-	case lossZero:
-		return 0, nil
-	}
-	h := tensor.MustHost(tensor.Float64, 1)
-	m.b.Download(h, m.lossSum)
-	if err := Sticky(m.b, "layers: gpt", "reading the loss"); err != nil {
-		return 0, err
-	}
-	if m.nTargets == 0 {
-		return m.AuxLoss(), nil
-	}
-	return h.F64()[0]/float64(m.nTargets) + m.AuxLoss(), nil
-}
-
-// AuxLoss is the sum of the MoE blocks' auxiliary losses (load balance and
-// z-loss, with their coefficients) of the last Forward: the part of
-// Forward's loss that is not the cross-entropy. 0 in a dense model.
-func (m *GPT) AuxLoss() float64 {
-	var s float64
-	for _, blk := range m.Blocks {
-		s += blk.AuxLoss()
-	}
-	return s
-}
-
-// RouterStats returns the routing statistics of the last Forward, one per
-// MoE block in block order (nil in a dense model).
-func (m *GPT) RouterStats() []MoEStats {
-	var st []MoEStats
-	for _, blk := range m.Blocks {
-		if blk.MoE != nil {
-			st = append(st, blk.MoE.Stats())
-		}
-	}
-	return st
-}
-
-// alloc (re)allocates the activations for a batch of B sequences of T.
-func (m *GPT) alloc(B, T int) {
-	C, V, N, dt := m.cfg.Dim, m.cfg.Vocab, B*T, m.dt
-	if m.bt == [2]int{B, T} {
-		return
-	}
-	m.bt = [2]int{B, T}
-	m.ids = Ensure(m.b, m.ids, tensor.Int32, B, T)
-	m.targets = Ensure(m.b, m.targets, tensor.Int32, N)
-	if m.xs == nil {
-		m.xs = make([]*tensor.Tensor, len(m.Blocks)+1)
-	}
-	for i := range m.xs {
-		m.xs[i] = Ensure(m.b, m.xs[i], dt, B, T, C)
-	}
-	m.hf = Ensure(m.b, m.hf, dt, B, T, C)
-	m.logits = Ensure(m.b, m.logits, dt, N, V)
-	m.dlogits = Ensure(m.b, m.dlogits, dt, N, V)
-	m.losses = Ensure(m.b, m.losses, StatDType(dt), N)
-	m.lossSum = Ensure(m.b, m.lossSum, StatDType(dt), 1)
-	m.dhf = Ensure(m.b, m.dhf, dt, B, T, C)
-	m.dxa = Ensure(m.b, m.dxa, dt, B, T, C)
-	m.dxb = Ensure(m.b, m.dxb, dt, B, T, C)
-}
-
-// Backward adds the gradient of the last Forward's mean loss to the
-// parameters' gradients (Params().Flat()). It requires a Forward with
-// targets, and runs once per Forward.
-func (m *GPT) Backward() error {
-	if !m.ready {
-		return errors.New("layers: gpt: Backward needs a successful Forward with targets since the last Backward")
-	}
-	m.ready = false
-	N, C := m.bt[0]*m.bt[1], m.cfg.Dim
-	if err := m.Head.Backward(Reshape(m.dhf, N, C), m.dlogits); err != nil {
-		return err
-	}
-	dx, dnext := m.dxa, m.dxb
-	if err := m.Norm.Backward(dx, m.dhf); err != nil {
-		return err
-	}
-	for l := len(m.Blocks) - 1; l >= 0; l-- {
-		if err := m.Blocks[l].Backward(dnext, dx); err != nil {
-			return err
-		}
-		dx, dnext = dnext, dx
-	}
-	if err := m.Embed.Backward(dx); err != nil {
-		return err
-	}
-	return Sticky(m.b, "layers: gpt", "backward")
 }
 
 // FLOPsPerToken is the forward+backward model FLOPs per token

@@ -1,5 +1,8 @@
 // Package model is the tensor-, data- and expert-parallel GPT: layers.GPT
-// built from the layers of parallel/tp and parallel/ep over a comm.Grid.
+// built from the layers of parallel/tp and parallel/ep over a comm.Grid —
+// the same block (layers.Block, through tp.Block) and the same assembly
+// (layers.Decoder) as the single-rank model, with sharded parts; this
+// package adds the layout, the gradient reduction and failure handling.
 // Each rank holds one Model with its own shards. It knows nothing of the
 // training loop: a Model has what train.Run (train.Model) and
 // train.RunSharded (train.Sharded: its Layout, WorldRank and StepRange)

@@ -33,8 +33,12 @@ type Options struct {
 // Model is the tensor- and data-parallel GPT: layers.GPT with its weights
 // split over the grid's TP group (vocab-parallel embedding and LM head,
 // TP attention and MLP, vocab-parallel cross-entropy) and its batch split
-// over the DP group. It implements train.Model; each rank holds one Model,
-// with its own shards in its own ParamSet.
+// over the DP group. It is the same assembly as layers.GPT (a
+// layers.Decoder, built here from these parts, with hooks for the
+// replica's rows, the token shard, the loss all-reduce and the abort of
+// the world); what is the model's own is the layout, the gradient
+// reduction and failure handling. It implements train.Model; each rank
+// holds one Model, with its own shards in its own ParamSet.
 type Model struct {
 	Embed  *tp.VocabParallelEmbedding
 	Blocks []Block                  // *tp.Block, or *MoEBlock for the MoE blocks (GPTConfig.IsMoE)
@@ -51,20 +55,7 @@ type Model struct {
 	shards  []tp.Shard
 	experts []*layers.Param // the MoE blocks' expert weights (split over EP)
 	plan    gradPlan
-
-	// Activations of the last Forward (reallocated when B or T change).
-	bt       [2]int           // this replica's B and T
-	xs       []*tensor.Tensor // Layers+1 of (n, C): the residual stream (n = N, or N/P under SP)
-	hf       *tensor.Tensor   // (n, C) final norm output
-	logits   *tensor.Tensor   // (N, Vocab/P)
-	dlogits  *tensor.Tensor   // (N, Vocab/P)
-	losses   *tensor.Tensor   // (N) stat dtype: per-row losses
-	lossSum  *tensor.Tensor   // (1) stat dtype: their sum over the global batch
-	dhf, dxa *tensor.Tensor   // (n, C) backward scratch
-	dxb      *tensor.Tensor   // (n, C) backward scratch
-	nTargets int              // non-ignored targets of the last Forward's global batch
-	lossAt   int              // where the last Forward's loss is (lossNone, ...)
-	ready    bool
+	dec     *layers.Decoder // the assembly of the parts above
 }
 
 // New builds this rank's part of the model described by cfg on b, with
@@ -108,6 +99,7 @@ func New(b tensor.Backend, grid *comm.Grid, cfg layers.GPTConfig, opts Options, 
 		return nil, err
 	}
 	m.shards = append(m.shards, m.Embed.Shards()...)
+	var blocks []*layers.Block // the shared blocks behind m.Blocks
 	for l := range cfg.Layers {
 		name := fmt.Sprintf("blocks.%d", l)
 		bc := layers.BlockConfig{
@@ -122,8 +114,14 @@ func New(b tensor.Backend, grid *comm.Grid, cfg layers.GPTConfig, opts Options, 
 			}
 			m.experts = append(m.experts, mb.MoE.ExpertParams()...)
 			blk = mb
-		} else if blk, err = tp.NewBlock(b, m.ps, m.par, name, bc); err != nil {
-			return nil, err
+			blocks = append(blocks, mb.Block.Block)
+		} else {
+			tb, err := tp.NewBlock(b, m.ps, m.par, name, bc)
+			if err != nil {
+				return nil, err
+			}
+			blk = tb
+			blocks = append(blocks, tb.Block)
 		}
 		m.Blocks = append(m.Blocks, blk)
 		m.shards = append(m.shards, blk.Shards()...)
@@ -143,6 +141,24 @@ func New(b tensor.Backend, grid *comm.Grid, cfg layers.GPTConfig, opts Options, 
 	}
 	m.shards = append(m.shards, m.Head.Shards()...)
 	if m.Loss, err = tp.NewVocabParallelCrossEntropy(b, m.par, cfg.Vocab); err != nil {
+		return nil, err
+	}
+	if m.dec, err = layers.NewDecoder(b, layers.DecoderParts{
+		What: "model", Seq: cfg.Seq, Vocab: cfg.Vocab, Dim: cfg.Dim, LogitCols: m.Head.LocalOut, DType: dt,
+		Embed: m.Embed, Blocks: blocks, Norm: m.Norm, Head: m.Head, Loss: m.Loss,
+		CheckBatch: m.checkBatch,
+		Replica:    m.ReplicaRows,
+		Rows: func(tokens int) (int, error) {
+			if m.par.SequenceParallel {
+				return tokens / grid.TP, nil // checkBatch saw that TP divides them
+			}
+			return tokens, nil
+		},
+		ReduceLoss: func(sum *tensor.Tensor) error {
+			return m.allReduce(grid.DPGroup, "loss over the DP group", sum)
+		},
+		Fail: m.fail,
+	}); err != nil {
 		return nil, err
 	}
 	if err := m.ps.Materialize(b, dt); err != nil {
@@ -215,28 +231,12 @@ func (m *Model) ExpertParams() []*layers.Param { return append([]*layers.Param(n
 // Forward, over the tokens of the global batch (the same on every rank; 0
 // in a dense model): the part of Forward's loss that is not the
 // cross-entropy, as in layers.GPT.
-func (m *Model) AuxLoss() float64 {
-	var s float64
-	for _, blk := range m.Blocks {
-		if mb, ok := blk.(*MoEBlock); ok {
-			s += mb.MoE.AuxLoss()
-		}
-	}
-	return s
-}
+func (m *Model) AuxLoss() float64 { return m.dec.AuxLoss() }
 
 // RouterStats returns the routing statistics of the last Forward over the
 // global batch, one per MoE block in block order (nil in a dense model;
 // the same on every rank), as layers.GPT's.
-func (m *Model) RouterStats() []layers.MoEStats {
-	var st []layers.MoEStats
-	for _, blk := range m.Blocks {
-		if mb, ok := blk.(*MoEBlock); ok {
-			st = append(st, mb.MoE.Stats())
-		}
-	}
-	return st
-}
+func (m *Model) RouterStats() []layers.MoEStats { return m.dec.RouterStats() }
 
 // Grid is the grid the model was built on.
 func (m *Model) Grid() *comm.Grid { return m.grid }
@@ -244,7 +244,7 @@ func (m *Model) Grid() *comm.Grid { return m.grid }
 // Logits returns the logits of the last Forward: (N, Vocab/P), this rank's
 // vocabulary columns for its replica's N = B/DP·T tokens (nil before the
 // first Forward). They stay valid until the next Forward.
-func (m *Model) Logits() *tensor.Tensor { return m.logits }
+func (m *Model) Logits() *tensor.Tensor { return m.dec.Logits() }
 
 // ZeroGrad sets every gradient of this rank to zero.
 func (m *Model) ZeroGrad() { m.ps.ZeroGrad() }
@@ -270,4 +270,79 @@ func (m *Model) fail(err error) error {
 		a.Abort(err)
 	}
 	return err
+}
+
+// checkBatch checks a host int32 (B, T) tensor of the global batch against
+// the layout (after layers.CheckTokens).
+func (m *Model) checkBatch(what string, t *tensor.Tensor) error {
+	s := t.Shape()
+	if s[0]%m.grid.DP != 0 {
+		return fmt.Errorf("model: %s has shape %v: the global batch B = %d is not divisible by DP = %d (each replica takes B/DP sequences)", what, s, s[0], m.grid.DP)
+	}
+	if m.par.SequenceParallel && (s[0]/m.grid.DP*s[1])%m.grid.TP != 0 {
+		return fmt.Errorf("model: %s has shape %v: a replica's %d tokens (B/DP × T) are not divisible by TP = %d, as sequence parallelism needs",
+			what, s, s[0]/m.grid.DP*s[1], m.grid.TP)
+	}
+	if m.cfg.Experts > 0 && (s[0]/m.grid.DP*s[1])%m.grid.TP != 0 {
+		return fmt.Errorf("model: %s has shape %v: a replica's %d tokens (B/DP × T) are not divisible by TP = %d, as the MoE blocks need (each TP rank routes its own slice)",
+			what, s, s[0]/m.grid.DP*s[1], m.grid.TP)
+	}
+	return nil
+}
+
+// Forward runs the model on the GLOBAL batch: ids and targets are host
+// int32 (B, T), the same on every rank (every rank's loader yields the
+// whole batch; B must divide by DP), and this rank's replica takes its rows
+// (ReplicaRows). It returns, on every rank, the mean cross-entropy over the
+// non-ignored targets of the whole global batch (negative targets are
+// ignored) plus the MoE blocks' auxiliary losses over the global batch
+// (AuxLoss) — what layers.GPT returns for that batch — and prepares each
+// replica's gradient of that mean for Backward: each replica's losses are
+// scaled by 1/(targets of the global batch), so the sum of the replicas'
+// gradients is the gradient of the global mean. With nil targets the loss
+// is 0 and Backward is not allowed. It is ForwardAsync then ReadLoss.
+//
+// Input errors are found before any work, identically on every rank; an
+// error after that aborts the world (comm.Aborter) so the other ranks stop.
+func (m *Model) Forward(ids, targets *tensor.Tensor) (float64, error) {
+	return m.dec.Forward(ids, targets)
+}
+
+// ForwardAsync is Forward without reading the loss back: the global sum of
+// the per-row losses is formed on the device (SumRows, then an all-reduce
+// over DP) and stays there until ReadLoss, so a Backward queues behind the
+// forward with no host sync for the loss in between.
+func (m *Model) ForwardAsync(ids, targets *tensor.Tensor) error {
+	return m.dec.ForwardAsync(ids, targets)
+}
+
+// ReadLoss returns the loss of the last ForwardAsync (what Forward
+// returns), reading one scalar from the device: it waits for the work
+// queued before it, so read it after Backward to keep the two back to
+// back. It involves no other rank and may be called more than once.
+func (m *Model) ReadLoss() (float64, error) { return m.dec.ReadLoss() }
+
+// Backward adds this replica's gradient of the last Forward's global mean
+// loss to the parameters' gradients, then reduces them so that every rank
+// holds, for each of its parameters, the gradient of the global mean: the
+// sum over the DP group, and for replicated parameters whose gradients are
+// partial per TP rank (sequence parallelism) also the sum over the TP
+// group. It requires a Forward with targets, and runs once per Forward. An
+// error aborts the world (comm.Aborter).
+func (m *Model) Backward() error {
+	if err := m.dec.Backward(); err != nil {
+		return err // the decoder has called m.fail where it applies
+	}
+	if err := m.reduceGrads(); err != nil {
+		return m.fail(err)
+	}
+	return nil
+}
+
+// sticky wraps the backend's sticky error.
+func sticky(b tensor.Backend, pass string) error {
+	if err := b.Err(); err != nil {
+		return fmt.Errorf("model: %s: %w", pass, err)
+	}
+	return nil
 }

@@ -24,9 +24,9 @@ type Block interface {
 	Shards() []tp.Shard
 }
 
-// MoEBlock is layers.Block with an MoE layer: a tp.Block (tensor-parallel
-// attention) whose feed-forward layer is the expert-parallel MoE of
-// parallel/ep,
+// MoEBlock is the shared layers.Block with an MoE layer: a tp.Block
+// (tensor-parallel attention) whose feed-forward part is the
+// expert-parallel MoE of parallel/ep,
 //
 //	x1  = x + attn(norm1(x))
 //	out = x1 + moe(norm2(x1))
@@ -80,6 +80,12 @@ type moeFFN struct {
 }
 
 func (f *moeFFN) Params() []*layers.Param { return f.moe.Params() }
+
+// AuxLoss is the EP layer's, over the global batch (layers.Block.AuxLoss).
+func (f *moeFFN) AuxLoss() float64 { return f.moe.AuxLoss() }
+
+// Stats are the EP layer's, over the global batch (layers.Block.Stats).
+func (f *moeFFN) Stats() layers.MoEStats { return f.moe.Stats() }
 
 // Shards describes the MoE's parameters: the router replicated with a
 // gradient partial per TP rank (each TP rank routes other tokens), and the

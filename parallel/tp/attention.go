@@ -131,6 +131,12 @@ func (a *Attention) Forward(out, x *tensor.Tensor, batch, seq int) error {
 	return layers.Sticky(a.b, a.what(), "forward")
 }
 
+// ForwardSeq is Forward, the form of a layers.Mixer (the shared block's
+// attention part).
+func (a *Attention) ForwardSeq(out, x *tensor.Tensor, batch, seq int) error {
+	return a.Forward(out, x, batch, seq)
+}
+
 // Backward overwrites dx (shaped like the forward's x) with ∂L/∂x and adds
 // the weight gradients, from dout (shaped like out).
 func (a *Attention) Backward(dx, dout *tensor.Tensor) error {

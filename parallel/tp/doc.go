@@ -43,8 +43,9 @@
 //	  per row: the local log-sum-exp and loss, one all-gather of both, the global
 //	  log-sum-exp on the device; backward local (no collective).
 //
-// A transformer block puts them together (the attention's heads and the
-// MLP's hidden features are split; the norms and the residual stream stay
+// A transformer block puts them together — Block is layers.Block with
+// Attention and MLP as its parts (the attention's heads and the MLP's
+// hidden features are split; the norms and the residual stream stay
 // outside the regions):
 //
 //	x ─► RMSNorm ─► [enter] ─► wq,wk,wv (column) ─► RoPE, attention on H/P heads ─► wo (row) ─► [leave] ─► + x
