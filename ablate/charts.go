@@ -82,7 +82,7 @@ func speedupChart(rs []Result) (*Chart, error) {
 	p.Title.Text = fmt.Sprintf("Speedup over collective vs M (world %d; > 1: faster)", P)
 	p.X.Label.Text = "M (tokens)"
 	p.Y.Label.Text = "speedup (collective time / strategy time)"
-	p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+	p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, valueTicks(lines, "%.0f")
 	p.Add(plotter.NewGrid())
 	one, _ := plotter.NewLine(plotter.XYs{{X: minX(lines), Y: 1}, {X: maxX(lines), Y: 1}})
 	one.Color, one.Dashes = color.Gray{Y: 100}, []vg.Length{vg.Points(4), vg.Points(3)}
@@ -168,6 +168,11 @@ func breakdownChart(rs []Result) (*Chart, error) {
 	p.Legend.Add("exposed communication (T − T_gemm)", be)
 	p.Legend.Add("T_gemm + T_comm (nothing hidden)", sc)
 	p.Legend.Top = true
+	top := 0.0
+	for i := range compute {
+		top = max(top, compute[i]+exposed[i], unfused[i])
+	}
+	p.Y.Min, p.Y.Max = 0, 1.3*top // room for the legend
 	p.NominalX(labels...)
 	p.X.Tick.Label.Font.Size = vg.Points(6)
 	width := vg.Length(max(9, len(labels)/2+2)) * vg.Inch
@@ -229,11 +234,11 @@ func bandwidthChart(rs []Result) (*Chart, error) {
 func short(o Op) string {
 	switch o {
 	case OpAllGatherMatmul:
-		return "AG∘MM"
+		return "AG+MM"
 	case OpMatmulReduceScatter:
-		return "MM∘RS"
+		return "MM+RS"
 	case OpMatmulAllReduce:
-		return "MM∘AR"
+		return "MM+AR"
 	case OpMoEDispatchCombine:
 		return "MoE d+c"
 	}
@@ -291,4 +296,20 @@ func maxX(m map[string]plotter.XYs) float64 {
 		}
 	}
 	return v
+}
+
+// valueTicks labels the x values that occur in the lines.
+func valueTicks(m map[string]plotter.XYs, format string) plot.ConstantTicks {
+	seen := map[float64]bool{}
+	var t plot.ConstantTicks
+	for _, xy := range m {
+		for _, p := range xy {
+			if !seen[p.X] {
+				seen[p.X] = true
+				t = append(t, plot.Tick{Value: p.X, Label: fmt.Sprintf(format, p.X)})
+			}
+		}
+	}
+	sort.Slice(t, func(i, j int) bool { return t[i].Value < t[j].Value })
+	return t
 }
