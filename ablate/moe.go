@@ -47,11 +47,17 @@ func newMoE(c Cell, g gen, b tensor.Backend, grp comm.Comm, st comm.Stream) (opC
 			m.idx[t*m.K+j] = int32((h + uint64(j)) % uint64(m.E))
 		}
 	}
-	hw := tensor.MustHost(tensor.Float32, m.n, m.K)
-	for i := range hw.F32() {
-		hw.F32()[i] = float32(0.25 + 0.5*(g.at(whatHash("moe.w"), m.me, i, 0, 1)+1)/2)
+	// The router's weights, in the activations' dtype (as layers.Router
+	// makes them), in [0.25, 0.75).
+	hw := tensor.MustHost(g.dt, m.n, m.K)
+	wv := make([]float64, m.n*m.K)
+	for i := range wv {
+		wv[i] = m.weight(i)
 	}
-	m.wts = b.Zeros(tensor.Float32, m.n, m.K)
+	if err := hw.SetFloat64s(wv); err != nil {
+		return nil, err
+	}
+	m.wts = b.Zeros(g.dt, m.n, m.K)
 	b.Upload(m.wts, hw)
 	m.out = b.Zeros(g.dt, m.n, m.d)
 	if m.disp, err = ep.NewDispatcher(b, grp, m.E, st); err != nil {
@@ -101,15 +107,20 @@ func (m *moeCase) run() error {
 func (m *moeCase) sampled(outs [][]float64) float64 {
 	ref := make([]float64, m.n*m.d)
 	wh := whatHash("moe.x")
-	hw := whatHash("moe.w")
 	for t := range m.n {
 		s := 0.0
 		for j := range m.K {
-			s += float64(float32(0.25 + 0.5*(m.g.at(hw, m.me, t*m.K+j, 0, 1)+1)/2))
+			s += m.weight(t*m.K + j)
 		}
 		for c := range m.d {
 			ref[t*m.d+c] = m.g.at(wh, m.me, t, c, m.d) * s
 		}
 	}
 	return relErr(outs[0], ref)
+}
+
+// weight is the router weight of slot i (token i / K, choice i % K),
+// rounded to the dtype.
+func (m *moeCase) weight(i int) float64 {
+	return roundTo(m.g.dt, 0.25+0.5*(m.g.at(whatHash("moe.w"), m.me, i, 0, 1)+1)/2)
 }

@@ -51,6 +51,7 @@ type options struct {
 	seed                              uint64
 	timeout                           time.Duration
 	progress                          string
+	deadline                          time.Duration // of the whole matrix (0: none)
 }
 
 func ints(s string) ([]int, error) {
@@ -99,6 +100,7 @@ func parse(args []string) (ablate.Matrix, options, error) {
 	fs.StringVar(&o.script, "torch-script", "bench/torch_ablate.py", "the PyTorch rows' script")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the inputs")
 	fs.DurationVar(&o.timeout, "timeout", 4*time.Minute, "deadline of each batch of cells (one world of one transport)")
+	fs.DurationVar(&o.deadline, "deadline", 0, "deadline of the cells (0: none): batches that would start later are listed as not run, each batch's deadline is cut to what is left, and the report is written")
 	fs.StringVar(&o.progress, "progress", "auto", "auto (a bar on a terminal, lines otherwise), bar, lines, off")
 	if err := fs.Parse(args); err != nil {
 		return ablate.Matrix{}, o, err
@@ -227,13 +229,27 @@ func run(ctx context.Context, args []string, stdout io.Writer, strategies map[st
 		if err := ctx.Err(); err != nil {
 			return err
 		}
+		bo := o
+		if o.deadline > 0 {
+			left := o.deadline - time.Since(start)
+			if left < 5*time.Second {
+				for _, c := range b.cells {
+					r := ablate.Result{Cell: c, Status: ablate.StatusNotRun, Reason: fmt.Sprintf("--deadline %v passed before this batch", o.deadline),
+						Tol: ablate.Tolerance(ablate.DTypeOf(c.DType))}
+					rep.Results = append(rep.Results, r)
+					prog.done(r)
+				}
+				continue
+			}
+			bo.timeout = min(o.timeout, left)
+		}
 		var rs []ablate.Result
 		var err error
 		switch b.transport {
 		case "local":
-			rs, err = ablate.RunLocal(b.world, b.cells, strategies, m.Warmup, m.Reps, o.seed, o.timeout, prog.done)
+			rs, err = ablate.RunLocal(b.world, b.cells, strategies, m.Warmup, m.Reps, o.seed, bo.timeout, prog.done)
 		default:
-			rs, err = runGPU(ctx, b.transport, b.world, b.cells, m, o, gpu, &rep.Env, prog.done)
+			rs, err = runGPU(ctx, b.transport, b.world, b.cells, m, bo, gpu, &rep.Env, prog.done)
 		}
 		rep.Results = append(rep.Results, complete(b.cells, rs, err, prog.done)...)
 	}
@@ -267,8 +283,8 @@ func run(ctx context.Context, args []string, stdout io.Writer, strategies map[st
 	if err := rep.Write(o.out); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "\nreport: %s (also report.html, results.json, %s); autotune cache: %s\n\n",
-		filepath.Join(o.out, "report.md"), strings.Join(rep.Charts, ", "), o.cache)
+	fmt.Fprintf(stdout, "\nreport: %s (also %s); autotune cache: %s\n\n",
+		filepath.Join(o.out, "report.md"), strings.Join(append([]string{"report.html", "results.json"}, rep.Charts...), ", "), o.cache)
 	fmt.Fprint(stdout, rep.HeadlineText())
 	return nil
 }
