@@ -256,7 +256,11 @@ func run(ctx context.Context, args []string, stdout io.Writer, strategies map[st
 	prog.close()
 
 	if o.torch == "auto" {
-		rows, note, err := ablate.RunTorch(ctx, o.python, o.script, torchShapes(rep.Results), m.Reps, 3*time.Minute)
+		torchTimeout := 3 * time.Minute
+		if o.deadline > 0 { // the cells had the deadline; the PyTorch rows get a fixed share after it
+			torchTimeout = 50 * time.Second
+		}
+		rows, note, err := ablate.RunTorch(ctx, o.python, o.script, torchShapes(rep.Results), m.Reps, torchTimeout)
 		if err != nil {
 			note = err.Error()
 		}
