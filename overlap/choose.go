@@ -11,8 +11,9 @@ import (
 )
 
 // Names of the strategies a configuration may name. "auto" picks per site
-// from an autotune cache (cmd/ablate); until one exists it picks
-// collective, and says so.
+// from an autotune cache (WithTuning; cmd/ablate writes one); a site the
+// cache has no entry for, or a run without a cache, gets collective, and
+// the summary says so.
 var Names = []string{"collective", "pipelined", "fused", "auto"}
 
 // Config chooses a strategy for each site: the JSON "overlap" section of a
@@ -55,6 +56,7 @@ type Chooser struct {
 	cfg       Config
 	available map[string]Strategy
 	missing   map[string]string // strategy name → why this run cannot build it
+	tuning    Tuning            // what "auto" consults; nil: no cache
 
 	mu      sync.Mutex
 	choices map[Kind]map[string]int // kind → strategy → sites
@@ -65,7 +67,7 @@ type Chooser struct {
 // NewChooser validates cfg against the strategies available in this run;
 // missing says, for each strategy this run cannot build, why ("fused needs
 // --comm nvshmem"). Collective is always available.
-func NewChooser(cfg Config, available []Strategy, missing map[string]string) (*Chooser, error) {
+func NewChooser(cfg Config, available []Strategy, missing map[string]string, opts ...ChooserOption) (*Chooser, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -73,6 +75,9 @@ func NewChooser(cfg Config, available []Strategy, missing map[string]string) (*C
 		choices: map[Kind]map[string]int{}, notes: map[Kind]string{}, used: map[string]bool{}}
 	for _, s := range available {
 		c.available[s.Name()] = s
+	}
+	for _, o := range opts {
+		o(c)
 	}
 	for k, v := range missing {
 		if _, ok := c.available[k]; !ok {
@@ -128,7 +133,7 @@ func (c *Chooser) Choose(sp Spec) (Strategy, error) {
 	case "", "collective":
 		name = "collective"
 	case "auto":
-		name, note = "collective", "auto: no autotune cache yet, so collective"
+		name, note = c.auto(sp)
 	}
 	s, err := c.lookup(name)
 	if err == nil {
@@ -143,6 +148,25 @@ func (c *Chooser) Choose(sp Spec) (Strategy, error) {
 	}
 	c.record(sp.Kind, s.Name(), note, key)
 	return s, nil
+}
+
+// auto is the strategy "auto" picks for sp, and the note that says why.
+func (c *Chooser) auto(sp Spec) (name, note string) {
+	if c.tuning == nil {
+		return "collective", "auto: no autotune cache yet, so collective"
+	}
+	name, from, ok := c.tuning.Tuned(sp)
+	if !ok {
+		return "collective", "auto: the autotune cache has no entry for this site, so collective"
+	}
+	s, err := c.lookup(name)
+	if err == nil {
+		err = s.Supports(sp)
+	}
+	if err != nil {
+		return "collective", fmt.Sprintf("auto: %s picks %s, which cannot run here (%v), so collective", from, name, err)
+	}
+	return name, "auto: " + from
 }
 
 func (c *Chooser) record(k Kind, name, note, key string) {

@@ -6,6 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p build
 go build -o build/train ./cmd/train
+go build -o build/ablate ./cmd/ablate
 for pkg in $(go list ./... | sed 's|^github.com/asynctp/asynctp/||;s|^github.com/asynctp/asynctp$||'); do
   case "$pkg" in
     cuda|tensor/cudabackend|comm/nccl|comm/nvshmem|comm/tcp|overlap/peercopy|bench|bench/*)

@@ -30,6 +30,9 @@ type Config struct {
 	// Overlap chooses the strategy of each communication site (--overlap,
 	// overlap.Config: {"default": ..., "sites": {...}}).
 	Overlap overlap.Config `json:"overlap"`
+	// AutotuneCache is the cache "auto" picks from (--autotune-cache,
+	// written by cmd/ablate); empty: OUT/autotune.json when it exists.
+	AutotuneCache string `json:"autotune_cache,omitempty"`
 	// InitFrom is a Hugging Face Llama or Mixtral directory the run's
 	// weights start from (hf.go).
 	InitFrom string `json:"init_from,omitempty"`
@@ -107,6 +110,7 @@ type flagValues struct {
 	nproc                                                int
 	comm                                                 string
 	overlap                                              string
+	autotuneCache                                        string
 	run                                                  runFlags
 }
 
@@ -150,6 +154,7 @@ func newFlagSet(fv *flagValues) *flag.FlagSet {
 	fs.StringVar(&fv.comm, "comm", "", "transport between the ranks: local (goroutines of one process, CPU), tcp (processes, CPU), nccl or nvshmem (processes, GPUs); default local, or with --nproc or a launcher (torchrun, srun, mpirun) tcp on the CPU and nccl with --device cuda")
 	fs.StringVar(&fv.overlap, "overlap", "", "strategy of the communication sites: "+strings.Join(overlap.Names, ", ")+
 		" (default collective; per-site choices in the config's \"overlap\" section)")
+	fs.StringVar(&fv.autotuneCache, "autotune-cache", "", "autotune cache `file` that --overlap auto picks from (cmd/ablate's autotune.json; default OUT/autotune.json when it exists)")
 	addRunFlags(fs, &fv.run)
 	return fs
 }
@@ -310,6 +315,9 @@ func applyFlags(cfg *Config, fv *flagValues, set map[string]bool) {
 	}
 	if set["overlap"] {
 		cfg.Overlap.Default = fv.overlap
+	}
+	if set["autotune-cache"] {
+		cfg.AutotuneCache = fv.autotuneCache
 	}
 	applyRunFlags(cfg, &fv.run, set)
 }

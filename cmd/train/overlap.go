@@ -2,6 +2,9 @@ package main
 
 import (
 	"fmt"
+	"path/filepath"
+
+	"github.com/asynctp/asynctp/ablate"
 
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/overlap"
@@ -21,10 +24,11 @@ func overlapStrategies(cfg Config) ([]overlap.Strategy, map[string]string) {
 	return []overlap.Strategy{overlap.Pipelined{}}, missing
 }
 
-// newChooser is one rank's chooser of the site strategies; extra are the
-// strategies of this rank's transport and backend (GPU ones) that take
-// the place of the generic ones of the same name.
-func newChooser(cfg Config, extra ...overlap.Strategy) (*overlap.Chooser, error) {
+// newChooser is one rank's chooser of the site strategies; tune is what
+// "auto" picks from (nil: no cache); extra are the strategies of this
+// rank's transport and backend (GPU ones) that take the place of the
+// generic ones of the same name.
+func newChooser(cfg Config, tune overlap.Tuning, extra ...overlap.Strategy) (*overlap.Chooser, error) {
 	avail, missing := overlapStrategies(cfg)
 	for _, s := range extra {
 		for i, a := range avail {
@@ -38,13 +42,70 @@ func newChooser(cfg Config, extra ...overlap.Strategy) (*overlap.Chooser, error)
 			avail = append(avail, s)
 		}
 	}
-	return overlap.NewChooser(cfg.Overlap, avail, missing)
+	var opts []overlap.ChooserOption
+	if tune != nil {
+		opts = append(opts, overlap.WithTuning(tune))
+	}
+	return overlap.NewChooser(cfg.Overlap, avail, missing, opts...)
+}
+
+// usesAuto says whether any site may be chosen by "auto".
+func usesAuto(c overlap.Config) bool {
+	if c.Default == "auto" {
+		return true
+	}
+	for _, v := range c.Sites {
+		if v == "auto" {
+			return true
+		}
+	}
+	return false
+}
+
+// autotunePath is the cache of the run and whether it was given
+// explicitly: --autotune-cache, else OUT/autotune.json.
+func autotunePath(cfg Config) (string, bool) {
+	if cfg.AutotuneCache != "" {
+		return cfg.AutotuneCache, true
+	}
+	return filepath.Join(cfg.Train.OutDir, "autotune.json"), false
+}
+
+// tuning is the autotune cache of a rank whose backend is b and whose
+// tensors are dt, for "auto"; nil when no site uses auto or there is no
+// cache at the default place. A cache given explicitly must exist.
+func tuning(cfg Config, b tensor.Backend, dt tensor.DType) (overlap.Tuning, error) {
+	if !usesAuto(cfg.Overlap) {
+		return nil, nil
+	}
+	path, explicit := autotunePath(cfg)
+	c, exists, err := ablate.LoadCache(path)
+	if err != nil {
+		return nil, err
+	}
+	if !exists {
+		if explicit {
+			return nil, fmt.Errorf("--autotune-cache %s: no such file: expected an autotune cache written by cmd/ablate", path)
+		}
+		return nil, nil
+	}
+	gpu := "cpu"
+	if cb, ok := b.(*cudabackend.Backend); ok {
+		gpu = cb.DeviceName()
+	}
+	p := cfg.Parallel
+	tokens := cfg.Train.Batch * cfg.Train.Seq / max(1, p.DP)
+	return ablate.Lookup{Cache: c, Path: path, Transport: p.Comm, GPU: gpu, Tokens: tokens, DType: dt.String()}, nil
 }
 
 // checkOverlap refuses, before any work, an overlap configuration that
-// names a strategy this run cannot build.
+// names a strategy this run cannot build, or an autotune cache that
+// cannot be read.
 func checkOverlap(cfg Config) error {
-	_, err := newChooser(cfg)
+	if _, err := tuning(cfg, nil, tensor.Float32); err != nil {
+		return err
+	}
+	_, err := newChooser(cfg, nil)
 	return err
 }
 

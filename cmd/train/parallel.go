@@ -89,7 +89,11 @@ func trainRank(ctx context.Context, c comm.Comm, cfg Config, ds *train.Dataset, 
 		return train.Result{}, err
 	}
 	defer g.Close()
-	ch, err := newChooser(cfg, gpuOverlap(c, b)...)
+	tune, err := tuning(cfg, b, dt)
+	if err != nil {
+		return train.Result{}, err
+	}
+	ch, err := newChooser(cfg, tune, gpuOverlap(c, b)...)
 	if err != nil {
 		return train.Result{}, err
 	}

@@ -1,0 +1,35 @@
+package ablate
+
+import (
+	"time"
+
+	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/comm/local"
+	"github.com/asynctp/asynctp/overlap"
+	"github.com/asynctp/asynctp/tensor/cpu"
+)
+
+// LocalStrategies are the strategies the CPU ranks run, by matrix name.
+func LocalStrategies() map[string]overlap.Strategy {
+	return map[string]overlap.Strategy{Collective: overlap.Collective{}, Pipelined: overlap.Pipelined{}}
+}
+
+// RunLocal runs cells of one world on goroutine ranks over comm/local,
+// each rank on its own single-threaded CPU backend; done, when not nil,
+// sees rank 0's results as they come. It returns rank 0's results.
+func RunLocal(world int, cells []Cell, strategies map[string]overlap.Strategy, warmup, reps int, seed uint64, timeout time.Duration, done func(Result)) ([]Result, error) {
+	var out []Result
+	err := local.Run(world, func(g comm.Comm) error {
+		b := cpu.New(cpu.WithThreads(1))
+		r := &Rank{Group: g, Backend: b, Timer: WallTimer{Backend: b}, Strategies: strategies, Seed: seed, Warmup: warmup, Reps: reps}
+		if g.Rank() == 0 {
+			r.Done = done
+		}
+		rs, err := r.Run(cells)
+		if g.Rank() == 0 {
+			out = rs
+		}
+		return err
+	}, local.WithTimeout(timeout))
+	return out, err
+}

@@ -1,0 +1,332 @@
+package ablate
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// Op is an operation of the matrix.
+type Op string
+
+const (
+	OpAllGatherMatmul     Op = "all-gather-matmul"     // the SP entry: out = AG(x)·Wᵀ
+	OpMatmulReduceScatter Op = "matmul-reduce-scatter" // the SP exit: out = RS(x·Wᵀ)
+	OpMatmulAllReduce     Op = "matmul-all-reduce"     // the exit without SP: out = AR(x·Wᵀ)
+	OpMoEDispatchCombine  Op = "moe-dispatch-combine"  // parallel/ep: layout, dispatch, combine
+	OpMoELayer            Op = "moe-layer"
+	OpTPBlock             Op = "tp-block"
+	OpTrainStep           Op = "train-step"
+)
+
+// Ops lists every op, in report order.
+var Ops = []Op{OpAllGatherMatmul, OpMatmulReduceScatter, OpMatmulAllReduce, OpMoEDispatchCombine, OpMoELayer, OpTPBlock, OpTrainStep}
+
+// notCovered says why an op has no cells yet.
+var notCovered = map[Op]string{
+	OpMoELayer:  "not a cell yet: the MoE layer has one strategy (collective); its time is in cmd/train's tokens/s",
+	OpTPBlock:   "not a cell yet: time the block through cmd/train --overlap collective|pipelined (tokens/s)",
+	OpTrainStep: "not a cell yet: time the step through cmd/train --overlap collective|pipelined (tokens/s)",
+}
+
+// Dirs are the directions of the TP ops: the forward and the backward (its
+// adjoint). matmul-all-reduce and the MoE op have one ("fwd").
+func (o Op) Dirs() []string {
+	switch o {
+	case OpAllGatherMatmul, OpMatmulReduceScatter:
+		return []string{"fwd", "bwd"}
+	}
+	return []string{"fwd"}
+}
+
+// Shape is a cell's global problem: M tokens (rows of the whole sequence),
+// N output features, K inner features, before TP splits them over the
+// world (all-gather-matmul: N/P outputs per rank; the two exits: K/P inner
+// features per rank; every op: M/P rows per rank where it is sharded).
+// For the MoE op N is the hidden width and Experts, TopK the routing.
+type Shape struct {
+	Name    string `json:"name"`
+	M       int    `json:"m"`
+	N       int    `json:"n"`
+	K       int    `json:"k"`
+	Experts int    `json:"experts,omitempty"`
+	TopK    int    `json:"topk,omitempty"`
+}
+
+func (s Shape) String() string {
+	if s.Experts > 0 {
+		return fmt.Sprintf("%s M=%d d=%d E=%d top%d", s.Name, s.M, s.N, s.Experts, s.TopK)
+	}
+	return fmt.Sprintf("%s M=%d N=%d K=%d", s.Name, s.M, s.N, s.K)
+}
+
+// Model is a named model's widths, from which each op's shape follows.
+type Model struct {
+	Name      string
+	Dim       int   // hidden width
+	QKV       int   // q, k and v outputs together (the all-gather-matmul of attention)
+	FFN       int   // MLP hidden width (the inner width of the down projection)
+	Experts   int   // 0: dense
+	TopK      int   //
+	Ms        []int // default token counts
+	MoEHidden int   // the MoE op's row width (Dim where 0)
+}
+
+// Models are the shape presets. Widths as published; deepseek-v3-moe's
+// attention is MLA, approximated by 128 heads of 192 for q, k and v.
+var Models = map[string]Model{
+	"quick":           {Name: "quick", Dim: 128, QKV: 192, FFN: 256, Experts: 8, TopK: 2, Ms: []int{256, 1024, 2048}},
+	"gpt2-124m":       {Name: "gpt2-124m", Dim: 768, QKV: 3 * 768, FFN: 3072, Ms: []int{2048, 8192}},
+	"llama-7b":        {Name: "llama-7b", Dim: 4096, QKV: 3 * 4096, FFN: 11008, Ms: []int{2048, 8192}},
+	"llama-70b":       {Name: "llama-70b", Dim: 8192, QKV: 8192 + 2*1024, FFN: 28672, Ms: []int{2048, 8192}},
+	"mixtral-8x7b":    {Name: "mixtral-8x7b", Dim: 4096, QKV: 4096 + 2*1024, FFN: 14336, Experts: 8, TopK: 2, Ms: []int{2048, 8192}},
+	"deepseek-v3-moe": {Name: "deepseek-v3-moe", Dim: 7168, QKV: 3 * 128 * 192, FFN: 18432, Experts: 256, TopK: 8, Ms: []int{2048, 8192}},
+}
+
+// ModelNames are the presets' names, sorted.
+func ModelNames() []string {
+	var n []string
+	for k := range Models {
+		n = append(n, k)
+	}
+	sort.Strings(n)
+	return n
+}
+
+// ShapeFor is the op's shape in the model at m tokens; ok is false when the
+// op does not apply (the MoE op of a dense model).
+func (md Model) ShapeFor(op Op, m int) (Shape, bool) {
+	s := Shape{Name: md.Name, M: m}
+	switch op {
+	case OpAllGatherMatmul:
+		s.N, s.K = md.QKV, md.Dim
+	case OpMatmulReduceScatter, OpMatmulAllReduce:
+		s.N, s.K = md.Dim, md.FFN
+	case OpMoEDispatchCombine:
+		if md.Experts == 0 {
+			return s, false
+		}
+		s.N, s.Experts, s.TopK = md.Dim, md.Experts, md.TopK
+		if md.MoEHidden > 0 {
+			s.N = md.MoEHidden
+		}
+	default:
+		return s, false
+	}
+	return s, true
+}
+
+// ParseMNK reads explicit shapes "M,N,K" separated by ";" or spaces.
+func ParseMNK(s string) ([]Shape, error) {
+	var out []Shape
+	for _, f := range strings.FieldsFunc(s, func(r rune) bool { return r == ';' || r == ' ' }) {
+		p := strings.Split(f, ",")
+		if len(p) != 3 {
+			return nil, fmt.Errorf("shape %q: expected M,N,K", f)
+		}
+		var v [3]int
+		for i, x := range p {
+			n, err := strconv.Atoi(strings.TrimSpace(x))
+			if err != nil || n < 1 {
+				return nil, fmt.Errorf("shape %q: %q: expected a positive integer", f, x)
+			}
+			v[i] = n
+		}
+		out = append(out, Shape{Name: "mnk", M: v[0], N: v[1], K: v[2]})
+	}
+	return out, nil
+}
+
+// Strategy names of the matrix. pipelined-peercopy is overlap/peercopy
+// (NVSHMEM copy-engine pulls); pipelined is overlap.Pipelined over the
+// transport.
+const (
+	Collective        = "collective"
+	Pipelined         = "pipelined"
+	PipelinedPeerCopy = "pipelined-peercopy"
+	Fused             = "fused"
+)
+
+// Strategies lists the strategy names, in report order.
+var Strategies = []string{Collective, Pipelined, PipelinedPeerCopy, Fused}
+
+// Transports: local (goroutine ranks), tcp (CPU processes), nccl and
+// nvshmem (GPU processes).
+var Transports = []string{"local", "tcp", "nccl", "nvshmem"}
+
+// Matrix is what one run measures: the product of its lists.
+type Matrix struct {
+	Ops        []Op     `json:"ops"`
+	Models     []string `json:"models"`           // shape presets
+	Ms         []int    `json:"ms,omitempty"`     // token counts; empty: each model's
+	Explicit   []Shape  `json:"shapes,omitempty"` // explicit M,N,K (TP ops)
+	Worlds     []int    `json:"worlds"`
+	Transports []string `json:"transports"`
+	Strategies []string `json:"strategies"`
+	DType      string   `json:"dtype"` // f32, bf16 (f64 on the CPU)
+	Warmup     int      `json:"warmup"`
+	Reps       int      `json:"reps"`
+}
+
+// Validate checks the names and sizes.
+func (m Matrix) Validate() error {
+	for _, o := range m.Ops {
+		if !slices.Contains(Ops, o) {
+			return fmt.Errorf("op %q: expected one of %v", o, Ops)
+		}
+	}
+	for _, n := range m.Models {
+		if _, ok := Models[n]; !ok {
+			return fmt.Errorf("shape preset %q: expected one of %s", n, strings.Join(ModelNames(), ", "))
+		}
+	}
+	for _, w := range m.Worlds {
+		if w < 1 {
+			return fmt.Errorf("world size %d: expected ≥ 1", w)
+		}
+	}
+	for _, t := range m.Transports {
+		if !slices.Contains(Transports, t) {
+			return fmt.Errorf("transport %q: expected one of %s", t, strings.Join(Transports, ", "))
+		}
+	}
+	for _, s := range m.Strategies {
+		if !slices.Contains(Strategies, s) {
+			return fmt.Errorf("strategy %q: expected one of %s", s, strings.Join(Strategies, ", "))
+		}
+	}
+	switch m.DType {
+	case "f32", "bf16", "f64":
+	default:
+		return fmt.Errorf("dtype %q: expected f32, bf16 or f64", m.DType)
+	}
+	if m.Reps < 1 || m.Warmup < 0 {
+		return fmt.Errorf("reps %d, warm-up %d: expected reps ≥ 1 and warm-up ≥ 0", m.Reps, m.Warmup)
+	}
+	if len(m.Ops) == 0 || len(m.Worlds) == 0 || len(m.Transports) == 0 || len(m.Strategies) == 0 || len(m.Models)+len(m.Explicit) == 0 {
+		return fmt.Errorf("matrix %+v: expected at least one op, shape, world, transport and strategy", m)
+	}
+	return nil
+}
+
+// Cell is one measurement: an op in one direction at one shape, world,
+// transport and strategy.
+type Cell struct {
+	Op        Op     `json:"op"`
+	Dir       string `json:"dir"`
+	Shape     Shape  `json:"shape"`
+	World     int    `json:"world"`
+	Transport string `json:"transport"`
+	Strategy  string `json:"strategy"`
+	DType     string `json:"dtype"`
+}
+
+// ID names the cell uniquely.
+func (c Cell) ID() string {
+	return fmt.Sprintf("%s/%s %v P=%d %s %s %s", c.Op, c.Dir, c.Shape, c.World, c.Transport, c.Strategy, c.DType)
+}
+
+// Group is the cell without its strategy: the cells of one group share
+// inputs, the collective reference and the GEMM-alone and comm-alone times.
+func (c Cell) Group() string {
+	return fmt.Sprintf("%s/%s %v P=%d %s %s", c.Op, c.Dir, c.Shape, c.World, c.Transport, c.DType)
+}
+
+// Cells expands the matrix, in order: transport, world, op, shape,
+// direction, strategy (collective first in each group, so a group's
+// reference is computed before its other cells).
+func (m Matrix) Cells() []Cell {
+	strats := append([]string(nil), m.Strategies...)
+	sort.SliceStable(strats, func(i, j int) bool { return strats[i] == Collective && strats[j] != Collective })
+	var out []Cell
+	for _, tr := range m.Transports {
+		for _, w := range m.Worlds {
+			for _, op := range m.Ops {
+				for _, sh := range m.shapes(op) {
+					for _, d := range op.Dirs() {
+						for _, s := range strats {
+							out = append(out, Cell{Op: op, Dir: d, Shape: sh, World: w, Transport: tr, Strategy: s, DType: m.DType})
+						}
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+func (m Matrix) shapes(op Op) []Shape {
+	if _, ok := notCovered[op]; ok {
+		return []Shape{{Name: "-"}}
+	}
+	var out []Shape
+	for _, name := range m.Models {
+		md := Models[name]
+		ms := m.Ms
+		if len(ms) == 0 {
+			ms = md.Ms
+		}
+		for _, mm := range ms {
+			if s, ok := md.ShapeFor(op, mm); ok {
+				out = append(out, s)
+			}
+		}
+	}
+	if op != OpMoEDispatchCombine {
+		out = append(out, m.Explicit...)
+	}
+	return out
+}
+
+// Runnable says why a cell cannot run on a machine with gpus GPUs (0: no
+// usable GPU, gpuWhy saying why), or "" when it can. It checks what the
+// matrix alone decides: the op, the strategy on the transport, the
+// divisibility of the shape by the world.
+func Runnable(c Cell, gpus int, gpuWhy string) string {
+	if why, ok := notCovered[c.Op]; ok {
+		return why
+	}
+	switch c.Transport {
+	case "tcp":
+		return "tcp cells are not built yet (comm/local covers the CPU strategies)"
+	case "local":
+		if c.DType == "bf16" {
+			return "bf16 on the CPU: run f32 or f64 on local"
+		}
+	case "nccl", "nvshmem":
+		if gpus == 0 {
+			return fmt.Sprintf("%s needs a GPU: %s", c.Transport, gpuWhy)
+		}
+		if c.DType == "f64" {
+			return "f64 on the GPU: run bf16 or f32"
+		}
+		if c.Transport == "nccl" && c.World > gpus {
+			return fmt.Sprintf("nccl world %d needs %d GPUs (this machine has %d; NCCL refuses two ranks on one GPU)", c.World, c.World, gpus)
+		}
+	}
+	switch c.Strategy {
+	case Fused:
+		return "fused: not built yet (our GEMM with flag waits in its producer warp)"
+	case PipelinedPeerCopy:
+		if c.Transport != "nvshmem" {
+			return "pipelined-peercopy needs NVSHMEM symmetric memory (transport nvshmem)"
+		}
+	}
+	if c.Op == OpMoEDispatchCombine && c.Strategy != Collective {
+		return fmt.Sprintf("%s: the expert path has no %s dispatcher yet", c.Strategy, c.Strategy)
+	}
+	P, s := c.World, c.Shape
+	switch {
+	case s.M%P != 0:
+		return fmt.Sprintf("M %d is not divisible by world %d", s.M, P)
+	case c.Op == OpAllGatherMatmul && s.N%P != 0:
+		return fmt.Sprintf("N %d is not divisible by world %d", s.N, P)
+	case (c.Op == OpMatmulReduceScatter || c.Op == OpMatmulAllReduce) && s.K%P != 0:
+		return fmt.Sprintf("K %d is not divisible by world %d", s.K, P)
+	case c.Op == OpMoEDispatchCombine && s.Experts%P != 0:
+		return fmt.Sprintf("%d experts are not divisible by world %d", s.Experts, P)
+	}
+	return ""
+}

@@ -1,0 +1,271 @@
+package ablate
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Report is a whole run: what results.json holds, and what report.md and
+// report.html show.
+type Report struct {
+	Command   string     `json:"command"`
+	Started   time.Time  `json:"started"`
+	Duration  string     `json:"duration"`
+	Matrix    Matrix     `json:"matrix"`
+	Env       Env        `json:"env"`
+	Results   []Result   `json:"results"`
+	Torch     []TorchRow `json:"torch,omitempty"`
+	TorchNote string     `json:"torch_note,omitempty"`
+	Cache     string     `json:"autotune_cache,omitempty"`
+	Tuned     []Entry    `json:"autotune,omitempty"`
+	Charts    []string   `json:"charts,omitempty"`
+	charts    []Chart
+}
+
+// Files names what Write writes.
+var Files = []string{"report.md", "report.html", "results.json"}
+
+func f1(v float64) string {
+	if v == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.1f", v)
+}
+
+func f2(v float64) string {
+	if v == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f", v)
+}
+
+func pct(v float64) string {
+	if v == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.0f %%", 100*v)
+}
+
+func shapeCell(s Shape) string {
+	if s.Name == "-" {
+		return "–"
+	}
+	if s.Experts > 0 {
+		return fmt.Sprintf("%s %d×%d E%d top%d", s.Name, s.M, s.N, s.Experts, s.TopK)
+	}
+	return fmt.Sprintf("%s %d×%d×%d", s.Name, s.M, s.N, s.K)
+}
+
+// Headline is one row per group (op, direction, shape, world, transport)
+// with a timed collective: the fastest verified strategy and how far it
+// gets toward the ceiling.
+func (r *Report) Headline() (head []string, rows [][]string) {
+	head = []string{"op", "shape M×N×K", "P", "transport", "collective µs", "best", "best µs", "speedup", "ceiling", "of ceiling"}
+	type g struct {
+		coll, best *Result
+	}
+	groups := map[string]*g{}
+	var order []string
+	for i := range r.Results {
+		x := &r.Results[i]
+		if !x.Timed() {
+			continue
+		}
+		k := x.Group()
+		if groups[k] == nil {
+			groups[k] = &g{}
+			order = append(order, k)
+		}
+		if x.Strategy == Collective {
+			groups[k].coll = x
+		}
+		if groups[k].best == nil || x.MedianUS < groups[k].best.MedianUS {
+			groups[k].best = x
+		}
+	}
+	for _, k := range order {
+		gg := groups[k]
+		if gg.coll == nil {
+			continue
+		}
+		b := gg.best
+		rows = append(rows, []string{short(b.Op) + " " + b.Dir, shapeCell(b.Shape), fmt.Sprint(b.World), b.Transport,
+			f1(gg.coll.MedianUS), b.Strategy, f1(b.MedianUS), f2(b.Speedup), f2(b.Ceiling), pct(b.CeilingFrac)})
+	}
+	return head, rows
+}
+
+// HeadlineText is the headline table in plain columns (the terminal).
+func (r *Report) HeadlineText() string {
+	head, rows := r.Headline()
+	w := make([]int, len(head))
+	for i, h := range head {
+		w[i] = len([]rune(h))
+	}
+	for _, row := range rows {
+		for i, c := range row {
+			w[i] = max(w[i], len([]rune(c)))
+		}
+	}
+	var b strings.Builder
+	line := func(cs []string) {
+		for i, c := range cs {
+			fmt.Fprintf(&b, "%-*s  ", w[i], c)
+		}
+		b.WriteString("\n")
+	}
+	line(head)
+	for _, row := range rows {
+		line(row)
+	}
+	return b.String()
+}
+
+func (r *Report) blocks() []block {
+	var bs []block
+	add := func(kind, text string) { bs = append(bs, block{kind: kind, text: text}) }
+	table := func(head []string, rows [][]string) { bs = append(bs, block{kind: "table", head: head, rows: rows}) }
+	add("h1", "asynctp ablation: collective against pipelined (and fused) communication sites")
+	add("p", fmt.Sprintf("Command: `%s`. Started %s, took %s.", r.Command, r.Started.Format(time.RFC3339), r.Duration))
+	count := map[string]int{}
+	for _, x := range r.Results {
+		count[x.Status]++
+	}
+	add("p", fmt.Sprintf("%d cells: %d verified and timed, %d wrong (not timed), %d failed, %d cannot run here (listed below with why). "+
+		"Every timed cell was first checked: collective at sampled elements against the math in float64, every other strategy against collective "+
+		"on the same inputs (tolerance bf16 1e-2, f32 1e-5, f64 1e-12). Times: the median over %d repetitions (after %d warm-up calls) of the slowest rank's time; "+
+		"spread p10–p90. Speedup is over the collective of the same transport and world; the ceiling is (T_gemm + T_comm) / max(T_gemm, T_comm) "+
+		"with T_gemm the op's GEMMs alone and T_comm its collective alone; \"of ceiling\" is speedup / ceiling; overlap efficiency 1 − (T − T_gemm) / T_comm.",
+		len(r.Results), count[StatusOK], count[StatusWrong], count[StatusFailed], count[StatusNotRun], r.Matrix.Reps, r.Matrix.Warmup))
+	add("h2", "Headline: the fastest verified strategy per op, shape, world and transport")
+	h, rows := r.Headline()
+	table(h, rows)
+	for _, c := range r.charts {
+		bs = append(bs, block{kind: "img", text: c.Title, file: c.File, png: c.PNG})
+	}
+	add("h2", "Every timed cell")
+	var trows [][]string
+	for _, x := range r.Results {
+		if !x.Timed() {
+			continue
+		}
+		trows = append(trows, []string{short(x.Op) + " " + x.Dir, shapeCell(x.Shape), fmt.Sprint(x.World), x.Transport, x.Strategy, x.DType,
+			fmt.Sprintf("%.1f (%.1f–%.1f)", x.MedianUS, x.P10US, x.P90US), f2(x.TFLOPS), f1(x.GemmUS), f1(x.CommUS),
+			f2(x.AlgBW) + " / " + f2(x.BusBW), f2(x.Speedup), f2(x.OverlapEff), f2(x.Ceiling), pct(x.CeilingFrac), fmt.Sprintf("%.1e", x.RelErr)})
+	}
+	table([]string{"op", "shape", "P", "transport", "strategy", "dtype", "µs median (p10–p90)", "TFLOP/s per rank", "GEMM alone µs", "comm alone µs",
+		"alg / bus GB/s", "speedup", "overlap eff.", "ceiling", "of ceiling", "rel. err"}, trows)
+	add("h2", "Wrong or failed cells (not timed)")
+	var wrows [][]string
+	for _, x := range r.Results {
+		if x.Status == StatusWrong || x.Status == StatusFailed {
+			wrows = append(wrows, []string{x.Status, short(x.Op) + " " + x.Dir, shapeCell(x.Shape), fmt.Sprint(x.World), x.Transport, x.Strategy, x.Reason})
+		}
+	}
+	table([]string{"status", "op", "shape", "P", "transport", "strategy", "why"}, wrows)
+	add("h2", "Cells that cannot run here")
+	byWhy := map[string][]string{}
+	var whys []string
+	for _, x := range r.Results {
+		if x.Status != StatusNotRun {
+			continue
+		}
+		if byWhy[x.Reason] == nil {
+			whys = append(whys, x.Reason)
+		}
+		byWhy[x.Reason] = append(byWhy[x.Reason], fmt.Sprintf("%s %s P=%d %s %s", short(x.Op)+" "+x.Dir, shapeCell(x.Shape), x.World, x.Transport, x.Strategy))
+	}
+	var nrows [][]string
+	for _, w := range whys {
+		nrows = append(nrows, []string{w, fmt.Sprint(len(byWhy[w])), strings.Join(byWhy[w], "; ")})
+	}
+	table([]string{"why", "cells", "which"}, nrows)
+	add("h2", "PyTorch rows (same shapes, world size 1 on one GPU)")
+	if r.TorchNote != "" {
+		add("p", r.TorchNote)
+	}
+	var prow [][]string
+	for _, t := range r.Torch {
+		v := []string{t.Impl, t.Op, fmt.Sprintf("%d×%d×%d", t.M, t.N, t.K), fmt.Sprint(t.World), f1(t.US), f2(t.TFLOPS), f2(t.AlgBW), t.Error}
+		prow = append(prow, v)
+	}
+	table([]string{"impl", "op", "M×N×K", "P", "µs", "TFLOP/s", "alg GB/s", "error"}, prow)
+	add("h2", "Autotune cache")
+	if r.Cache != "" {
+		add("p", fmt.Sprintf("Written to `%s`: per site (kind, M, spec widths, world, transport, GPU, dtype) the fastest strategy whose every direction was verified; `cmd/train --overlap auto --autotune-cache %s` picks from it.", r.Cache, r.Cache))
+	}
+	var arows [][]string
+	for _, e := range r.Tuned {
+		var ts []string
+		for _, n := range sortedNames(e.TimesUS) {
+			ts = append(ts, fmt.Sprintf("%s %.1f", n, e.TimesUS[n]))
+		}
+		arows = append(arows, []string{string(e.Kind), e.Shape, fmt.Sprint(e.World), e.Transport, e.GPU, e.DType, e.Strategy, strings.Join(ts, ", ")})
+	}
+	table([]string{"kind", "shape", "P", "transport", "GPU", "dtype", "choice", "µs fwd+bwd"}, arows)
+	add("h2", "Environment")
+	table([]string{"what", "value"}, r.Env.rows())
+	var worlds []string
+	for w := range r.Env.Transport {
+		worlds = append(worlds, w)
+	}
+	sort.Strings(worlds)
+	for _, w := range worlds {
+		add("p", "NVSHMEM transport report, "+w+":")
+		add("pre", r.Env.Transport[w])
+	}
+	if r.Env.Topology != "" {
+		add("p", "nvidia-smi topo -m:")
+		add("pre", r.Env.Topology)
+	}
+	js, _ := json.MarshalIndent(r.Matrix, "", "  ")
+	add("p", "Matrix:")
+	add("pre", string(js))
+	return bs
+}
+
+func sortedNames(m map[string]float64) []string {
+	var k []string
+	for n := range m {
+		k = append(k, n)
+	}
+	sort.Strings(k)
+	return k
+}
+
+// Write derives the metrics, draws the charts and writes report.md,
+// report.html (the charts inline), results.json and the PNGs into dir.
+func (r *Report) Write(dir string) error {
+	Derive(r.Results)
+	cs, err := Charts(r.Results)
+	if err != nil {
+		return fmt.Errorf("ablate: charts: %w", err)
+	}
+	r.charts, r.Charts = cs, nil
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	for _, c := range cs {
+		r.Charts = append(r.Charts, c.File)
+		if err := os.WriteFile(filepath.Join(dir, c.File), c.PNG, 0o644); err != nil {
+			return err
+		}
+	}
+	bs := r.blocks()
+	if err := os.WriteFile(filepath.Join(dir, "report.md"), []byte(renderMD(bs)), 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "report.html"), []byte(renderHTML("asynctp ablation", bs)), 0o644); err != nil {
+		return err
+	}
+	js, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return fmt.Errorf("ablate: results.json: %w", err)
+	}
+	return os.WriteFile(filepath.Join(dir, "results.json"), append(js, '\n'), 0o644)
+}

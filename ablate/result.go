@@ -1,0 +1,107 @@
+package ablate
+
+import (
+	"math"
+	"sort"
+)
+
+// Statuses of a result.
+const (
+	StatusOK     = "ok"      // verified, then timed
+	StatusWrong  = "wrong"   // its numbers differ from the reference: not timed
+	StatusNotRun = "not-run" // cannot run here (Reason says why)
+	StatusFailed = "failed"  // an error while building or running it
+)
+
+// Result is one cell's outcome. Times are in microseconds: the median over
+// the repetitions of the slowest rank's time of each repetition.
+type Result struct {
+	Cell
+	Status   string  `json:"status"`
+	Reason   string  `json:"reason,omitempty"`
+	Verified string  `json:"verified,omitempty"` // what it was checked against
+	RelErr   float64 `json:"rel_err"`            // ‖out − ref‖ / ‖ref‖
+	Tol      float64 `json:"tol"`
+
+	Reps     int     `json:"reps,omitempty"`
+	MedianUS float64 `json:"median_us,omitempty"`
+	P10US    float64 `json:"p10_us,omitempty"` // the spread: 10th and 90th percentiles
+	P90US    float64 `json:"p90_us,omitempty"`
+	GemmUS   float64 `json:"gemm_us,omitempty"` // the op's GEMMs alone (same shape, world, transport)
+	CommUS   float64 `json:"comm_us,omitempty"` // its collective alone
+
+	Flops     float64 `json:"flops_per_rank,omitempty"`
+	CommBytes float64 `json:"comm_bytes,omitempty"` // the collective's message (nccl-tests: the larger of input and output)
+	BusFactor float64 `json:"bus_factor,omitempty"` // busbw = algbw · this
+
+	// Spec is the site's shape as overlap sees it (the autotune key).
+	SpecK    int `json:"spec_k,omitempty"`
+	SpecOuts int `json:"spec_outs,omitempty"`
+
+	Metrics
+}
+
+// Metrics are the figures derived from the times (Derive).
+type Metrics struct {
+	TFLOPS      float64 `json:"tflops,omitempty"`       // per rank
+	AlgBW       float64 `json:"algbw_gbps,omitempty"`   // of the collective alone
+	BusBW       float64 `json:"busbw_gbps,omitempty"`   //
+	Speedup     float64 `json:"speedup,omitempty"`      // collective's time / this time (same transport)
+	OverlapEff  float64 `json:"overlap_eff,omitempty"`  // 1 − (T − T_gemm) / T_comm
+	Ceiling     float64 `json:"ceiling,omitempty"`      // (T_gemm + T_comm) / max(T_gemm, T_comm)
+	CeilingFrac float64 `json:"ceiling_frac,omitempty"` // Speedup / Ceiling
+}
+
+// Timed says whether the result has times.
+func (r Result) Timed() bool { return r.Status == StatusOK && r.MedianUS > 0 }
+
+// Derive fills the metrics of the timed results; the speedup is over the
+// collective cell of the same group.
+func Derive(rs []Result) {
+	coll := map[string]float64{}
+	for _, r := range rs {
+		if r.Strategy == Collective && r.Timed() {
+			coll[r.Group()] = r.MedianUS
+		}
+	}
+	for i := range rs {
+		r := &rs[i]
+		if !r.Timed() {
+			continue
+		}
+		m := Metrics{}
+		if r.Flops > 0 {
+			m.TFLOPS = r.Flops / (r.MedianUS * 1e-6) / 1e12
+		}
+		if r.CommUS > 0 && r.CommBytes > 0 {
+			m.AlgBW = r.CommBytes / (r.CommUS * 1e-6) / 1e9
+			m.BusBW = m.AlgBW * r.BusFactor
+		}
+		if c, ok := coll[r.Group()]; ok {
+			m.Speedup = c / r.MedianUS
+		}
+		if r.GemmUS > 0 && r.CommUS > 0 {
+			m.OverlapEff = 1 - (r.MedianUS-r.GemmUS)/r.CommUS
+			m.Ceiling = (r.GemmUS + r.CommUS) / math.Max(r.GemmUS, r.CommUS)
+			if m.Speedup > 0 {
+				m.CeilingFrac = m.Speedup / m.Ceiling
+			}
+		}
+		r.Metrics = m
+	}
+}
+
+// percentile of sorted values (nearest rank).
+func percentile(sorted []float64, p float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(math.Round(p * float64(len(sorted)-1)))
+	return sorted[i]
+}
+
+func median(v []float64) float64 {
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	return percentile(s, 0.5)
+}

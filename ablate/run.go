@@ -1,0 +1,269 @@
+package ablate
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"time"
+
+	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/overlap"
+	"github.com/asynctp/asynctp/tensor"
+)
+
+// Rank is one rank's side of a batch of cells, all of one world and
+// transport: every rank of the group calls Run with the same cells.
+type Rank struct {
+	Group   comm.Comm
+	Backend tensor.Backend
+	Stream  comm.Stream // the backend's stream (nil on the CPU)
+	Timer   Timer
+	// Strategies by matrix name (Collective, Pipelined, …); collective
+	// must be there. A test can put a broken one under any name.
+	Strategies map[string]overlap.Strategy
+	Seed       uint64
+	Warmup     int
+	Reps       int
+	// Done, when not nil, is called on every rank after each cell.
+	Done func(Result)
+}
+
+// Run verifies and times the cells, group by group (Cell.Group): the
+// group's inputs are made once; the collective runs first and is checked
+// at sampled elements against the math in float64; every other strategy
+// is checked against the collective's outputs on the same inputs (a wrong
+// one is reported, not timed); then the GEMMs alone and the collective
+// alone are timed for the ceiling. Cells Runnable refuses are returned as
+// not run. An error is returned only when the ranks cannot go on together.
+func (r *Rank) Run(cells []Cell) ([]Result, error) {
+	var out []Result
+	for i := 0; i < len(cells); {
+		j := i
+		for j < len(cells) && cells[j].Group() == cells[i].Group() {
+			j++
+		}
+		rs, err := r.group(cells[i:j])
+		out = append(out, rs...)
+		if err != nil {
+			return out, err
+		}
+		i = j
+	}
+	return out, nil
+}
+
+func (r *Rank) done(res Result) Result {
+	if r.Done != nil {
+		r.Done(res)
+	}
+	return res
+}
+
+// group runs the cells of one group, collective first.
+func (r *Rank) group(cells []Cell) ([]Result, error) {
+	cells = append([]Cell(nil), cells...)
+	sort.SliceStable(cells, func(i, j int) bool { return cells[i].Strategy == Collective && cells[j].Strategy != Collective })
+	dt := DTypeOf(cells[0].DType)
+	tol := Tolerance(dt)
+	out := make([]Result, 0, len(cells))
+	fail := func(c Cell, status, why string) {
+		out = append(out, r.done(Result{Cell: c, Status: status, Reason: why, Tol: tol}))
+	}
+	oc, err := newCase(cells[0], gen{seed: r.Seed, dt: dt}, r.Backend, r.Group, r.Stream)
+	if err != nil {
+		for _, c := range cells {
+			fail(c, StatusFailed, err.Error())
+		}
+		return out, nil
+	}
+	var ref [][]float64
+	var gemmUS, commUS float64
+	for _, c := range cells {
+		s, ok := r.Strategies[c.Strategy]
+		if !ok {
+			fail(c, StatusNotRun, fmt.Sprintf("strategy %s is not built in this run", c.Strategy))
+			continue
+		}
+		if c.Strategy != Collective && ref == nil {
+			fail(c, StatusNotRun, "no collective reference for this group (the collective cell did not pass)")
+			continue
+		}
+		res, err := r.cell(c, s, oc, &ref, tol)
+		if err != nil {
+			return out, err
+		}
+		if c.Strategy == Collective && res.Status == StatusOK {
+			if gemmUS, commUS, err = r.alone(oc); err != nil {
+				return out, err
+			}
+		}
+		res.GemmUS, res.CommUS = gemmUS, commUS
+		out = append(out, r.done(res))
+	}
+	return out, nil
+}
+
+// cell checks one cell and, when it passes, times it.
+func (r *Rank) cell(c Cell, s overlap.Strategy, oc opCase, ref *[][]float64, tol float64) (Result, error) {
+	sp := oc.spec()
+	res := Result{Cell: c, Tol: tol, Flops: oc.flops(), CommBytes: oc.bytes(), BusFactor: oc.busFactor(), SpecK: sp.K}
+	for _, o := range sp.Outs {
+		res.SpecOuts += o
+	}
+	if err := s.Supports(sp); err != nil {
+		res.Status, res.Reason = StatusNotRun, err.Error()
+		return res, nil
+	}
+	run, closeSite, err := oc.site(s)
+	if err != nil {
+		res.Status, res.Reason = StatusFailed, err.Error()
+		return res, nil
+	}
+	defer closeSite()
+	oc.reset()
+	var got [][]float64
+	var e float64
+	runErr := run()
+	if runErr == nil {
+		for _, o := range oc.outputs() {
+			v, err := download(r.Backend, o)
+			if err != nil {
+				return res, err
+			}
+			got = append(got, v)
+		}
+		if c.Strategy == Collective {
+			res.Verified = "sampled elements against the math in float64"
+			if c.Op == OpMoEDispatchCombine {
+				res.Verified = "combine(dispatch(x)) with identity experts = x·Σw, in float64"
+			}
+			e = oc.sampled(got)
+		} else {
+			res.Verified = "against collective on the same inputs"
+			for i := range got {
+				e = math.Max(e, relErr(got[i], (*ref)[i]))
+			}
+		}
+		if math.IsInf(e, 1) || math.IsNaN(e) {
+			e = nanErr
+		}
+	} else {
+		e = failedErr
+	}
+	// Every rank learns the worst error, or that one failed.
+	e, err = r.maxOver(e)
+	if err != nil {
+		return res, err
+	}
+	switch {
+	case e >= failedErr:
+		res.Status, res.Reason = StatusFailed, "another rank failed"
+		if runErr != nil {
+			res.Reason = runErr.Error()
+		}
+		return res, nil
+	case e >= nanErr:
+		res.RelErr, res.Status, res.Reason = e, StatusWrong, "its output has NaN (unwritten elements)"
+		return res, nil
+	}
+	res.RelErr = e
+	if !(e <= tol) {
+		res.Status, res.Reason = StatusWrong, fmt.Sprintf("relative error %.3g against the reference: expected ≤ %.0e", e, tol)
+		return res, nil
+	}
+	if c.Strategy == Collective {
+		*ref = got
+	}
+	ts, err := r.time(run)
+	if err != nil {
+		res.Status, res.Reason = StatusFailed, err.Error()
+		return res, nil
+	}
+	res.Status, res.Reps = StatusOK, len(ts)
+	sort.Float64s(ts)
+	res.MedianUS, res.P10US, res.P90US = percentile(ts, 0.5), percentile(ts, 0.1), percentile(ts, 0.9)
+	return res, nil
+}
+
+// alone times the op's GEMMs and its collective separately.
+func (r *Rank) alone(oc opCase) (gemmUS, commUS float64, err error) {
+	if err := oc.gemm(); errors.Is(err, errNoSplit) {
+		return 0, 0, nil
+	}
+	g, err := r.time(oc.gemm)
+	if err != nil {
+		return 0, 0, err
+	}
+	c, err := r.time(oc.comm)
+	if err != nil {
+		return 0, 0, err
+	}
+	return median(g), median(c), nil
+}
+
+// time runs fn Warmup times, then Reps times, each after a barrier, and
+// returns per repetition the slowest rank's time in µs.
+func (r *Rank) time(fn func() error) ([]float64, error) {
+	for range r.Warmup {
+		if err := fn(); err != nil {
+			return nil, err
+		}
+	}
+	ts := make([]float64, r.Reps)
+	for i := range ts {
+		if err := r.Backend.Sync(); err != nil {
+			return nil, err
+		}
+		if err := r.Group.Barrier(); err != nil {
+			return nil, err
+		}
+		d, err := r.Timer.Time(fn)
+		if err != nil {
+			return nil, err
+		}
+		ts[i] = float64(d) / float64(time.Microsecond)
+	}
+	return r.maxEach(ts)
+}
+
+// Sentinels of maxOver: an output with a NaN, and a rank whose run failed.
+const (
+	nanErr    = 1e30
+	failedErr = math.MaxFloat32
+)
+
+// maxOver is the largest v of the group's ranks.
+func (r *Rank) maxOver(v float64) (float64, error) {
+	m, err := r.maxEach([]float64{v})
+	if err != nil {
+		return 0, err
+	}
+	return m[0], nil
+}
+
+// maxEach is the elementwise maximum of vs over the group (in float32).
+func (r *Rank) maxEach(vs []float64) ([]float64, error) {
+	if r.Group.Size() == 1 {
+		return vs, nil
+	}
+	h := tensor.MustHost(tensor.Float32, len(vs))
+	for i, v := range vs {
+		h.F32()[i] = float32(math.Min(v, math.MaxFloat32))
+	}
+	d := r.Backend.Zeros(tensor.Float32, len(vs))
+	defer r.Backend.Free(d)
+	r.Backend.Upload(d, h)
+	if err := waitOn(r.Stream)(r.Group.AllReduce(d, comm.Max, r.Stream)); err != nil {
+		return nil, fmt.Errorf("ablate: agreeing on the times: %w", err)
+	}
+	r.Backend.Download(h, d)
+	if err := r.Backend.Sync(); err != nil {
+		return nil, err
+	}
+	out := make([]float64, len(vs))
+	for i := range out {
+		out[i] = float64(h.F32()[i])
+	}
+	return out, nil
+}

@@ -1,0 +1,18 @@
+// Command ablate runs the ablation of the overlap strategies on this
+// machine and writes a report a person reads: every cell of a matrix
+// (op × shape × world × transport × strategy) is verified against
+// collective on the same inputs, then timed; cells that cannot run here
+// are listed with why. It writes report.md, report.html (charts inline),
+// results.json, PNG charts and an autotune cache that
+// cmd/train --overlap auto --autotune-cache reads.
+//
+//	go run ./cmd/ablate --preset quick                 # the small CPU matrix (goroutine ranks over comm/local)
+//	ablate --preset gpu --out $OUT                     # NVSHMEM PEs (child processes) and NCCL, under MPS if started
+//	ablate --models llama-7b --m 2048,8192 --worlds 1,2,4 --transports nvshmem
+//
+// GPU cells run as child processes of this binary, one per PE, a batch per
+// (transport, world): the child reads its batch from the file named by
+// ASYNCTP_ABLATE_BATCH and prints its results on stdout. When python3 can
+// import torch with CUDA, bench/torch_ablate.py adds PyTorch rows at the
+// same shapes (world size 1).
+package main

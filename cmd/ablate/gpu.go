@@ -1,0 +1,333 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/asynctp/asynctp/ablate"
+	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/comm/nccl"
+	"github.com/asynctp/asynctp/comm/nvshmem"
+	"github.com/asynctp/asynctp/comm/rendezvous"
+	"github.com/asynctp/asynctp/cuda"
+	"github.com/asynctp/asynctp/overlap"
+	"github.com/asynctp/asynctp/overlap/peercopy"
+	"github.com/asynctp/asynctp/tensor/cudabackend"
+)
+
+// The GPU cells: a batch of one (transport, world) runs as world child
+// processes of this binary, one rank (NVSHMEM PE or NCCL rank) each, rank
+// r on GPU r % GPUs (NVSHMEM PEs share a GPU, under MPS when it runs).
+
+const (
+	batchEnv   = "ASYNCTP_ABLATE_BATCH" // the child's batch file
+	resultLine = "ablate-result "       // rank 0's result lines on stdout
+	reportLine = "ablate-transport "    // rank 0's NVSHMEM transport report
+)
+
+// childVars keep NVLink multicast off in every child (as cmd/train does).
+var childVars = []string{"NCCL_NVLS_ENABLE=0", "NVSHMEM_DISABLE_NVLS=1", "TORCH_SYMM_MEM_DISABLE_MULTICAST=1"}
+
+type gpuInfo struct {
+	count int
+	name  string // GPU 0's name, "cpu" without one
+	why   string // why there is no usable GPU
+}
+
+// probeGPU finds the GPUs the GPU cells can use (the driver, a device, the
+// kernels image) and fills the environment's GPU library versions.
+func probeGPU(env *ablate.Env) gpuInfo {
+	g := gpuInfo{name: "cpu"}
+	if l, err := nccl.Load(); err == nil {
+		env.NCCL = l.String()
+	} else {
+		env.NCCL = "none: " + err.Error()
+	}
+	if l, err := nvshmem.Load(); err == nil {
+		env.NVSHMEM = l.String()
+	} else {
+		env.NVSHMEM = "none: " + err.Error()
+	}
+	if err := cuda.Init(); err != nil {
+		g.why = fmt.Sprintf("no CUDA driver (%v)", err)
+		return g
+	}
+	if v, err := cuda.DriverVersion(); err == nil {
+		env.CUDA = fmt.Sprintf("%d.%d", v/1000, v%1000/10)
+	}
+	n, err := cuda.DeviceCount()
+	if err != nil || n == 0 {
+		g.why = fmt.Sprintf("no CUDA device (%v)", err)
+		return g
+	}
+	if _, err := cudabackend.FindKernels(); err != nil {
+		g.why = fmt.Sprintf("no kernels image (%v)", err)
+		return g
+	}
+	b, err := cudabackend.New(0)
+	if err != nil {
+		g.why = fmt.Sprintf("GPU 0: %v", err)
+		return g
+	}
+	g.name = b.DeviceName()
+	b.Close()
+	g.count = n
+	return g
+}
+
+// batchFile is what a child reads.
+type batchFile struct {
+	Transport string        `json:"transport"`
+	Cells     []ablate.Cell `json:"cells"`
+	Warmup    int           `json:"warmup"`
+	Reps      int           `json:"reps"`
+	Seed      uint64        `json:"seed"`
+	Timeout   string        `json:"timeout"`
+}
+
+// runGPU runs one batch as world child processes and returns rank 0's
+// results as they arrive (done sees each).
+func runGPU(ctx context.Context, transport string, world int, cells []ablate.Cell, m ablate.Matrix, o options, g gpuInfo,
+	env *ablate.Env, done func(ablate.Result)) ([]ablate.Result, error) {
+	if transport == "nvshmem" {
+		if _, err := nvshmem.Load(); err != nil {
+			return nil, err
+		}
+	} else if _, err := nccl.Load(); err != nil {
+		return nil, err
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.CreateTemp("", "ablate-batch-*.json")
+	if err != nil {
+		return nil, err
+	}
+	defer os.Remove(f.Name())
+	js, _ := json.Marshal(batchFile{Transport: transport, Cells: cells, Warmup: m.Warmup, Reps: m.Reps, Seed: o.seed, Timeout: o.timeout.String()})
+	f.Write(js)
+	f.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0") // a free port for the store (rank 0 hosts it)
+	if err != nil {
+		return nil, err
+	}
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	ln.Close()
+	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+	job := fmt.Sprintf("ablate-%s-%d-%d", transport, world, time.Now().UnixNano())
+	var results []ablate.Result
+	var mu sync.Mutex
+	cmds := make([]*exec.Cmd, world)
+	tails := make([]*bytes.Buffer, world)
+	var readers sync.WaitGroup
+	for r := range world {
+		cmd := exec.CommandContext(ctx, exe)
+		cmd.Env = append(os.Environ(), batchEnv+"="+f.Name(),
+			"ASYNCTP_RANK="+strconv.Itoa(r), "ASYNCTP_WORLD_SIZE="+strconv.Itoa(world),
+			"ASYNCTP_LOCAL_RANK="+strconv.Itoa(r), "ASYNCTP_LOCAL_WORLD_SIZE="+strconv.Itoa(world),
+			"ASYNCTP_MASTER_ADDR=127.0.0.1", "ASYNCTP_MASTER_PORT="+port, "ASYNCTP_JOB_ID="+job,
+			"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="+strconv.Itoa(100/max(1, (world+g.count-1)/g.count)))
+		cmd.Env = append(cmd.Env, childVars...)
+		tails[r] = new(bytes.Buffer)
+		cmd.Stderr = tails[r]
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			return nil, err
+		}
+		if err := cmd.Start(); err != nil {
+			for _, c := range cmds[:r] {
+				c.Process.Kill()
+				c.Wait()
+			}
+			return nil, fmt.Errorf("starting rank %d of %d: %w", r, world, err)
+		}
+		cmds[r] = cmd
+		readers.Add(1)
+		go func(r int, out io.Reader) {
+			defer readers.Done()
+			sc := bufio.NewScanner(out)
+			sc.Buffer(make([]byte, 1<<20), 1<<24)
+			for sc.Scan() {
+				l := sc.Text()
+				switch {
+				case r == 0 && strings.HasPrefix(l, resultLine):
+					var res ablate.Result
+					if json.Unmarshal([]byte(l[len(resultLine):]), &res) == nil {
+						mu.Lock()
+						results = append(results, res)
+						mu.Unlock()
+						done(res)
+					}
+				case r == 0 && strings.HasPrefix(l, reportLine):
+					mu.Lock()
+					env.Transport[fmt.Sprintf("%s world %d", transport, world)] = strings.ReplaceAll(l[len(reportLine):], "\\n", "\n")
+					mu.Unlock()
+				default:
+					mu.Lock()
+					fmt.Fprintln(tails[r], l)
+					mu.Unlock()
+				}
+			}
+		}(r, out)
+	}
+	readers.Wait()
+	var errs []string
+	for r, cmd := range cmds {
+		if err := cmd.Wait(); err != nil {
+			mu.Lock()
+			t := strings.TrimSpace(tails[r].String())
+			mu.Unlock()
+			if len(t) > 1500 {
+				t = "…" + t[len(t)-1500:]
+			}
+			errs = append(errs, fmt.Sprintf("rank %d: %v: %s", r, err, t))
+		}
+	}
+	if len(errs) > 0 {
+		return results, fmt.Errorf("%s world %d: %s", transport, world, strings.Join(errs, "; "))
+	}
+	return results, nil
+}
+
+// child is one rank of a GPU batch: it prints rank 0's results on stdout.
+func child() int {
+	if err := childRun(); err != nil {
+		fmt.Fprintln(os.Stderr, "ablate child:", err)
+		return 1
+	}
+	return 0
+}
+
+func childRun() error {
+	js, err := os.ReadFile(os.Getenv(batchEnv))
+	if err != nil {
+		return err
+	}
+	var bf batchFile
+	if err := json.Unmarshal(js, &bf); err != nil {
+		return fmt.Errorf("batch %s: %v", os.Getenv(batchEnv), err)
+	}
+	timeout, err := time.ParseDuration(bf.Timeout)
+	if err != nil {
+		return err
+	}
+	info, err := rendezvous.FromEnv(os.Getenv)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	store, closeStore, err := rendezvous.Join(ctx, info, rendezvous.Options{})
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	if err := cuda.Init(); err != nil {
+		return err
+	}
+	n, err := cuda.DeviceCount()
+	if err != nil || n == 0 {
+		return fmt.Errorf("no CUDA device (%v)", err)
+	}
+	dev := info.LocalRank % n
+	b, err := cudabackend.New(dev)
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	s := b.Stream()
+	if s == nil {
+		return fmt.Errorf("the CUDA backend has no stream: expected one to order the collectives on")
+	}
+	strategies := map[string]overlap.Strategy{ablate.Collective: overlap.Collective{}, ablate.Pipelined: overlap.Pipelined{}}
+	var g comm.Comm
+	switch bf.Transport {
+	case "nvshmem":
+		w, err := nvshmem.New(ctx, store, info.Rank, info.WorldSize, dev, nvshmem.WithTimeout(timeout))
+		if err != nil {
+			return err
+		}
+		defer w.Close()
+		g = w
+		strategies[ablate.PipelinedPeerCopy] = peercopy.Pipelined{}
+		if info.Rank == 0 {
+			fmt.Println(reportLine + strings.ReplaceAll(w.Report().String(), "\n", "\\n"))
+		}
+	case "nccl":
+		c, err := nccl.New(ctx, store, info.Rank, info.WorldSize, dev, nccl.WithTimeout(timeout))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		g = c
+	default:
+		return fmt.Errorf("transport %q: expected nvshmem or nccl", bf.Transport)
+	}
+	r := &ablate.Rank{Group: g, Backend: b, Stream: s, Timer: eventTimer{b}, Strategies: strategies, Seed: bf.Seed, Warmup: bf.Warmup, Reps: bf.Reps}
+	if info.Rank == 0 {
+		r.Done = func(res ablate.Result) {
+			js, _ := json.Marshal(res)
+			fmt.Println(resultLine + string(js))
+		}
+	}
+	_, err = r.Run(bf.Cells)
+	if err == nil {
+		err = b.Sync()
+	}
+	if e := store.Barrier(ctx, "ablate-done", info.WorldSize); err == nil {
+		err = e
+	}
+	return err
+}
+
+// eventTimer times with CUDA events on the backend's stream.
+type eventTimer struct{ b *cudabackend.Backend }
+
+func (t eventTimer) Time(fn func() error) (time.Duration, error) {
+	var start, end *cuda.Event
+	if err := t.b.OnDevice(func(s *cuda.Stream) error {
+		var err error
+		if start, err = cuda.NewEvent(true); err != nil {
+			return err
+		}
+		if end, err = cuda.NewEvent(true); err != nil {
+			return err
+		}
+		return start.Record(s)
+	}); err != nil {
+		return 0, err
+	}
+	defer func() { _ = t.b.OnDevice(func(*cuda.Stream) error { start.Destroy(); end.Destroy(); return nil }) }()
+	if err := fn(); err != nil {
+		return 0, err
+	}
+	var d time.Duration
+	err := t.b.OnDevice(func(s *cuda.Stream) error {
+		if err := end.Record(s); err != nil {
+			return err
+		}
+		if err := end.Synchronize(); err != nil {
+			return err
+		}
+		var err error
+		d, err = cuda.Elapsed(start, end)
+		return err
+	})
+	if err == nil {
+		err = t.b.Err()
+	}
+	return d, err
+}

@@ -1,0 +1,204 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/asynctp/asynctp/ablate"
+	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/comm/local"
+	"github.com/asynctp/asynctp/overlap"
+	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/cpu"
+)
+
+func readReport(t *testing.T, dir string) ablate.Report {
+	t.Helper()
+	js, err := os.ReadFile(filepath.Join(dir, "results.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r ablate.Report
+	if err := json.Unmarshal(js, &r); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// The quick matrix writes a complete report: every file, every cell of the
+// matrix (none dropped), every timed cell verified within its tolerance,
+// the cells that cannot run here with why; the autotune cache round-trips
+// and drives "auto".
+func TestQuickReport(t *testing.T) {
+	out := t.TempDir()
+	args := []string{"--preset", "quick", "--reps", "3", "--warmup", "1", "--out", out, "--progress", "lines", "--torch", "off"}
+	if err := run(context.Background(), args, io.Discard, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range append(append([]string(nil), ablate.Files...), "speedup.png", "breakdown.png", "bandwidth.png", "autotune.json", "ablate.log") {
+		if st, err := os.Stat(filepath.Join(out, f)); err != nil || st.Size() == 0 {
+			t.Errorf("%s: %v (want a non-empty file)", f, err)
+		}
+	}
+	md, _ := os.ReadFile(filepath.Join(out, "report.md"))
+	html, _ := os.ReadFile(filepath.Join(out, "report.html"))
+	for _, want := range []string{"## Headline", "## Every timed cell", "## Cells that cannot run here", "## Environment", "fused: not built yet",
+		"pipelined-peercopy needs NVSHMEM", "![speedup vs M per strategy](speedup.png)", "| AG+MM fwd |"} {
+		if !strings.Contains(string(md), want) {
+			t.Errorf("report.md lacks %q", want)
+		}
+	}
+	if n := strings.Count(string(html), `src="data:image/png;base64,`); n != 3 {
+		t.Errorf("report.html inlines %d charts, want 3", n)
+	}
+	rep := readReport(t, out)
+	m, _, err := parse(args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Results) != len(m.Cells()) {
+		t.Fatalf("%d results for %d cells", len(rep.Results), len(m.Cells()))
+	}
+	timed := 0
+	for _, r := range rep.Results {
+		switch r.Status {
+		case ablate.StatusOK:
+			timed++
+			if r.Verified == "" || !(r.RelErr <= r.Tol) || r.MedianUS <= 0 || r.Reps != 3 {
+				t.Errorf("%s: timed but verified %q, rel. err %g (tol %g), %g µs over %d reps", r.ID(), r.Verified, r.RelErr, r.Tol, r.MedianUS, r.Reps)
+			}
+			if r.Strategy != ablate.Collective && r.Verified != "against collective on the same inputs" {
+				t.Errorf("%s: verified %q, want against collective", r.ID(), r.Verified)
+			}
+		case ablate.StatusNotRun:
+			if r.Reason == "" {
+				t.Errorf("%s: not run without a reason", r.ID())
+			}
+		default:
+			t.Errorf("%s: %s: %s", r.ID(), r.Status, r.Reason)
+		}
+	}
+	// collective and pipelined of 5 op directions at 3 M and 3 worlds, and
+	// the MoE op's collective at 3 M and 3 worlds.
+	if timed != 2*5*3*3+3*3 {
+		t.Errorf("%d cells timed, want %d", timed, 2*5*3*3+3*3)
+	}
+
+	// The cache: round-trip, and "auto" picks from it.
+	c, exists, err := ablate.LoadCache(filepath.Join(out, "autotune.json"))
+	if err != nil || !exists || len(c.Entries) != 3*3*3 {
+		t.Fatalf("cache: %d entries, exists %v, %v; want 27 (3 site kinds × 3 M × 3 worlds)", len(c.Entries), exists, err)
+	}
+	if len(rep.Tuned) != len(c.Entries) {
+		t.Errorf("report lists %d tuned entries, the cache has %d", len(rep.Tuned), len(c.Entries))
+	}
+	var e ablate.Entry
+	for _, x := range c.Entries {
+		if x.World == 2 && x.Kind == overlap.KindMatmulReduceScatter {
+			e = x
+		}
+	}
+	err = local.Run(2, func(g comm.Comm) error {
+		l := ablate.Lookup{Cache: c, Path: "cache.json", Transport: "local", GPU: "cpu"}
+		ch, err := overlap.NewChooser(overlap.Config{Default: "auto"}, []overlap.Strategy{overlap.Pipelined{}}, nil, overlap.WithTuning(l))
+		if err != nil {
+			return err
+		}
+		s, err := ch.Choose(overlap.Spec{Kind: e.Kind, Name: "x", Group: g, Backend: cpu.New(), Rows: e.M, K: e.K, Outs: []int{e.Outs}, DType: tensor.Float32})
+		if err != nil {
+			return err
+		}
+		if s.Name() != e.Strategy {
+			t.Errorf("auto chose %s, the cache says %s", s.Name(), e.Strategy)
+		}
+		if sum := strings.Join(ch.Summary(), "\n"); !strings.Contains(sum, "auto: autotune cache cache.json") {
+			t.Errorf("summary does not say the choice came from the cache:\n%s", sum)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// broken is collective with an all-gather∘matmul forward that is off by
+// 1e-3 (relative): a strategy that passes every other site.
+type broken struct{ overlap.Collective }
+
+func (broken) NewAllGatherMatmul(sp overlap.Spec) (overlap.AllGatherMatmul, error) {
+	s, err := overlap.Collective{}.NewAllGatherMatmul(sp)
+	return brokenAGMM{s, sp.Backend}, err
+}
+
+type brokenAGMM struct {
+	overlap.AllGatherMatmul
+	b tensor.Backend
+}
+
+func (s brokenAGMM) Forward(outs []*tensor.Tensor, xFull, x *tensor.Tensor, ws []*tensor.Tensor) error {
+	if err := s.AllGatherMatmul.Forward(outs, xFull, x, ws); err != nil {
+		return err
+	}
+	s.b.Scale(outs[0], outs[0], 1.001)
+	return nil
+}
+
+// A wrong strategy is reported as wrong and not timed; its correct
+// directions are timed; the cache never picks it where it is wrong.
+func TestWrongStrategyReported(t *testing.T) {
+	out := t.TempDir()
+	args := []string{"--preset", "quick", "--ops", "all-gather-matmul", "--worlds", "2", "--m", "64,128", "--strategies", "collective,pipelined",
+		"--reps", "2", "--warmup", "0", "--out", out, "--progress", "off", "--torch", "off"}
+	st := map[string]overlap.Strategy{ablate.Collective: overlap.Collective{}, ablate.Pipelined: broken{}}
+	if err := run(context.Background(), args, io.Discard, st); err != nil {
+		t.Fatal(err)
+	}
+	rep := readReport(t, out)
+	wrong := 0
+	for _, r := range rep.Results {
+		bad := r.Strategy == ablate.Pipelined && r.Dir == "fwd"
+		switch {
+		case bad && (r.Status != ablate.StatusWrong || r.MedianUS != 0 || !strings.Contains(r.Reason, "relative error")):
+			t.Errorf("%s: %s %q, %g µs; want wrong, not timed", r.ID(), r.Status, r.Reason, r.MedianUS)
+		case bad:
+			wrong++
+		case r.Status != ablate.StatusOK:
+			t.Errorf("%s: %s %q; want ok", r.ID(), r.Status, r.Reason)
+		}
+	}
+	if wrong != 2 {
+		t.Errorf("%d wrong cells, want 2", wrong)
+	}
+	md, _ := os.ReadFile(filepath.Join(out, "report.md"))
+	if !strings.Contains(string(md), "| wrong | AG+MM fwd |") {
+		t.Errorf("report.md does not list the wrong cells")
+	}
+	for _, e := range rep.Tuned {
+		if e.Strategy != ablate.Collective {
+			t.Errorf("cache entry %+v picks %s, which was wrong in one direction", e, e.Strategy)
+		}
+	}
+}
+
+// Flags given explicitly are used as given or refused.
+func TestFlagsRefused(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--preset", "big"}, `--preset "big": expected quick or gpu`},
+		{[]string{"--transports", "mpi"}, `transport "mpi": expected one of local, tcp, nccl, nvshmem`},
+		{[]string{"--models", "gpt5"}, `shape preset "gpt5"`},
+		{[]string{"--mnk", "1,2"}, `shape "1,2": expected M,N,K`},
+		{[]string{"--reps", "0"}, "expected reps ≥ 1"},
+	} {
+		if _, _, err := parse(c.args); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: got %v, want %q", c.args, err, c.want)
+		}
+	}
+}
