@@ -293,6 +293,19 @@ int reduce(bool scatter, int team, void *dst, const void *src, uint64_t n, int d
 
 uint64_t align_down(uint64_t v, uint64_t a) { return v / a * a; }
 
+// staging_done orders the next reuse of the team's staging after every PE
+// has finished this chunk: PEs leave a collective at different times, and
+// NVSHMEM leaves concurrent access to symmetric memory by a collective and
+// by anything else undefined, so a PE that overwrote its staging with the
+// next chunk while a slower peer's collective still read it (or wrote into
+// it) corrupted that peer's result. Seen on 2 PEs sharing a GPU under MPS:
+// reduce-scatters of 32 MiB parts (6 chunks of the 16 MiB staging) wrong by
+// up to 12 % in some runs; parts that fit one chunk never.
+void staging_done(int team, cudaStream_t st) {
+  NV_LOCK;
+  nvshmemx_barrier_on_stream((nvshmem_team_t)team, st);
+}
+
 } // namespace
 
 extern "C" {
@@ -312,6 +325,7 @@ int atp_nv_allgather(int team, int npes, uint64_t dst, uint64_t src, uint64_t by
     if (fcollect(team, out, in, c, st, err)) return 1;
     // Row k of out (c bytes) is part k's bytes [off, off+c).
     CK(cudaMemcpy2DAsync((char *)(uintptr_t)dst + off, bytes, out, c, c, npes, cudaMemcpyDeviceToDevice, st));
+    staging_done(team, st);
   }
   return 0;
 }
@@ -340,6 +354,7 @@ int atp_nv_reducescatter(int team, int npes, uint64_t dst, uint64_t src, uint64_
     if (reduce(true, team, out, in, c, dtype, redop, st, err)) return 1;
     if (redop == ATP_NV_AVG && atp_scale(out, c, dtype, scale, st, err)) return 1;
     CK(cudaMemcpyAsync((char *)(uintptr_t)dst + e * es, out, c * es, cudaMemcpyDeviceToDevice, st));
+    staging_done(team, st);
   }
   return 0;
 #else
@@ -356,6 +371,7 @@ int atp_nv_reducescatter(int team, int npes, uint64_t dst, uint64_t src, uint64_
     if (reduce(false, team, out, in, npes * c, dtype, redop, st, err)) return 1;
     if (redop == ATP_NV_AVG && atp_scale(out + me * c * es, c, dtype, scale, st, err)) return 1;
     CK(cudaMemcpyAsync((char *)(uintptr_t)dst + e * es, out + me * c * es, c * es, cudaMemcpyDeviceToDevice, st));
+    staging_done(team, st);
   }
   return 0;
 #endif
@@ -377,6 +393,7 @@ int atp_nv_allreduce(int team, int npes, uint64_t buf, uint64_t n, int dtype, in
     if (reduce(false, team, out, in, c, dtype, redop, st, err)) return 1;
     if (redop == ATP_NV_AVG && atp_scale(out, c, dtype, 1.0 / npes, st, err)) return 1;
     CK(cudaMemcpyAsync(b, out, c * es, cudaMemcpyDeviceToDevice, st));
+    staging_done(team, st);
   }
   return 0;
 }
