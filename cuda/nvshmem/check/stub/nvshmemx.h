@@ -27,6 +27,5 @@ ATP_STUB_RED(int, int, sum)
 ATP_STUB_RED(int, int, max)
 ATP_STUB_RED(bfloat16, __nv_bfloat16, sum)
 ATP_STUB_RED(bfloat16, __nv_bfloat16, max)
-}int nvshmemx_barrier_on_stream(nvshmem_team_t team, cudaStream_t stream);
-
-
+int nvshmemx_barrier_on_stream(nvshmem_team_t team, cudaStream_t stream);
+}
