@@ -11,6 +11,7 @@ import (
 	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
 )
 
 // Chart is a PNG of the report.
@@ -27,6 +28,29 @@ func png(p *plot.Plot, w, h vg.Length) ([]byte, error) {
 	}
 	var b bytes.Buffer
 	if _, err := wt.WriteTo(&b); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
+}
+
+// pngBeside draws p with the legend leg in a strip of its own to the
+// right of the plot area (so no entry covers a line), the whole w+legend
+// width wide and h high.
+func pngBeside(p *plot.Plot, leg plot.Legend, w, h vg.Length) ([]byte, error) {
+	lr := leg.Rectangle(draw.Canvas{Rectangle: vg.Rectangle{Max: vg.Point{X: w, Y: h}}})
+	lw := lr.Max.X - lr.Min.X + vg.Points(16)
+	h = max(h, lr.Max.Y-lr.Min.Y+vg.Points(60))
+	img := vgimg.New(w+lw, h)
+	dc := draw.New(img)
+	dc.SetColor(color.White)
+	dc.Fill(dc.Rectangle.Path())
+	p.BackgroundColor = nil
+	p.Draw(draw.Crop(dc, 0, -lw, 0, 0))
+	legArea := draw.Crop(dc, w+vg.Points(8), 0, 0, 0)
+	leg.YOffs = -vg.Points(30) // below the title
+	leg.Draw(legArea)
+	var b bytes.Buffer
+	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(&b); err != nil {
 		return nil, err
 	}
 	return b.Bytes(), nil
@@ -88,6 +112,9 @@ func speedupChart(rs []Result) (*Chart, error) {
 	one.Color, one.Dashes = color.Gray{Y: 100}, []vg.Length{vg.Points(4), vg.Points(3)}
 	p.Add(one)
 	names := sortedKeys(lines)
+	leg := plot.NewLegend()
+	leg.Top, leg.Left = true, true
+	leg.TextStyle.Font.Size = vg.Points(8)
 	for i, n := range names {
 		xy := lines[n]
 		sort.Slice(xy, func(a, b int) bool { return xy[a].X < xy[b].X })
@@ -99,11 +126,9 @@ func speedupChart(rs []Result) (*Chart, error) {
 		pts.Shape = plotutil.Shape(i)
 		l.Dashes = plotutil.Dashes(i / 7)
 		p.Add(l, pts)
-		p.Legend.Add(n, l, pts)
+		leg.Add(n, l, pts)
 	}
-	p.Legend.Top, p.Legend.Left = true, false
-	p.Legend.TextStyle.Font.Size = vg.Points(8)
-	b, err := png(p, 9*vg.Inch, 5.5*vg.Inch)
+	b, err := pngBeside(p, leg, 9*vg.Inch, 5.5*vg.Inch)
 	if err != nil {
 		return nil, err
 	}
