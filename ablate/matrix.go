@@ -289,11 +289,12 @@ func Runnable(c Cell, gpus int, gpuWhy string) string {
 		return why
 	}
 	switch c.Transport {
-	case "tcp":
-		return "tcp cells are not built yet (comm/local covers the CPU strategies)"
-	case "local":
+	case "local", "tcp":
+		if c.Transport == "tcp" && c.World == 1 {
+			return "world 1 over tcp sends no message: it is local's world 1"
+		}
 		if c.DType == "bf16" {
-			return "bf16 on the CPU: run f32 or f64 on local"
+			return fmt.Sprintf("bf16 on the CPU: run f32 or f64 on %s", c.Transport)
 		}
 	case "nccl", "nvshmem":
 		if gpus == 0 {

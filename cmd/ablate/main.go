@@ -32,8 +32,10 @@ func main() {
 
 // presets are named matrices.
 var presets = map[string]ablate.Matrix{
-	// quick: a small CPU matrix, a complete report in seconds on 2 cores.
-	"quick": {Ops: ablate.Ops, Models: []string{"quick"}, Worlds: []int{1, 2, 4}, Transports: []string{"local"},
+	// quick: a small CPU matrix, a complete report in seconds on 2 cores:
+	// goroutine ranks (comm/local) and process ranks (comm/tcp, child
+	// processes of this binary).
+	"quick": {Ops: ablate.Ops, Models: []string{"quick"}, Worlds: []int{1, 2, 4}, Transports: []string{"local", "tcp"},
 		Strategies: []string{ablate.Collective, ablate.Pipelined, ablate.PipelinedPeerCopy, ablate.Fused}, DType: "f32", Warmup: 2, Reps: 10},
 	// gpu: the TP ops and the MoE op at 1, 2, 4 PEs on one GPU (NVSHMEM
 	// PEs under MPS; NCCL at world 1), bf16, sized to finish in about four
@@ -186,8 +188,9 @@ func joinOps() string {
 	return strings.Join(s, ", ")
 }
 
-// run is the whole program; strategies, when not nil, replace the CPU
-// ranks' strategies (tests inject a broken one).
+// run is the whole program; strategies, when not nil, replace the
+// goroutine ranks' strategies (tests inject a broken one; the process
+// ranks of tcp build their own).
 func run(ctx context.Context, args []string, stdout io.Writer, strategies map[string]overlap.Strategy) error {
 	m, o, err := parse(args)
 	if err != nil {
@@ -249,7 +252,7 @@ func run(ctx context.Context, args []string, stdout io.Writer, strategies map[st
 		case "local":
 			rs, err = ablate.RunLocal(b.world, b.cells, strategies, m.Warmup, m.Reps, o.seed, bo.timeout, prog.done)
 		default:
-			rs, err = runGPU(ctx, b.transport, b.world, b.cells, m, bo, gpu, &rep.Env, prog.done)
+			rs, err = runProcs(ctx, b.transport, b.world, b.cells, m, bo, gpu, &rep.Env, prog.done)
 		}
 		rep.Results = append(rep.Results, complete(b.cells, rs, err, prog.done)...)
 	}

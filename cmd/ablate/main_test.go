@@ -17,6 +17,15 @@ import (
 	"github.com/asynctp/asynctp/tensor/cpu"
 )
 
+// TestMain makes the test binary a rank when cmd/ablate starts it as one
+// (the tcp batches re-execute the running binary).
+func TestMain(m *testing.M) {
+	if os.Getenv(batchEnv) != "" {
+		os.Exit(child())
+	}
+	os.Exit(m.Run())
+}
+
 func readReport(t *testing.T, dir string) ablate.Report {
 	t.Helper()
 	js, err := os.ReadFile(filepath.Join(dir, "results.json"))
@@ -84,22 +93,23 @@ func TestQuickReport(t *testing.T) {
 		}
 	}
 	// collective and pipelined of 5 op directions at 3 M and 3 worlds, and
-	// the MoE op's collective at 3 M and 3 worlds.
-	if timed != 2*5*3*3+3*3 {
-		t.Errorf("%d cells timed, want %d", timed, 2*5*3*3+3*3)
+	// the MoE op's collective at 3 M and 3 worlds, on local; the same at
+	// worlds 2 and 4 on tcp.
+	if want := 2*5*3*3 + 3*3 + 2*5*3*2 + 3*2; timed != want {
+		t.Errorf("%d cells timed, want %d", timed, want)
 	}
 
 	// The cache: round-trip, and "auto" picks from it.
 	c, exists, err := ablate.LoadCache(filepath.Join(out, "autotune.json"))
-	if err != nil || !exists || len(c.Entries) != 3*3*3 {
-		t.Fatalf("cache: %d entries, exists %v, %v; want 27 (3 site kinds × 3 M × 3 worlds)", len(c.Entries), exists, err)
+	if err != nil || !exists || len(c.Entries) != 3*3*3+3*3*2 {
+		t.Fatalf("cache: %d entries, exists %v, %v; want 45 (3 site kinds × 3 M × 3 worlds on local, × 2 worlds on tcp)", len(c.Entries), exists, err)
 	}
 	if len(rep.Tuned) != len(c.Entries) {
 		t.Errorf("report lists %d tuned entries, the cache has %d", len(rep.Tuned), len(c.Entries))
 	}
 	var e ablate.Entry
 	for _, x := range c.Entries {
-		if x.World == 2 && x.Kind == overlap.KindMatmulReduceScatter {
+		if x.World == 2 && x.Kind == overlap.KindMatmulReduceScatter && x.Transport == "local" {
 			e = x
 		}
 	}
@@ -152,7 +162,7 @@ func (s brokenAGMM) Forward(outs []*tensor.Tensor, xFull, x *tensor.Tensor, ws [
 // directions are timed; the cache never picks it where it is wrong.
 func TestWrongStrategyReported(t *testing.T) {
 	out := t.TempDir()
-	args := []string{"--preset", "quick", "--ops", "all-gather-matmul", "--worlds", "2", "--m", "64,128", "--strategies", "collective,pipelined",
+	args := []string{"--preset", "quick", "--ops", "all-gather-matmul", "--worlds", "2", "--transports", "local", "--m", "64,128", "--strategies", "collective,pipelined",
 		"--reps", "2", "--warmup", "0", "--out", out, "--progress", "off", "--torch", "off"}
 	st := map[string]overlap.Strategy{ablate.Collective: overlap.Collective{}, ablate.Pipelined: broken{}}
 	if err := run(context.Background(), args, io.Discard, st); err != nil {
