@@ -73,7 +73,7 @@ func maxWorld(rs []Result) int {
 // chart with nothing to draw is left out.
 func Charts(rs []Result) ([]Chart, error) {
 	var out []Chart
-	for _, f := range []func([]Result) (*Chart, error){speedupChart, breakdownChart, bandwidthChart} {
+	for _, f := range []func([]Result) (*Chart, error){speedupChart, breakdownChart, bandwidthChart, layerChart} {
 		c, err := f(rs)
 		if err != nil {
 			return nil, err
@@ -90,7 +90,7 @@ func speedupChart(rs []Result) (*Chart, error) {
 	lines := map[string]plotter.XYs{}
 	P := maxWorld(rs)
 	for _, r := range rs {
-		if !r.Timed() || r.Strategy == Collective || r.Speedup == 0 || r.World != P {
+		if !r.Timed() || r.Strategy == Collective || r.Speedup == 0 || r.World != P || r.Op.IsLayer() {
 			continue
 		}
 		name := fmt.Sprintf("%s %s/%s %s", r.Strategy, short(r.Op), r.Dir, r.Shape.Name)
@@ -206,6 +206,47 @@ func breakdownChart(rs []Result) (*Chart, error) {
 		return nil, err
 	}
 	return &Chart{File: "breakdown.png", Title: "stacked time: compute, exposed communication", PNG: b}, nil
+}
+
+// layerChart is the speedup of each strategy over collective in the layer
+// cells (block, MoE block, step), per world, as bars.
+func layerChart(rs []Result) (*Chart, error) {
+	var labels []string
+	var vals plotter.Values
+	for _, r := range rs {
+		if !r.Timed() || !r.Op.IsLayer() || r.Strategy == Collective || r.Speedup == 0 {
+			continue
+		}
+		l := fmt.Sprintf("%s/%s\nP=%d M=%d\n%s", r.Op, r.Dir, r.World, r.Shape.M, abbrev(r.Strategy))
+		if len(transportsOf(rs)) > 1 {
+			l += " " + r.Transport
+		}
+		labels = append(labels, l)
+		vals = append(vals, r.Speedup)
+	}
+	if len(vals) == 0 {
+		return nil, nil
+	}
+	p := plot.New()
+	p.Title.Text = "Layer cells: speedup over collective (forward + backward; the step with its update; > 1: faster)"
+	p.Y.Label.Text = "speedup (collective time / strategy time)"
+	bc, err := plotter.NewBarChart(vals, vg.Points(14))
+	if err != nil {
+		return nil, err
+	}
+	bc.Color = color.RGBA{R: 70, G: 130, B: 180, A: 255}
+	one, _ := plotter.NewLine(plotter.XYs{{X: -0.5, Y: 1}, {X: float64(len(vals)) - 0.5, Y: 1}})
+	one.Color, one.Dashes = color.Gray{Y: 100}, []vg.Length{vg.Points(4), vg.Points(3)}
+	p.Add(plotter.NewGrid(), bc, one)
+	p.Y.Min = 0
+	p.NominalX(labels...)
+	p.X.Tick.Label.Font.Size = vg.Points(6)
+	width := vg.Length(max(9, len(labels)/2+2)) * vg.Inch
+	b, err := png(p, min(width, 20*vg.Inch), 5*vg.Inch)
+	if err != nil {
+		return nil, err
+	}
+	return &Chart{File: "layers.png", Title: "layer cells: speedup per strategy", PNG: b}, nil
 }
 
 func bandwidthChart(rs []Result) (*Chart, error) {
