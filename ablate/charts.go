@@ -11,6 +11,7 @@ import (
 	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
 )
 
 // Chart is a PNG of the report.
@@ -27,6 +28,29 @@ func png(p *plot.Plot, w, h vg.Length) ([]byte, error) {
 	}
 	var b bytes.Buffer
 	if _, err := wt.WriteTo(&b); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
+}
+
+// pngBeside draws p with the legend leg in a strip of its own to the
+// right of the plot area (so no entry covers a line), the whole w+legend
+// width wide and h high.
+func pngBeside(p *plot.Plot, leg plot.Legend, w, h vg.Length) ([]byte, error) {
+	lr := leg.Rectangle(draw.Canvas{Rectangle: vg.Rectangle{Max: vg.Point{X: w, Y: h}}})
+	lw := lr.Max.X - lr.Min.X + vg.Points(16)
+	h = max(h, lr.Max.Y-lr.Min.Y+vg.Points(60))
+	img := vgimg.New(w+lw, h)
+	dc := draw.New(img)
+	dc.SetColor(color.White)
+	dc.Fill(dc.Rectangle.Path())
+	p.BackgroundColor = nil
+	p.Draw(draw.Crop(dc, 0, -lw, 0, 0))
+	legArea := draw.Crop(dc, w+vg.Points(8), 0, 0, 0)
+	leg.YOffs = -vg.Points(30) // below the title
+	leg.Draw(legArea)
+	var b bytes.Buffer
+	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(&b); err != nil {
 		return nil, err
 	}
 	return b.Bytes(), nil
@@ -49,7 +73,7 @@ func maxWorld(rs []Result) int {
 // chart with nothing to draw is left out.
 func Charts(rs []Result) ([]Chart, error) {
 	var out []Chart
-	for _, f := range []func([]Result) (*Chart, error){speedupChart, breakdownChart, bandwidthChart} {
+	for _, f := range []func([]Result) (*Chart, error){speedupChart, breakdownChart, bandwidthChart, layerChart} {
 		c, err := f(rs)
 		if err != nil {
 			return nil, err
@@ -66,7 +90,7 @@ func speedupChart(rs []Result) (*Chart, error) {
 	lines := map[string]plotter.XYs{}
 	P := maxWorld(rs)
 	for _, r := range rs {
-		if !r.Timed() || r.Strategy == Collective || r.Speedup == 0 || r.World != P {
+		if !r.Timed() || r.Strategy == Collective || r.Speedup == 0 || r.World != P || r.Op.IsLayer() {
 			continue
 		}
 		name := fmt.Sprintf("%s %s/%s %s", r.Strategy, short(r.Op), r.Dir, r.Shape.Name)
@@ -88,6 +112,9 @@ func speedupChart(rs []Result) (*Chart, error) {
 	one.Color, one.Dashes = color.Gray{Y: 100}, []vg.Length{vg.Points(4), vg.Points(3)}
 	p.Add(one)
 	names := sortedKeys(lines)
+	leg := plot.NewLegend()
+	leg.Top, leg.Left = true, true
+	leg.TextStyle.Font.Size = vg.Points(8)
 	for i, n := range names {
 		xy := lines[n]
 		sort.Slice(xy, func(a, b int) bool { return xy[a].X < xy[b].X })
@@ -99,11 +126,9 @@ func speedupChart(rs []Result) (*Chart, error) {
 		pts.Shape = plotutil.Shape(i)
 		l.Dashes = plotutil.Dashes(i / 7)
 		p.Add(l, pts)
-		p.Legend.Add(n, l, pts)
+		leg.Add(n, l, pts)
 	}
-	p.Legend.Top, p.Legend.Left = true, false
-	p.Legend.TextStyle.Font.Size = vg.Points(8)
-	b, err := png(p, 9*vg.Inch, 5.5*vg.Inch)
+	b, err := pngBeside(p, leg, 9*vg.Inch, 5.5*vg.Inch)
 	if err != nil {
 		return nil, err
 	}
@@ -181,6 +206,47 @@ func breakdownChart(rs []Result) (*Chart, error) {
 		return nil, err
 	}
 	return &Chart{File: "breakdown.png", Title: "stacked time: compute, exposed communication", PNG: b}, nil
+}
+
+// layerChart is the speedup of each strategy over collective in the layer
+// cells (block, MoE block, step), per world, as bars.
+func layerChart(rs []Result) (*Chart, error) {
+	var labels []string
+	var vals plotter.Values
+	for _, r := range rs {
+		if !r.Timed() || !r.Op.IsLayer() || r.Strategy == Collective || r.Speedup == 0 {
+			continue
+		}
+		l := fmt.Sprintf("%s/%s\nP=%d M=%d\n%s", r.Op, r.Dir, r.World, r.Shape.M, abbrev(r.Strategy))
+		if len(transportsOf(rs)) > 1 {
+			l += " " + r.Transport
+		}
+		labels = append(labels, l)
+		vals = append(vals, r.Speedup)
+	}
+	if len(vals) == 0 {
+		return nil, nil
+	}
+	p := plot.New()
+	p.Title.Text = "Layer cells: speedup over collective (forward + backward; the step with its update; > 1: faster)"
+	p.Y.Label.Text = "speedup (collective time / strategy time)"
+	bc, err := plotter.NewBarChart(vals, vg.Points(14))
+	if err != nil {
+		return nil, err
+	}
+	bc.Color = color.RGBA{R: 70, G: 130, B: 180, A: 255}
+	one, _ := plotter.NewLine(plotter.XYs{{X: -0.5, Y: 1}, {X: float64(len(vals)) - 0.5, Y: 1}})
+	one.Color, one.Dashes = color.Gray{Y: 100}, []vg.Length{vg.Points(4), vg.Points(3)}
+	p.Add(plotter.NewGrid(), bc, one)
+	p.Y.Min = 0
+	p.NominalX(labels...)
+	p.X.Tick.Label.Font.Size = vg.Points(6)
+	width := vg.Length(max(9, len(labels)/2+2)) * vg.Inch
+	b, err := png(p, min(width, 20*vg.Inch), 5*vg.Inch)
+	if err != nil {
+		return nil, err
+	}
+	return &Chart{File: "layers.png", Title: "layer cells: speedup per strategy", PNG: b}, nil
 }
 
 func bandwidthChart(rs []Result) (*Chart, error) {

@@ -108,6 +108,15 @@ func Tolerance(dt tensor.DType) float64 {
 	return 1e-2
 }
 
+// TolFor is the tolerance of the op's cells: Tolerance, or for the layer
+// cells layerTolerance.
+func TolFor(op Op, dt tensor.DType) float64 {
+	if op.IsLayer() {
+		return layerTolerance(dt)
+	}
+	return Tolerance(dt)
+}
+
 // DTypeOf maps the matrix's dtype names.
 func DTypeOf(s string) tensor.DType {
 	switch s {

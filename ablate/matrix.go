@@ -16,27 +16,34 @@ const (
 	OpMatmulReduceScatter Op = "matmul-reduce-scatter" // the SP exit: out = RS(x·Wᵀ)
 	OpMatmulAllReduce     Op = "matmul-all-reduce"     // the exit without SP: out = AR(x·Wᵀ)
 	OpMoEDispatchCombine  Op = "moe-dispatch-combine"  // parallel/ep: layout, dispatch, combine
-	OpMoELayer            Op = "moe-layer"
-	OpTPBlock             Op = "tp-block"
-	OpTrainStep           Op = "train-step"
+	OpMoELayer            Op = "moe-layer"             // parallel/model's MoE block: TP attention, parallel/ep MoE (forward + backward)
+	OpTPBlock             Op = "tp-block"              // parallel/tp Block (forward + backward)
+	OpTrainStep           Op = "train-step"            // parallel/model + train.AdamW: forward, backward, gradient reduction, update
 )
 
 // Ops lists every op, in report order.
 var Ops = []Op{OpAllGatherMatmul, OpMatmulReduceScatter, OpMatmulAllReduce, OpMoEDispatchCombine, OpMoELayer, OpTPBlock, OpTrainStep}
 
 // notCovered says why an op has no cells yet.
-var notCovered = map[Op]string{
-	OpMoELayer:  "not a cell yet: the MoE layer has one strategy (collective); its time is in cmd/train's tokens/s",
-	OpTPBlock:   "not a cell yet: time the block through cmd/train --overlap collective|pipelined (tokens/s)",
-	OpTrainStep: "not a cell yet: time the step through cmd/train --overlap collective|pipelined (tokens/s)",
-}
+var notCovered = map[Op]string{}
+
+// IsLayer says whether the op is a layer cell (a block, the MoE block, a
+// training step): forward and backward of whole layers, with every TP site
+// taking the cell's strategy.
+func (o Op) IsLayer() bool { return o == OpTPBlock || o == OpMoELayer || o == OpTrainStep }
 
 // Dirs are the directions of the TP ops: the forward and the backward (its
-// adjoint). matmul-all-reduce and the MoE op have one ("fwd").
+// adjoint). matmul-all-reduce and the MoE op have one ("fwd"). The layer
+// cells time forward and backward together; their "direction" is the
+// sequence parallelism: "sp" on, "nosp" off (the block has both).
 func (o Op) Dirs() []string {
 	switch o {
 	case OpAllGatherMatmul, OpMatmulReduceScatter:
 		return []string{"fwd", "bwd"}
+	case OpTPBlock:
+		return []string{"sp", "nosp"}
+	case OpMoELayer, OpTrainStep:
+		return []string{"sp"}
 	}
 	return []string{"fwd"}
 }
@@ -45,7 +52,9 @@ func (o Op) Dirs() []string {
 // N output features, K inner features, before TP splits them over the
 // world (all-gather-matmul: N/P outputs per rank; the two exits: K/P inner
 // features per rank; every op: M/P rows per rank where it is sharded).
-// For the MoE op N is the hidden width and Experts, TopK the routing.
+// For the MoE op N is the hidden width and Experts, TopK the routing. For
+// the layer cells N is the model width, K the FFN width (of each expert),
+// Heads, Seq (M = batch·Seq) and, for the step, Vocab and Layers.
 type Shape struct {
 	Name    string `json:"name"`
 	M       int    `json:"m"`
@@ -53,9 +62,16 @@ type Shape struct {
 	K       int    `json:"k"`
 	Experts int    `json:"experts,omitempty"`
 	TopK    int    `json:"topk,omitempty"`
+	Heads   int    `json:"heads,omitempty"`
+	Seq     int    `json:"seq,omitempty"`
+	Vocab   int    `json:"vocab,omitempty"`
+	Layers  int    `json:"layers,omitempty"`
 }
 
 func (s Shape) String() string {
+	if s.Heads > 0 {
+		return s.layerString()
+	}
 	if s.Experts > 0 {
 		return fmt.Sprintf("%s M=%d d=%d E=%d top%d", s.Name, s.M, s.N, s.Experts, s.TopK)
 	}
@@ -72,17 +88,29 @@ type Model struct {
 	TopK      int   //
 	Ms        []int // default token counts
 	MoEHidden int   // the MoE op's row width (Dim where 0)
+	// The layer cells: heads (multi-head attention; GQA models are
+	// approximated), vocabulary, sequence length, default token counts,
+	// and the blocks of the training step's (dense) model.
+	Heads, Vocab, Seq int
+	LayerMs           []int
+	StepLayers        int
 }
 
 // Models are the shape presets. Widths as published; deepseek-v3-moe's
 // attention is MLA, approximated by 128 heads of 192 for q, k and v.
 var Models = map[string]Model{
-	"quick":           {Name: "quick", Dim: 128, QKV: 192, FFN: 256, Experts: 8, TopK: 2, Ms: []int{256, 1024, 2048}},
-	"gpt2-124m":       {Name: "gpt2-124m", Dim: 768, QKV: 3 * 768, FFN: 3072, Ms: []int{2048, 8192}},
-	"llama-7b":        {Name: "llama-7b", Dim: 4096, QKV: 3 * 4096, FFN: 11008, Ms: []int{2048, 8192}},
-	"llama-70b":       {Name: "llama-70b", Dim: 8192, QKV: 8192 + 2*1024, FFN: 28672, Ms: []int{2048, 8192}},
-	"mixtral-8x7b":    {Name: "mixtral-8x7b", Dim: 4096, QKV: 4096 + 2*1024, FFN: 14336, Experts: 8, TopK: 2, Ms: []int{2048, 8192}},
-	"deepseek-v3-moe": {Name: "deepseek-v3-moe", Dim: 7168, QKV: 3 * 128 * 192, FFN: 18432, Experts: 256, TopK: 8, Ms: []int{2048, 8192}},
+	"quick": {Name: "quick", Dim: 128, QKV: 192, FFN: 256, Experts: 8, TopK: 2, Ms: []int{256, 1024, 2048},
+		Heads: 4, Vocab: 256, Seq: 64, LayerMs: []int{256}, StepLayers: 2},
+	"gpt2-124m": {Name: "gpt2-124m", Dim: 768, QKV: 3 * 768, FFN: 3072, Ms: []int{2048, 8192},
+		Heads: 12, Vocab: 50304, Seq: 1024, LayerMs: []int{2048}, StepLayers: 2},
+	"llama-7b": {Name: "llama-7b", Dim: 4096, QKV: 3 * 4096, FFN: 11008, Ms: []int{2048, 8192},
+		Heads: 32, Vocab: 32000, Seq: 2048, LayerMs: []int{2048}, StepLayers: 1},
+	"llama-70b": {Name: "llama-70b", Dim: 8192, QKV: 8192 + 2*1024, FFN: 28672, Ms: []int{2048, 8192},
+		Heads: 64, Vocab: 32000, Seq: 2048, LayerMs: []int{2048}, StepLayers: 1},
+	"mixtral-8x7b": {Name: "mixtral-8x7b", Dim: 4096, QKV: 4096 + 2*1024, FFN: 14336, Experts: 8, TopK: 2, Ms: []int{2048, 8192},
+		Heads: 32, Vocab: 32000, Seq: 2048, LayerMs: []int{2048}, StepLayers: 1},
+	"deepseek-v3-moe": {Name: "deepseek-v3-moe", Dim: 7168, QKV: 3 * 128 * 192, FFN: 18432, Experts: 256, TopK: 8, Ms: []int{2048, 8192},
+		Heads: 128, Vocab: 129280, Seq: 2048, LayerMs: []int{2048}, StepLayers: 1},
 }
 
 // ModelNames are the presets' names, sorted.
@@ -111,6 +139,17 @@ func (md Model) ShapeFor(op Op, m int) (Shape, bool) {
 		s.N, s.Experts, s.TopK = md.Dim, md.Experts, md.TopK
 		if md.MoEHidden > 0 {
 			s.N = md.MoEHidden
+		}
+	case OpTPBlock, OpMoELayer, OpTrainStep:
+		if op == OpMoELayer && md.Experts == 0 || md.Heads == 0 {
+			return s, false
+		}
+		s.N, s.K, s.Heads, s.Seq = md.Dim, md.FFN, md.Heads, min(md.Seq, m)
+		if op == OpMoELayer {
+			s.Experts, s.TopK = md.Experts, md.TopK
+		}
+		if op == OpTrainStep {
+			s.Vocab, s.Layers = md.Vocab, max(1, md.StepLayers)
 		}
 	default:
 		return s, false
@@ -267,6 +306,9 @@ func (m Matrix) shapes(op Op) []Shape {
 		ms := m.Ms
 		if len(ms) == 0 {
 			ms = md.Ms
+			if op.IsLayer() && len(md.LayerMs) > 0 {
+				ms = md.LayerMs
+			}
 		}
 		for _, mm := range ms {
 			if s, ok := md.ShapeFor(op, mm); ok {
@@ -274,7 +316,7 @@ func (m Matrix) shapes(op Op) []Shape {
 			}
 		}
 	}
-	if op != OpMoEDispatchCombine {
+	if op != OpMoEDispatchCombine && !op.IsLayer() {
 		out = append(out, m.Explicit...)
 	}
 	return out
@@ -289,11 +331,12 @@ func Runnable(c Cell, gpus int, gpuWhy string) string {
 		return why
 	}
 	switch c.Transport {
-	case "tcp":
-		return "tcp cells are not built yet (comm/local covers the CPU strategies)"
-	case "local":
+	case "local", "tcp":
+		if c.Transport == "tcp" && c.World == 1 {
+			return "world 1 over tcp sends no message: it is local's world 1"
+		}
 		if c.DType == "bf16" {
-			return "bf16 on the CPU: run f32 or f64 on local"
+			return fmt.Sprintf("bf16 on the CPU: run f32 or f64 on %s", c.Transport)
 		}
 	case "nccl", "nvshmem":
 		if gpus == 0 {
@@ -318,6 +361,9 @@ func Runnable(c Cell, gpus int, gpuWhy string) string {
 		return fmt.Sprintf("%s: the expert path has no %s dispatcher yet", c.Strategy, c.Strategy)
 	}
 	P, s := c.World, c.Shape
+	if c.Op.IsLayer() {
+		return layerRunnable(c)
+	}
 	switch {
 	case s.M%P != 0:
 		return fmt.Sprintf("M %d is not divisible by world %d", s.M, P)

@@ -31,6 +31,15 @@ type opCase interface {
 	spec() overlap.Spec // the site's spec (the autotune key)
 }
 
+// hostOutputter is an opCase whose checked outputs are not plain tensors
+// (a loss, gradients summed over the group): they replace outputs().
+type hostOutputter interface {
+	hostOutputs() ([][]float64, error)
+}
+
+// verifier is an opCase that says what its collective is checked against.
+type verifier interface{ verified() string }
+
 // tp holds what the TP ops share.
 type tp struct {
 	g       gen
@@ -109,6 +118,8 @@ func newCase(c Cell, g gen, b tensor.Backend, grp comm.Comm, st comm.Stream) (op
 		return newMMAR(t)
 	case OpMoEDispatchCombine:
 		return newMoE(c, g, b, grp, st)
+	case OpTPBlock, OpMoELayer, OpTrainStep:
+		return newLayerCase(c, g, b, grp, st)
 	}
 	return nil, fmt.Errorf("ablate: op %s has no cells", c.Op)
 }

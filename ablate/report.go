@@ -55,6 +55,9 @@ func shapeCell(s Shape) string {
 	if s.Name == "-" {
 		return "–"
 	}
+	if s.Heads > 0 {
+		return s.layerString()
+	}
 	if s.Experts > 0 {
 		return fmt.Sprintf("%s %d×%d E%d top%d", s.Name, s.M, s.N, s.Experts, s.TopK)
 	}
@@ -138,7 +141,11 @@ func (r *Report) blocks() []block {
 	}
 	add("p", fmt.Sprintf("%d cells: %d verified and timed, %d wrong (not timed), %d failed, %d cannot run here (listed below with why). "+
 		"Every timed cell was first checked: collective at sampled elements against the math in float64, every other strategy against collective "+
-		"on the same inputs (tolerance bf16 1e-2, f32 1e-5, f64 1e-12). Times: the median over %d repetitions (after %d warm-up calls) of the slowest rank's time; "+
+		"on the same inputs (tolerance bf16 1e-2, f32 1e-5, f64 1e-12). The layer cells (tp-block, moe-layer: forward + backward; train-step: "+
+		"forward, backward, gradient reduction and the AdamW update) check their collective against the unsharded layers on one rank "+
+		"(same seed, inputs, backend and dtype: outputs, input gradients, parameter gradients; the step's loss, gradients and updated weights), "+
+		"tolerance bf16 5e-2, f32 1e-4, f64 1e-10; \"sp\" and \"nosp\" are their sequence parallelism, and the MoE block's expert path stays collective "+
+		"while its TP sites take the strategy. Times: the median over %d repetitions (after %d warm-up calls) of the slowest rank's time; "+
 		"spread p10–p90. Speedup is over the collective of the same transport and world; the ceiling is (T_gemm + T_comm) / max(T_gemm, T_comm) "+
 		"with T_gemm the op's GEMMs alone and T_comm its collective alone; \"of ceiling\" is speedup / ceiling; overlap efficiency 1 − (T − T_gemm) / T_comm.",
 		len(r.Results), count[StatusOK], count[StatusWrong], count[StatusFailed], count[StatusNotRun], r.Matrix.Reps, r.Matrix.Warmup))

@@ -65,7 +65,7 @@ func (r *Rank) group(cells []Cell) ([]Result, error) {
 	cells = append([]Cell(nil), cells...)
 	sort.SliceStable(cells, func(i, j int) bool { return cells[i].Strategy == Collective && cells[j].Strategy != Collective })
 	dt := DTypeOf(cells[0].DType)
-	tol := Tolerance(dt)
+	tol := TolFor(cells[0].Op, dt)
 	out := make([]Result, 0, len(cells))
 	fail := func(c Cell, status, why string) {
 		out = append(out, r.done(Result{Cell: c, Status: status, Reason: why, Tol: tol}))
@@ -126,6 +126,11 @@ func (r *Rank) cell(c Cell, s overlap.Strategy, oc opCase, ref *[][]float64, tol
 	var e float64
 	runErr := run()
 	if runErr == nil {
+		if ho, ok := oc.(hostOutputter); ok {
+			if got, err = ho.hostOutputs(); err != nil {
+				return res, err
+			}
+		}
 		for _, o := range oc.outputs() {
 			v, err := download(r.Backend, o)
 			if err != nil {
@@ -137,6 +142,9 @@ func (r *Rank) cell(c Cell, s overlap.Strategy, oc opCase, ref *[][]float64, tol
 			res.Verified = "sampled elements against the math in float64"
 			if c.Op == OpMoEDispatchCombine {
 				res.Verified = "combine(dispatch(x)) with identity experts = x·Σw, in float64"
+			}
+			if v, ok := oc.(verifier); ok {
+				res.Verified = v.verified()
 			}
 			e = oc.sampled(got)
 		} else {

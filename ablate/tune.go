@@ -186,16 +186,46 @@ func LoadCache(path string) (c Cache, exists bool, err error) {
 	return c, true, nil
 }
 
-// Save writes the cache (creating the folder).
+// Save writes the cache (creating the folder) atomically: a temporary file
+// in the same folder, renamed over the old one.
 func (c Cache) Save(path string) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
 	js, err := json.MarshalIndent(c, "", "  ")
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(path, append(js, '\n'), 0o644)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(append(js, '\n'))
+	if e := f.Close(); err == nil {
+		err = e
+	}
+	if err == nil {
+		err = os.Chmod(f.Name(), 0o644)
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), path)
+	}
+	if err != nil {
+		os.Remove(f.Name())
+	}
+	return err
+}
+
+// MergeSave merges c into the cache file at path (what the file holds now,
+// c's entries replacing those of the same key) and saves it atomically.
+func MergeSave(path string, c Cache) error {
+	old, _, err := LoadCache(path)
+	if err != nil {
+		return err
+	}
+	old.Merge(c)
+	return old.Save(path)
 }
 
 // Lookup is the cache as one run's chooser consults it (overlap.Tuning):

@@ -6,13 +6,16 @@
 // results.json, PNG charts and an autotune cache that
 // cmd/train --overlap auto --autotune-cache reads.
 //
-//	go run ./cmd/ablate --preset quick                 # the small CPU matrix (goroutine ranks over comm/local)
+//	go run ./cmd/ablate --preset quick                 # the small CPU matrix (goroutine ranks over comm/local, process ranks over comm/tcp)
 //	ablate --preset gpu --out $OUT                     # NVSHMEM PEs (child processes) and NCCL, under MPS if started
 //	ablate --models llama-7b --m 2048,8192 --worlds 1,2,4 --transports nvshmem
 //
-// GPU cells run as child processes of this binary, one per PE, a batch per
-// (transport, world): the child reads its batch from the file named by
-// ASYNCTP_ABLATE_BATCH and prints its results on stdout. When python3 can
+// GPU cells and tcp cells run as child processes of this binary, one per
+// rank (PE), a batch per (transport, world), meeting through a rendezvous
+// store that rank 0 hosts: the child reads its batch from the file named
+// by ASYNCTP_ABLATE_BATCH and prints its results on stdout. A tcp rank is
+// a single-threaded CPU backend over comm/tcp, as a goroutine rank of
+// local is over comm/local. When python3 can
 // import torch with CUDA, bench/torch_ablate.py adds PyTorch rows at the
 // same shapes (world size 1).
 package main

@@ -20,15 +20,19 @@ import (
 	"github.com/asynctp/asynctp/comm/nccl"
 	"github.com/asynctp/asynctp/comm/nvshmem"
 	"github.com/asynctp/asynctp/comm/rendezvous"
+	"github.com/asynctp/asynctp/comm/tcp"
 	"github.com/asynctp/asynctp/cuda"
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/overlap/peercopy"
+	"github.com/asynctp/asynctp/tensor/cpu"
 	"github.com/asynctp/asynctp/tensor/cudabackend"
 )
 
-// The GPU cells: a batch of one (transport, world) runs as world child
-// processes of this binary, one rank (NVSHMEM PE or NCCL rank) each, rank
-// r on GPU r % GPUs (NVSHMEM PEs share a GPU, under MPS when it runs).
+// The process cells: a batch of one (transport, world) runs as world child
+// processes of this binary, one rank each, meeting through a rendezvous
+// store that rank 0 hosts. On the GPU each is an NVSHMEM PE or NCCL rank,
+// rank r on GPU r % GPUs (NVSHMEM PEs share a GPU, under MPS when it
+// runs); over tcp each is a CPU rank (one thread) of comm/tcp.
 
 const (
 	batchEnv   = "ASYNCTP_ABLATE_BATCH" // the child's batch file
@@ -96,16 +100,22 @@ type batchFile struct {
 	Timeout   string        `json:"timeout"`
 }
 
-// runGPU runs one batch as world child processes and returns rank 0's
+// runProcs runs one batch as world child processes and returns rank 0's
 // results as they arrive (done sees each).
-func runGPU(ctx context.Context, transport string, world int, cells []ablate.Cell, m ablate.Matrix, o options, g gpuInfo,
+func runProcs(ctx context.Context, transport string, world int, cells []ablate.Cell, m ablate.Matrix, o options, g gpuInfo,
 	env *ablate.Env, done func(ablate.Result)) ([]ablate.Result, error) {
-	if transport == "nvshmem" {
+	switch transport {
+	case "nvshmem":
 		if _, err := nvshmem.Load(); err != nil {
 			return nil, err
 		}
-	} else if _, err := nccl.Load(); err != nil {
-		return nil, err
+	case "nccl":
+		if _, err := nccl.Load(); err != nil {
+			return nil, err
+		}
+	case "tcp":
+	default:
+		return nil, fmt.Errorf("transport %q: expected tcp, nvshmem or nccl for a batch of processes", transport)
 	}
 	exe, err := os.Executable()
 	if err != nil {
@@ -138,8 +148,10 @@ func runGPU(ctx context.Context, transport string, world int, cells []ablate.Cel
 		cmd.Env = append(os.Environ(), batchEnv+"="+f.Name(),
 			"ASYNCTP_RANK="+strconv.Itoa(r), "ASYNCTP_WORLD_SIZE="+strconv.Itoa(world),
 			"ASYNCTP_LOCAL_RANK="+strconv.Itoa(r), "ASYNCTP_LOCAL_WORLD_SIZE="+strconv.Itoa(world),
-			"ASYNCTP_MASTER_ADDR=127.0.0.1", "ASYNCTP_MASTER_PORT="+port, "ASYNCTP_JOB_ID="+job,
-			"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="+strconv.Itoa(100/max(1, (world+g.count-1)/g.count)))
+			"ASYNCTP_MASTER_ADDR=127.0.0.1", "ASYNCTP_MASTER_PORT="+port, "ASYNCTP_JOB_ID="+job)
+		if transport != "tcp" && g.count > 0 {
+			cmd.Env = append(cmd.Env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="+strconv.Itoa(100/max(1, (world+g.count-1)/g.count)))
+		}
 		cmd.Env = append(cmd.Env, childVars...)
 		tails[r] = new(bytes.Buffer)
 		cmd.Stderr = tails[r]
@@ -202,7 +214,8 @@ func runGPU(ctx context.Context, transport string, world int, cells []ablate.Cel
 	return results, nil
 }
 
-// child is one rank of a GPU batch: it prints rank 0's results on stdout.
+// child is one rank of a batch of processes: it prints rank 0's results on
+// stdout.
 func child() int {
 	if err := childRun(); err != nil {
 		fmt.Fprintln(os.Stderr, "ablate child:", err)
@@ -235,6 +248,9 @@ func childRun() error {
 		return err
 	}
 	defer closeStore()
+	if bf.Transport == "tcp" {
+		return tcpRank(ctx, bf, info, store, timeout)
+	}
 	if err := cuda.Init(); err != nil {
 		return err
 	}
@@ -277,20 +293,40 @@ func childRun() error {
 		return fmt.Errorf("transport %q: expected nvshmem or nccl", bf.Transport)
 	}
 	r := &ablate.Rank{Group: g, Backend: b, Stream: s, Timer: eventTimer{b}, Strategies: strategies, Seed: bf.Seed, Warmup: bf.Warmup, Reps: bf.Reps}
+	return runRank(ctx, r, bf, info, store)
+}
+
+// runRank runs the batch's cells on this rank, rank 0 printing each
+// result, and waits for the other ranks at the end.
+func runRank(ctx context.Context, r *ablate.Rank, bf batchFile, info rendezvous.Info, store *rendezvous.Client) error {
 	if info.Rank == 0 {
 		r.Done = func(res ablate.Result) {
 			js, _ := json.Marshal(res)
 			fmt.Println(resultLine + string(js))
 		}
 	}
-	_, err = r.Run(bf.Cells)
+	_, err := r.Run(bf.Cells)
 	if err == nil {
-		err = b.Sync()
+		err = r.Backend.Sync()
 	}
 	if e := store.Barrier(ctx, "ablate-done", info.WorldSize); err == nil {
 		err = e
 	}
 	return err
+}
+
+// tcpRank is one CPU rank of a tcp batch: a single-threaded CPU backend
+// (as the goroutine ranks have) over comm/tcp.
+func tcpRank(ctx context.Context, bf batchFile, info rendezvous.Info, store *rendezvous.Client, timeout time.Duration) error {
+	c, err := tcp.New(ctx, store, info.Rank, info.WorldSize, tcp.WithTimeout(timeout))
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	b := cpu.New(cpu.WithThreads(1))
+	r := &ablate.Rank{Group: c, Backend: b, Timer: ablate.WallTimer{Backend: b}, Strategies: ablate.LocalStrategies(),
+		Seed: bf.Seed, Warmup: bf.Warmup, Reps: bf.Reps}
+	return runRank(ctx, r, bf, info, store)
 }
 
 // eventTimer times with CUDA events on the backend's stream.

@@ -32,7 +32,10 @@ func main() {
 
 // presets are named matrices.
 var presets = map[string]ablate.Matrix{
-	// quick: a small CPU matrix, a complete report in seconds on 2 cores.
+	// quick: a small CPU matrix on goroutine ranks (comm/local), a
+	// complete report in about 25 s on 2 cores. --transports local,tcp adds
+	// process ranks over comm/tcp (child processes of this binary) and
+	// takes about 40 s.
 	"quick": {Ops: ablate.Ops, Models: []string{"quick"}, Worlds: []int{1, 2, 4}, Transports: []string{"local"},
 		Strategies: []string{ablate.Collective, ablate.Pipelined, ablate.PipelinedPeerCopy, ablate.Fused}, DType: "f32", Warmup: 2, Reps: 10},
 	// gpu: the TP ops and the MoE op at 1, 2, 4 PEs on one GPU (NVSHMEM
@@ -186,8 +189,9 @@ func joinOps() string {
 	return strings.Join(s, ", ")
 }
 
-// run is the whole program; strategies, when not nil, replace the CPU
-// ranks' strategies (tests inject a broken one).
+// run is the whole program; strategies, when not nil, replace the
+// goroutine ranks' strategies (tests inject a broken one; the process
+// ranks of tcp build their own).
 func run(ctx context.Context, args []string, stdout io.Writer, strategies map[string]overlap.Strategy) error {
 	m, o, err := parse(args)
 	if err != nil {
@@ -210,7 +214,7 @@ func run(ctx context.Context, args []string, stdout io.Writer, strategies map[st
 	idx := map[string]*batch{}
 	for _, c := range cells {
 		if why := ablate.Runnable(c, gpu.count, gpu.why); why != "" {
-			r := ablate.Result{Cell: c, Status: ablate.StatusNotRun, Reason: why, Tol: ablate.Tolerance(ablate.DTypeOf(c.DType))}
+			r := ablate.Result{Cell: c, Status: ablate.StatusNotRun, Reason: why, Tol: ablate.TolFor(c.Op, ablate.DTypeOf(c.DType))}
 			rep.Results = append(rep.Results, r)
 			prog.done(r)
 			continue
@@ -235,7 +239,7 @@ func run(ctx context.Context, args []string, stdout io.Writer, strategies map[st
 			if left < 5*time.Second {
 				for _, c := range b.cells {
 					r := ablate.Result{Cell: c, Status: ablate.StatusNotRun, Reason: fmt.Sprintf("--deadline %v passed before this batch", o.deadline),
-						Tol: ablate.Tolerance(ablate.DTypeOf(c.DType))}
+						Tol: ablate.TolFor(c.Op, ablate.DTypeOf(c.DType))}
 					rep.Results = append(rep.Results, r)
 					prog.done(r)
 				}
@@ -249,7 +253,7 @@ func run(ctx context.Context, args []string, stdout io.Writer, strategies map[st
 		case "local":
 			rs, err = ablate.RunLocal(b.world, b.cells, strategies, m.Warmup, m.Reps, o.seed, bo.timeout, prog.done)
 		default:
-			rs, err = runGPU(ctx, b.transport, b.world, b.cells, m, bo, gpu, &rep.Env, prog.done)
+			rs, err = runProcs(ctx, b.transport, b.world, b.cells, m, bo, gpu, &rep.Env, prog.done)
 		}
 		rep.Results = append(rep.Results, complete(b.cells, rs, err, prog.done)...)
 	}
@@ -306,7 +310,7 @@ func complete(cells []ablate.Cell, rs []ablate.Result, err error, done func(abla
 	}
 	for _, c := range cells {
 		if !have[c.ID()] {
-			r := ablate.Result{Cell: c, Status: ablate.StatusFailed, Reason: why, Tol: ablate.Tolerance(ablate.DTypeOf(c.DType))}
+			r := ablate.Result{Cell: c, Status: ablate.StatusFailed, Reason: why, Tol: ablate.TolFor(c.Op, ablate.DTypeOf(c.DType))}
 			rs = append(rs, r)
 			done(r)
 		}

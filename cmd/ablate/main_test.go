@@ -17,6 +17,15 @@ import (
 	"github.com/asynctp/asynctp/tensor/cpu"
 )
 
+// TestMain makes the test binary a rank when cmd/ablate starts it as one
+// (the tcp batches re-execute the running binary).
+func TestMain(m *testing.M) {
+	if os.Getenv(batchEnv) != "" {
+		os.Exit(child())
+	}
+	os.Exit(m.Run())
+}
+
 func readReport(t *testing.T, dir string) ablate.Report {
 	t.Helper()
 	js, err := os.ReadFile(filepath.Join(dir, "results.json"))
@@ -40,7 +49,7 @@ func TestQuickReport(t *testing.T) {
 	if err := run(context.Background(), args, io.Discard, nil); err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range append(append([]string(nil), ablate.Files...), "speedup.png", "breakdown.png", "bandwidth.png", "autotune.json", "ablate.log") {
+	for _, f := range append(append([]string(nil), ablate.Files...), "speedup.png", "breakdown.png", "bandwidth.png", "layers.png", "autotune.json", "ablate.log") {
 		if st, err := os.Stat(filepath.Join(out, f)); err != nil || st.Size() == 0 {
 			t.Errorf("%s: %v (want a non-empty file)", f, err)
 		}
@@ -53,8 +62,8 @@ func TestQuickReport(t *testing.T) {
 			t.Errorf("report.md lacks %q", want)
 		}
 	}
-	if n := strings.Count(string(html), `src="data:image/png;base64,`); n != 3 {
-		t.Errorf("report.html inlines %d charts, want 3", n)
+	if n := strings.Count(string(html), `src="data:image/png;base64,`); n != 4 {
+		t.Errorf("report.html inlines %d charts, want 4", n)
 	}
 	rep := readReport(t, out)
 	m, _, err := parse(args)
@@ -75,6 +84,9 @@ func TestQuickReport(t *testing.T) {
 			if r.Strategy != ablate.Collective && r.Verified != "against collective on the same inputs" {
 				t.Errorf("%s: verified %q, want against collective", r.ID(), r.Verified)
 			}
+			if r.Strategy == ablate.Collective && r.Op.IsLayer() && !strings.Contains(r.Verified, "against the unsharded layers") {
+				t.Errorf("%s: verified %q, want against the unsharded layers", r.ID(), r.Verified)
+			}
 		case ablate.StatusNotRun:
 			if r.Reason == "" {
 				t.Errorf("%s: not run without a reason", r.ID())
@@ -83,10 +95,12 @@ func TestQuickReport(t *testing.T) {
 			t.Errorf("%s: %s: %s", r.ID(), r.Status, r.Reason)
 		}
 	}
-	// collective and pipelined of 5 op directions at 3 M and 3 worlds, and
-	// the MoE op's collective at 3 M and 3 worlds.
-	if timed != 2*5*3*3+3*3 {
-		t.Errorf("%d cells timed, want %d", timed, 2*5*3*3+3*3)
+	// collective and pipelined of 5 op directions at 3 M and 3 worlds, the
+	// MoE op's collective at 3 M and 3 worlds, and collective and pipelined
+	// of the 4 layer cells (the block with and without SP, the MoE block,
+	// the step) at 1 M and 3 worlds.
+	if want := 2*5*3*3 + 3*3 + 2*4*3; timed != want {
+		t.Errorf("%d cells timed, want %d", timed, want)
 	}
 
 	// The cache: round-trip, and "auto" picks from it.
@@ -99,7 +113,7 @@ func TestQuickReport(t *testing.T) {
 	}
 	var e ablate.Entry
 	for _, x := range c.Entries {
-		if x.World == 2 && x.Kind == overlap.KindMatmulReduceScatter {
+		if x.World == 2 && x.Kind == overlap.KindMatmulReduceScatter && x.Transport == "local" {
 			e = x
 		}
 	}
@@ -148,11 +162,13 @@ func (s brokenAGMM) Forward(outs []*tensor.Tensor, xFull, x *tensor.Tensor, ws [
 	return nil
 }
 
-// A wrong strategy is reported as wrong and not timed; its correct
-// directions are timed; the cache never picks it where it is wrong.
+// A wrong strategy is reported as wrong and not timed, in its op and in
+// the block with sequence parallelism (whose entries are all-gather-matmul
+// sites); its correct directions are timed; the cache never picks it where
+// it is wrong.
 func TestWrongStrategyReported(t *testing.T) {
 	out := t.TempDir()
-	args := []string{"--preset", "quick", "--ops", "all-gather-matmul", "--worlds", "2", "--m", "64,128", "--strategies", "collective,pipelined",
+	args := []string{"--preset", "quick", "--ops", "all-gather-matmul,tp-block", "--worlds", "2", "--transports", "local", "--m", "64,128", "--strategies", "collective,pipelined",
 		"--reps", "2", "--warmup", "0", "--out", out, "--progress", "off", "--torch", "off"}
 	st := map[string]overlap.Strategy{ablate.Collective: overlap.Collective{}, ablate.Pipelined: broken{}}
 	if err := run(context.Background(), args, io.Discard, st); err != nil {
@@ -161,7 +177,7 @@ func TestWrongStrategyReported(t *testing.T) {
 	rep := readReport(t, out)
 	wrong := 0
 	for _, r := range rep.Results {
-		bad := r.Strategy == ablate.Pipelined && r.Dir == "fwd"
+		bad := r.Strategy == ablate.Pipelined && (r.Op == ablate.OpAllGatherMatmul && r.Dir == "fwd" || r.Op == ablate.OpTPBlock && r.Dir == "sp")
 		switch {
 		case bad && (r.Status != ablate.StatusWrong || r.MedianUS != 0 || !strings.Contains(r.Reason, "relative error")):
 			t.Errorf("%s: %s %q, %g µs; want wrong, not timed", r.ID(), r.Status, r.Reason, r.MedianUS)
@@ -171,8 +187,8 @@ func TestWrongStrategyReported(t *testing.T) {
 			t.Errorf("%s: %s %q; want ok", r.ID(), r.Status, r.Reason)
 		}
 	}
-	if wrong != 2 {
-		t.Errorf("%d wrong cells, want 2", wrong)
+	if wrong != 4 {
+		t.Errorf("%d wrong cells, want 4 (the forward at 2 M, the block with SP at 2 M)", wrong)
 	}
 	md, _ := os.ReadFile(filepath.Join(out, "report.md"))
 	if !strings.Contains(string(md), "| wrong | AG+MM fwd |") {
@@ -182,6 +198,35 @@ func TestWrongStrategyReported(t *testing.T) {
 		if e.Strategy != ablate.Collective {
 			t.Errorf("cache entry %+v picks %s, which was wrong in one direction", e, e.Strategy)
 		}
+	}
+}
+
+// tcp cells: every rank a child process (this test binary, see TestMain)
+// over comm/tcp; the TP op, the block and the MoE op verify and time.
+func TestTCPCells(t *testing.T) {
+	out := t.TempDir()
+	args := []string{"--ops", "all-gather-matmul,tp-block,moe-dispatch-combine", "--worlds", "2", "--transports", "tcp", "--m", "64",
+		"--strategies", "collective,pipelined", "--reps", "2", "--warmup", "0", "--out", out, "--progress", "off", "--torch", "off"}
+	if err := run(context.Background(), args, io.Discard, nil); err != nil {
+		t.Fatal(err)
+	}
+	rep := readReport(t, out)
+	ok := 0
+	for _, r := range rep.Results {
+		switch {
+		case r.Transport != "tcp":
+			t.Errorf("%s: transport %s, want tcp", r.ID(), r.Transport)
+		case r.Status == ablate.StatusOK && r.RelErr <= r.Tol && r.MedianUS > 0:
+			ok++
+		case r.Op == ablate.OpMoEDispatchCombine && r.Strategy == ablate.Pipelined && r.Status == ablate.StatusNotRun:
+		default:
+			t.Errorf("%s: %s %q (rel. err %g)", r.ID(), r.Status, r.Reason, r.RelErr)
+		}
+	}
+	// all-gather-matmul fwd, bwd and the block sp, nosp, two strategies
+	// each; the MoE op's collective.
+	if ok != 9 {
+		t.Errorf("%d cells verified and timed, want 9", ok)
 	}
 }
 

@@ -62,3 +62,91 @@ func TestOverlapAutoCacheMissing(t *testing.T) {
 		t.Errorf("exit %d, want non-zero naming the missing cache; output:\n%s", code, msg)
 	}
 }
+
+// --overlap auto --autotune with no cache: every TP site kind is tuned at
+// start (the summary says so), the cache file is written with an entry
+// per site shape, each verified and timed for both strategies, and the 20
+// steps follow --overlap collective within 1e-5. A second run finds every
+// site in the cache and tunes nothing.
+func TestAutotuneWritesCache(t *testing.T) {
+	cache := filepath.Join(t.TempDir(), "tuned", "autotune.json")
+	args := []string{"--tp", "2", "--sequence-parallel", "--overlap", "auto", "--autotune", "--autotune-cache", cache}
+	out := filepath.Join(t.TempDir(), "out")
+	msg, code := runMain(t, par(out, args...)...)
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, msg)
+	}
+	for _, want := range []string{"overlap: all-gather-matmul: ", "overlap: matmul-reduce-scatter: "} {
+		i := strings.Index(msg, want)
+		if i < 0 || !strings.Contains(msg[i:i+strings.Index(msg[i:], "\n")], "auto: autotuned at start") {
+			t.Errorf("want %q…auto: autotuned at start in the summary; output:\n%s", want, msg)
+		}
+	}
+	t.Log(msg)
+	c, exists, err := ablate.LoadCache(cache)
+	if err != nil || !exists {
+		t.Fatalf("cache %s: exists %v, %v", cache, exists, err)
+	}
+	// qkv (K 32, outs 48), gate_up and the LM head (K 32, outs 128: one
+	// shape), attention out (K 16, outs 32), down (K 64, outs 32).
+	type key struct {
+		kind    overlap.Kind
+		k, outs int
+	}
+	want := map[key]bool{{overlap.KindAllGatherMatmul, 32, 48}: true, {overlap.KindAllGatherMatmul, 32, 128}: true,
+		{overlap.KindMatmulReduceScatter, 16, 32}: true, {overlap.KindMatmulReduceScatter, 64, 32}: true}
+	for _, e := range c.Entries {
+		k := key{e.Kind, e.K, e.Outs}
+		if !want[k] || e.M != 64 || e.World != 2 || e.Transport != "local" || e.GPU != "cpu" || e.DType != "f32" {
+			t.Errorf("unexpected entry %+v", e)
+		}
+		delete(want, k)
+		if len(e.TimesUS) != 2 || !(e.TimesUS["collective"] > 0) || !(e.TimesUS["pipelined"] > 0) || e.TimesUS[e.Strategy] != min(e.TimesUS["collective"], e.TimesUS["pipelined"]) {
+			t.Errorf("entry %+v: want both strategies timed and the faster chosen", e)
+		}
+	}
+	if len(want) > 0 {
+		t.Errorf("no cache entries for %v; cache:\n%+v", want, c.Entries)
+	}
+	coll := metrics(t, trainRun(t, "--tp", "2", "--sequence-parallel", "--overlap", "collective"))
+	sameRun(t, "autotune", metrics(t, out), coll, 1e-5)
+
+	msg, code = runMain(t, par(filepath.Join(t.TempDir(), "out2"), args...)...)
+	if code != 0 || strings.Contains(msg, "autotuned at start") || !strings.Contains(msg, "auto: autotune cache "+cache) {
+		t.Errorf("second run: exit %d, want every site from the cache; output:\n%s", code, msg)
+	}
+	if c2, _, _ := ablate.LoadCache(cache); len(c2.Entries) != len(c.Entries) {
+		t.Errorf("second run: %d entries, want %d", len(c2.Entries), len(c.Entries))
+	}
+}
+
+// --autotune without "auto" is refused: nothing would use the timings.
+func TestAutotuneNeedsAuto(t *testing.T) {
+	msg, code := runMain(t, par(filepath.Join(t.TempDir(), "out"), "--tp", "2", "--autotune")...)
+	if code == 0 || !strings.Contains(msg, "--autotune: expected --overlap auto") {
+		t.Errorf("exit %d, want non-zero refusing --autotune; output:\n%s", code, msg)
+	}
+}
+
+// With two DP replicas the two TP groups tune apart and agree over the
+// world: the run trains (a disagreement would fail or hang the world's
+// collectives) and follows --overlap collective.
+func TestAutotuneAgreesOverDP(t *testing.T) {
+	cache := filepath.Join(t.TempDir(), "autotune.json")
+	out := filepath.Join(t.TempDir(), "out")
+	layout := []string{"--tp", "2", "--dp", "2", "--sequence-parallel"}
+	msg, code := runMain(t, par(out, append(layout, "--overlap", "auto", "--autotune", "--autotune-cache", cache)...)...)
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, msg)
+	}
+	c, _, err := ablate.LoadCache(cache)
+	if err != nil || len(c.Entries) != 4 {
+		t.Fatalf("cache: %d entries, %v; want 4", len(c.Entries), err)
+	}
+	for _, e := range c.Entries {
+		if e.M != 32 || e.World != 2 {
+			t.Errorf("entry %+v: want M 32 (a replica's tokens), world 2 (the TP group)", e)
+		}
+	}
+	sameRun(t, "autotune dp 2", metrics(t, out), metrics(t, trainRun(t, append(layout, "--overlap", "collective")...)), 1e-5)
+}

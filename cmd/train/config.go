@@ -33,6 +33,10 @@ type Config struct {
 	// AutotuneCache is the cache "auto" picks from (--autotune-cache,
 	// written by cmd/ablate); empty: OUT/autotune.json when it exists.
 	AutotuneCache string `json:"autotune_cache,omitempty"`
+	// Autotune (--autotune, with "auto"): a site the cache has no entry
+	// for is timed at start (collective against pipelined, verified) and
+	// the result written into the cache.
+	Autotune bool `json:"autotune,omitempty"`
 	// InitFrom is a Hugging Face Llama or Mixtral directory the run's
 	// weights start from (hf.go).
 	InitFrom string `json:"init_from,omitempty"`
@@ -111,6 +115,7 @@ type flagValues struct {
 	comm                                                 string
 	overlap                                              string
 	autotuneCache                                        string
+	autotune                                             bool
 	run                                                  runFlags
 }
 
@@ -154,6 +159,7 @@ func newFlagSet(fv *flagValues) *flag.FlagSet {
 	fs.StringVar(&fv.comm, "comm", "", "transport between the ranks: local (goroutines of one process, CPU), tcp (processes, CPU), nccl or nvshmem (processes, GPUs); default local, or with --nproc or a launcher (torchrun, srun, mpirun) tcp on the CPU and nccl with --device cuda")
 	fs.StringVar(&fv.overlap, "overlap", "", "strategy of the communication sites: "+strings.Join(overlap.Names, ", ")+
 		" (default collective; per-site choices in the config's \"overlap\" section)")
+	fs.BoolVar(&fv.autotune, "autotune", false, "with --overlap auto: time collective against pipelined at start for each site the autotune cache has no entry for (a verified micro-run on this run's ranks) and write the choices into the cache")
 	fs.StringVar(&fv.autotuneCache, "autotune-cache", "", "autotune cache `file` that --overlap auto picks from (cmd/ablate's autotune.json; default OUT/autotune.json when it exists)")
 	addRunFlags(fs, &fv.run)
 	return fs
@@ -319,6 +325,9 @@ func applyFlags(cfg *Config, fv *flagValues, set map[string]bool) {
 	if set["autotune-cache"] {
 		cfg.AutotuneCache = fv.autotuneCache
 	}
+	if set["autotune"] {
+		cfg.Autotune = fv.autotune
+	}
 	applyRunFlags(cfg, &fv.run, set)
 }
 
@@ -337,6 +346,9 @@ func (c *Config) validate(l origin) error {
 	}
 	if err := c.Overlap.Validate(); err != nil {
 		return err
+	}
+	if c.Autotune && !usesAuto(c.Overlap) {
+		return fmt.Errorf("--autotune: expected --overlap auto (or a site configured \"auto\"): no site would use the timings")
 	}
 	c.Model = c.Model.WithDefaults()
 	if c.Train.Warmup > c.Train.Steps && c.Train.Steps > 0 && !c.explicit["train.warmup"] {

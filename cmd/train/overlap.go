@@ -73,8 +73,12 @@ func autotunePath(cfg Config) (string, bool) {
 
 // tuning is the autotune cache of a rank whose backend is b and whose
 // tensors are dt, for "auto"; nil when no site uses auto or there is no
-// cache at the default place. A cache given explicitly must exist.
-func tuning(cfg Config, b tensor.Backend, dt tensor.DType) (overlap.Tuning, error) {
+// cache at the default place. A cache given explicitly must exist, unless
+// --autotune: then a missing one starts empty, and the result is an
+// *ablate.AutoTune that tunes the sites the cache lacks on world's ranks
+// with pipelined, the run's pipelined strategy (nil on a check without
+// ranks).
+func tuning(cfg Config, b tensor.Backend, dt tensor.DType, world comm.Comm, pipelined overlap.Strategy) (overlap.Tuning, error) {
 	if !usesAuto(cfg.Overlap) {
 		return nil, nil
 	}
@@ -83,9 +87,9 @@ func tuning(cfg Config, b tensor.Backend, dt tensor.DType) (overlap.Tuning, erro
 	if err != nil {
 		return nil, err
 	}
-	if !exists {
+	if !exists && !cfg.Autotune {
 		if explicit {
-			return nil, fmt.Errorf("--autotune-cache %s: no such file: expected an autotune cache written by cmd/ablate", path)
+			return nil, fmt.Errorf("--autotune-cache %s: no such file: expected an autotune cache written by cmd/ablate (or --autotune to write one)", path)
 		}
 		return nil, nil
 	}
@@ -95,14 +99,55 @@ func tuning(cfg Config, b tensor.Backend, dt tensor.DType) (overlap.Tuning, erro
 	}
 	p := cfg.Parallel
 	tokens := cfg.Train.Batch * cfg.Train.Seq / max(1, p.DP)
-	return ablate.Lookup{Cache: c, Path: path, Transport: p.Comm, GPU: gpu, Tokens: tokens, DType: dt.String()}, nil
+	l := ablate.Lookup{Cache: c, Path: path, Transport: p.Comm, GPU: gpu, Tokens: tokens, DType: dt.String()}
+	if !cfg.Autotune {
+		return l, nil
+	}
+	return &ablate.AutoTune{Lookup: l, World: world, Pipelined: pipelined, Seed: cfg.Model.Seed, Warmup: autotuneWarmup, Reps: autotuneReps}, nil
+}
+
+// The micro-runs of --autotune: warm-up calls, then timed repetitions (the
+// median of the slowest rank's) per direction and strategy.
+const (
+	autotuneWarmup = 2
+	autotuneReps   = 5
+)
+
+// pipelinedOf is the chooser's pipelined strategy: the GPU form among
+// extra, else overlap.Pipelined.
+func pipelinedOf(extra []overlap.Strategy) overlap.Strategy {
+	for _, s := range extra {
+		if s.Name() == (overlap.Pipelined{}).Name() {
+			return s
+		}
+	}
+	return overlap.Pipelined{}
+}
+
+// saveAutotune writes what tune measured into its cache (world rank 0:
+// merged with what the file holds, atomically); it returns the error of a
+// micro-run on every rank.
+func saveAutotune(tune overlap.Tuning, rank0 bool) error {
+	at, ok := tune.(*ablate.AutoTune)
+	if !ok {
+		return nil
+	}
+	if err := at.Err(); err != nil {
+		return err
+	}
+	if m := at.Measured(); rank0 && len(m.Entries) > 0 {
+		if err := ablate.MergeSave(at.Path, m); err != nil {
+			return fmt.Errorf("--autotune: writing the cache: %w", err)
+		}
+	}
+	return nil
 }
 
 // checkOverlap refuses, before any work, an overlap configuration that
 // names a strategy this run cannot build, or an autotune cache that
 // cannot be read.
 func checkOverlap(cfg Config) error {
-	if _, err := tuning(cfg, nil, tensor.Float32); err != nil {
+	if _, err := tuning(cfg, nil, tensor.Float32, nil, nil); err != nil {
 		return err
 	}
 	_, err := newChooser(cfg, nil)

@@ -89,16 +89,20 @@ func trainRank(ctx context.Context, c comm.Comm, cfg Config, ds *train.Dataset, 
 		return train.Result{}, err
 	}
 	defer g.Close()
-	tune, err := tuning(cfg, b, dt)
+	extra := gpuOverlap(c, b)
+	tune, err := tuning(cfg, b, dt, c, pipelinedOf(extra))
 	if err != nil {
 		return train.Result{}, err
 	}
-	ch, err := newChooser(cfg, tune, gpuOverlap(c, b)...)
+	ch, err := newChooser(cfg, tune, extra...)
 	if err != nil {
 		return train.Result{}, err
 	}
 	m, err := model.New(b, g, cfg.Model, model.Options{SequenceParallel: p.SequenceParallel, Stream: s, Overlap: ch}, dt)
 	if err != nil {
+		return train.Result{}, err
+	}
+	if err := saveAutotune(tune, c.Rank() == 0); err != nil {
 		return train.Result{}, err
 	}
 	if err := ch.CheckUsed(); err != nil {
