@@ -20,9 +20,11 @@ type ExpertsConfig struct {
 // Experts is a group of SwiGLU MLPs, one per expert, with stacked weights
 // w_gate, w_up (Count, Hidden, Dim) and w_down (Count, Dim, Hidden). It runs
 // on a buffer of rows that is expert-contiguous (a RoutingPlan's order):
-// counts[e] rows for local expert e, one after the other. Each expert's rows
-// go through one GEMM per projection, on row views of the buffer and of the
-// stacked weights (the grouped GEMM; a GPU backend may fuse the group).
+// counts[e] rows for local expert e, one after the other. Each projection is
+// one grouped GEMM over all the local experts (tensor.GroupedGEMM, with the
+// experts' row offsets uploaded to the device), forward and backward; on a
+// backend without GroupedGEMM, one MatMul per expert on row views of the
+// buffer and of the stacked weights.
 //
 // A group that holds a slice of the experts registers its weights under the
 // full layer's names with ShardInit, so that they have exactly the values
@@ -34,10 +36,12 @@ type Experts struct {
 	First, Count      int // this group holds experts [First, First+Count)
 	Gate, Up, Down    *Param
 	b                 tensor.Backend
-	counts            []int          // rows per local expert of the last Forward; nil before one
-	x                 *tensor.Tensor // (M, Dim) the last Forward's input
-	act               *SwiGLUCore    // on the (M, Hidden) rows of all the experts
-	h                 *tensor.Tensor // (M, Hidden) the activation's output, the input of w_down
+	grouped           tensor.GroupedGEMM // nil: one MatMul per expert
+	counts            []int              // rows per local expert of the last Forward; nil before one
+	offsets           *tensor.Tensor     // (Count+1) int32 on the device: the row offsets of the last Forward
+	x                 *tensor.Tensor     // (M, Dim) the last Forward's input
+	act               *SwiGLUCore        // on the (M, Hidden) rows of all the experts
+	h                 *tensor.Tensor     // (M, Hidden) the activation's output, the input of w_down
 	gateW, upW, downW []*tensor.Tensor
 	gateG, upG, downG []*tensor.Tensor
 	rowsM             int
@@ -57,6 +61,7 @@ func NewExperts(b tensor.Backend, ps *ParamSet, name string, cfg ExpertsConfig) 
 	}
 	ex := &Experts{Name: name, Dim: cfg.Dim, Hidden: cfg.Hidden, Experts: cfg.Experts, First: cfg.First, Count: cfg.Count, b: b,
 		act: NewSwiGLUCore(b)}
+	ex.grouped, _ = b.(tensor.GroupedGEMM)
 	add := func(suffix string, rows, cols int, std float64) (*Param, error) {
 		init := Normal(std)
 		if cfg.Count != cfg.Experts {
@@ -145,28 +150,15 @@ func (ex *Experts) Forward(out, x *tensor.Tensor, counts []int) error {
 	if err := CheckApart(ex.what(), "output", out, "input x", x); err != nil {
 		return err
 	}
-	ex.views()
 	gate, up := ex.act.Inputs(dt, m, ex.Hidden)
-	lo := 0
-	for e, c := range counts {
-		if c == 0 {
-			continue
-		}
-		hi := lo + c
-		xe := rows(x, lo, hi)
-		ex.b.MatMul(rows(gate, lo, hi), xe, ex.gateW[e], false, true, 1, 0)
-		ex.b.MatMul(rows(up, lo, hi), xe, ex.upW[e], false, true, 1, 0)
-		lo = hi
-	}
-	ex.h = ex.act.Forward()
-	lo = 0
-	for e, c := range counts {
-		if c == 0 {
-			continue
-		}
-		hi := lo + c
-		ex.b.MatMul(rows(out, lo, hi), rows(ex.h, lo, hi), ex.downW[e], false, true, 1, 0)
-		lo = hi
+	if ex.grouped != nil {
+		ex.offsets = uploadInts(ex.b, ex.offsets, offsetsOf(counts), ex.Count+1)
+		ex.grouped.GroupedMatMul(gate, x, ex.Gate.W, ex.offsets, true, 1, 0)
+		ex.grouped.GroupedMatMul(up, x, ex.Up.W, ex.offsets, true, 1, 0)
+		ex.h = ex.act.Forward()
+		ex.grouped.GroupedMatMul(out, ex.h, ex.Down.W, ex.offsets, true, 1, 0)
+	} else {
+		ex.forwardLoop(out, x, gate, up, counts)
 	}
 	ex.x, ex.counts, ex.rowsM = x, append([]int(nil), counts...), m
 	return Sticky(ex.b, ex.what(), "forward")
@@ -188,6 +180,61 @@ func (ex *Experts) Backward(dx, dout *tensor.Tensor) error {
 	if err := CheckApart(ex.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
 		return err
 	}
+	if ex.grouped == nil {
+		ex.backwardLoop(dx, dout)
+		return Sticky(ex.b, ex.what(), "backward")
+	}
+	g, off := ex.grouped, ex.offsets
+	dh := ex.act.OutputGrad()
+	g.GroupedMatMul(dh, dout, ex.Down.W, off, false, 1, 0) // dh = dout·W_down
+	g.GroupedMatMulTN(ex.Down.G, dout, ex.h, off, 1, 1)    // dW_down += doutᵀ·h
+	dgate, dup := ex.act.Backward()
+	g.GroupedMatMul(dx, dgate, ex.Gate.W, off, false, 1, 0) // dx = dgate·W_gate + dup·W_up
+	g.GroupedMatMul(dx, dup, ex.Up.W, off, false, 1, 1)
+	g.GroupedMatMulTN(ex.Gate.G, dgate, ex.x, off, 1, 1) // dW += dᵀ·x
+	g.GroupedMatMulTN(ex.Up.G, dup, ex.x, off, 1, 1)
+	return Sticky(ex.b, ex.what(), "backward")
+}
+
+// offsetsOf returns the len(counts)+1 row offsets of consecutive groups of
+// counts rows.
+func offsetsOf(counts []int) []int32 {
+	off := make([]int32, len(counts)+1)
+	for e, c := range counts {
+		off[e+1] = off[e] + int32(c)
+	}
+	return off
+}
+
+// forwardLoop is Forward on a backend without GroupedGEMM: one MatMul per
+// expert and projection on row views.
+func (ex *Experts) forwardLoop(out, x, gate, up *tensor.Tensor, counts []int) {
+	ex.views()
+	lo := 0
+	for e, c := range counts {
+		if c == 0 {
+			continue
+		}
+		hi := lo + c
+		xe := rows(x, lo, hi)
+		ex.b.MatMul(rows(gate, lo, hi), xe, ex.gateW[e], false, true, 1, 0)
+		ex.b.MatMul(rows(up, lo, hi), xe, ex.upW[e], false, true, 1, 0)
+		lo = hi
+	}
+	ex.h = ex.act.Forward()
+	lo = 0
+	for e, c := range counts {
+		if c == 0 {
+			continue
+		}
+		hi := lo + c
+		ex.b.MatMul(rows(out, lo, hi), rows(ex.h, lo, hi), ex.downW[e], false, true, 1, 0)
+		lo = hi
+	}
+}
+
+// backwardLoop is Backward on a backend without GroupedGEMM.
+func (ex *Experts) backwardLoop(dx, dout *tensor.Tensor) {
 	dh := ex.act.OutputGrad()
 	lo := 0
 	for e, c := range ex.counts {
@@ -215,5 +262,4 @@ func (ex *Experts) Backward(dx, dout *tensor.Tensor) error {
 		ex.b.MatMul(ex.upG[e], du, xe, true, false, 1, 1)
 		lo = hi
 	}
-	return Sticky(ex.b, ex.what(), "backward")
 }

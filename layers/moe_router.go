@@ -41,6 +41,13 @@ type LoadStats struct {
 //
 // AuxLoss is AuxLossCoef·balance + ZLossCoef·z, and Backward adds its
 // gradient (f_e is piecewise constant: the gradient goes through P_e).
+//
+// Routing runs in fp32 when the model is bf16 (RouterDType): the router
+// GEMM multiplies fp32 copies of x and of the (bf16) weight, and the
+// logits, softmax, top-k, renormalisation, z-loss and their backwards are
+// fp32; only the weights handed to the combine (Weights) are rounded to the
+// model's dtype, and the logits' gradient is rounded to it for the two
+// GEMMs of the backward. f32 and f64 models route in their own dtype.
 type Router struct {
 	Name               string
 	Dim, Experts, TopK int
@@ -57,9 +64,11 @@ type Router struct {
 	ops tensor.MoEOps
 	n   int            // tokens of the last Forward; 0 before a successful one
 	x   *tensor.Tensor // (N, Dim) the input of the last Forward
-	// Activations (reallocated when N changes).
+	// Activations (reallocated when N changes), in RouterDType except
+	// weights.
 	logits, probs *tensor.Tensor // (N, E)
-	weights       *tensor.Tensor // (N, K) renormalised top-k probabilities
+	rweights      *tensor.Tensor // (N, K) renormalised top-k probabilities
+	weights       *tensor.Tensor // (N, K) rweights in the model's dtype (rweights itself when they agree)
 	idx           *tensor.Tensor // (N, K) int32 chosen experts
 	lse           *tensor.Tensor // (N) logsumexp(logits), fp32 (f64 for f64 models)
 	psum          *tensor.Tensor // (E) Σ_n p[n, :]
@@ -74,9 +83,15 @@ type Router struct {
 	auxGrad        *tensor.Tensor // (E) ∂(AuxLossCoef·balance)/∂p[n, e]
 
 	// Backward scratch.
-	dprobs, dlogits, dz *tensor.Tensor // (N, E)
+	dprobs, dlogits, dz *tensor.Tensor // (N, E) RouterDType
+	dlogitsM            *tensor.Tensor // (N, E) dlogits in the model's dtype (when they differ)
+	dweights            *tensor.Tensor // (N, K) RouterDType (when it differs from the model's)
 	dlse                *tensor.Tensor // (N)
 }
+
+// RouterDType is the dtype a router of a model in dt routes in: fp32 for
+// bf16 (and f32) models, f64 for f64 ones.
+func RouterDType(dt tensor.DType) tensor.DType { return StatDType(dt) }
 
 // NewRouter registers name+".weight" (Experts, Dim) in ps.
 func NewRouter(b tensor.Backend, ps *ParamSet, name string, cfg RouterConfig) (*Router, error) {
@@ -126,13 +141,21 @@ func (r *Router) Forward(x *tensor.Tensor) error {
 	if n == 0 {
 		return fmt.Errorf("%s: input x has shape %v, expected at least one token", r.what(), x.Shape())
 	}
-	E, K := r.Experts, r.TopK
-	r.logits = Ensure(r.b, r.logits, dt, n, E)
-	r.probs = Ensure(r.b, r.probs, dt, n, E)
-	r.weights = Ensure(r.b, r.weights, dt, n, K)
+	E, K, rdt := r.Experts, r.TopK, RouterDType(dt)
+	r.logits = Ensure(r.b, r.logits, rdt, n, E)
+	r.probs = Ensure(r.b, r.probs, rdt, n, E)
+	r.rweights = Ensure(r.b, r.rweights, rdt, n, K)
+	if rdt == dt {
+		r.weights = r.rweights
+	} else {
+		if r.weights == r.rweights {
+			r.weights = nil // not a tensor of its own: Ensure must not free rweights
+		}
+		r.weights = Ensure(r.b, r.weights, dt, n, K)
+	}
 	r.idx = Ensure(r.b, r.idx, tensor.Int32, n, K)
-	r.lse = Ensure(r.b, r.lse, StatDType(dt), n)
-	r.psum = Ensure(r.b, r.psum, dt, E)
+	r.lse = Ensure(r.b, r.lse, StatDType(rdt), n)
+	r.psum = Ensure(r.b, r.psum, rdt, E)
 	if r.hostIdx == nil || !r.hostIdx.Shape().Equal(tensor.Shape{n, K}) {
 		r.hostIdx = tensor.MustHost(tensor.Int32, n, K)
 	}
@@ -140,9 +163,24 @@ func (r *Router) Forward(x *tensor.Tensor) error {
 		r.hostSum = tensor.MustHost(tensor.Float64, E)
 	}
 	x2 := Reshape(x, n, r.Dim)
-	r.b.MatMul(r.logits, x2, r.W.W, false, true, 1, 0)
+	if rdt == dt {
+		r.b.MatMul(r.logits, x2, r.W.W, false, true, 1, 0)
+	} else {
+		// fp32 copies of the inputs, freed at once (the backward's GEMMs
+		// read the model's x and W): the products of bf16 values are exact
+		// in fp32, so this is the bf16-in, fp32-out GEMM.
+		x32, w32 := r.b.Zeros(rdt, n, r.Dim), r.b.Zeros(rdt, E, r.Dim)
+		r.b.Copy(x32, x2)
+		r.b.Copy(w32, r.W.W)
+		r.b.MatMul(r.logits, x32, w32, false, true, 1, 0)
+		r.b.Free(x32)
+		r.b.Free(w32)
+	}
 	r.b.Softmax(r.probs, r.logits)
-	r.ops.TopK(r.weights, r.idx, r.probs, true)
+	r.ops.TopK(r.rweights, r.idx, r.probs, true)
+	if rdt != dt {
+		r.b.Copy(r.weights, r.rweights)
+	}
 	r.ops.LogSumExp(r.lse, r.logits)
 	r.b.Fill(r.psum, 0)
 	r.b.SumRows(r.psum, r.probs)
@@ -167,6 +205,10 @@ func (r *Router) Indices() []int32 { return r.hostIdx.I32() }
 // Weights returns the (N, K) renormalised weights of the last Forward, on
 // the device.
 func (r *Router) Weights() *tensor.Tensor { return r.weights }
+
+// Probs returns the (N, E) router probabilities of the last Forward, on the
+// device, in RouterDType. It is valid until the next Forward.
+func (r *Router) Probs() *tensor.Tensor { return r.probs }
 
 // Local returns the load statistics of the last Forward's own tokens.
 func (r *Router) Local() LoadStats { return r.local }
@@ -198,8 +240,8 @@ func (r *Router) SetGlobal(g LoadStats) error {
 	r.zloss = g.LSESquares / T
 	r.zGrad = scale * r.ZLossCoef * 2 / T
 	if r.AuxLossCoef != 0 {
-		dt := r.W.W.DType()
-		r.auxGrad = Ensure(r.b, r.auxGrad, dt, E)
+		rdt := RouterDType(r.W.W.DType())
+		r.auxGrad = Ensure(r.b, r.auxGrad, rdt, E)
 		h, _ := tensor.FromFloat64(grad, E)
 		r.b.Upload(r.auxGrad, h)
 	}
@@ -235,25 +277,38 @@ func (r *Router) Backward(dx, dweights *tensor.Tensor, accumulate bool) error {
 	if err := CheckRowsN(r.b, r.what(), "input gradient dx", dx, dt, r.Dim, n, "like the forward's input"); err != nil {
 		return err
 	}
-	r.dprobs = Ensure(r.b, r.dprobs, dt, n, E)
-	r.dlogits = Ensure(r.b, r.dlogits, dt, n, E)
-	r.ops.TopKBackward(r.dprobs, dweights, r.weights, r.idx, r.probs, true)
+	rdt := RouterDType(dt)
+	r.dprobs = Ensure(r.b, r.dprobs, rdt, n, E)
+	r.dlogits = Ensure(r.b, r.dlogits, rdt, n, E)
+	dw := dweights
+	if rdt != dt {
+		r.dweights = Ensure(r.b, r.dweights, rdt, n, r.TopK)
+		r.b.Copy(r.dweights, dweights)
+		dw = r.dweights
+	}
+	r.ops.TopKBackward(r.dprobs, dw, r.rweights, r.idx, r.probs, true)
 	if r.AuxLossCoef != 0 {
 		r.b.AddBias(r.dprobs, r.auxGrad) // ∂/∂p[n, e] = coef·E·f_e/T for every token
 	}
 	r.b.SoftmaxBackward(r.dlogits, r.dprobs, r.probs)
 	if r.ZLossCoef != 0 {
-		r.dz = Ensure(r.b, r.dz, dt, n, E)
-		r.dlse = Ensure(r.b, r.dlse, StatDType(dt), n)
+		r.dz = Ensure(r.b, r.dz, rdt, n, E)
+		r.dlse = Ensure(r.b, r.dlse, StatDType(rdt), n)
 		r.b.Scale(r.dlse, r.lse, float32(r.zGrad))
 		r.ops.LogSumExpBackward(r.dz, r.dlse, r.logits, r.lse)
 		r.b.Add(r.dlogits, r.dlogits, r.dz)
 	}
-	r.b.MatMul(r.W.G, r.dlogits, r.x, true, false, 1, 1) // dW += dlogitsᵀ·x
+	dl := r.dlogits
+	if rdt != dt { // the GEMMs run in the model's dtype (fp32 accumulation)
+		r.dlogitsM = Ensure(r.b, r.dlogitsM, dt, n, E)
+		r.b.Copy(r.dlogitsM, r.dlogits)
+		dl = r.dlogitsM
+	}
+	r.b.MatMul(r.W.G, dl, r.x, true, false, 1, 1) // dW += dlogitsᵀ·x
 	beta := float32(0)
 	if accumulate {
 		beta = 1
 	}
-	r.b.MatMul(Reshape(dx, n, r.Dim), r.dlogits, r.W.W, false, false, 1, beta)
+	r.b.MatMul(Reshape(dx, n, r.Dim), dl, r.W.W, false, false, 1, beta)
 	return Sticky(r.b, r.what(), "backward")
 }

@@ -1,6 +1,7 @@
 package layers
 
 import (
+	"fmt"
 	"math"
 	"slices"
 	"sort"
@@ -303,5 +304,71 @@ func TestMoEErrors(t *testing.T) {
 	}
 	if err := m.Forward(b.Zeros(tensor.Float32, 3, 5), x); err == nil || !strings.Contains(err.Error(), "output") {
 		t.Errorf("Forward with a bad output: %v", err)
+	}
+}
+
+// TestExpertsGroupedMatchesLoop: the experts' grouped GEMMs (the backend's
+// GroupedGEMM) and the per-expert MatMul loop (a backend without it) give
+// the same outputs and gradients, on uneven counts with empty experts.
+func TestExpertsGroupedMatchesLoop(t *testing.T) {
+	counts := []int{3, 0, 7, 1, 0}
+	m := 11
+	cfg := ExpertsConfig{Dim: 6, Hidden: 10, Experts: 7, First: 1, Count: 5, Std: 0.5, OutStd: 0.5}
+	type run struct{ out, dx []float64 }
+	var results [2]run
+	var grads [2][][]float64
+	for i, wrap := range []bool{false, true} {
+		b := newBackend()
+		if wrap {
+			b = struct{ tensor.Backend }{b} // hides tensor.GroupedGEMM
+		}
+		ps := NewParamSet(3)
+		ex, err := NewExperts(b, ps, "moe", cfg)
+		noErr(t, b, err)
+		if _, ok := b.(tensor.GroupedGEMM); ok == wrap || (ex.grouped != nil) == wrap {
+			t.Fatalf("wrap %v: the backend's GroupedGEMM is %v, the layer's %v", wrap, ok, ex.grouped != nil)
+		}
+		noErr(t, b, ps.Materialize(b, tensor.Float64))
+		rng := testutil.Rng(9)
+		x := randDevice(t, b, rng, tensor.Float64, 1, m, cfg.Dim)
+		dout := randDevice(t, b, rng, tensor.Float64, 1, m, cfg.Dim)
+		out, dx := b.Zeros(tensor.Float64, m, cfg.Dim), b.Zeros(tensor.Float64, m, cfg.Dim)
+		b.Fill(out, math.NaN())
+		b.Fill(dx, math.NaN())
+		noErr(t, b, ex.Forward(out, x, counts))
+		noErr(t, b, ex.Backward(dx, dout))
+		results[i] = run{download(t, b, out), download(t, b, dx)}
+		for _, p := range ex.Params() {
+			grads[i] = append(grads[i], download(t, b, p.G))
+		}
+	}
+	check := func(what string, got, want []float64) {
+		t.Helper()
+		if e := testutil.RelErr(got, want); !(e <= 1e-12) {
+			t.Errorf("%s: grouped vs loop relative error %g", what, e)
+		}
+	}
+	check("out", results[0].out, results[1].out)
+	check("dx", results[0].dx, results[1].dx)
+	for j := range grads[0] {
+		check(fmt.Sprintf("gradient %d", j), grads[0][j], grads[1][j])
+	}
+}
+
+func TestTopKDiffAndGaps(t *testing.T) {
+	// Tokens 0 and 2 agree (order ignored); 1 and 3 differ.
+	diff, err := TopKDiff([]int32{0, 3, 1, 2, 4, 5, 0, 1}, []int32{3, 0, 1, 4, 4, 5, 1, 2}, 2)
+	if err != nil || !slices.Equal(diff, []int{1, 3}) {
+		t.Fatalf("TopKDiff = %v, %v; want [1 3]", diff, err)
+	}
+	if _, err := TopKDiff([]int32{0, 1, 2}, []int32{0, 1, 2}, 2); err == nil || !strings.Contains(err.Error(), "multiple of K") {
+		t.Errorf("TopKDiff of 3 ids with K = 2: error %v", err)
+	}
+	gaps, err := TopKGaps([]float64{0.1, 0.5, 0.4, 0.3, 0.3, 0.4}, 3, 2)
+	if err != nil || math.Abs(gaps[0]-0.3) > 1e-15 || gaps[1] != 0 {
+		t.Fatalf("TopKGaps = %v, %v; want [0.3 0]", gaps, err)
+	}
+	if gaps, _ := TopKGaps([]float64{0.5, 0.5}, 2, 2); !math.IsInf(gaps[0], 1) {
+		t.Errorf("TopKGaps with K = E = %v, want +Inf", gaps)
 	}
 }

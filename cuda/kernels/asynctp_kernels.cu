@@ -8,4 +8,5 @@
 #include "loss.cu"
 #include "optim.cu"
 #include "moe.cu"
+#include "grouped.cu"
 #include "attention_tc.cu"

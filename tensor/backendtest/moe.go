@@ -21,11 +21,14 @@ func MoETests() []Test {
 		{"CombineRows", TestCombineRows},
 		{"LogSumExp", TestLogSumExp},
 		{"MoEErrors", TestMoEErrors},
+		{"GroupedMatMul", TestGroupedMatMul},
+		{"GroupedErrors", TestGroupedErrors},
 	}
 }
 
 // RunMoE runs every MoE test on b as a subtest; it fails at once when b does
-// not implement tensor.MoEOps.
+// not implement tensor.MoEOps (and the grouped GEMM tests fail when it does
+// not implement tensor.GroupedGEMM).
 func RunMoE(t *testing.T, b tensor.Backend, opts Options) {
 	t.Helper()
 	if _, err := tensor.MoEOpsOf(b); err != nil {

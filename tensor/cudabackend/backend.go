@@ -280,6 +280,7 @@ const (
 	flagCombineRows
 	flagCombineRowsBackward
 	flagRouting
+	flagGrouped
 	numFlags
 )
 

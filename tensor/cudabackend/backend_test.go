@@ -42,6 +42,8 @@ func TestRoutingPlan(t *testing.T) { runRoutingPlan(t, openGPU) }
 
 func TestGPT(t *testing.T) { runGPT(t, openGPU) }
 
+func TestRoutingAgreement(t *testing.T) { runRoutingAgreement(t, openGPU) }
+
 // TestStream checks the stream contract of the package documentation on the
 // GPU: work queued on Stream by other code (as comm/nccl queues its
 // collectives) comes before a later Download, and work on another stream

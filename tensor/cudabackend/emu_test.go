@@ -47,6 +47,8 @@ func TestEmuRoutingPlan(t *testing.T) { runRoutingPlan(t, openEmu) }
 
 func TestEmuGPT(t *testing.T) { runGPT(t, openEmu) }
 
+func TestEmuRoutingAgreement(t *testing.T) { runRoutingAgreement(t, openEmu) }
+
 // TestEmuCachingAllocator checks that freed blocks are reused without new
 // device allocations, and that Close gives everything back.
 func TestEmuCachingAllocator(t *testing.T) {

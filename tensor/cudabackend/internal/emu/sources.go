@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "309db10b449619a681ab8f0f275151782498e7b1151c52dced595b03e6f10856"
+const SourcesSum = "28adb6167c226b1ce4ccd56d5a46b5c732f112caa39b694b88af4bafa065e998"
