@@ -61,7 +61,7 @@ func NewExperts(b tensor.Backend, ps *ParamSet, name string, cfg ExpertsConfig) 
 	}
 	ex := &Experts{Name: name, Dim: cfg.Dim, Hidden: cfg.Hidden, Experts: cfg.Experts, First: cfg.First, Count: cfg.Count, b: b,
 		act: NewSwiGLUCore(b)}
-	ex.grouped, _ = b.(tensor.GroupedGEMM)
+	ex.grouped = tensor.UseGrouped(b)
 	add := func(suffix string, rows, cols int, std float64) (*Param, error) {
 		init := Normal(std)
 		if cfg.Count != cfg.Experts {

@@ -49,3 +49,25 @@ func GroupedOf(b Backend) (GroupedGEMM, error) {
 	}
 	return g, nil
 }
+
+// GroupedPreference is an optional method of a backend with GroupedGEMM:
+// whether its grouped op is the way layers should take. The CUDA backend's
+// grouped kernel is a SIMT baseline, far slower than one tensor-core
+// cuBLASLt GEMM per expert, so it answers false unless asked for
+// (cudabackend.WithGroupedGEMM) until a tensor-core grouped engine replaces
+// it; a backend without the method is taken at its word (true).
+type GroupedPreference interface {
+	PreferGrouped() bool
+}
+
+// UseGrouped returns b's GroupedGEMM when b has one and prefers it, else nil.
+func UseGrouped(b Backend) GroupedGEMM {
+	g, ok := b.(GroupedGEMM)
+	if !ok {
+		return nil
+	}
+	if p, ok := b.(GroupedPreference); ok && !p.PreferGrouped() {
+		return nil
+	}
+	return g
+}

@@ -38,10 +38,22 @@ var _ tensor.Backend = (*Backend)(nil)
 type config struct {
 	kernels   string // image path; "" = FindKernels
 	attention AttentionImpl
+	grouped   bool // layers take the grouped GEMM kernel (WithGroupedGEMM)
 }
 
 // Option configures New.
 type Option func(*config)
+
+// WithGroupedGEMM makes the MoE layers take this backend's grouped GEMM
+// (one launch for all experts, offsets on the device) instead of one
+// cuBLASLt GEMM per expert. Off by default: the grouped kernel is a SIMT
+// baseline (correct, tested against the CPU, slower than the tensor cores)
+// until the tensor-core grouped engine replaces it. The ops themselves
+// work either way (tensor.GroupedGEMM).
+func WithGroupedGEMM(on bool) Option { return func(c *config) { c.grouped = on } }
+
+// PreferGrouped implements tensor.GroupedPreference (WithGroupedGEMM).
+func (b *Backend) PreferGrouped() bool { return b.cfg.grouped }
 
 // WithKernels loads the kernels image from path instead of looking for it
 // (see FindKernels).
