@@ -9,7 +9,6 @@ import (
 
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/overlap"
-	"github.com/asynctp/asynctp/tensor"
 )
 
 // AutoTune is the chooser's Tuning of a run with --autotune: a site the
@@ -126,21 +125,7 @@ func (a *AutoTune) exact(key Entry) (Entry, bool) {
 // M (global rows: the site's rows, else the run's tokens).
 func (a *AutoTune) entryFor(sp overlap.Spec) (Entry, int) {
 	P := sp.Group.Size()
-	outs := 0
-	for _, o := range sp.Outs {
-		outs += o
-	}
-	m := sp.Rows
-	if sp.Kind == overlap.KindAllGatherMatmul {
-		m *= P
-	}
-	if m == 0 {
-		m = a.Tokens
-	}
-	dt := a.DType
-	if sp.DType != tensor.Invalid {
-		dt = sp.DType.String()
-	}
+	m, outs, dt := siteKey(sp, a.Tokens, a.DType)
 	gpu := a.GPU
 	if a.Transport == "local" || a.Transport == "tcp" {
 		gpu = "cpu"

@@ -250,21 +250,7 @@ func (l Lookup) Tuned(sp overlap.Spec) (string, string, bool) {
 		return "", "", false
 	}
 	P := sp.Group.Size()
-	outs := 0
-	for _, o := range sp.Outs {
-		outs += o
-	}
-	m := sp.Rows
-	if sp.Kind == overlap.KindAllGatherMatmul {
-		m *= P
-	}
-	if m == 0 {
-		m = l.Tokens
-	}
-	dt := l.DType
-	if sp.DType != tensor.Invalid {
-		dt = sp.DType.String()
-	}
+	m, outs, dt := siteKey(sp, l.Tokens, l.DType)
 	var best *Entry
 	bestD := math.Inf(1)
 	for i := range l.Cache.Entries {
@@ -291,4 +277,25 @@ func (l Lookup) Tuned(sp overlap.Spec) (string, string, bool) {
 		how = fmt.Sprintf("nearest M %d to %d", best.M, m)
 	}
 	return best.Strategy, fmt.Sprintf("autotune cache %s (%s, world %d, %s, %s; %s)", l.Path, sp.Kind, P, l.Transport, l.GPU, how), true
+}
+
+// siteKey is what a site's spec gives the cache key: its global rows M
+// (the spec's rows, times P for an all-gather's shard; else the run's
+// tokens), the sum of its output widths, and its dtype (else the run's).
+func siteKey(sp overlap.Spec, tokens int, runDType string) (m, outs int, dt string) {
+	for _, o := range sp.Outs {
+		outs += o
+	}
+	m = sp.Rows
+	if sp.Kind == overlap.KindAllGatherMatmul {
+		m *= sp.Group.Size()
+	}
+	if m == 0 {
+		m = tokens
+	}
+	dt = runDType
+	if sp.DType != tensor.Invalid {
+		dt = sp.DType.String()
+	}
+	return m, outs, dt
 }
