@@ -64,6 +64,11 @@ func (x *exchange) ensure(rows, cols int, dt tensor.DType) error {
 	if x.stage != nil && x.rows >= rows && x.cols == cols && x.stage.DType() == dt {
 		return nil
 	}
+	// No NVSHMEM kernel of any group may run during the allocation (a
+	// world collective): this rank's device work is drained first.
+	if err := x.sp.b.SyncAll(); err != nil {
+		return fmt.Errorf("%s: before allocating the stage: %w", x.sp.what, err)
+	}
 	if err := x.release(); err != nil {
 		return err
 	}

@@ -103,6 +103,27 @@ func (b *Backend) OnDevice(fn func(stream *cuda.Stream) error) error {
 	return fn(d.stream)
 }
 
+// SyncAll waits on the host for all work of the backend's CUDA context:
+// every stream, the transports' included (cuCtxSynchronize). NVSHMEM's
+// symmetric allocations are world collectives during which no NVSHMEM
+// kernel may be in flight; a site calls this before one.
+func (b *Backend) SyncAll() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return fmt.Errorf("cuda: %w", errClosed)
+	}
+	d, ok := b.dev.(*cudaDevice)
+	if !ok {
+		return fmt.Errorf("cuda: the backend runs on %s, which has no CUDA context", b.dev.Name())
+	}
+	if err := d.Acquire(); err != nil {
+		return err
+	}
+	defer d.Release()
+	return d.ctx.Synchronize()
+}
+
 // DeviceBuffer is device memory that another allocator owns (NVSHMEM's
 // symmetric heap, a transport's buffers): the backend's ops accept tensors
 // of such buffers on its own device, and never free them.
