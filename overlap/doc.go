@@ -18,11 +18,13 @@
 //   - Pipelined: the collective in P−1 exchange steps on a lane (a side
 //     stream on the GPU, a goroutine on the CPU), the math of each chunk as
 //     soon as it has landed, the own shard first;
-//   - GPU strategies in sub-packages (overlap/gpu: NVSHMEM peer copies
-//     with stream-ordered flags).
+//   - GPU strategies in sub-packages (overlap/peercopy: pipelined by
+//     copy-engine pulls from NVSHMEM symmetric memory, with stream-ordered
+//     signal words).
 //
 // A Chooser maps each site to a strategy from a Config (the --overlap flag
-// and the "overlap" section of a run's configuration). Every strategy
+// and the "overlap" section of a run's configuration); "auto" consults a
+// Tuning, the autotune cache that cmd/ablate writes (WithTuning). Every strategy
 // passes the conformance suite in overlap/overlaptest against Collective.
 //
 // The Megatron conjugate pairs (regions.go) stay for the communication
