@@ -33,7 +33,8 @@
 // (the combine and the backwards are deterministic). Scenarios cover
 // dropless and capacity factors 1 and 1.5 (with drops, and with whole
 // ranks whose slots are all dropped), top-1, 2 and 8, experts no token
-// chooses, an EP rank that receives no row, and uneven tokens per rank.
+// chooses, an EP rank that receives no row, uneven tokens per rank, and
+// ranks that bring no token.
 // Rank.CheckMaxTokens checks that a path built with Config.MaxTokens
 // refuses a larger step with an error naming both numbers, then still runs
 // a step within the bound. Rank.CheckAll runs all of it.

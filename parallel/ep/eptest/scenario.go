@@ -69,8 +69,9 @@ func (sc Scenario) allowed(E, P int) []int {
 // Scenarios are the suite's routing shapes: dropless and capacity factors
 // 1 and 1.5 (with drops, and with whole token-group ranks whose slots are
 // all dropped), top-1, 2 and 8, experts with no token, an EP rank that
-// receives no row, uneven tokens per rank, and row widths that are not
-// multiples of 8.
+// receives no row, uneven tokens per rank, ranks that bring no token
+// (Layout takes tokens ≥ 0; the MoE layer itself refuses an empty input),
+// and row widths that are not multiples of 8.
 func Scenarios() []Scenario {
 	return []Scenario{
 		{Name: "dropless-top2", LocalExperts: 2, TopK: 2, Cols: 12, Favour: -1, MinTokens: 3, Spread: 6},
@@ -80,6 +81,7 @@ func Scenarios() []Scenario {
 		{Name: "dropless-top8", LocalExperts: 1, MinExperts: 12, TopK: 8, Cols: 6, Favour: -1, MinTokens: 2, Spread: 4},
 		{Name: "cf1-top8", LocalExperts: 1, MinExperts: 16, TopK: 8, CapacityFactor: 1, Cols: 5, Favour: 2, MinTokens: 3, Spread: 4},
 		{Name: "starved-experts", LocalExperts: 3, TopK: 2, Cols: 11, Favour: -1, Starve: []int{1, 4}, MinTokens: 3, Spread: 4},
+		{Name: "zero-tokens", LocalExperts: 2, TopK: 2, Cols: 5, Favour: -1, MinTokens: 0, Spread: 4},
 		{Name: "empty-rank", LocalExperts: 2, TopK: 2, CapacityFactor: 1.5, Cols: 8, Favour: -1, StarveLastRank: true, MinTokens: 3, Spread: 6},
 	}
 }
@@ -87,8 +89,8 @@ func Scenarios() []Scenario {
 // check validates the scenario over an EP group of P ranks.
 func (sc Scenario) check(P int) error {
 	E := sc.Experts(P)
-	if sc.TopK < 1 || sc.TopK > len(sc.allowed(E, P)) || sc.Cols < 1 || sc.MinTokens < 1 || sc.Favour >= E {
-		return fmt.Errorf("scenario %s over EP %d: top-%d of %d choosable experts (favourite %d), %d columns, at least %d tokens: expected 1 ≤ K ≤ the choosable experts, a favourite below %d, and positive sizes",
+	if sc.TopK < 1 || sc.TopK > len(sc.allowed(E, P)) || sc.Cols < 1 || sc.MinTokens < 0 || sc.Favour >= E {
+		return fmt.Errorf("scenario %s over EP %d: top-%d of %d choosable experts (favourite %d), %d columns, at least %d tokens per rank: expected 1 ≤ K ≤ the choosable experts, a favourite below %d, and positive sizes (tokens may be 0)",
 			sc.Name, P, sc.TopK, len(sc.allowed(E, P)), sc.Favour, sc.Cols, sc.MinTokens, E)
 	}
 	return nil
