@@ -95,15 +95,28 @@ func (d *Dispatcher) Dispatch(x *tensor.Tensor, l *Layout) (*tensor.Tensor, *Han
 	}
 	E, P, me := d.experts, d.group.Size(), d.group.Rank()
 	first, local := d.LocalExperts()
-	if d.maxTokens > 0 && l.Tokens > d.maxTokens {
-		return nil, nil, nil, fmt.Errorf("%s: %d tokens on this rank, expected at most %d (the maximum tokens per rank the expert path's buffers are sized for: ep.WithMaxTokens)", d.what(), l.Tokens, d.maxTokens)
-	}
-
 	// 1. Exchange the counts: (Q, E+1), row q = token-group rank q's
 	// per-expert slots and its token count (Q = P without a token group).
 	counts, err := d.exchangeCounts(l)
 	if err != nil {
 		return nil, nil, nil, err
+	}
+	// The bound is checked on the exchanged counts, so that every rank
+	// refuses the step together (a rank that refused alone would leave the
+	// others waiting in the exchange).
+	if d.maxTokens > 0 {
+		over, who := -1, ""
+		if me := d.tokenGroup().Rank(); counts[me][E] > d.maxTokens {
+			over, who = me, "this rank" // name this rank's own count first
+		}
+		for q := range counts {
+			if over < 0 && counts[q][E] > d.maxTokens {
+				over, who = q, fmt.Sprintf("token-group rank %d", q)
+			}
+		}
+		if over >= 0 {
+			return nil, nil, nil, fmt.Errorf("%s: %d tokens on %s, expected at most %d (the maximum tokens per rank the expert path's buffers are sized for: ep.WithMaxTokens)", d.what(), counts[over][E], who, d.maxTokens)
+		}
 	}
 	h := &Handle{Layout: l, GlobalRouted: make([]int, E), SendCounts: make([]int, P), RecvCounts: make([]int, P),
 		RecvPerExpert: make([][]int, P), ExpertCounts: make([]int, local), cols: s[1], dt: x.DType()}

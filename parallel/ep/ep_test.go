@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/comm/local"
@@ -476,5 +477,44 @@ func TestPersistentBuffersAndMaxTokens(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A step that only one rank brings over the bound is refused by every
+// rank at once (the bound is checked on the exchanged counts), not left
+// waiting in the exchange.
+func TestMaxTokensRefusedTogether(t *testing.T) {
+	const P, E, K, C = 2, 4, 2, 3
+	errs := make([]error, P)
+	start := time.Now()
+	err := local.Run(P, func(c comm.Comm) error {
+		b := cpu.New()
+		d, err := ep.NewDispatcher(b, c, E, nil)
+		if err != nil {
+			return err
+		}
+		d.SetMaxTokens(4)
+		n := []int{7, 3}[c.Rank()]
+		idx := make([]int32, n*K)
+		for i := range idx {
+			idx[i] = int32((i + c.Rank()) % E)
+		}
+		l, err := d.Layout(idx, n, K, 0)
+		if err != nil {
+			return err
+		}
+		_, _, _, errs[c.Rank()] = d.Dispatch(upload(b, testutil.RandFloats(testutil.Rng(5), n*C, 0.1, 1), n, C), l)
+		return nil
+	}, local.WithTimeout(20*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("the refusal took %v: a rank waited for the other", took)
+	}
+	for r, want := range []string{"7 tokens on this rank, expected at most 4", "7 tokens on token-group rank 0, expected at most 4"} {
+		if errs[r] == nil || !strings.Contains(errs[r].Error(), want) {
+			t.Errorf("rank %d: %v, want an error with %q", r, errs[r], want)
+		}
 	}
 }
