@@ -33,18 +33,7 @@ func whatHash(what string) uint64 {
 // at is element (i, j) of rank q's `what`, whose rows have cols columns.
 func (g gen) at(what uint64, q, i, j, cols int) float64 {
 	x := splitmix(g.seed ^ what ^ splitmix(uint64(q)<<40^uint64(i*cols+j)))
-	return roundTo(g.dt, float64(x>>11)/float64(1<<53)*2-1)
-}
-
-// roundTo rounds v to the dtype.
-func roundTo(dt tensor.DType, v float64) float64 {
-	switch dt {
-	case tensor.Float32:
-		return float64(float32(v))
-	case tensor.BFloat16:
-		return float64(tensor.BF16ToFloat32(tensor.BF16FromFloat32(float32(v))))
-	}
-	return v
+	return g.dt.Round(float64(x>>11)/float64(1<<53)*2 - 1)
 }
 
 // upload makes rank q's `what` (rows, cols) on b; rowOff shifts the row

@@ -122,5 +122,5 @@ func (m *moeCase) sampled(outs [][]float64) float64 {
 // weight is the router weight of slot i (token i / K, choice i % K),
 // rounded to the dtype.
 func (m *moeCase) weight(i int) float64 {
-	return roundTo(m.g.dt, 0.25+0.5*(m.g.at(whatHash("moe.w"), m.me, i, 0, 1)+1)/2)
+	return m.g.dt.Round(0.25 + 0.5*(m.g.at(whatHash("moe.w"), m.me, i, 0, 1)+1)/2)
 }

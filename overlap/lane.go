@@ -112,6 +112,16 @@ func (l *lane) end() comm.Work {
 	return allWork{idleWork(l.idle), all}
 }
 
+// finish ends a call that waits for its ops before returning: it waits for
+// every op of the call on the spec's stream and returns the call's first
+// error (err, else the lane's), naming the site and the pass.
+func (l *lane) finish(err error, pass string) error {
+	if werr := l.end().Wait(l.sp.Stream); err == nil {
+		err = werr
+	}
+	return wrapErr(l.sp, pass, err)
+}
+
 func (l *lane) close() error {
 	if l.streams != nil && l.side != nil {
 		err := l.streams.DestroyStream(l.side)

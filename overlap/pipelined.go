@@ -139,10 +139,7 @@ func (s *pipeAGMM) Forward(outs []*tensor.Tensor, xFull, x *tensor.Tensor, ws []
 			b.MatMul(part(outs[i], q, n), part(xFull, q, n), w, false, true, 1, 0)
 		}
 	}
-	if werr := s.lane.end().Wait(s.sp.Stream); err == nil {
-		err = werr
-	}
-	return wrapErr(s.sp, "forward", err)
+	return s.lane.finish(err, "forward")
 }
 
 func (s *pipeAGMM) Backward(dx *tensor.Tensor, dws, douts []*tensor.Tensor, xFull *tensor.Tensor, ws []*tensor.Tensor) (comm.Work, error) {
@@ -172,11 +169,8 @@ func (s *pipeAGMM) Backward(dx *tensor.Tensor, dws, douts []*tensor.Tensor, xFul
 		}
 	}
 	s.sum.End()
-	if werr := s.lane.end().Wait(s.sp.Stream); err == nil {
-		err = werr
-	}
-	if err != nil {
-		return nil, wrapErr(s.sp, "backward", err)
+	if err := s.lane.finish(err, "backward"); err != nil {
+		return nil, err
 	}
 	return comm.Done, nil
 }
@@ -220,10 +214,7 @@ func (s *pipeMMRS) Forward(out, x, w *tensor.Tensor) error {
 		}
 	}
 	s.sum.End()
-	if werr := s.lane.end().Wait(s.sp.Stream); err == nil {
-		err = werr
-	}
-	return wrapErr(s.sp, "forward", err)
+	return s.lane.finish(err, "forward")
 }
 
 func (s *pipeMMRS) Backward(dx, dw, dout, x, w *tensor.Tensor) (comm.Work, error) {
@@ -251,11 +242,8 @@ func (s *pipeMMRS) Backward(dx, dw, dout, x, w *tensor.Tensor) (comm.Work, error
 			chunk(q, part(full, q, n))
 		}
 	}
-	if werr := s.lane.end().Wait(s.sp.Stream); err == nil {
-		err = werr
-	}
-	if err != nil {
-		return nil, wrapErr(s.sp, "backward", err)
+	if err := s.lane.finish(err, "backward"); err != nil {
+		return nil, err
 	}
 	return comm.Done, nil
 }

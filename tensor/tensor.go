@@ -44,6 +44,19 @@ func (d DType) Size() int {
 	return 0
 }
 
+// Round is v rounded to the nearest value of the float dtype d (as
+// SetFloat64s stores it), for references that must see exactly what a
+// tensor of d holds; other dtypes return v.
+func (d DType) Round(v float64) float64 {
+	switch d {
+	case Float32:
+		return float64(float32(v))
+	case BFloat16:
+		return float64(BF16ToFloat32(BF16FromFloat32(float32(v))))
+	}
+	return v
+}
+
 // IsFloat reports whether d holds floating-point values.
 func (d DType) IsFloat() bool { return d == Float32 || d == BFloat16 || d == Float64 }
 

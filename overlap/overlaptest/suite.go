@@ -251,19 +251,9 @@ func (r Rank) gen(call, q int, what string, rows, cols int) mat {
 	rng := rand.New(rand.NewPCG(r.Seed, h))
 	m := zeros(rows, cols)
 	for i := range m.v {
-		m.v[i] = round(r.DType, rng.Float64()*2-1)
+		m.v[i] = r.DType.Round(rng.Float64()*2 - 1)
 	}
 	return m
-}
-
-func round(dt tensor.DType, v float64) float64 {
-	switch dt {
-	case tensor.Float32:
-		return float64(float32(v))
-	case tensor.BFloat16:
-		return float64(tensor.BF16ToFloat32(tensor.BF16FromFloat32(float32(v))))
-	}
-	return v
 }
 
 func (r Rank) upload(m mat) *tensor.Tensor {

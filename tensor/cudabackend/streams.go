@@ -87,20 +87,7 @@ func (b *Backend) streamOf(s any, own *cuda.Stream) (*cuda.Stream, error) {
 // communication sites' copies and stream memory operations. It returns
 // fn's error; it does not record it as the backend's.
 func (b *Backend) OnDevice(fn func(stream *cuda.Stream) error) error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.closed {
-		return fmt.Errorf("cuda: %w", errClosed)
-	}
-	d, ok := b.dev.(*cudaDevice)
-	if !ok {
-		return fmt.Errorf("cuda: the backend runs on %s, which has no CUDA streams", b.dev.Name())
-	}
-	if err := d.Acquire(); err != nil {
-		return err
-	}
-	defer d.Release()
-	return fn(d.stream)
+	return b.bound(func(d *cudaDevice) error { return fn(d.stream) })
 }
 
 // SyncAll waits on the host for all work of the backend's CUDA context:
@@ -108,6 +95,12 @@ func (b *Backend) OnDevice(fn func(stream *cuda.Stream) error) error {
 // symmetric allocations are world collectives during which no NVSHMEM
 // kernel may be in flight; a site calls this before one.
 func (b *Backend) SyncAll() error {
+	return b.bound(func(d *cudaDevice) error { return d.ctx.Synchronize() })
+}
+
+// bound runs fn with the backend locked and its CUDA context bound to this
+// goroutine's thread.
+func (b *Backend) bound(fn func(d *cudaDevice) error) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
@@ -115,13 +108,13 @@ func (b *Backend) SyncAll() error {
 	}
 	d, ok := b.dev.(*cudaDevice)
 	if !ok {
-		return fmt.Errorf("cuda: the backend runs on %s, which has no CUDA context", b.dev.Name())
+		return fmt.Errorf("cuda: the backend runs on %s, which has no CUDA context or streams", b.dev.Name())
 	}
 	if err := d.Acquire(); err != nil {
 		return err
 	}
 	defer d.Release()
-	return d.ctx.Synchronize()
+	return fn(d)
 }
 
 // DeviceBuffer is device memory that another allocator owns (NVSHMEM's

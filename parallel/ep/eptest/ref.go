@@ -45,7 +45,7 @@ func genMat(seed uint64, dt tensor.DType, sc Scenario, step, q int, what string,
 		if rng.IntN(2) == 0 {
 			v = -v
 		}
-		m.v[i] = round(dt, v)
+		m.v[i] = dt.Round(v)
 	}
 	return m
 }
@@ -56,16 +56,6 @@ func rngFor(seed uint64, sc Scenario, step, q int, what string) *rand.Rand {
 		h = (h ^ uint64(ch)) * 1099511628211
 	}
 	return rand.New(rand.NewPCG(seed, h))
-}
-
-func round(dt tensor.DType, v float64) float64 {
-	switch dt {
-	case tensor.Float32:
-		return float64(float32(v))
-	case tensor.BFloat16:
-		return float64(tensor.BF16ToFloat32(tensor.BF16FromFloat32(float32(v))))
-	}
-	return v
 }
 
 // newWorld builds the reference of step `step` of scenario sc over a token
