@@ -189,3 +189,23 @@ func (h *HostReads) SumSquares(x *tensor.Tensor) float64 {
 	h.n.Add(1)
 	return h.Backend.SumSquares(x)
 }
+
+// Upload makes a (rows, cols) tensor of dt on b holding vals (rounded to
+// dt), the way a check puts its reference inputs on the device.
+func Upload(b tensor.Backend, dt tensor.DType, vals []float64, rows, cols int) *tensor.Tensor {
+	h := tensor.MustHost(dt, rows, cols)
+	if err := h.SetFloat64s(vals); err != nil {
+		panic(fmt.Sprintf("testutil: Upload: %v", err)) // the caller's sizes disagree: a bug in the check
+	}
+	d := b.Zeros(dt, rows, cols)
+	b.Upload(d, h)
+	return d
+}
+
+// Poisoned is a (rows, cols) output tensor of dt on b filled with NaN, so an
+// element the op under test does not write fails the check.
+func Poisoned(b tensor.Backend, dt tensor.DType, rows, cols int) *tensor.Tensor {
+	t := b.Zeros(dt, rows, cols)
+	b.Fill(t, math.NaN())
+	return t
+}

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 
 	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/internal/testutil"
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/tensor"
 )
@@ -257,19 +258,13 @@ func (r Rank) gen(call, q int, what string, rows, cols int) mat {
 }
 
 func (r Rank) upload(m mat) *tensor.Tensor {
-	h := tensor.MustHost(r.DType, m.r, m.c)
-	_ = h.SetFloat64s(m.v) // sizes match by construction
-	d := r.Backend.Zeros(r.DType, m.r, m.c)
-	r.Backend.Upload(d, h)
-	return d
+	return testutil.Upload(r.Backend, r.DType, m.v, m.r, m.c)
 }
 
 // poisoned is an output tensor filled with NaN, so an unwritten element
 // fails the check.
 func (r Rank) poisoned(rows, cols int) *tensor.Tensor {
-	t := r.Backend.Zeros(r.DType, rows, cols)
-	r.Backend.Fill(t, math.NaN())
-	return t
+	return testutil.Poisoned(r.Backend, r.DType, rows, cols)
 }
 
 // near downloads t and checks ‖t − ref‖ / ‖ref‖ against the dtype's

@@ -9,6 +9,7 @@ import (
 
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/comm/hostreduce"
+	"github.com/asynctp/asynctp/internal/testutil"
 	"github.com/asynctp/asynctp/parallel/ep"
 	"github.com/asynctp/asynctp/tensor"
 )
@@ -536,19 +537,13 @@ func describe(c comm.Comm) string {
 }
 
 func (r Rank) upload(m mat) *tensor.Tensor {
-	h := tensor.MustHost(r.DType, m.r, m.c)
-	_ = h.SetFloat64s(m.v) // sizes match by construction
-	d := r.Backend.Zeros(r.DType, m.r, m.c)
-	r.Backend.Upload(d, h)
-	return d
+	return testutil.Upload(r.Backend, r.DType, m.v, m.r, m.c)
 }
 
 // poisoned is an output tensor filled with NaN, so an unwritten element
 // fails the check.
 func (r Rank) poisoned(rows, cols int) *tensor.Tensor {
-	t := r.Backend.Zeros(r.DType, rows, cols)
-	r.Backend.Fill(t, math.NaN())
-	return t
+	return testutil.Poisoned(r.Backend, r.DType, rows, cols)
 }
 
 func (r Rank) download(name string, t *tensor.Tensor, ref mat) ([]float64, error) {
