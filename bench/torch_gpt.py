@@ -76,6 +76,37 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
 
 
+def one_step(step_fn, model, opt, x, y):
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = step_fn(x, y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def profile_steps(fn, n):
+    """GPU time per op family over n steps (scripts/kernel_families.py), per step."""
+    import os, sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
+    from kernel_families import families
+    from torch.profiler import profile, ProfilerActivity
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) / n
+    rows = []
+    for e in p.events():
+        if str(getattr(e, "device_type", "")).endswith("CUDA") and getattr(e, "device_time", 0) > 0:
+            rows.append((e.name, e.device_time / n))  # µs per step
+    out = families(rows)
+    out["wall_ms_profiled"] = round(wall * 1e3, 3)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=12)
@@ -88,6 +119,8 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--modes", default="eager,compile")
+    ap.add_argument("--profile", action="store_true",
+                    help="after timing, profile 2 steps with torch.profiler and print their GPU time per op family")
     a = ap.parse_args()
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -117,9 +150,19 @@ def main():
         torch.cuda.synchronize()
         dt = time.perf_counter() - t0
         tps = a.batch * a.seq * a.steps / dt
+        peak, peak_res = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
+        prof = None
+        if a.profile:
+            prof = profile_steps(lambda: one_step(step_fn, model, opt, x, y), 2)
         print(json.dumps({"impl": "torch-" + mode, "tokens_per_s": round(tps), "mfu": round(tps * flops_tok / H200_BF16_PEAK, 4),
                           "step_ms": round(dt / a.steps * 1e3, 2), "flops_per_token": flops_tok,
-                          "first_loss": losses[0], "last_loss": losses[-1], "torch": torch.__version__}), flush=True)
+                          "first_loss": losses[0], "last_loss": losses[-1], "peak_mem_gib": round(peak / 2**30, 2), "peak_reserved_gib": round(peak_res / 2**30, 2),
+                          "torch": torch.__version__}), flush=True)
+        if prof is not None:
+            print(json.dumps({"impl": "torch-" + mode, "profile_per_step": prof}), flush=True)
+        del model, opt, step_fn
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import (
 	"github.com/asynctp/asynctp/hf"
 	"github.com/asynctp/asynctp/internal/corpus"
 	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/tensor/cudabackend"
 	"github.com/asynctp/asynctp/train"
 )
 
@@ -171,6 +172,11 @@ func run(ctx context.Context, args []string) error {
 		val = fmt.Sprintf(", validation loss %.4f (perplexity %.2f)", v, math.Exp(v))
 	}
 	fmt.Printf("done: step %d, loss %.4f%s, %.0f tokens/s; checkpoint %s\n", res.Step, res.FinalLoss, val, res.TokensPerSec, res.LastCheckpoint)
+	if ms, ok := b.(interface{ MemStats() cudabackend.MemStats }); ok {
+		// The allocator's high-water mark: what the device had to give this
+		// process for tensors (torch.cuda.max_memory_reserved is the same measure).
+		fmt.Printf("memory: peak %.2f GiB reserved from the device by the allocator\n", float64(ms.MemStats().Peak)/(1<<30))
+	}
 	return nil
 }
 

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (issue 14): where a training step's time goes, ours
+# and PyTorch's, on one preset, in one call.
+#  1. cmd/train on the preset, STEPS steps: tokens/s (median after 5 steps)
+#     and the allocator's peak memory;
+#  2. the same run under ncu (kernel durations only, --clock-control none,
+#     3 steps): the last full step's GPU time per op family
+#     (scripts/kernel_families.py); the gap to the step's wall time is host
+#     time between kernels (launch overhead, syncs);
+#  3. bench/torch_gpt.py --profile, eager and torch.compile: tokens/s, peak
+#     memory and their GPU time per family (torch.profiler).
+# Needs build/train (scripts/build-gpu-artifacts.sh) and the kernels image.
+# Environment: PRESET (gpt2-124m), BATCH (16), STEPS (30), TORCH (1), NCU (1),
+# OUT (build/out), EXTRA (more cmd/train flags).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-build/out}/profile
+PRESET=${PRESET:-gpt2-124m}
+BATCH=${BATCH:-16}
+STEPS=${STEPS:-30}
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+export ASYNCTP_KERNELS=${ASYNCTP_KERNELS:-$PWD/build/asynctp_kernels.fatbin}
+TRAIN=(./build/train --model "$PRESET" --device cuda --batch "$BATCH" --checkpoint-every 0 --log-every 10 ${EXTRA:-})
+
+"${TRAIN[@]}" --steps "$STEPS" --out "$OUT/run" > "$OUT/run.log" 2>&1 || { tail -20 "$OUT/run.log"; }
+grep -E '^(model|memory|done)' "$OUT/run.log"
+python3 - "$OUT/run/metrics.jsonl" "$PRESET" "$OUT/run.log" <<'PY'
+import json, re, sys
+m = re.search(r"batch (\d+) x (\d+)", open(sys.argv[3]).read())
+tok = int(m.group(1)) * int(m.group(2)) if m else 0
+recs = [json.loads(l) for l in open(sys.argv[1])][5:]
+tps = sorted(r["tokens_per_s"] for r in recs)[len(recs) // 2]
+fps = sorted(r.get("flops_per_s", 0) for r in recs)[len(recs) // 2]
+print(json.dumps({"impl": "asynctp", "preset": sys.argv[2], "tokens_per_s": round(tps), "mfu": round(fps / 989e12, 4),
+                  "step_ms": round(1e3 * tok / tps, 2)}))
+PY
+if [ "${NCU:-1}" = 1 ]; then
+  t0=$(date +%s)
+  timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw --log-file "$OUT/ncu.csv" \
+    "${TRAIN[@]}" --steps 3 --out "$OUT/ncu-run" > "$OUT/ncu-run.log" 2>&1 || { echo "ncu failed:"; tail -5 "$OUT/ncu-run.log"; tail -5 "$OUT/ncu.csv"; }
+  echo "ncu: $(($(date +%s)-t0)) s"
+  python3 scripts/kernel_families.py ncu "$OUT/ncu.csv" > "$OUT/ours-families.json" && python3 - "$OUT/ours-families.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+print("ours, one step:", d["kernels"], "kernels,", d["kernel_ms"], "ms of GPU time")
+for f, v in d["families"].items(): print(f"  {f:12s} {v['ms']:9.3f} ms {100*v['share']:5.1f} % {v['launches']:5d} launches")
+for k in d["top_kernels"][:15]: print(f"    {k['ms']:8.3f} ms  {k['family']:11s} {k['name']}")
+PY
+fi
+if [ "${TORCH:-1}" = 1 ]; then
+  PYTHONUNBUFFERED=1 timeout 400 python3 bench/torch_gpt.py --batch "$BATCH" --steps 20 --modes eager,compile --profile > "$OUT/torch.log" 2>&1
+  grep '^{' "$OUT/torch.log" | python3 -c '
+import json, sys
+for l in sys.stdin:
+    d = json.loads(l)
+    if "profile_per_step" not in d: print(l.strip()); continue
+    p = d["profile_per_step"]
+    print(d["impl"], "one step:", p["kernels"], "kernels,", p["kernel_ms"], "ms of GPU time; wall", p["wall_ms_profiled"], "ms (profiled)")
+    for f, v in p["families"].items(): print(f"  {f:12s} {v[\"ms\"]:9.3f} ms {100*v[\"share\"]:5.1f} % {v[\"launches\"]:5d} launches")
+    for k in p["top_kernels"][:12]: print(f"    {k[\"ms\"]:8.3f} ms  {k[\"family\"]:11s} {k[\"name\"]}")
+' || tail -20 "$OUT/torch.log"
+fi
