@@ -100,6 +100,10 @@ def profile_steps(fn, n):
     wall = (time.perf_counter() - t0) / n
     rows = []
     for e in p.events():
+        # kernels only: user annotations such as "Optimizer.step#AdamW.step"
+        # also carry device time and would count their kernels twice
+        if "#" in e.name or e.name.startswith("ProfilerStep"):
+            continue
         if str(getattr(e, "device_type", "")).endswith("CUDA") and getattr(e, "device_time", 0) > 0:
             rows.append((e.name, e.device_time / n))  # µs per step
     out = families(rows)

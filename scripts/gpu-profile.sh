@@ -11,7 +11,8 @@
 #     memory and their GPU time per family (torch.profiler).
 # Needs build/train (scripts/build-gpu-artifacts.sh) and the kernels image.
 # Environment: PRESET (gpt2-124m), BATCH (16), STEPS (30), TORCH (1), NCU (1),
-# OUT (build/out), EXTRA (more cmd/train flags).
+# OUT (build/out), EXTRA (more cmd/train flags), TORCH_ARGS (the model for
+# bench/torch_gpt.py; set for gpt2-124m and llama-1b), TORCH_STEPS (20).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build/out}/profile
@@ -21,6 +22,10 @@ STEPS=${STEPS:-30}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export ASYNCTP_KERNELS=${ASYNCTP_KERNELS:-$PWD/build/asynctp_kernels.fatbin}
+case "$PRESET" in
+  llama-1b) TORCH_ARGS=${TORCH_ARGS:-"--layers 20 --dim 2048 --heads 16 --vocab 32000 --seq 2048 --ffn 5632"} ;;
+  *) TORCH_ARGS=${TORCH_ARGS:-} ;;
+esac
 TRAIN=(./build/train --model "$PRESET" --device cuda --batch "$BATCH" --checkpoint-every 0 --log-every 10 ${EXTRA:-})
 
 "${TRAIN[@]}" --steps "$STEPS" --out "$OUT/run" > "$OUT/run.log" 2>&1 || { tail -20 "$OUT/run.log"; }
@@ -49,7 +54,7 @@ for k in d["top_kernels"][:15]: print(f"    {k['ms']:8.3f} ms  {k['family']:11s}
 PY
 fi
 if [ "${TORCH:-1}" = 1 ]; then
-  PYTHONUNBUFFERED=1 timeout 400 python3 bench/torch_gpt.py --batch "$BATCH" --steps 20 --modes eager,compile --profile > "$OUT/torch.log" 2>&1
+  PYTHONUNBUFFERED=1 timeout 400 python3 bench/torch_gpt.py $TORCH_ARGS --batch "$BATCH" --steps ${TORCH_STEPS:-20} --modes eager,compile --profile > "$OUT/torch.log" 2>&1
   grep '^{' "$OUT/torch.log" | python3 -c '
 import json, sys
 for l in sys.stdin:
@@ -57,7 +62,7 @@ for l in sys.stdin:
     if "profile_per_step" not in d: print(l.strip()); continue
     p = d["profile_per_step"]
     print(d["impl"], "one step:", p["kernels"], "kernels,", p["kernel_ms"], "ms of GPU time; wall", p["wall_ms_profiled"], "ms (profiled)")
-    for f, v in p["families"].items(): print(f"  {f:12s} {v[\"ms\"]:9.3f} ms {100*v[\"share\"]:5.1f} % {v[\"launches\"]:5d} launches")
-    for k in p["top_kernels"][:12]: print(f"    {k[\"ms\"]:8.3f} ms  {k[\"family\"]:11s} {k[\"name\"]}")
+    for f, v in p["families"].items(): print("  %-12s %9.3f ms %5.1f %% %5d launches" % (f, v["ms"], 100 * v["share"], v["launches"]))
+    for k in p["top_kernels"][:12]: print("    %8.3f ms  %-11s %s" % (k["ms"], k["family"], k["name"]))
 ' || tail -20 "$OUT/torch.log"
 fi

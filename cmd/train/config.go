@@ -52,6 +52,7 @@ var presets = map[string]func() Config{
 	"tiny":      tinyPreset,
 	"tiny-moe":  tinyMoEPreset,
 	"gpt2-124m": gpt2Preset,
+	"llama-1b":  llama1BPreset,
 }
 
 func tinyPreset() Config {
@@ -86,6 +87,19 @@ func gpt2Preset() Config {
 			AuxLossCoef: 0.01, ZLossCoef: 1e-3},
 		Train:    tc,
 		Parallel: defaultParallel()}
+}
+
+// llama1BPreset is a 1.1B-parameter Llama-shaped model (width 2048, 16 heads
+// of 128, 20 layers, SwiGLU 5632, vocab 32000, sequence 2048, tied head), the
+// 1B-class benchmark of issue 14; batch 8 × 2048 = 16384 tokens per step.
+func llama1BPreset() Config {
+	c := gpt2Preset()
+	c.Preset = "llama-1b"
+	c.Train.Batch, c.Train.Seq = 8, 2048
+	c.Train.LR, c.Train.MinLR = 3e-4, 3e-5
+	c.Model.Layers, c.Model.Dim, c.Model.Heads, c.Model.FFN = 20, 2048, 16, 5632
+	c.Model.Vocab, c.Model.Seq = 32000, 2048
+	return c
 }
 
 func presetNames() []string {

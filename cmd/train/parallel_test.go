@@ -473,3 +473,13 @@ func TestParallelInterrupt(t *testing.T) {
 	}
 	t.Logf("stopped at %s on every rank, resumed to step 20", step)
 }
+
+// The 1B preset is the size its name says (paramCount is checked against
+// layers.GPT on the small presets above; building this one on the CPU takes
+// minutes).
+func TestLlama1BPresetSize(t *testing.T) {
+	c := presets["llama-1b"]().Model.WithDefaults()
+	if n := paramCount(c); n < 1.0e9 || n > 1.2e9 || c.Dim/c.Heads != 128 {
+		t.Errorf("llama-1b: %d parameters, head dim %d; want 1.0–1.2 B and 128", n, c.Dim/c.Heads)
+	}
+}
