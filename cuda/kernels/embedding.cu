@@ -6,7 +6,7 @@
 //
 // Backward: dtable[v, :] += Σ dout[n, :] over the tokens n with ids[n] = v,
 // summed in fp32 in increasing n and rounded once. Deterministic without
-// sorting libraries or float atomics, in five launches over scratch int32
+// sorting libraries or float atomics, in six launches over scratch int32
 // buffers (counts and offsets of V + 1, bucket and sorted of N):
 //   1. emb_count:   counts[v] = #tokens with id v (integer atomics: exact).
 //   2. emb_scan:    offsets = exclusive prefix sum of counts (one block).
@@ -15,7 +15,11 @@
 //   4. emb_rank:    sorted[offsets[v] + rank] = n, where rank = #tokens of
 //                   v before n: the bucket in increasing n, whatever order
 //                   step 3 produced (O(Σ count²) compares).
-//   5. embedding_bwd: one block per bucket head sums its rows in order.
+//   5. embedding_bwd: one block per chunk of S rows of a bucket sums them in
+//                   order (into dtable when the bucket is one chunk);
+//   6. embedding_bwd_merge: one block per bucket of several chunks adds the
+//                   chunk sums in order. The sum's order is fixed by N, S and
+//                   the ids alone: the same bits every run.
 #include "common.cuh"
 
 namespace atp {
@@ -37,29 +41,45 @@ __device__ void embedding_fwd_impl(T* out, const T* table, const int* ids, int N
     vmap<T, 1, 1>(outs, ins, C, lane, 32, [](long long, const float (&x)[1], float (&y)[1]) { y[0] = x[0]; });
 }
 
-// Launch: grid (N, ceil(C / 1024)), block 256; block p works only if sorted
-// position p heads its bucket. Each thread owns 4 columns c = 1024·blockIdx.y + threadIdx.x + 256·k.
+// Launch: grid (N, ceil(C / 1024)), block 256. Block p works only if sorted
+// position p starts a chunk of its bucket: p − offsets[id] a multiple of S.
+// It sums the chunk's rows [p, min(p + S, end of bucket)) in order; a bucket
+// of one chunk is added into dtable here, a longer one leaves each chunk's
+// fp32 sum in partial[p, :] for embedding_bwd_merge. Chunks keep a frequent
+// id (a space in a byte corpus: thousands of rows) from being summed by one
+// block while the others idle. Each thread owns 4 columns c = 1024·blockIdx.y
+// + threadIdx.x + 256·k.
 template <typename T>
-__device__ void embedding_bwd_impl(T* dtable, const T* dout, const int* sorted, const int* ids, const int* offsets,
-                                   int N, int C, int V) {
+__device__ void embedding_bwd_impl(T* dtable, float* partial, const T* dout, const int* sorted, const int* ids,
+                                   const int* offsets, int N, int C, int V, int S) {
     constexpr int CPT = 4;
     int total = offsets[V];
     int p = blockIdx.x;
     if (p >= total) return;
     int id = ids[sorted[p]];
     int s0 = offsets[id], s1 = offsets[id + 1];
-    if (p != s0) return; // not the head of its bucket
+    if ((p - s0) % S != 0) return; // not the head of a chunk
+    int end = p + S < s1 ? p + S : s1;
     int cbase = blockIdx.y * (blockDim.x * CPT) + threadIdx.x;
     float acc[CPT];
 #pragma unroll
     for (int k = 0; k < CPT; k++) acc[k] = 0.0f;
-    for (int j = s0; j < s1; j++) {
+    for (int j = p; j < end; j++) {
         const T* g = dout + (long long)sorted[j] * C;
 #pragma unroll
         for (int k = 0; k < CPT; k++) {
             int c = cbase + k * blockDim.x;
             if (c < C) acc[k] += f32(g[c]);
         }
+    }
+    if (s1 - s0 > S) {
+        float* dst = partial + (long long)p * C;
+#pragma unroll
+        for (int k = 0; k < CPT; k++) {
+            int c = cbase + k * blockDim.x;
+            if (c < C) dst[c] = acc[k];
+        }
+        return;
     }
     T* d = dtable + (long long)id * C;
 #pragma unroll
@@ -69,6 +89,38 @@ __device__ void embedding_bwd_impl(T* dtable, const T* dout, const int* sorted, 
     }
 }
 
+// Launch as embedding_bwd, after it. Block p works only if p heads a bucket
+// of more than S rows: it adds the bucket's chunk sums partial[s0 + i·S, :]
+// in increasing i (a fixed order: deterministic) into dtable.
+template <typename T>
+__device__ void embedding_bwd_merge_impl(T* dtable, const float* partial, const int* sorted, const int* ids,
+                                         const int* offsets, int N, int C, int V, int S) {
+    constexpr int CPT = 4;
+    int total = offsets[V];
+    int p = blockIdx.x;
+    if (p >= total) return;
+    int id = ids[sorted[p]];
+    int s0 = offsets[id], s1 = offsets[id + 1];
+    if (p != s0 || s1 - s0 <= S) return;
+    int cbase = blockIdx.y * (blockDim.x * CPT) + threadIdx.x;
+    float acc[CPT];
+#pragma unroll
+    for (int k = 0; k < CPT; k++) acc[k] = 0.0f;
+    for (int j = s0; j < s1; j += S) {
+        const float* g = partial + (long long)j * C;
+#pragma unroll
+        for (int k = 0; k < CPT; k++) {
+            int c = cbase + k * blockDim.x;
+            if (c < C) acc[k] += g[c];
+        }
+    }
+    T* d = dtable + (long long)id * C;
+#pragma unroll
+    for (int k = 0; k < CPT; k++) {
+        int c = cbase + k * blockDim.x;
+        if (c < C) d[c] = cvt<T>(f32(d[c]) + acc[k]);
+    }
+}
 } // namespace atp
 
 using namespace atp;
@@ -153,13 +205,22 @@ KERNEL void emb_rank(int* sorted, const int* bucket, const int* ids, const int* 
     }
 }
 
-// dtable (V, C) +=; dout (N, C); sorted (N), ids (N), offsets (V + 1).
-// Launch: grid (N, ceil(C / 1024)), block 256.
-KERNEL void embedding_bwd_bf16(bf16* dtable, const bf16* dout, const int* sorted, const int* ids, const int* offsets,
-                               int N, int C, int V) {
-    embedding_bwd_impl(dtable, dout, sorted, ids, offsets, N, C, V);
+// dtable (V, C) +=; partial (N, C) fp32 scratch; dout (N, C); sorted (N),
+// ids (N), offsets (V + 1); S rows per chunk. Launch: grid (N, ceil(C / 1024)),
+// block 256; then the _merge kernel with the same arguments and grid.
+KERNEL void embedding_bwd_bf16(bf16* dtable, float* partial, const bf16* dout, const int* sorted, const int* ids,
+                               const int* offsets, int N, int C, int V, int S) {
+    embedding_bwd_impl(dtable, partial, dout, sorted, ids, offsets, N, C, V, S);
 }
-KERNEL void embedding_bwd_f32(float* dtable, const float* dout, const int* sorted, const int* ids,
-                              const int* offsets, int N, int C, int V) {
-    embedding_bwd_impl(dtable, dout, sorted, ids, offsets, N, C, V);
+KERNEL void embedding_bwd_f32(float* dtable, float* partial, const float* dout, const int* sorted, const int* ids,
+                              const int* offsets, int N, int C, int V, int S) {
+    embedding_bwd_impl(dtable, partial, dout, sorted, ids, offsets, N, C, V, S);
+}
+KERNEL void embedding_bwd_merge_bf16(bf16* dtable, const float* partial, const int* sorted, const int* ids,
+                                     const int* offsets, int N, int C, int V, int S) {
+    embedding_bwd_merge_impl(dtable, partial, sorted, ids, offsets, N, C, V, S);
+}
+KERNEL void embedding_bwd_merge_f32(float* dtable, const float* partial, const int* sorted, const int* ids,
+                                    const int* offsets, int N, int C, int V, int S) {
+    embedding_bwd_merge_impl(dtable, partial, sorted, ids, offsets, N, C, V, S);
 }

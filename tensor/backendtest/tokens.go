@@ -26,6 +26,27 @@ func TestEmbedding(t *testing.T, b tensor.Backend, opts Options) {
 	h.b.EmbeddingBackward(dtable.dev, dout.dev, ids.dev)
 	h.ref.EmbeddingBackward(dtable.ref, dout.ref, ids.ref)
 	h.compare("EmbeddingBackward", dtable)
+
+	// Frequent ids: buckets of several chunks (the CUDA backend sums 64 rows
+	// per block, then the chunks), one of exactly 64 and one of 65.
+	const n2 = 700
+	host2 := tensor.MustHost(tensor.Int32, n2)
+	for i := range host2.I32() {
+		switch {
+		case i < 64:
+			host2.I32()[i] = 7
+		case i < 129:
+			host2.I32()[i] = 9
+		default:
+			host2.I32()[i] = int32(h.rng.IntN(4))
+		}
+	}
+	h.rng.Shuffle(n2, func(i, j int) { host2.I32()[i], host2.I32()[j] = host2.I32()[j], host2.I32()[i] })
+	ids2 := h.fromHost(host2)
+	dout2, dtable2 := h.rand(h.dt, n2, c), h.rand(h.dt, v, c)
+	h.b.EmbeddingBackward(dtable2.dev, dout2.dev, ids2.dev)
+	h.ref.EmbeddingBackward(dtable2.ref, dout2.ref, ids2.ref)
+	h.compare("EmbeddingBackward with frequent ids", dtable2)
 }
 
 // TestCrossEntropy checks CrossEntropy with and without dlogits, with

@@ -42,10 +42,16 @@ func (b *Backend) Embedding(out, table, ids *tensor.Tensor) {
 	})
 }
 
+// embeddingChunk is the rows of one id that one block of the backward sums
+// (cuda/kernels/embedding.cu): long buckets are split so every block has
+// about the same work.
+const embeddingChunk = 64
+
 // EmbeddingBackward adds dout's rows into dtable: dtable[ids[n], :] +=
 // dout[n, :]. Deterministic: the tokens are grouped by id with a counting
 // sort whose buckets are put in token order, and each id's rows are summed
-// in fp32 in that order (see cuda/kernels/embedding.cu).
+// in fp32 in a fixed order: chunks of 64 in token order, then the
+// chunks' sums in order (see cuda/kernels/embedding.cu).
 func (b *Backend) EmbeddingBackward(dtable, dout, ids *tensor.Tensor) {
 	c := b.check("EmbeddingBackward")
 	n, v, cols := opcheck.EmbeddingBackward(c, dtable, dout, ids)
@@ -83,7 +89,17 @@ func (b *Backend) EmbeddingBackward(dtable, dout, ids *tensor.Tensor) {
 		if err := d.Launch("emb_rank", grid, block, 0, sorted, bucket, ptr(ids), offsets, int32(n), int32(v)); err != nil {
 			return err
 		}
-		return d.Launch("embedding_bwd"+sfx(dtable.DType()), gpu.D2(n, ceilDiv(cols, 4*threads256)), block, 0,
-			ptr(dtable), ptr(dout), sorted, ptr(ids), offsets, int32(n), int32(cols), int32(v))
+		partial, psize, err := b.scratch(tensor.Float32, n*cols)
+		if err != nil {
+			return err
+		}
+		defer b.putScratch(partial, psize)
+		g2 := gpu.D2(n, ceilDiv(cols, 4*threads256))
+		if err := d.Launch("embedding_bwd"+sfx(dtable.DType()), g2, block, 0,
+			ptr(dtable), partial, ptr(dout), sorted, ptr(ids), offsets, int32(n), int32(cols), int32(v), int32(embeddingChunk)); err != nil {
+			return err
+		}
+		return d.Launch("embedding_bwd_merge"+sfx(dtable.DType()), g2, block, 0,
+			ptr(dtable), partial, sorted, ptr(ids), offsets, int32(n), int32(cols), int32(v), int32(embeddingChunk))
 	})
 }
