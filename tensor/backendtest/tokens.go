@@ -75,4 +75,27 @@ func TestCrossEntropy(t *testing.T, b tensor.Backend, opts Options) {
 	h.b.CrossEntropy(losses.dev, nil, logits.dev, targets.dev, 1)
 	h.ref.CrossEntropy(losses.ref, nil, logits.ref, targets.ref, 1)
 	h.compare("CrossEntropy losses without dlogits", losses)
+
+	// A vocabulary of whole 16-byte packs (the CUDA backend keeps such a row
+	// in shared memory), with an ignored row, and in place.
+	const v2 = 96
+	logits2 := h.rand(h.dt, n, v2)
+	h.b.Scale(logits2.dev, logits2.dev, 4)
+	h.ref.Scale(logits2.ref, logits2.ref, 4)
+	host2 := tensor.MustHost(tensor.Int32, n)
+	for i := range host2.I32() {
+		host2.I32()[i] = int32(h.rng.IntN(v2))
+	}
+	host2.I32()[3] = -1
+	targets2 := h.fromHost(host2)
+	losses, dlogits = h.out(tensor.Float32, n), h.out(h.dt, n, v2)
+	h.b.CrossEntropy(losses.dev, dlogits.dev, logits2.dev, targets2.dev, gs)
+	h.ref.CrossEntropy(losses.ref, dlogits.ref, logits2.ref, targets2.ref, gs)
+	h.compare("CrossEntropy losses, V = 96", losses)
+	h.compare("CrossEntropy dlogits, V = 96", dlogits)
+	losses = h.out(tensor.Float32, n)
+	h.b.CrossEntropy(losses.dev, logits2.dev, logits2.dev, targets2.dev, gs)
+	h.ref.CrossEntropy(losses.ref, logits2.ref, logits2.ref, targets2.ref, gs)
+	h.compare("CrossEntropy losses, V = 96, in place", losses)
+	h.compare("CrossEntropy dlogits, V = 96, in place", logits2)
 }

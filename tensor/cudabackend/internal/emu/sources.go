@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "3b4f6cb7d796e4f8d635549c9145bd2d0f2889db418e54a858352cf71a581aa7"
+const SourcesSum = "c40090deb6928fca7b5b29f5aa63a513bfdc584f5f58999ca94c8a35daab3cc8"
