@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (issue 14's acceptance): one-GPU training speed of
+# asynctp against PyTorch (eager once, torch.compile every round), ROUNDS
+# rounds alternating ours and PyTorch, on gpt2-124m (batch 16 × 1024) and
+# llama-1b (batch 8 × 2048). Prints one JSON line per measurement: tokens/s,
+# MFU (989 TFLOP/s dense bf16, the same FLOP count per token in both), step
+# time and peak memory. Needs build/train and the kernels image.
+# Environment: ROUNDS (2), PRESETS ("gpt2-124m llama-1b"), STEPS (ours, 30),
+# TORCH_STEPS (20), OUT (build/out), EXTRA (more cmd/train flags).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-build/out}/speed
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+export ASYNCTP_KERNELS=${ASYNCTP_KERNELS:-$PWD/build/asynctp_kernels.fatbin}
+ROUNDS=${ROUNDS:-2}
+STEPS=${STEPS:-30}
+ours() { # preset batch round
+  local dir="$OUT/$1-$3"
+  ./build/train --model "$1" --device cuda --batch "$2" --steps "$STEPS" --checkpoint-every 0 --log-every 10 \
+    --val-fraction 0 ${EXTRA:-} --out "$dir" > "$dir.log" 2>&1 || { tail -15 "$dir.log"; return; }
+  python3 - "$dir" "$1" "$3" <<'PY'
+import json, re, sys, statistics
+d, preset, rnd = sys.argv[1:]
+log = open(d + ".log").read()
+b, t = map(int, re.search(r"batch (\d+) x (\d+)", log).groups())
+recs = [json.loads(l) for l in open(d + "/metrics.jsonl")][5:]
+tps = statistics.median(r["tokens_per_s"] for r in recs)
+fps = statistics.median(r.get("flops_per_s", 0) for r in recs)
+mem = re.search(r"memory: peak ([0-9.]+) GiB", log)
+print(json.dumps({"impl": "asynctp", "preset": preset, "round": int(rnd), "tokens_per_s": round(tps),
+                  "mfu": round(fps / 989e12, 4), "step_ms": round(1e3 * b * t / tps, 2),
+                  "peak_reserved_gib": float(mem.group(1)) if mem else None}), flush=True)
+PY
+}
+torch() { # preset batch modes
+  local args=""
+  [ "$1" = llama-1b ] && args="--layers 20 --dim 2048 --heads 16 --vocab 32000 --seq 2048 --ffn 5632"
+  # shellcheck disable=SC2086
+  PYTHONUNBUFFERED=1 timeout 400 python3 bench/torch_gpt.py $args --batch "$2" --steps "${TORCH_STEPS:-20}" --modes "$3" 2>&1 \
+    | grep '^{' | sed "s/^{/{\"preset\": \"$1\", /"
+}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
+for r in $(seq 1 "$ROUNDS"); do
+  for p in ${PRESETS:-gpt2-124m llama-1b}; do
+    b=16; [ "$p" = llama-1b ] && b=8
+    ours "$p" "$b" "$r"
+    modes=compile; [ "$r" = 1 ] && modes=eager,compile
+    torch "$p" "$b" "$modes"
+  done
+done
