@@ -32,6 +32,7 @@ print(json.dumps({"impl": "asynctp", "preset": preset, "round": int(rnd), "token
                   "mfu": round(fps / 989e12, 4), "step_ms": round(1e3 * b * t / tps, 2),
                   "peak_reserved_gib": float(mem.group(1)) if mem else None}), flush=True)
 PY
+  rm -rf "$dir" # the final checkpoint (15 GB at llama-1b); the log stays
 }
 torch() { # preset batch modes
   local args=""
