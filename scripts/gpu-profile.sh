@@ -28,7 +28,7 @@ case "$PRESET" in
 esac
 TRAIN=(./build/train --model "$PRESET" --device cuda --batch "$BATCH" --checkpoint-every 0 --log-every 10 ${EXTRA:-})
 
-"${TRAIN[@]}" --steps "$STEPS" --out "$OUT/run" > "$OUT/run.log" 2>&1 || { tail -20 "$OUT/run.log"; }
+"${TRAIN[@]}" --steps "$STEPS" --val-fraction 0 --out "$OUT/run" > "$OUT/run.log" 2>&1 || { tail -20 "$OUT/run.log"; }
 grep -E '^(model|memory|done)' "$OUT/run.log"
 python3 - "$OUT/run/metrics.jsonl" "$PRESET" "$OUT/run.log" <<'PY'
 import json, re, sys
@@ -40,11 +40,13 @@ fps = sorted(r.get("flops_per_s", 0) for r in recs)[len(recs) // 2]
 print(json.dumps({"impl": "asynctp", "preset": sys.argv[2], "tokens_per_s": round(tps), "mfu": round(fps / 989e12, 4),
                   "step_ms": round(1e3 * tok / tps, 2)}))
 PY
+rm -rf "$OUT/run" # its final checkpoint (15 GB at llama-1b); metrics were read above
 if [ "${NCU:-1}" = 1 ]; then
   t0=$(date +%s)
   timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw --log-file "$OUT/ncu.csv" \
-    "${TRAIN[@]}" --steps 3 --out "$OUT/ncu-run" > "$OUT/ncu-run.log" 2>&1 || { echo "ncu failed:"; tail -5 "$OUT/ncu-run.log"; tail -5 "$OUT/ncu.csv"; }
+    "${TRAIN[@]}" --steps 3 --val-fraction 0 --out "$OUT/ncu-run" > "$OUT/ncu-run.log" 2>&1 || { echo "ncu failed:"; tail -5 "$OUT/ncu-run.log"; tail -5 "$OUT/ncu.csv"; }
   echo "ncu: $(($(date +%s)-t0)) s"
+  rm -rf "$OUT/ncu-run"
   python3 scripts/kernel_families.py ncu "$OUT/ncu.csv" > "$OUT/ours-families.json" && python3 - "$OUT/ours-families.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
