@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "28adb6167c226b1ce4ccd56d5a46b5c732f112caa39b694b88af4bafa065e998"
+const SourcesSum = "a15daaa8f0d0ccd0b80c70549ccdfad502652a767f4248a26be604708be96849"
