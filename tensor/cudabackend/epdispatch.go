@@ -35,7 +35,7 @@ const (
 	EPWeights              // (P·Mt, K) f32: routing weights (combine backward)
 	EPY                    // (Mt·K, C): the combine's expert outputs, by slot
 	EPG                    // (Mt·K, C): the dispatch backward's gradients, by slot
-	EPSignals              // (6P) 64-bit words (float64 storage): ready and ack epochs
+	EPSignals              // (12P) int32: 6P 64-bit words (little-endian pairs), the ready and ack epochs
 	NumEPBufs
 )
 
@@ -76,7 +76,7 @@ func EPSymmetricShapes(cfg EPConfig) [NumEPBufs]EPShape {
 		EPWeights: {[]int{P * Mt, K}, tensor.Float32},
 		EPY:       {[]int{Mt * K, C}, cfg.DType},
 		EPG:       {[]int{Mt * K, C}, cfg.DType},
-		EPSignals: {[]int{numSigChannels * P}, tensor.Float64},
+		EPSignals: {[]int{2 * numSigChannels * P}, tensor.Int32},
 	}
 }
 
@@ -126,7 +126,7 @@ type ExpertDispatch struct {
 	b   *Backend
 	cfg EPConfig
 	sym [NumEPBufs]*tensor.Tensor
-	// peers (NumEPBufs, P) holds every rank's address of each buffer.
+	// peers (NumEPBufs, 2P) int32 holds every rank's address of each buffer.
 	peers *tensor.Tensor
 
 	idx, cnt, rk, sendRow, rowsTo *tensor.Tensor
@@ -139,6 +139,7 @@ type ExpertDispatch struct {
 	eTok, eY, eG     uint64
 	pendY            bool
 	dispatched, comb bool
+	known            int // the step's expert rows once ReadCounts read them; −1 before
 
 	// BeforeWait, when set, runs before every wait on the peers is queued
 	// (outside the backend's lock). The multi-rank emulator tests make it
@@ -162,7 +163,7 @@ func (b *Backend) NewExpertDispatch(cfg EPConfig, sym [NumEPBufs]*tensor.Tensor,
 	}
 	shapes := EPSymmetricShapes(cfg)
 	P := cfg.Ranks
-	words := make([]float64, 0, int(NumEPBufs)*P)
+	words := make([]int32, 0, 2*int(NumEPBufs)*P) // the 64-bit addresses as int32 pairs
 	for i, t := range sym {
 		want := shapes[i]
 		if t == nil || t.DType() != want.DType || !t.Shape().Equal(want.Shape) || t.Device() != b.Device() {
@@ -172,12 +173,12 @@ func (b *Backend) NewExpertDispatch(cfg EPConfig, sym [NumEPBufs]*tensor.Tensor,
 			return nil, fmt.Errorf("cuda: expert dispatch: %d peer addresses of buffer %d, expected %d", len(peers[i]), i, P)
 		}
 		for _, p := range peers[i] {
-			words = append(words, math.Float64frombits(p))
+			words = append(words, int32(uint32(p)), int32(uint32(p>>32)))
 		}
 	}
-	d := &ExpertDispatch{b: b, cfg: cfg, sym: sym}
-	h, _ := tensor.FromFloat64(words, int(NumEPBufs), P)
-	d.peers = b.Zeros(tensor.Float64, int(NumEPBufs), P)
+	d := &ExpertDispatch{b: b, cfg: cfg, sym: sym, known: -1}
+	h, _ := tensor.FromInt32(words, int(NumEPBufs), 2*P)
+	d.peers = b.Zeros(tensor.Int32, int(NumEPBufs), 2*P)
 	b.Upload(d.peers, h)
 	E, K, L, Mt, R := cfg.Experts, cfg.TopK, cfg.local(), cfg.MaxTokens, cfg.recvBound()
 	i32 := func(shape ...int) *tensor.Tensor { return b.Zeros(tensor.Int32, shape...) }
@@ -293,7 +294,12 @@ func (d *ExpertDispatch) Release() {
 	d.b.do("ExpertDispatch.Release", d.flushAcks)
 }
 
+// checkRows checks a (≥ rows, C) tensor of dt; rows = RecvBound() may be
+// lowered to the step's expert rows once ReadCounts knows them.
 func (d *ExpertDispatch) checkRows(op, what string, t *tensor.Tensor, rows int, dt tensor.DType) error {
+	if rows == d.cfg.recvBound() && d.known >= 0 {
+		rows = d.known
+	}
 	if t == nil || t.DType() != dt || t.Device() != d.b.Device() || len(t.Shape()) != 2 || t.Dim(0) < rows || t.Dim(1) != d.cfg.Cols && dt == d.cfg.DType {
 		return fmt.Errorf("cuda: expert dispatch: %s: %s is %v, expected %v(%d, %d) on %v", op, what, t, dt, rows, d.cfg.Cols, d.b.Device())
 	}
@@ -324,7 +330,7 @@ func (d *ExpertDispatch) DispatchSend(x, idx *tensor.Tensor, cf float64) error {
 	if !(cf >= 0) || math.IsInf(cf, 0) {
 		return fmt.Errorf("cuda: expert dispatch: %s: capacity factor %v, expected a finite value ≥ 0", op, cf)
 	}
-	d.n, d.cf, d.dispatched, d.comb = N, cf, true, false
+	d.n, d.cf, d.dispatched, d.comb, d.known = N, cf, true, false, -1
 	P, E, L, C, Mt, me := d.cfg.Ranks, d.cfg.Experts, d.cfg.local(), d.cfg.Cols, d.cfg.MaxTokens, d.cfg.Rank
 	sendN := min(N, Mt) // a rank over the bound sends its header only
 	d.b.do(op, func(dev gpu.Device) error {
@@ -548,7 +554,17 @@ type EPCounts struct {
 	Header [][]int
 	// Refused is the source over MaxTokens (−1: none) and Over its tokens.
 	Refused, Over int
+	// Rows is the number of expert rows this rank received.
+	Rows int
 }
+
+// RecvOfExp is the (RecvBound()) int32 map from expert-major rows to
+// received-order rows of the step; ExpOfRecv its inverse (valid after
+// DispatchRecv, for the step's rows).
+func (d *ExpertDispatch) RecvOfExp() *tensor.Tensor { return d.recvOfExp }
+
+// ExpOfRecv: see RecvOfExp.
+func (d *ExpertDispatch) ExpOfRecv() *tensor.Tensor { return d.expOfRecv }
 
 // ReadCounts waits for the device and reads the step's exchanged counts
 // (a host synchronisation: the ep.ExpertPath adapter's, whose handle holds
@@ -559,13 +575,16 @@ func (d *ExpertDispatch) ReadCounts() (*EPCounts, error) {
 	}
 	P, W := d.cfg.Ranks, d.cfg.Experts+2
 	h := tensor.MustHost(tensor.Int32, P, W)
-	st := tensor.MustHost(tensor.Int32, 4)
+	st, tab := tensor.MustHost(tensor.Int32, 4), tensor.MustHost(tensor.Int32, 4)
 	d.b.Download(h, d.hcopy)
 	d.b.Download(st, d.status)
+	tv, _ := d.tab.Rows(0, 4)
+	d.b.Download(tab, tv)
 	if err := d.b.Sync(); err != nil {
 		return nil, fmt.Errorf("cuda: expert dispatch: %w", err)
 	}
-	c := &EPCounts{Header: make([][]int, P), Refused: -1}
+	c := &EPCounts{Header: make([][]int, P), Refused: -1, Rows: int(tab.I32()[0])}
+	d.known = c.Rows
 	for s := range P {
 		c.Header[s] = make([]int, W)
 		for i := range W {
