@@ -262,13 +262,15 @@ func (d *ExpertDispatch) wait(op string, ch int, target uint64, then func(dev gp
 	}
 	me, dl := d.cfg.Rank, d.cfg.Deadline
 	d.b.do(op, func(dev gpu.Device) error {
+		// Every wait shares the flag slot, and the first pending launch
+		// explains a flagged one: the channel comes from the value.
 		flag := d.b.flagPtr(flagEPWait, func(v int32) error {
 			c, peer := int(v)/65536, int(v)%65536
 			what := "a signal"
 			if c >= 0 && c < numSigChannels {
 				what = sigNames[c]
 			}
-			return fmt.Errorf("cuda: expert dispatch on rank %d: %s: rank %d never signalled %q (epoch %d) within %v", me, op, peer, what, target, dl)
+			return fmt.Errorf("cuda: expert dispatch on rank %d: rank %d never signalled %q within %v", me, peer, what, dl)
 		})
 		if err := dev.Launch("ep_wait", gpu.D1(1), gpu.D1(32), 0, d.words(ch), int32(d.cfg.Ranks), int64(target),
 			int64(dl), int32(ch), ptr(d.status), flag); err != nil {
