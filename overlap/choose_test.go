@@ -53,7 +53,7 @@ func TestChooser(t *testing.T) {
 		if err != nil || s.Name() != "collective" {
 			t.Fatalf("expert site under the default pipelined: %v, %v; want collective", s, err)
 		}
-		if sum := strings.Join(ch.Summary(), "\n"); !strings.Contains(sum, "expert: collective (1 site); pipelined for expert sites: the expert path has no pipelined dispatcher yet") {
+		if sum := strings.Join(ch.Summary(), "\n"); !strings.Contains(sum, "expert: collective (1 site); pipelined for expert sites: the pipelined expert path needs symmetric memory and the CUDA backend (--comm nvshmem on GPUs)") {
 			t.Errorf("summary %q: want the expert line to say why", sum)
 		}
 	})

@@ -35,14 +35,19 @@ var _ Strategy = Pipelined{}
 // Name is "pipelined".
 func (Pipelined) Name() string { return "pipelined" }
 
-// Supports every TP site kind; the MoE expert path has no pipelined form
-// here (its overlap lives in parallel/ep's dispatcher).
+// Supports every TP site kind; the MoE expert path's pipelined form is the
+// device-side dispatch over symmetric memory (parallel/ep/peerep), which
+// needs NVSHMEM and the CUDA backend: not this transport-generic strategy.
 func (Pipelined) Supports(sp Spec) error {
 	if sp.Kind == KindExpert {
-		return unavailable("pipelined", sp.Kind, "the expert path has no pipelined dispatcher yet")
+		return unavailable("pipelined", sp.Kind, ExpertNeedsSymmetric)
 	}
 	return nil
 }
+
+// ExpertNeedsSymmetric is why the expert path keeps collective where the
+// pipelined strategy is the transport-generic one.
+const ExpertNeedsSymmetric = "the pipelined expert path needs symmetric memory and the CUDA backend (--comm nvshmem on GPUs)"
 
 // NewAllGatherMatmul builds the pipelined entry site.
 func (p Pipelined) NewAllGatherMatmul(sp Spec) (AllGatherMatmul, error) {

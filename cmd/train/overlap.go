@@ -8,7 +8,7 @@ import (
 
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/overlap"
-	"github.com/asynctp/asynctp/overlap/peercopy"
+	"github.com/asynctp/asynctp/parallel/ep/peerep"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cudabackend"
 )
@@ -164,7 +164,9 @@ func printOverlap(ch *overlap.Chooser) {
 // gpuOverlap is the GPU form of the strategies for this rank: on a
 // transport with symmetric memory (NVSHMEM) and the CUDA backend, the
 // pipelined strategy moves its chunks by copy-engine pulls from peer
-// pointers (overlap/peercopy) instead of exchanges through the transport.
+// pointers (overlap/peercopy) instead of exchanges through the transport,
+// and the MoE expert path has its pipelined form: the device-side dispatch
+// and combine over symmetric memory (parallel/ep/peerep).
 func gpuOverlap(c comm.Comm, b tensor.Backend) []overlap.Strategy {
 	cb, ok := b.(*cudabackend.Backend)
 	if !ok || cb.Stream() == nil {
@@ -173,5 +175,11 @@ func gpuOverlap(c comm.Comm, b tensor.Backend) []overlap.Strategy {
 	if _, ok := comm.SymmetricOf(c); !ok {
 		return nil
 	}
-	return []overlap.Strategy{peercopy.Pipelined{}}
+	return []overlap.Strategy{peerep.Pipelined{}}
 }
+
+// moeMaxTokens bounds the tokens an MoE layer routes per rank and step (the
+// expert path's buffers, ep.WithMaxTokens): the whole batch of a step, which
+// no rank's slice exceeds. The pipelined expert path sizes its symmetric
+// buffers by it.
+func moeMaxTokens(cfg Config) int { return cfg.Train.Batch * cfg.Train.Seq }

@@ -98,7 +98,8 @@ func trainRank(ctx context.Context, c comm.Comm, cfg Config, ds *train.Dataset, 
 	if err != nil {
 		return train.Result{}, err
 	}
-	m, err := model.New(b, g, cfg.Model, model.Options{SequenceParallel: p.SequenceParallel, Stream: s, Overlap: ch}, dt)
+	m, err := model.New(b, g, cfg.Model, model.Options{SequenceParallel: p.SequenceParallel, Stream: s, Overlap: ch,
+		MaxTokens: moeMaxTokens(cfg)}, dt)
 	if err != nil {
 		return train.Result{}, err
 	}

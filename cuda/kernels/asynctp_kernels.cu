@@ -9,4 +9,5 @@
 #include "optim.cu"
 #include "moe.cu"
 #include "grouped.cu"
+#include "dispatch.cu"
 #include "attention_tc.cu"

@@ -37,7 +37,7 @@ func (Pipelined) Supports(sp overlap.Spec) error {
 func env(sp overlap.Spec) (siteEnv, error) {
 	what := fmt.Sprintf("peer-copy pipelined %s site %q", sp.Kind, sp.Name)
 	if sp.Kind == overlap.KindExpert {
-		return siteEnv{}, fmt.Errorf("%s: the expert path has no pipelined dispatcher yet (%w)", what, overlap.ErrUnavailable)
+		return siteEnv{}, fmt.Errorf("%s: the expert path is parallel/ep/peerep's Pipelined (%w)", what, overlap.ErrUnavailable)
 	}
 	b, ok := sp.Backend.(*cudabackend.Backend)
 	if !ok || b.Stream() == nil {

@@ -94,7 +94,6 @@ func (d *Dispatcher) Dispatch(x *tensor.Tensor, l *Layout) (*tensor.Tensor, *Han
 		return nil, nil, nil, fmt.Errorf("%s: input %v, expected a float tensor on %v", d.what(), x, d.b.Device())
 	}
 	E, P, me := d.experts, d.group.Size(), d.group.Rank()
-	first, local := d.LocalExperts()
 	// 1. Exchange the counts: (Q, E+1), row q = token-group rank q's
 	// per-expert slots and its token count (Q = P without a token group).
 	counts, err := d.exchangeCounts(l)
@@ -118,60 +117,12 @@ func (d *Dispatcher) Dispatch(x *tensor.Tensor, l *Layout) (*tensor.Tensor, *Han
 			return nil, nil, nil, fmt.Errorf("%s: %d tokens on %s, expected at most %d (the maximum tokens per rank the expert path's buffers are sized for: ep.WithMaxTokens)", d.what(), counts[over][E], who, d.maxTokens)
 		}
 	}
-	h := &Handle{Layout: l, GlobalRouted: make([]int, E), SendCounts: make([]int, P), RecvCounts: make([]int, P),
-		RecvPerExpert: make([][]int, P), ExpertCounts: make([]int, local), cols: s[1], dt: x.DType()}
-	for q := range counts {
-		for e := range E {
-			h.GlobalRouted[e] += counts[q][e]
-		}
-		h.GlobalTokens += counts[q][E]
-	}
-	h.Capacity = layers.Capacity(l.CapacityFactor, h.GlobalTokens, l.TopK, E)
-
-	// 2. Drops (in group token order) and the counts of the exchange: the
-	// ranks before q routed used[e] slots of expert e, so rank q keeps
-	// min(its slots, capacity − used[e]) of them. Token-group rank base+r
-	// is EP rank r.
-	base := d.tokenGroup().Rank() - me
-	used := make([]int, E)
-	mine := make([]int, E)
-	var prior []int
-	for q := range counts {
-		r := q - base
-		if r == me && h.Capacity > 0 {
-			prior = append([]int(nil), used...)
-		}
-		for e := range E {
-			kept := counts[q][e]
-			if h.Capacity > 0 {
-				kept = max(0, min(kept, h.Capacity-used[e]))
-			}
-			used[e] += counts[q][e]
-			if r < 0 || r >= P {
-				continue // another EP group's rank: only its counts matter here
-			}
-			if r == me {
-				mine[e] = kept
-				h.SendCounts[d.owner(e)] += kept
-			}
-			if d.owner(e) == me {
-				if h.RecvPerExpert[r] == nil {
-					h.RecvPerExpert[r] = make([]int, local)
-				}
-				h.RecvPerExpert[r][e-first] = kept
-				h.RecvCounts[r] += kept
-				h.ExpertCounts[e-first] += kept
-			}
-		}
-	}
-	if h.Plan, err = layers.NewRoutingPlan(l.Idx, l.Tokens, l.TopK, E, h.Capacity, prior); err != nil {
+	h, err := PlanStep(l, counts, P, me, d.tokenGroup().Rank())
+	if err != nil {
 		return nil, nil, nil, fmt.Errorf("%s: %w", d.what(), err)
 	}
-	for e, k := range h.Plan.Kept {
-		if k != mine[e] {
-			return nil, nil, nil, fmt.Errorf("%s: internal error: expert %d keeps %d slots, the exchanged counts say %d", d.what(), e, k, mine[e])
-		}
-	}
+	h.cols, h.dt = s[1], x.DType()
+	_, local := d.LocalExperts()
 
 	// 3. Permute into expert (= destination) order and send.
 	mSend, mRecv, C := h.SendRows(), h.RecvRows(), s[1]
@@ -418,4 +369,76 @@ func (d *Dispatcher) checkRows(what string, t *tensor.Tensor, rows int, h *Handl
 		return fmt.Errorf("%s: %s is %v, expected %v%v on %v", d.what(), what, t, h.dt, tensor.Shape{rows, h.cols}, d.b.Device())
 	}
 	return nil
+}
+
+// PlanStep is step 2 of the protocol on the host, shared by every
+// ExpertPath whose handle is built from exchanged counts: from counts
+// (Q, E+1), row q = token-group rank q's per-expert slots and its token
+// count, it derives the capacity, the drops (in group token order: the
+// ranks before q routed used[e] slots of expert e, so rank q keeps
+// min(its slots, capacity − used[e])), and the handle's exported counts
+// and routing plan, for EP rank me of P whose token-group rank is tq
+// (token-group rank tq−me+r is EP rank r).
+func PlanStep(l *Layout, counts [][]int, P, me, tq int) (*Handle, error) {
+	E := l.Experts
+	if P < 1 || E%P != 0 || me < 0 || me >= P || tq < me || tq >= len(counts) {
+		return nil, fmt.Errorf("ep: plan of EP rank %d of %d (token-group rank %d of %d) over %d experts: inconsistent geometry", me, P, tq, len(counts), E)
+	}
+	L := E / P
+	first := me * L
+	h := &Handle{Layout: l, GlobalRouted: make([]int, E), SendCounts: make([]int, P), RecvCounts: make([]int, P),
+		RecvPerExpert: make([][]int, P), ExpertCounts: make([]int, L)}
+	for q := range counts {
+		if len(counts[q]) != E+1 {
+			return nil, fmt.Errorf("ep: plan: counts row %d has %d entries, expected E+1 = %d", q, len(counts[q]), E+1)
+		}
+		for e := range E {
+			h.GlobalRouted[e] += counts[q][e]
+		}
+		h.GlobalTokens += counts[q][E]
+	}
+	h.Capacity = layers.Capacity(l.CapacityFactor, h.GlobalTokens, l.TopK, E)
+	base := tq - me
+	used := make([]int, E)
+	mine := make([]int, E)
+	var prior []int
+	for q := range counts {
+		r := q - base
+		if r == me && h.Capacity > 0 {
+			prior = append([]int(nil), used...)
+		}
+		for e := range E {
+			kept := counts[q][e]
+			if h.Capacity > 0 {
+				kept = max(0, min(kept, h.Capacity-used[e]))
+			}
+			used[e] += counts[q][e]
+			if r < 0 || r >= P {
+				continue // another EP group's rank: only its counts matter here
+			}
+			owner := e / L
+			if r == me {
+				mine[e] = kept
+				h.SendCounts[owner] += kept
+			}
+			if owner == me {
+				if h.RecvPerExpert[r] == nil {
+					h.RecvPerExpert[r] = make([]int, L)
+				}
+				h.RecvPerExpert[r][e-first] = kept
+				h.RecvCounts[r] += kept
+				h.ExpertCounts[e-first] += kept
+			}
+		}
+	}
+	var err error
+	if h.Plan, err = layers.NewRoutingPlan(l.Idx, l.Tokens, l.TopK, E, h.Capacity, prior); err != nil {
+		return nil, err
+	}
+	for e, k := range h.Plan.Kept {
+		if k != mine[e] {
+			return nil, fmt.Errorf("ep: internal error: expert %d keeps %d slots, the exchanged counts say %d", e, k, mine[e])
+		}
+	}
+	return h, nil
 }

@@ -50,10 +50,31 @@ type ExpertPath interface {
 
 var _ ExpertPath = (*Dispatcher)(nil)
 
+// ExpertStrategy is an overlap.Strategy that builds the expert path
+// itself (the pipelined strategy over symmetric memory,
+// parallel/ep/peerep): the chooser picks it for the site, and the layer
+// calls NewExpertPath instead of building the collective *Dispatcher.
+type ExpertStrategy interface {
+	overlap.Strategy
+	NewExpertPath(ExpertConfig) (ExpertPath, error)
+}
+
+// ExpertConfig is what an ExpertStrategy gets to build one layer's path.
+type ExpertConfig struct {
+	Name    string // the layer
+	Backend tensor.Backend
+	Stream  comm.Stream
+	Group   comm.Comm // the EP group
+	Tokens  comm.Comm // the token group (WithTokenGroup); nil: the EP group
+	Experts int
+	Cols    int
+	// MaxTokens is ep.WithMaxTokens' bound (0: none given).
+	MaxTokens int
+}
+
 // newExpertPath builds the expert path of a layer: the strategy the chooser
-// picks for the site (only collective has an expert path today: the
-// pipelined strategies say so and the chooser keeps collective, or refuses
-// an explicit request).
+// picks for the site — collective (*Dispatcher), or a strategy that builds
+// its own path (ExpertStrategy); any other refuses.
 func newExpertPath(b tensor.Backend, group comm.Comm, name string, experts, dim int, o options) (ExpertPath, error) {
 	ch := o.overlap
 	if ch == nil {
@@ -64,6 +85,10 @@ func newExpertPath(b tensor.Backend, group comm.Comm, name string, experts, dim 
 	s, err := ch.Choose(sp)
 	if err != nil {
 		return nil, err
+	}
+	if es, ok := s.(ExpertStrategy); ok {
+		return es.NewExpertPath(ExpertConfig{Name: name, Backend: b, Stream: o.stream, Group: group, Tokens: o.tokens,
+			Experts: experts, Cols: dim, MaxTokens: o.maxTokens})
 	}
 	if s.Name() != (overlap.Collective{}).Name() {
 		return nil, fmt.Errorf("ep: moe %q: strategy %s has no expert path (%w)", name, s.Name(), overlap.ErrUnavailable)

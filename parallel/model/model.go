@@ -28,6 +28,10 @@ type Options struct {
 	// result is used, so a GPU transport orders them with the backend's
 	// ops on the device, without host synchronisation.
 	Stream comm.Stream
+	// MaxTokens bounds the tokens per rank of every MoE layer's step
+	// (ep.WithMaxTokens): the size of the expert path's buffers, which the
+	// pipelined expert path (parallel/ep/peerep) needs. 0: none.
+	MaxTokens int
 }
 
 // Model is the tensor- and data-parallel GPT: layers.GPT with its weights
@@ -108,7 +112,7 @@ func New(b tensor.Backend, grid *comm.Grid, cfg layers.GPTConfig, opts Options, 
 		}
 		var blk Block
 		if cfg.IsMoE(l) {
-			mb, err := newMoEBlock(b, m.ps, m.par, grid, name, bc, cfg.MoEConfig())
+			mb, err := newMoEBlock(b, m.ps, m.par, grid, name, bc, cfg.MoEConfig(), opts.MaxTokens)
 			if err != nil {
 				return nil, err
 			}

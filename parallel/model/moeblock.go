@@ -51,14 +51,14 @@ type MoEBlock struct {
 // names (".moe" for the MoE layer): the attention's as this rank's TP
 // shards, the router replicated, the experts as this rank's EP shard.
 func newMoEBlock(b tensor.Backend, ps *layers.ParamSet, par tp.Parallel, grid *comm.Grid, name string,
-	bc layers.BlockConfig, mc layers.MoEConfig) (*MoEBlock, error) {
+	bc layers.BlockConfig, mc layers.MoEConfig, maxTokens int) (*MoEBlock, error) {
 	f := &moeFFN{what: "model: moe block " + name, b: b, par: par, split: grid.TP > 1 && !par.SequenceParallel}
 	blk, err := tp.NewBlockWith(b, ps, par, name, bc, func() (tp.FeedForward, error) {
 		// Gradients are summed over the ranks (not averaged), so the aux
 		// term's gradient needs no scale (ep.WithAuxGradScale's default).
 		var err error
 		f.moe, err = ep.New(b, grid.EPGroup, ps, name+".moe", mc, ep.WithStream(par.Stream), ep.WithTokenGroup(grid.World),
-			ep.WithOverlap(par.Overlap))
+			ep.WithOverlap(par.Overlap), ep.WithMaxTokens(maxTokens))
 		return f, err
 	})
 	if err != nil {

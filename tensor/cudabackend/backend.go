@@ -293,6 +293,8 @@ const (
 	flagCombineRowsBackward
 	flagRouting
 	flagGrouped
+	flagEPLayout
+	flagEPWait
 	numFlags
 )
 

@@ -1,0 +1,414 @@
+package peerep
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/asynctp/asynctp/comm/commtest"
+	"github.com/asynctp/asynctp/comm/nvshmem"
+	"github.com/asynctp/asynctp/comm/rendezvous"
+	"github.com/asynctp/asynctp/cuda"
+	"github.com/asynctp/asynctp/parallel/ep"
+	"github.com/asynctp/asynctp/parallel/ep/eptest"
+	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/cudabackend"
+)
+
+// The GPU tests run N processes, one NVSHMEM PE each, all on GPU 0 when
+// the machine has one (start MPS first with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
+// = 100/N per process for NVSHMEM's full MPG mode: scripts/gpu-overlap.sh).
+const jobEnv = "ASYNCTP_PEEREP_TEST_JOB" // the child's job: suite, bench
+
+// needGPU skips unless the NVSHMEM library, a GPU and the kernels image are
+// there.
+func needGPU(t *testing.T) (lib string, gpus int) {
+	t.Helper()
+	l, err := nvshmem.Load()
+	if err != nil {
+		t.Skipf("no NVSHMEM transport library, skipping the GPU tests: %v", err)
+	}
+	if err := cuda.Init(); err != nil {
+		t.Skipf("no CUDA driver, skipping the GPU tests: %v", err)
+	}
+	n, err := cuda.DeviceCount()
+	if err != nil || n == 0 {
+		t.Skipf("no CUDA device (%v), skipping the GPU tests", err)
+	}
+	if _, err := cudabackend.FindKernels(); err != nil {
+		t.Skipf("no kernels image, skipping the GPU tests: %v", err)
+	}
+	return l.Path, n
+}
+
+// sizes are the world sizes to run: $ASYNCTP_OVERLAP_PES ("1,2,4" here by default).
+func sizes(t *testing.T) []int {
+	var out []int
+	for _, f := range strings.Split(cmpOr(os.Getenv("ASYNCTP_OVERLAP_PES"), "1,2,4"), ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			t.Fatalf("ASYNCTP_OVERLAP_PES=%q: expected a comma-separated list of PE counts", os.Getenv("ASYNCTP_OVERLAP_PES"))
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+func runPEs(t *testing.T, job string, n int) []string {
+	lib, gpus := needGPU(t)
+	timeout, err := time.ParseDuration(cmpOr(os.Getenv("ASYNCTP_OVERLAP_TIMEOUT"), "8m"))
+	if err != nil {
+		t.Fatalf("ASYNCTP_OVERLAP_TIMEOUT: %v", err)
+	}
+	procs := commtest.RunProcesses(t, commtest.Processes{N: n, Test: "TestHelperProcess", Job: "peerep-" + job, Timeout: timeout,
+		Env: func(rank int) []string {
+			return []string{jobEnv + "=" + job, nvshmem.EnvLibrary + "=" + lib, "ASYNCTP_TEST_DEVICE=" + strconv.Itoa(rank%gpus),
+				"NVSHMEM_DISABLE_NVLS=1", "NVSHMEM_SYMMETRIC_SIZE=" + cmpOr(os.Getenv("NVSHMEM_SYMMETRIC_SIZE"), "6G"), "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=" + strconv.Itoa(100/n)}
+		}})
+	outs := make([]string, n)
+	for r, p := range procs {
+		outs[r] = p.Out
+		if p.Err != nil {
+			out := p.Out
+			if len(out) > 12000 {
+				out = "…" + out[len(out)-12000:]
+			}
+			t.Errorf("%s, %d PEs, rank %d: %v; output:\n%s", job, n, r, p.Err, out)
+		}
+	}
+	return outs
+}
+
+// TestSuiteGPU: the ExpertPath conformance suite on NVSHMEM PEs (one GPU
+// under MPS: scripts/gpu-overlap.sh's setup): the pipelined path and, as
+// the reference run in the same processes, the collective dispatcher, in
+// bf16 and f32, for EP 1, 2 and 4 ($ASYNCTP_OVERLAP_PES), with every
+// scenario repeated ten times (identical bits each time).
+func TestSuiteGPU(t *testing.T) {
+	for _, n := range sizes(t) {
+		t.Run(fmt.Sprintf("PEs=%d", n), func(t *testing.T) {
+			for _, out := range runPEs(t, "suite", n) {
+				for _, l := range strings.Split(out, "\n") {
+					if strings.HasPrefix(l, "suite:") {
+						t.Log(l)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestDeadlineGPU: the last PE never dispatches; every other PE's dispatch
+// must fail within the deadline with an error naming it.
+func TestDeadlineGPU(t *testing.T) {
+	for _, n := range sizes(t) {
+		if n < 2 {
+			continue
+		}
+		t.Run(fmt.Sprintf("PEs=%d", n), func(t *testing.T) {
+			for _, out := range runPEs(t, "deadline", n) {
+				for _, l := range strings.Split(out, "\n") {
+					if strings.HasPrefix(l, "deadline:") {
+						t.Log(l)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestBenchGPU times dispatch and combine at DeepEP's shapes (hidden 7168,
+// top-8 of 256 experts; 128 tokens per rank, low-latency, and 4096, normal)
+// and the collective dispatcher at the same shapes. Only with
+// ASYNCTP_OVERLAP_BENCH=1; PEs sharing one GPU show mechanics, not NVLink.
+func TestBenchGPU(t *testing.T) {
+	if os.Getenv("ASYNCTP_OVERLAP_BENCH") != "1" {
+		t.Skip("set ASYNCTP_OVERLAP_BENCH=1 to time the expert path on the GPU")
+	}
+	for _, n := range sizes(t) {
+		outs := runPEs(t, "bench", n)
+		for _, l := range strings.Split(outs[0], "\n") {
+			if strings.HasPrefix(l, "bench:") {
+				fmt.Println(l)
+			}
+		}
+	}
+}
+
+// TestHelperProcess is not a test: it is the body of one PE.
+func TestHelperProcess(t *testing.T) {
+	job := os.Getenv(jobEnv)
+	if job == "" {
+		return
+	}
+	pe := newPE(t)
+	defer pe.close(t)
+	switch job {
+	case "suite":
+		pe.suite(t)
+	case "deadline":
+		pe.deadline(t)
+	case "bench":
+		pe.bench(t)
+	default:
+		t.Fatalf("unknown job %q", job)
+	}
+}
+
+type pe struct {
+	rank, size int
+	store      *rendezvous.Client
+	closeStore func() error
+	world      *nvshmem.Comm
+	b          *cudabackend.Backend
+}
+
+func newPE(t *testing.T) *pe {
+	info, err := rendezvous.FromEnv(os.Getenv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, _ := strconv.Atoi(os.Getenv("ASYNCTP_TEST_DEVICE"))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	store, closeStore, err := rendezvous.Join(ctx, info, rendezvous.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := cudabackend.New(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := nvshmem.New(ctx, store, info.Rank, info.WorldSize, dev, nvshmem.WithTimeout(2*time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(os.Stderr, "rank %d: world of %d up: %v\n", info.Rank, info.WorldSize, w.Report())
+	return &pe{rank: info.Rank, size: info.WorldSize, store: store, closeStore: closeStore, world: w, b: b}
+}
+
+func (p *pe) close(t *testing.T) {
+	if err := p.world.Close(); err != nil {
+		t.Errorf("rank %d: close: %v", p.rank, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := p.store.Barrier(ctx, "done", p.size); err != nil {
+		t.Errorf("rank %d: %v", p.rank, err)
+	}
+	p.closeStore()
+	p.b.Close()
+}
+
+func newPipelined(c eptest.Config) (ep.ExpertPath, error) {
+	return New(ep.ExpertConfig{Name: "moe", Backend: c.Backend, Stream: c.Stream, Group: c.Group, Tokens: c.Tokens,
+		Experts: c.Experts, Cols: c.Cols, MaxTokens: c.MaxTokens})
+}
+
+func newCollective(c eptest.Config) (ep.ExpertPath, error) {
+	d, err := ep.NewDispatcher(c.Backend, c.Group, c.Experts, c.Stream)
+	if err != nil {
+		return nil, err
+	}
+	d.SetMaxTokens(c.MaxTokens)
+	return d, d.SetTokenGroup(c.Tokens)
+}
+
+func (p *pe) suite(t *testing.T) {
+	eptest.Steps = []int{0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0} // step 0 eleven times: ten repeats, identical bits
+	for _, c := range []struct {
+		name string
+		np   eptest.NewPath
+	}{{"collective", newCollective}, {"pipelined", newPipelined}} {
+		for _, dt := range []tensor.DType{tensor.BFloat16, tensor.Float32} {
+			start := time.Now()
+			r := eptest.Rank{Group: p.world, Backend: p.b, Stream: p.b.Stream(), NewPath: c.np, DType: dt, Seed: 11,
+				Logf: func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) }}
+			err := r.CheckAll()
+			if err == nil {
+				err = p.b.Sync()
+			}
+			if err != nil {
+				t.Fatalf("rank %d: %s %v: %v", p.rank, c.name, dt, err)
+			}
+			fmt.Printf("suite: rank %d: %s %v passed (%v)\n", p.rank, c.name, dt, time.Since(start).Round(time.Millisecond))
+		}
+	}
+}
+
+func (p *pe) deadline(t *testing.T) {
+	const dl = 2 * time.Second
+	path, err := New(ep.ExpertConfig{Name: "moe", Backend: p.b, Stream: p.b.Stream(), Group: p.world, Experts: 2 * p.size,
+		Cols: 64, MaxTokens: 16}, WithDeadline(dl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	silent := p.size - 1
+	if err := path.ensure(2, 64, tensor.BFloat16); err != nil {
+		t.Fatal(err)
+	}
+	if p.rank == silent {
+		fmt.Printf("deadline: rank %d stays silent\n", p.rank)
+	} else {
+		idx := make([]int32, 16*2)
+		for i := range idx {
+			idx[i] = int32((i/2)%p.size*2 + i%2) // every token on every rank's experts in turn
+		}
+		l, err := path.Layout(idx, 16, 2, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		x := p.b.Zeros(tensor.BFloat16, 16, 64)
+		start := time.Now()
+		_, _, _, err = path.Dispatch(x, l)
+		want := fmt.Sprintf("rank %d never signalled", silent)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("rank %d: a dispatch whose peer %d never sends: %v, expected an error containing %q", p.rank, silent, err, want)
+		}
+		fmt.Printf("deadline: rank %d failed after %v: %v\n", p.rank, time.Since(start).Round(time.Millisecond), err)
+	}
+	// NVSHMEM cannot abort and the failed backend cannot free: leave the
+	// symmetric buffers to the process exit, after a host barrier.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := p.store.Barrier(ctx, "deadline", p.size); err != nil {
+		t.Fatal(err)
+	}
+	os.Exit(0) // the failed backend cannot close cleanly; the parent reads the output
+}
+
+// bench times dispatch (DispatchSend+DispatchRecv, no host read) and
+// combine (CombineSend+CombineRecv) of the device path with CUDA events,
+// and the collective dispatcher's Dispatch and Combine, at DeepEP's shapes.
+func (p *pe) bench(t *testing.T) {
+	const C, K, E = 7168, 8, 256
+	b := p.b
+	timeIt := func(reps int, fn func() error) (time.Duration, error) {
+		for range 3 {
+			if err := fn(); err != nil {
+				return 0, err
+			}
+		}
+		if err := b.Sync(); err != nil {
+			return 0, err
+		}
+		if err := p.world.Barrier(); err != nil {
+			return 0, err
+		}
+		var ds []time.Duration
+		for range reps {
+			var start, end *cuda.Event
+			_ = b.OnDevice(func(s *cuda.Stream) error {
+				start, _ = cuda.NewEvent(true)
+				end, _ = cuda.NewEvent(true)
+				return start.Record(s)
+			})
+			if err := fn(); err != nil {
+				return 0, err
+			}
+			var d time.Duration
+			err := b.OnDevice(func(s *cuda.Stream) error {
+				if err := end.Record(s); err != nil {
+					return err
+				}
+				if err := end.Synchronize(); err != nil {
+					return err
+				}
+				var err error
+				d, err = cuda.Elapsed(start, end)
+				start.Destroy()
+				end.Destroy()
+				return err
+			})
+			if err != nil {
+				return 0, err
+			}
+			ds = append(ds, d)
+		}
+		sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+		return ds[len(ds)/2], b.Err()
+	}
+	row := func(name string, d time.Duration, err error) {
+		if err != nil {
+			t.Fatalf("rank %d: %s: %v", p.rank, name, err)
+		}
+		fmt.Printf("bench: P=%d %-58s %9.1f µs\n", p.size, name, float64(d.Nanoseconds())/1e3)
+	}
+	for _, N := range []int{128, 4096} {
+		rng := rand.New(rand.NewPCG(uint64(p.rank), uint64(N)))
+		idx := make([]int32, N*K)
+		for n := range N {
+			for j, e := range rng.Perm(E)[:K] {
+				idx[n*K+j] = int32(e)
+			}
+		}
+		x := b.Zeros(tensor.BFloat16, N, C)
+		w := b.Zeros(tensor.BFloat16, N, K)
+		out := b.Zeros(tensor.BFloat16, N, C)
+		path, err := New(ep.ExpertConfig{Name: "bench", Backend: b, Stream: b.Stream(), Group: p.world, Experts: E, Cols: C, MaxTokens: N})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := path.ensure(K, C, tensor.BFloat16); err != nil {
+			t.Fatal(err)
+		}
+		eng := path.eng
+		ih, _ := tensor.FromInt32(idx, N, K)
+		di := b.Zeros(tensor.Int32, N, K)
+		b.Upload(di, ih)
+		ye := b.Zeros(tensor.BFloat16, eng.RecvBound(), C)
+		shape := fmt.Sprintf("%d tok/rank, hidden %d, top-%d of %d", N, C, K, E)
+		d, err := timeIt(20, func() error {
+			if err := eng.DispatchSend(x, di, 0); err != nil {
+				return err
+			}
+			return eng.DispatchRecv(ye, 0)
+		})
+		row("pipelined dispatch ("+shape+")", d, err)
+		d, err = timeIt(20, func() error {
+			if err := eng.CombineSend(ye, 0); err != nil {
+				return err
+			}
+			err := eng.CombineRecv(out, w)
+			eng.Release()
+			return err
+		})
+		row("pipelined combine ("+shape+")", d, err)
+		if err := path.Close(); err != nil {
+			t.Fatal(err)
+		}
+		col, _ := ep.NewDispatcher(b, p.world, E, b.Stream())
+		l, _ := col.Layout(idx, N, K, 0)
+		var h *ep.Handle
+		d, err = timeIt(10, func() error {
+			col.Release(h)
+			_, hh, wk, err := col.Dispatch(x, l)
+			if err == nil {
+				err = wk.Wait(b.Stream())
+			}
+			h = hh
+			return err
+		})
+		row("collective dispatch, host count exchange ("+shape+")", d, err)
+		y := b.Zeros(tensor.BFloat16, h.RecvRows(), C)
+		d, err = timeIt(10, func() error { return col.Combine(out, y, w, h) })
+		row("collective combine ("+shape+")", d, err)
+		col.Release(h)
+		for _, t := range []*tensor.Tensor{x, w, out, di, ye, y} {
+			b.Free(t)
+		}
+	}
+}

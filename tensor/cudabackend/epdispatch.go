@@ -1,0 +1,604 @@
+package cudabackend
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/cudabackend/internal/gpu"
+)
+
+// EPConfig is the shape of one rank's device-side expert path
+// (ExpertDispatch): Ranks ranks of the EP group (this one Rank), Experts
+// experts spread evenly (rank r holds [r·E/P, (r+1)·E/P)), TopK choices per
+// token, rows of Cols features in DType (bf16 or f32), at most MaxTokens
+// tokens per rank and step. Deadline bounds every wait on a peer's signal
+// (0: DefaultEPDeadline).
+type EPConfig struct {
+	Ranks, Rank, Experts, TopK, Cols, MaxTokens int
+	DType                                       tensor.DType
+	Deadline                                    time.Duration
+}
+
+// DefaultEPDeadline is the wait bound of an EPConfig without one.
+const DefaultEPDeadline = 60 * time.Second
+
+// EPBuf names one symmetric buffer of the expert path (cuda/kernels/dispatch.cu
+// describes their layout).
+type EPBuf int
+
+const (
+	EPHeader  EPBuf = iota // (P, E+2) int32: the counts every source writes here
+	EPTokens               // (P·Mt, C): the token rows, once per destination rank
+	EPMeta                 // (P·Mt, 1+2K) int32: each token row's source token and choices
+	EPWeights              // (P·Mt, K) f32: routing weights (combine backward)
+	EPY                    // (Mt·K, C): the combine's expert outputs, by slot
+	EPG                    // (Mt·K, C): the dispatch backward's gradients, by slot
+	EPSignals              // (12P) int32: 6P 64-bit words (little-endian pairs), the ready and ack epochs
+	NumEPBufs
+)
+
+// Signal channels: word [channel·P + s] of a rank's pad is written by rank s.
+const (
+	sigReadyTok = iota
+	sigReadyY
+	sigReadyG
+	sigAckTok
+	sigAckY
+	sigAckG
+	numSigChannels
+)
+
+var sigNames = [numSigChannels]string{"tokens ready", "combine rows ready", "gradient rows ready",
+	"token buffer free", "combine buffer free", "gradient buffer free"}
+
+// EPShape is the shape and dtype of a symmetric buffer.
+type EPShape struct {
+	Shape []int
+	DType tensor.DType
+}
+
+func (c EPConfig) local() int { return c.Experts / c.Ranks }
+
+// recvBound is the most expert rows a rank can receive: every source's
+// tokens, each with at most min(K, L) choices here.
+func (c EPConfig) recvBound() int { return c.Ranks * c.MaxTokens * min(c.TopK, c.local()) }
+
+// EPSymmetricShapes are the buffers an ExpertDispatch of cfg needs
+// allocated symmetrically (the same on every rank of the group).
+func EPSymmetricShapes(cfg EPConfig) [NumEPBufs]EPShape {
+	P, E, K, C, Mt := cfg.Ranks, cfg.Experts, cfg.TopK, cfg.Cols, cfg.MaxTokens
+	return [NumEPBufs]EPShape{
+		EPHeader:  {[]int{P, E + 2}, tensor.Int32},
+		EPTokens:  {[]int{P * Mt, C}, cfg.DType},
+		EPMeta:    {[]int{P * Mt, 1 + 2*K}, tensor.Int32},
+		EPWeights: {[]int{P * Mt, K}, tensor.Float32},
+		EPY:       {[]int{Mt * K, C}, cfg.DType},
+		EPG:       {[]int{Mt * K, C}, cfg.DType},
+		EPSignals: {[]int{2 * numSigChannels * P}, tensor.Int32},
+	}
+}
+
+func (c EPConfig) check() error {
+	switch {
+	case c.Ranks < 1 || c.Rank < 0 || c.Rank >= c.Ranks:
+		return fmt.Errorf("rank %d of %d", c.Rank, c.Ranks)
+	case c.Experts < c.Ranks || c.Experts%c.Ranks != 0:
+		return fmt.Errorf("%d experts over %d ranks: expected a multiple of the ranks", c.Experts, c.Ranks)
+	case c.TopK < 1 || c.TopK > c.Experts || c.Cols < 1 || c.MaxTokens < 1:
+		return fmt.Errorf("top-%d of %d experts, %d columns, %d max tokens: expected 1 ≤ K ≤ E and positive sizes", c.TopK, c.Experts, c.Cols, c.MaxTokens)
+	case c.DType != tensor.BFloat16 && c.DType != tensor.Float32:
+		return fmt.Errorf("dtype %v: expected bf16 or f32", c.DType)
+	case int64(c.Ranks)*int64(c.MaxTokens)*int64(max(c.TopK, c.Cols)) > math.MaxInt32:
+		return fmt.Errorf("%d ranks × %d tokens × %d: exceeds the kernels' 32-bit sizes", c.Ranks, c.MaxTokens, max(c.TopK, c.Cols))
+	}
+	return nil
+}
+
+// ExpertDispatch is one rank's device-side dispatch and combine of an MoE
+// layer over symmetric memory (the pipelined strategy of the expert path),
+// after DeepEP's intranode protocol: the layout, the count exchange and
+// every move are kernels; peers are written through their peer pointers;
+// every buffer is gated by 64-bit epoch signals with a deadline on each
+// wait. Nothing here reads the device on the host: launches are sized by
+// MaxTokens and the kernels read the counts on the device.
+//
+// A step is, on every rank in the same order:
+//
+//	DispatchSend(x, idx, cf)   layout; wait for the token buffers to be free; tokens and counts out; signal
+//	DispatchRecv(out, order)   wait for every source; plan (capacity, drops, offsets); expand into expert rows; ack
+//	CombineSend(y, order)      wait for the combine buffers; expert rows back to their tokens' homes; signal
+//	CombineRecv(out, w)        wait; out = Σ_j w·y in fp32, choices in order (deterministic)
+//	CombineBackwardSend(dout, w, dweights)   ∂out once per destination rank with the weights; dweights at home
+//	CombineBackwardRecv(dy, order)           wait; dy = w·∂out per expert row; ack
+//	DispatchBackwardSend(g, order)           expert-row gradients back to their homes; signal
+//	DispatchBackwardRecv(dx)                 wait; dx = Σ_j g; ack
+//
+// Each Recv waits for what the matching Send of every peer signalled, so
+// the two may be split by other work (and must be, on the CPU emulator,
+// whose kernels run one at a time: tests run every rank's Send before any
+// rank's Recv). order 0 is expert-major (local expert, then source rank,
+// then the source's token order: the grouped GEMM's layout, row offsets in
+// Offsets); order 1 is the received order of ep.ExpertPath (source, then
+// expert, then token).
+type ExpertDispatch struct {
+	b   *Backend
+	cfg EPConfig
+	sym [NumEPBufs]*tensor.Tensor
+	// peers (NumEPBufs, 2P) int32 holds every rank's address of each buffer.
+	peers *tensor.Tensor
+
+	idx, cnt, rk, sendRow, rowsTo *tensor.Tensor
+	hcopy, offsets, tab, pos      *tensor.Tensor
+	route, routeExp, routeRecv    *tensor.Tensor
+	recvOfExp, expOfRecv, status  *tensor.Tensor
+
+	n                int
+	cf               float64
+	eTok, eY, eG     uint64
+	pendY            bool
+	dispatched, comb bool
+	known            int // the step's expert rows once ReadCounts read them; −1 before
+
+	// BeforeWait, when set, runs before every wait on the peers is queued
+	// (outside the backend's lock). The multi-rank emulator tests make it
+	// a barrier of the emulated ranks, so that every rank has queued (and,
+	// on the emulator, run) its sends before any rank waits.
+	BeforeWait func()
+}
+
+// NewExpertDispatch builds rank cfg.Rank's expert path over the symmetric
+// buffers sym (shapes EPSymmetricShapes(cfg), on this backend's device)
+// whose copies on rank r start at peers[buf][r]. It zeroes this rank's
+// signals and header: the caller must make sure no peer signals before
+// every rank has done so (a barrier after a Sync), and that every rank of
+// the group builds one with the same cfg (but its own Rank).
+func (b *Backend) NewExpertDispatch(cfg EPConfig, sym [NumEPBufs]*tensor.Tensor, peers [NumEPBufs][]uint64) (*ExpertDispatch, error) {
+	if cfg.Deadline <= 0 {
+		cfg.Deadline = DefaultEPDeadline
+	}
+	if err := cfg.check(); err != nil {
+		return nil, fmt.Errorf("cuda: expert dispatch: %w", err)
+	}
+	shapes := EPSymmetricShapes(cfg)
+	P := cfg.Ranks
+	words := make([]int32, 0, 2*int(NumEPBufs)*P) // the 64-bit addresses as int32 pairs
+	for i, t := range sym {
+		want := shapes[i]
+		if t == nil || t.DType() != want.DType || !t.Shape().Equal(want.Shape) || t.Device() != b.Device() {
+			return nil, fmt.Errorf("cuda: expert dispatch: symmetric buffer %d is %v, expected %v%v on %v", i, t, want.DType, want.Shape, b.Device())
+		}
+		if len(peers[i]) != P {
+			return nil, fmt.Errorf("cuda: expert dispatch: %d peer addresses of buffer %d, expected %d", len(peers[i]), i, P)
+		}
+		for _, p := range peers[i] {
+			words = append(words, int32(uint32(p)), int32(uint32(p>>32)))
+		}
+	}
+	d := &ExpertDispatch{b: b, cfg: cfg, sym: sym, known: -1}
+	h, _ := tensor.FromInt32(words, int(NumEPBufs), 2*P)
+	d.peers = b.Zeros(tensor.Int32, int(NumEPBufs), 2*P)
+	b.Upload(d.peers, h)
+	E, K, L, Mt, R := cfg.Experts, cfg.TopK, cfg.local(), cfg.MaxTokens, cfg.recvBound()
+	i32 := func(shape ...int) *tensor.Tensor { return b.Zeros(tensor.Int32, shape...) }
+	d.idx, d.cnt, d.rk, d.sendRow, d.rowsTo = i32(Mt, K), i32(E), i32(Mt*K), i32(Mt*P), i32(P)
+	d.hcopy, d.offsets, d.tab, d.pos = i32(P, E+2), i32(L+1), i32(4+3*P*L), i32(Mt, K)
+	d.route, d.routeExp, d.routeRecv = i32(P*Mt*K), i32(max(R, 1), 2), i32(max(R, 1), 2)
+	d.recvOfExp, d.expOfRecv, d.status = i32(max(R, 1)), i32(max(R, 1)), i32(4)
+	// Zeros are zero on this backend; the symmetric buffers come from
+	// another allocator: clear the words peers compare and the header.
+	b.do("ExpertDispatch", func(dev gpu.Device) error {
+		if err := dev.Memset8(ptr(sym[EPSignals]), 0, sym[EPSignals].Bytes()); err != nil {
+			return err
+		}
+		return dev.Memset8(ptr(sym[EPHeader]), 0, sym[EPHeader].Bytes())
+	})
+	if err := b.Err(); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("cuda: expert dispatch: %w", err)
+	}
+	return d, nil
+}
+
+// Close frees the local tables (not the symmetric buffers, which belong to
+// their allocator). Drain the device first.
+func (d *ExpertDispatch) Close() {
+	for _, t := range []*tensor.Tensor{d.peers, d.idx, d.cnt, d.rk, d.sendRow, d.rowsTo, d.hcopy, d.offsets, d.tab,
+		d.pos, d.route, d.routeExp, d.routeRecv, d.recvOfExp, d.expOfRecv, d.status} {
+		if t != nil {
+			d.b.Free(t)
+		}
+	}
+	*d = ExpertDispatch{b: d.b, cfg: d.cfg}
+}
+
+// Config is the path's configuration.
+func (d *ExpertDispatch) Config() EPConfig { return d.cfg }
+
+// Offsets are the (L+1) int32 expert-major row offsets of the local
+// experts, on the device, valid after DispatchRecv (tensor.GroupedGEMM's
+// offsets).
+func (d *ExpertDispatch) Offsets() *tensor.Tensor { return d.offsets }
+
+// Pos is the (N, K) int32 slot table of this rank's tokens (slot n·K + j,
+// or −1 dropped), valid after DispatchRecv.
+func (d *ExpertDispatch) Pos() *tensor.Tensor {
+	v, err := d.pos.Rows(0, d.n)
+	if err != nil {
+		panic("cuda: expert dispatch: internal error: " + err.Error())
+	}
+	return v
+}
+
+// Tokens is the number of tokens of the current step on this rank.
+func (d *ExpertDispatch) Tokens() int { return d.n }
+
+// RecvBound is the most expert rows a step can bring to this rank: the
+// rows of DispatchRecv's output and CombineSend's input.
+func (d *ExpertDispatch) RecvBound() int { return d.cfg.recvBound() }
+
+// peerRow is the device address of buffer buf's peer table.
+func (d *ExpertDispatch) peerRow(buf EPBuf) gpu.Ptr {
+	return ptr(d.peers).Offset(int(buf) * d.cfg.Ranks * 8)
+}
+
+// words is the address of channel ch's P words in this rank's pad.
+func (d *ExpertDispatch) words(ch int) gpu.Ptr {
+	return ptr(d.sym[EPSignals]).Offset(ch * d.cfg.Ranks * 8)
+}
+
+// signal raises word (ch, me) to value on every rank.
+func (d *ExpertDispatch) signal(dev gpu.Device, ch int, value uint64) error {
+	P := d.cfg.Ranks
+	return dev.Launch("ep_signal", gpu.D1(1), gpu.D1(32), 0, d.peerRow(EPSignals), int32(P),
+		int64(ch*P+d.cfg.Rank), int64(value))
+}
+
+// wait queues the wait for channel ch's words ≥ target, after BeforeWait.
+func (d *ExpertDispatch) wait(op string, ch int, target uint64, then func(dev gpu.Device) error) {
+	if d.BeforeWait != nil {
+		d.BeforeWait()
+	}
+	me, dl := d.cfg.Rank, d.cfg.Deadline
+	d.b.do(op, func(dev gpu.Device) error {
+		// Every wait shares the flag slot, and the first pending launch
+		// explains a flagged one: the channel comes from the value.
+		flag := d.b.flagPtr(flagEPWait, func(v int32) error {
+			c, peer := int(v)/65536, int(v)%65536
+			what := "a signal"
+			if c >= 0 && c < numSigChannels {
+				what = sigNames[c]
+			}
+			return fmt.Errorf("cuda: expert dispatch on rank %d: rank %d never signalled %q within %v", me, peer, what, dl)
+		})
+		if err := dev.Launch("ep_wait", gpu.D1(1), gpu.D1(32), 0, d.words(ch), int32(d.cfg.Ranks), int64(target),
+			int64(dl), int32(ch), ptr(d.status), flag); err != nil {
+			return err
+		}
+		return then(dev)
+	})
+}
+
+// flushAcks raises the deferred ack of the combine buffer: its rows serve
+// CombineBackward's dweights, so the peers may overwrite them only once the
+// step is over (the next dispatch, or Release).
+func (d *ExpertDispatch) flushAcks(dev gpu.Device) error {
+	if !d.pendY {
+		return nil
+	}
+	d.pendY = false
+	return d.signal(dev, sigAckY, d.eY)
+}
+
+// Release ends the step for the combine buffer (its deferred ack).
+func (d *ExpertDispatch) Release() {
+	d.b.do("ExpertDispatch.Release", d.flushAcks)
+}
+
+// checkRows checks a (≥ rows, C) tensor of dt; rows = RecvBound() may be
+// lowered to the step's expert rows once ReadCounts knows them.
+func (d *ExpertDispatch) checkRows(op, what string, t *tensor.Tensor, rows int, dt tensor.DType) error {
+	if rows == d.cfg.recvBound() && d.known >= 0 {
+		rows = d.known
+	}
+	if t == nil || t.DType() != dt || t.Device() != d.b.Device() || len(t.Shape()) != 2 || t.Dim(0) < rows || t.Dim(1) != d.cfg.Cols && dt == d.cfg.DType {
+		return fmt.Errorf("cuda: expert dispatch: %s: %s is %v, expected %v(%d, %d) on %v", op, what, t, dt, rows, d.cfg.Cols, d.b.Device())
+	}
+	return nil
+}
+
+func (d *ExpertDispatch) grid(rows int) gpu.Dim3 { return gpu.D1(max(1, min(rows, 2048))) }
+
+// DispatchSend starts a step: x (N, C) this rank's tokens, idx (N, K) int32
+// their experts on the device, cf the capacity factor (0: dropless). It
+// lays the routing out, waits until every peer has read the previous
+// contents of its token buffer, writes this rank's counts into every
+// peer's header and each token once into every rank that holds one of its
+// experts, and signals them. N > MaxTokens is refused by every rank at
+// DispatchRecv (the counts still go out, so that no peer waits in vain).
+func (d *ExpertDispatch) DispatchSend(x, idx *tensor.Tensor, cf float64) error {
+	const op = "DispatchSend"
+	if x == nil || len(x.Shape()) != 2 {
+		return fmt.Errorf("cuda: expert dispatch: %s: x is %v, expected (N, %d)", op, x, d.cfg.Cols)
+	}
+	N, K := x.Dim(0), d.cfg.TopK
+	if err := d.checkRows(op, "x", x, N, d.cfg.DType); err != nil {
+		return err
+	}
+	if idx == nil || idx.DType() != tensor.Int32 || !idx.Shape().Equal(tensor.Shape{N, K}) || idx.Device() != d.b.Device() {
+		return fmt.Errorf("cuda: expert dispatch: %s: idx is %v, expected int32(%d, %d) on %v", op, idx, N, K, d.b.Device())
+	}
+	if !(cf >= 0) || math.IsInf(cf, 0) {
+		return fmt.Errorf("cuda: expert dispatch: %s: capacity factor %v, expected a finite value ≥ 0", op, cf)
+	}
+	d.n, d.cf, d.dispatched, d.comb, d.known = N, cf, true, false, -1
+	P, E, L, C, Mt, me := d.cfg.Ranks, d.cfg.Experts, d.cfg.local(), d.cfg.Cols, d.cfg.MaxTokens, d.cfg.Rank
+	sendN := min(N, Mt) // a rank over the bound sends its header only
+	d.b.do(op, func(dev gpu.Device) error {
+		if err := d.flushAcks(dev); err != nil {
+			return err
+		}
+		if err := dev.Memset32(ptr(d.status), 0, 4); err != nil {
+			return err
+		}
+		if sendN > 0 {
+			if err := dev.CopyDtoD(ptr(d.idx), ptr(idx), sendN*K*4); err != nil {
+				return err
+			}
+		}
+		flag := d.b.flagPtr(flagEPLayout, func(v int32) error {
+			return fmt.Errorf("cuda: expert dispatch: %s: idx contains expert %d, expected [0, %d)", op, v, E)
+		})
+		return dev.Launch("ep_layout", gpu.D1(E+P), gpu.D1(threads256), 0, ptr(d.idx), int32(sendN), int32(K),
+			int32(E), int32(P), int32(L), ptr(d.cnt), ptr(d.rk), ptr(d.sendRow), ptr(d.rowsTo), flag)
+	})
+	// The layout of a rank over the bound counts its first Mt tokens only:
+	// the header says N, and every receiver refuses the step.
+	d.eTok++
+	d.wait(op, sigAckTok, d.eTok-1, func(dev gpu.Device) error {
+		if err := dev.Launch("ep_send"+sfx(d.cfg.DType), gpu.D1(max(N, 1)), gpu.D1(128), 0,
+			ptr(x), ptr(d.idx), ptr(d.rk), ptr(d.sendRow), ptr(d.cnt), ptr(d.rowsTo), int32(N), int32(K), int32(E),
+			int32(P), int32(L), int32(C), int32(Mt), int32(me), d.peerRow(EPTokens), d.peerRow(EPMeta),
+			d.peerRow(EPHeader), gpu.Ptr(0), gpu.Ptr(0), gpu.Ptr(0), gpu.Ptr(0), gpu.Ptr(0), ptr(d.status)); err != nil {
+			return err
+		}
+		return d.signal(dev, sigReadyTok, d.eTok)
+	})
+	return d.sticky(op)
+}
+
+func (d *ExpertDispatch) sticky(op string) error {
+	if err := d.b.Err(); err != nil {
+		return fmt.Errorf("cuda: expert dispatch: %s: %w", op, err)
+	}
+	return nil
+}
+
+// DispatchRecv waits for every rank's tokens, applies the capacity (the
+// same on every rank, from the exchanged counts), and writes the received
+// expert rows into out (RecvBound(), C) in the given order (0 expert-major,
+// 1 received order); rows past the step's count are left alone. Offsets
+// then hold the expert-major row offsets, Pos this rank's slots, and the
+// token buffer is acknowledged to its writers.
+func (d *ExpertDispatch) DispatchRecv(out *tensor.Tensor, order int) error {
+	const op = "DispatchRecv"
+	if !d.dispatched {
+		return fmt.Errorf("cuda: expert dispatch: %s without a DispatchSend", op)
+	}
+	if err := d.checkRows(op, "out", out, d.cfg.recvBound(), d.cfg.DType); err != nil {
+		return err
+	}
+	P, E, L, K, C, Mt, me := d.cfg.Ranks, d.cfg.Experts, d.cfg.local(), d.cfg.TopK, d.cfg.Cols, d.cfg.MaxTokens, d.cfg.Rank
+	d.wait(op, sigReadyTok, d.eTok, func(dev gpu.Device) error {
+		if err := dev.Launch("ep_plan", gpu.D1(1), gpu.D1(threads256), 0, ptr(d.sym[EPHeader]), ptr(d.idx), ptr(d.rk),
+			int32(P), int32(E), int32(L), int32(me), int32(min(d.n, Mt)), int32(K), int32(Mt),
+			int64(math.Float64bits(d.cf)), ptr(d.hcopy), ptr(d.offsets), ptr(d.tab), ptr(d.pos), ptr(d.status)); err != nil {
+			return err
+		}
+		if err := dev.Launch("ep_recv"+sfx(d.cfg.DType), d.grid(P*Mt), gpu.D1(128), 0, ptr(d.sym[EPTokens]),
+			ptr(d.sym[EPMeta]), ptr(d.hcopy), ptr(d.tab), int32(P), int32(E), int32(L), int32(K), int32(C), int32(Mt),
+			int32(me), int32(order), ptr(out), ptr(d.route), ptr(d.routeExp), ptr(d.routeRecv), ptr(d.recvOfExp),
+			ptr(d.expOfRecv), ptr(d.status)); err != nil {
+			return err
+		}
+		// The header and the token buffer have been read (the plan copied
+		// the header): their writers may reuse them.
+		return d.signal(dev, sigAckTok, d.eTok)
+	})
+	return d.sticky(op)
+}
+
+func (d *ExpertDispatch) routes(order int) gpu.Ptr {
+	if order == 1 {
+		return ptr(d.routeRecv)
+	}
+	return ptr(d.routeExp)
+}
+
+// ReturnSend is CombineSend and DispatchBackwardSend: y (RecvBound(), C)
+// expert rows in order go to their homes' buffer buf.
+func (d *ExpertDispatch) returnSend(op string, y *tensor.Tensor, order int, buf EPBuf, ack, ready int, epoch *uint64) error {
+	if !d.dispatched {
+		return fmt.Errorf("cuda: expert dispatch: %s without a dispatch", op)
+	}
+	if err := d.checkRows(op, "rows", y, d.cfg.recvBound(), d.cfg.DType); err != nil {
+		return err
+	}
+	*epoch++
+	e := *epoch
+	d.wait(op, ack, e-1, func(dev gpu.Device) error {
+		if err := dev.Launch("ep_return"+sfx(d.cfg.DType), d.grid(d.cfg.recvBound()), gpu.D1(128), 0, ptr(y),
+			d.routes(order), ptr(d.tab), int32(d.cfg.Cols), d.peerRow(buf), ptr(d.status)); err != nil {
+			return err
+		}
+		return d.signal(dev, ready, e)
+	})
+	return d.sticky(op)
+}
+
+// CombineSend sends the expert outputs y (RecvBound(), C), in the given
+// order, back to their tokens' homes (after the homes have released the
+// previous step's combine buffer), and signals them.
+func (d *ExpertDispatch) CombineSend(y *tensor.Tensor, order int) error {
+	d.comb = true
+	return d.returnSend("CombineSend", y, order, EPY, sigAckY, sigReadyY, &d.eY)
+}
+
+// slots is the (N·K, C) view of a slot buffer.
+func (d *ExpertDispatch) slots(buf EPBuf) *tensor.Tensor {
+	v, err := d.sym[buf].Rows(0, d.n*d.cfg.TopK)
+	if err != nil {
+		panic("cuda: expert dispatch: internal error: " + err.Error())
+	}
+	return v
+}
+
+// CombineRecv waits for every rank's expert outputs and writes out (N, C)
+// = Σ_j weights[n, j]·y(n, j) over the kept slots, in fp32, the choices in
+// order (deterministic). The combine buffer stays this rank's until the
+// next step (CombineBackwardSend reads it for dweights).
+func (d *ExpertDispatch) CombineRecv(out, weights *tensor.Tensor) error {
+	const op = "CombineRecv"
+	if !d.comb {
+		return fmt.Errorf("cuda: expert dispatch: %s without a CombineSend", op)
+	}
+	d.wait(op, sigReadyY, d.eY, func(gpu.Device) error { return nil })
+	if d.n > 0 && d.n <= d.cfg.MaxTokens {
+		d.b.CombineRows(out, d.slots(EPY), d.Pos(), weights)
+	}
+	d.pendY = true
+	return d.sticky(op)
+}
+
+// CombineBackwardSend sends ∂out (N, C) once to every rank that holds one
+// of a token's experts, with the routing weights (N, K), and writes
+// dweights (N, K) (nil: skipped) = ⟨∂out[n], y(n, j)⟩ for the kept slots,
+// 0 for dropped ones, from the combine buffer.
+func (d *ExpertDispatch) CombineBackwardSend(dout, weights, dweights *tensor.Tensor) error {
+	const op = "CombineBackwardSend"
+	if !d.comb {
+		return fmt.Errorf("cuda: expert dispatch: %s without a combine", op)
+	}
+	N, K := d.n, d.cfg.TopK
+	if err := d.checkRows(op, "dout", dout, N, d.cfg.DType); err != nil {
+		return err
+	}
+	for _, w := range []*tensor.Tensor{weights, dweights} {
+		if w != nil && (w.DType() != d.cfg.DType || !w.Shape().Equal(tensor.Shape{N, K})) {
+			return fmt.Errorf("cuda: expert dispatch: %s: weights %v, expected %v(%d, %d)", op, w, d.cfg.DType, N, K)
+		}
+	}
+	if weights == nil {
+		return fmt.Errorf("cuda: expert dispatch: %s: nil weights", op)
+	}
+	P, E, L, C, Mt, me := d.cfg.Ranks, d.cfg.Experts, d.cfg.local(), d.cfg.Cols, d.cfg.MaxTokens, d.cfg.Rank
+	d.eTok++
+	d.wait(op, sigAckTok, d.eTok-1, func(dev gpu.Device) error {
+		if err := dev.Launch("ep_send"+sfx(d.cfg.DType), gpu.D1(max(N, 1)), gpu.D1(128), 0,
+			ptr(dout), ptr(d.idx), ptr(d.rk), ptr(d.sendRow), ptr(d.cnt), ptr(d.rowsTo), int32(N), int32(K), int32(E),
+			int32(P), int32(L), int32(C), int32(Mt), int32(me), d.peerRow(EPTokens), gpu.Ptr(0), gpu.Ptr(0),
+			ptr(weights), d.peerRow(EPWeights), ptr(d.pos), ptr(d.sym[EPY]), ptr(dweights), ptr(d.status)); err != nil {
+			return err
+		}
+		return d.signal(dev, sigReadyTok, d.eTok)
+	})
+	return d.sticky(op)
+}
+
+// CombineBackwardRecv waits for every rank's ∂out rows and writes dy
+// (RecvBound(), C) = w·∂out for each received expert row, in the given
+// order, then acknowledges the token buffer.
+func (d *ExpertDispatch) CombineBackwardRecv(dy *tensor.Tensor, order int) error {
+	const op = "CombineBackwardRecv"
+	if err := d.checkRows(op, "dy", dy, d.cfg.recvBound(), d.cfg.DType); err != nil {
+		return err
+	}
+	P, E, K, C, Mt := d.cfg.Ranks, d.cfg.Experts, d.cfg.TopK, d.cfg.Cols, d.cfg.MaxTokens
+	remap := gpu.Ptr(0)
+	if order == 1 {
+		remap = ptr(d.recvOfExp)
+	}
+	d.wait(op, sigReadyTok, d.eTok, func(dev gpu.Device) error {
+		if err := dev.Launch("ep_scale_recv"+sfx(d.cfg.DType), d.grid(P*Mt), gpu.D1(128), 0, ptr(d.sym[EPTokens]),
+			ptr(d.sym[EPWeights]), ptr(d.hcopy), ptr(d.route), remap, int32(P), int32(E), int32(K), int32(C), int32(Mt),
+			ptr(dy), ptr(d.status)); err != nil {
+			return err
+		}
+		return d.signal(dev, sigAckTok, d.eTok)
+	})
+	return d.sticky(op)
+}
+
+// DispatchBackwardSend sends the expert rows' gradients g (RecvBound(), C),
+// in the given order, back to their tokens' homes.
+func (d *ExpertDispatch) DispatchBackwardSend(g *tensor.Tensor, order int) error {
+	return d.returnSend("DispatchBackwardSend", g, order, EPG, sigAckG, sigReadyG, &d.eG)
+}
+
+// DispatchBackwardRecv waits for every rank's gradient rows and writes dx
+// (N, C) = Σ_j g(n, j) over the kept slots, in order, then acknowledges
+// the gradient buffer.
+func (d *ExpertDispatch) DispatchBackwardRecv(dx *tensor.Tensor) error {
+	const op = "DispatchBackwardRecv"
+	d.wait(op, sigReadyG, d.eG, func(gpu.Device) error { return nil })
+	if d.n > 0 && d.n <= d.cfg.MaxTokens {
+		d.b.CombineRows(dx, d.slots(EPG), d.Pos(), nil)
+	}
+	d.b.do(op, func(dev gpu.Device) error { return d.signal(dev, sigAckG, d.eG) })
+	return d.sticky(op)
+}
+
+// EPCounts are what a step's plan found, read back to the host.
+type EPCounts struct {
+	// Header (P, E+2): row s = source s's per-expert slots (before any
+	// capacity), its tokens, the rows it sent this rank.
+	Header [][]int
+	// Refused is the source over MaxTokens (−1: none) and Over its tokens.
+	Refused, Over int
+	// Rows is the number of expert rows this rank received.
+	Rows int
+}
+
+// RecvOfExp is the (RecvBound()) int32 map from expert-major rows to
+// received-order rows of the step; ExpOfRecv its inverse (valid after
+// DispatchRecv, for the step's rows).
+func (d *ExpertDispatch) RecvOfExp() *tensor.Tensor { return d.recvOfExp }
+
+// ExpOfRecv: see RecvOfExp.
+func (d *ExpertDispatch) ExpOfRecv() *tensor.Tensor { return d.expOfRecv }
+
+// ReadCounts waits for the device and reads the step's exchanged counts
+// (a host synchronisation: the ep.ExpertPath adapter's, whose handle holds
+// host counts; the device path itself never needs it).
+func (d *ExpertDispatch) ReadCounts() (*EPCounts, error) {
+	if err := d.b.Sync(); err != nil {
+		return nil, fmt.Errorf("cuda: expert dispatch: %w", err)
+	}
+	P, W := d.cfg.Ranks, d.cfg.Experts+2
+	h := tensor.MustHost(tensor.Int32, P, W)
+	st, tab := tensor.MustHost(tensor.Int32, 4), tensor.MustHost(tensor.Int32, 4)
+	d.b.Download(h, d.hcopy)
+	d.b.Download(st, d.status)
+	tv, _ := d.tab.Rows(0, 4)
+	d.b.Download(tab, tv)
+	if err := d.b.Sync(); err != nil {
+		return nil, fmt.Errorf("cuda: expert dispatch: %w", err)
+	}
+	c := &EPCounts{Header: make([][]int, P), Refused: -1, Rows: int(tab.I32()[0])}
+	d.known = c.Rows
+	for s := range P {
+		c.Header[s] = make([]int, W)
+		for i := range W {
+			c.Header[s][i] = int(h.I32()[s*W+i])
+		}
+	}
+	switch s := st.I32(); s[0] {
+	case 0:
+	case 2:
+		c.Refused, c.Over = int(s[1]), int(s[2])
+	default:
+		return nil, fmt.Errorf("cuda: expert dispatch on rank %d: the step failed (status %d) without a reported wait", d.cfg.Rank, s[0])
+	}
+	return c, nil
+}
