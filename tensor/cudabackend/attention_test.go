@@ -66,7 +66,9 @@ func closeTo(t *testing.T, name string, got, want []float64, tol float64) {
 // tensor-core kernels' tiles (D = 64, 128; T not a multiple of 64), in bf16
 // (and f32, which takes the CUDA-core kernels).
 func runAttentionShapes(t *testing.T, open opener, opts ...Option) {
-	shapes := [][4]int{{2, 70, 3, 64}, {1, 130, 2, 128}, {1, 64, 1, 64}, {1, 17, 2, 128}, {1, 100, 1, 40}}
+	shapes := [][4]int{{2, 70, 3, 64}, {1, 130, 2, 128}, {1, 64, 1, 64}, {1, 17, 2, 128}, {1, 100, 1, 40},
+		// Edges of the 128-row tiles of attention_fa2.cu.
+		{2, 1, 2, 64}, {1, 63, 2, 128}, {2, 65, 2, 64}, {1, 200, 2, 64}, {1, 200, 2, 128}, {1, 300, 1, 64}}
 	for _, dt := range []tensor.DType{tensor.BFloat16, tensor.Float32} {
 		tol := 1e-2
 		if dt == tensor.Float32 {

@@ -34,6 +34,10 @@ func TestDeterminism(t *testing.T) { runDeterminism(t, openGPU) }
 
 func TestAttentionShapes(t *testing.T) { runAttentionShapes(t, openGPU) }
 
+func TestAttentionShapesTC1(t *testing.T) {
+	runAttentionShapes(t, openGPU, WithAttention(AttentionTC1))
+}
+
 func TestAttentionShapesSIMT(t *testing.T) {
 	runAttentionShapes(t, openGPU, WithAttention(AttentionSIMT))
 }

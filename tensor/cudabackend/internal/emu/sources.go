@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "28adb6167c226b1ce4ccd56d5a46b5c732f112caa39b694b88af4bafa065e998"
+const SourcesSum = "f3ff580af68c1825acff5d6d4ec81169e452ea260f9d813ca950ceffe45bcf60"
