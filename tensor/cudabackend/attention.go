@@ -90,6 +90,10 @@ func (b *Backend) rope4(op string, out, x *tensor.Tensor, theta float64, sign fl
 		if err != nil {
 			return err
 		}
+		if x.DType() == tensor.BFloat16 && d%16 == 0 && rowsN*d < 1<<31 && tcAligned(out, x) {
+			return dev.Launch("rope_v8_bf16", b.gridStride(rowsN*d/16, 1), gpu.D1(threads256), 0,
+				ptr(out), ptr(x), table, int32(nt), int32(nh), int32(d), int32(rowsN), sign)
+		}
 		return dev.Launch("rope"+sfx(x.DType()), b.gridStride(rowsN*d/2, 1), gpu.D1(threads256), 0,
 			ptr(out), ptr(x), table, int32(nt), int32(nh), int32(d), int64(rowsN), sign)
 	})

@@ -117,3 +117,37 @@ func runAttentionShapes(t *testing.T, open opener, opts ...Option) {
 		}
 	}
 }
+
+// runRoPEShapes checks RoPE and its backward against the CPU reference on
+// head dims the vectorised bf16 kernel takes (D % 16 == 0) and one it does
+// not, in place and out of place.
+func runRoPEShapes(t *testing.T, open opener, opts ...Option) {
+	for _, dt := range []tensor.DType{tensor.BFloat16, tensor.Float32} {
+		tol := 1e-2
+		if dt == tensor.Float32 {
+			tol = 1e-5
+		}
+		for _, s := range [][4]int{{2, 37, 3, 64}, {1, 19, 2, 128}, {1, 5, 2, 48}, {2, 7, 3, 18}} {
+			t.Run(fmt.Sprintf("%v/%v", dt, s), func(t *testing.T) {
+				b := open(t, opts...)
+				ref := cpu.New()
+				rng := testutil.Rng(uint64(s[1]*100 + s[3]))
+				const theta = 1e4
+				x := randPair(t, b, rng, dt, s[:]...)
+				out := b.Zeros(dt, s[:]...)
+				b.Fill(out, math.NaN())
+				rout := tensor.MustHost(tensor.Float64, s[:]...)
+				b.RoPE(out, x.dev, theta)
+				ref.RoPE(rout, x.ref, theta)
+				closeTo(t, "RoPE", values(t, b, out), rout.F64(), tol)
+				rdx := tensor.MustHost(tensor.Float64, s[:]...)
+				ref.RoPEBackward(rdx, x.ref, theta)
+				b.RoPEBackward(x.dev, x.dev, theta) // in place
+				closeTo(t, "RoPEBackward", values(t, b, x.dev), rdx.F64(), tol)
+				if err := ref.Err(); err != nil {
+					t.Fatal(err)
+				}
+			})
+		}
+	}
+}

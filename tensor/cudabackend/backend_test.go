@@ -34,6 +34,8 @@ func TestDeterminism(t *testing.T) { runDeterminism(t, openGPU) }
 
 func TestAttentionShapes(t *testing.T) { runAttentionShapes(t, openGPU) }
 
+func TestRoPEShapes(t *testing.T) { runRoPEShapes(t, openGPU) }
+
 func TestAttentionShapesTC1(t *testing.T) {
 	runAttentionShapes(t, openGPU, WithAttention(AttentionTC1))
 }

@@ -43,6 +43,8 @@ func TestEmuAttentionShapesSIMT(t *testing.T) {
 	runAttentionShapes(t, openEmu, WithAttention(AttentionSIMT))
 }
 
+func TestEmuRoPEShapes(t *testing.T) { runRoPEShapes(t, openEmu) }
+
 func TestEmuAttentionShapesTC1(t *testing.T) {
 	runAttentionShapes(t, openEmu, WithAttention(AttentionTC1))
 }

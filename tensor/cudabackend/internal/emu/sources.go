@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "f3ff580af68c1825acff5d6d4ec81169e452ea260f9d813ca950ceffe45bcf60"
+const SourcesSum = "7f83d292923c8916548c1eaef1e43bd1a62f3581b1a10605af51ae3a98319ea0"
