@@ -20,7 +20,7 @@
 //     tile's copies, barrier (which also says every warp is done with the
 //     other buffer), then queue the next tile's copies into the other buffer
 //     and compute on this one.
-//   - Scores stay in registers (raw q·k); exponentials are exp2f(fmaf(s,
+//   - Scores stay in registers (raw q·k); exponentials are fa2_exp2(fmaf(s,
 //     scale·log2 e, −m)), one FMA each. The causal mask is applied only on
 //     tiles that cross the warp's diagonal; a warp skips a tile that is all
 //     masked for its rows (its barrier still runs).
@@ -87,6 +87,18 @@ __device__ __forceinline__ void fa2_store(bf16* base, int rs, int r0, int T, con
             *reinterpret_cast<uint32_t*>(base + (long long)rb * rs + col) =
                 pack_bf16x2(acc[j][2] * mul1, acc[j][3] * mul1);
     }
+}
+
+// fa2_exp2: 2^x with one MUFU.EX2 (ex2.approx.ftz: relative error ~2⁻²², ample
+// for bf16 probabilities; 2^−∞ = 0), without exp2f's range fix-ups.
+__device__ __forceinline__ float fa2_exp2(float x) {
+#if defined(ASYNCTP_EMU)
+    return exp2f(x);
+#else
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+#endif
 }
 
 template <int N>
@@ -192,17 +204,17 @@ __device__ void attn_fwd_fa2_impl(bf16* out, float* lse, const bf16* q, const bf
             }
             mx0 = quad_max(mx0); // finite: key 0 (tile 0) is visible to every row
             mx1 = quad_max(mx1);
-            float c0 = exp2f((m[mt][0] - mx0) * sl2), c1 = exp2f((m[mt][1] - mx1) * sl2);
+            float c0 = fa2_exp2((m[mt][0] - mx0) * sl2), c1 = fa2_exp2((m[mt][1] - mx1) * sl2);
             m[mt][0] = mx0;
             m[mt][1] = mx1;
             float ms0 = mx0 * sl2, ms1 = mx1 * sl2;
             float rs0 = 0.0f, rs1 = 0.0f;
 #pragma unroll
             for (int j = 0; j < NT; j++) {
-                s[mt][j][0] = exp2f(fmaf(s[mt][j][0], sl2, -ms0));
-                s[mt][j][1] = exp2f(fmaf(s[mt][j][1], sl2, -ms0));
-                s[mt][j][2] = exp2f(fmaf(s[mt][j][2], sl2, -ms1));
-                s[mt][j][3] = exp2f(fmaf(s[mt][j][3], sl2, -ms1));
+                s[mt][j][0] = fa2_exp2(fmaf(s[mt][j][0], sl2, -ms0));
+                s[mt][j][1] = fa2_exp2(fmaf(s[mt][j][1], sl2, -ms0));
+                s[mt][j][2] = fa2_exp2(fmaf(s[mt][j][2], sl2, -ms1));
+                s[mt][j][3] = fa2_exp2(fmaf(s[mt][j][3], sl2, -ms1));
                 rs0 += s[mt][j][0] + s[mt][j][1];
                 rs1 += s[mt][j][2] + s[mt][j][3];
             }
@@ -355,7 +367,7 @@ __device__ void attn_bwd_dq_fa2_impl(bf16* dq, float* delta, const bf16* q, cons
         for (int j = 0; j < NK; j++) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                float p = exp2f(fmaf(s[j][e], sl2, -(e < 2 ? L0 : L1)));
+                float p = fa2_exp2(fmaf(s[j][e], sl2, -(e < 2 ? L0 : L1)));
                 if (diag) {
                     int key = k0 + j * 8 + 2 * tq + (e & 1);
                     if (key > (e < 2 ? row0 : row1)) p = 0.0f;
@@ -493,7 +505,7 @@ __device__ void attn_bwd_dkdv_fa2_impl(bf16* dk, bf16* dv, const bf16* q, const 
                 float2 dv2 = *reinterpret_cast<const float2*>(Dt + j * 8 + 2 * tq);
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    float p = exp2f(fmaf(st[j][e], sl2, -((e & 1) ? lv.y : lv.x)));
+                    float p = fa2_exp2(fmaf(st[j][e], sl2, -((e & 1) ? lv.y : lv.x)));
                     if (diag) {
                         int qi = qs + j * 8 + 2 * tq + (e & 1);
                         if (qi < (e < 2 ? key0 : key1)) p = 0.0f;

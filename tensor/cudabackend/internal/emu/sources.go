@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "7f83d292923c8916548c1eaef1e43bd1a62f3581b1a10605af51ae3a98319ea0"
+const SourcesSum = "9023f2907bac5f2e8f5caa94a31a270aa321beda9820ddf2269fc3aab7b3817e"
