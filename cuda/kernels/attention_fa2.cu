@@ -31,7 +31,8 @@
 //
 // Forward (attn_fwd_fa2_dD_bf16): grid (ceil(T/128), B·H), block 32·NW, key
 //   tiles of 64; D = 64: 4 warps × 32 rows (MT = 2); D = 128: 8 warps × 16
-//   rows (MT = 1). Block x takes query tile gridDim.x − 1 − x (longest
+//   rows (MT = 1; also for D = 64 as attn_fwd_fa2_d64w8_bf16, for tuning).
+//   Block x takes query tile gridDim.x − 1 − x (longest
 //   first). Shared (128 + 4·64)·(D + 8)·2 bytes: 55296 (D = 64), 104448
 //   (D = 128).
 // Backward, deterministic, two launches (no atomics, each output element
@@ -552,6 +553,11 @@ using namespace atp;
 // 128); shared (128 + 4·64)·(D + 8)·2 bytes.
 KERNEL_LB(128) attn_fwd_fa2_d64_bf16(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T, int H, int sqkv, int so, float scale) {
     attn_fwd_fa2_impl<64, 2, 4>(out, lse, q, k, v, B, T, H, sqkv, so, scale);
+}
+// D = 64 with 8 warps × 16 rows (block 256): fewer registers, more warps
+// per SM, half the reuse of each K/V fragment; picked from Go for tuning.
+KERNEL_LB(256) attn_fwd_fa2_d64w8_bf16(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T, int H, int sqkv, int so, float scale) {
+    attn_fwd_fa2_impl<64, 1, 8>(out, lse, q, k, v, B, T, H, sqkv, so, scale);
 }
 KERNEL_LB(256) attn_fwd_fa2_d128_bf16(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T, int H, int sqkv, int so, float scale) {
     attn_fwd_fa2_impl<128, 1, 8>(out, lse, q, k, v, B, T, H, sqkv, so, scale);

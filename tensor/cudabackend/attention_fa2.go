@@ -24,12 +24,22 @@ const AttentionTC1 = AttentionSIMT + 1
 // fa2Rows is the rows (queries or keys) each block owns.
 const fa2Rows = 128
 
-// fa2FwdThreads: 4 warps × 32 rows for D = 64, 8 warps × 16 rows for D = 128.
-func fa2FwdThreads(d int) int {
-	if d == 128 {
-		return 256
+// fa2FwdD64Warps picks the D = 64 forward: 4 warps × 32 rows (default,
+// attn_fwd_fa2_d64_bf16) or 8 warps × 16 rows (attn_fwd_fa2_d64w8_bf16).
+// A variable for the tests and benchmarks that compare the two.
+var fa2FwdD64Warps = 4
+
+// fa2FwdKernel is the forward kernel for head dim d and its block size: 8
+// warps × 16 rows for D = 128; for D = 64 as fa2FwdD64Warps says.
+func fa2FwdKernel(d int) (string, int) {
+	switch {
+	case d == 128:
+		return "attn_fwd_fa2_d128_bf16", 256
+	case fa2FwdD64Warps == 8:
+		return "attn_fwd_fa2_d64w8_bf16", 256
+	default:
+		return "attn_fwd_fa2_d64_bf16", 128
 	}
-	return 128
 }
 
 // fa2Step is the streamed tile of the backward kernels (keys in dq, queries
@@ -58,9 +68,9 @@ func (b *Backend) useFA2() bool { return b.hasFA2 && b.cfg.attention == Attentio
 // attentionFA2 launches the forward; q, k, v rows are sqkv elements apart,
 // out rows so.
 func (b *Backend) attentionFA2(out, lse, q, k, v *tensor.Tensor, scale float32, nb, nt, nh, d, sqkv, so int) {
-	name := fmt.Sprintf("attn_fwd_fa2_d%d_bf16", d)
+	name, threads := fa2FwdKernel(d)
 	grid := gpu.D2(ceilDiv(nt, fa2Rows), nb*nh)
-	b.launch("Attention", name, grid, gpu.D1(fa2FwdThreads(d)), fa2SmemFwd(d),
+	b.launch("Attention", name, grid, gpu.D1(threads), fa2SmemFwd(d),
 		ptr(out), ptr(lse), ptr(q), ptr(k), ptr(v), int32(nb), int32(nt), int32(nh),
 		int32(sqkv), int32(so), scale)
 }

@@ -44,7 +44,8 @@ func timeIt(b *testing.B, be *Backend, work float64, unit string, op func()) {
 // BenchmarkAttention times the causal attention forward and backward on
 // the shapes of the presets (gpt2-124m: B 16, T 1024, H 12, D 64; the
 // 1B-class preset: B 8, T 2048, H 16, D 128) with each implementation:
-// fa2 (the default, attention_fa2.cu), tc1 (attention_tc.cu), simt. FLOPs
+// fa2 (the default, attention_fa2.cu), fa2w8 (its D = 64 forward with 8
+// warps × 16 rows), tc1 (attention_tc.cu), simt. FLOPs
 // are the causal ones: 2 GEMMs of half the T×T scores forward, 5 backward.
 //
 //	./build/tensor_cudabackend.test -test.run '^$' -test.bench Attention -test.benchtime 20x
@@ -56,10 +57,18 @@ func BenchmarkAttention(b *testing.B) {
 	for _, impl := range []struct {
 		name string
 		opt  AttentionImpl
-	}{{"fa2", AttentionAuto}, {"tc1", AttentionTC1}, {"simt", AttentionSIMT}} {
+		w8   bool // the D = 64 forward with 8 warps
+	}{{"fa2", AttentionAuto, false}, {"fa2w8", AttentionAuto, true}, {"tc1", AttentionTC1, false}, {"simt", AttentionSIMT, false}} {
 		for _, sh := range shapes {
 			nb, nt, nh, d := sh.nb, sh.nt, sh.nh, sh.d
+			if impl.w8 && d != 64 {
+				continue
+			}
 			b.Run(fmt.Sprintf("%s/%s/B=%d,T=%d,H=%d,D=%d", impl.name, sh.name, nb, nt, nh, d), func(b *testing.B) {
+				if impl.w8 {
+					fa2FwdD64Warps = 8
+					defer func() { fa2FwdD64Warps = 4 }()
+				}
 				be := openGPU(b, WithAttention(impl.opt))
 				q, k, v := benchRand(b, be, tensor.BFloat16, nb, nt, nh, d), benchRand(b, be, tensor.BFloat16, nb, nt, nh, d), benchRand(b, be, tensor.BFloat16, nb, nt, nh, d)
 				out, lse := be.Zeros(tensor.BFloat16, nb, nt, nh, d), be.Zeros(tensor.Float32, nb, nh, nt)

@@ -45,6 +45,13 @@ func TestEmuAttentionShapesSIMT(t *testing.T) {
 
 func TestEmuRoPEShapes(t *testing.T) { runRoPEShapes(t, openEmu) }
 
+// TestEmuAttentionShapesFwdW8: the D = 64 forward with 8 warps × 16 rows.
+func TestEmuAttentionShapesFwdW8(t *testing.T) {
+	fa2FwdD64Warps = 8
+	defer func() { fa2FwdD64Warps = 4 }()
+	runAttentionShapes(t, openEmu)
+}
+
 func TestEmuAttentionShapesTC1(t *testing.T) {
 	runAttentionShapes(t, openEmu, WithAttention(AttentionTC1))
 }

@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "9023f2907bac5f2e8f5caa94a31a270aa321beda9820ddf2269fc3aab7b3817e"
+const SourcesSum = "fa3f7286491a4fac2e390623d14235b881f1f19f3b8aa122fcf08f50809c85ad"
