@@ -11,3 +11,4 @@
 #include "grouped.cu"
 #include "dispatch.cu"
 #include "attention_tc.cu"
+#include "attention_fa2.cu"

@@ -55,6 +55,34 @@ __device__ void rope_impl(T* out, const T* x, const float* cs, int Tn, int H, in
     }
 }
 
+// rope_v8: the same for bf16 with D % 16 == 0, 16-byte aligned x and out and
+// rows·D < 2³¹: thread per 8 pairs (16-byte loads of both halves, the 8
+// (cos, sin) pairs as four float4), 32-bit index math; grid-stride over
+// rows·D/16 chunks, block 256.
+__device__ void rope_v8_impl(bf16* out, const bf16* x, const float* cs, int Tn, int H, int D, int rows, float sign) {
+    int half = D >> 1, cpr = half >> 3; // chunks of 8 pairs per row
+    int n = rows * cpr;
+    for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += gridDim.x * blockDim.x) {
+        int row = idx / cpr;
+        int i = (idx - row * cpr) * 8;
+        int t = (row / H) % Tn;
+        const float4* c4 = reinterpret_cast<const float4*>(cs + (t * half + i) * 2);
+        float4 cw[4] = {c4[0], c4[1], c4[2], c4[3]};
+        int o = row * D + i;
+        uint4 a = *reinterpret_cast<const uint4*>(x + o), b = *reinterpret_cast<const uint4*>(x + o + half);
+        uint32_t av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w}, ra[4], rb[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) { // pairs i + 2j and i + 2j + 1: cw[j] = (c, s, c', s')
+            float c0 = cw[j].x, s0 = sign * cw[j].y, c1 = cw[j].z, s1 = sign * cw[j].w;
+            float x1l = bf16lo(av[j]), x1h = bf16hi(av[j]), x2l = bf16lo(bv[j]), x2h = bf16hi(bv[j]);
+            ra[j] = pack_bf16x2(x1l * c0 - x2l * s0, x1h * c1 - x2h * s1);
+            rb[j] = pack_bf16x2(x2l * c0 + x1l * s0, x2h * c1 + x1h * s1);
+        }
+        *reinterpret_cast<uint4*>(out + o) = make_uint4(ra[0], ra[1], ra[2], ra[3]);
+        *reinterpret_cast<uint4*>(out + o + half) = make_uint4(rb[0], rb[1], rb[2], rb[3]);
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Attention on CUDA cores.
 
@@ -314,6 +342,10 @@ using namespace atp;
 // Grid-stride over rows·D/2 pairs, block 256.
 KERNEL void rope_bf16(bf16* out, const bf16* x, const float* cs, int T, int H, int D, long long rows, float sign) {
     rope_impl(out, x, cs, T, H, D, rows, sign);
+}
+// bf16, D % 16 == 0, 16-byte aligned, rows·D < 2³¹: 8 pairs per thread.
+KERNEL void rope_v8_bf16(bf16* out, const bf16* x, const float* cs, int T, int H, int D, int rows, float sign) {
+    rope_v8_impl(out, x, cs, T, H, D, rows, sign);
 }
 KERNEL void rope_f32(float* out, const float* x, const float* cs, int T, int H, int D, long long rows, float sign) {
     rope_impl(out, x, cs, T, H, D, rows, sign);

@@ -90,6 +90,10 @@ func (b *Backend) rope4(op string, out, x *tensor.Tensor, theta float64, sign fl
 		if err != nil {
 			return err
 		}
+		if x.DType() == tensor.BFloat16 && d%16 == 0 && rowsN*d < 1<<31 && tcAligned(out, x) {
+			return dev.Launch("rope_v8_bf16", b.gridStride(rowsN*d/16, 1), gpu.D1(threads256), 0,
+				ptr(out), ptr(x), table, int32(nt), int32(nh), int32(d), int32(rowsN), sign)
+		}
 		return dev.Launch("rope"+sfx(x.DType()), b.gridStride(rowsN*d/2, 1), gpu.D1(threads256), 0,
 			ptr(out), ptr(x), table, int32(nt), int32(nh), int32(d), int64(rowsN), sign)
 	})
@@ -136,6 +140,10 @@ func (b *Backend) Attention(out, lse, q, k, v *tensor.Tensor, scale float32) {
 		return
 	}
 	if b.useTensorCores(q.DType(), d) && tcAligned(out, q, k, v) {
+		if b.useFA2() {
+			b.attentionFA2(out, lse, q, k, v, scale, nb, nt, nh, d, nh*d, nh*d)
+			return
+		}
 		b.attentionTC(out, lse, q, k, v, scale, nb, nt, nh, d)
 		return
 	}
@@ -155,7 +163,11 @@ func (b *Backend) AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse *tensor.
 	if !c.OK() || nb*nt*nh*d == 0 {
 		return
 	}
-	if b.useTensorCores(q.DType(), d) && tcAligned(dq, dk, dv, dout, q, k, v) {
+	if b.useTensorCores(q.DType(), d) && tcAligned(dq, dk, dv, dout, q, k, v, out) {
+		if b.useFA2() {
+			b.attentionBackwardFA2(dq, dk, dv, dout, q, k, v, out, lse, scale, nb, nt, nh, d, nh*d, nh*d, nh*d)
+			return
+		}
 		b.attentionBackwardTC(dq, dk, dv, dout, q, k, v, out, lse, scale, nb, nt, nh, d)
 		return
 	}
@@ -186,5 +198,5 @@ func (b *Backend) AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse *tensor.
 
 // useTensorCores says whether the tensor-core attention kernels run.
 func (b *Backend) useTensorCores(dt tensor.DType, d int) bool {
-	return b.cfg.attention == AttentionAuto && dt == tensor.BFloat16 && (d == 64 || d == 128) && b.hasTC
+	return (b.cfg.attention == AttentionAuto || b.cfg.attention == AttentionTC1) && dt == tensor.BFloat16 && (d == 64 || d == 128) && b.hasTC
 }

@@ -66,7 +66,9 @@ func closeTo(t *testing.T, name string, got, want []float64, tol float64) {
 // tensor-core kernels' tiles (D = 64, 128; T not a multiple of 64), in bf16
 // (and f32, which takes the CUDA-core kernels).
 func runAttentionShapes(t *testing.T, open opener, opts ...Option) {
-	shapes := [][4]int{{2, 70, 3, 64}, {1, 130, 2, 128}, {1, 64, 1, 64}, {1, 17, 2, 128}, {1, 100, 1, 40}}
+	shapes := [][4]int{{2, 70, 3, 64}, {1, 130, 2, 128}, {1, 64, 1, 64}, {1, 17, 2, 128}, {1, 100, 1, 40},
+		// Edges of the 128-row tiles of attention_fa2.cu.
+		{2, 1, 2, 64}, {1, 63, 2, 128}, {2, 65, 2, 64}, {1, 200, 2, 64}, {1, 200, 2, 128}, {1, 300, 1, 64}}
 	for _, dt := range []tensor.DType{tensor.BFloat16, tensor.Float32} {
 		tol := 1e-2
 		if dt == tensor.Float32 {
@@ -111,6 +113,40 @@ func runAttentionShapes(t *testing.T, open opener, opts ...Option) {
 				closeTo(t, "dq", values(t, b, dq), rdq.F64(), tol)
 				closeTo(t, "dk", values(t, b, dk), rdk.F64(), tol)
 				closeTo(t, "dv", values(t, b, dv), rdv.F64(), tol)
+			})
+		}
+	}
+}
+
+// runRoPEShapes checks RoPE and its backward against the CPU reference on
+// head dims the vectorised bf16 kernel takes (D % 16 == 0) and one it does
+// not, in place and out of place.
+func runRoPEShapes(t *testing.T, open opener, opts ...Option) {
+	for _, dt := range []tensor.DType{tensor.BFloat16, tensor.Float32} {
+		tol := 1e-2
+		if dt == tensor.Float32 {
+			tol = 1e-5
+		}
+		for _, s := range [][4]int{{2, 37, 3, 64}, {1, 19, 2, 128}, {1, 5, 2, 48}, {2, 7, 3, 18}} {
+			t.Run(fmt.Sprintf("%v/%v", dt, s), func(t *testing.T) {
+				b := open(t, opts...)
+				ref := cpu.New()
+				rng := testutil.Rng(uint64(s[1]*100 + s[3]))
+				const theta = 1e4
+				x := randPair(t, b, rng, dt, s[:]...)
+				out := b.Zeros(dt, s[:]...)
+				b.Fill(out, math.NaN())
+				rout := tensor.MustHost(tensor.Float64, s[:]...)
+				b.RoPE(out, x.dev, theta)
+				ref.RoPE(rout, x.ref, theta)
+				closeTo(t, "RoPE", values(t, b, out), rout.F64(), tol)
+				rdx := tensor.MustHost(tensor.Float64, s[:]...)
+				ref.RoPEBackward(rdx, x.ref, theta)
+				b.RoPEBackward(x.dev, x.dev, theta) // in place
+				closeTo(t, "RoPEBackward", values(t, b, x.dev), rdx.F64(), tol)
+				if err := ref.Err(); err != nil {
+					t.Fatal(err)
+				}
 			})
 		}
 	}

@@ -26,6 +26,7 @@ type Backend struct {
 	pending []pendingFlag // launches whose data checks are not read back yet
 	rope    map[ropeKey]gpu.Ptr
 	hasTC   bool           // the image has the tensor-core attention kernels
+	hasFA2  bool           // the image has the second-generation ones (attention_fa2.cu)
 	pol     opcheck.Policy // what its ops accept, with the shared checks (check.go)
 	fork    *cuda.Event    // StreamWait's event, re-recorded by each call (streams.go)
 
@@ -125,6 +126,7 @@ func newBackend(d gpu.Device, index int, cfg config) (*Backend, error) {
 	}
 	b.flags = p
 	b.hasTC = d.HasKernel(tcKernelProbe)
+	b.hasFA2 = d.HasKernel(fa2KernelProbe)
 	return b, nil
 }
 

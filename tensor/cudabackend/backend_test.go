@@ -34,6 +34,18 @@ func TestDeterminism(t *testing.T) { runDeterminism(t, openGPU) }
 
 func TestAttentionShapes(t *testing.T) { runAttentionShapes(t, openGPU) }
 
+func TestRoPEShapes(t *testing.T) { runRoPEShapes(t, openGPU) }
+
+func TestAttentionShapesFwdW8(t *testing.T) {
+	fa2FwdD64Warps = 8
+	defer func() { fa2FwdD64Warps = 4 }()
+	runAttentionShapes(t, openGPU)
+}
+
+func TestAttentionShapesTC1(t *testing.T) {
+	runAttentionShapes(t, openGPU, WithAttention(AttentionTC1))
+}
+
 func TestAttentionShapesSIMT(t *testing.T) {
 	runAttentionShapes(t, openGPU, WithAttention(AttentionSIMT))
 }

@@ -41,19 +41,38 @@ func timeIt(b *testing.B, be *Backend, work float64, unit string, op func()) {
 	b.ReportMetric(work*float64(b.N)/b.Elapsed().Seconds(), unit)
 }
 
+// BenchmarkAttention times the causal attention forward and backward on
+// the shapes of the presets (gpt2-124m: B 16, T 1024, H 12, D 64; the
+// 1B-class preset: B 8, T 2048, H 16, D 128) with each implementation:
+// fa2 (the default, attention_fa2.cu), fa2w8 (its D = 64 forward with 8
+// warps × 16 rows), tc1 (attention_tc.cu), simt. FLOPs
+// are the causal ones: 2 GEMMs of half the T×T scores forward, 5 backward.
+//
+//	./build/tensor_cudabackend.test -test.run '^$' -test.bench Attention -test.benchtime 20x
 func BenchmarkAttention(b *testing.B) {
-	const nb, nt, nh = 4, 2048, 16
+	shapes := []struct {
+		name          string
+		nb, nt, nh, d int
+	}{{"gpt2", 16, 1024, 12, 64}, {"1b", 8, 2048, 16, 128}}
 	for _, impl := range []struct {
 		name string
 		opt  AttentionImpl
-	}{{"tc", AttentionAuto}, {"simt", AttentionSIMT}} {
-		for _, d := range []int{64, 128} {
-			b.Run(fmt.Sprintf("%s/D=%d", impl.name, d), func(b *testing.B) {
+		w8   bool // the D = 64 forward with 8 warps
+	}{{"fa2", AttentionAuto, false}, {"fa2w8", AttentionAuto, true}, {"tc1", AttentionTC1, false}, {"simt", AttentionSIMT, false}} {
+		for _, sh := range shapes {
+			nb, nt, nh, d := sh.nb, sh.nt, sh.nh, sh.d
+			if impl.w8 && d != 64 {
+				continue
+			}
+			b.Run(fmt.Sprintf("%s/%s/B=%d,T=%d,H=%d,D=%d", impl.name, sh.name, nb, nt, nh, d), func(b *testing.B) {
+				if impl.w8 {
+					fa2FwdD64Warps = 8
+					defer func() { fa2FwdD64Warps = 4 }()
+				}
 				be := openGPU(b, WithAttention(impl.opt))
 				q, k, v := benchRand(b, be, tensor.BFloat16, nb, nt, nh, d), benchRand(b, be, tensor.BFloat16, nb, nt, nh, d), benchRand(b, be, tensor.BFloat16, nb, nt, nh, d)
 				out, lse := be.Zeros(tensor.BFloat16, nb, nt, nh, d), be.Zeros(tensor.Float32, nb, nh, nt)
 				scale := float32(1 / math.Sqrt(float64(d)))
-				// Causal: half of the T×T scores; 2 GEMMs forward, 5 backward.
 				fwd := 2 * 2 * float64(nb*nh) * float64(nt) * float64(nt) / 2 * float64(d)
 				b.Run("fwd", func(b *testing.B) {
 					timeIt(b, be, fwd/1e12, "TFLOP/s", func() { be.Attention(out, lse, q, k, v, scale) })
@@ -63,6 +82,13 @@ func BenchmarkAttention(b *testing.B) {
 				b.Run("bwd", func(b *testing.B) {
 					timeIt(b, be, 2.5*fwd/1e12, "TFLOP/s", func() {
 						be.AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse, scale)
+					})
+				})
+				b.Run("rope", func(b *testing.B) {
+					// q and k, as a layer does: read and write 2 bytes each.
+					timeIt(b, be, 2*2*2*float64(nb*nt*nh*d)/1e9, "GB/s", func() {
+						be.RoPE(q, q, 1e4)
+						be.RoPE(k, k, 1e4)
 					})
 				})
 			})

@@ -43,6 +43,19 @@ func TestEmuAttentionShapesSIMT(t *testing.T) {
 	runAttentionShapes(t, openEmu, WithAttention(AttentionSIMT))
 }
 
+func TestEmuRoPEShapes(t *testing.T) { runRoPEShapes(t, openEmu) }
+
+// TestEmuAttentionShapesFwdW8: the D = 64 forward with 8 warps × 16 rows.
+func TestEmuAttentionShapesFwdW8(t *testing.T) {
+	fa2FwdD64Warps = 8
+	defer func() { fa2FwdD64Warps = 4 }()
+	runAttentionShapes(t, openEmu)
+}
+
+func TestEmuAttentionShapesTC1(t *testing.T) {
+	runAttentionShapes(t, openEmu, WithAttention(AttentionTC1))
+}
+
 func TestEmuRoutingPlan(t *testing.T) { runRoutingPlan(t, openEmu) }
 
 func TestEmuGPT(t *testing.T) { runGPT(t, openEmu) }
@@ -105,5 +118,16 @@ func TestEmuStream(t *testing.T) {
 	b := openEmu(t)
 	if s := b.Stream(); s != nil || b.StreamHandle() != 0 {
 		t.Fatalf("Stream() = %v, StreamHandle() = %#x on the emulator, want nil and 0", s, b.StreamHandle())
+	}
+}
+
+// TestEmuHasFA2: the emulated image has the second-generation attention
+// kernels, so the shape tests above run them.
+func TestEmuHasFA2(t *testing.T) {
+	if b := openEmu(t); !b.hasFA2 || !b.useFA2() {
+		t.Fatalf("hasFA2 = %v, useFA2 = %v on the emulator", b.hasFA2, b.useFA2())
+	}
+	if b := openEmu(t, WithAttention(AttentionTC1)); b.useFA2() {
+		t.Fatal("AttentionTC1 still picks the FA2 kernels")
 	}
 }

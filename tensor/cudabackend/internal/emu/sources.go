@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "3f6395991a3550ac37cd1efb6ad26b3be1e23faec6d3439ec0b5c4a569ac0b10"
+const SourcesSum = "71f5dbf9bbeeb73e8f338c013cd3b85582ed53d1a73762d600e3f3db61f41aa3"

@@ -1,0 +1,584 @@
+// attention_fa2.cu: causal flash attention on tensor cores, second
+// generation (FlashAttention-2's choices on mma.sync m16n8k16, bf16 inputs,
+// fp32 accumulation), forward and a deterministic backward, for D = 64 and
+// 128. Replaces the kernels of attention_tc.cu (kept as a fallback and a
+// reference); uses its fragment helpers (frag_a, frag_b_rows, frag_b_cols,
+// acc_to_a, quad_max, quad_add), so it is included after it.
+//
+// Layout: as attention.cu, with explicit row strides (elements between
+// consecutive t of one (b, h)), so q, k, v can be column slices of one
+// fused projection output: element (b, t, h, d) of a tensor with row stride
+// s is at ((b·T + t)·s + h·D + d). Three strides: sqkv for q, k and v; so for
+// out and dout; sd for dq, dk and dv. lse and delta (B, H, T) fp32.
+//
+// Common scheme:
+//   - 128-row tiles per block: the forward and dq kernels own 128 queries,
+//     the dk/dv kernel 128 keys. Warp w owns WR = 16·MT consecutive rows
+//     (MT m-tiles of 16): a fragment read from shared memory feeds MT mmas.
+//   - Streamed tiles (K/V in the forward and dq, Q/dO in dk/dv) are double
+//     buffered with cp.async and ONE __syncthreads per tile: wait for the
+//     tile's copies, barrier (which also says every warp is done with the
+//     other buffer), then queue the next tile's copies into the other buffer
+//     and compute on this one.
+//   - Scores stay in registers (raw q·k); exponentials are fa2_exp2(fmaf(s,
+//     scale·log2 e, −m)), one FMA each. The causal mask is applied only on
+//     tiles that cross the warp's diagonal; a warp skips a tile that is all
+//     masked for its rows (its barrier still runs).
+//   - Rows past T: streamed rows are zero-filled; in the forward and dq a key
+//     ≥ T is always > every valid query, so the diagonal mask covers it; in
+//     dk/dv queries ≥ T have lse = +∞ (p = 0) and dO = 0. Nothing past T is
+//     stored.
+//
+// Forward (attn_fwd_fa2_dD_bf16): grid (ceil(T/128), B·H), block 32·NW, key
+//   tiles of 64; D = 64: 4 warps × 32 rows (MT = 2); D = 128: 8 warps × 16
+//   rows (MT = 1; also for D = 64 as attn_fwd_fa2_d64w8_bf16, for tuning).
+//   Block x takes query tile gridDim.x − 1 − x (longest
+//   first). Shared (128 + 4·64)·(D + 8)·2 bytes: 55296 (D = 64), 104448
+//   (D = 128).
+// Backward, deterministic, two launches (no atomics, each output element
+// written once by one thread):
+//   attn_bwd_dq_fa2_dD_bf16: grid (ceil(T/128), B·H), block 256 (8 warps ×
+//     16 queries). Computes delta = Σ dout·out of its own rows first (from
+//     global memory, in registers; written to delta for the second kernel),
+//     then streams key tiles of BN (64 for D = 64, 32 for D = 128) up to the
+//     diagonal: S = Q·Kᵀ, dP = dO·Vᵀ, dS = P∘(dP − delta), dQ += dS·K.
+//     Shared (2·128 + 4·BN)·(D + 8)·2 bytes: 73728 (D = 64), 104448 (D = 128).
+//   attn_bwd_dkdv_fa2_dD_bf16: grid (ceil(T/128), B·H), block 256 (8 warps ×
+//     16 keys); streams query tiles of BM (64 for D = 64, 32 for D = 128)
+//     from the diagonal on: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, dV += Pᵀ·dO, dK += dSᵀ·Q.
+//     Runs after dq (it reads delta). Shared (2·128 + 4·BM)·(D + 8)·2 +
+//     16·BM bytes: 74752 (D = 64), 104960 (D = 128).
+#include "common.cuh"
+#include "mma.cuh"
+
+namespace atp {
+
+// fa2_load queues cp.async copies of rows [r0, r0 + ROWS) of one (b, h)
+// slice (base: element (b, 0, h, 0), rows rs elements apart) into dst (ROWS ×
+// (D + 8)), NTHR threads; rows ≥ T are zero-filled.
+template <int ROWS, int D, int NTHR>
+__device__ __forceinline__ void fa2_load(bf16* dst, const bf16* base, int rs, int r0, int T) {
+    constexpr int LD = D + 8, CPR = D / 8, N = ROWS * CPR;
+#pragma unroll
+    for (int c0 = 0; c0 < N; c0 += NTHR) {
+        int c = c0 + (int)threadIdx.x;
+        if (N % NTHR == 0 || c < N) {
+            int r = c / CPR, ch = c % CPR;
+            int t = r0 + r;
+            bool valid = t < T;
+            cp_async16(dst + r * LD + ch * 8, base + (long long)(valid ? t : 0) * rs + ch * 8, valid);
+        }
+    }
+}
+
+// fa2_store writes a warp's 16 rows (r0 + g, r0 + g + 8) × D of fp32
+// accumulators times mul as bf16, rows ≥ T skipped; rows rs elements apart.
+template <int D>
+__device__ __forceinline__ void fa2_store(bf16* base, int rs, int r0, int T, const float (&acc)[D / 8][4], float mul0,
+                                          float mul1) {
+    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int ra = r0 + g, rb = ra + 8;
+#pragma unroll
+    for (int j = 0; j < D / 8; j++) {
+        int col = j * 8 + 2 * t;
+        if (ra < T)
+            *reinterpret_cast<uint32_t*>(base + (long long)ra * rs + col) =
+                pack_bf16x2(acc[j][0] * mul0, acc[j][1] * mul0);
+        if (rb < T)
+            *reinterpret_cast<uint32_t*>(base + (long long)rb * rs + col) =
+                pack_bf16x2(acc[j][2] * mul1, acc[j][3] * mul1);
+    }
+}
+
+// fa2_exp2: 2^x with one MUFU.EX2 (ex2.approx.ftz: relative error ~2⁻²², ample
+// for bf16 probabilities; 2^−∞ = 0), without exp2f's range fix-ups.
+__device__ __forceinline__ float fa2_exp2(float x) {
+#if defined(ASYNCTP_EMU)
+    return exp2f(x);
+#else
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void fa2_zero(float (&a)[N][4]) {
+#pragma unroll
+    for (int j = 0; j < N; j++) a[j][0] = a[j][1] = a[j][2] = a[j][3] = 0.0f;
+}
+
+// ---------------------------------------------------------------------------
+// Forward.
+template <int D, int MT, int NW>
+__device__ void attn_fwd_fa2_impl(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T,
+                                  int H, int sqkv, int so, float scale) {
+    constexpr int NTHR = 32 * NW, WR = 16 * MT, BM = WR * NW, BN = 64, LD = D + 8, KS = D / 16, NT = BN / 8,
+                  DT = D / 8;
+    ATP_DYN_SMEM(bf16, smem);
+    bf16* Qs = smem;             // BM × LD
+    bf16* Ks = Qs + BM * LD;     // 2 × BN × LD
+    bf16* Vs = Ks + 2 * BN * LD; // 2 × BN × LD
+    int bh = blockIdx.y, b = bh / H, h = bh - b * H;
+    int q0 = (gridDim.x - 1 - blockIdx.x) * BM;
+    const bf16* qb = q + (long long)b * T * sqkv + h * D;
+    const bf16* kb = k + (long long)b * T * sqkv + h * D;
+    const bf16* vb = v + (long long)b * T * sqkv + h * D;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    int kend = q0 + BM < T ? q0 + BM : T;
+    int nkt = (kend + BN - 1) / BN;
+    int wr0 = q0 + warp * WR; // the warp's first row
+
+    fa2_load<BM, D, NTHR>(Qs, qb, sqkv, q0, T);
+    fa2_load<BN, D, NTHR>(Ks, kb, sqkv, 0, T);
+    fa2_load<BN, D, NTHR>(Vs, vb, sqkv, 0, T);
+    cp_async_commit();
+
+    const float sl2 = scale * kTcLog2e;
+    uint32_t qf[MT][KS][4];
+    float o[MT][DT][4];
+    float m[MT][2], l[MT][2]; // m: running max of raw scores (scale > 0)
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        fa2_zero(o[mt]);
+        m[mt][0] = m[mt][1] = -INFINITY;
+        l[mt][0] = l[mt][1] = 0.0f;
+    }
+
+    for (int it = 0; it < nkt; it++) {
+        int buf = it & 1;
+        cp_async_wait<0>();
+        __syncthreads(); // tile it has landed; every warp is done with tile it − 1
+        if (it + 1 < nkt) {
+            fa2_load<BN, D, NTHR>(Ks + (buf ^ 1) * BN * LD, kb, sqkv, (it + 1) * BN, T);
+            fa2_load<BN, D, NTHR>(Vs + (buf ^ 1) * BN * LD, vb, sqkv, (it + 1) * BN, T);
+            cp_async_commit();
+        }
+        if (it == 0) {
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int kk = 0; kk < KS; kk++) frag_a(qf[mt][kk], Qs, LD, warp * WR + mt * 16, kk * 16);
+        }
+        int k0 = it * BN;
+        if (k0 > wr0 + WR - 1) continue; // every key of the tile is after every row of the warp
+        const bf16* Kt = Ks + buf * BN * LD;
+        const bf16* Vt = Vs + buf * BN * LD;
+
+        // S = Q·Kᵀ (WR × BN per warp)
+        float s[MT][NT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) fa2_zero(s[mt]);
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++) {
+#pragma unroll
+            for (int j2 = 0; j2 < NT / 2; j2++) {
+                uint32_t kf[4];
+                frag_b_rows(kf, Kt, LD, j2 * 16, kk * 16);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_bf16_16816(s[mt][2 * j2], qf[mt][kk], kf[0], kf[1]);
+                    mma_bf16_16816(s[mt][2 * j2 + 1], qf[mt][kk], kf[2], kf[3]);
+                }
+            }
+        }
+        if (k0 + BN - 1 > wr0) { // the tile crosses the diagonal of some row of the warp
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int key = k0 + j * 8 + 2 * tq + (e & 1);
+                        int row = wr0 + mt * 16 + g + (e >> 1) * 8;
+                        if (key > row) s[mt][j][e] = -INFINITY;
+                    }
+        }
+        // Online softmax.
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            float mx0 = m[mt][0], mx1 = m[mt][1];
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                mx0 = fmaxf(mx0, fmaxf(s[mt][j][0], s[mt][j][1]));
+                mx1 = fmaxf(mx1, fmaxf(s[mt][j][2], s[mt][j][3]));
+            }
+            mx0 = quad_max(mx0); // finite: key 0 (tile 0) is visible to every row
+            mx1 = quad_max(mx1);
+            float c0 = fa2_exp2((m[mt][0] - mx0) * sl2), c1 = fa2_exp2((m[mt][1] - mx1) * sl2);
+            m[mt][0] = mx0;
+            m[mt][1] = mx1;
+            float ms0 = mx0 * sl2, ms1 = mx1 * sl2;
+            float rs0 = 0.0f, rs1 = 0.0f;
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                s[mt][j][0] = fa2_exp2(fmaf(s[mt][j][0], sl2, -ms0));
+                s[mt][j][1] = fa2_exp2(fmaf(s[mt][j][1], sl2, -ms0));
+                s[mt][j][2] = fa2_exp2(fmaf(s[mt][j][2], sl2, -ms1));
+                s[mt][j][3] = fa2_exp2(fmaf(s[mt][j][3], sl2, -ms1));
+                rs0 += s[mt][j][0] + s[mt][j][1];
+                rs1 += s[mt][j][2] + s[mt][j][3];
+            }
+            l[mt][0] = l[mt][0] * c0 + rs0;
+            l[mt][1] = l[mt][1] * c1 + rs1;
+#pragma unroll
+            for (int j = 0; j < DT; j++) {
+                o[mt][j][0] *= c0;
+                o[mt][j][1] *= c0;
+                o[mt][j][2] *= c1;
+                o[mt][j][3] *= c1;
+            }
+        }
+        // O += P·V
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ks++) {
+            uint32_t pa[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) acc_to_a(pa[mt], s[mt][2 * ks], s[mt][2 * ks + 1]);
+#pragma unroll
+            for (int d2 = 0; d2 < DT / 2; d2++) {
+                uint32_t vf[4];
+                frag_b_cols(vf, Vt, LD, ks * 16, d2 * 16);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_bf16_16816(o[mt][2 * d2], pa[mt], vf[0], vf[1]);
+                    mma_bf16_16816(o[mt][2 * d2 + 1], pa[mt], vf[2], vf[3]);
+                }
+            }
+        }
+    }
+    bf16* ob = out + (long long)b * T * so + h * D;
+    float* lrow = lse + (long long)bh * T;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        float l0 = quad_add(l[mt][0]), l1 = quad_add(l[mt][1]);
+        int r0 = wr0 + mt * 16;
+        fa2_store<D>(ob, so, r0, T, o[mt], 1.0f / l0, 1.0f / l1);
+        if (tq == 0) {
+            if (r0 + g < T) lrow[r0 + g] = (m[mt][0] * sl2 + log2f(l0)) * kTcLn2;
+            if (r0 + g + 8 < T) lrow[r0 + g + 8] = (m[mt][1] * sl2 + log2f(l1)) * kTcLn2;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Backward: delta and dq.
+template <int D, int BN>
+__device__ void attn_bwd_dq_fa2_impl(bf16* dq, float* delta, const bf16* q, const bf16* k, const bf16* v,
+                                     const bf16* out, const bf16* dout, const float* lse, int B, int T, int H,
+                                     int sqkv, int so, int sd, float scale) {
+    constexpr int NW = 8, NTHR = 32 * NW, BM = 16 * NW, LD = D + 8, KS = D / 16, NK = BN / 8, DT = D / 8;
+    ATP_DYN_SMEM(bf16, smem);
+    bf16* Qs = smem;             // BM × LD
+    bf16* Gs = Qs + BM * LD;     // BM × LD (dout)
+    bf16* Ks = Gs + BM * LD;     // 2 × BN × LD
+    bf16* Vs = Ks + 2 * BN * LD; // 2 × BN × LD
+    int bh = blockIdx.y, b = bh / H, h = bh - b * H;
+    int q0 = (gridDim.x - 1 - blockIdx.x) * BM;
+    const bf16* qb = q + (long long)b * T * sqkv + h * D;
+    const bf16* kb = k + (long long)b * T * sqkv + h * D;
+    const bf16* vb = v + (long long)b * T * sqkv + h * D;
+    const bf16* gb = dout + (long long)b * T * so + h * D;
+    const bf16* ob = out + (long long)b * T * so + h * D;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    int kend = q0 + BM < T ? q0 + BM : T;
+    int nkt = (kend + BN - 1) / BN;
+    int wr0 = q0 + warp * 16;
+
+    fa2_load<BM, D, NTHR>(Qs, qb, sqkv, q0, T);
+    fa2_load<BM, D, NTHR>(Gs, gb, so, q0, T);
+    fa2_load<BN, D, NTHR>(Ks, kb, sqkv, 0, T);
+    fa2_load<BN, D, NTHR>(Vs, vb, sqkv, 0, T);
+    cp_async_commit();
+
+    // delta = Σ_d dout·out for the warp's 16 rows: two lanes per row, D/2
+    // elements each, read from global memory while the tiles load.
+    float dsum;
+    {
+        int r = wr0 + (lane >> 1), half = lane & 1;
+        float acc = 0.0f;
+        if (r < T) {
+            const bf16* grow = gb + (long long)r * so + half * (D / 2);
+            const bf16* orow = ob + (long long)r * so + half * (D / 2);
+#pragma unroll
+            for (int c = 0; c < D / 16; c++) {
+                uint4 gv = *reinterpret_cast<const uint4*>(grow + c * 8);
+                uint4 ov = *reinterpret_cast<const uint4*>(orow + c * 8);
+                acc += bf16lo(gv.x) * bf16lo(ov.x) + bf16hi(gv.x) * bf16hi(ov.x);
+                acc += bf16lo(gv.y) * bf16lo(ov.y) + bf16hi(gv.y) * bf16hi(ov.y);
+                acc += bf16lo(gv.z) * bf16lo(ov.z) + bf16hi(gv.z) * bf16hi(ov.z);
+                acc += bf16lo(gv.w) * bf16lo(ov.w) + bf16hi(gv.w) * bf16hi(ov.w);
+            }
+        }
+        acc += __shfl_xor_sync(ATP_FULL_MASK, acc, 1);
+        if (r < T && half == 0) delta[(long long)bh * T + r] = acc;
+        dsum = acc;
+    }
+    float D0 = __shfl_sync(ATP_FULL_MASK, dsum, 2 * g), D1 = __shfl_sync(ATP_FULL_MASK, dsum, 2 * (g + 8));
+
+    const float sl2 = scale * kTcLog2e;
+    int row0 = wr0 + g, row1 = row0 + 8;
+    const float* lse_bh = lse + (long long)bh * T;
+    float L0 = row0 < T ? lse_bh[row0] * kTcLog2e : 0.0f, L1 = row1 < T ? lse_bh[row1] * kTcLog2e : 0.0f;
+    uint32_t qf[KS][4], gf[KS][4];
+    float dqa[DT][4];
+    fa2_zero(dqa);
+
+    for (int it = 0; it < nkt; it++) {
+        int buf = it & 1;
+        cp_async_wait<0>();
+        __syncthreads();
+        if (it + 1 < nkt) {
+            fa2_load<BN, D, NTHR>(Ks + (buf ^ 1) * BN * LD, kb, sqkv, (it + 1) * BN, T);
+            fa2_load<BN, D, NTHR>(Vs + (buf ^ 1) * BN * LD, vb, sqkv, (it + 1) * BN, T);
+            cp_async_commit();
+        }
+        if (it == 0) {
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++) {
+                frag_a(qf[kk], Qs, LD, warp * 16, kk * 16);
+                frag_a(gf[kk], Gs, LD, warp * 16, kk * 16);
+            }
+        }
+        int k0 = it * BN;
+        if (k0 > wr0 + 15) continue;
+        const bf16* Kt = Ks + buf * BN * LD;
+        const bf16* Vt = Vs + buf * BN * LD;
+
+        // S = Q·Kᵀ, dP = dO·Vᵀ (16 queries × BN keys per warp)
+        float s[NK][4], dp[NK][4];
+        fa2_zero(s);
+        fa2_zero(dp);
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++) {
+#pragma unroll
+            for (int j2 = 0; j2 < NK / 2; j2++) {
+                uint32_t kf[4], vf[4];
+                frag_b_rows(kf, Kt, LD, j2 * 16, kk * 16);
+                frag_b_rows(vf, Vt, LD, j2 * 16, kk * 16);
+                mma_bf16_16816(s[2 * j2], qf[kk], kf[0], kf[1]);
+                mma_bf16_16816(s[2 * j2 + 1], qf[kk], kf[2], kf[3]);
+                mma_bf16_16816(dp[2 * j2], gf[kk], vf[0], vf[1]);
+                mma_bf16_16816(dp[2 * j2 + 1], gf[kk], vf[2], vf[3]);
+            }
+        }
+        // P = exp(S − lse), dS = P∘(dP − delta); masked on the diagonal only
+        bool diag = k0 + BN - 1 > wr0;
+#pragma unroll
+        for (int j = 0; j < NK; j++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float p = fa2_exp2(fmaf(s[j][e], sl2, -(e < 2 ? L0 : L1)));
+                if (diag) {
+                    int key = k0 + j * 8 + 2 * tq + (e & 1);
+                    if (key > (e < 2 ? row0 : row1)) p = 0.0f;
+                }
+                dp[j][e] = p * (dp[j][e] - (e < 2 ? D0 : D1));
+            }
+        }
+        // dQ += dS·K
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ks++) {
+            uint32_t dsa[4];
+            acc_to_a(dsa, dp[2 * ks], dp[2 * ks + 1]);
+#pragma unroll
+            for (int d2 = 0; d2 < DT / 2; d2++) {
+                uint32_t kf[4];
+                frag_b_cols(kf, Kt, LD, ks * 16, d2 * 16);
+                mma_bf16_16816(dqa[2 * d2], dsa, kf[0], kf[1]);
+                mma_bf16_16816(dqa[2 * d2 + 1], dsa, kf[2], kf[3]);
+            }
+        }
+    }
+    fa2_store<D>(dq + (long long)b * T * sd + h * D, sd, wr0, T, dqa, scale, scale);
+}
+
+// ---------------------------------------------------------------------------
+// Backward: dk, dv. HOLD: keep the K and V fragments in registers for the
+// whole pass (D = 64) instead of reading them again per query tile.
+template <int D, int BM, bool HOLD>
+__device__ void attn_bwd_dkdv_fa2_impl(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v,
+                                       const bf16* dout, const float* lse, const float* delta, int B, int T, int H,
+                                       int sqkv, int so, int sd, float scale) {
+    constexpr int NW = 8, NTHR = 32 * NW, BN = 16 * NW, LD = D + 8, KS = D / 16, NQ = BM / 8, DT = D / 8;
+    static_assert(BM <= NTHR, "one thread per staged lse/delta");
+    ATP_DYN_SMEM(bf16, smem);
+    bf16* Ks = smem;             // BN × LD
+    bf16* Vs = Ks + BN * LD;     // BN × LD
+    bf16* Qs = Vs + BN * LD;     // 2 × BM × LD
+    bf16* Gs = Qs + 2 * BM * LD; // 2 × BM × LD (dout)
+    float* Ls = reinterpret_cast<float*>(Gs + 2 * BM * LD); // 2 × BM: lse·log2(e), +inf past T
+    float* Ds = Ls + 2 * BM;                                // 2 × BM: delta, 0 past T
+    int bh = blockIdx.y, b = bh / H, h = bh - b * H;
+    int k0 = blockIdx.x * BN; // block 0 has the most query tiles and starts first
+    const bf16* qb = q + (long long)b * T * sqkv + h * D;
+    const bf16* kb = k + (long long)b * T * sqkv + h * D;
+    const bf16* vb = v + (long long)b * T * sqkv + h * D;
+    const bf16* gb = dout + (long long)b * T * so + h * D;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    const float* lse_bh = lse + (long long)bh * T;
+    const float* delta_bh = delta + (long long)bh * T;
+    int nqt = (T - k0 + BM - 1) / BM; // query tiles from the diagonal on (k0 < T)
+    int kw = k0 + warp * 16;          // the warp's first key
+    int tid = threadIdx.x;
+
+    fa2_load<BN, D, NTHR>(Ks, kb, sqkv, k0, T);
+    fa2_load<BN, D, NTHR>(Vs, vb, sqkv, k0, T);
+    fa2_load<BM, D, NTHR>(Qs, qb, sqkv, k0, T);
+    fa2_load<BM, D, NTHR>(Gs, gb, so, k0, T);
+    cp_async_commit();
+    if (tid < BM) {
+        int qi = k0 + tid;
+        Ls[tid] = qi < T ? lse_bh[qi] * kTcLog2e : INFINITY;
+        Ds[tid] = qi < T ? delta_bh[qi] : 0.0f;
+    }
+
+    const float sl2 = scale * kTcLog2e;
+    int key0 = kw + g, key1 = key0 + 8;
+    uint32_t kf[HOLD ? KS : 1][4], vf[HOLD ? KS : 1][4];
+    float dka[DT][4], dva[DT][4];
+    fa2_zero(dka);
+    fa2_zero(dva);
+
+    for (int it = 0; it < nqt; it++) {
+        int buf = it & 1;
+        int qs = k0 + it * BM;
+        cp_async_wait<0>();
+        __syncthreads();
+        float lnext = 0.0f, dnext = 0.0f;
+        bool more = it + 1 < nqt;
+        if (more) {
+            fa2_load<BM, D, NTHR>(Qs + (buf ^ 1) * BM * LD, qb, sqkv, qs + BM, T);
+            fa2_load<BM, D, NTHR>(Gs + (buf ^ 1) * BM * LD, gb, so, qs + BM, T);
+            cp_async_commit();
+            if (tid < BM) {
+                int qi = qs + BM + tid;
+                lnext = qi < T ? lse_bh[qi] * kTcLog2e : INFINITY;
+                dnext = qi < T ? delta_bh[qi] : 0.0f;
+            }
+        }
+        if (HOLD && it == 0) {
+#pragma unroll
+            for (int kk = 0; kk < (HOLD ? KS : 1); kk++) {
+                frag_a(kf[kk], Ks, LD, warp * 16, kk * 16);
+                frag_a(vf[kk], Vs, LD, warp * 16, kk * 16);
+            }
+        }
+        if (qs + BM - 1 >= kw) { // some query of the tile sees some key of the warp
+            const bf16* Qt = Qs + buf * BM * LD;
+            const bf16* Gt = Gs + buf * BM * LD;
+            const float* Lt = Ls + buf * BM;
+            const float* Dt = Ds + buf * BM;
+
+            // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (16 keys × BM queries per warp)
+            float st[NQ][4], dpt[NQ][4];
+            fa2_zero(st);
+            fa2_zero(dpt);
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++) {
+                uint32_t ka[4], va[4];
+                if (HOLD) {
+#pragma unroll
+                    for (int r = 0; r < 4; r++) {
+                        ka[r] = kf[HOLD ? kk : 0][r];
+                        va[r] = vf[HOLD ? kk : 0][r];
+                    }
+                } else {
+                    frag_a(ka, Ks, LD, warp * 16, kk * 16);
+                    frag_a(va, Vs, LD, warp * 16, kk * 16);
+                }
+#pragma unroll
+                for (int j2 = 0; j2 < NQ / 2; j2++) {
+                    uint32_t qf[4], gf[4];
+                    frag_b_rows(qf, Qt, LD, j2 * 16, kk * 16);
+                    frag_b_rows(gf, Gt, LD, j2 * 16, kk * 16);
+                    mma_bf16_16816(st[2 * j2], ka, qf[0], qf[1]);
+                    mma_bf16_16816(st[2 * j2 + 1], ka, qf[2], qf[3]);
+                    mma_bf16_16816(dpt[2 * j2], va, gf[0], gf[1]);
+                    mma_bf16_16816(dpt[2 * j2 + 1], va, gf[2], gf[3]);
+                }
+            }
+            // Pᵀ = exp(Sᵀ − lse), dSᵀ = Pᵀ∘(dPᵀ − delta); masked on the diagonal only
+            bool diag = qs < kw + 15;
+#pragma unroll
+            for (int j = 0; j < NQ; j++) {
+                float2 lv = *reinterpret_cast<const float2*>(Lt + j * 8 + 2 * tq);
+                float2 dv2 = *reinterpret_cast<const float2*>(Dt + j * 8 + 2 * tq);
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float p = fa2_exp2(fmaf(st[j][e], sl2, -((e & 1) ? lv.y : lv.x)));
+                    if (diag) {
+                        int qi = qs + j * 8 + 2 * tq + (e & 1);
+                        if (qi < (e < 2 ? key0 : key1)) p = 0.0f;
+                    }
+                    st[j][e] = p;
+                    dpt[j][e] = p * (dpt[j][e] - ((e & 1) ? dv2.y : dv2.x));
+                }
+            }
+            // dV += Pᵀ·dO, dK += dSᵀ·Q
+#pragma unroll
+            for (int ks = 0; ks < BM / 16; ks++) {
+                uint32_t pa[4], dsa[4];
+                acc_to_a(pa, st[2 * ks], st[2 * ks + 1]);
+                acc_to_a(dsa, dpt[2 * ks], dpt[2 * ks + 1]);
+#pragma unroll
+                for (int d2 = 0; d2 < DT / 2; d2++) {
+                    uint32_t gf[4], qf[4];
+                    frag_b_cols(gf, Gt, LD, ks * 16, d2 * 16);
+                    frag_b_cols(qf, Qt, LD, ks * 16, d2 * 16);
+                    mma_bf16_16816(dva[2 * d2], pa, gf[0], gf[1]);
+                    mma_bf16_16816(dva[2 * d2 + 1], pa, gf[2], gf[3]);
+                    mma_bf16_16816(dka[2 * d2], dsa, qf[0], qf[1]);
+                    mma_bf16_16816(dka[2 * d2 + 1], dsa, qf[2], qf[3]);
+                }
+            }
+        }
+        // The other buffer's lse/delta: read last in tile it − 1 (done by
+        // every warp: the barrier above), read next after the next barrier.
+        if (more && tid < BM) {
+            Ls[(buf ^ 1) * BM + tid] = lnext;
+            Ds[(buf ^ 1) * BM + tid] = dnext;
+        }
+    }
+    fa2_store<D>(dk + (long long)b * T * sd + h * D, sd, kw, T, dka, scale, scale);
+    fa2_store<D>(dv + (long long)b * T * sd + h * D, sd, kw, T, dva, 1.0f, 1.0f);
+}
+
+} // namespace atp
+
+using namespace atp;
+
+// out, q, k, v (B, T, H, D) with row strides so (out) and sqkv (q, k, v);
+// lse (B, H, T). grid (ceil(T/128), B·H); block 128 (D = 64) or 256 (D =
+// 128); shared (128 + 4·64)·(D + 8)·2 bytes.
+KERNEL_LB(128) attn_fwd_fa2_d64_bf16(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T, int H, int sqkv, int so, float scale) {
+    attn_fwd_fa2_impl<64, 2, 4>(out, lse, q, k, v, B, T, H, sqkv, so, scale);
+}
+// D = 64 with 8 warps × 16 rows (block 256): fewer registers, more warps
+// per SM, half the reuse of each K/V fragment; picked from Go for tuning.
+KERNEL_LB(256) attn_fwd_fa2_d64w8_bf16(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T, int H, int sqkv, int so, float scale) {
+    attn_fwd_fa2_impl<64, 1, 8>(out, lse, q, k, v, B, T, H, sqkv, so, scale);
+}
+KERNEL_LB(256) attn_fwd_fa2_d128_bf16(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T, int H, int sqkv, int so, float scale) {
+    attn_fwd_fa2_impl<128, 1, 8>(out, lse, q, k, v, B, T, H, sqkv, so, scale);
+}
+
+// dq (row stride sd), delta (B, H, T) written; q, k, v (sqkv), out, dout
+// (so), lse. grid (ceil(T/128), B·H), block 256, shared (256 + 4·BN)·(D +
+// 8)·2 bytes, BN = 64 (D = 64) or 32 (D = 128).
+KERNEL_LB(256) attn_bwd_dq_fa2_d64_bf16(bf16* dq, float* delta, const bf16* q, const bf16* k, const bf16* v, const bf16* out, const bf16* dout, const float* lse, int B, int T, int H, int sqkv, int so, int sd, float scale) {
+    attn_bwd_dq_fa2_impl<64, 64>(dq, delta, q, k, v, out, dout, lse, B, T, H, sqkv, so, sd, scale);
+}
+KERNEL_LB(256) attn_bwd_dq_fa2_d128_bf16(bf16* dq, float* delta, const bf16* q, const bf16* k, const bf16* v, const bf16* out, const bf16* dout, const float* lse, int B, int T, int H, int sqkv, int so, int sd, float scale) {
+    attn_bwd_dq_fa2_impl<128, 32>(dq, delta, q, k, v, out, dout, lse, B, T, H, sqkv, so, sd, scale);
+}
+
+// dk, dv (row stride sd); q, k, v (sqkv), dout (so), lse, delta (from the dq
+// kernel). grid (ceil(T/128), B·H), block 256, shared (256 + 4·BM)·(D + 8)·2
+// + 16·BM bytes, BM = 64 (D = 64) or 32 (D = 128).
+KERNEL_LB(256) attn_bwd_dkdv_fa2_d64_bf16(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse, const float* delta, int B, int T, int H, int sqkv, int so, int sd, float scale) {
+    attn_bwd_dkdv_fa2_impl<64, 64, true>(dk, dv, q, k, v, dout, lse, delta, B, T, H, sqkv, so, sd, scale);
+}
+KERNEL_LB(256) attn_bwd_dkdv_fa2_d128_bf16(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse, const float* delta, int B, int T, int H, int sqkv, int so, int sd, float scale) {
+    attn_bwd_dkdv_fa2_impl<128, 32, false>(dk, dv, q, k, v, dout, lse, delta, B, T, H, sqkv, so, sd, scale);
+}

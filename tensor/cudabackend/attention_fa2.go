@@ -1,0 +1,97 @@
+package cudabackend
+
+import (
+	"fmt"
+
+	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/cudabackend/internal/gpu"
+)
+
+// The second-generation tensor-core attention kernels
+// (cuda/kernels/attention_fa2.cu): bf16, D = 64 or 128, 16-byte aligned
+// tensors and row strides; 128 rows per block. The backward is
+// deterministic (two launches, no atomics): dq first, which also computes
+// delta = Σ dout·out of its rows, then dk and dv.
+
+// fa2KernelProbe is a kernel whose presence says the image has them.
+const fa2KernelProbe = "attn_fwd_fa2_d64_bf16"
+
+// AttentionTC1 uses the first-generation tensor-core kernels
+// (attention_tc.cu: 64-row tiles, 4 warps, three backward launches) where
+// the tensor-core kernels apply; for comparisons and as a fallback.
+const AttentionTC1 = AttentionSIMT + 1
+
+// fa2Rows is the rows (queries or keys) each block owns.
+const fa2Rows = 128
+
+// fa2FwdD64Warps picks the D = 64 forward: 4 warps × 32 rows (default,
+// attn_fwd_fa2_d64_bf16) or 8 warps × 16 rows (attn_fwd_fa2_d64w8_bf16).
+// A variable for the tests and benchmarks that compare the two.
+var fa2FwdD64Warps = 4
+
+// fa2FwdKernel is the forward kernel for head dim d and its block size: 8
+// warps × 16 rows for D = 128; for D = 64 as fa2FwdD64Warps says.
+func fa2FwdKernel(d int) (string, int) {
+	switch {
+	case d == 128:
+		return "attn_fwd_fa2_d128_bf16", 256
+	case fa2FwdD64Warps == 8:
+		return "attn_fwd_fa2_d64w8_bf16", 256
+	default:
+		return "attn_fwd_fa2_d64_bf16", 128
+	}
+}
+
+// fa2Step is the streamed tile of the backward kernels (keys in dq, queries
+// in dk/dv): 64 for D = 64, 32 for D = 128 (register budget).
+func fa2Step(d int) int {
+	if d == 128 {
+		return 32
+	}
+	return 64
+}
+
+// fa2SmemFwd: Q (128 rows), two buffers each of K and V (64 rows); rows of
+// D + 8 bf16.
+func fa2SmemFwd(d int) int { return (fa2Rows + 4*64) * (d + 8) * 2 }
+
+// fa2SmemDq: Q and dO (128 rows), two buffers each of K and V (step rows).
+func fa2SmemDq(d int) int { return (2*fa2Rows + 4*fa2Step(d)) * (d + 8) * 2 }
+
+// fa2SmemDkdv: K and V (128 rows), two buffers each of Q and dO (step rows)
+// and of lse and delta (step floats each).
+func fa2SmemDkdv(d int) int { s := fa2Step(d); return (2*fa2Rows+4*s)*(d+8)*2 + 16*s }
+
+// useFA2 says whether the second-generation kernels run for this call.
+func (b *Backend) useFA2() bool { return b.hasFA2 && b.cfg.attention == AttentionAuto }
+
+// attentionFA2 launches the forward; q, k, v rows are sqkv elements apart,
+// out rows so.
+func (b *Backend) attentionFA2(out, lse, q, k, v *tensor.Tensor, scale float32, nb, nt, nh, d, sqkv, so int) {
+	name, threads := fa2FwdKernel(d)
+	grid := gpu.D2(ceilDiv(nt, fa2Rows), nb*nh)
+	b.launch("Attention", name, grid, gpu.D1(threads), fa2SmemFwd(d),
+		ptr(out), ptr(lse), ptr(q), ptr(k), ptr(v), int32(nb), int32(nt), int32(nh),
+		int32(sqkv), int32(so), scale)
+}
+
+// attentionBackwardFA2 launches dq (with delta) and then dk, dv; strides as
+// attentionFA2, and sd for dq, dk, dv.
+func (b *Backend) attentionBackwardFA2(dq, dk, dv, dout, q, k, v, out, lse *tensor.Tensor, scale float32, nb, nt, nh, d, sqkv, so, sd int) {
+	grid := gpu.D2(ceilDiv(nt, fa2Rows), nb*nh)
+	b.do("AttentionBackward", func(dev gpu.Device) error {
+		delta, size, err := b.scratch(tensor.Float32, nb*nt*nh)
+		if err != nil {
+			return err
+		}
+		defer b.putScratch(delta, size)
+		if err := dev.Launch(fmt.Sprintf("attn_bwd_dq_fa2_d%d_bf16", d), grid, gpu.D1(256), fa2SmemDq(d),
+			ptr(dq), delta, ptr(q), ptr(k), ptr(v), ptr(out), ptr(dout), ptr(lse),
+			int32(nb), int32(nt), int32(nh), int32(sqkv), int32(so), int32(sd), scale); err != nil {
+			return err
+		}
+		return dev.Launch(fmt.Sprintf("attn_bwd_dkdv_fa2_d%d_bf16", d), grid, gpu.D1(256), fa2SmemDkdv(d),
+			ptr(dk), ptr(dv), ptr(q), ptr(k), ptr(v), ptr(dout), ptr(lse), delta,
+			int32(nb), int32(nt), int32(nh), int32(sqkv), int32(so), int32(sd), scale)
+	})
+}
