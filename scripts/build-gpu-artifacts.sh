@@ -9,7 +9,7 @@ go build -o build/train ./cmd/train
 go build -o build/ablate ./cmd/ablate
 for pkg in $(go list ./... | sed 's|^github.com/asynctp/asynctp/||;s|^github.com/asynctp/asynctp$||'); do
   case "$pkg" in
-    cuda|tensor/cudabackend|comm/nccl|comm/nvshmem|comm/tcp|overlap/peercopy|bench|bench/*)
+    cuda|tensor/cudabackend|comm/nccl|comm/nvshmem|comm/tcp|overlap/peercopy|parallel/ep/peerep|bench|bench/*)
       if [ -n "$(ls "$pkg"/*_test.go 2>/dev/null)" ]; then
         go test -c -o "build/$(echo "$pkg" | tr / _).test" "./$pkg"
       fi ;;
