@@ -69,6 +69,7 @@ func Tests() []Test {
 		{"Narrow", TestNarrow},
 		{"AdamW", TestAdamW},
 		{"SumSquares", TestSumSquares},
+		{"DeviceClip", TestDeviceClip},
 		{"Errors", TestErrors},
 	}
 }

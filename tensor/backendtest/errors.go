@@ -81,6 +81,12 @@ var errorCases = []errorCase{
 		f := func(n int) *tensor.Tensor { return b.Zeros(tensor.Float32, n) }
 		b.AdamW(b.Zeros(dt, 10), b.Zeros(dt, 10), f(10), f(9), f(10), tensor.AdamW{LR: 1, Beta1: 0.9, Beta2: 0.9, Step: 1})
 	}},
+	{"AdamW", func(b tensor.Backend, dt tensor.DType) { // NormSq of two elements
+		f := func(n int) *tensor.Tensor { return b.Zeros(tensor.Float32, n) }
+		b.AdamW(b.Zeros(dt, 10), b.Zeros(dt, 10), f(10), f(10), f(10), tensor.AdamW{LR: 1, Beta1: 0.9, Beta2: 0.9, Step: 1, NormSq: f(2)})
+	}},
+	{"SumSquaresTo", func(b tensor.Backend, dt tensor.DType) { b.SumSquaresTo(b.Zeros(tensor.Float32, 2), b.Zeros(dt, 10)) }},
+	{"SumSquaresTo", func(b tensor.Backend, dt tensor.DType) { b.SumSquaresTo(b.Zeros(tensor.Int32, 1), b.Zeros(dt, 10)) }},
 	{"Copy", func(b tensor.Backend, dt tensor.DType) { b.Copy(b.Zeros(dt, 4, 5), b.Zeros(tensor.Float32, 21)) }},
 	{"MatMul", func(b tensor.Backend, dt tensor.DType) {
 		b.MatMul(b.Zeros(dt, 4, 5), b.Zeros(tensor.Int32, 4, 3), b.Zeros(dt, 3, 5), false, false, 1, 0) // int32 operand

@@ -288,7 +288,26 @@ func AdamW(ck *Checker, p, g, m, v, master *tensor.Tensor, hp tensor.AdamW) tens
 	if hp.Step < 1 {
 		ck.Failf("hp.Step = %d, expected ≥ 1 (bias correction counts steps from 1)", hp.Step)
 	}
+	if hp.NormSq != nil {
+		scalar(ck, "hp.NormSq", hp.NormSq)
+	}
 	return cd
+}
+
+// scalar checks a one-element device scalar of a dtype AdamW computes in
+// (Policy.Optim): SumSquaresTo's dst, AdamW's NormSq.
+func scalar(ck *Checker, name string, t *tensor.Tensor) {
+	ck.oneOf(name, t, ck.pol.Optim, "")
+	if !ck.Failed() && t.Numel() != 1 {
+		ck.Failf("%s has shape %v, expected one element", name, t.Shape())
+	}
+}
+
+// SumSquaresTo checks dst (one element of Policy.Optim) and x (a float
+// tensor of Policy.Params).
+func SumSquaresTo(ck *Checker, dst, x *tensor.Tensor) {
+	scalar(ck, "dst", dst)
+	ck.oneOf("x", x, ck.pol.Params, "a float tensor")
 }
 
 // SumSquares checks x, a float tensor of Policy.Params.

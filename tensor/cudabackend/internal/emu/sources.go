@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "28adb6167c226b1ce4ccd56d5a46b5c732f112caa39b694b88af4bafa065e998"
+const SourcesSum = "fd185c1b01a917c2dedfa3a84418f3b3b96fa3ed918f7a4baa5da161f9f2b9cf"
