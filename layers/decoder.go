@@ -320,6 +320,34 @@ func (d *Decoder) ReadLoss() (float64, error) {
 	return h.F64()[0]/float64(d.nTargets) + d.AuxLoss(), nil
 }
 
+// LossAsync is ReadLoss without the wait: it queues the read of the loss
+// sum (tensor.ReadAsync: on a GPU a copy into pinned memory after the work
+// queued so far) and returns a function that waits for that copy only and
+// returns what ReadLoss would have returned now. The target count and the
+// auxiliary losses (host values) are taken now, so later forwards do not
+// change the result: a training loop can queue the next step before it
+// reads this one's loss. The returned function may be called once.
+func (d *Decoder) LossAsync() (func() (float64, error), error) {
+	switch d.lossAt {
+	case lossNone:
+		return nil, errors.New(d.p.What + ": LossAsync needs a successful Forward first")
+	case lossZero:
+		return func() (float64, error) { return 0, nil }, nil
+	}
+	aux, n := d.AuxLoss(), d.nTargets
+	if n == 0 {
+		return func() (float64, error) { return aux, nil }, nil
+	}
+	r := tensor.ReadAsync(d.b, d.lossSum)
+	return func() (float64, error) {
+		vals, err := r.Wait()
+		if err != nil {
+			return 0, d.fail(fmt.Errorf("%s: reading the loss: %w", d.p.What, err))
+		}
+		return vals[0]/float64(n) + aux, nil
+	}, nil
+}
+
 // AuxLoss is the sum of the blocks' auxiliary losses (the MoE blocks'
 // load balance and z-loss, with their coefficients) of the last Forward:
 // the part of Forward's loss that is not the cross-entropy. 0 in a dense

@@ -100,4 +100,3 @@ func (r *asyncRead) Wait() ([]float64, error) {
 	}
 	return h.F64(), nil
 }
-
