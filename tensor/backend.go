@@ -78,6 +78,12 @@ type Backend interface {
 	SwiGLU(out, gate, up *Tensor)
 	// SwiGLUBackward: dgate, dup overwritten.
 	SwiGLUBackward(dgate, dup, dout, gate, up *Tensor)
+	// SwiGLUPacked is SwiGLU on packed rows: gu (N, 2F) holds [gate | up]
+	// per row (one GEMM's output for both projections), out (N, F).
+	SwiGLUPacked(out, gu *Tensor)
+	// SwiGLUPackedBackward: dgu (N, 2F, overwritten) = [dgate | dup] per
+	// row, the layout one GEMM takes back to dx and dW.
+	SwiGLUPackedBackward(dgu, dout, gu *Tensor)
 	// GELU (tanh approximation): out = gelu(x).
 	GELU(out, x *Tensor)
 	// GELUBackward: dx overwritten.
@@ -94,6 +100,15 @@ type Backend interface {
 	RoPE(out, x *Tensor, theta float64)
 	// RoPEBackward: dx = the inverse rotation of dout (overwritten).
 	RoPEBackward(dx, dout *Tensor, theta float64)
+
+	// RoPEQKV is RoPE on packed projections: qkv (B, T, 3·H·D) holds
+	// [q | k | v] per token (one GEMM's output for the three); q and k
+	// (B, T, H, D) receive the rotated q and k, v the v part as it is.
+	RoPEQKV(q, k, v, qkv *Tensor, theta float64)
+	// RoPEQKVBackward: dqkv (B, T, 3·H·D, overwritten) = [RoPE⁻¹(dq) |
+	// RoPE⁻¹(dk) | dv] per token, the layout one GEMM takes back to dx and
+	// dW.
+	RoPEQKVBackward(dqkv, dq, dk, dv *Tensor, theta float64)
 
 	// Attention is causal multi-head attention. q, k, v, out (B, T, H, D);
 	// lse (B, H, T) fp32 receives the log-sum-exp of each row of scores

@@ -10,3 +10,4 @@
 #include "moe.cu"
 #include "grouped.cu"
 #include "attention_tc.cu"
+#include "packed.cu"

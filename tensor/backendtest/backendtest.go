@@ -63,6 +63,7 @@ func Tests() []Test {
 		{"GELU", TestGELU},
 		{"Softmax", TestSoftmax},
 		{"RoPE", TestRoPE},
+		{"Packed", TestPacked},
 		{"Attention", TestAttention},
 		{"Embedding", TestEmbedding},
 		{"CrossEntropy", TestCrossEntropy},

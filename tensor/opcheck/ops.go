@@ -163,6 +163,66 @@ func rope(ck *Checker, xName string, x *tensor.Tensor, outName string, out *tens
 	return dims4(x)
 }
 
+// RoPEQKV checks q (B, T, H, D) with D even, k and v like q, and qkv
+// (B, T, 3·H·D): per token the packed projections [q | k | v].
+func RoPEQKV(ck *Checker, q, k, v, qkv *tensor.Tensor) (nb, nt, nh, d int) {
+	return ropeQKV(ck, "q", q, "k", k, "v", v, "qkv", qkv)
+}
+
+// RoPEQKVBackward checks dq (B, T, H, D) with D even, dk and dv like dq, and
+// dqkv (B, T, 3·H·D).
+func RoPEQKVBackward(ck *Checker, dqkv, dq, dk, dv *tensor.Tensor) (nb, nt, nh, d int) {
+	return ropeQKV(ck, "dq", dq, "dk", dk, "dv", dv, "dqkv", dqkv)
+}
+
+func ropeQKV(ck *Checker, qn string, q *tensor.Tensor, kn string, k *tensor.Tensor, vn string, v *tensor.Tensor, pn string, packed *tensor.Tensor) (nb, nt, nh, d int) {
+	ck.Float(qn, q)
+	ck.Rank(qn, q, 4, 4)
+	if ck.Failed() {
+		return
+	}
+	if q.Dim(3)%2 != 0 {
+		ck.Failf("%s has shape %v, expected an even head dim D (the last)", qn, q.Shape())
+	}
+	ck.Like(kn, k, qn, q)
+	ck.Like(vn, v, qn, q)
+	nb, nt, nh, d = dims4(q)
+	ck.DType(pn, packed, q.DType())
+	ck.Shape(pn, packed, tensor.Shape{nb, nt, 3 * nh * d}, "(B, T, 3·H·D): [q | k | v] per token")
+	return
+}
+
+// SwiGLUPacked checks gu (N, 2F), the packed [gate | up] rows, and out
+// (N, F) of its dtype.
+func SwiGLUPacked(ck *Checker, out, gu *tensor.Tensor) (n, f int) {
+	n, f = packedRows(ck, "gu", gu)
+	ck.DType("out", out, gu.DType())
+	ck.Shape("out", out, tensor.Shape{n, f}, "(N, F) for gu (N, 2F)")
+	return
+}
+
+// SwiGLUPackedBackward checks gu (N, 2F), dout (N, F) and dgu like gu.
+func SwiGLUPackedBackward(ck *Checker, dgu, dout, gu *tensor.Tensor) (n, f int) {
+	n, f = packedRows(ck, "gu", gu)
+	ck.DType("dout", dout, gu.DType())
+	ck.Shape("dout", dout, tensor.Shape{n, f}, "(N, F) for gu (N, 2F)")
+	ck.Like("dgu", dgu, "gu", gu)
+	return
+}
+
+func packedRows(ck *Checker, name string, t *tensor.Tensor) (n, f int) {
+	ck.Float(name, t)
+	ck.Rank(name, t, 2, 2)
+	if ck.Failed() {
+		return
+	}
+	if t.Dim(1)%2 != 0 {
+		ck.Failf("%s has shape %v, expected an even row length 2F ([gate | up])", name, t.Shape())
+		return
+	}
+	return t.Dim(0), t.Dim(1) / 2
+}
+
 func dims4(t *tensor.Tensor) (a, b, c, d int) {
 	s := t.Shape()
 	return s[0], s[1], s[2], s[3]

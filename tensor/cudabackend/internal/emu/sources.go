@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "fd185c1b01a917c2dedfa3a84418f3b3b96fa3ed918f7a4baa5da161f9f2b9cf"
+const SourcesSum = "c6f9ab50dc19fe93c302cb9bd55316fa9ffb06fdba28d0691822fe8e4cc8fda6"
