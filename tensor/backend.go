@@ -74,6 +74,15 @@ type Backend interface {
 	// RMSNormBackward: dx = ∂L/∂x (overwritten), dw += ∂L/∂w.
 	RMSNormBackward(dx, dw, dout, x, w, rstd *Tensor)
 
+	// AddRMSNorm is the residual add fused with the RMSNorm after it: h =
+	// x + r (rounded to the dtype), out = h / rms(h) · w, rstd (N) as
+	// RMSNorm's, in one pass. h may alias x or r; out aliases none of them.
+	AddRMSNorm(h, out, rstd, x, r, w *Tensor, eps float32)
+	// RMSNormBackwardAdd is RMSNormBackward at the forward's h with the
+	// residual gradient added: dx = ∂L/∂h through the norm + dres
+	// (overwritten; dx may alias dres), dw += ∂L/∂w.
+	RMSNormBackwardAdd(dx, dw, dout, h, w, rstd, dres *Tensor)
+
 	// SwiGLU: out = silu(gate) · up, elementwise; all (N, F).
 	SwiGLU(out, gate, up *Tensor)
 	// SwiGLUBackward: dgate, dup overwritten.

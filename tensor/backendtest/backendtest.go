@@ -59,6 +59,7 @@ func Tests() []Test {
 		{"Elementwise", TestElementwise},
 		{"Bias", TestBias},
 		{"RMSNorm", TestRMSNorm},
+		{"AddRMSNorm", TestAddRMSNorm},
 		{"SwiGLU", TestSwiGLU},
 		{"GELU", TestGELU},
 		{"Softmax", TestSoftmax},

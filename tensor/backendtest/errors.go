@@ -94,6 +94,13 @@ var errorCases = []errorCase{
 		z := func() *tensor.Tensor { return b.Zeros(dt, 2, 3, 2, 3) }
 		b.RoPEQKVBackward(b.Zeros(dt, 2, 3, 18), z(), z(), z(), 1e4)
 	}},
+	{"AddRMSNorm", func(b tensor.Backend, dt tensor.DType) { // r of another width
+		b.AddRMSNorm(b.Zeros(dt, 3, 4), b.Zeros(dt, 3, 4), b.Zeros(tensor.Float32, 3), b.Zeros(dt, 3, 4), b.Zeros(dt, 3, 5), b.Zeros(dt, 4), 1e-5)
+	}},
+	{"RMSNormBackwardAdd", func(b tensor.Backend, dt tensor.DType) { // dres of other rows
+		z := func() *tensor.Tensor { return b.Zeros(dt, 3, 4) }
+		b.RMSNormBackwardAdd(z(), b.Zeros(dt, 4), z(), z(), b.Zeros(dt, 4), b.Zeros(tensor.Float32, 3), b.Zeros(dt, 2, 4))
+	}},
 	{"SwiGLUPacked", func(b tensor.Backend, dt tensor.DType) { b.SwiGLUPacked(b.Zeros(dt, 3, 4), b.Zeros(dt, 3, 9)) }},
 	{"SwiGLUPackedBackward", func(b tensor.Backend, dt tensor.DType) {
 		b.SwiGLUPackedBackward(b.Zeros(dt, 3, 8), b.Zeros(dt, 3, 5), b.Zeros(dt, 3, 8))

@@ -114,6 +114,24 @@ func RMSNormBackward(ck *Checker, dx, dw, dout, x, w, rstd *tensor.Tensor) (n, c
 	return n, cols
 }
 
+// AddRMSNorm checks x (N, C), r and h like x, w (C), rstd (N) and out like
+// x.
+func AddRMSNorm(ck *Checker, h, out, rstd, x, r, w *tensor.Tensor) (n, cols int) {
+	n, cols = norm(ck, x, w, rstd)
+	ck.Like("r", r, "x", x)
+	ck.Like("h", h, "x", x)
+	ck.Like("out", out, "x", x)
+	return n, cols
+}
+
+// RMSNormBackwardAdd checks RMSNormBackward's operands (h as x) and dres
+// like h.
+func RMSNormBackwardAdd(ck *Checker, dx, dw, dout, h, w, rstd, dres *tensor.Tensor) (n, cols int) {
+	n, cols = RMSNormBackward(ck, dx, dw, dout, h, w, rstd)
+	ck.Like("dres", dres, "x", h)
+	return n, cols
+}
+
 // Softmax checks x (..., C) and out like x; n is the number of rows.
 func Softmax(ck *Checker, out, x *tensor.Tensor) (n, cols int) {
 	n, cols = rows(ck, "x", x)

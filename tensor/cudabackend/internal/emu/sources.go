@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "c6f9ab50dc19fe93c302cb9bd55316fa9ffb06fdba28d0691822fe8e4cc8fda6"
+const SourcesSum = "bee2835af98f3f15ab13f18c47025cb639ede1197b07dc60af75eb595e9f97cb"
