@@ -30,6 +30,31 @@ type Attention struct {
 	bt   [2]int // B, T of the last Forward; zeros before a successful one
 	rows bool   // the last Forward was ForwardSeq: its tensors are (B·T, Dim) rows
 	core *AttentionCore
+
+	x          *tensor.Tensor // (B·T, Dim): the last forward's input (the stacked path)
+	wqkv, gqkv *tensor.Tensor // (3·Dim, Dim) views of wq, wk, wv and their gradients, or nil
+	stacked    bool           // the last forward ran the stacked path
+}
+
+// unstacked turns the one-GEMM q, k, v (and gate, up) projections off, for
+// the tests that compare the stacked assembly with the three linears.
+var unstacked = false
+
+// stackedQKV returns the (3·Dim, Dim) views of wq, wk, wv and of their
+// gradients when the three lie one after another in the flat buffers (as
+// NewAttention registers them), else nils: the three linears then run
+// apart, as they always did.
+func (a *Attention) stackedQKV() (w, g *tensor.Tensor) {
+	if unstacked {
+		return nil, nil
+	}
+	if a.wqkv == nil || a.wqkv.Buffer() != a.Wq.W.W.Buffer() {
+		var err error
+		if a.wqkv, a.gqkv, err = Stacked(a.Wq.W, a.Wk.W, a.Wv.W); err != nil {
+			a.wqkv, a.gqkv = nil, nil
+		}
+	}
+	return a.wqkv, a.gqkv
 }
 
 // AttentionCore is the per-head part of attention, between the input
@@ -52,6 +77,12 @@ type AttentionCore struct {
 	dqr, dkr *tensor.Tensor // (B, T, H, D) backward scratch: ∂L/∂qr, ∂L/∂kr
 	dq, dk   *tensor.Tensor // (B*T, H*D) backward scratch: ∂L/∂q, ∂L/∂k
 	dv       *tensor.Tensor // (B*T, H*D) backward scratch: ∂L/∂v
+
+	// The packed form (InputsPacked): one GEMM's output [q | k | v] per
+	// token goes into qkv; RoPEQKV writes qr, kr and v from it, and the
+	// backward writes dqkv, the one GEMM's input back.
+	packed    bool
+	qkv, dqkv *tensor.Tensor // (B*T, 3*H*D)
 }
 
 // NewAttentionCore returns the core of heads heads of headDim features
@@ -75,7 +106,27 @@ func (c *AttentionCore) Inputs(dt tensor.DType, B, T int) (q, k, v *tensor.Tenso
 	c.kr = Ensure(c.b, c.kr, dt, B, T, H, D)
 	c.att = Ensure(c.b, c.att, dt, B, T, H, D)
 	c.lse = Ensure(c.b, c.lse, StatDType(dt), B, H, T)
+	c.packed = false
 	return c.q, c.k, c.v
+}
+
+// InputsPacked returns the (B·T, 3·Heads·HeadDim) buffer the packed
+// projections [q | k | v] of each token go into (one GEMM x·[Wq;Wk;Wv]ᵀ),
+// before Forward; Backward then fills BackwardPacked's dqkv instead of
+// separate dq, dk, dv. It costs one more (B·T, H·D) buffer than Inputs: v
+// is copied out of the packed rows (by the RoPE launch itself) because the
+// attention kernels read contiguous heads.
+func (c *AttentionCore) InputsPacked(dt tensor.DType, B, T int) (qkv *tensor.Tensor) {
+	N, H, D := B*T, c.Heads, c.HeadDim
+	c.bt = [2]int{B, T}
+	c.qkv = Ensure(c.b, c.qkv, dt, N, 3*H*D)
+	c.v = Ensure(c.b, c.v, dt, N, H*D)
+	c.qr = Ensure(c.b, c.qr, dt, B, T, H, D)
+	c.kr = Ensure(c.b, c.kr, dt, B, T, H, D)
+	c.att = Ensure(c.b, c.att, dt, B, T, H, D)
+	c.lse = Ensure(c.b, c.lse, StatDType(dt), B, H, T)
+	c.packed = true
+	return c.qkv
 }
 
 // Forward turns q and k by RoPE and returns the heads' attention output
@@ -83,8 +134,12 @@ func (c *AttentionCore) Inputs(dt tensor.DType, B, T int) (q, k, v *tensor.Tenso
 // attends to positions [0, t] of its own sequence.
 func (c *AttentionCore) Forward() (att *tensor.Tensor) {
 	B, T, H, D := c.bt[0], c.bt[1], c.Heads, c.HeadDim
-	c.b.RoPE(c.qr, Reshape(c.q, B, T, H, D), c.Theta)
-	c.b.RoPE(c.kr, Reshape(c.k, B, T, H, D), c.Theta)
+	if c.packed {
+		c.b.RoPEQKV(c.qr, c.kr, Reshape(c.v, B, T, H, D), Reshape(c.qkv, B, T, 3*H*D), c.Theta)
+	} else {
+		c.b.RoPE(c.qr, Reshape(c.q, B, T, H, D), c.Theta)
+		c.b.RoPE(c.kr, Reshape(c.k, B, T, H, D), c.Theta)
+	}
 	c.b.Attention(c.att, c.lse, c.qr, c.kr, Reshape(c.v, B, T, H, D), c.Scale())
 	return Reshape(c.att, B*T, H*D)
 }
@@ -92,25 +147,45 @@ func (c *AttentionCore) Forward() (att *tensor.Tensor) {
 // OutputGrad returns the (B·T, Heads·HeadDim) buffer ∂L/∂att goes into,
 // before Backward.
 func (c *AttentionCore) OutputGrad() (datt *tensor.Tensor) {
-	dt, B, T, H, D := c.q.DType(), c.bt[0], c.bt[1], c.Heads, c.HeadDim
+	dt, B, T, H, D := c.v.DType(), c.bt[0], c.bt[1], c.Heads, c.HeadDim
 	c.datt = Ensure(c.b, c.datt, dt, B*T, H*D)
 	c.dqr = Ensure(c.b, c.dqr, dt, B, T, H, D)
 	c.dkr = Ensure(c.b, c.dkr, dt, B, T, H, D)
-	c.dq = Ensure(c.b, c.dq, dt, B*T, H*D)
-	c.dk = Ensure(c.b, c.dk, dt, B*T, H*D)
 	c.dv = Ensure(c.b, c.dv, dt, B*T, H*D)
+	if c.packed {
+		c.dqkv = Ensure(c.b, c.dqkv, dt, B*T, 3*H*D)
+	} else {
+		c.dq = Ensure(c.b, c.dq, dt, B*T, H*D)
+		c.dk = Ensure(c.b, c.dk, dt, B*T, H*D)
+	}
 	return c.datt
 }
 
 // Backward returns ∂L/∂q, ∂L/∂k and ∂L/∂v (B·T, Heads·HeadDim) from the
-// ∂L/∂att in OutputGrad: the attention's backward, then RoPE's.
+// ∂L/∂att in OutputGrad: the attention's backward, then RoPE's. After
+// InputsPacked, use BackwardPacked.
 func (c *AttentionCore) Backward() (dq, dk, dv *tensor.Tensor) {
 	B, T, H, D := c.bt[0], c.bt[1], c.Heads, c.HeadDim
-	c.b.AttentionBackward(c.dqr, c.dkr, Reshape(c.dv, B, T, H, D), Reshape(c.datt, B, T, H, D),
-		c.qr, c.kr, Reshape(c.v, B, T, H, D), c.att, c.lse, c.Scale())
+	c.attentionBackward()
 	c.b.RoPEBackward(Reshape(c.dq, B, T, H, D), c.dqr, c.Theta)
 	c.b.RoPEBackward(Reshape(c.dk, B, T, H, D), c.dkr, c.Theta)
 	return c.dq, c.dk, c.dv
+}
+
+// BackwardPacked returns ∂L/∂qkv (B·T, 3·Heads·HeadDim), the packed
+// [dq | dk | dv] of each token, from the ∂L/∂att in OutputGrad, after
+// InputsPacked: the attention's backward, then RoPEQKVBackward.
+func (c *AttentionCore) BackwardPacked() (dqkv *tensor.Tensor) {
+	B, T, H, D := c.bt[0], c.bt[1], c.Heads, c.HeadDim
+	c.attentionBackward()
+	c.b.RoPEQKVBackward(Reshape(c.dqkv, B, T, 3*H*D), c.dqr, c.dkr, Reshape(c.dv, B, T, H, D), c.Theta)
+	return c.dqkv
+}
+
+func (c *AttentionCore) attentionBackward() {
+	B, T, H, D := c.bt[0], c.bt[1], c.Heads, c.HeadDim
+	c.b.AttentionBackward(c.dqr, c.dkr, Reshape(c.dv, B, T, H, D), Reshape(c.datt, B, T, H, D),
+		c.qr, c.kr, Reshape(c.v, B, T, H, D), c.att, c.lse, c.Scale())
 }
 
 // NewAttention registers name+".wq", ".wk", ".wv" and ".wo".
@@ -208,8 +283,21 @@ func (a *Attention) ForwardSeq(out, x *tensor.Tensor, batch, seq int) error {
 	return nil
 }
 
-// forward runs the layer on validated rows x, out (B·T, Dim).
+// forward runs the layer on validated rows x, out (B·T, Dim): one GEMM
+// x·[Wq;Wk;Wv]ᵀ into the packed rows RoPEQKV reads when the three weights
+// are stacked in memory, else three.
 func (a *Attention) forward(out, x *tensor.Tensor, B, T int) error {
+	a.stacked = false
+	if w, _ := a.stackedQKV(); w != nil {
+		qkv := a.core.InputsPacked(x.DType(), B, T)
+		a.b.MatMul(qkv, x, w, false, true, 1, 0)
+		att := a.core.Forward()
+		if err := a.Wo.Forward(out, att); err != nil {
+			return err
+		}
+		a.x, a.stacked, a.bt = x, true, [2]int{B, T}
+		return Sticky(a.b, a.what(), "forward")
+	}
 	q, k, v := a.core.Inputs(x.DType(), B, T)
 	for _, p := range []struct {
 		l   *Linear
@@ -258,8 +346,15 @@ func (a *Attention) Backward(dx, dout *tensor.Tensor) error {
 	if err := a.Wo.Backward(datt, Reshape(dout, N, C)); err != nil {
 		return err
 	}
-	dq, dk, dv := a.core.Backward()
 	dx2 := Reshape(dx, N, C)
+	if a.stacked {
+		// dx = dqkv·[Wq;Wk;Wv] and d[Wq;Wk;Wv] += dqkvᵀ·x: two GEMMs for the three.
+		dqkv := a.core.BackwardPacked()
+		a.b.MatMul(dx2, dqkv, a.wqkv, false, false, 1, 0)
+		a.b.MatMul(a.gqkv, dqkv, a.x, true, false, 1, 1)
+		return Sticky(a.b, a.what(), "backward")
+	}
+	dq, dk, dv := a.core.Backward()
 	if err := a.Wq.Backward(dx2, dq); err != nil {
 		return err
 	}

@@ -272,8 +272,8 @@ func (blk *Block) forward(out, x *tensor.Tensor, batch, seq int) error {
 	if err := blk.Mixer.ForwardSeq(blk.a, blk.h1, batch, seq); err != nil {
 		return err
 	}
-	blk.b.Add(blk.x1, x, blk.a)
-	if err := blk.Norm2.Forward(blk.h2, blk.x1); err != nil {
+	// x1 = x + a and h2 = norm2(x1) in one op.
+	if err := blk.Norm2.ForwardAdd(blk.x1, blk.h2, x, blk.a); err != nil {
 		return err
 	}
 	if err := blk.FFN.Forward(blk.m, blk.h2); err != nil {
@@ -319,17 +319,15 @@ func (blk *Block) Backward(dx, dout *tensor.Tensor) error {
 	if err := blk.FFN.Backward(blk.dh, dout2); err != nil {
 		return err
 	}
-	if err := blk.Norm2.Backward(blk.dx1, blk.dh); err != nil {
+	if err := blk.Norm2.BackwardAdd(blk.dx1, blk.dh, dout2); err != nil { // + dout, in the same op
 		return err
 	}
-	blk.b.Add(blk.dx1, blk.dx1, dout2)
 	// x1 = x + a: ∂L/∂x = dx1 + norm1ᵀ(attnᵀ(dx1)).
 	if err := blk.Mixer.Backward(blk.dh, blk.dx1); err != nil {
 		return err
 	}
-	if err := blk.Norm1.Backward(dx2, blk.dh); err != nil {
+	if err := blk.Norm1.BackwardAdd(dx2, blk.dh, blk.dx1); err != nil { // + dx1, in the same op
 		return err
 	}
-	blk.b.Add(dx2, dx2, blk.dx1)
 	return Sticky(blk.b, blk.what(), "backward")
 }

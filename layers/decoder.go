@@ -52,6 +52,10 @@ type DecoderParts struct {
 	Norm   *RMSNorm // the final norm
 	Head   Projection
 	Loss   Loss
+	// HeadLoss, when set, replaces Head then Loss on a forward with
+	// targets (ChunkedHeadLoss: the logits never whole in memory); Logits
+	// then computes the logits on demand with Head.
+	HeadLoss HeadLoss
 
 	// CheckBatch checks host int32 ids or targets (B, T) further, after
 	// CheckTokens (what names the tensor): the layout's divisibility.
@@ -99,6 +103,9 @@ type Decoder struct {
 	nTargets int              // non-ignored targets of the last Forward's batch
 	lossAt   int              // where the last Forward's loss is (lossNone, ...)
 	ready    bool             // a Forward with targets ran and no Backward since
+
+	headLoss    bool // the last forward ran HeadLoss: dhf holds the head's input gradient
+	logitsStale bool // ... and logits were not computed (Logits computes them)
 }
 
 // Where the loss of the last forward is.
@@ -127,12 +134,26 @@ func NewDecoder(b tensor.Backend, parts DecoderParts) (*Decoder, error) {
 		return nil, fmt.Errorf("%s: decoder sizes Seq %d, Vocab %d, Dim %d, LogitCols %d, dtype %v, expected positive sizes and a float dtype",
 			what, parts.Seq, parts.Vocab, parts.Dim, parts.LogitCols, parts.DType)
 	}
+	if parts.HeadLoss != nil && parts.Rows != nil {
+		return nil, fmt.Errorf("%s: decoder parts with a HeadLoss and a Rows hook: the fused head takes every row of the replica", what)
+	}
 	return &Decoder{p: parts, b: b}, nil
 }
 
 // Logits returns the (N, LogitCols) logits of the last Forward (nil before
-// the first); they stay valid until the next Forward.
-func (d *Decoder) Logits() *tensor.Tensor { return d.logits }
+// the first); they stay valid until the next Forward. After a forward with
+// targets through HeadLoss the logits were never stored whole: the first
+// call computes them from the kept final-norm rows (one head GEMM).
+func (d *Decoder) Logits() *tensor.Tensor {
+	if d.logitsStale {
+		d.logitsStale = false
+		d.logits = Ensure(d.b, d.logits, d.p.DType, d.bt[0]*d.bt[1], d.p.LogitCols)
+		if err := d.p.Head.Forward(d.logits, d.hf); err != nil {
+			return nil
+		}
+	}
+	return d.logits
+}
 
 func (d *Decoder) fail(err error) error {
 	if d.p.Fail != nil {
@@ -228,8 +249,12 @@ func (d *Decoder) forward(ids, targets *tensor.Tensor, nTargets int) error {
 	if err := d.p.Norm.Forward(d.hf, d.xs[len(d.p.Blocks)]); err != nil {
 		return err
 	}
-	if err := d.p.Head.Forward(d.logits, d.hf); err != nil {
-		return err
+	d.headLoss, d.logitsStale = false, false
+	if targets == nil || d.p.HeadLoss == nil {
+		d.logits = Ensure(d.b, d.logits, d.p.DType, N, d.p.LogitCols)
+		if err := d.p.Head.Forward(d.logits, d.hf); err != nil {
+			return err
+		}
 	}
 	if targets == nil {
 		d.lossAt = lossZero
@@ -243,8 +268,17 @@ func (d *Decoder) forward(ids, targets *tensor.Tensor, nTargets int) error {
 	if err != nil {
 		return err
 	}
-	if err := d.p.Loss.Forward(d.losses, d.dlogits, d.logits, myTargets, scale); err != nil {
-		return err
+	if d.p.HeadLoss != nil {
+		// The head and the loss by chunks: dhf is ready for the backward.
+		if err := d.p.HeadLoss.ForwardLoss(d.losses, d.dhf, d.hf, myTargets, scale); err != nil {
+			return err
+		}
+		d.headLoss, d.logitsStale = true, true
+	} else {
+		d.dlogits = Ensure(d.b, d.dlogits, d.p.DType, N, d.p.LogitCols)
+		if err := d.p.Loss.Forward(d.losses, d.dlogits, d.logits, myTargets, scale); err != nil {
+			return err
+		}
 	}
 	// The sum of the losses, on the device: over this replica's rows,
 	// then over the replicas.
@@ -287,8 +321,8 @@ func (d *Decoder) alloc(B, T int) error {
 		d.xs[i] = Ensure(b, d.xs[i], dt, n, C)
 	}
 	d.hf = Ensure(b, d.hf, dt, n, C)
-	d.logits = Ensure(b, d.logits, dt, N, d.p.LogitCols)
-	d.dlogits = Ensure(b, d.dlogits, dt, N, d.p.LogitCols)
+	// logits and dlogits (N, LogitCols) are allocated by forward, only
+	// where a path needs them whole.
 	d.losses = Ensure(b, d.losses, StatDType(dt), N)
 	d.lossSum = Ensure(b, d.lossSum, StatDType(dt), 1)
 	d.dhf = Ensure(b, d.dhf, dt, n, C)
@@ -318,6 +352,34 @@ func (d *Decoder) ReadLoss() (float64, error) {
 		return d.AuxLoss(), nil
 	}
 	return h.F64()[0]/float64(d.nTargets) + d.AuxLoss(), nil
+}
+
+// LossAsync is ReadLoss without the wait: it queues the read of the loss
+// sum (tensor.ReadAsync: on a GPU a copy into pinned memory after the work
+// queued so far) and returns a function that waits for that copy only and
+// returns what ReadLoss would have returned now. The target count and the
+// auxiliary losses (host values) are taken now, so later forwards do not
+// change the result: a training loop can queue the next step before it
+// reads this one's loss. The returned function may be called once.
+func (d *Decoder) LossAsync() (func() (float64, error), error) {
+	switch d.lossAt {
+	case lossNone:
+		return nil, errors.New(d.p.What + ": LossAsync needs a successful Forward first")
+	case lossZero:
+		return func() (float64, error) { return 0, nil }, nil
+	}
+	aux, n := d.AuxLoss(), d.nTargets
+	if n == 0 {
+		return func() (float64, error) { return aux, nil }, nil
+	}
+	r := tensor.ReadAsync(d.b, d.lossSum)
+	return func() (float64, error) {
+		vals, err := r.Wait()
+		if err != nil {
+			return 0, d.fail(fmt.Errorf("%s: reading the loss: %w", d.p.What, err))
+		}
+		return vals[0]/float64(n) + aux, nil
+	}, nil
 }
 
 // AuxLoss is the sum of the blocks' auxiliary losses (the MoE blocks'
@@ -360,7 +422,11 @@ func (d *Decoder) Backward() error {
 }
 
 func (d *Decoder) backward() error {
-	if err := d.p.Head.Backward(d.dhf, d.dlogits); err != nil {
+	if d.headLoss {
+		if err := d.p.HeadLoss.AddGrads(); err != nil { // dhf came with the forward
+			return err
+		}
+	} else if err := d.p.Head.Backward(d.dhf, d.dlogits); err != nil {
 		return err
 	}
 	dx, dnext := d.dxa, d.dxb

@@ -146,6 +146,9 @@ type GPT struct {
 	Blocks []*Block
 	Norm   *RMSNorm
 	Head   *Linear // (Vocab, Dim) weight: the embedding's when tied
+	// HeadLoss runs Head and the cross-entropy by chunks of rows on a
+	// forward with targets (its ChunkRows may be changed before a forward).
+	HeadLoss *ChunkedHeadLoss
 
 	// The assembly of those parts: Forward, ForwardAsync, ReadLoss,
 	// Backward, AuxLoss, RouterStats and Logits are its.
@@ -206,9 +209,13 @@ func NewGPT(b tensor.Backend, cfg GPTConfig, dt tensor.DType) (*GPT, error) {
 	if err != nil {
 		return nil, err
 	}
+	if m.HeadLoss, err = NewChunkedHeadLoss(b, m.Head, loss); err != nil {
+		return nil, err
+	}
 	if m.Decoder, err = NewDecoder(b, DecoderParts{
 		What: "layers: gpt", Seq: cfg.Seq, Vocab: cfg.Vocab, Dim: cfg.Dim, LogitCols: cfg.Vocab, DType: dt,
 		Embed: &hostIDs{e: m.Embed, b: b}, Blocks: m.Blocks, Norm: m.Norm, Head: m.Head, Loss: loss,
+		HeadLoss: m.HeadLoss,
 	}); err != nil {
 		return nil, err
 	}

@@ -25,6 +25,24 @@ type MLP struct {
 	b   tensor.Backend
 	n   int // rows of the last Forward; 0 before a successful one
 	act *SwiGLUCore
+
+	x        *tensor.Tensor // (n, Dim): the last forward's input (the stacked path)
+	wgu, ggu *tensor.Tensor // (2·Hidden, Dim) views of w_gate, w_up and their gradients, or nil
+	stacked  bool           // the last forward ran the stacked path
+}
+
+// stackedGateUp is Attention.stackedQKV for w_gate and w_up.
+func (m *MLP) stackedGateUp() (w, g *tensor.Tensor) {
+	if unstacked {
+		return nil, nil
+	}
+	if m.wgu == nil || m.wgu.Buffer() != m.Gate.W.W.Buffer() {
+		var err error
+		if m.wgu, m.ggu, err = Stacked(m.Gate.W, m.Up.W); err != nil {
+			m.wgu, m.ggu = nil, nil
+		}
+	}
+	return m.wgu, m.ggu
 }
 
 // SwiGLUCore is the activation of a SwiGLU MLP, h = silu(gate)·up, and its
@@ -37,6 +55,11 @@ type SwiGLUCore struct {
 	b              tensor.Backend
 	gate, up, h    *tensor.Tensor // (N, Hidden) w_gate(x), w_up(x), silu(gate)·up
 	dh, dgate, dup *tensor.Tensor // (N, Hidden) backward scratch
+
+	// The packed form (InputsPacked): one GEMM's [gate | up] rows in gu,
+	// their gradient in dgu.
+	packed  bool
+	gu, dgu *tensor.Tensor // (N, 2·Hidden)
 }
 
 // NewSwiGLUCore returns an activation that allocates on b.
@@ -48,12 +71,27 @@ func (s *SwiGLUCore) Inputs(dt tensor.DType, n, hidden int) (gate, up *tensor.Te
 	s.gate = Ensure(s.b, s.gate, dt, n, hidden)
 	s.up = Ensure(s.b, s.up, dt, n, hidden)
 	s.h = Ensure(s.b, s.h, dt, n, hidden)
+	s.packed = false
 	return s.gate, s.up
+}
+
+// InputsPacked returns the (n, 2·hidden) buffer the packed projections
+// [gate | up] of each row go into (one GEMM x·[W_gate;W_up]ᵀ), before
+// Forward; then use BackwardPacked.
+func (s *SwiGLUCore) InputsPacked(dt tensor.DType, n, hidden int) (gu *tensor.Tensor) {
+	s.gu = Ensure(s.b, s.gu, dt, n, 2*hidden)
+	s.h = Ensure(s.b, s.h, dt, n, hidden)
+	s.packed = true
+	return s.gu
 }
 
 // Forward returns h = silu(gate)·up (shaped like gate), the input of w_down.
 func (s *SwiGLUCore) Forward() (h *tensor.Tensor) {
-	if s.h.Numel() > 0 {
+	switch {
+	case s.h.Numel() == 0:
+	case s.packed:
+		s.b.SwiGLUPacked(s.h, s.gu)
+	default:
 		s.b.SwiGLU(s.h, s.gate, s.up)
 	}
 	return s.h
@@ -64,9 +102,22 @@ func (s *SwiGLUCore) Forward() (h *tensor.Tensor) {
 func (s *SwiGLUCore) OutputGrad() (dh *tensor.Tensor) {
 	dt, shape := s.h.DType(), s.h.Shape()
 	s.dh = Ensure(s.b, s.dh, dt, shape...)
+	if s.packed {
+		s.dgu = Ensure(s.b, s.dgu, dt, s.gu.Shape()...)
+		return s.dh
+	}
 	s.dgate = Ensure(s.b, s.dgate, dt, shape...)
 	s.dup = Ensure(s.b, s.dup, dt, shape...)
 	return s.dh
+}
+
+// BackwardPacked returns ∂L/∂gu (n, 2·hidden), the packed [dgate | dup]
+// rows, from the ∂L/∂h in OutputGrad, after InputsPacked.
+func (s *SwiGLUCore) BackwardPacked() (dgu *tensor.Tensor) {
+	if s.h.Numel() > 0 {
+		s.b.SwiGLUPackedBackward(s.dgu, s.dh, s.gu)
+	}
+	return s.dgu
 }
 
 // Backward returns ∂L/∂gate and ∂L/∂up from the ∂L/∂h in OutputGrad.
@@ -120,8 +171,18 @@ func (m *MLP) Forward(out, x *tensor.Tensor) error {
 	if err := CheckApart(m.what(), "output", out, "input x", x); err != nil {
 		return err
 	}
-	gate, up := m.act.Inputs(dt, n, m.Hidden)
 	x2 := Reshape(x, n, m.Dim)
+	m.stacked = false
+	if w, _ := m.stackedGateUp(); w != nil {
+		gu := m.act.InputsPacked(dt, n, m.Hidden)
+		m.b.MatMul(gu, x2, w, false, true, 1, 0) // one GEMM for gate and up
+		if err := m.Down.Forward(Reshape(out, n, m.Dim), m.act.Forward()); err != nil {
+			return err
+		}
+		m.x, m.stacked, m.n = x2, true, n
+		return Sticky(m.b, m.what(), "forward")
+	}
+	gate, up := m.act.Inputs(dt, n, m.Hidden)
 	if err := m.Gate.Forward(gate, x2); err != nil {
 		return err
 	}
@@ -156,8 +217,14 @@ func (m *MLP) Backward(dx, dout *tensor.Tensor) error {
 	if err := m.Down.Backward(dh, Reshape(dout, n, m.Dim)); err != nil {
 		return err
 	}
-	dgate, dup := m.act.Backward()
 	dx2 := Reshape(dx, n, m.Dim)
+	if m.stacked {
+		dgu := m.act.BackwardPacked()
+		m.b.MatMul(dx2, dgu, m.wgu, false, false, 1, 0) // dx = dgu·[W_gate;W_up]
+		m.b.MatMul(m.ggu, dgu, m.x, true, false, 1, 1)  // d[W_gate;W_up] += dguᵀ·x
+		return Sticky(m.b, m.what(), "backward")
+	}
+	dgate, dup := m.act.Backward()
 	if err := m.Gate.Backward(dx2, dgate); err != nil {
 		return err
 	}

@@ -259,3 +259,40 @@ func (s *ParamSet) ZeroGrad() {
 		s.b.Fill(s.g, 0)
 	}
 }
+
+// Stacked returns one (ΣOut, In) view of the weights and one of the
+// gradients of params, 2-D parameters (Out_i, In) of one In that lie one
+// after another in their flat buffers, in the order given: [W_0; W_1; ...]
+// row by row. A ParamSet lays out parameters registered one after another
+// with the same Decay that way, so the q, k and v projections of a layer
+// (or gate and up) can run as one GEMM x·[Wq;Wk;Wv]ᵀ while they stay
+// separate named parameters (checkpoints, export, TP shards). It fails,
+// saying why, for parameters that are not materialized or not adjacent.
+func Stacked(params ...*Param) (w, g *tensor.Tensor, err error) {
+	if len(params) == 0 {
+		return nil, nil, errors.New("layers: Stacked of no parameters")
+	}
+	first := params[0]
+	if first.W == nil || first.G == nil || len(first.shape) != 2 {
+		return nil, nil, fmt.Errorf("layers: Stacked: parameter %q is not a materialized (Out, In) weight", first.Name)
+	}
+	in, rows := first.shape[1], 0
+	for i, p := range params {
+		if p.W == nil || p.G == nil || len(p.shape) != 2 || p.shape[1] != in {
+			return nil, nil, fmt.Errorf("layers: Stacked: parameter %q (shape %v) is not a materialized (Out, %d) weight like %q", p.Name, p.shape, in, first.Name)
+		}
+		for _, t := range []struct{ v, f *tensor.Tensor }{{p.W, first.W}, {p.G, first.G}} {
+			if t.v.Buffer() != t.f.Buffer() || t.v.Offset() != t.f.Offset()+rows*in {
+				return nil, nil, fmt.Errorf("layers: Stacked: parameter %q (#%d) does not follow %q in its flat buffer", p.Name, i, params[max(i-1, 0)].Name)
+			}
+		}
+		rows += p.shape[0]
+	}
+	if w, err = tensor.New(first.W.Buffer(), first.W.Offset(), rows, in); err != nil {
+		return nil, nil, fmt.Errorf("layers: Stacked: %w", err)
+	}
+	if g, err = tensor.New(first.G.Buffer(), first.G.Offset(), rows, in); err != nil {
+		return nil, nil, fmt.Errorf("layers: Stacked: %w", err)
+	}
+	return w, g, nil
+}

@@ -83,3 +83,62 @@ func (r *RMSNorm) Backward(dx, dout *tensor.Tensor) error {
 	r.b.RMSNormBackward(Reshape(dx, n, r.Dim), r.W.G, Reshape(dout, n, r.Dim), r.x, r.W.W, r.rstd)
 	return Sticky(r.b, r.what(), "backward")
 }
+
+// ForwardAdd is the residual add fused with the norm: h = x + res and out =
+// RMSNorm(h) (..., Dim), in one op (tensor.Backend.AddRMSNorm); it keeps h
+// for the backward, as Forward keeps x. h must not alias out.
+func (r *RMSNorm) ForwardAdd(h, out, x, res *tensor.Tensor) error {
+	r.x = nil
+	if err := CheckParams(r.what(), r.W); err != nil {
+		return err
+	}
+	dt := r.W.W.DType()
+	n, err := CheckRows(r.b, r.what(), "input x", x, dt, r.Dim)
+	if err != nil {
+		return err
+	}
+	for _, t := range []struct {
+		what string
+		t    *tensor.Tensor
+	}{{"residual", res}, {"sum h", h}, {"output", out}} {
+		if err := CheckShape(r.b, r.what(), t.what, t.t, dt, x.Shape()...); err != nil {
+			return err
+		}
+	}
+	for _, t := range []struct {
+		what string
+		t    *tensor.Tensor
+	}{{"input x", x}, {"residual", res}, {"sum h", h}} {
+		if err := CheckApart(r.what(), "output", out, t.what, t.t); err != nil {
+			return err
+		}
+	}
+	h2 := Reshape(h, n, r.Dim)
+	r.rstd = Ensure(r.b, r.rstd, StatDType(dt), n)
+	r.b.AddRMSNorm(h2, Reshape(out, n, r.Dim), r.rstd, Reshape(x, n, r.Dim), Reshape(res, n, r.Dim), r.W.W, r.Eps)
+	r.x = h2
+	return Sticky(r.b, r.what(), "forward")
+}
+
+// BackwardAdd is Backward with the residual stream's gradient added: dx =
+// ∂L/∂x through the norm + dres (one op, tensor.Backend.RMSNormBackwardAdd;
+// dx may alias dres), and ∂L/∂w added.
+func (r *RMSNorm) BackwardAdd(dx, dout, dres *tensor.Tensor) error {
+	if r.x == nil {
+		return errors.New(r.what() + ": Backward without a successful Forward")
+	}
+	dt, n := r.W.W.DType(), r.x.Dim(0)
+	for _, t := range []struct {
+		what string
+		t    *tensor.Tensor
+	}{{"output gradient", dout}, {"input gradient dx", dx}, {"residual gradient", dres}} {
+		if err := CheckRowsN(r.b, r.what(), t.what, t.t, dt, r.Dim, n, "like the forward's input"); err != nil {
+			return err
+		}
+	}
+	if err := CheckApart(r.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
+		return err
+	}
+	r.b.RMSNormBackwardAdd(Reshape(dx, n, r.Dim), r.W.G, Reshape(dout, n, r.Dim), r.x, r.W.W, r.rstd, Reshape(dres, n, r.Dim))
+	return Sticky(r.b, r.what(), "backward")
+}

@@ -1,6 +1,9 @@
 package tensor
 
-import "errors"
+import (
+	"errors"
+	"math"
+)
 
 // Backend is the set of ops the layers need, implemented once per device. The
 // CPU backend (tensor/cpu) is the reference every other backend is compared
@@ -71,10 +74,25 @@ type Backend interface {
 	// RMSNormBackward: dx = ∂L/∂x (overwritten), dw += ∂L/∂w.
 	RMSNormBackward(dx, dw, dout, x, w, rstd *Tensor)
 
+	// AddRMSNorm is the residual add fused with the RMSNorm after it: h =
+	// x + r (rounded to the dtype), out = h / rms(h) · w, rstd (N) as
+	// RMSNorm's, in one pass. h may alias x or r; out aliases none of them.
+	AddRMSNorm(h, out, rstd, x, r, w *Tensor, eps float32)
+	// RMSNormBackwardAdd is RMSNormBackward at the forward's h with the
+	// residual gradient added: dx = ∂L/∂h through the norm + dres
+	// (overwritten; dx may alias dres), dw += ∂L/∂w.
+	RMSNormBackwardAdd(dx, dw, dout, h, w, rstd, dres *Tensor)
+
 	// SwiGLU: out = silu(gate) · up, elementwise; all (N, F).
 	SwiGLU(out, gate, up *Tensor)
 	// SwiGLUBackward: dgate, dup overwritten.
 	SwiGLUBackward(dgate, dup, dout, gate, up *Tensor)
+	// SwiGLUPacked is SwiGLU on packed rows: gu (N, 2F) holds [gate | up]
+	// per row (one GEMM's output for both projections), out (N, F).
+	SwiGLUPacked(out, gu *Tensor)
+	// SwiGLUPackedBackward: dgu (N, 2F, overwritten) = [dgate | dup] per
+	// row, the layout one GEMM takes back to dx and dW.
+	SwiGLUPackedBackward(dgu, dout, gu *Tensor)
 	// GELU (tanh approximation): out = gelu(x).
 	GELU(out, x *Tensor)
 	// GELUBackward: dx overwritten.
@@ -91,6 +109,15 @@ type Backend interface {
 	RoPE(out, x *Tensor, theta float64)
 	// RoPEBackward: dx = the inverse rotation of dout (overwritten).
 	RoPEBackward(dx, dout *Tensor, theta float64)
+
+	// RoPEQKV is RoPE on packed projections: qkv (B, T, 3·H·D) holds
+	// [q | k | v] per token (one GEMM's output for the three); q and k
+	// (B, T, H, D) receive the rotated q and k, v the v part as it is.
+	RoPEQKV(q, k, v, qkv *Tensor, theta float64)
+	// RoPEQKVBackward: dqkv (B, T, 3·H·D, overwritten) = [RoPE⁻¹(dq) |
+	// RoPE⁻¹(dk) | dv] per token, the layout one GEMM takes back to dx and
+	// dW.
+	RoPEQKVBackward(dqkv, dq, dk, dv *Tensor, theta float64)
 
 	// Attention is causal multi-head attention. q, k, v, out (B, T, H, D);
 	// lse (B, H, T) fp32 receives the log-sum-exp of each row of scores
@@ -122,6 +149,12 @@ type Backend interface {
 	// SumSquares returns Σ x² (accumulated in float64 on the CPU, fp32 or
 	// better elsewhere), waiting for the result.
 	SumSquares(x *Tensor) float64
+	// SumSquaresTo is SumSquares without the wait: dst (one element, of a
+	// dtype AdamW computes in: Float32, or Float64 on the CPU) += Σ x², on
+	// the device. Several calls add the parts of a sharded or viewed
+	// gradient; AdamW's NormSq reads the result, so a training step need not
+	// read the gradient norm back before its update.
+	SumSquaresTo(dst, x *Tensor)
 }
 
 // AdamW holds the hyper-parameters of one AdamW step.
@@ -133,7 +166,80 @@ type AdamW struct {
 	WeightDecay float32 // decoupled: p -= LR·WeightDecay·p
 	Step        int     // 1-based step, for bias correction
 	GradScale   float32 // g is multiplied by this first (gradient clipping); 0 means 1
+
+	// NormSq, when not nil, is a one-element tensor of the backend (the
+	// dtype of SumSquaresTo's dst) holding Σ g² of the whole gradient, read
+	// by the op itself: g is then also multiplied by ClipFactor(NormSq,
+	// Clip), and a non-finite NormSq skips the update (p, m, v and master
+	// are left as they are). This is clipping with the norm kept on the
+	// device: the host reads the norm later, only to report it, and a NaN
+	// gradient still never reaches the weights.
+	NormSq *Tensor
+	Clip   float32
 }
+
+// ClipFactor is the clipping factor of a gradient whose Σ g² is normSq:
+// min(1, clip/(sqrt(normSq)+1e-6)), 1 when clip ≤ 0. Every backend computes
+// AdamW's NormSq factor this way (in float32 on the GPU, float64 here).
+func ClipFactor(normSq, clip float64) float64 {
+	if clip <= 0 {
+		return 1
+	}
+	return min(1, clip/(math.Sqrt(normSq)+1e-6))
+}
+
+// AsyncReader is an optional capability of a backend whose ops run behind
+// the host (a GPU): ReadAsync queues a copy of src (a few values: a loss, a
+// norm) to the host after the work queued so far and returns at once; the
+// HostRead's Wait returns those values, waiting for the copy only. src may
+// be overwritten by later ops: the copy sees it as it was at ReadAsync. Use
+// it through the function ReadAsync, which falls back to a Download.
+type AsyncReader interface {
+	ReadAsync(src *Tensor) HostRead
+}
+
+// HostRead is a read queued by ReadAsync.
+type HostRead interface {
+	// Wait waits for the copy and returns src's values as float64 (an
+	// error of the backend, or of the copy, instead). It may be called once.
+	Wait() ([]float64, error)
+}
+
+// ReadAsync queues a read of src through b's AsyncReader; on a backend
+// without one it downloads src at once (a backend whose ops run on the host
+// has nothing to overlap) and the HostRead returns those values.
+func ReadAsync(b Backend, src *Tensor) HostRead {
+	if r, ok := b.(AsyncReader); ok {
+		return r.ReadAsync(src)
+	}
+	return readNow(b, src)
+}
+
+// readNow is the synchronous HostRead of a backend without AsyncReader.
+func readNow(b Backend, src *Tensor) HostRead {
+	if src == nil {
+		return doneRead{err: errors.New("tensor: ReadAsync of a nil tensor")}
+	}
+	h, err := Host(Float64, src.Shape()...)
+	if err != nil {
+		return doneRead{err: err}
+	}
+	b.Download(h, src)
+	if err := b.Err(); err != nil {
+		return doneRead{err: err}
+	}
+	return doneRead{vals: h.F64()}
+}
+
+// DoneRead is a HostRead whose values are already known (or its error).
+func DoneRead(vals []float64, err error) HostRead { return doneRead{vals, err} }
+
+type doneRead struct {
+	vals []float64
+	err  error
+}
+
+func (d doneRead) Wait() ([]float64, error) { return d.vals, d.err }
 
 // Streams is an optional capability of a GPU backend, found by type
 // assertion: the stream fork/join that the communication sites use to run

@@ -2,13 +2,21 @@
 // model's flat parameter buffer, the learning-rate schedule, the data loader,
 // checkpoints, and metrics.
 //
-// One step is: ZeroGrad, Forward, Backward, the global gradient norm (one
-// SumSquares pass), then AdamW with the clipping factor folded into its
-// GradScale (no extra pass over the gradients), then metrics.
+// One step is: ZeroGrad, Forward, Backward, the global gradient norm's Σ g²
+// into a device scalar (SumSquaresTo), then AdamW clipping by that scalar on
+// the device (tensor.AdamW's NormSq: the clip factor is computed by the
+// update itself, and a non-finite norm skips the update), then metrics.
 // A model with AsyncLoss (layers.GPT, parallel/model.Model) runs
-// ForwardAsync instead of Forward and its loss is read after Backward, so
-// nothing waits on the host between the forward and the backward.
-//
+// ForwardAsync instead of Forward; with LossReader too, its loss and the
+// gradient norm are read back asynchronously (tensor.ReadAsync) and taken
+// only after the next step is queued, so the host never waits for the
+// device inside a step and the device never waits for the host between
+// steps. The metrics of step s (its own loss and norm) are recorded then,
+// one step late; a step that is checkpointed or validated, and the last,
+// is read back at once, and a non-finite loss or norm stops the run naming
+// its step before any later checkpoint is written. Models with only a host
+// GradSumSquarer (no DeviceGradSumSquarer) keep the synchronous path.
+
 // Everything that decides the numbers of a step is a pure function of the
 // saved state: the parameters, the AdamW moments, the step (learning rate and
 // bias correction) and the data position (epoch, index). So a run of N steps

@@ -31,8 +31,8 @@ type Model interface {
 // device (layers.GPT, parallel/model.Model): ForwardAsync is Forward
 // without reading the loss back, and ReadLoss reads the loss of the last
 // ForwardAsync. Run then queues Forward and Backward back to back, with no
-// host sync between them, and reads the loss after Backward (before the
-// gradient norm, which waits for the backward anyway).
+// host sync between them, and reads the loss after Backward, or, when the
+// model is a LossReader too, one step later.
 type AsyncLoss interface {
 	ForwardAsync(ids, targets *tensor.Tensor) error
 	ReadLoss() (float64, error)
@@ -110,7 +110,10 @@ func WithExtraMetrics(fn func(step int) map[string]any) Option {
 	return func(o *runOptions) { o.extra = fn }
 }
 
-// WithStepHook calls fn after every step, on every rank.
+// WithStepHook calls fn after every step, on every rank, when the step is
+// read back: Run keeps one step queued ahead (see the package comment), so
+// fn of step s runs after step s+1 is queued, and a ctx cancelled from fn
+// stops the run after step s+1 (on every rank alike).
 func WithStepHook(fn func(StepMetrics)) Option { return func(o *runOptions) { o.hook = fn } }
 
 // WithStartHook calls fn once the run is ready to take its first step: the
@@ -140,7 +143,9 @@ func WithTokenizer(id string) Option { return func(o *runOptions) { o.tokenizer 
 // every cfg.CheckpointEvery steps and at the end.
 //
 // A non-finite loss or gradient norm stops the run with an error naming the
-// step and the last good checkpoint; the bad state is not saved. When ctx is
+// step and the last good checkpoint; the bad state is not saved (with the
+// reads one step late, the step after it may have been queued, never
+// checkpointed). When ctx is
 // cancelled the run stops after the current step, writes a checkpoint and
 // returns an error wrapping ctx's cause (errors.Is(err, context.Canceled)).
 // The Result is filled in every case.

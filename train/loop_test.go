@@ -111,7 +111,10 @@ func checkResumeIdentical(t *testing.T, mk newModel, steps int) {
 	m := mk(t, b)
 	res1, err := Run(ctx, b, m, loaderFor(t, first), first, WithOutput(&bytes.Buffer{}),
 		WithStepHook(func(s StepMetrics) {
-			if s.Step == steps/2 {
+			// The hook of step s runs when s is read back, with step
+			// s+1 already queued (Run keeps one step ahead): a cancel
+			// here stops the run after step s+1.
+			if s.Step == steps/2-1 {
 				cancel()
 			}
 		}))

@@ -176,6 +176,49 @@ func (o *AdamW) GradNorm() (float64, error) {
 	return math.Sqrt(ss), nil
 }
 
+// GradSumSquaresTo adds Σ g² of the flat gradient to dst (one element of
+// MomentDType) on the device, without waiting (tensor.Backend.SumSquaresTo).
+func (o *AdamW) GradSumSquaresTo(dst *tensor.Tensor) error {
+	o.b.SumSquaresTo(dst, o.g)
+	if err := o.b.Err(); err != nil {
+		return fmt.Errorf("train: gradient norm: %w", err)
+	}
+	return nil
+}
+
+// StepClipped is Step with the clipping factor computed on the device from
+// normSq (one element holding Σ g² of the whole gradient, of MomentDType):
+// min(1, clip/(sqrt(normSq)+1e-6)), as ClipScale computes it from the norm;
+// a non-finite normSq leaves the weights and moments as they are (the
+// update is skipped on the device). Nothing is read back to the host.
+func (o *AdamW) StepClipped(step int, lr float64, normSq *tensor.Tensor, clip float64) error {
+	if step < 1 {
+		return fmt.Errorf("train: AdamW step %d, want >= 1", step)
+	}
+	if normSq == nil {
+		return fmt.Errorf("train: AdamW step %d: no gradient norm tensor", step)
+	}
+	for _, gr := range o.groups {
+		hp := tensor.AdamW{
+			LR:     float32(lr),
+			Beta1:  float32(o.cfg.Beta1),
+			Beta2:  float32(o.cfg.Beta2),
+			Eps:    float32(o.cfg.Eps),
+			Step:   step,
+			NormSq: normSq,
+			Clip:   float32(clip),
+		}
+		if gr.decay {
+			hp.WeightDecay = float32(o.cfg.WeightDecay)
+		}
+		o.b.AdamW(gr.w, gr.g, gr.m, gr.v, gr.master, hp)
+	}
+	if err := o.b.Err(); err != nil {
+		return fmt.Errorf("train: AdamW step %d: %w", step, err)
+	}
+	return nil
+}
+
 // ClipScale is the factor that brings a gradient of global norm norm down to
 // at most clip: min(1, clip/(norm+1e-6)). clip <= 0 means no clipping (1).
 func ClipScale(norm, clip float64) float64 {

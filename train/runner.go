@@ -29,6 +29,10 @@ type runner struct {
 	elapsedBase float64       // wall seconds of the runs before this one (from the checkpoint)
 	start       time.Time     // when this run started
 	trainTime   time.Duration // time spent in steps by this run
+
+	pend     *pendingStep   // the step queued but not read back yet
+	lastDone time.Time      // when the last step was read back (or the run, a checkpoint, a validation ended)
+	normSq   *tensor.Tensor // Σ g² of the step, on the device
 }
 
 // elapsed is the wall time of the whole training so far, over resumes.
@@ -72,37 +76,44 @@ func (r *runner) run() (Result, error) {
 			r.sink.logf("resumed from %s at step %d", r.res.LastCheckpoint, r.res.StartStep)
 		}
 	}
-	tokens := float64(cfg.Batch * cfg.Seq)
 	r.start = time.Now()
+	r.lastDone = r.start
 	for step := r.res.StartStep + 1; step <= cfg.Steps; step++ {
 		pos := r.data.Position()
-		m, err := r.step(step)
+		p, err := r.queue(step)
 		if err != nil {
 			if errors.Is(err, tensor.ErrInterrupted) && r.ctx.Err() != nil {
 				return r.res, r.interrupted(step, pos, err)
 			}
+			if r.pend != nil { // record the step before, whose work is done, when it reads back
+				_ = r.flush()
+			}
 			return r.res, err
 		}
-		r.res.Step, r.res.StepsRun, r.res.FinalLoss = step, r.res.StepsRun+1, m.Loss
-		r.res.Losses = append(r.res.Losses, m.Loss)
-		r.res.Elapsed = r.trainTime
-		if s := r.trainTime.Seconds(); s > 0 {
-			r.res.TokensPerSec = tokens * float64(r.res.StepsRun) / s
+		// The step before is read back only now, with this one queued
+		// behind it: its loss and norm copies landed while the host
+		// queued this step, so the device never waits for the host.
+		if err := r.flush(); err != nil {
+			return r.res, err
 		}
-		if r.sink != nil {
-			if err := r.sink.record(m); err != nil {
-				return r.res, err
-			}
-		}
-		if r.o.hook != nil {
-			r.o.hook(m)
-		}
+		r.pend = p
 		last := step == cfg.Steps
 		stop := r.ctx.Err() != nil && !last
-		if last || stop || (cfg.CheckpointEvery > 0 && step%cfg.CheckpointEvery == 0) {
-			if err := r.save(step, m.Loss); err != nil {
+		save := last || stop || (cfg.CheckpointEvery > 0 && step%cfg.CheckpointEvery == 0)
+		val := r.o.val != nil && (step%r.o.valEvery == 0 || last)
+		if !save && !val {
+			continue
+		}
+		// A checkpoint or a validation needs the weights after this step:
+		// read it back now, before the next step's update is queued.
+		if err := r.flush(); err != nil {
+			return r.res, err
+		}
+		if save {
+			if err := r.save(step, r.res.FinalLoss); err != nil {
 				return r.res, err
 			}
+			r.lastDone = time.Now() // the next step's time leaves the checkpoint out
 		}
 		if stop {
 			return r.res, fmt.Errorf("train: stopped after step %d (checkpoint %s): %w", step, orNone(r.res.LastCheckpoint), context.Cause(r.ctx))
@@ -111,13 +122,33 @@ func (r *runner) run() (Result, error) {
 	return r.res, nil
 }
 
-// step runs one training step and returns its metrics.
-func (r *runner) step(step int) (StepMetrics, error) {
+// pendingStep is a step whose work is queued and whose loss and gradient
+// norm may still be on the device.
+type pendingStep struct {
+	step   int
+	lr     float64
+	queued time.Time               // when the step began
+	loss   func() (float64, error) // waits for the loss read-back
+	normSq tensor.HostRead         // Σ g², nil when norm is known
+	norm   float64
+	extra  map[string]any // o.extra's fields, taken right after the step's forward
+}
+
+// queue runs one training step up to the update without reading anything
+// back to the host where the model and the backend allow it: the forward
+// and backward (ForwardAsync), Σ g² into a device scalar
+// (DeviceGradSumSquarer, or the flat gradient's SumSquaresTo), and AdamW
+// clipping by that scalar on the device (StepClipped, which skips the
+// update when the norm is not finite, so a NaN never reaches the weights).
+// The loss and Σ g² are queued for reading (LossReader, tensor.ReadAsync);
+// flush reads them. A model without those interfaces is read at once, as
+// before (Forward's loss, GradSumSquarer's norm).
+func (r *runner) queue(step int) (*pendingStep, error) {
 	b, cfg := r.b, r.cfg
-	t0 := time.Now()
+	p := &pendingStep{step: step, queued: time.Now(), lr: LearningRate(step, cfg)}
 	ids, targets, err := r.data.Next()
 	if err != nil {
-		return StepMetrics{}, fmt.Errorf("train: step %d: data: %w", step, err)
+		return nil, fmt.Errorf("train: step %d: data: %w", step, err)
 	}
 	stoppable, _ := b.(tensor.Interruptible)
 	if !r.o.interrupt {
@@ -127,59 +158,160 @@ func (r *runner) step(step int) (StepMetrics, error) {
 		stoppable.SetInterrupt(func() bool { return r.ctx.Err() != nil })
 	}
 	r.model.ZeroGrad()
-	loss, err := r.forwardBackward(ids, targets, step)
+	p.loss, err = r.forwardBackward(ids, targets, step)
 	if stoppable != nil {
 		stoppable.SetInterrupt(nil) // the update below runs whole or not at all
 	}
 	if err != nil {
-		return StepMetrics{}, err
+		return nil, err
 	}
-	norm, err := r.gradNorm()
+	if r.o.extra != nil { // before the next forward (or a validation) replaces the router's statistics
+		p.extra = r.o.extra(step)
+	}
+	_, hostNorm := r.model.(GradSumSquarer)
+	_, devNorm := r.model.(DeviceGradSumSquarer)
+	if hostNorm && !devNorm {
+		// The norm only on the host: read the loss first (a NaN loss
+		// stops the step before the update), then the norm.
+		return p, r.stepOnHost(p)
+	}
+	if r.normSq == nil {
+		r.normSq = b.Zeros(r.opt.MomentDType(), 1)
+	}
+	b.Fill(r.normSq, 0)
+	if d, ok := r.model.(DeviceGradSumSquarer); ok {
+		err = d.GradSumSquaresTo(r.normSq)
+	} else {
+		err = r.opt.GradSumSquaresTo(r.normSq)
+	}
 	if err != nil {
-		return StepMetrics{}, fmt.Errorf("train: step %d: %w", step, err)
+		return nil, fmt.Errorf("train: step %d: %w", step, err)
+	}
+	if err := r.opt.StepClipped(step, p.lr, r.normSq, cfg.GradClip); err != nil {
+		return nil, err
+	}
+	p.normSq = tensor.ReadAsync(b, r.normSq)
+	if err := b.Err(); err != nil {
+		return nil, fmt.Errorf("train: step %d: %w", step, err)
+	}
+	return p, nil
+}
+
+// stepOnHost finishes a step whose gradient norm comes from the host
+// (GradSumSquarer without DeviceGradSumSquarer): loss, norm, update.
+func (r *runner) stepOnHost(p *pendingStep) error {
+	loss, err := p.loss()
+	if err != nil {
+		return fmt.Errorf("train: step %d: reading the loss: %w", p.step, err)
+	}
+	if !finite(loss) {
+		return r.diverged("loss", loss, p.step)
+	}
+	p.loss = func() (float64, error) { return loss, nil }
+	if p.norm, err = r.gradNorm(); err != nil {
+		return fmt.Errorf("train: step %d: %w", p.step, err)
+	}
+	if !finite(p.norm) {
+		return r.diverged("gradient norm", p.norm, p.step)
+	}
+	return r.opt.Step(p.step, p.lr, ClipScale(p.norm, r.cfg.GradClip))
+}
+
+// flush reads back the pending step (if any): its loss and gradient norm,
+// stopping the run at a non-finite one (the update of that step was skipped
+// on the device, and no checkpoint holds it), then records its metrics,
+// validates when due and calls the step hook. The step's time runs from
+// the end of the step before (or its own start, if later) to now: with
+// steps queued one ahead, that is the device's time per step.
+func (r *runner) flush() error {
+	p := r.pend
+	if p == nil {
+		return nil
+	}
+	r.pend = nil
+	loss, err := p.loss()
+	if err != nil {
+		return fmt.Errorf("train: step %d: reading the loss: %w", p.step, err)
+	}
+	if !finite(loss) {
+		return r.diverged("loss", loss, p.step)
+	}
+	norm := p.norm
+	if p.normSq != nil {
+		vals, err := p.normSq.Wait()
+		if err != nil {
+			return fmt.Errorf("train: step %d: reading the gradient norm: %w", p.step, err)
+		}
+		norm = math.Sqrt(vals[0])
 	}
 	if !finite(norm) {
-		return StepMetrics{}, r.diverged("gradient norm", norm, step)
+		return r.diverged("gradient norm", norm, p.step)
 	}
-	lr := LearningRate(step, cfg)
-	if err := r.opt.Step(step, lr, ClipScale(norm, cfg.GradClip)); err != nil {
-		return StepMetrics{}, err
+	if err := r.b.Err(); err != nil {
+		return fmt.Errorf("train: step %d: %w", p.step, err)
 	}
-	if err := b.Sync(); err != nil {
-		return StepMetrics{}, fmt.Errorf("train: step %d: %w", step, err)
+	now := time.Now()
+	dt := now.Sub(p.queued)
+	if r.lastDone.After(p.queued) {
+		dt = now.Sub(r.lastDone)
 	}
-	dt := time.Since(t0)
+	r.lastDone = now
 	r.trainTime += dt
-	tps := float64(cfg.Batch*cfg.Seq) / dt.Seconds()
+	cfg := r.cfg
+	tokens := float64(cfg.Batch * cfg.Seq)
+	tps := tokens / dt.Seconds()
 	m := StepMetrics{
-		Step: step, Loss: loss, LR: lr, GradNorm: norm, TokensPerSec: tps,
+		Step: p.step, Loss: loss, LR: p.lr, GradNorm: norm, TokensPerSec: tps,
 		ElapsedS: r.elapsed(),
 		Extra:    map[string]any{},
 	}
 	if f := r.model.FLOPsPerToken(); f > 0 {
 		m.Extra["flops_per_s"] = f * tps
 	}
-	if r.o.extra != nil { // before the validation, whose forward passes replace the router's statistics
-		for k, v := range r.o.extra(step) {
-			m.Extra[k] = v
-		}
+	for k, v := range p.extra {
+		m.Extra[k] = v
 	}
-	if r.o.val != nil && (step%r.o.valEvery == 0 || step == cfg.Steps) {
+	if r.o.val != nil && (p.step%r.o.valEvery == 0 || p.step == cfg.Steps) {
 		vl, err := r.validate()
 		if err != nil {
-			return StepMetrics{}, fmt.Errorf("train: step %d: validation: %w", step, err)
+			return fmt.Errorf("train: step %d: validation: %w", p.step, err)
 		}
 		m.Extra["val_loss"] = vl
 		m.Extra["val_ppl"] = math.Exp(vl)
+		r.lastDone = time.Now()
 	}
-	return m, nil
+	r.res.Step, r.res.StepsRun, r.res.FinalLoss = p.step, r.res.StepsRun+1, m.Loss
+	r.res.Losses = append(r.res.Losses, m.Loss)
+	r.res.Elapsed = r.trainTime
+	if s := r.trainTime.Seconds(); s > 0 {
+		r.res.TokensPerSec = tokens * float64(r.res.StepsRun) / s
+	}
+	if r.sink != nil {
+		if err := r.sink.record(m); err != nil {
+			return err
+		}
+	}
+	if r.o.hook != nil {
+		r.o.hook(m)
+	}
+	return nil
 }
 
-// forwardBackward runs the step's forward and backward and returns its
-// loss. A model with AsyncLoss reads the loss after the backward, so the
-// two are queued back to back; a non-finite loss stops the step either
-// way before the gradient norm and the update.
-func (r *runner) forwardBackward(ids, targets *tensor.Tensor, step int) (float64, error) {
+// LossReader is an optional interface of an AsyncLoss model (layers.GPT,
+// parallel/model.Model): LossAsync queues the read-back of the last
+// ForwardAsync's loss and returns a function that waits for it, so Run
+// can queue the next step before it reads this one's loss.
+type LossReader interface {
+	LossAsync() (func() (float64, error), error)
+}
+
+// forwardBackward runs the step's forward and backward and returns a
+// function giving its loss. A model with AsyncLoss queues the two back to
+// back; with LossReader too, the loss is only queued for reading (read in
+// flush, after the next step is queued), else it is read after the
+// backward. A plain model's loss is checked at once: a non-finite one
+// stops the step before the backward.
+func (r *runner) forwardBackward(ids, targets *tensor.Tensor, step int) (func() (float64, error), error) {
 	async, ok := r.model.(AsyncLoss)
 	var loss float64
 	var err error
@@ -189,26 +321,42 @@ func (r *runner) forwardBackward(ids, targets *tensor.Tensor, step int) (float64
 		loss, err = r.model.Forward(ids, targets)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("train: step %d: forward: %w", step, err)
+		return nil, fmt.Errorf("train: step %d: forward: %w", step, err)
 	}
 	if !ok && !finite(loss) {
-		return 0, r.diverged("loss", loss, step)
+		return nil, r.diverged("loss", loss, step)
 	}
 	if err := r.model.Backward(); err != nil {
-		return 0, fmt.Errorf("train: step %d: backward: %w", step, err)
+		return nil, fmt.Errorf("train: step %d: backward: %w", step, err)
 	}
 	if err := r.b.Err(); err != nil {
-		return 0, fmt.Errorf("train: step %d: %w", step, err)
+		return nil, fmt.Errorf("train: step %d: %w", step, err)
 	}
-	if ok {
-		if loss, err = async.ReadLoss(); err != nil {
-			return 0, fmt.Errorf("train: step %d: reading the loss: %w", step, err)
-		}
-		if !finite(loss) {
-			return 0, r.diverged("loss", loss, step)
-		}
+	if !ok {
+		return func() (float64, error) { return loss, nil }, nil
 	}
-	return loss, nil
+	if lr, ok := r.model.(LossReader); ok {
+		read, err := lr.LossAsync()
+		if err != nil {
+			return nil, fmt.Errorf("train: step %d: reading the loss: %w", step, err)
+		}
+		return read, nil
+	}
+	if loss, err = async.ReadLoss(); err != nil {
+		return nil, fmt.Errorf("train: step %d: reading the loss: %w", step, err)
+	}
+	if !finite(loss) {
+		return nil, r.diverged("loss", loss, step)
+	}
+	return func() (float64, error) { return loss, nil }, nil
+}
+
+// DeviceGradSumSquarer is an optional interface of a GradSumSquarer
+// (parallel/model.Model): GradSumSquaresTo adds the same sum to dst, a
+// one-element tensor of the optimizer's moment dtype, on the device, so the
+// step clips without a host read.
+type DeviceGradSumSquarer interface {
+	GradSumSquaresTo(dst *tensor.Tensor) error
 }
 
 // GradSumSquarer is an optional interface of a Model whose parameters are
@@ -268,6 +416,9 @@ func (r *runner) interrupted(step int, pos DataPosition, cause error) error {
 	}
 	if err := r.b.Err(); err != nil {
 		return fmt.Errorf("train: interrupted in step %d, and the backend still holds an error (%v); last checkpoint %s: %w", step, err, orNone(r.res.LastCheckpoint), cause)
+	}
+	if err := r.flush(); err != nil { // the step before is complete: record it before saving it
+		return err
 	}
 	if err := r.data.Seek(pos); err != nil {
 		return fmt.Errorf("train: interrupted in step %d: %w", step, err)

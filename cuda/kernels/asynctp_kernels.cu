@@ -12,3 +12,4 @@
 #include "dispatch.cu"
 #include "attention_tc.cu"
 #include "attention_fa2.cu"
+#include "packed.cu"

@@ -12,10 +12,20 @@ namespace atp {
 //   master = w (when present);  p = round(w)
 // bc1 = 1 − β1^step and bc2 = 1 − β2^step come from the host (computed in
 // float64). p (n) bf16 or f32; g (n) bf16 or f32; m, v, master (n) fp32;
-// master may be null.
+// master may be null. normsq, when not null, is Σ g² of the whole gradient
+// (one fp32, written by sumsq_finish earlier on the stream): the gradient is
+// then clipped on the device, grad_scale ·= min(1, clip/(sqrt(normsq)+1e-6))
+// (clip ≤ 0: no clipping), and a non-finite normsq skips the update
+// entirely, so the host need not read the norm before the update.
 template <typename TP, typename TG>
 __device__ void adamw_impl(TP* p, const TG* g, float* m, float* v, float* master, long long n, float lr, float b1,
-                           float b2, float eps, float wd, float bc1, float bc2, float grad_scale) {
+                           float b2, float eps, float wd, float bc1, float bc2, float grad_scale,
+                           const float* normsq, float clip) {
+    if (normsq != nullptr) {
+        float ns = *normsq;
+        if (!isfinite(ns)) return;
+        if (clip > 0.0f) grad_scale *= fminf(1.0f, clip / (sqrtf(ns) + 1e-6f));
+    }
     for (long long i = grid_thread(); i < n; i += grid_threads()) {
         float gr = f32(g[i]) * grad_scale;
         float mi = b1 * m[i] + (1.0f - b1) * gr;
@@ -44,16 +54,29 @@ template <typename T> __device__ void sumsq_partial_impl(double* partial, const 
     if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
+// sumsq_finish: dst[0] += Σ partial[0..G) (fp64, in order), rounded to fp32
+// once. Launch: grid 1, block 1 (G ≤ 1024 values: a few µs, and the order
+// is fixed, so the result is the same bits as the host's sum of the same
+// partials).
+__device__ void sumsq_finish_impl(float* dst, const double* partial, int G) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    double acc = 0.0;
+    for (int i = 0; i < G; i++) acc += partial[i];
+    dst[0] = (float)((double)dst[0] + acc);
+}
+
 } // namespace atp
 
 using namespace atp;
 
 // p (n), g (n), m, v, master (n) fp32 (master may be null). Grid-stride,
 // block 256.
+// normsq (1) fp32 or null.
 #define ATP_ADAMW(NAME, TP, TG)                                                                                   \
     KERNEL void NAME(TP* p, const TG* g, float* m, float* v, float* master, long long n, float lr, float b1,      \
-                     float b2, float eps, float wd, float bc1, float bc2, float grad_scale) {                     \
-        adamw_impl(p, g, m, v, master, n, lr, b1, b2, eps, wd, bc1, bc2, grad_scale);                              \
+                     float b2, float eps, float wd, float bc1, float bc2, float grad_scale, const float* normsq,  \
+                     float clip) {                                                                                \
+        adamw_impl(p, g, m, v, master, n, lr, b1, b2, eps, wd, bc1, bc2, grad_scale, normsq, clip);                \
     }
 ATP_ADAMW(adamw_bf16_bf16, bf16, bf16) // p bf16, g bf16
 ATP_ADAMW(adamw_bf16_f32, bf16, float) // p bf16, g f32
@@ -64,3 +87,6 @@ ATP_ADAMW(adamw_f32_f32, float, float) // p f32, g f32
 // partial (G) fp64; x (n). Launch: grid G ≤ 1024, block 256.
 KERNEL void sumsq_partial_bf16(double* partial, const bf16* x, long long n) { sumsq_partial_impl(partial, x, n); }
 KERNEL void sumsq_partial_f32(double* partial, const float* x, long long n) { sumsq_partial_impl(partial, x, n); }
+
+// dst (1) fp32; partial (G) fp64. Launch: grid 1, block 1.
+KERNEL void sumsq_finish(float* dst, const double* partial, int G) { sumsq_finish_impl(dst, partial, G); }

@@ -186,6 +186,50 @@ func (m *Model) GradSumSquares() (float64, error) {
 	return sharded + parts[1] + expert, nil
 }
 
+// GradSumSquaresTo is GradSumSquares without the host: dst (one element,
+// the model's stat dtype, Float32 for bf16) += Σ g² of the whole model,
+// computed and all-reduced on the device (each part in its own scalar, the
+// TP shards' summed over the TP group and the experts' over the EP group,
+// on the backend's stream), so a training step can clip on the device
+// (tensor.AdamW's NormSq) without waiting for the backward. It is collective
+// like GradSumSquares (train.DeviceGradSumSquarer).
+func (m *Model) GradSumSquaresTo(dst *tensor.Tensor) error {
+	if dst == nil || dst.Numel() != 1 {
+		return m.fail(fmt.Errorf("model: gradient norm: dst %v, expected a tensor of one element", dst))
+	}
+	_, g := m.ps.Flat()
+	for i, spans := range [][]span{m.plan.sharded, m.plan.replicated, m.plan.expert} {
+		m.ssParts[i] = layers.Ensure(m.b, m.ssParts[i], dst.DType(), 1)
+		part := m.ssParts[i]
+		m.b.Fill(part, 0)
+		vs, err := views(g, spans)
+		if err != nil {
+			return m.fail(err)
+		}
+		for _, v := range vs {
+			m.b.SumSquaresTo(part, v)
+		}
+	}
+	if err := sticky(m.b, "gradient norm"); err != nil {
+		return m.fail(err)
+	}
+	if err := m.allReduce(m.grid.TPGroup, "gradient norm over the TP group", m.ssParts[0]); err != nil {
+		return m.fail(err)
+	}
+	if len(m.plan.expert) > 0 {
+		if err := m.allReduce(m.grid.EPGroup, "gradient norm over the EP group", m.ssParts[2]); err != nil {
+			return m.fail(err)
+		}
+	}
+	for _, part := range m.ssParts {
+		m.b.Add(dst, dst, part)
+	}
+	if err := sticky(m.b, "gradient norm"); err != nil {
+		return m.fail(err)
+	}
+	return nil
+}
+
 // sumOver returns the sum of v over group c (v on a group of one rank).
 func (m *Model) sumOver(c comm.Comm, what string, v float64) (float64, error) {
 	vals := []float64{v}

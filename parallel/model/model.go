@@ -59,7 +59,8 @@ type Model struct {
 	shards  []tp.Shard
 	experts []*layers.Param // the MoE blocks' expert weights (split over EP)
 	plan    gradPlan
-	dec     *layers.Decoder // the assembly of the parts above
+	ssParts [3]*tensor.Tensor // GradSumSquaresTo's per-kind sums (TP-sharded, replicated, expert), kept across steps
+	dec     *layers.Decoder   // the assembly of the parts above
 }
 
 // New builds this rank's part of the model described by cfg on b, with
@@ -325,6 +326,11 @@ func (m *Model) ForwardAsync(ids, targets *tensor.Tensor) error {
 // queued before it, so read it after Backward to keep the two back to
 // back. It involves no other rank and may be called more than once.
 func (m *Model) ReadLoss() (float64, error) { return m.dec.ReadLoss() }
+
+// LossAsync queues the read of the last ForwardAsync's loss and returns a
+// function that waits for it (layers.Decoder.LossAsync): train.Run reads a
+// step's loss after the next step is queued.
+func (m *Model) LossAsync() (func() (float64, error), error) { return m.dec.LossAsync() }
 
 // Backward adds this replica's gradient of the last Forward's global mean
 // loss to the parameters' gradients, then reduces them so that every rank

@@ -145,6 +145,14 @@ func checkAgainst(b tensor.Backend, g *comm.Grid, cfg layers.GPTConfig, l layout
 	} else {
 		worst.see("grad sum of squares", e)
 	}
+	dev := b.Zeros(layers.StatDType(dt), 1)
+	b.Fill(dev, 0.25) // GradSumSquaresTo adds
+	if err := m.GradSumSquaresTo(dev); err != nil {
+		return err
+	}
+	if got := testutil.Download(b, dev)[0] - 0.25; !(relErr(got, ref.sumSquare) <= max(tol, 1e-6)) {
+		return fmt.Errorf("GradSumSquaresTo %v, want %v (relative error %.3g)", got, ref.sumSquare, relErr(got, ref.sumSquare))
+	}
 	if hooks.after != nil {
 		return hooks.after(m)
 	}

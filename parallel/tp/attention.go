@@ -10,7 +10,9 @@ import (
 // Attention is layers.Attention with the heads split over the TP group:
 // rank r computes heads [r·H/P, (r+1)·H/P). wq, wk and wv are
 // column-parallel (their rows are the heads' features, so a rank's rows are
-// whole heads) and share one entry into the TP region; RoPE and the
+// whole heads) and share one entry into the TP region, where they run as
+// one stacked weight [Wq_r; Wk_r; Wv_r] (one GEMM each way; the three stay
+// separate shards); RoPE (RoPEQKV on the packed rows) and the
 // attention op (layers.AttentionCore) run on the local heads as they are; wo is row-parallel and
 // its partial products leave the region (all-reduce, or reduce-scatter
 // under sequence parallelism).
@@ -119,8 +121,8 @@ func (a *Attention) Forward(out, x *tensor.Tensor, batch, seq int) error {
 	if err := layers.CheckApart(a.what(), "output", out, "input x", x); err != nil {
 		return err
 	}
-	q, k, v := a.core.Inputs(dt, B, T)
-	if err := a.e.forward(layers.Reshape(x, n, C), []*tensor.Tensor{q, k, v}); err != nil {
+	qkv := a.core.InputsPacked(dt, B, T) // [q | k | v] of the local heads, one GEMM (the entry is stacked)
+	if err := a.e.forward(layers.Reshape(x, n, C), []*tensor.Tensor{qkv}); err != nil {
 		return err
 	}
 	att := a.core.Forward()
@@ -159,6 +161,5 @@ func (a *Attention) Backward(dx, dout *tensor.Tensor) error {
 	if err := a.Wo.Backward(datt, layers.Reshape(dout, n, C)); err != nil {
 		return err
 	}
-	dq, dk, dv := a.core.Backward()
-	return a.e.backward(layers.Reshape(dx, n, C), []*tensor.Tensor{dq, dk, dv})
+	return a.e.backward(layers.Reshape(dx, n, C), []*tensor.Tensor{a.core.BackwardPacked()})
 }

@@ -9,8 +9,9 @@ import (
 
 // MLP is layers.MLP (SwiGLU) with the hidden features split over the TP
 // group: w_gate and w_up are column-parallel and share one entry into the
-// TP region, the activation (layers.SwiGLUCore) runs on the local features,
-// w_down is row-parallel and its partial products leave the region
+// TP region (one stacked weight [W_gate_r; W_up_r], one GEMM each way), the
+// activation (layers.SwiGLUCore, SwiGLUPacked on the packed rows) runs on
+// the local features, w_down is row-parallel and its partial products leave the region
 // (all-reduce, or reduce-scatter under sequence parallelism). P must divide
 // Hidden.
 type MLP struct {
@@ -96,8 +97,8 @@ func (m *MLP) Forward(out, x *tensor.Tensor) error {
 	if m.par.SequenceParallel {
 		N = n * m.par.Size()
 	}
-	gate, up := m.act.Inputs(dt, N, m.LocalHidden)
-	if err := m.e.forward(layers.Reshape(x, n, m.Dim), []*tensor.Tensor{gate, up}); err != nil {
+	gu := m.act.InputsPacked(dt, N, m.LocalHidden) // [gate | up] of the local features, one GEMM (the entry is stacked)
+	if err := m.e.forward(layers.Reshape(x, n, m.Dim), []*tensor.Tensor{gu}); err != nil {
 		return err
 	}
 	h := m.act.Forward()
@@ -128,6 +129,5 @@ func (m *MLP) Backward(dx, dout *tensor.Tensor) error {
 	if err := m.Down.Backward(dh, layers.Reshape(dout, n, m.Dim)); err != nil {
 		return err
 	}
-	dgate, dup := m.act.Backward()
-	return m.e.backward(layers.Reshape(dx, n, m.Dim), []*tensor.Tensor{dgate, dup})
+	return m.e.backward(layers.Reshape(dx, n, m.Dim), []*tensor.Tensor{m.act.BackwardPacked()})
 }

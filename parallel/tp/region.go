@@ -34,14 +34,34 @@ type entry struct {
 	x        *tensor.Tensor // (n, In): the caller's input, viewed 2-D
 	xFull    *tensor.Tensor // (N, In): x, or gathered under SP
 	gathered *tensor.Tensor // (N, In) owned buffer of the gathered input (SP)
+
+	// stacked: the linears' weights (and gradients) lie one after another
+	// in the flat buffers (they are registered so), and the entry runs them
+	// as one weight [W_0; W_1; ...] (ΣLocalOut_i, In): one GEMM each way
+	// and one output (N, ΣLocalOut_i), the packed rows that RoPEQKV and
+	// SwiGLUPacked read. Its site is built for that one weight.
+	stacked bool
+	w, g    *tensor.Tensor // the stacked views (found at the first forward)
 }
 
 // newEntry builds the entry of the layer name (its site's name).
+//
+// Several linears (q, k, v; gate, up) are stacked: they must have no bias.
 func newEntry(b tensor.Backend, par Parallel, what, name string, lins ...*ColumnParallelLinear) (*entry, error) {
-	e := &entry{what: what, b: b, par: par, lins: lins, in: lins[0].In}
+	e := &entry{what: what, b: b, par: par, lins: lins, in: lins[0].In, stacked: len(lins) > 1}
 	outs := make([]int, len(lins))
 	for i, l := range lins {
 		outs[i] = l.LocalOut
+		if e.stacked && l.Bias != nil {
+			return nil, fmt.Errorf("%s: %s has a bias: the stacked projections of a shared entry take none", what, l.Name)
+		}
+	}
+	if e.stacked {
+		total := 0
+		for _, o := range outs {
+			total += o
+		}
+		outs = []int{total}
 	}
 	sp := par.spec(b, name, e.in, outs...)
 	var err error
@@ -57,6 +77,9 @@ func newEntry(b tensor.Backend, par Parallel, what, name string, lins ...*Column
 }
 
 func (e *entry) weights() []*tensor.Tensor {
+	if e.stacked {
+		return []*tensor.Tensor{e.w}
+	}
 	ws := make([]*tensor.Tensor, len(e.lins))
 	for i, l := range e.lins {
 		ws[i] = l.W.W
@@ -65,6 +88,9 @@ func (e *entry) weights() []*tensor.Tensor {
 }
 
 func (e *entry) grads() []*tensor.Tensor {
+	if e.stacked {
+		return []*tensor.Tensor{e.g}
+	}
 	gs := make([]*tensor.Tensor, len(e.lins))
 	for i, l := range e.lins {
 		gs[i] = l.W.G
@@ -72,12 +98,36 @@ func (e *entry) grads() []*tensor.Tensor {
 	return gs
 }
 
+// stack finds the stacked views of the linears' weights and gradients.
+func (e *entry) stack() error {
+	if !e.stacked || e.w != nil && e.w.Buffer() == e.lins[0].W.W.Buffer() {
+		return nil
+	}
+	ps := make([]*layers.Param, len(e.lins))
+	for i, l := range e.lins {
+		ps[i] = l.W
+	}
+	var err error
+	if e.w, e.g, err = layers.Stacked(ps...); err != nil {
+		e.w, e.g = nil, nil
+		return fmt.Errorf("%s: %w", e.what, err)
+	}
+	return nil
+}
+
 // forward computes outs[i] (N, LocalOut_i) from x (n, In), both 2-D and
-// already checked.
+// already checked; a stacked entry takes one output (N, ΣLocalOut_i), the
+// linears' outputs side by side in each row.
 func (e *entry) forward(x *tensor.Tensor, outs []*tensor.Tensor) error {
 	e.n = 0
 	b, dt := e.b, x.DType()
 	n := x.Dim(0)
+	if err := e.stack(); err != nil {
+		return err
+	}
+	if want := len(e.weights()); len(outs) != want {
+		return fmt.Errorf("%s: internal error: %d outputs for %d weights", e.what, len(outs), want)
+	}
 	if e.par.SequenceParallel {
 		N := n * e.par.Size()
 		e.gathered = layers.Ensure(b, e.gathered, dt, N, e.in)
@@ -90,13 +140,15 @@ func (e *entry) forward(x *tensor.Tensor, outs []*tensor.Tensor) error {
 		e.xFull = e.gathered
 	} else {
 		e.xFull = x
-		for i, l := range e.lins {
-			b.MatMul(outs[i], x, l.W.W, false, true, 1, 0)
+		for i, w := range e.weights() {
+			b.MatMul(outs[i], x, w, false, true, 1, 0)
 		}
 	}
-	for i, l := range e.lins {
-		if l.Bias != nil {
-			b.AddBias(outs[i], l.Bias.W)
+	if !e.stacked {
+		for i, l := range e.lins {
+			if l.Bias != nil {
+				b.AddBias(outs[i], l.Bias.W)
+			}
 		}
 	}
 	e.x, e.n = x, n
@@ -104,12 +156,17 @@ func (e *entry) forward(x *tensor.Tensor, outs []*tensor.Tensor) error {
 }
 
 // backward overwrites dx (n, In) with ∂L/∂x and adds the weight gradients,
-// from douts[i] (N, LocalOut_i).
+// from douts[i] (N, LocalOut_i) (one packed (N, ΣLocalOut_i) when stacked).
 func (e *entry) backward(dx *tensor.Tensor, douts []*tensor.Tensor) error {
 	b := e.b
-	for i, l := range e.lins {
-		if l.Bias != nil {
-			b.SumRows(l.Bias.G, douts[i])
+	if len(douts) != len(e.weights()) {
+		return fmt.Errorf("%s: internal error: %d output gradients for %d weights", e.what, len(douts), len(e.weights()))
+	}
+	if !e.stacked {
+		for i, l := range e.lins {
+			if l.Bias != nil {
+				b.SumRows(l.Bias.G, douts[i])
+			}
 		}
 	}
 	if err := layers.Sticky(b, e.what, "backward"); err != nil {
@@ -122,8 +179,8 @@ func (e *entry) backward(dx *tensor.Tensor, douts []*tensor.Tensor) error {
 	} else {
 		// dx = all-reduce(Σ_i dy_i·W_i), the weight gradients while it moves
 		if work, err = e.mmar.Run(dx, douts, e.weights(), false); err == nil {
-			for i, l := range e.lins {
-				b.MatMul(l.W.G, douts[i], e.xFull, true, false, 1, 1) // dW += dyᵀ·x
+			for i, g := range e.grads() {
+				b.MatMul(g, douts[i], e.xFull, true, false, 1, 1) // dW += dyᵀ·x
 			}
 		}
 	}

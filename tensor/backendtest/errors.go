@@ -81,6 +81,31 @@ var errorCases = []errorCase{
 		f := func(n int) *tensor.Tensor { return b.Zeros(tensor.Float32, n) }
 		b.AdamW(b.Zeros(dt, 10), b.Zeros(dt, 10), f(10), f(9), f(10), tensor.AdamW{LR: 1, Beta1: 0.9, Beta2: 0.9, Step: 1})
 	}},
+	{"AdamW", func(b tensor.Backend, dt tensor.DType) { // NormSq of two elements
+		f := func(n int) *tensor.Tensor { return b.Zeros(tensor.Float32, n) }
+		b.AdamW(b.Zeros(dt, 10), b.Zeros(dt, 10), f(10), f(10), f(10), tensor.AdamW{LR: 1, Beta1: 0.9, Beta2: 0.9, Step: 1, NormSq: f(2)})
+	}},
+	{"SumSquaresTo", func(b tensor.Backend, dt tensor.DType) { b.SumSquaresTo(b.Zeros(tensor.Float32, 2), b.Zeros(dt, 10)) }},
+	{"RoPEQKV", func(b tensor.Backend, dt tensor.DType) { // qkv of 2·H·D per token
+		z := func() *tensor.Tensor { return b.Zeros(dt, 2, 3, 2, 4) }
+		b.RoPEQKV(z(), z(), z(), b.Zeros(dt, 2, 3, 16), 1e4)
+	}},
+	{"RoPEQKVBackward", func(b tensor.Backend, dt tensor.DType) { // odd D
+		z := func() *tensor.Tensor { return b.Zeros(dt, 2, 3, 2, 3) }
+		b.RoPEQKVBackward(b.Zeros(dt, 2, 3, 18), z(), z(), z(), 1e4)
+	}},
+	{"AddRMSNorm", func(b tensor.Backend, dt tensor.DType) { // r of another width
+		b.AddRMSNorm(b.Zeros(dt, 3, 4), b.Zeros(dt, 3, 4), b.Zeros(tensor.Float32, 3), b.Zeros(dt, 3, 4), b.Zeros(dt, 3, 5), b.Zeros(dt, 4), 1e-5)
+	}},
+	{"RMSNormBackwardAdd", func(b tensor.Backend, dt tensor.DType) { // dres of other rows
+		z := func() *tensor.Tensor { return b.Zeros(dt, 3, 4) }
+		b.RMSNormBackwardAdd(z(), b.Zeros(dt, 4), z(), z(), b.Zeros(dt, 4), b.Zeros(tensor.Float32, 3), b.Zeros(dt, 2, 4))
+	}},
+	{"SwiGLUPacked", func(b tensor.Backend, dt tensor.DType) { b.SwiGLUPacked(b.Zeros(dt, 3, 4), b.Zeros(dt, 3, 9)) }},
+	{"SwiGLUPackedBackward", func(b tensor.Backend, dt tensor.DType) {
+		b.SwiGLUPackedBackward(b.Zeros(dt, 3, 8), b.Zeros(dt, 3, 5), b.Zeros(dt, 3, 8))
+	}},
+	{"SumSquaresTo", func(b tensor.Backend, dt tensor.DType) { b.SumSquaresTo(b.Zeros(tensor.Int32, 1), b.Zeros(dt, 10)) }},
 	{"Copy", func(b tensor.Backend, dt tensor.DType) { b.Copy(b.Zeros(dt, 4, 5), b.Zeros(tensor.Float32, 21)) }},
 	{"MatMul", func(b tensor.Backend, dt tensor.DType) {
 		b.MatMul(b.Zeros(dt, 4, 5), b.Zeros(tensor.Int32, 4, 3), b.Zeros(dt, 3, 5), false, false, 1, 0) // int32 operand

@@ -101,3 +101,46 @@ func TestRoPE(t *testing.T, b tensor.Backend, opts Options) {
 	h.ref.RoPEBackward(dx.ref, dout.ref, theta)
 	h.compare("RoPEBackward", dx)
 }
+
+// TestAddRMSNorm checks the residual add fused with RMSNorm, and its
+// backward fused with the residual gradient's add, against the reference's
+// separate Add and RMSNorm (RMSNormBackward and Add): h and out from x and
+// r, with h in place of x too; dx from dout and dres, in place of dres too.
+// Outputs start as NaN; the row length is not a multiple of 8 and the rows
+// outnumber one block's warps.
+func TestAddRMSNorm(t *testing.T, b tensor.Backend, opts Options) {
+	h := newHarness(t, b, opts, 18)
+	for _, c := range []int{50, 768} {
+		const n = 37
+		x, r, w := h.rand(h.dt, n, c), h.rand(h.dt, n, c), h.rand(h.dt, c)
+		hs, out, rstd := h.out(h.dt, n, c), h.out(h.dt, n, c), h.out(tensor.Float32, n)
+		h.b.AddRMSNorm(hs.dev, out.dev, rstd.dev, x.dev, r.dev, w.dev, 1e-5)
+		h.ref.Add(hs.ref, x.ref, r.ref)
+		h.ref.RMSNorm(out.ref, rstd.ref, hs.ref, w.ref, 1e-5)
+		h.compare("AddRMSNorm h", hs)
+		h.compare("AddRMSNorm out", out)
+		h.compare("AddRMSNorm rstd", rstd)
+
+		dout, dres, dw := h.rand(h.dt, n, c), h.rand(h.dt, n, c), h.rand(h.dt, c)
+		dx := h.out(h.dt, n, c)
+		h.b.RMSNormBackwardAdd(dx.dev, dw.dev, dout.dev, hs.dev, w.dev, rstd.dev, dres.dev)
+		h.ref.RMSNormBackward(dx.ref, dw.ref, dout.ref, hs.ref, w.ref, rstd.ref)
+		h.ref.Add(dx.ref, dx.ref, dres.ref)
+		h.compare("RMSNormBackwardAdd dx", dx)
+		h.compare("RMSNormBackwardAdd dw", dw)
+
+		// In place: h over x, dx over dres.
+		out2 := h.out(h.dt, n, c)
+		h.b.AddRMSNorm(x.dev, out2.dev, rstd.dev, x.dev, r.dev, w.dev, 1e-5)
+		h.ref.Add(x.ref, x.ref, r.ref)
+		h.ref.RMSNorm(out2.ref, rstd.ref, x.ref, w.ref, 1e-5)
+		h.compare("AddRMSNorm h in place of x", x)
+		h.compare("AddRMSNorm out (h in place)", out2)
+		h.b.RMSNormBackwardAdd(dres.dev, dw.dev, dout.dev, x.dev, w.dev, rstd.dev, dres.dev)
+		tmp := tensor.MustHost(tensor.Float64, n, c)
+		h.ref.RMSNormBackward(tmp, dw.ref, dout.ref, x.ref, w.ref, rstd.ref)
+		h.ref.Add(dres.ref, tmp, dres.ref)
+		h.compare("RMSNormBackwardAdd dx in place of dres", dres)
+		h.compare("RMSNormBackwardAdd dw (in place)", dw)
+	}
+}

@@ -66,6 +66,63 @@ func swiGLUBackward[T float](bk *Backend, dgate, dup, dout, gate, up []T) {
 	})
 }
 
+// SwiGLUPacked sets out (N, F) = silu(gate)·up from the packed rows gu
+// (N, 2F) = [gate | up], with SwiGLU's arithmetic.
+func (bk *Backend) SwiGLUPacked(out, gu *tensor.Tensor) {
+	c := bk.check("SwiGLUPacked")
+	n, f := opcheck.SwiGLUPacked(c, out, gu)
+	if !c.OK() {
+		return
+	}
+	switch gu.DType() {
+	case tensor.Float32:
+		swiGLUPacked(bk, out.F32(), gu.F32(), n, f)
+	case tensor.Float64:
+		swiGLUPacked(bk, out.F64(), gu.F64(), n, f)
+	}
+}
+
+func swiGLUPacked[T float](bk *Backend, out, gu []T, n, f int) {
+	bk.parallelFor(n, 16*f, func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			g, u, o := gu[2*r*f:][:f], gu[(2*r+1)*f:][:f], out[r*f:][:f]
+			for i := range o {
+				o[i] = g[i] * sigmoid(g[i]) * u[i]
+			}
+		}
+	})
+}
+
+// SwiGLUPackedBackward sets dgu (N, 2F) = [dgate | dup] per row from dout
+// (N, F) and the packed gu, with SwiGLUBackward's arithmetic.
+func (bk *Backend) SwiGLUPackedBackward(dgu, dout, gu *tensor.Tensor) {
+	c := bk.check("SwiGLUPackedBackward")
+	n, f := opcheck.SwiGLUPackedBackward(c, dgu, dout, gu)
+	if !c.OK() {
+		return
+	}
+	switch gu.DType() {
+	case tensor.Float32:
+		swiGLUPackedBackward(bk, dgu.F32(), dout.F32(), gu.F32(), n, f)
+	case tensor.Float64:
+		swiGLUPackedBackward(bk, dgu.F64(), dout.F64(), gu.F64(), n, f)
+	}
+}
+
+func swiGLUPackedBackward[T float](bk *Backend, dgu, dout, gu []T, n, f int) {
+	bk.parallelFor(n, 16*f, func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			g, u, d := gu[2*r*f:][:f], gu[(2*r+1)*f:][:f], dout[r*f:][:f]
+			dg, du := dgu[2*r*f:][:f], dgu[(2*r+1)*f:][:f]
+			for i := range d {
+				s := sigmoid(g[i])
+				dg[i] = d[i] * u[i] * s * (1 + g[i]*(1-s))
+				du[i] = d[i] * g[i] * s
+			}
+		}
+	})
+}
+
 // geluC is sqrt(2/π), geluA the cubic coefficient of the tanh approximation.
 const (
 	geluC = 0.7978845608028654

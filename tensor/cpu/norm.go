@@ -95,3 +95,49 @@ func rmsNormBackward[T, S float](bk *Backend, dx, dw, dout, x, w []T, rstd []S, 
 		}
 	})
 }
+
+// AddRMSNorm sets h = x + r, then out = RMSNorm(h)·w and rstd, with the
+// arithmetic of Add then RMSNorm (the reference of the fused kernel).
+func (bk *Backend) AddRMSNorm(h, out, rstd, x, r, w *tensor.Tensor, eps float32) {
+	c := bk.check("AddRMSNorm")
+	n, cols := opcheck.AddRMSNorm(c, h, out, rstd, x, r, w)
+	if !c.OK() {
+		return
+	}
+	switch {
+	case x.DType() == tensor.Float32:
+		add(bk, h.F32(), x.F32(), r.F32())
+		rmsNorm(bk, out.F32(), rstd.F32(), h.F32(), w.F32(), n, cols, eps)
+	case rstd.DType() == tensor.Float64:
+		add(bk, h.F64(), x.F64(), r.F64())
+		rmsNorm(bk, out.F64(), rstd.F64(), h.F64(), w.F64(), n, cols, eps)
+	default:
+		add(bk, h.F64(), x.F64(), r.F64())
+		rmsNorm(bk, out.F64(), rstd.F32(), h.F64(), w.F64(), n, cols, eps)
+	}
+}
+
+// RMSNormBackwardAdd sets dx = RMSNormBackward's dx + dres (dx may alias
+// dres or dout) and adds to dw, with the arithmetic of RMSNormBackward then
+// Add.
+func (bk *Backend) RMSNormBackwardAdd(dx, dw, dout, h, w, rstd, dres *tensor.Tensor) {
+	c := bk.check("RMSNormBackwardAdd")
+	n, cols := opcheck.RMSNormBackwardAdd(c, dx, dw, dout, h, w, rstd, dres)
+	if !c.OK() {
+		return
+	}
+	switch {
+	case h.DType() == tensor.Float32:
+		tmp := make([]float32, n*cols)
+		rmsNormBackward(bk, tmp, dw.F32(), dout.F32(), h.F32(), w.F32(), rstd.F32(), n, cols)
+		add(bk, dx.F32(), tmp, dres.F32())
+	case rstd.DType() == tensor.Float64:
+		tmp := make([]float64, n*cols)
+		rmsNormBackward(bk, tmp, dw.F64(), dout.F64(), h.F64(), w.F64(), rstd.F64(), n, cols)
+		add(bk, dx.F64(), tmp, dres.F64())
+	default:
+		tmp := make([]float64, n*cols)
+		rmsNormBackward(bk, tmp, dw.F64(), dout.F64(), h.F64(), w.F64(), rstd.F32(), n, cols)
+		add(bk, dx.F64(), tmp, dres.F64())
+	}
+}

@@ -27,6 +27,17 @@ func (bk *Backend) AdamW(p, g, m, v, master *tensor.Tensor, hp tensor.AdamW) {
 	if !c.OK() {
 		return
 	}
+	if hp.NormSq != nil {
+		ns := scalarValue(hp.NormSq)
+		if math.IsNaN(ns) || math.IsInf(ns, 0) {
+			return // a non-finite gradient never reaches the weights
+		}
+		gs := float64(hp.GradScale)
+		if gs == 0 {
+			gs = 1
+		}
+		hp.GradScale = float32(gs * tensor.ClipFactor(ns, float64(hp.Clip)))
+	}
 	w := p // the weights the update is computed on
 	if master != nil {
 		w = master
@@ -130,6 +141,36 @@ func (bk *Backend) SumSquares(x *tensor.Tensor) float64 {
 	if !c.OK() {
 		return math.NaN()
 	}
+	return bk.sumSquares(x)
+}
+
+// SumSquaresTo adds Σ x² (as SumSquares computes it) to dst[0] (Float32 or
+// Float64), rounding once.
+func (bk *Backend) SumSquaresTo(dst, x *tensor.Tensor) {
+	c := bk.check("SumSquaresTo")
+	opcheck.SumSquaresTo(c, dst, x)
+	if !c.OK() {
+		return
+	}
+	ss := bk.sumSquares(x)
+	switch dst.DType() {
+	case tensor.Float32:
+		d := dst.F32()
+		d[0] = float32(float64(d[0]) + ss)
+	case tensor.Float64:
+		dst.F64()[0] += ss
+	}
+}
+
+// scalarValue is the value of a checked one-element float tensor.
+func scalarValue(t *tensor.Tensor) float64 {
+	if t.DType() == tensor.Float32 {
+		return float64(t.F32()[0])
+	}
+	return t.F64()[0]
+}
+
+func (bk *Backend) sumSquares(x *tensor.Tensor) float64 {
 	n := x.Numel()
 	chunks := (n + optChunk - 1) / optChunk
 	part := make([]float64, chunks)

@@ -44,6 +44,86 @@ func (bk *Backend) RoPEBackward(dx, dout *tensor.Tensor, theta float64) {
 // backward).
 func rope[T float](bk *Backend, out, x []T, s tensor.Shape, theta float64, sign T) {
 	nb, nt, nh, d := s[0], s[1], s[2], s[3]
+	ropeRows(bk, out, x, ropeLayout{nb, nt, nh, d, nh * d, 0, nh * d, 0}, theta, sign)
+}
+
+// ropeLayout places the heads of each token in out and x: token bt's head h
+// starts at bt·stride + off + h·D in each (a stride of H·D and offset 0 is
+// the plain (B, T, H, D) layout; 3·H·D with offsets 0 and H·D are q and k
+// of packed projections).
+type ropeLayout struct {
+	nb, nt, nh, d     int
+	outStride, outOff int
+	xStride, xOff     int
+}
+
+// RoPEQKV rotates the q and k parts of the packed qkv (B, T, 3·H·D) into q
+// and k (B, T, H, D) and copies its v part into v: the same arithmetic as
+// RoPE on separate q and k.
+func (bk *Backend) RoPEQKV(q, k, v, qkv *tensor.Tensor, theta float64) {
+	c := bk.check("RoPEQKV")
+	nb, nt, nh, d := opcheck.RoPEQKV(c, q, k, v, qkv)
+	if !c.OK() {
+		return
+	}
+	hd := nh * d
+	lq := ropeLayout{nb, nt, nh, d, hd, 0, 3 * hd, 0}
+	lk := lq
+	lk.xOff = hd
+	switch q.DType() {
+	case tensor.Float32:
+		ropeRows(bk, q.F32(), qkv.F32(), lq, theta, 1)
+		ropeRows(bk, k.F32(), qkv.F32(), lk, theta, 1)
+		unpack(v.F32(), qkv.F32(), nb*nt, hd, 2)
+	case tensor.Float64:
+		ropeRows(bk, q.F64(), qkv.F64(), lq, theta, 1)
+		ropeRows(bk, k.F64(), qkv.F64(), lk, theta, 1)
+		unpack(v.F64(), qkv.F64(), nb*nt, hd, 2)
+	}
+}
+
+// RoPEQKVBackward writes dqkv (B, T, 3·H·D) = [RoPE⁻¹(dq) | RoPE⁻¹(dk) | dv]
+// per token.
+func (bk *Backend) RoPEQKVBackward(dqkv, dq, dk, dv *tensor.Tensor, theta float64) {
+	c := bk.check("RoPEQKVBackward")
+	nb, nt, nh, d := opcheck.RoPEQKVBackward(c, dqkv, dq, dk, dv)
+	if !c.OK() {
+		return
+	}
+	hd := nh * d
+	lq := ropeLayout{nb, nt, nh, d, 3 * hd, 0, hd, 0}
+	lk := lq
+	lk.outOff = hd
+	switch dq.DType() {
+	case tensor.Float32:
+		ropeRows(bk, dqkv.F32(), dq.F32(), lq, theta, -1)
+		ropeRows(bk, dqkv.F32(), dk.F32(), lk, theta, -1)
+		pack(dqkv.F32(), dv.F32(), nb*nt, hd, 2)
+	case tensor.Float64:
+		ropeRows(bk, dqkv.F64(), dq.F64(), lq, theta, -1)
+		ropeRows(bk, dqkv.F64(), dk.F64(), lk, theta, -1)
+		pack(dqkv.F64(), dv.F64(), nb*nt, hd, 2)
+	}
+}
+
+// unpack copies part p (of width w) of each row of packed (rows, 3w) into
+// dst (rows, w); pack is the reverse.
+func unpack[T float](dst, packed []T, rows, w, p int) {
+	for r := range rows {
+		copy(dst[r*w:(r+1)*w], packed[r*3*w+p*w:][:w])
+	}
+}
+
+func pack[T float](packed, src []T, rows, w, p int) {
+	for r := range rows {
+		copy(packed[r*3*w+p*w:][:w], src[r*w:(r+1)*w])
+	}
+}
+
+// ropeRows turns each pair of x's heads by sign·angle into out, in the
+// layout l.
+func ropeRows[T float](bk *Backend, out, x []T, l ropeLayout, theta float64, sign T) {
+	nb, nt, nh, d := l.nb, l.nt, l.nh, l.d
 	half := d / 2
 	cos := make([]T, nt*half) // (T, D/2)
 	sin := make([]T, nt*half)
@@ -59,8 +139,8 @@ func rope[T float](bk *Backend, out, x []T, s tensor.Shape, theta float64, sign 
 			t := bt % nt
 			cs, sn := cos[t*half:(t+1)*half], sin[t*half:(t+1)*half]
 			for h := range nh {
-				o := (bt*nh + h) * d
-				xr, or := x[o:o+d], out[o:o+d]
+				xo, oo := bt*l.xStride+l.xOff+h*d, bt*l.outStride+l.outOff+h*d
+				xr, or := x[xo:xo+d], out[oo:oo+d]
 				for i := range half {
 					x1, x2 := xr[i], xr[i+half]
 					or[i] = x1*cs[i] - x2*sn[i]

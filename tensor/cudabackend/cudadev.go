@@ -22,6 +22,15 @@ type cudaDevice struct {
 	fns     map[string]*cuda.Function
 	smemSet map[string]int // the dynamic shared memory limit set per kernel
 	sms     int
+	reads   []*readSlot // free pinned buffers and events of ReadAsync
+}
+
+// readSlot is one ReadAsync's pinned buffer and the event after its copies.
+// Slots are kept for reuse: cuMemAllocHost is slow and cuMemFreeHost
+// synchronises the device, neither of which a training step should pay.
+type readSlot struct {
+	host *cuda.HostBuffer
+	ev   *cuda.Event
 }
 
 var _ gpu.Device = (*cudaDevice)(nil)
@@ -128,6 +137,56 @@ func (d *cudaDevice) CopyDtoH(dst unsafe.Pointer, src gpu.Ptr, bytes int) error 
 	return d.stream.Synchronize()
 }
 
+// ReadAsync queues the copies into a pinned slot and records an event after
+// them; wait synchronises on that event only, copies the bytes out and
+// returns the slot to the free list.
+func (d *cudaDevice) ReadAsync(spans []gpu.Span) (func() ([]byte, error), error) {
+	total := 0
+	for _, sp := range spans {
+		total += sp.Bytes
+	}
+	if total > gpu.ReadAsyncMax {
+		return nil, fmt.Errorf("ReadAsync of %d bytes, at most %d", total, gpu.ReadAsyncMax)
+	}
+	var sl *readSlot
+	if n := len(d.reads); n > 0 {
+		sl, d.reads = d.reads[n-1], d.reads[:n-1]
+	} else {
+		h, err := cuda.AllocHost(gpu.ReadAsyncMax)
+		if err != nil {
+			return nil, err
+		}
+		ev, err := cuda.NewEvent(false)
+		if err != nil {
+			h.Free()
+			return nil, err
+		}
+		sl = &readSlot{host: h, ev: ev}
+	}
+	off := 0
+	for _, sp := range spans {
+		if sp.Bytes == 0 {
+			continue
+		}
+		if err := cuda.CopyDtoHAsync(unsafe.Add(sl.host.Ptr(), off), cuda.DevicePtr(sp.Ptr), sp.Bytes, d.stream); err != nil {
+			d.reads = append(d.reads, sl) // nothing queued into it can still land: the copy failed
+			return nil, err
+		}
+		off += sp.Bytes
+	}
+	if err := sl.ev.Record(d.stream); err != nil {
+		d.stream.Synchronize() // the copies must land before the slot is reused
+		d.reads = append(d.reads, sl)
+		return nil, err
+	}
+	return func() ([]byte, error) {
+		err := sl.ev.Synchronize()
+		out := append([]byte(nil), sl.host.Bytes()[:total]...)
+		d.reads = append(d.reads, sl)
+		return out, err
+	}, nil
+}
+
 func (d *cudaDevice) CopyDtoD(dst, src gpu.Ptr, bytes int) error {
 	return cuda.CopyDtoDAsync(cuda.DevicePtr(dst), cuda.DevicePtr(src), bytes, d.stream)
 }
@@ -203,6 +262,11 @@ func (d *cudaDevice) Close() error {
 	if d.stream != nil {
 		keep(d.stream.Synchronize())
 	}
+	for _, sl := range d.reads {
+		keep(sl.ev.Destroy())
+		keep(sl.host.Free())
+	}
+	d.reads = nil
 	if d.blas != nil {
 		keep(d.blas.Destroy())
 		d.blas = nil

@@ -114,6 +114,24 @@ func RMSNormBackward(ck *Checker, dx, dw, dout, x, w, rstd *tensor.Tensor) (n, c
 	return n, cols
 }
 
+// AddRMSNorm checks x (N, C), r and h like x, w (C), rstd (N) and out like
+// x.
+func AddRMSNorm(ck *Checker, h, out, rstd, x, r, w *tensor.Tensor) (n, cols int) {
+	n, cols = norm(ck, x, w, rstd)
+	ck.Like("r", r, "x", x)
+	ck.Like("h", h, "x", x)
+	ck.Like("out", out, "x", x)
+	return n, cols
+}
+
+// RMSNormBackwardAdd checks RMSNormBackward's operands (h as x) and dres
+// like h.
+func RMSNormBackwardAdd(ck *Checker, dx, dw, dout, h, w, rstd, dres *tensor.Tensor) (n, cols int) {
+	n, cols = RMSNormBackward(ck, dx, dw, dout, h, w, rstd)
+	ck.Like("dres", dres, "x", h)
+	return n, cols
+}
+
 // Softmax checks x (..., C) and out like x; n is the number of rows.
 func Softmax(ck *Checker, out, x *tensor.Tensor) (n, cols int) {
 	n, cols = rows(ck, "x", x)
@@ -161,6 +179,66 @@ func rope(ck *Checker, xName string, x *tensor.Tensor, outName string, out *tens
 	}
 	ck.Like(outName, out, xName, x)
 	return dims4(x)
+}
+
+// RoPEQKV checks q (B, T, H, D) with D even, k and v like q, and qkv
+// (B, T, 3·H·D): per token the packed projections [q | k | v].
+func RoPEQKV(ck *Checker, q, k, v, qkv *tensor.Tensor) (nb, nt, nh, d int) {
+	return ropeQKV(ck, "q", q, "k", k, "v", v, "qkv", qkv)
+}
+
+// RoPEQKVBackward checks dq (B, T, H, D) with D even, dk and dv like dq, and
+// dqkv (B, T, 3·H·D).
+func RoPEQKVBackward(ck *Checker, dqkv, dq, dk, dv *tensor.Tensor) (nb, nt, nh, d int) {
+	return ropeQKV(ck, "dq", dq, "dk", dk, "dv", dv, "dqkv", dqkv)
+}
+
+func ropeQKV(ck *Checker, qn string, q *tensor.Tensor, kn string, k *tensor.Tensor, vn string, v *tensor.Tensor, pn string, packed *tensor.Tensor) (nb, nt, nh, d int) {
+	ck.Float(qn, q)
+	ck.Rank(qn, q, 4, 4)
+	if ck.Failed() {
+		return
+	}
+	if q.Dim(3)%2 != 0 {
+		ck.Failf("%s has shape %v, expected an even head dim D (the last)", qn, q.Shape())
+	}
+	ck.Like(kn, k, qn, q)
+	ck.Like(vn, v, qn, q)
+	nb, nt, nh, d = dims4(q)
+	ck.DType(pn, packed, q.DType())
+	ck.Shape(pn, packed, tensor.Shape{nb, nt, 3 * nh * d}, "(B, T, 3·H·D): [q | k | v] per token")
+	return
+}
+
+// SwiGLUPacked checks gu (N, 2F), the packed [gate | up] rows, and out
+// (N, F) of its dtype.
+func SwiGLUPacked(ck *Checker, out, gu *tensor.Tensor) (n, f int) {
+	n, f = packedRows(ck, "gu", gu)
+	ck.DType("out", out, gu.DType())
+	ck.Shape("out", out, tensor.Shape{n, f}, "(N, F) for gu (N, 2F)")
+	return
+}
+
+// SwiGLUPackedBackward checks gu (N, 2F), dout (N, F) and dgu like gu.
+func SwiGLUPackedBackward(ck *Checker, dgu, dout, gu *tensor.Tensor) (n, f int) {
+	n, f = packedRows(ck, "gu", gu)
+	ck.DType("dout", dout, gu.DType())
+	ck.Shape("dout", dout, tensor.Shape{n, f}, "(N, F) for gu (N, 2F)")
+	ck.Like("dgu", dgu, "gu", gu)
+	return
+}
+
+func packedRows(ck *Checker, name string, t *tensor.Tensor) (n, f int) {
+	ck.Float(name, t)
+	ck.Rank(name, t, 2, 2)
+	if ck.Failed() {
+		return
+	}
+	if t.Dim(1)%2 != 0 {
+		ck.Failf("%s has shape %v, expected an even row length 2F ([gate | up])", name, t.Shape())
+		return
+	}
+	return t.Dim(0), t.Dim(1) / 2
 }
 
 func dims4(t *tensor.Tensor) (a, b, c, d int) {
@@ -288,7 +366,26 @@ func AdamW(ck *Checker, p, g, m, v, master *tensor.Tensor, hp tensor.AdamW) tens
 	if hp.Step < 1 {
 		ck.Failf("hp.Step = %d, expected ≥ 1 (bias correction counts steps from 1)", hp.Step)
 	}
+	if hp.NormSq != nil {
+		scalar(ck, "hp.NormSq", hp.NormSq)
+	}
 	return cd
+}
+
+// scalar checks a one-element device scalar of a dtype AdamW computes in
+// (Policy.Optim): SumSquaresTo's dst, AdamW's NormSq.
+func scalar(ck *Checker, name string, t *tensor.Tensor) {
+	ck.oneOf(name, t, ck.pol.Optim, "")
+	if !ck.Failed() && t.Numel() != 1 {
+		ck.Failf("%s has shape %v, expected one element", name, t.Shape())
+	}
+}
+
+// SumSquaresTo checks dst (one element of Policy.Optim) and x (a float
+// tensor of Policy.Params).
+func SumSquaresTo(ck *Checker, dst, x *tensor.Tensor) {
+	scalar(ck, "dst", dst)
+	ck.oneOf("x", x, ck.pol.Params, "a float tensor")
 }
 
 // SumSquares checks x, a float tensor of Policy.Params.

@@ -120,6 +120,18 @@ func (d *Device) CopyDtoH(dst unsafe.Pointer, src gpu.Ptr, bytes int) error {
 	return nil
 }
 
+// ReadAsync copies at once: the emulator's work is done when it is queued.
+func (d *Device) ReadAsync(spans []gpu.Span) (func() ([]byte, error), error) {
+	var out []byte
+	for _, sp := range spans {
+		out = append(out, d.mem(sp.Ptr, sp.Bytes)...)
+	}
+	if len(out) > gpu.ReadAsyncMax {
+		return nil, fmt.Errorf("ReadAsync of %d bytes, at most %d", len(out), gpu.ReadAsyncMax)
+	}
+	return func() ([]byte, error) { return out, nil }, nil
+}
+
 func (d *Device) CopyDtoD(dst, src gpu.Ptr, bytes int) error {
 	copy(d.mem(dst, bytes), d.mem(src, bytes))
 	return nil

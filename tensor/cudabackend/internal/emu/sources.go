@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "71f5dbf9bbeeb73e8f338c013cd3b85582ed53d1a73762d600e3f3db61f41aa3"
+const SourcesSum = "66701a692a116f6098a86b75f8fd108a0d2b90cb1f100e8dd0829616c9a377b1"

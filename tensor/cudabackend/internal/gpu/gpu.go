@@ -56,6 +56,17 @@ type Gemm struct {
 	Type           ElemType
 }
 
+// Span is bytes of device memory at Ptr.
+type Span struct {
+	Ptr   Ptr
+	Bytes int
+}
+
+// ReadAsyncMax is the most bytes one ReadAsync reads: it is for a few
+// values (a loss, a norm, the kernels' data checks), into pinned buffers
+// of this size kept for reuse.
+const ReadAsyncMax = 4096
+
 // Device is one GPU (or its emulation) with one stream. Every method that
 // touches device memory is ordered after the work queued before it.
 type Device interface {
@@ -84,6 +95,12 @@ type Device interface {
 	CopyHtoD(dst Ptr, src unsafe.Pointer, bytes int) error
 	// CopyDtoH waits for the queued work, then copies to host memory.
 	CopyDtoH(dst unsafe.Pointer, src Ptr, bytes int) error
+	// ReadAsync queues copies of the spans (at most ReadAsyncMax bytes in
+	// all) into host memory of the device's own after the queued work and
+	// returns at once; wait blocks for those copies only and returns the
+	// spans' bytes back to back. wait must be called once, with the device
+	// acquired.
+	ReadAsync(spans []Span) (wait func() ([]byte, error), err error)
 	// CopyDtoD queues a device-to-device copy.
 	CopyDtoD(dst, src Ptr, bytes int) error
 	// HasKernel reports whether the kernels image has a kernel called name.
