@@ -10,3 +10,4 @@
 #include "moe.cu"
 #include "grouped.cu"
 #include "attention_tc.cu"
+#include "gemm_sm90.cu"

@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "28adb6167c226b1ce4ccd56d5a46b5c732f112caa39b694b88af4bafa065e998"
+const SourcesSum = "bf0c984f5f9fb5bf05125694110a6766f3004b0ce779ade4181c1f8c0477cb9d"
