@@ -28,6 +28,7 @@ type Backend struct {
 	hasTC   bool           // the image has the tensor-core attention kernels
 	pol     opcheck.Policy // what its ops accept, with the shared checks (check.go)
 	fork    *cuda.Event    // StreamWait's event, re-recorded by each call (streams.go)
+	eng     engineState    // whether the GEMM engine runs here (gemm_engine.go)
 
 	errMu sync.Mutex
 	err   error
@@ -38,7 +39,8 @@ var _ tensor.Backend = (*Backend)(nil)
 type config struct {
 	kernels   string // image path; "" = FindKernels
 	attention AttentionImpl
-	grouped   bool // layers take the grouped GEMM kernel (WithGroupedGEMM)
+	grouped   bool   // layers take the grouped GEMM kernel (WithGroupedGEMM)
+	gemm      string // MatMul's engine (WithGEMMEngine)
 }
 
 // Option configures New.
@@ -112,6 +114,10 @@ func newBackend(d gpu.Device, index int, cfg config) (*Backend, error) {
 		return nil, err
 	}
 	defer d.Release()
+	if err := checkGEMMEngine(d, cfg.gemm); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("cudabackend: %s: %w", d.Name(), err)
+	}
 	p, err := d.Alloc(flagBytes)
 	if err == nil {
 		err = d.Memset8(p, 0, flagBytes)
@@ -293,6 +299,7 @@ const (
 	flagCombineRowsBackward
 	flagRouting
 	flagGrouped
+	flagGEMM // the GEMM engine: err[1] = the chunk whose flag wait ran out, -1 = no sm_90a code
 	numFlags
 )
 
