@@ -85,6 +85,9 @@ static const atp_sym cu_syms[] = {
 	CU(cuLaunchKernel, "cuLaunchKernel"),
 	CU(cuFuncSetAttribute, "cuFuncSetAttribute"),
 	CU(cuFuncGetAttribute, "cuFuncGetAttribute"),
+	// TMA descriptors (CUDA 12.0). Optional: older drivers load, and the GEMM
+	// engine says what is missing. Last, so DriverLibrary's walk ends at it.
+	CU_OPT(cuTensorMapEncodeTiled, "cuTensorMapEncodeTiled"),
 };
 
 #define LT(member, name) {{name}, offsetof(atp_lt_api, member), 0}
@@ -243,6 +246,21 @@ CUresult atp_cuModuleGetGlobal(CUdeviceptr *p, size_t *bytes, CUmodule m, const 
 CUresult atp_cuModuleUnload(CUmodule m) { return CALL(cuModuleUnload, m); }
 CUresult atp_cuFuncSetAttribute(CUfunction f, int attr, int v) { return CALL(cuFuncSetAttribute, f, attr, v); }
 CUresult atp_cuFuncGetAttribute(int *v, int attr, CUfunction f) { return CALL(cuFuncGetAttribute, v, attr, f); }
+
+int atp_has_tensormap(void) { return cu.cuTensorMapEncodeTiled != NULL; }
+
+CUresult atp_tensormap_encode_tiled(void *out, int dtype, uint32_t rank, CUdeviceptr addr,
+                                    const uint64_t *dims, const uint64_t *strides,
+                                    const uint32_t *box, const uint32_t *elemStrides,
+                                    int interleave, int swizzle, int l2promo, int oobFill) {
+	if (cu.cuTensorMapEncodeTiled == NULL) return 500; // CUDA_ERROR_NOT_FOUND
+	_Alignas(64) unsigned char tm[128];
+	memset(tm, 0, sizeof tm);
+	CUresult r = cu.cuTensorMapEncodeTiled(tm, dtype, rank, (void *)(uintptr_t)addr, dims, strides,
+	                                       box, elemStrides, interleave, swizzle, l2promo, oobFill);
+	if (r == 0) memcpy(out, tm, sizeof tm);
+	return r;
+}
 
 // CUjit_option values (cuda.h, CUDA 11.8 and later).
 #define ATP_CU_JIT_ERROR_LOG_BUFFER 5

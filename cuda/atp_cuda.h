@@ -94,6 +94,11 @@ typedef struct {
 	                           CUstream, void **, void **);
 	CUresult (*cuFuncSetAttribute)(CUfunction, int, int);
 	CUresult (*cuFuncGetAttribute)(int *, int, CUfunction);
+	// Optional (CUDA 12.0 and later drivers); last in the table. The enums
+	// are C ints, the CUtensorMap 128 bytes aligned to 64.
+	CUresult (*cuTensorMapEncodeTiled)(void *, int, uint32_t, void *, const uint64_t *,
+	                                   const uint64_t *, const uint32_t *, const uint32_t *,
+	                                   int, int, int, int);
 } atp_cu_api;
 
 // ---- libcublasLt ------------------------------------------------------------
@@ -223,6 +228,16 @@ CUresult atp_cuModuleGetGlobal(CUdeviceptr *p, size_t *bytes, CUmodule m, const 
 CUresult atp_cuModuleUnload(CUmodule m);
 CUresult atp_cuFuncSetAttribute(CUfunction f, int attr, int v);
 CUresult atp_cuFuncGetAttribute(int *v, int attr, CUfunction f);
+
+// atp_has_tensormap reports whether the driver has cuTensorMapEncodeTiled.
+int atp_has_tensormap(void);
+// atp_tensormap_encode_tiled encodes a CUtensorMap into out (128 bytes) with
+// cuTensorMapEncodeTiled, through a 64-byte aligned copy; it returns
+// CUDA_ERROR_NOT_FOUND (500) when the driver lacks the function.
+CUresult atp_tensormap_encode_tiled(void *out, int dtype, uint32_t rank, CUdeviceptr addr,
+                                    const uint64_t *dims, const uint64_t *strides,
+                                    const uint32_t *box, const uint32_t *elemStrides,
+                                    int interleave, int swizzle, int l2promo, int oobFill);
 
 // atp_module_load copies image into C memory (adding a terminating NUL, which
 // PTX text needs) and loads it with cuModuleLoadDataEx, asking the JIT for its

@@ -208,7 +208,8 @@ func DriverLibrary() (path string, symbols []string, err error) {
 		s := C.atp_cu_symbol_name(C.int(i))
 		if s == nil {
 			// An unresolved optional slot also reads NULL; the driver
-			// table has none, so NULL marks the end.
+			// table's only optional slot (cuTensorMapEncodeTiled) is its
+			// last, so NULL marks the end.
 			break
 		}
 		symbols = append(symbols, C.GoString(s))

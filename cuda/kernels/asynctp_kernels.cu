@@ -13,3 +13,4 @@
 #include "attention_tc.cu"
 #include "attention_fa2.cu"
 #include "packed.cu"
+#include "gemm_sm90.cu"

@@ -29,6 +29,7 @@ type Backend struct {
 	hasFA2  bool           // the image has the second-generation ones (attention_fa2.cu)
 	pol     opcheck.Policy // what its ops accept, with the shared checks (check.go)
 	fork    *cuda.Event    // StreamWait's event, re-recorded by each call (streams.go)
+	eng     engineState    // whether the GEMM engine runs here (gemm_engine.go)
 
 	errMu sync.Mutex
 	err   error
@@ -39,7 +40,8 @@ var _ tensor.Backend = (*Backend)(nil)
 type config struct {
 	kernels   string // image path; "" = FindKernels
 	attention AttentionImpl
-	grouped   bool // layers take the grouped GEMM kernel (WithGroupedGEMM)
+	grouped   bool   // layers take the grouped GEMM kernel (WithGroupedGEMM)
+	gemm      string // MatMul's engine (WithGEMMEngine)
 }
 
 // Option configures New.
@@ -113,6 +115,10 @@ func newBackend(d gpu.Device, index int, cfg config) (*Backend, error) {
 		return nil, err
 	}
 	defer d.Release()
+	if err := checkGEMMEngine(d, cfg.gemm); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("cudabackend: %s: %w", d.Name(), err)
+	}
 	p, err := d.Alloc(flagBytes)
 	if err == nil {
 		err = d.Memset8(p, 0, flagBytes)
@@ -297,6 +303,7 @@ const (
 	flagGrouped
 	flagEPLayout
 	flagEPWait
+	flagGEMM // the GEMM engine: err[1] = the chunk whose flag wait ran out, -1 = no sm_90a code
 	numFlags
 )
 

@@ -15,7 +15,9 @@ import (
 //	b (k, n), or (n, k) with transB
 //	c (m, n)
 //
-// beta = 0 ignores C's old contents (even NaN).
+// beta = 0 ignores C's old contents (even NaN). With
+// WithGEMMEngine(GEMMAsyncTP) the 2-D bf16 calls the GEMM engine applies to
+// run on it instead (gemm_engine.go).
 func (b *Backend) MatMul(c, a, bm *tensor.Tensor, transA, transB bool, alpha, beta float32) {
 	ck := b.check("MatMul")
 	batch, m, n, k := opcheck.MatMul(ck, c, a, bm, transA, transB)
@@ -31,6 +33,10 @@ func (b *Backend) MatMul(c, a, bm *tensor.Tensor, transA, transB bool, alpha, be
 		} else {
 			b.Scale(c, c, beta)
 		}
+		return
+	}
+	if b.useEngine(c, a, bm, transA, transB, batch) {
+		b.engineLaunch("MatMul", engineCall{c: c, a: a, b: bm, transA: transA, transB: transB, m: m, n: n, k: k, alpha: alpha, beta: beta})
 		return
 	}
 	typ := gpu.BF16

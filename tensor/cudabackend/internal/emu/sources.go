@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "66701a692a116f6098a86b75f8fd108a0d2b90cb1f100e8dd0829616c9a377b1"
+const SourcesSum = "8329b3227295b2555bdac5865f881e74a4da74167cfef2a5dea2f5b57a65a7bc"

@@ -1,0 +1,530 @@
+// gemm_sm90.cu: the GEMM engine of asynctp on Hopper (sm_90a): a persistent,
+// warp-specialized TMA + wgmma bf16 GEMM with fp32 accumulation and a bf16 or
+// fp32 output, with the hooks the fused tensor-parallel kernels need (tile
+// order, a producer-side wait on per-chunk flags, an epilogue-side signal).
+//
+//   C (M, N) = alpha · op(A) · op(B) + beta · C           (beta = 0: C not read)
+//
+// Row-major operands, named by how their elements run in memory:
+//   A "K-major"  : A stored (M, K), K contiguous (transA = false)
+//   A "MN-major" : A stored (K, M), M contiguous (transA = true)
+//   B "K-major"  : B stored (N, K), K contiguous (transB = true)
+//   B "MN-major" : B stored (K, N), N contiguous (transB = false)
+// Kernels gemm_sm90_<la><lb>_<out>, la/lb = n (not transposed) or t
+// (transposed) as in the BLAS names of Backend.MatMul's flags, out = bf16 or
+// f32 (C's dtype):
+//   nt: y = x·Wᵀ (both K-major: the native wgmma case)
+//   nn: dx = dy·W (B MN-major)      tn: dW += dyᵀ·x (both MN-major)
+//   tt: A MN-major, B K-major (for completeness)
+//
+// Launch: grid (min(tiles, SMs)), block 384, dynamic shared memory
+// GEMM90_SMEM bytes (needs cuFuncSetAttribute: > 48 KiB). M, N, K > 0 and
+// multiples of 8 (16-byte rows for TMA); A, B, C 16-byte aligned.
+//
+// The design (see README.md, "The GEMM engine"):
+//   - Tiles of 128 × 256 (BM × BN), K in steps of 64 (BK: one 128-byte row of
+//     bf16 = the 128-byte swizzle span); 4 stages of 48 KiB in shared memory.
+//   - Warpgroup 0 is the producer: one thread issues the TMA loads of each
+//     stage into the ring (full[s]: TMA transaction bytes; empty[s]: the
+//     consumers' release), after waiting on the chunk flags if asked.
+//     setmaxnreg gives its registers to the consumers (40 vs 232).
+//   - Warpgroups 1 and 2 are consumers: each computes 64 rows × 256 columns
+//     of the tile with wgmma.m64n256k16 (128 fp32 accumulators per thread),
+//     keeping one wgmma group in flight, then stores its rows straight from
+//     the accumulators (guarded at the edges), with alpha, beta.
+//   - The grid is persistent: CTA b takes tiles b, b + grid, ...; the tile
+//     index goes through a grouped raster (group_m m-blocks per group, for
+//     L2 reuse of B) and a rotation of the m-blocks by m_rot (a rank starts
+//     at its own shard of M).
+//   - The TMA box of a K-major operand is (64 K, rows) and of an MN-major one
+//     (64 MN, 64 K), both with CU_TENSOR_MAP_SWIZZLE_128B; the wgmma shared
+//     memory descriptors below describe exactly those boxes.
+//
+// Hooks (all off when the pointer is null):
+//   wait_flags: before the TMA loads of a tile, the producer waits until
+//     wait_flags[c] >= wait_target (ld.acquire.sys, 64-bit) for every chunk c
+//     of wait_rows rows of op(A) that the tile's rows touch. After
+//     wait_timeout_ns nanoseconds (%globaltimer) on one chunk it records the
+//     chunk in err (err[0] |= 1, err[1] = chunk), sets an abort word in
+//     shared memory and from then on completes every stage of its remaining
+//     tiles with a plain mbarrier arrive and no load: the CTA runs out
+//     quickly on stale data (C is undefined after a timeout), sends no more
+//     signals and ends with no TMA load in flight. (Consumers that returned
+//     early instead would make the compiler serialise every wgmma: a
+//     data-dependent exit puts them on a divergent path.)
+//   sig_flags: after all 256 consumer threads stored a tile (each fences,
+//     then a named barrier), one thread adds sig_value to sig_flags[i] with
+//     red.release.sys: i = m_block · n_blocks + n_block (sig_mode 0, per
+//     tile) or i = m_block (sig_mode 1, per 128-row block: it reaches
+//     n_blocks · sig_value when the row block is done).
+//   Both use system scope: the fused kernels' flags are written by the copy
+//   engine (cuStreamWriteValue64) or by peers over NVLink.
+//
+// Built for anything but sm_90a (compute_90 PTX, sm_80), the kernels only
+// report err[1] = -1 (the engine needs sm_90a's wgmma, TMA and setmaxnreg).
+// The CPU emulator (ASYNCTP_EMU) does not build this file: it has no TMA,
+// mbarrier or wgmma (the Go side refuses the engine there).
+#if !defined(ASYNCTP_EMU)
+#include "common.cuh"
+
+namespace atp {
+namespace gemm90 {
+
+constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4;
+constexpr int THREADS = 384;                  // producer warpgroup + 2 consumers
+constexpr int A_BYTES = BM * BK * 2;          // 16 KiB
+constexpr int B_BYTES = BN * BK * 2;          // 32 KiB
+constexpr int STAGE_BYTES = A_BYTES + B_BYTES; // 48 KiB, a multiple of 1024
+constexpr int BOX_MN_BYTES = 64 * BK * 2;     // one (64 MN, 64 K) box: 8 KiB
+// The ring, 1024-byte aligned by hand (the 128-byte swizzle pattern repeats
+// every 1024 bytes and wgmma assumes it starts there), then 2·STAGES
+// mbarriers and the abort word.
+constexpr int SMEM_BYTES = 1024 + STAGES * STAGE_BYTES + 2 * STAGES * 8 + 16;
+static_assert(SMEM_BYTES <= 227 * 1024, "the ring must fit the 227 KiB of an SM");
+static_assert(BOX_MN_BYTES * (BN / 64) == B_BYTES && BOX_MN_BYTES * (BM / 64) == A_BYTES,
+              "MN-major boxes tile the stage");
+
+// A CUtensorMap (cuda.h): 128 opaque bytes, 64-byte aligned. Declared here
+// so that the file needs no cuda.h (CUDA 11.8 has none with it).
+struct alignas(64) TmaDesc {
+    unsigned long long opaque[16];
+};
+
+} // namespace gemm90
+} // namespace atp
+
+#define GEMM90_SMEM atp::gemm90::SMEM_BYTES
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define ATP_GEMM90_BODY 1
+#endif
+
+namespace atp {
+namespace gemm90 {
+
+#if defined(ATP_GEMM90_BODY)
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ---- mbarrier ----------------------------------------------------------------
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+
+// mbar_expect_tx arrives once and adds bytes to the transaction count the
+// phase waits for (the TMA loads complete_tx them).
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+__device__ __forceinline__ bool mbar_try(uint32_t bar, uint32_t parity) {
+    uint32_t ok;
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(ok)
+        : "r"(bar), "r"(parity)
+        : "memory");
+    return ok != 0;
+}
+
+__device__ __forceinline__ unsigned long long globaltimer() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// mbar_wait waits for the phase of parity to complete. A pipeline bug (a
+// phase that never completes) would hang the GPU; after watchdog_ns the
+// kernel traps instead, so the launch fails at the next synchronisation.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity, long long watchdog_ns) {
+    if (mbar_try(bar, parity)) return;
+    unsigned long long t0 = globaltimer();
+    for (uint32_t n = 1;; n++) {
+        if (mbar_try(bar, parity)) return;
+        if ((n & 1023) == 0 && (long long)(globaltimer() - t0) > watchdog_ns) __trap();
+    }
+}
+
+// ---- TMA -------------------------------------------------------------------------
+
+__device__ __forceinline__ void tma_prefetch(const TmaDesc& d) {
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&d)) : "memory");
+}
+
+// tma_load_2d copies the box at (c0 inner, c1 outer) element coordinates of
+// the tensor map into shared memory at dst, completing bytes on bar.
+// Out-of-bounds elements are written as zeros and count as transferred.
+__device__ __forceinline__ void tma_load_2d(const TmaDesc& d, uint32_t dst, uint32_t bar, int c0,
+                                            int c1) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%3, %4}], [%2];" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(&d)), "r"(bar), "r"(c0), "r"(c1)
+        : "memory");
+}
+
+// ---- wgmma -------------------------------------------------------------------------
+
+// desc is the shared memory matrix descriptor of wgmma (PTX ISA, "Matrix
+// Descriptor Format"): bits 0-13 start address >> 4, 16-29 leading byte
+// offset >> 4, 32-45 stride byte offset >> 4, 49-51 base offset (0: every
+// tile starts 1024-byte aligned), 62-63 swizzle mode (1 = 128-byte swizzle).
+//
+// K-major operand, 128-byte swizzle (a TMA box (64 K, R rows)): row r of the
+// tile is 128 bytes at r·128, 16-byte chunks XOR-swizzled by r mod 8. The
+// 8-row core-matrix groups are 1024 bytes apart (SBO = 1024); LBO is unused
+// for swizzled K-major layouts (1 as CUTLASS writes it). The k-th 16-wide K
+// slice starts 32·k bytes into the rows: the hardware applies the swizzle to
+// the computed addresses, so the start address simply advances.
+//
+// MN-major operand, 128-byte swizzle (TMA boxes (64 MN, 64 K), one after the
+// other along MN, 8 KiB each): K row k of a box is 128 bytes (64 MN
+// elements) at k·128. Canonical layout (in 16-byte units)
+// ((8,n),(8,k)):((1,LBO),(8,SBO)): LBO = the distance between 64-element
+// MN atoms (the next box: 8192), SBO = the distance between groups of 8 K
+// rows (1024). The k-th 16-deep K slice starts 16·128 = 2048·k bytes in.
+__device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16) |
+           ((uint64_t)((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
+}
+
+// The descriptor of 16-deep K slice k of an operand tile at addr.
+template <bool MN> __device__ __forceinline__ uint64_t slice_desc(uint32_t addr, int k) {
+    if (MN) return desc(addr + 2048u * k, BOX_MN_BYTES, 1024);
+    return desc(addr + 32u * k, 16, 1024);
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+// d (64 × 256 per warpgroup, fp32) += A (64 × 16) · B (16 × 256), or = with
+// accumulate 0. TA / TB: A / B MN-major (imm-trans-a / imm-trans-b).
+// Accumulator layout (thread t of the warpgroup, warp w = t/32, lane l):
+// d[r] is row 16·w + l/4 + 8·((r/2) mod 2), column 8·(r/4) + 2·(l mod 4) +
+// (r mod 2).
+template <int TA, int TB>
+__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t da, uint64_t db,
+                                                 int accumulate) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+        "}, %128, %129, p, 1, 1, %131, %132;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(da), "l"(db), "r"(accumulate), "n"(TA), "n"(TB));
+}
+
+// ---- the hooks' memory operations ------------------------------------------------
+
+__device__ __forceinline__ unsigned long long ld_acquire_sys(const unsigned long long* p) {
+    unsigned long long v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void red_release_sys_add(unsigned long long* p, unsigned long long v) {
+    asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ void fence_acq_rel_sys() {
+    asm volatile("fence.acq_rel.sys;" ::: "memory");
+}
+
+// Order the generic-proxy acquire of a flag before the async-proxy (TMA)
+// reads of the data it guards.
+__device__ __forceinline__ void fence_proxy_async_global() {
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+
+__device__ __forceinline__ void consumer_bar() {
+    asm volatile("bar.sync 1, 256;" ::: "memory"); // the two consumer warpgroups
+}
+
+#endif // ATP_GEMM90_BODY
+
+// The tile order: tile index t → (m-block, n-block). Grouped raster: group_m
+// m-blocks at a time, all n-blocks of the group before the next group
+// (group_m ≤ 1: row by row). Then the m-blocks rotate by m_rot (0 ≤ m_rot <
+// num_m): the first tiles are those of m-block m_rot.
+__device__ __forceinline__ void tile_of(int t, int num_m, int num_n, int group_m, int m_rot,
+                                        int& mb, int& nb) {
+    if (group_m <= 1) {
+        mb = t / num_n;
+        nb = t - mb * num_n;
+    } else {
+        int per = group_m * num_n;
+        int g = t / per;
+        int first = g * group_m;
+        int gs = min(num_m - first, group_m);
+        int r = t - g * per;
+        mb = first + r % gs;
+        nb = r / gs;
+    }
+    mb += m_rot;
+    if (mb >= num_m) mb -= num_m;
+}
+
+template <typename OutT> struct Out;
+template <> struct Out<float> {
+    static __device__ __forceinline__ float2 load(const float* p) {
+        return *reinterpret_cast<const float2*>(p);
+    }
+    static __device__ __forceinline__ void store(float* p, float a, float b) {
+        *reinterpret_cast<float2*>(p) = make_float2(a, b);
+    }
+};
+template <> struct Out<bf16> {
+    static __device__ __forceinline__ float2 load(const bf16* p) {
+        uint32_t u = *reinterpret_cast<const uint32_t*>(p);
+        return make_float2(bf16lo(u), __uint_as_float(u & 0xffff0000u));
+    }
+    static __device__ __forceinline__ void store(bf16* p, float a, float b) {
+        *reinterpret_cast<uint32_t*>(p) = pack_bf16x2(a, b);
+    }
+};
+
+template <int TA, int TB, typename OutT>
+__device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& tma_b, OutT* c,
+                                          int M, int N, int K, float alpha, float beta,
+                                          int group_m, int m_rot,
+                                          const unsigned long long* wait_flags, int wait_rows,
+                                          unsigned long long wait_target,
+                                          long long wait_timeout_ns,
+                                          unsigned long long* sig_flags, int sig_mode,
+                                          unsigned long long sig_value, long long watchdog_ns,
+                                          int* err) {
+#if defined(ATP_GEMM90_BODY)
+    extern __shared__ __align__(1024) unsigned char gemm90_smem[];
+    const uint32_t raw = smem_u32(gemm90_smem);
+    const uint32_t ring = (raw + 1023u) & ~1023u;
+    const uint32_t bars = ring + STAGES * STAGE_BYTES; // full[s] at +8s, empty[s] at +8(STAGES+s)
+    volatile int* abort_word =
+        reinterpret_cast<volatile int*>(gemm90_smem + (bars - raw) + 2 * STAGES * 8);
+
+    const int num_m = (M + BM - 1) / BM, num_n = (N + BN - 1) / BN;
+    const int tiles = num_m * num_n;
+    const int kblocks = (K + BK - 1) / BK;
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(bars + 8 * s, 1);                  // full: the producer's expect_tx
+            mbar_init(bars + 8 * (STAGES + s), 2 * 4);  // empty: one arrive per consumer warp
+        }
+        *abort_word = 0;
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    }
+    __syncthreads();
+
+    // Warp-uniform for the compiler (a shuffle of a value it cannot prove
+    // uniform), so the wgmma path is not divergent.
+    const int wg = __shfl_sync(ATP_FULL_MASK, (int)(threadIdx.x / 128), 0);
+    if (wg == 0) {
+        // ---- producer ----
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+        if (threadIdx.x != 0) return;
+        tma_prefetch(tma_a);
+        tma_prefetch(tma_b);
+        int it = 0;
+        bool aborted = false; // a flag wait timed out: feed the ring without data
+        for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+            int mb, nb;
+            tile_of(t, num_m, num_n, group_m, m_rot, mb, nb);
+            const int m0 = mb * BM, n0 = nb * BN;
+            for (int kb = 0; kb < kblocks; kb++, it++) {
+                const int s = it % STAGES;
+                const uint32_t ph = (it / STAGES) & 1;
+                mbar_wait(bars + 8 * (STAGES + s), ph ^ 1, watchdog_ns);
+                const uint32_t full = bars + 8 * s;
+                if (kb == 0 && wait_flags != nullptr && !aborted) {
+                    const int last = min(m0 + BM, M) - 1;
+                    for (int ch = m0 / wait_rows; ch <= last / wait_rows; ch++) {
+                        if (ld_acquire_sys(wait_flags + ch) >= wait_target) continue;
+                        const unsigned long long t0 = globaltimer();
+                        bool ok = false;
+                        for (;;) {
+                            if (ld_acquire_sys(wait_flags + ch) >= wait_target) {
+                                ok = true;
+                                break;
+                            }
+                            if ((long long)(globaltimer() - t0) > wait_timeout_ns) break;
+                            __nanosleep(128);
+                        }
+                        if (!ok) {
+                            report_error(err, ch);
+                            *abort_word = 1;
+                            aborted = true;
+                            break;
+                        }
+                    }
+                    if (!aborted) fence_proxy_async_global();
+                }
+                if (aborted) {
+                    // Complete the phase without data (no TMA in flight when
+                    // the CTA ends); the consumers run on stale tiles.
+                    mbar_arrive(full);
+                    continue;
+                }
+                mbar_expect_tx(full, STAGE_BYTES);
+                const uint32_t sa = ring + s * STAGE_BYTES, sb = sa + A_BYTES;
+                const int k0 = kb * BK;
+                if (TA) { // (64 M, 64 K) boxes
+                    tma_load_2d(tma_a, sa, full, m0, k0);
+                    tma_load_2d(tma_a, sa + BOX_MN_BYTES, full, m0 + 64, k0);
+                } else { // one (64 K, 128 M) box
+                    tma_load_2d(tma_a, sa, full, k0, m0);
+                }
+                if (TB) { // (64 N, 64 K) boxes
+#pragma unroll
+                    for (int i = 0; i < BN / 64; i++)
+                        tma_load_2d(tma_b, sb + i * BOX_MN_BYTES, full, n0 + 64 * i, k0);
+                } else { // one (64 K, 256 N) box
+                    tma_load_2d(tma_b, sb, full, k0, n0);
+                }
+            }
+        }
+        return;
+    }
+
+    // ---- consumers ----
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    const int cw = wg - 1;                 // rows [64·cw, 64·cw + 64) of the tile
+    const int warp = (threadIdx.x / 32) & 3, lane = threadIdx.x & 31;
+    float acc[128];
+#pragma unroll
+    for (int i = 0; i < 128; i++) acc[i] = 0.f;
+    int it = 0;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        int mb, nb;
+        tile_of(t, num_m, num_n, group_m, m_rot, mb, nb);
+        const int m0 = mb * BM, n0 = nb * BN;
+        int prev = 0;
+        for (int kb = 0; kb < kblocks; kb++, it++) {
+            const int s = it % STAGES;
+            const uint32_t ph = (it / STAGES) & 1;
+            mbar_wait(bars + 8 * s, ph, watchdog_ns);
+            const uint32_t sa = ring + s * STAGE_BYTES + cw * (64 * 128), sb = ring + s * STAGE_BYTES + A_BYTES;
+            wgmma_fence();
+#pragma unroll
+            for (int k = 0; k < BK / 16; k++)
+                wgmma_m64n256k16<TA, TB>(acc, slice_desc<TA>(sa, k), slice_desc<TB>(sb, k),
+                                         (kb > 0 || k > 0) ? 1 : 0);
+            wgmma_commit();
+            // The group before this one is complete: its stage can be refilled.
+            wgmma_wait<1>();
+            if (kb > 0 && lane == 0) mbar_arrive(bars + 8 * (STAGES + prev));
+            prev = s;
+        }
+        wgmma_wait<0>();
+        if (lane == 0) mbar_arrive(bars + 8 * (STAGES + prev));
+
+        // ---- epilogue: straight from the accumulators ----
+        const int row0 = m0 + 64 * cw + 16 * warp + (lane >> 2);
+        const int col0 = n0 + 2 * (lane & 3);
+#pragma unroll
+        for (int j = 0; j < 32; j++) {
+            const int col = col0 + 8 * j;
+            if (col < N) { // N is even, so col + 1 < N too
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int row = row0 + 8 * h;
+                    if (row < M) {
+                        OutT* p = c + (long long)row * N + col;
+                        float v0 = alpha * acc[4 * j + 2 * h], v1 = alpha * acc[4 * j + 2 * h + 1];
+                        if (beta != 0.f) {
+                            float2 o = Out<OutT>::load(p);
+                            v0 += beta * o.x;
+                            v1 += beta * o.y;
+                        }
+                        Out<OutT>::store(p, v0, v1);
+                    }
+                }
+            }
+        }
+        if (sig_flags != nullptr) {
+            fence_acq_rel_sys(); // this thread's stores, before the barrier
+            consumer_bar();
+            if (threadIdx.x == 128 && *abort_word == 0) // no signal for a stale tile
+                red_release_sys_add(sig_flags + (sig_mode == 0 ? (long long)mb * num_n + nb : mb),
+                                    sig_value);
+        }
+    }
+#else
+    // Not sm_90a: no wgmma, TMA or setmaxnreg. Say so instead of computing.
+    if (threadIdx.x == 0 && blockIdx.x == 0) report_error(err, -1);
+#endif
+}
+
+} // namespace gemm90
+} // namespace atp
+
+// One kernel per operand layout and output dtype (the transposes are
+// immediates of the wgmma instruction).
+#define GEMM90_KERNEL(name, TA, TB, OutT)                                                        \
+    extern "C" __global__ void __launch_bounds__(atp::gemm90::THREADS, 1) name(                  \
+        const __grid_constant__ atp::gemm90::TmaDesc tma_a,                                      \
+        const __grid_constant__ atp::gemm90::TmaDesc tma_b, OutT* c, int M, int N, int K,        \
+        float alpha, float beta, int group_m, int m_rot, const unsigned long long* wait_flags,   \
+        int wait_rows, unsigned long long wait_target, long long wait_timeout_ns,                \
+        unsigned long long* sig_flags, int sig_mode, unsigned long long sig_value,               \
+        long long watchdog_ns, int* err) {                                                       \
+        atp::gemm90::gemm_body<TA, TB, OutT>(tma_a, tma_b, c, M, N, K, alpha, beta, group_m,     \
+                                             m_rot, wait_flags, wait_rows, wait_target,          \
+                                             wait_timeout_ns, sig_flags, sig_mode, sig_value,    \
+                                             watchdog_ns, err);                                  \
+    }
+
+GEMM90_KERNEL(gemm_sm90_nt_bf16, 0, 0, bf16)
+GEMM90_KERNEL(gemm_sm90_nt_f32, 0, 0, float)
+GEMM90_KERNEL(gemm_sm90_nn_bf16, 0, 1, bf16)
+GEMM90_KERNEL(gemm_sm90_nn_f32, 0, 1, float)
+GEMM90_KERNEL(gemm_sm90_tn_bf16, 1, 1, bf16)
+GEMM90_KERNEL(gemm_sm90_tn_f32, 1, 1, float)
+GEMM90_KERNEL(gemm_sm90_tt_bf16, 1, 0, bf16)
+GEMM90_KERNEL(gemm_sm90_tt_f32, 1, 0, float)
+
+#endif // !ASYNCTP_EMU

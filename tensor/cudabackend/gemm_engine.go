@@ -1,0 +1,438 @@
+package cudabackend
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/asynctp/asynctp/cuda"
+	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/cudabackend/internal/gpu"
+)
+
+// The GEMM engine: our own Hopper GEMM (cuda/kernels/gemm_sm90.cu), a
+// persistent, warp-specialized TMA + wgmma kernel with bf16 inputs, fp32
+// accumulation and a bf16 or fp32 output, built to take the hooks of the
+// fused tensor-parallel kernels (a tile order, a wait on per-chunk flags
+// before loading A, a signal per stored tile). MatMul uses it instead of
+// cuBLASLt with WithGEMMEngine(GEMMAsyncTP); EngineMatMul calls it directly,
+// with the hooks.
+//
+// Tensor maps (the TMA descriptors of A and B) are encoded per call:
+// cuTensorMapEncodeTiled is a host function of the driver that packs
+// address, sizes and strides into 128 bytes (no GPU call, no allocation),
+// the map travels by value in the kernel's parameters, and a cache keyed by
+// (pointer, shape, layout) would have to be invalidated whenever the caching
+// allocator hands the same address out for another tensor.
+
+// GEMM engines for WithGEMMEngine.
+const (
+	GEMMCublasLt = "cublaslt" // cuBLASLt (the default)
+	GEMMAsyncTP  = "asynctp"  // the engine of cuda/kernels/gemm_sm90.cu, where it applies
+)
+
+// WithGEMMEngine picks MatMul's implementation: GEMMCublasLt (the default,
+// until the engine is measured at least as fast) or GEMMAsyncTP. With
+// GEMMAsyncTP, New fails unless the GPU can run the engine (sm_90, a driver
+// with cuTensorMapEncodeTiled, an image with the engine's kernels), and
+// MatMul takes the engine for every call it applies to (2-D bf16 operands,
+// M, N, K multiples of 8, 16-byte aligned tensors; EngineSupports says why
+// not), cuBLASLt for the others (f32, batched, odd sizes).
+func WithGEMMEngine(name string) Option { return func(c *config) { c.gemm = name } }
+
+// The engine's output tile: CTA tiles of EngineTileM rows and EngineTileN
+// columns of C, the unit of its tile order and of GEMMSignal.
+const (
+	EngineTileM = 128
+	EngineTileN = 256
+)
+
+const (
+	engineThreads = 384
+	// engineSmem is GEMM90_SMEM of gemm_sm90.cu: 1024 (alignment) + 4
+	// stages of 48 KiB + 8 mbarriers + the abort word.
+	engineSmem = 1024 + 4*48*1024 + 8*8 + 16
+	// engineGroupM is the default raster group: 8 m-blocks (1024 rows of
+	// A) sweep all n-blocks before the next 8, so B's tiles are read from L2
+	// by up to 8 CTAs.
+	engineGroupM = 8
+	// engineWatchdog bounds every wait of the kernel's pipeline: a phase
+	// that never completes (a bug) traps the kernel instead of hanging the
+	// GPU. The flag waits' own deadline comes on top.
+	engineWatchdog = 10 * time.Second
+)
+
+// GEMMWait makes the engine's producer wait, before it loads the rows of A
+// of a tile, until the 64-bit flag of every chunk of ChunkRows rows of
+// op(A) that the tile touches is ≥ Target: flags[c] guards rows [c·ChunkRows,
+// (c+1)·ChunkRows). Flags are read with ld.acquire.sys (written by the copy
+// engine, cuStreamWriteValue64, or peers). A chunk still short after
+// Timeout makes the kernel stop early (C is then undefined) and the next
+// Sync fail with an error wrapping ErrGEMMWaitTimeout that names the chunk.
+type GEMMWait struct {
+	Flags     uint64 // device address of the flags (uint64 each, 8-byte aligned)
+	ChunkRows int
+	Target    uint64
+	Timeout   time.Duration
+}
+
+// GEMMSignal makes the engine add Value to a flag with a release (system
+// scope) after each tile of C is stored: flags[mb·nBlocks + nb] per tile, or
+// flags[mb] per 128-row block with PerRowBlock (it reaches nBlocks·Value
+// when the block's row of tiles is done), where mb, nb are the tile's block
+// indices (EngineTileM, EngineTileN) and nBlocks = ⌈N / EngineTileN⌉.
+type GEMMSignal struct {
+	Flags       uint64 // device address of the flags (uint64 each, 8-byte aligned)
+	PerRowBlock bool
+	Value       uint64
+}
+
+// GEMMOptions are the engine's hooks; the zero value is a plain GEMM.
+type GEMMOptions struct {
+	// GroupM is the raster group in m-blocks (0: the default 8; 1: tiles
+	// row by row).
+	GroupM int
+	// RotateRows starts the tile order at the m-block holding this row of
+	// C (a rank's own shard first); the m-blocks rotate, 0 ≤ RotateRows < M.
+	RotateRows int
+	Wait       *GEMMWait
+	Signal     *GEMMSignal
+}
+
+// ErrGEMMWaitTimeout is wrapped by the error of an engine call whose flag
+// wait ran out (GEMMWait).
+var ErrGEMMWaitTimeout = errors.New("the GEMM engine's flag wait timed out")
+
+// engineState is what the backend learnt about running the engine, once.
+type engineState struct {
+	once sync.Once
+	err  error // why the engine cannot run on this device (nil: it can)
+}
+
+// engineKernelProbe is a kernel every image with the engine has.
+const engineKernelProbe = "gemm_sm90_nt_bf16"
+
+// engineDevice reports whether d can run the engine, and why not.
+func engineDevice(d gpu.Device) error {
+	cd, ok := d.(*cudaDevice)
+	if !ok {
+		return fmt.Errorf("the GEMM engine needs a GPU (TMA, wgmma); %s is not one", d.Name())
+	}
+	dev, err := cuda.GetDevice(cd.ordinal)
+	if err != nil {
+		return err
+	}
+	major, minor, err := dev.ComputeCapability()
+	if err != nil {
+		return err
+	}
+	if major != 9 || minor != 0 {
+		return fmt.Errorf("the GEMM engine needs an sm_90 GPU (Hopper: wgmma, TMA, setmaxnreg); %s is sm_%d%d", d.Name(), major, minor)
+	}
+	if !cuda.HasTensorMaps() {
+		return fmt.Errorf("the GEMM engine needs cuTensorMapEncodeTiled, which this driver lacks (a driver of CUDA 12.0 or later; see $%s)", cuda.EnvLibCUDA)
+	}
+	if !d.HasKernel(engineKernelProbe) {
+		return fmt.Errorf("the kernels image has no %s: rebuild it with cuda/kernels/build.sh", engineKernelProbe)
+	}
+	return nil
+}
+
+// engineErr is why this backend cannot run the engine (nil: it can).
+func (b *Backend) engineErr() error {
+	b.eng.once.Do(func() {
+		if err := b.dev.Acquire(); err != nil {
+			b.eng.err = err
+			return
+		}
+		defer b.dev.Release()
+		b.eng.err = engineDevice(b.dev)
+	})
+	return b.eng.err
+}
+
+// engineCall is one checked call of the engine.
+type engineCall struct {
+	c, a, b        *tensor.Tensor
+	transA, transB bool
+	m, n, k        int
+	alpha, beta    float32
+	opt            GEMMOptions
+}
+
+// engineShape checks the operands of an engine call: a and b bf16, c bf16
+// or f32, 2-D, shapes that agree, M, N, K positive multiples of 8, 16-byte
+// aligned device tensors. The error says what was found and expected.
+func engineShape(c, a, bm *tensor.Tensor, transA, transB bool) (m, n, k int, err error) {
+	if a.DType() != tensor.BFloat16 || bm.DType() != tensor.BFloat16 {
+		return 0, 0, 0, fmt.Errorf("a is %v and b is %v, expected bf16 operands", a.DType(), bm.DType())
+	}
+	if c.DType() != tensor.BFloat16 && c.DType() != tensor.Float32 {
+		return 0, 0, 0, fmt.Errorf("c is %v, expected bf16 or f32", c.DType())
+	}
+	if len(a.Shape()) != 2 || len(bm.Shape()) != 2 || len(c.Shape()) != 2 {
+		return 0, 0, 0, fmt.Errorf("a %v, b %v, c %v: expected 2-D tensors (the engine has no batch)", a.Shape(), bm.Shape(), c.Shape())
+	}
+	m, k = a.Dim(0), a.Dim(1)
+	if transA {
+		m, k = k, m
+	}
+	kb, n := bm.Dim(0), bm.Dim(1)
+	if transB {
+		kb, n = n, kb
+	}
+	if kb != k {
+		return 0, 0, 0, fmt.Errorf("b has shape %v, expected inner dimension %d (transB %v) to match a %v (transA %v)", bm.Shape(), k, transB, a.Shape(), transA)
+	}
+	if c.Dim(0) != m || c.Dim(1) != n {
+		return 0, 0, 0, fmt.Errorf("c has shape %v, expected %v for a %v and b %v", c.Shape(), tensor.Shape{m, n}, a.Shape(), bm.Shape())
+	}
+	for _, d := range []struct {
+		name string
+		v    int
+	}{{"M", m}, {"N", n}, {"K", k}} {
+		if d.v <= 0 || d.v%8 != 0 {
+			return 0, 0, 0, fmt.Errorf("%s = %d, expected a positive multiple of 8 (16-byte rows for TMA)", d.name, d.v)
+		}
+		if d.v > 1<<30 {
+			return 0, 0, 0, fmt.Errorf("%s = %d does not fit the engine's 32-bit indices", d.name, d.v)
+		}
+	}
+	for _, t := range []struct {
+		name string
+		t    *tensor.Tensor
+	}{{"a", a}, {"b", bm}, {"c", c}} {
+		if p := DevicePtr(t.t); p%16 != 0 {
+			return 0, 0, 0, fmt.Errorf("%s starts at %#x, expected a 16-byte aligned address (a view at element offset %d)", t.name, p, t.t.Offset())
+		}
+	}
+	return m, n, k, nil
+}
+
+// checkOptions checks the hooks against the call's sizes.
+func checkOptions(o GEMMOptions, m int) error {
+	if o.GroupM < 0 {
+		return fmt.Errorf("GroupM = %d, expected ≥ 0", o.GroupM)
+	}
+	if o.RotateRows < 0 || o.RotateRows >= m {
+		return fmt.Errorf("RotateRows = %d, expected 0 ≤ RotateRows < M = %d", o.RotateRows, m)
+	}
+	if w := o.Wait; w != nil {
+		switch {
+		case w.Flags == 0 || w.Flags%8 != 0:
+			return fmt.Errorf("Wait.Flags = %#x, expected an 8-byte aligned device address", w.Flags)
+		case w.ChunkRows <= 0:
+			return fmt.Errorf("Wait.ChunkRows = %d, expected > 0", w.ChunkRows)
+		case w.Timeout <= 0:
+			return fmt.Errorf("Wait.Timeout = %v, expected > 0", w.Timeout)
+		}
+	}
+	if s := o.Signal; s != nil && (s.Flags == 0 || s.Flags%8 != 0) {
+		return fmt.Errorf("Signal.Flags = %#x, expected an 8-byte aligned device address", s.Flags)
+	}
+	return nil
+}
+
+// EngineSupports returns nil if the engine can compute this call (with
+// EngineMatMul, or under MatMul with WithGEMMEngine(GEMMAsyncTP)), else why
+// not.
+func (b *Backend) EngineSupports(c, a, bm *tensor.Tensor, transA, transB bool) error {
+	if err := b.engineErr(); err != nil {
+		return err
+	}
+	_, _, _, err := engineShape(c, a, bm, transA, transB)
+	return err
+}
+
+// EngineMatMul computes C = alpha·op(A)·op(B) + beta·C with the engine, with
+// MatMul's layouts (a (m, k), or (k, m) with transA; b (k, n), or (n, k)
+// with transB; c (m, n)): bf16 a and b, fp32 accumulation, c bf16 or f32
+// (beta = 0 does not read c). The forward y = x·Wᵀ is (false, true), the
+// input gradient dx = dy·W (false, false) and the weight gradient dW += dyᵀ·x
+// (true, false) with beta = 1. o holds the fused kernels' hooks.
+//
+// Like every op it queues the work and records an error for the next Sync
+// (and returns it, nil when the call was queued); a flag wait that runs out
+// (o.Wait) is found at the next Sync.
+func (b *Backend) EngineMatMul(c, a, bm *tensor.Tensor, transA, transB bool, alpha, beta float32, o GEMMOptions) error {
+	const op = "EngineMatMul"
+	ck := b.check(op)
+	ck.Own("a", a)
+	ck.Own("b", bm)
+	ck.Own("c", c)
+	if !ck.OK() {
+		return b.Err()
+	}
+	if err := b.engineErr(); err != nil {
+		b.fail(fmt.Errorf("cuda: %s: %w", op, err))
+		return b.Err()
+	}
+	m, n, k, err := engineShape(c, a, bm, transA, transB)
+	if err == nil {
+		err = checkOptions(o, m)
+	}
+	if err != nil {
+		b.fail(fmt.Errorf("cuda: %s: %w", op, err))
+		return b.Err()
+	}
+	b.engineLaunch(op, engineCall{c: c, a: a, b: bm, transA: transA, transB: transB, m: m, n: n, k: k,
+		alpha: alpha, beta: beta, opt: o})
+	if b.failed() {
+		return b.Err()
+	}
+	return nil
+}
+
+// engineKernel is the kernel of a layout and output dtype: gemm_sm90_<la><lb>_<out>,
+// la = t for transA, lb = t for transB (MatMul's flags).
+func engineKernel(transA, transB bool, out tensor.DType) string {
+	l := func(t bool) string {
+		if t {
+			return "t"
+		}
+		return "n"
+	}
+	o := "bf16"
+	if out == tensor.Float32 {
+		o = "f32"
+	}
+	return "gemm_sm90_" + l(transA) + l(transB) + "_" + o
+}
+
+// operandMap is the tensor map of an operand stored (rows, cols) row-major
+// at p. K-major operands (A without transA, B with transB) are read in
+// boxes of (64 K, tileRows rows); MN-major ones in boxes of (64 MN, 64 K).
+// The kernel's shared memory descriptors assume exactly these boxes and the
+// 128-byte swizzle.
+func operandMap(p uint64, rows, cols int, kMajor bool, tileRows int) (cuda.TensorMap, error) {
+	box := []uint32{64, 64}
+	if kMajor {
+		box[1] = uint32(tileRows)
+	}
+	return cuda.EncodeTiled(cuda.TiledTensorMap{
+		DType:   cuda.TensorMapBFloat16,
+		Addr:    cuda.DevicePtr(p),
+		Dims:    []uint64{uint64(cols), uint64(rows)},
+		Strides: []uint64{uint64(cols) * 2},
+		Box:     box,
+		Swizzle: cuda.Swizzle128B,
+		L2:      cuda.L2Promotion256B,
+	})
+}
+
+// engineLaunch queues a checked call. op names it in errors.
+func (b *Backend) engineLaunch(op string, e engineCall) {
+	numM, numN := ceilDiv(e.m, EngineTileM), ceilDiv(e.n, EngineTileN)
+	tiles := numM * numN
+	o := e.opt
+	groupM := o.GroupM
+	if groupM == 0 {
+		groupM = engineGroupM
+	}
+	rot := o.RotateRows / EngineTileM
+	var (
+		waitFlags, sigFlags uint64
+		waitRows            int32
+		waitTarget, sigVal  uint64
+		waitNs              int64
+		sigMode             int32
+	)
+	watchdog := engineWatchdog
+	if w := o.Wait; w != nil {
+		waitFlags, waitRows, waitTarget, waitNs = w.Flags, int32(w.ChunkRows), w.Target, w.Timeout.Nanoseconds()
+		// A tile waits on up to EngineTileM/ChunkRows + 2 chunks in turn.
+		watchdog += time.Duration(EngineTileM/w.ChunkRows+2) * w.Timeout
+	}
+	if s := o.Signal; s != nil {
+		sigFlags, sigVal = s.Flags, s.Value
+		if s.PerRowBlock {
+			sigMode = 1
+		}
+	}
+	b.do(op, func(d gpu.Device) error {
+		cd, ok := d.(*cudaDevice)
+		if !ok {
+			return fmt.Errorf("the GEMM engine needs a GPU; %s is not one", d.Name())
+		}
+		ar, ac := e.m, e.k // a stored (m, k), or (k, m) with transA
+		if e.transA {
+			ar, ac = e.k, e.m
+		}
+		br, bc := e.k, e.n // b stored (k, n), or (n, k) with transB
+		if e.transB {
+			br, bc = e.n, e.k
+		}
+		ma, err := operandMap(DevicePtr(e.a), ar, ac, !e.transA, EngineTileM)
+		if err != nil {
+			return fmt.Errorf("tensor map of a %v: %w", e.a.Shape(), err)
+		}
+		mb, err := operandMap(DevicePtr(e.b), br, bc, e.transB, EngineTileN)
+		if err != nil {
+			return fmt.Errorf("tensor map of b %v: %w", e.b.Shape(), err)
+		}
+		flag := b.flagPtr(flagGEMM, engineExplain(op, e, o.Wait))
+		grid := min(tiles, max(cd.sms, 1))
+		return cd.launchRaw(engineKernel(e.transA, e.transB, e.c.DType()), grid, engineThreads, engineSmem,
+			ma.Arg(), mb.Arg(), cuda.DevicePtr(DevicePtr(e.c)),
+			int32(e.m), int32(e.n), int32(e.k), e.alpha, e.beta, int32(groupM), int32(rot),
+			cuda.DevicePtr(waitFlags), waitRows, waitTarget, waitNs,
+			cuda.DevicePtr(sigFlags), sigMode, sigVal, watchdog.Nanoseconds(), cuda.DevicePtr(flag))
+	})
+}
+
+// engineExplain turns the kernel's error word into the call's error: -1 is a
+// kernel built without sm_90a code, c ≥ 0 the chunk whose flag wait ran out.
+func engineExplain(op string, e engineCall, w *GEMMWait) func(bad int32) error {
+	return func(bad int32) error {
+		if bad == -1 || w == nil {
+			return fmt.Errorf("cuda: %s (%dx%dx%d): the GEMM engine's kernel has no sm_90a code for this GPU (the image's compute_90 PTX was used): rebuild the image with -gencode arch=compute_90a,code=sm_90a (cuda/kernels/build.sh)",
+				op, e.m, e.n, e.k)
+		}
+		lo := int(bad) * w.ChunkRows
+		return fmt.Errorf("cuda: %s (%dx%dx%d): chunk %d (rows %d to %d of A) not ready: its flag stayed below %d for %v: %w",
+			op, e.m, e.n, e.k, bad, lo, min(lo+w.ChunkRows, e.m)-1, w.Target, w.Timeout, ErrGEMMWaitTimeout)
+	}
+}
+
+// launchRaw is Launch for kernels that take struct arguments by value
+// (cuda.RawArg, e.g. a tensor map) and the other types of cuda.Launch.
+func (d *cudaDevice) launchRaw(name string, grid, block, smem int, args ...any) error {
+	f, err := d.function(name)
+	if err != nil {
+		return err
+	}
+	if smem > 48<<10 && d.smemSet[name] < smem {
+		if err := f.SetMaxDynamicSharedMemory(smem); err != nil {
+			return err
+		}
+		d.smemSet[name] = smem
+	}
+	return cuda.Launch(f, [3]uint32{uint32(grid), 1, 1}, [3]uint32{uint32(block), 1, 1}, uint32(smem), d.stream, args...)
+}
+
+// useEngine reports whether MatMul takes the engine for this call.
+func (b *Backend) useEngine(c, a, bm *tensor.Tensor, transA, transB bool, batch int) bool {
+	if b.cfg.gemm != GEMMAsyncTP || batch != 1 || len(a.Shape()) != 2 || a.DType() != tensor.BFloat16 {
+		return false
+	}
+	if b.engineErr() != nil {
+		return false
+	}
+	_, _, _, err := engineShape(c, a, bm, transA, transB)
+	return err == nil
+}
+
+// checkGEMMEngine checks the WithGEMMEngine option at New.
+func checkGEMMEngine(d gpu.Device, name string) error {
+	switch name {
+	case "", GEMMCublasLt:
+		return nil
+	case GEMMAsyncTP:
+		if err := engineDevice(d); err != nil {
+			return fmt.Errorf("WithGEMMEngine(%q): %w", name, err)
+		}
+		return nil
+	}
+	return fmt.Errorf("WithGEMMEngine(%q): unknown engine, expected %q or %q", name, GEMMCublasLt, GEMMAsyncTP)
+}

@@ -1,0 +1,407 @@
+package cudabackend
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/asynctp/asynctp/internal/testutil"
+	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/cpu"
+)
+
+// The GEMM engine's tests run on an sm_90 GPU and skip elsewhere, saying why
+// (no GPU, another architecture, an image without the engine).
+//
+//	./build/cudabackend.test -test.run 'TestEngine' -test.v
+//	./build/cudabackend.test -test.run '^$' -test.bench 'BenchmarkEngine' -test.benchtime 20x
+
+// openEngine opens GPU 0 with MatMul on the engine, or skips.
+func openEngine(t testing.TB) *Backend {
+	t.Helper()
+	return openGPU(t, WithGEMMEngine(GEMMAsyncTP))
+}
+
+// engineCase is one engine call with random operands, on the GPU and on the
+// CPU reference (fp32 on the bf16-rounded inputs).
+type engineCase struct {
+	m, n, k        int
+	transA, transB bool
+	out            tensor.DType
+	alpha, beta    float32
+}
+
+func (e engineCase) String() string {
+	return fmt.Sprintf("%dx%dx%d/%s/%v/beta=%v", e.m, e.n, e.k, engineKernel(e.transA, e.transB, e.out)[len("gemm_sm90_"):], e.out, e.beta)
+}
+
+// operands returns the stored shapes of a and b.
+func (e engineCase) operands() (ar, ac, br, bc int) {
+	ar, ac = e.m, e.k
+	if e.transA {
+		ar, ac = e.k, e.m
+	}
+	br, bc = e.k, e.n
+	if e.transB {
+		br, bc = e.n, e.k
+	}
+	return
+}
+
+// engineInputs makes the operands on g: random a and b, and c random (beta
+// ≠ 0) or NaN (beta = 0), and the fp32 reference result on the CPU.
+func engineInputs(t *testing.T, g *Backend, e engineCase, seed uint64) (a, b, c *tensor.Tensor, want []float64) {
+	t.Helper()
+	rng := testutil.Rng(seed)
+	ar, ac, br, bc := e.operands()
+	av := testutil.RandFloats(rng, ar*ac, -1, 1)
+	bv := testutil.RandFloats(rng, br*bc, -1, 1)
+	cv := testutil.RandFloats(rng, e.m*e.n, -2, 2)
+	for i := range av {
+		av[i] = tensor.BFloat16.Round(av[i])
+	}
+	for i := range bv {
+		bv[i] = tensor.BFloat16.Round(bv[i])
+	}
+	for i := range cv {
+		cv[i] = e.out.Round(cv[i])
+	}
+	a = testutil.Upload(g, tensor.BFloat16, av, ar, ac)
+	b = testutil.Upload(g, tensor.BFloat16, bv, br, bc)
+	if e.beta == 0 {
+		c = testutil.Poisoned(g, e.out, e.m, e.n)
+	} else {
+		c = testutil.Upload(g, e.out, cv, e.m, e.n)
+	}
+	ref := cpu.New()
+	ra := testutil.Upload(ref, tensor.Float32, av, ar, ac)
+	rb := testutil.Upload(ref, tensor.Float32, bv, br, bc)
+	rc := testutil.Upload(ref, tensor.Float32, cv, e.m, e.n)
+	ref.MatMul(rc, ra, rb, e.transA, e.transB, e.alpha, e.beta)
+	if err := ref.Err(); err != nil {
+		t.Fatal(err)
+	}
+	want = testutil.Download(ref, rc)
+	for i := range want {
+		want[i] = e.out.Round(want[i])
+	}
+	return a, b, c, want
+}
+
+// checkElems compares element by element: |got − want| ≤ tol·max(1, |want|)
+// (fp32 accumulation in another order; bf16 outputs may round to the
+// neighbouring value). The first bad element is named by row and column.
+func checkElems(t *testing.T, name string, got, want []float64, n int, tol float64) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: %d values, want %d", name, len(got), len(want))
+	}
+	bad := 0
+	first := -1
+	for i := range got {
+		if !(math.Abs(got[i]-want[i]) <= tol*math.Max(1, math.Abs(want[i]))) {
+			if bad == 0 {
+				first = i
+			}
+			bad++
+		}
+	}
+	if bad > 0 {
+		t.Errorf("%s: %d of %d elements differ; first at (row %d, col %d): got %v, want %v",
+			name, bad, len(got), first/n, first%n, got[first], want[first])
+	}
+}
+
+func engineTol(out tensor.DType) float64 {
+	if out == tensor.BFloat16 {
+		return 1e-2
+	}
+	return 1e-4
+}
+
+// engineLayouts are MatMul's four transpose combinations: NT (y = x·Wᵀ), NN
+// (dx = dy·W), TN (dW = dyᵀ·x) and TT.
+var engineLayouts = [][2]bool{{false, true}, {false, false}, {true, false}, {true, true}}
+
+// TestEngineConformance checks the engine against the CPU for every layout,
+// bf16 and f32 outputs, beta 0 (over a NaN-poisoned C) and 1, on shapes with
+// edge tiles in M, N and K (tiles of 128 × 256, K steps of 64). bf16 outputs
+// go through MatMul (WithGEMMEngine), f32 ones through EngineMatMul.
+func TestEngineConformance(t *testing.T) {
+	g := openEngine(t)
+	shapes := [][3]int{
+		{8, 24, 8}, {136, 264, 200}, {1000, 264, 72}, {128, 256, 64}, {256, 512, 256},
+		{1000, 24, 200}, {8, 264, 72}, {384, 768, 1024}, {520, 1032, 136},
+	}
+	seed := uint64(1)
+	for _, s := range shapes {
+		for _, l := range engineLayouts {
+			for _, out := range []tensor.DType{tensor.BFloat16, tensor.Float32} {
+				for _, ab := range [][2]float32{{1, 0}, {0.5, 1}} {
+					e := engineCase{m: s[0], n: s[1], k: s[2], transA: l[0], transB: l[1], out: out, alpha: ab[0], beta: ab[1]}
+					seed++
+					a, b, c, want := engineInputs(t, g, e, seed)
+					if out == tensor.BFloat16 {
+						if !g.useEngine(c, a, b, e.transA, e.transB, 1) {
+							t.Fatalf("%v: MatMul would not take the engine", e)
+						}
+						g.MatMul(c, a, b, e.transA, e.transB, e.alpha, e.beta)
+					} else if err := g.EngineMatMul(c, a, b, e.transA, e.transB, e.alpha, e.beta, GEMMOptions{}); err != nil {
+						t.Fatalf("%v: %v", e, err)
+					}
+					if err := g.Sync(); err != nil {
+						t.Fatalf("%v: %v", e, err)
+					}
+					checkElems(t, e.String(), testutil.Download(g, c), want, e.n, engineTol(out))
+					g.Free(a)
+					g.Free(b)
+					g.Free(c)
+				}
+			}
+		}
+	}
+}
+
+// TestEngineTileOrder checks that the raster group and the rotation change
+// the order only: every setting gives the same bits.
+func TestEngineTileOrder(t *testing.T) {
+	g := openEngine(t)
+	e := engineCase{m: 1000, n: 1032, k: 200, transA: false, transB: true, out: tensor.Float32, alpha: 1}
+	a, b, c, want := engineInputs(t, g, e, 7)
+	var first []float64
+	for _, o := range []GEMMOptions{{}, {GroupM: 1}, {GroupM: 3, RotateRows: 300}, {RotateRows: 999}, {GroupM: 100, RotateRows: 128}} {
+		if err := g.EngineMatMul(c, a, b, e.transA, e.transB, e.alpha, e.beta, o); err != nil {
+			t.Fatalf("%+v: %v", o, err)
+		}
+		got := testutil.Download(g, c)
+		if err := g.Err(); err != nil {
+			t.Fatal(err)
+		}
+		checkElems(t, fmt.Sprintf("%v %+v", e, o), got, want, e.n, engineTol(e.out))
+		if first == nil {
+			first = got
+		} else {
+			for i := range got {
+				if got[i] != first[i] {
+					t.Fatalf("%+v: element %d is %v, %v with the default order", o, i, got[i], first[i])
+				}
+			}
+		}
+	}
+}
+
+// flagWords makes n zeroed 64-bit flags (pairs of int32, little-endian).
+func flagWords(g *Backend, n int) *tensor.Tensor { return g.Zeros(tensor.Int32, 2*n) }
+
+// setFlags uploads vals into the 64-bit flags f.
+func setFlags(t *testing.T, g *Backend, f *tensor.Tensor, vals []uint64) {
+	t.Helper()
+	w := make([]int32, 2*len(vals))
+	for i, v := range vals {
+		w[2*i], w[2*i+1] = int32(uint32(v)), int32(uint32(v>>32))
+	}
+	h, err := tensor.FromInt32(w, len(w))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.Upload(f, h)
+}
+
+// readFlags downloads the 64-bit flags f.
+func readFlags(t *testing.T, g *Backend, f *tensor.Tensor) []uint64 {
+	t.Helper()
+	h := tensor.MustHost(tensor.Int32, f.Shape()...)
+	g.Download(h, f)
+	if err := g.Err(); err != nil {
+		t.Fatal(err)
+	}
+	w := h.I32()
+	v := make([]uint64, len(w)/2)
+	for i := range v {
+		v[i] = uint64(uint32(w[2*i])) | uint64(uint32(w[2*i+1]))<<32
+	}
+	return v
+}
+
+// TestEngineWaitSignal runs the hooks with every flag already set: the
+// result is right and every row block's signal counts its n-blocks, for
+// both layouts of A (the wait guards rows of op(A)).
+func TestEngineWaitSignal(t *testing.T) {
+	g := openEngine(t)
+	for _, l := range [][2]bool{{false, true}, {true, false}} {
+		e := engineCase{m: 1000, n: 600, k: 136, transA: l[0], transB: l[1], out: tensor.Float32, alpha: 1}
+		a, b, c, want := engineInputs(t, g, e, 11)
+		const rows = 100
+		chunks := ceilDiv(e.m, rows)
+		wait := flagWords(g, chunks)
+		vals := make([]uint64, chunks)
+		for i := range vals {
+			vals[i] = 5 + uint64(i) // ≥ the target 5
+		}
+		setFlags(t, g, wait, vals)
+		numM, numN := ceilDiv(e.m, EngineTileM), ceilDiv(e.n, EngineTileN)
+		perRow, perTile := flagWords(g, numM), flagWords(g, numM*numN)
+		o := GEMMOptions{RotateRows: 300, Wait: &GEMMWait{Flags: DevicePtr(wait), ChunkRows: rows, Target: 5, Timeout: time.Second},
+			Signal: &GEMMSignal{Flags: DevicePtr(perRow), PerRowBlock: true, Value: 1}}
+		if err := g.EngineMatMul(c, a, b, e.transA, e.transB, 1, 0, o); err != nil {
+			t.Fatal(err)
+		}
+		o.Signal = &GEMMSignal{Flags: DevicePtr(perTile), Value: 3}
+		if err := g.EngineMatMul(c, a, b, e.transA, e.transB, 1, 0, o); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.Sync(); err != nil {
+			t.Fatalf("%v: %v", e, err)
+		}
+		checkElems(t, e.String(), testutil.Download(g, c), want, e.n, engineTol(e.out))
+		for i, v := range readFlags(t, g, perRow) {
+			if v != uint64(numN) {
+				t.Errorf("%v: row block %d signalled %d, want %d (one per n-block)", e, i, v, numN)
+			}
+		}
+		for i, v := range readFlags(t, g, perTile) {
+			if v != 3 {
+				t.Errorf("%v: tile %d (m-block %d, n-block %d) signalled %d, want 3", e, i, i/numN, i%numN, v)
+			}
+		}
+	}
+}
+
+// TestEngineWaitTimeout leaves one chunk's flag short of the target: the
+// kernel must stop at its deadline and the next Sync fail naming the chunk.
+func TestEngineWaitTimeout(t *testing.T) {
+	g := openEngine(t)
+	e := engineCase{m: 1000, n: 600, k: 136, transB: true, out: tensor.BFloat16, alpha: 1}
+	a, b, c, _ := engineInputs(t, g, e, 13)
+	const rows = 100
+	chunks := ceilDiv(e.m, rows)
+	wait := flagWords(g, chunks)
+	vals := make([]uint64, chunks)
+	for i := range vals {
+		vals[i] = 1
+	}
+	vals[7] = 0 // rows 700 to 799 never arrive
+	setFlags(t, g, wait, vals)
+	if err := g.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	const timeout = 50 * time.Millisecond
+	start := time.Now()
+	err := g.EngineMatMul(c, a, b, e.transA, e.transB, 1, 0, GEMMOptions{
+		Wait: &GEMMWait{Flags: DevicePtr(wait), ChunkRows: rows, Target: 1, Timeout: timeout}})
+	if err != nil {
+		t.Fatalf("the call itself failed: %v", err)
+	}
+	err = g.Sync()
+	took := time.Since(start)
+	if err == nil {
+		t.Fatal("Sync returned nil; expected the flag wait of chunk 7 to time out")
+	}
+	if !errors.Is(err, ErrGEMMWaitTimeout) || !strings.Contains(err.Error(), "chunk 7 ") {
+		t.Fatalf("Sync: %v; expected an ErrGEMMWaitTimeout naming chunk 7", err)
+	}
+	if took > 5*time.Second {
+		t.Fatalf("the kernel took %v to stop (timeout %v)", took, timeout)
+	}
+	t.Logf("%v after %v", err, took)
+}
+
+// TestEngineRefusals checks the errors of calls the engine cannot take
+// (each on a fresh backend: a refusal is the backend's sticky error).
+func TestEngineRefusals(t *testing.T) {
+	openEngine(t)
+	for _, tc := range []struct {
+		want string
+		call func(g *Backend) error
+	}{
+		{"K = 12, expected a positive multiple of 8", func(g *Backend) error {
+			return g.EngineMatMul(g.Zeros(tensor.Float32, 8, 8), g.Zeros(tensor.BFloat16, 8, 12), g.Zeros(tensor.BFloat16, 12, 8), false, false, 1, 0, GEMMOptions{})
+		}},
+		{"expected bf16 operands", func(g *Backend) error {
+			return g.EngineMatMul(g.Zeros(tensor.Float32, 8, 8), g.Zeros(tensor.Float32, 8, 8), g.Zeros(tensor.Float32, 8, 8), false, false, 1, 0, GEMMOptions{})
+		}},
+		{"RotateRows = 8, expected 0 ≤ RotateRows < M = 8", func(g *Backend) error {
+			return g.EngineMatMul(g.Zeros(tensor.Float32, 8, 8), g.Zeros(tensor.BFloat16, 8, 8), g.Zeros(tensor.BFloat16, 8, 8), false, false, 1, 0, GEMMOptions{RotateRows: 8})
+		}},
+	} {
+		if err := tc.call(openEngine(t)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("got %v, want an error containing %q", err, tc.want)
+		}
+	}
+}
+
+// BenchmarkEngine times the engine against cuBLASLt on the same call, for
+// the forward and both backward GEMMs of a linear layer y = x·Wᵀ with x
+// (M, K), W (N, K): NT y = x·Wᵀ (M×N×K), NN dx = dy·W (M×K×N), TN dW += dyᵀ·x
+// (N×K×M, beta 1). Shapes: the TP shapes of issue 12 and gpt2-124m's at
+// 16384 tokens. Metrics: engine-TFLOP/s, cublaslt-TFLOP/s and their ratio.
+func BenchmarkEngine(b *testing.B) {
+	shapes := []struct {
+		name    string
+		m, n, k int
+	}{
+		{"tp/16384x1536x8192", 16384, 1536, 8192},
+		{"tp/8192x6144x12288", 8192, 6144, 12288},
+		{"tp/16384x8192x1024", 16384, 8192, 1024},
+		{"gpt2/qkv-768to2304", 16384, 2304, 768},
+		{"gpt2/o-768to768", 16384, 768, 768},
+		{"gpt2/gateup-768to4096", 16384, 4096, 768},
+		{"gpt2/down-2048to768", 16384, 768, 2048},
+		{"gpt2/head-768to50304", 16384, 50304, 768},
+	}
+	be := openGPU(b)
+	if err := be.engineErr(); err != nil {
+		b.Skipf("no GEMM engine here: %v", err)
+	}
+	for _, s := range shapes {
+		x := benchRand(b, be, tensor.BFloat16, s.m, s.k)
+		w := benchRand(b, be, tensor.BFloat16, s.n, s.k)
+		dy := benchRand(b, be, tensor.BFloat16, s.m, s.n)
+		y := be.Zeros(tensor.BFloat16, s.m, s.n)
+		dx := be.Zeros(tensor.BFloat16, s.m, s.k)
+		dw := be.Zeros(tensor.BFloat16, s.n, s.k)
+		flops := 2 * float64(s.m) * float64(s.n) * float64(s.k) / 1e12
+		for _, f := range []struct {
+			name           string
+			c, a, bm       *tensor.Tensor
+			transA, transB bool
+			beta           float32
+		}{
+			{"nt", y, x, w, false, true, 0},
+			{"nn", dx, dy, w, false, false, 0},
+			{"tn", dw, dy, x, true, false, 1},
+		} {
+			b.Run(s.name+"/"+f.name, func(b *testing.B) {
+				eng := func() { be.EngineMatMul(f.c, f.a, f.bm, f.transA, f.transB, 1, f.beta, GEMMOptions{}) }
+				lt := func() { be.MatMul(f.c, f.a, f.bm, f.transA, f.transB, 1, f.beta) }
+				te, tl := timeOps(b, be, eng), timeOps(b, be, lt)
+				b.ReportMetric(flops*float64(b.N)/te, "engine-TFLOP/s")
+				b.ReportMetric(flops*float64(b.N)/tl, "cublaslt-TFLOP/s")
+				b.ReportMetric(tl/te, "ratio")
+			})
+		}
+		for _, t := range []*tensor.Tensor{x, w, dy, y, dx, dw} {
+			be.Free(t)
+		}
+	}
+}
+
+// timeOps runs op b.N times after a warm-up and returns the seconds taken.
+func timeOps(b *testing.B, be *Backend, op func()) float64 {
+	b.Helper()
+	op()
+	if err := be.Sync(); err != nil {
+		b.Fatal(err)
+	}
+	start := time.Now()
+	for range b.N {
+		op()
+	}
+	if err := be.Sync(); err != nil {
+		b.Fatal(err)
+	}
+	return time.Since(start).Seconds()
+}

@@ -1,0 +1,63 @@
+package cudabackend
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/asynctp/asynctp/tensor"
+)
+
+// TestEngineShapeChecks checks the engine's argument checks on host tensors
+// (no GPU needed): what it accepts, and errors that say what was found and
+// what was expected.
+func TestEngineShapeChecks(t *testing.T) {
+	h := func(dt tensor.DType, shape ...int) *tensor.Tensor { return tensor.MustHost(dt, shape...) }
+	bf, f32 := tensor.BFloat16, tensor.Float32
+	m, n, k, err := engineShape(h(f32, 16, 24), h(bf, 40, 16), h(bf, 40, 24), true, false) // TN: dW = dyᵀ·x
+	if err != nil || m != 16 || n != 24 || k != 40 {
+		t.Fatalf("TN: %d, %d, %d, %v; want 16, 24, 40", m, n, k, err)
+	}
+	for _, tc := range []struct {
+		want    string
+		c, a, b *tensor.Tensor
+		tA, tB  bool
+	}{
+		{"c is i32, expected bf16 or f32", h(tensor.Int32, 8, 8), h(bf, 8, 8), h(bf, 8, 8), false, false},
+		{"a is f32 and b is bf16, expected bf16 operands", h(f32, 8, 8), h(f32, 8, 8), h(bf, 8, 8), false, false},
+		{"N = 12, expected a positive multiple of 8", h(bf, 8, 12), h(bf, 8, 8), h(bf, 12, 8), false, true},
+		{"expected inner dimension 16", h(bf, 8, 8), h(bf, 8, 16), h(bf, 8, 8), false, false},
+		{"c has shape (8, 16), expected (8, 8)", h(bf, 8, 16), h(bf, 8, 8), h(bf, 8, 8), false, false},
+		{"expected 2-D tensors", h(bf, 2, 8, 8), h(bf, 2, 8, 8), h(bf, 2, 8, 8), false, false},
+	} {
+		if _, _, _, err := engineShape(tc.c, tc.a, tc.b, tc.tA, tc.tB); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("got %v, want an error containing %q", err, tc.want)
+		}
+	}
+	flags := uint64(1 << 20)
+	for _, tc := range []struct {
+		want string
+		o    GEMMOptions
+	}{
+		{"RotateRows = -1", GEMMOptions{RotateRows: -1}},
+		{"Wait.ChunkRows = 0, expected > 0", GEMMOptions{Wait: &GEMMWait{Flags: flags, Timeout: time.Second}}},
+		{"Wait.Timeout = 0s, expected > 0", GEMMOptions{Wait: &GEMMWait{Flags: flags, ChunkRows: 8}}},
+		{"Signal.Flags = 0x4, expected an 8-byte aligned", GEMMOptions{Signal: &GEMMSignal{Flags: 4}}},
+	} {
+		if err := checkOptions(tc.o, 64); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("got %v, want an error containing %q", err, tc.want)
+		}
+	}
+	if err := checkOptions(GEMMOptions{RotateRows: 63, GroupM: 4, Wait: &GEMMWait{Flags: flags, ChunkRows: 8, Timeout: time.Second}}, 64); err != nil {
+		t.Errorf("valid options refused: %v", err)
+	}
+	for _, tc := range []struct {
+		tA, tB bool
+		out    tensor.DType
+		want   string
+	}{{false, true, bf, "gemm_sm90_nt_bf16"}, {false, false, f32, "gemm_sm90_nn_f32"}, {true, false, bf, "gemm_sm90_tn_bf16"}, {true, true, f32, "gemm_sm90_tt_f32"}} {
+		if got := engineKernel(tc.tA, tc.tB, tc.out); got != tc.want {
+			t.Errorf("engineKernel(%v, %v, %v) = %s, want %s", tc.tA, tc.tB, tc.out, got, tc.want)
+		}
+	}
+}
