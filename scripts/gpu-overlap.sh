@@ -25,6 +25,7 @@ SUITE_TIMEOUT=${SUITE_TIMEOUT:-4m} # per world size
 BENCH_PES=${BENCH_PES:-2,4}
 RUNS=${RUNS:-tp2 tp2-sp tp4-sp}   # the training comparisons (below)
 RUN_TIMEOUT=${RUN_TIMEOUT:-240}   # seconds per training run
+OVS=${OVS:-pipelined}             # the strategies each run compares with collective (e.g. "pipelined fused")
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export ASYNCTP_KERNELS=${ASYNCTP_KERNELS:-$PWD/build/asynctp_kernels.fatbin}
@@ -91,14 +92,16 @@ for name in $RUNS; do
   spec="$name|${runargs[$name]}"
   IFS='|' read -r name args <<< "$spec"
   ok=1
-  for ov in collective pipelined; do
+  for ov in collective $OVS; do
     # shellcheck disable=SC2086
     if ! timeout "$RUN_TIMEOUT" ./build/train "${COMMON[@]}" $args --overlap $ov --out "$OUT/$name-$ov" > "$OUT/$name-$ov.log" 2>&1; then
       row "$args --overlap $ov" FAIL "see $name-$ov.log"; tail -15 "$OUT/$name-$ov.log"; ok=0; mps_restart
     fi
   done
   [ $ok -eq 1 ] || continue
-  res=$(compare "$name-collective" "$name-pipelined" "$TOL"); st=$?
-  row "$args: pipelined vs collective" "$([ $st -eq 0 ] && echo ok || echo FAIL)" "$res"
-  row "  $(grep -m1 'overlap: all-gather-matmul\|overlap: matmul-all-reduce' "$OUT/$name-pipelined.log")" "" ""
+  for ov in $OVS; do
+    res=$(compare "$name-collective" "$name-$ov" "$TOL"); st=$?
+    row "$args: $ov vs collective" "$([ $st -eq 0 ] && echo ok || echo FAIL)" "$res"
+    while read -r l; do row "  $l" "" ""; done < <(grep '^overlap: ' "$OUT/$name-$ov.log")
+  done
 done

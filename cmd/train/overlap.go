@@ -8,6 +8,7 @@ import (
 
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/overlap"
+	"github.com/asynctp/asynctp/overlap/peercopy"
 	"github.com/asynctp/asynctp/parallel/ep/peerep"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cudabackend"
@@ -18,10 +19,24 @@ import (
 // (pipelined) strategy runs on every transport; on NVSHMEM the GPU
 // processes use its peer-copy form (gpuOverlap).
 func overlapStrategies(cfg Config) ([]overlap.Strategy, map[string]string) {
+	if cfg.Parallel.Comm == "nvshmem" && cfg.Device != "cpu" {
+		// The GPU ranks check it per site (peercopy.Fused.Supports: the
+		// CUDA backend, an sm_90a GPU for the GEMM engine, bf16, widths of
+		// multiples of 8) and refuse an explicit request that fails there.
+		return []overlap.Strategy{overlap.Pipelined{}, peercopy.Fused{}}, nil
+	}
 	missing := map[string]string{
-		"fused": "the fused kernels (our GEMM with flag waits in its producer warp) are not built yet; collective and pipelined run",
+		"fused": fmt.Sprintf("it needs --comm nvshmem on GPUs (this run: --comm %s, --device %s): the GEMM engine reads the gathered rows as the copy engine lands them from the peers' symmetric memory",
+			orDefault(cfg.Parallel.Comm, "(none)"), orDefault(cfg.Device, "auto")),
 	}
 	return []overlap.Strategy{overlap.Pipelined{}}, missing
+}
+
+func orDefault(s, d string) string {
+	if s == "" {
+		return d
+	}
+	return s
 }
 
 // newChooser is one rank's chooser of the site strategies; tune is what
@@ -166,7 +181,9 @@ func printOverlap(ch *overlap.Chooser) {
 // pipelined strategy moves its chunks by copy-engine pulls from peer
 // pointers (overlap/peercopy) instead of exchanges through the transport,
 // and the MoE expert path has its pipelined form: the device-side dispatch
-// and combine over symmetric memory (parallel/ep/peerep).
+// and combine over symmetric memory (parallel/ep/peerep); the fused
+// strategy of the TP sites is the GEMM engine fed by those pulls
+// (peercopy.Fused).
 func gpuOverlap(c comm.Comm, b tensor.Backend) []overlap.Strategy {
 	cb, ok := b.(*cudabackend.Backend)
 	if !ok || cb.Stream() == nil {
@@ -175,7 +192,7 @@ func gpuOverlap(c comm.Comm, b tensor.Backend) []overlap.Strategy {
 	if _, ok := comm.SymmetricOf(c); !ok {
 		return nil
 	}
-	return []overlap.Strategy{peerep.Pipelined{}}
+	return []overlap.Strategy{peerep.Pipelined{}, peercopy.Fused{}}
 }
 
 // moeMaxTokens bounds the tokens an MoE layer routes per rank and step (the

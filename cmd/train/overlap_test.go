@@ -101,7 +101,8 @@ func TestOverlapErrors(t *testing.T) {
 		want string
 	}{
 		{"unknown", []string{"--tp", "2", "--overlap", "turbo"}, `default strategy "turbo": expected one of collective, pipelined, fused, auto`},
-		{"fused not built", []string{"--tp", "2", "--overlap", "fused"}, "strategy fused is not available in this run: the fused kernels"},
+		{"fused without nvshmem", []string{"--tp", "2", "--overlap", "fused"}, "strategy fused is not available in this run: it needs --comm nvshmem on GPUs (this run: --comm local, --device cpu)"},
+		{"fused over tcp", []string{"--tp", "2", "--nproc", "2", "--comm", "tcp", "--overlap", "fused"}, "it needs --comm nvshmem on GPUs (this run: --comm tcp"},
 		{"fused on one rank", []string{"--overlap", "fused"}, "strategy fused is not available in this run"},
 		{"unknown site strategy", []string{"--tp", "2", "--config", conf(`{"overlap": {"sites": {"blocks.0.*": "fast"}}}`)}, `site "blocks.0.*": strategy "fast"`},
 		{"site that matches nothing", []string{"--tp", "2", "--config", conf(`{"overlap": {"sites": {"blocks.7.attn.qkv": "pipelined"}}}`)}, `sites "blocks.7.attn.qkv" match no communication site`},

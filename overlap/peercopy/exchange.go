@@ -43,6 +43,14 @@ type exchange struct {
 	epoch   uint64
 	events  []*cuda.Event // one per pull of a call (side stream → compute)
 	fork    *cuda.Event   // compute → side stream before each pull
+
+	// The fused strategy's local flag words (fused.go), reset with the
+	// stage (they count this exchange's epochs): landed[q] = the epoch whose
+	// rows of rank q have landed here (written by the side stream after the
+	// pull, read by the GEMM engine's producer), sig[mb] = the tiles of row
+	// block mb the engine has stored so far (its epilogue signal).
+	landed, sig *tensor.Tensor
+	status      *tensor.Tensor // int32 (4): set by a signal wait that ran out (cudabackend.WaitSignals)
 }
 
 // siteEnv is what a site's exchanges share: the group and its symmetric
@@ -94,6 +102,34 @@ func (x *exchange) ensure(rows, cols int, dt tensor.DType) error {
 	return nil
 }
 
+// ensureExact is ensure with exactly rows per slot, so that the slots are
+// one contiguous (slots·rows, cols) matrix (the fused scatter's one GEMM
+// writes them all).
+func (x *exchange) ensureExact(rows, cols int, dt tensor.DType) error {
+	if x.stage != nil && x.rows != rows {
+		x.cols = -1 // a different row count reallocates
+	}
+	return x.ensure(rows, cols, dt)
+}
+
+// flags returns the device addresses of the fused strategy's local flag
+// words: P landed words and one signal word per 128-row block of the
+// stage, zero from the stage's
+// (re)allocation on (release frees them with the stage).
+func (x *exchange) flags() (landed, sig uint64) {
+	b := x.sp.b
+	if x.landed == nil {
+		x.landed = b.Zeros(tensor.Float64, x.sp.g.Size()) // uint64 words
+	}
+	if x.status == nil {
+		x.status = b.Zeros(tensor.Int32, 4)
+	}
+	if x.sig == nil { // one word per 128-row block of the whole stage
+		x.sig = b.Zeros(tensor.Float64, (x.slots*x.rows+cudabackend.EngineTileM-1)/cudabackend.EngineTileM)
+	}
+	return cudabackend.DevicePtr(x.landed), cudabackend.DevicePtr(x.sig)
+}
+
 func (x *exchange) release() error {
 	var first error
 	for _, t := range []*tensor.Tensor{x.stage, x.pad} {
@@ -108,7 +144,12 @@ func (x *exchange) release() error {
 			_ = x.sp.b.OnDevice(func(*cuda.Stream) error { return e.Destroy() })
 		}
 	}
-	x.stage, x.pad, x.events, x.fork = nil, nil, nil, nil
+	for _, t := range []*tensor.Tensor{x.landed, x.sig, x.status} {
+		if t != nil {
+			x.sp.b.Free(t)
+		}
+	}
+	x.stage, x.pad, x.events, x.fork, x.landed, x.sig, x.status = nil, nil, nil, nil, nil, nil, nil
 	return first
 }
 
@@ -170,6 +211,15 @@ func (x *exchange) publish(d int) error {
 // dst (n rows), after the compute stream's work so far, and returns the
 // Work that orders the compute stream after it.
 func (x *exchange) pull(step, q int, dst *tensor.Tensor) (comm.Work, error) {
+	return x.pullWith(step, q, dst, true, 0)
+}
+
+// pullWith is pull; without fork the side stream is not ordered after the
+// compute stream's work so far (the caller forked it earlier: the fused
+// scatter's pulls must not wait for the GEMM that runs meanwhile), and a
+// non-zero landed is a local word the side stream sets to the epoch once
+// the rows are here (the GEMM engine's producer waits on it).
+func (x *exchange) pullWith(step, q int, dst *tensor.Tensor, fork bool, landed uint64) (comm.Work, error) {
 	me := x.sp.g.Rank()
 	n := dst.Dim(0)
 	var ev *cuda.Event
@@ -182,20 +232,12 @@ func (x *exchange) pull(step, q int, dst *tensor.Tensor) (comm.Work, error) {
 			x.events = append(x.events, e)
 		}
 		ev = x.events[step]
-		if x.fork == nil { // re-recorded by every pull: a wait keeps the record it was queued after
-			e, err := cuda.NewEvent(false)
-			if err != nil {
+		if fork {
+			if err := x.forkSide(compute); err != nil { // dst's earlier readers are done first
 				return err
 			}
-			x.fork = e
-		}
-		if err := x.fork.Record(compute); err != nil { // dst's earlier readers are done first
-			return err
 		}
 		side := x.sp.side
-		if err := side.WaitEvent(x.fork); err != nil {
-			return err
-		}
 		if err := side.WaitValue64(x.readyWord(me, q), x.epoch, cuda.WaitGEQ); err != nil {
 			return err
 		}
@@ -210,6 +252,14 @@ func (x *exchange) pull(step, q int, dst *tensor.Tensor) (comm.Work, error) {
 				return err
 			}
 		}
+		if landed != 0 {
+			// After the copy in stream order; the write is a release for
+			// the engine's acquire load (stream memory operations fence the
+			// work before them).
+			if err := side.WriteValue64(cuda.DevicePtr(landed+uint64(q)*wordBytes), x.epoch); err != nil {
+				return err
+			}
+		}
 		if err := side.WriteValue64(x.doneWord(q, me), x.epoch); err != nil {
 			return err
 		}
@@ -219,6 +269,37 @@ func (x *exchange) pull(step, q int, dst *tensor.Tensor) (comm.Work, error) {
 		return nil, fmt.Errorf("%s: pull from rank %d: %w", x.sp.what, q, err)
 	}
 	return eventWork{x.sp.b, ev}, nil
+}
+
+// forkSide orders the side stream after the compute stream's work so far.
+func (x *exchange) forkSide(compute *cuda.Stream) error {
+	if x.fork == nil { // re-recorded by every fork: a wait keeps the record it was queued after
+		e, err := cuda.NewEvent(false)
+		if err != nil {
+			return err
+		}
+		x.fork = e
+	}
+	if err := x.fork.Record(compute); err != nil {
+		return err
+	}
+	return x.sp.side.WaitEvent(x.fork)
+}
+
+// publishFrom is publish issued on the side stream instead of the compute
+// stream (the fused scatter publishes a slot when the engine's signal words
+// say its rows are stored, while the GEMM still runs).
+func (x *exchange) publishFrom(d int) error {
+	me, P := x.sp.g.Rank(), x.sp.g.Size()
+	for q := range P {
+		if q == me || (x.slots > 1 && q != d) {
+			continue
+		}
+		if err := x.sp.side.WriteValue64(x.readyWord(q, me), x.epoch); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // eventWork orders a stream after a recorded event.

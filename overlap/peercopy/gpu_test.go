@@ -2,6 +2,7 @@ package peercopy_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"sort"
@@ -109,6 +110,24 @@ func TestSuiteGPU(t *testing.T) {
 	}
 }
 
+// TestFusedDeadlineGPU: the last PE never calls the fused all-gather∘matmul
+// (its shard is never published); every other PE's call must fail at its
+// Sync within the deadline, naming the group and that rank, instead of
+// hanging.
+func TestFusedDeadlineGPU(t *testing.T) {
+	for _, n := range sizes(t) {
+		t.Run(fmt.Sprintf("PEs=%d", n), func(t *testing.T) {
+			for _, out := range runPEs(t, "deadline", n) {
+				for _, l := range strings.Split(out, "\n") {
+					if strings.HasPrefix(l, "deadline:") {
+						t.Log(l)
+					}
+				}
+			}
+		})
+	}
+}
+
 // TestBenchGPU times the sites of each strategy at TP-shaped sizes (it is a
 // benchmark run as a test so that its PEs can be several processes; it
 // asserts nothing about speed). Only with ASYNCTP_OVERLAP_BENCH=1.
@@ -139,6 +158,8 @@ func TestHelperProcess(t *testing.T) {
 		pe.suite(t)
 	case "bench":
 		pe.bench(t)
+	case "deadline":
+		pe.deadline(t)
 	default:
 		t.Fatalf("unknown job %q", job)
 	}
@@ -190,12 +211,24 @@ func (p *pe) close(t *testing.T) {
 }
 
 func strategies() []overlap.Strategy {
-	return []overlap.Strategy{overlap.Collective{}, overlap.Pipelined{}, peercopy.Pipelined{}}
+	return []overlap.Strategy{overlap.Collective{}, overlap.Pipelined{}, peercopy.Pipelined{}, peercopy.Fused{}}
 }
 
 func (p *pe) suite(t *testing.T) {
 	for i, s := range strategies() {
 		for _, dt := range []tensor.DType{tensor.BFloat16, tensor.Float32} {
+			if _, fused := s.(peercopy.Fused); fused && dt != tensor.BFloat16 {
+				// The engine takes bf16 operands: the strategy must say so
+				// (and the chooser then keeps collective, or refuses an
+				// explicit request).
+				err := s.Supports(overlap.Spec{Kind: overlap.KindAllGatherMatmul, Name: "f32", Group: p.world, Backend: p.b,
+					Stream: p.b.Stream(), K: 64, Outs: []int{64}, DType: dt})
+				if !errors.Is(err, overlap.ErrUnavailable) || !strings.Contains(err.Error(), "expected bf16") {
+					t.Fatalf("rank %d: fused with %v tensors: %v, want ErrUnavailable saying bf16", p.rank, dt, err)
+				}
+				fmt.Printf("suite: rank %d: %T %v refused as it should: %v\n", p.rank, s, dt, err)
+				continue
+			}
 			fmt.Fprintf(os.Stderr, "rank %d: %T %v: start\n", p.rank, s, dt)
 			start := time.Now()
 			r := overlaptest.Rank{Group: p.world, Backend: p.b, Stream: p.b.Stream(), Strategy: s, DType: dt, Seed: uint64(100 + i)}
@@ -210,6 +243,56 @@ func (p *pe) suite(t *testing.T) {
 			fmt.Printf("suite: rank %d: %s %v passed (%v)\n", p.rank, name, dt, time.Since(start).Round(time.Millisecond))
 		}
 	}
+}
+
+func (p *pe) deadline(t *testing.T) {
+	const dl = 2 * time.Second
+	const n, k, m = 64, 256, 256
+	b := p.b
+	ag, err := peercopy.Fused{Timeout: dl}.NewAllGatherMatmul(overlap.Spec{Kind: overlap.KindAllGatherMatmul, Name: "deadline",
+		Group: p.world, Backend: b, Stream: b.Stream(), K: k, Outs: []int{m}, DType: tensor.BFloat16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	silent := p.size - 1
+	x, xFull, w := b.Zeros(tensor.BFloat16, n, k), b.Zeros(tensor.BFloat16, p.size*n, k), b.Zeros(tensor.BFloat16, m, k)
+	out := b.Zeros(tensor.BFloat16, p.size*n, m)
+	// A first call on every rank: the stage's allocation is a world
+	// collective, which the silent rank must not miss.
+	if err := ag.Forward([]*tensor.Tensor{out}, xFull, x, []*tensor.Tensor{w}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if p.rank == silent {
+		fmt.Printf("deadline: rank %d stays silent\n", p.rank)
+	} else {
+		start := time.Now()
+		err := ag.Forward([]*tensor.Tensor{out}, xFull, x, []*tensor.Tensor{w})
+		if err == nil {
+			err = b.Sync()
+		}
+		want := fmt.Sprintf("rank %d never published", silent)
+		if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), p.world.Name()) {
+			fmt.Printf("deadline: rank %d: FAIL: %v, expected an error naming %s and containing %q\n", p.rank, err, p.world.Name(), want)
+			os.Exit(1)
+		}
+		fmt.Printf("deadline: rank %d failed after %v: %v\n", p.rank, time.Since(start).Round(time.Millisecond), err)
+	}
+	// NVSHMEM cannot abort, and this rank's side stream still waits for the
+	// silent peer: leave everything to the process exit, after a host
+	// barrier; rank 0 serves the store, so it leaves last.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := p.store.Barrier(ctx, "deadline", p.size); err != nil {
+		fmt.Printf("deadline: rank %d: barrier: %v\n", p.rank, err)
+		os.Exit(1)
+	}
+	if p.rank == 0 {
+		time.Sleep(time.Second)
+	}
+	os.Exit(0)
 }
 
 // bench times each strategy's forward and backward of the two TP sites at

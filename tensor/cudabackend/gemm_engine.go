@@ -139,6 +139,11 @@ func engineDevice(d gpu.Device) error {
 	return nil
 }
 
+// EngineErr is why this backend cannot run the GEMM engine (no sm_90a
+// GPU, no tensor maps in the driver, no engine kernels in the image), nil
+// when it can. The fused strategies ask before they build a site.
+func (b *Backend) EngineErr() error { return b.engineErr() }
+
 // engineErr is why this backend cannot run the engine (nil: it can).
 func (b *Backend) engineErr() error {
 	b.eng.once.Do(func() {
@@ -189,10 +194,14 @@ func engineShape(c, a, bm *tensor.Tensor, transA, transB bool) (m, n, k int, err
 		return 0, 0, 0, fmt.Errorf("c has shape %v, expected %v for a %v and b %v", c.Shape(), tensor.Shape{m, n}, a.Shape(), bm.Shape())
 	}
 	for _, d := range []struct {
-		name string
-		v    int
-	}{{"M", m}, {"N", n}, {"K", k}} {
-		if d.v <= 0 || d.v%8 != 0 {
+		name  string
+		v     int
+		rowed bool // a dimension that runs along 16-byte rows of a TMA-loaded operand
+	}{{"M", m, transA}, {"N", n, true}, {"K", k, true}} {
+		// M is only the outer (row) count of a K-major A, which TMA loads
+		// with zero fill past M and the epilogue stores with a row guard:
+		// any M > 0 there (the ragged row counts of the fused TP sites).
+		if d.v <= 0 || (d.rowed && d.v%8 != 0) {
 			return 0, 0, 0, fmt.Errorf("%s = %d, expected a positive multiple of 8 (16-byte rows for TMA)", d.name, d.v)
 		}
 		if d.v > 1<<30 {

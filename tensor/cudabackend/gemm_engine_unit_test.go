@@ -18,6 +18,9 @@ func TestEngineShapeChecks(t *testing.T) {
 	if err != nil || m != 16 || n != 24 || k != 40 {
 		t.Fatalf("TN: %d, %d, %d, %v; want 16, 24, 40", m, n, k, err)
 	}
+	if m, _, _, err := engineShape(h(bf, 13, 8), h(bf, 13, 16), h(bf, 8, 16), false, true); err != nil || m != 13 {
+		t.Errorf("NT with M = 13 (a K-major A of 13 rows): %d, %v; want 13, nil", m, err)
+	}
 	for _, tc := range []struct {
 		want    string
 		c, a, b *tensor.Tensor
@@ -26,6 +29,7 @@ func TestEngineShapeChecks(t *testing.T) {
 		{"c is i32, expected bf16 or f32", h(tensor.Int32, 8, 8), h(bf, 8, 8), h(bf, 8, 8), false, false},
 		{"a is f32 and b is bf16, expected bf16 operands", h(f32, 8, 8), h(f32, 8, 8), h(bf, 8, 8), false, false},
 		{"N = 12, expected a positive multiple of 8", h(bf, 8, 12), h(bf, 8, 8), h(bf, 12, 8), false, true},
+		{"M = 12, expected a positive multiple of 8", h(bf, 12, 8), h(bf, 8, 12), h(bf, 8, 8), true, false}, // an MN-major A: M is its rows' length
 		{"expected inner dimension 16", h(bf, 8, 8), h(bf, 8, 16), h(bf, 8, 8), false, false},
 		{"c has shape (8, 16), expected (8, 8)", h(bf, 8, 16), h(bf, 8, 8), h(bf, 8, 8), false, false},
 		{"expected 2-D tensors", h(bf, 2, 8, 8), h(bf, 2, 8, 8), h(bf, 2, 8, 8), false, false},

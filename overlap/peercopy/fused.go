@@ -1,0 +1,395 @@
+package peercopy
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/cuda"
+	"github.com/asynctp/asynctp/overlap"
+	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/cudabackend"
+)
+
+// Fused is the fused strategy of the two tensor-parallel sites: one call of
+// our GEMM engine (cudabackend.EngineMatMul) per weight, fed and drained by
+// the copy engine while it runs, instead of P GEMMs of a chunk each.
+//
+//   - all-gather∘matmul: every peer's shard is pulled by the copy engine
+//     into the gathered matrix (exchange.pullWith), and the side stream
+//     raises the chunk's landed word after each pull; the engine starts on
+//     this rank's own shard (RotateRows) and its producer waits on a
+//     chunk's word before loading its rows (GEMMWait, with a deadline).
+//   - matmul∘reduce-scatter: the engine computes the whole partial product
+//     into the symmetric stage, the destinations' chunks first and this
+//     rank's last, and signals each 128-row block it has stored
+//     (GEMMSignal); the side stream waits on the signal words of a
+//     destination's rows, publishes them, and pulls this rank's partial
+//     from each peer; the partials are added in fp32 in a fixed rank order
+//     (overlap.Accumulator): the same bits every run.
+//
+// No kernel waits on a kernel (ARCHITECTURE.md, "No deadlock by
+// construction"): the engine's producer spins only on words written by
+// stream memory operations after copy-engine copies, which hold no SM. On
+// one GPU shared by PEs (MPS) a spinning GEMM holds every SM it has, and a
+// peer's earlier kernels — which must finish before that peer publishes its
+// shard — could then starve; so the compute stream first waits (a stream
+// wait, no SM) until every peer has published this call's shard, and only
+// then launches the engine: what the engine then waits for needs no SM.
+// The scatter's engine waits on nothing. Deadlines: the gather's wait for
+// the peers' publishes and the engine's chunk waits give up after Timeout,
+// naming the peer; the scatter's pulls still wait on stream memory
+// operations, so a peer that never publishes its partial blocks the side
+// stream (and the compute stream's sum) without a deadline — a known gap.
+//
+// The engine needs an sm_90a GPU, bf16 operands, sizes that are multiples
+// of 8 and 16-byte aligned rows; a call outside that is refused with an
+// error (an explicit --overlap fused is never silently something else).
+// The matmul∘all-reduce sites and the expert path have no fused form.
+type Fused struct {
+	// Timeout bounds the engine's wait for a chunk (0: 10 s). A peer that
+	// never publishes makes the call fail at the next Sync, naming the
+	// chunk, which is the peer's rank.
+	Timeout time.Duration
+}
+
+var _ overlap.Strategy = Fused{}
+
+// Name is "fused".
+func (Fused) Name() string { return "fused" }
+
+// Supports needs what Pipelined needs, the GEMM engine, and a site kind
+// with a fused form.
+func (f Fused) Supports(sp overlap.Spec) error {
+	_, err := fusedEnv(sp)
+	return err
+}
+
+func fusedEnv(sp overlap.Spec) (siteEnv, error) {
+	what := fmt.Sprintf("fused %s site %q", sp.Kind, sp.Name)
+	switch sp.Kind {
+	case overlap.KindAllGatherMatmul, overlap.KindMatmulReduceScatter:
+	default:
+		return siteEnv{}, fmt.Errorf("%s: the fused strategy has no %s form, only all-gather∘matmul and matmul∘reduce-scatter (%w)", what, sp.Kind, overlap.ErrUnavailable)
+	}
+	e, err := env(sp)
+	if err != nil {
+		return e, err
+	}
+	if sp.DType != tensor.BFloat16 {
+		return e, fmt.Errorf("%s: tensors are %v, expected bf16 (the GEMM engine's operands) (%w)", what, sp.DType, overlap.ErrUnavailable)
+	}
+	for _, w := range append([]int{sp.K}, sp.Outs...) {
+		if w%8 != 0 {
+			return e, fmt.Errorf("%s: width %d, expected multiples of 8 (K %d, outputs %v: the engine's 16-byte rows) (%w)", what, w, sp.K, sp.Outs, overlap.ErrUnavailable)
+		}
+	}
+	if err := e.b.EngineErr(); err != nil {
+		return e, fmt.Errorf("%s: %v (%w)", what, err, overlap.ErrUnavailable)
+	}
+	e.what = what
+	return e, nil
+}
+
+func (f Fused) timeout() time.Duration {
+	if f.Timeout > 0 {
+		return f.Timeout
+	}
+	return 10 * time.Second
+}
+
+// NewAllGatherMatmul builds the entry site.
+func (f Fused) NewAllGatherMatmul(sp overlap.Spec) (overlap.AllGatherMatmul, error) {
+	e, err := fusedEnv(sp)
+	if err != nil {
+		return nil, err
+	}
+	if e, err = newSide(e); err != nil {
+		return nil, err
+	}
+	return &fagmm{agmm: agmm{sp: sp, e: e, fwd: &exchange{sp: e, slots: 1}, bwd: &exchange{sp: e, slots: sp.Group.Size()}}, timeout: f.timeout()}, nil
+}
+
+// NewMatmulReduceScatter builds the exit site.
+func (f Fused) NewMatmulReduceScatter(sp overlap.Spec) (overlap.MatmulReduceScatter, error) {
+	e, err := fusedEnv(sp)
+	if err != nil {
+		return nil, err
+	}
+	if e, err = newSide(e); err != nil {
+		return nil, err
+	}
+	return &fmmrs{mmrs: mmrs{sp: sp, e: e, fwd: &exchange{sp: e, slots: sp.Group.Size()}, bwd: &exchange{sp: e, slots: 1}}, timeout: f.timeout()}, nil
+}
+
+// NewMatmulAllReduce: no fused form.
+func (f Fused) NewMatmulAllReduce(sp overlap.Spec) (overlap.MatmulAllReduce, error) {
+	_, err := fusedEnv(sp)
+	return nil, err
+}
+
+func newSide(e siteEnv) (siteEnv, error) {
+	s, err := e.b.NewStream()
+	if err != nil {
+		return e, fmt.Errorf("%s: side stream: %w", e.what, err)
+	}
+	e.side = s.(*cuda.Stream)
+	return e, nil
+}
+
+// engineFits refuses, before any work, a call the engine cannot run.
+func engineFits(e siteEnv, c, a, w *tensor.Tensor, transA, transB bool) error {
+	if err := e.b.EngineSupports(c, a, w, transA, transB); err != nil {
+		return fmt.Errorf("%s: %w", e.what, err)
+	}
+	return nil
+}
+
+type fagmm struct {
+	agmm
+	timeout time.Duration
+}
+
+func (s *fagmm) Forward(outs []*tensor.Tensor, xFull, x *tensor.Tensor, ws []*tensor.Tensor) error {
+	n, err := overlap.CheckAllGatherMatmul(s.sp, "forward", outs, xFull, x, ws)
+	if err != nil || s.sp.Group.Size() == 1 {
+		return s.fallback().Forward(outs, xFull, x, ws)
+	}
+	for i, w := range ws {
+		if err := engineFits(s.e, outs[i], xFull, w, false, true); err != nil {
+			return err
+		}
+	}
+	steps, landed, err := gatherLanded(s.fwd, xFull, x, s.timeout)
+	if err != nil {
+		return err
+	}
+	opt := cudabackend.GEMMOptions{RotateRows: s.sp.Group.Rank() * n,
+		Wait: &cudabackend.GEMMWait{Flags: landed, ChunkRows: n, Target: s.fwd.epoch, Timeout: s.timeout}}
+	for i, w := range ws {
+		if err := s.e.b.EngineMatMul(outs[i], xFull, w, false, true, 1, 0, opt); err != nil {
+			return err
+		}
+	}
+	// The compute stream is not made to wait for the pulls' events: the
+	// engine's acquire of every chunk's landed word (raised after the copy)
+	// already orders the rows before it and every later kernel of the
+	// stream (the backward's dW reads xFull), and an event of a pull from a
+	// peer that never publishes would block the stream past any deadline.
+	_ = steps
+	return nil
+}
+
+func (s *fagmm) Backward(dx *tensor.Tensor, dws, douts []*tensor.Tensor, xFull *tensor.Tensor, ws []*tensor.Tensor) (comm.Work, error) {
+	n, err := overlap.CheckAllGatherMatmulBackward(s.sp, dx, dws, douts, xFull, ws)
+	if err != nil || s.sp.Group.Size() == 1 {
+		return s.fallback().Backward(dx, dws, douts, xFull, ws)
+	}
+	b, P := s.e.b, s.sp.Group.Size()
+	for i, w := range ws {
+		if err := engineFits(s.e, xFull, douts[i], w, false, false); err != nil { // the stage has xFull's shape
+			return nil, err
+		}
+	}
+	recv := s.recv.get(b, dx.DType(), (P-1)*n, dx.Dim(1))
+	err = scatterEngine(s.bwd, &s.sum, recv, dx,
+		func(stage *tensor.Tensor, o cudabackend.GEMMOptions) error {
+			for i, w := range ws {
+				oi, beta := o, float32(1)
+				if i == 0 {
+					beta = 0
+				}
+				if i < len(ws)-1 {
+					oi.Signal = nil // the last product signals the finished rows
+				}
+				if err := b.EngineMatMul(stage, douts[i], w, false, false, 1, beta, oi); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+		func() {
+			for i, dout := range douts {
+				b.MatMul(dws[i], dout, xFull, true, false, 1, 1)
+			}
+		})
+	if err != nil {
+		return nil, err
+	}
+	return comm.Done, nil
+}
+
+type fmmrs struct {
+	mmrs
+	timeout time.Duration
+}
+
+func (s *fmmrs) Forward(out, x, w *tensor.Tensor) error {
+	P := s.sp.Group.Size()
+	n, err := overlap.CheckMatmulReduceScatter(s.sp, "forward", out, x, w)
+	if err != nil || P == 1 {
+		return s.fallback().Forward(out, x, w)
+	}
+	if err := engineFits(s.e, out, ownRows(x, 0, n), w, false, true); err != nil {
+		return err
+	}
+	b := s.e.b
+	recv := s.recv.get(b, out.DType(), (P-1)*n, out.Dim(1))
+	return scatterEngine(s.fwd, &s.sum, recv, out,
+		func(stage *tensor.Tensor, o cudabackend.GEMMOptions) error {
+			return b.EngineMatMul(stage, x, w, false, true, 1, 0, o)
+		}, nil)
+}
+
+func (s *fmmrs) Backward(dx, dw, dout, x, w *tensor.Tensor) (comm.Work, error) {
+	P := s.sp.Group.Size()
+	n, err := overlap.CheckMatmulReduceScatterBackward(s.sp, dx, dw, dout, x, w)
+	if err != nil || P == 1 {
+		return s.fallback().Backward(dx, dw, dout, x, w)
+	}
+	b, r := s.e.b, s.sp.Group.Rank()
+	full := s.full.get(b, dout.DType(), P*n, dout.Dim(1))
+	if err := engineFits(s.e, dx, full, w, false, false); err != nil {
+		return nil, err
+	}
+	steps, landed, err := gatherLanded(s.bwd, full, dout, s.timeout)
+	if err != nil {
+		return nil, err
+	}
+	opt := cudabackend.GEMMOptions{RotateRows: r * n,
+		Wait: &cudabackend.GEMMWait{Flags: landed, ChunkRows: n, Target: s.bwd.epoch, Timeout: s.timeout}}
+	if err := b.EngineMatMul(dx, full, w, false, false, 1, 0, opt); err != nil {
+		return nil, err
+	}
+	_ = steps                                // as in fagmm.Forward: the engine's waits order the rows
+	b.MatMul(dw, full, x, true, false, 1, 1) // after the engine, which saw every chunk land
+	return comm.Done, nil
+}
+
+// gatherLanded is gatherInto for the engine: the pulls also raise the
+// chunk's landed word, the own chunk's word is raised on the compute stream
+// after its copy, and the compute stream then waits until every peer has
+// published this call's shard (see Fused: the engine launched after this
+// waits only for copies), or the deadline passed (the call then fails at
+// the next Sync, naming the peer).
+func gatherLanded(x *exchange, full, src *tensor.Tensor, timeout time.Duration) ([]comm.Work, uint64, error) {
+	g, b := x.sp.g, x.sp.b
+	P, r, n := g.Size(), g.Rank(), src.Dim(0)
+	if err := x.ensure(n, src.Dim(1), src.DType()); err != nil {
+		return nil, 0, err
+	}
+	x.begin()
+	landed, _ := x.flags()
+	if err := x.reserve(0); err != nil {
+		return nil, 0, err
+	}
+	b.Copy(x.slot(0, n), src)
+	if err := x.publish(0); err != nil {
+		return nil, 0, err
+	}
+	if own := ownRows(full, r, n); own.Buffer() != src.Buffer() || own.Offset() != src.Offset() {
+		b.Copy(own, src)
+	}
+	steps := make([]comm.Work, P)
+	for s := 1; s < P; s++ {
+		q := (r - s + P) % P
+		w, err := x.pullWith(s, q, ownRows(full, q, n), true, landed)
+		if err != nil {
+			return nil, 0, err
+		}
+		steps[s] = w
+	}
+	err := b.OnDevice(func(compute *cuda.Stream) error {
+		if err := compute.WriteValue64(cuda.DevicePtr(landed+uint64(r)*wordBytes), x.epoch); err != nil {
+			return err
+		}
+		// The own ready word, which no peer writes, so that one wait covers
+		// the P words of the pad.
+		return compute.WriteValue64(x.readyWord(r, r), x.epoch)
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("%s: %w", x.sp.what, err)
+	}
+	// Every peer has published this call's shard: a wait with a deadline
+	// (a kernel of one warp, which leaves its SM to the peers' kernels), not
+	// a stream wait, which could wait forever for a peer that is gone.
+	epoch, name := x.epoch, x.sp.g.Name()
+	b.WaitSignals(uint64(x.readyWord(r, 0)), P, epoch, timeout, x.status, func(q int) error {
+		return fmt.Errorf("%s on %s: rank %d never published its rows of call %d within %v", x.sp.what, name, q, epoch, timeout)
+	})
+	return steps, landed, nil
+}
+
+// scatterEngine is scatterSum for the engine: gemm computes the whole
+// partial product (P·n rows, destination d's rows at d·n) into the stage in
+// one pass, with the options given (the tile order starting at rank r+1's
+// rows, so this rank's own come last, and a signal per 128-row block); the
+// side stream publishes each destination's rows as soon as their blocks are
+// signalled and pulls this rank's partial from each peer; between runs on
+// the compute stream after the GEMM (the weight gradients, overlapping the
+// exchange); then out = own partial + the received ones in step order.
+func scatterEngine(x *exchange, sum *overlap.Accumulator, recv, out *tensor.Tensor,
+	gemm func(stage *tensor.Tensor, o cudabackend.GEMMOptions) error, between func()) error {
+	g, b := x.sp.g, x.sp.b
+	P, r, n, cols := g.Size(), g.Rank(), out.Dim(0), out.Dim(1)
+	if err := x.ensureExact(n, cols, out.DType()); err != nil {
+		return err
+	}
+	x.begin()
+	_, sig := x.flags()
+	stage, _ := x.stage.Rows(0, P*n)
+	nbN := uint64((cols + cudabackend.EngineTileN - 1) / cudabackend.EngineTileN)
+	target := x.epoch * nbN // every tile adds 1 to its row block's word
+	err := b.OnDevice(func(compute *cuda.Stream) error {
+		for d := range P { // each destination has read its slot of the last call (exchange.reserve)
+			if d != r {
+				if err := compute.WaitValue64(x.doneWord(r, d), x.epoch-1, cuda.WaitGEQ); err != nil {
+					return err
+				}
+			}
+		}
+		return x.forkSide(compute) // the side stream's work below must not wait for the GEMM
+	})
+	if err != nil {
+		return fmt.Errorf("%s: %w", x.sp.what, err)
+	}
+	o := cudabackend.GEMMOptions{RotateRows: ((r + 1) % P) * n,
+		Signal: &cudabackend.GEMMSignal{Flags: sig, PerRowBlock: true, Value: 1}}
+	if err := gemm(stage, o); err != nil {
+		return err
+	}
+	if between != nil {
+		between()
+	}
+	steps := make([]comm.Work, P)
+	for s := 1; s < P; s++ {
+		d, q := (r+s)%P, (r-s+P)%P
+		err := b.OnDevice(func(*cuda.Stream) error {
+			lo, hi := d*n/cudabackend.EngineTileM, ((d+1)*n-1)/cudabackend.EngineTileM
+			for mb := lo; mb <= hi; mb++ {
+				if err := x.sp.side.WaitValue64(cuda.DevicePtr(sig+uint64(mb)*wordBytes), target, cuda.WaitGEQ); err != nil {
+					return err
+				}
+			}
+			return x.publishFrom(d)
+		})
+		if err != nil {
+			return fmt.Errorf("%s: publishing rank %d's rows: %w", x.sp.what, d, err)
+		}
+		w, err := x.pullWith(s, q, ownRows(recv, s-1, n), false, 0)
+		if err != nil {
+			return err
+		}
+		steps[s] = w
+	}
+	b.Copy(out, x.slot(r, n))
+	sum.Begin(b, out)
+	for s := 1; s < P; s++ {
+		if err := steps[s].Wait(nil); err != nil {
+			return err
+		}
+		sum.Add(ownRows(recv, s-1, n))
+	}
+	sum.End()
+	return nil
+}

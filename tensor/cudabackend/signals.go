@@ -1,0 +1,36 @@
+package cudabackend
+
+import (
+	"time"
+
+	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/cudabackend/internal/gpu"
+)
+
+// WaitSignals queues on the backend's stream a wait until each of the n
+// 64-bit words at words (a device address: local, or a peer's through a
+// peer pointer) is ≥ target, each for at most deadline. It is a one-warp
+// kernel (ep_wait, cuda/kernels/dispatch.cu) spinning on acquire loads at
+// system scope, not a stream memory operation: it can give up. It holds
+// almost nothing of its SM, so kernels of other processes sharing the GPU
+// (MPS) still run beside it. A word still short records an error for the
+// next Sync, what(i) naming the signal of word i; status (an Int32 tensor,
+// zero at first) then stays set, and later waits with it return at once.
+// The work queued after it on the stream sees everything the signalling
+// side wrote before its release.
+func (b *Backend) WaitSignals(words uint64, n int, target uint64, deadline time.Duration, status *tensor.Tensor, what func(i int) error) {
+	c := b.check("WaitSignals")
+	c.Own("status", status)
+	c.DType("status", status, tensor.Int32)
+	if words%8 != 0 || n <= 0 || deadline <= 0 {
+		c.Failf("words %#x, n %d, deadline %v: expected an 8-byte aligned address, n > 0 and a deadline > 0", words, n, deadline)
+	}
+	if !c.OK() {
+		return
+	}
+	b.do("WaitSignals", func(d gpu.Device) error {
+		flag := b.flagPtr(flagEPWait, func(v int32) error { return what(int(v) % 65536) })
+		return d.Launch("ep_wait", gpu.D1(1), gpu.D1(32), 0, gpu.Ptr(words), int32(n), int64(target),
+			int64(deadline), int32(0), ptr(status), flag)
+	})
+}
