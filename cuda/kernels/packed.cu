@@ -98,6 +98,142 @@ __device__ void swiglu_packed_bwd_impl(T* dgu, const T* dout, const T* gu, long 
     }
 }
 
+// ---------------------------------------------------------------------------
+// Vectorised variants, taken by the host when the sizes and alignment allow
+// (see tensor/cudabackend/packed.go): V = Pack<T>::N elements per 16-byte
+// pack (8 bf16, 4 f32), 32-bit index math. Same arithmetic per element as the
+// kernels above, so the two agree bit for bit.
+
+// load_cs reads the (cos, sin) of V consecutive pairs from cs (16-byte
+// aligned: the pair index is a multiple of V) as V/2 float4.
+template <int V> __device__ __forceinline__ void load_cs(const float* p, float (&c)[V], float (&s)[V], float sign) {
+    const float4* p4 = reinterpret_cast<const float4*>(p);
+#pragma unroll
+    for (int j = 0; j < V / 2; j++) {
+        float4 w = p4[j];
+        c[2 * j] = w.x;
+        s[2 * j] = sign * w.y;
+        c[2 * j + 1] = w.z;
+        s[2 * j + 1] = sign * w.w;
+    }
+}
+
+// rope_pack turns V pairs (x1[e], x2[e]) read from a and a + half into out
+// and out + half.
+template <typename T, int V>
+__device__ __forceinline__ void rope_pack(T* out, const T* a, int half, const float (&c)[V], const float (&s)[V]) {
+    float x1[V], x2[V], y1[V], y2[V];
+    load_pack<T>(a, x1);
+    load_pack<T>(a + half, x2);
+#pragma unroll
+    for (int e = 0; e < V; e++) {
+        y1[e] = x1[e] * c[e] - x2[e] * s[e];
+        y2[e] = x2[e] * c[e] + x1[e] * s[e];
+    }
+    store_pack<T>(out, y1);
+    store_pack<T>(out + half, y2);
+}
+
+__device__ __forceinline__ void copy16(void* dst, const void* src) {
+    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+}
+
+// rope_qkv_vec: rope_qkv for (D/2) % V == 0, q, k, v, qkv and cs 16-byte
+// aligned and tokens·3·H·D < 2³¹. Thread per V pairs of one (token, head):
+// 16-byte loads of both halves of q, k and v, the V (cos, sin) pairs as V/2
+// float4; grid-stride over tokens·H·D/(2V) chunks, block 256.
+template <typename T>
+__device__ void rope_qkv_vec_impl(T* q, T* k, T* v, const T* qkv, const float* cs, int Tn, int H, int D, int tokens) {
+    constexpr int V = Pack<T>::N;
+    int half = D >> 1, cpr = half / V; // chunks of V pairs per head
+    int hd = H * D;
+    int n = tokens * H * cpr;
+    for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += gridDim.x * blockDim.x) {
+        int row = idx / cpr; // token·H + head
+        int i = (idx - row * cpr) * V;
+        int tok = row / H;
+        int h = row - tok * H;
+        int t = tok % Tn;
+        float c[V], s[V];
+        load_cs<V>(cs + (t * half + i) * 2, c, s, 1.0f);
+        int src = tok * 3 * hd + h * D + i, dst = row * D + i;
+        rope_pack<T, V>(q + dst, qkv + src, half, c, s);
+        rope_pack<T, V>(k + dst, qkv + src + hd, half, c, s);
+        copy16(v + dst, qkv + src + 2 * hd);
+        copy16(v + dst + half, qkv + src + 2 * hd + half);
+    }
+}
+
+// rope_qkv_bwd_vec: rope_qkv_bwd under the conditions of rope_qkv_vec (on
+// dqkv, dq, dk, dv), same geometry.
+template <typename T>
+__device__ void rope_qkv_bwd_vec_impl(T* dqkv, const T* dq, const T* dk, const T* dv, const float* cs, int Tn, int H,
+                                      int D, int tokens) {
+    constexpr int V = Pack<T>::N;
+    int half = D >> 1, cpr = half / V;
+    int hd = H * D;
+    int n = tokens * H * cpr;
+    for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += gridDim.x * blockDim.x) {
+        int row = idx / cpr;
+        int i = (idx - row * cpr) * V;
+        int tok = row / H;
+        int h = row - tok * H;
+        int t = tok % Tn;
+        float c[V], s[V];
+        load_cs<V>(cs + (t * half + i) * 2, c, s, -1.0f);
+        int dst = tok * 3 * hd + h * D + i, src = row * D + i;
+        rope_pack<T, V>(dqkv + dst, dq + src, half, c, s);
+        rope_pack<T, V>(dqkv + dst + hd, dk + src, half, c, s);
+        copy16(dqkv + dst + 2 * hd, dv + src);
+        copy16(dqkv + dst + 2 * hd + half, dv + src + half);
+    }
+}
+
+// swiglu_packed_fwd_vec: swiglu_packed_fwd for F % V == 0, out and gu 16-byte
+// aligned and rows·2F < 2³¹. Thread per V outputs (a pack of gate, one of up,
+// one of out); grid-stride over rows·F/V, block 256.
+template <typename T> __device__ void swiglu_packed_fwd_vec_impl(T* out, const T* gu, int rows, int F) {
+    constexpr int V = Pack<T>::N;
+    int cpr = F / V;
+    int n = rows * cpr;
+    for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += gridDim.x * blockDim.x) {
+        int r = idx / cpr;
+        int j = (idx - r * cpr) * V;
+        int o = r * 2 * F + j;
+        float g[V], u[V], y[V];
+        load_pack<T>(gu + o, g);
+        load_pack<T>(gu + o + F, u);
+#pragma unroll
+        for (int e = 0; e < V; e++) y[e] = g[e] * packed_sigmoid(g[e]) * u[e];
+        store_pack<T>(out + idx * V, y);
+    }
+}
+
+// swiglu_packed_bwd_vec: swiglu_packed_bwd under the conditions of the
+// forward's (on dgu, dout, gu), same geometry.
+template <typename T> __device__ void swiglu_packed_bwd_vec_impl(T* dgu, const T* dout, const T* gu, int rows, int F) {
+    constexpr int V = Pack<T>::N;
+    int cpr = F / V;
+    int n = rows * cpr;
+    for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += gridDim.x * blockDim.x) {
+        int r = idx / cpr;
+        int j = (idx - r * cpr) * V;
+        int o = r * 2 * F + j;
+        float d[V], g[V], u[V], dg[V], du[V];
+        load_pack<T>(dout + idx * V, d);
+        load_pack<T>(gu + o, g);
+        load_pack<T>(gu + o + F, u);
+#pragma unroll
+        for (int e = 0; e < V; e++) {
+            float s = packed_sigmoid(g[e]);
+            dg[e] = d[e] * u[e] * s * (1.0f + g[e] * (1.0f - s));
+            du[e] = d[e] * g[e] * s;
+        }
+        store_pack<T>(dgu + o, dg);
+        store_pack<T>(dgu + o + F, du);
+    }
+}
+
 } // namespace atp
 
 using namespace atp;
@@ -133,4 +269,35 @@ KERNEL void swiglu_packed_bwd_bf16(bf16* dgu, const bf16* dout, const bf16* gu, 
 }
 KERNEL void swiglu_packed_bwd_f32(float* dgu, const float* dout, const float* gu, long long rows, int F) {
     swiglu_packed_bwd_impl(dgu, dout, gu, rows, F);
+}
+
+// Vectorised variants (conditions above; the host falls back to the kernels
+// before when they do not hold). tokens = B·T and rows in 32 bits.
+KERNEL void rope_qkv_vec_bf16(bf16* q, bf16* k, bf16* v, const bf16* qkv, const float* cs, int T, int H, int D,
+                              int tokens) {
+    rope_qkv_vec_impl(q, k, v, qkv, cs, T, H, D, tokens);
+}
+KERNEL void rope_qkv_vec_f32(float* q, float* k, float* v, const float* qkv, const float* cs, int T, int H, int D,
+                             int tokens) {
+    rope_qkv_vec_impl(q, k, v, qkv, cs, T, H, D, tokens);
+}
+KERNEL void rope_qkv_bwd_vec_bf16(bf16* dqkv, const bf16* dq, const bf16* dk, const bf16* dv, const float* cs, int T,
+                                  int H, int D, int tokens) {
+    rope_qkv_bwd_vec_impl(dqkv, dq, dk, dv, cs, T, H, D, tokens);
+}
+KERNEL void rope_qkv_bwd_vec_f32(float* dqkv, const float* dq, const float* dk, const float* dv, const float* cs,
+                                 int T, int H, int D, int tokens) {
+    rope_qkv_bwd_vec_impl(dqkv, dq, dk, dv, cs, T, H, D, tokens);
+}
+KERNEL void swiglu_packed_fwd_vec_bf16(bf16* out, const bf16* gu, int rows, int F) {
+    swiglu_packed_fwd_vec_impl(out, gu, rows, F);
+}
+KERNEL void swiglu_packed_fwd_vec_f32(float* out, const float* gu, int rows, int F) {
+    swiglu_packed_fwd_vec_impl(out, gu, rows, F);
+}
+KERNEL void swiglu_packed_bwd_vec_bf16(bf16* dgu, const bf16* dout, const bf16* gu, int rows, int F) {
+    swiglu_packed_bwd_vec_impl(dgu, dout, gu, rows, F);
+}
+KERNEL void swiglu_packed_bwd_vec_f32(float* dgu, const float* dout, const float* gu, int rows, int F) {
+    swiglu_packed_bwd_vec_impl(dgu, dout, gu, rows, F);
 }

@@ -14,7 +14,10 @@ import (
 // fails; shapes include a head dim and widths that are not multiples of 8.
 func TestPacked(t *testing.T, b tensor.Backend, opts Options) {
 	h := newHarness(t, b, opts, 17)
-	for _, s := range [][4]int{{2, 5, 3, 6}, {1, 33, 2, 64}} {
+	// D = 64 and 48 take the vectorised kernels of a backend that has them
+	// (in bf16 and f32), D = 40 only in f32 (D/2 = 20 is no multiple of 8),
+	// D = 6 never; 33 and 21 tokens are multiples of nothing useful.
+	for _, s := range [][4]int{{2, 5, 3, 6}, {1, 33, 2, 64}, {3, 7, 5, 48}, {1, 7, 3, 40}} {
 		B, T, H, D := s[0], s[1], s[2], s[3]
 		hd := H * D
 		theta := 10000.0
@@ -38,7 +41,9 @@ func TestPacked(t *testing.T, b tensor.Backend, opts Options) {
 		packRef(dqkv.ref, B*T, hd, rq, rk, dv.ref)
 		h.compare("RoPEQKVBackward dqkv", dqkv)
 	}
-	for _, s := range [][2]int{{7, 37}, {64, 256}} {
+	// F = 256 and 40 (an odd multiple of 8) take the vectorised kernels, F =
+	// 37 and 12 (a multiple of 4, not 8: f32 only) the others.
+	for _, s := range [][2]int{{7, 37}, {64, 256}, {13, 40}, {5, 12}} {
 		N, F := s[0], s[1]
 		gu := h.rand(h.dt, N, 2*F)
 		out := h.out(h.dt, N, F)

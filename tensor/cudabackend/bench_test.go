@@ -145,3 +145,38 @@ func BenchmarkEmbeddingBackward(b *testing.B) {
 	dout, dtable := benchRand(b, be, tensor.BFloat16, n, c), be.Zeros(tensor.BFloat16, v, c)
 	timeIt(b, be, 3*2*float64(n)*c/1e9, "GB/s", func() { be.EmbeddingBackward(dtable, dout, ids) })
 }
+
+// BenchmarkPacked times the consumers of the packed projections on the
+// gpt2-124m step's shapes (B·T = 16384 tokens, 12 heads × 64, FFN 2048), in
+// bf16: RoPEQKV and its backward (read 3·H·D, write 3·H·D per token), and
+// SwiGLUPacked (read 2F, write F per row) and its backward (read 3F, write
+// 2F). GB/s counts those bytes once; the (cos, sin) table stays in L2.
+//
+//	./build/cudabackend.test -test.run '^$' -test.bench Packed -test.benchtime 50x
+func BenchmarkPacked(b *testing.B) {
+	be := openGPU(b)
+	const nb, nt, nh, d = 16, 1024, 12, 64
+	const hd, tokens = nh * d, nb * nt
+	b.Run(fmt.Sprintf("rope_qkv/tokens=%d,H=%d,D=%d", tokens, nh, d), func(b *testing.B) {
+		qkv := benchRand(b, be, tensor.BFloat16, nb, nt, 3*hd)
+		q, k, v := be.Zeros(tensor.BFloat16, nb, nt, nh, d), be.Zeros(tensor.BFloat16, nb, nt, nh, d), be.Zeros(tensor.BFloat16, nb, nt, nh, d)
+		bytes := 2 * 3 * 2 * float64(tokens*hd)
+		b.Run("fwd", func(b *testing.B) {
+			timeIt(b, be, bytes/1e9, "GB/s", func() { be.RoPEQKV(q, k, v, qkv, 1e4) })
+		})
+		b.Run("bwd", func(b *testing.B) {
+			timeIt(b, be, bytes/1e9, "GB/s", func() { be.RoPEQKVBackward(qkv, q, k, v, 1e4) })
+		})
+	})
+	const n, f = tokens, 2048
+	b.Run(fmt.Sprintf("swiglu/N=%d,F=%d", n, f), func(b *testing.B) {
+		gu, out := benchRand(b, be, tensor.BFloat16, n, 2*f), be.Zeros(tensor.BFloat16, n, f)
+		b.Run("fwd", func(b *testing.B) {
+			timeIt(b, be, 3*2*float64(n*f)/1e9, "GB/s", func() { be.SwiGLUPacked(out, gu) })
+		})
+		dout, dgu := benchRand(b, be, tensor.BFloat16, n, f), be.Zeros(tensor.BFloat16, n, 2*f)
+		b.Run("bwd", func(b *testing.B) {
+			timeIt(b, be, 5*2*float64(n*f)/1e9, "GB/s", func() { be.SwiGLUPackedBackward(dgu, dout, gu) })
+		})
+	})
+}
