@@ -6,7 +6,8 @@
 # MFU (989 TFLOP/s dense bf16, the same FLOP count per token in both), step
 # time and peak memory. Needs build/train and the kernels image.
 # Environment: ROUNDS (2), PRESETS ("gpt2-124m llama-1b"), STEPS (ours, 30),
-# TORCH_STEPS (20), OUT (build/out), EXTRA (more cmd/train flags).
+# TORCH_STEPS (20), OUT (build/out), EXTRA (more cmd/train flags), FIRST_ROUND (1:
+# a later value continues an earlier call's rounds).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build/out}/speed
@@ -42,7 +43,7 @@ torch() { # preset batch modes
     | grep '^{' | sed "s/^{/{\"preset\": \"$1\", /"
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
-for r in $(seq 1 "$ROUNDS"); do
+for r in $(seq "${FIRST_ROUND:-1}" "$ROUNDS"); do
   for p in ${PRESETS:-gpt2-124m llama-1b}; do
     b=16; [ "$p" = llama-1b ] && b=8
     ours "$p" "$b" "$r"
