@@ -28,6 +28,11 @@ type Handle struct {
 	// within a source expert by expert (each in the source's token order).
 	RecvPerExpert [][]int
 	ExpertCounts  []int // (local experts) rows received per local expert
+	// Offsets and Bound are a device step's (DeviceOffsets): the (local
+	// experts + 1) int32 expert-major row offsets on the device, and the
+	// rows of the step's buffers. nil and 0 on a host-count step.
+	Offsets *tensor.Tensor
+	Bound   int
 
 	cols      int
 	dt        tensor.DType

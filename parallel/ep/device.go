@@ -1,0 +1,46 @@
+package ep
+
+import "github.com/asynctp/asynctp/tensor"
+
+// DeviceOffsets is an optional capability of an ExpertPath (found by type
+// assertion; parallel/ep/peerep's Path has it): a step whose layout,
+// counts, capacity and expert-major row offsets stay on the device, so the
+// MoE layer runs its whole step — route, dispatch, the grouped expert
+// GEMMs, SwiGLU, combine and the backward — without reading anything back
+// to the host. The layer takes it when the backend has the grouped GEMM
+// (tensor.UseGrouped); otherwise, and on the collective *Dispatcher, it
+// runs the host-count ExpertPath methods.
+//
+// Rows are in expert-major order (local expert, then source rank, then
+// the source's token order), in buffers of Bound rows: the handle's
+// Offsets (local experts + 1, int32, on the device) say which rows are the
+// step's, expert e's being [Offsets[e], Offsets[e+1]); rows in
+// [Offsets[L], Bound) are not the step's. Every consumer ignores them: the
+// grouped GEMMs touch only rows inside the offsets, the path sends only the
+// step's rows, and the elementwise ops between the GEMMs are row-local, so
+// whatever such a row holds never reaches an output or a gradient (the
+// path's and the layer's buffers are zeroed when allocated and only ever
+// written with finite values, so the rows are finite too).
+//
+// The handle of a device step carries no host counts (Plan, the counts,
+// GlobalRouted are nil; Layout has Tokens, TopK, Experts and
+// CapacityFactor, no Idx); Release ends it as for ExpertPath.
+type DeviceOffsets interface {
+	ExpertPath
+	// DispatchDevice sends x (N, C) to the experts idx (N, K) int32 on the
+	// device and returns the received rows xe (Bound, C) in expert-major
+	// order and the handle (Offsets, Bound set). xe is the path's buffer,
+	// valid until the next dispatch.
+	DispatchDevice(x, idx *tensor.Tensor, capacityFactor float64) (xe *tensor.Tensor, h *Handle, err error)
+	// CombineDevice returns the expert outputs ye (Bound, C), expert-major,
+	// to their tokens: out (N, C) = Σ_j weights·y.
+	CombineDevice(out, ye, weights *tensor.Tensor, h *Handle) error
+	// CombineBackwardDevice writes dweights (N, K) and returns ∂L/∂ye
+	// (Bound, C), expert-major (the path's buffer, valid until the next
+	// dispatch).
+	CombineBackwardDevice(dweights, dout, weights *tensor.Tensor, h *Handle) (*tensor.Tensor, error)
+	// DispatchBackwardDevice returns the expert rows' gradients dxe (Bound,
+	// C), expert-major, to their tokens: dx (N, C) = Σ of each token's
+	// slot gradients.
+	DispatchBackwardDevice(dx, dxe *tensor.Tensor, h *Handle) error
+}
