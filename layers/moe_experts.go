@@ -39,6 +39,7 @@ type Experts struct {
 	grouped           tensor.GroupedGEMM // nil: one MatMul per expert
 	counts            []int              // rows per local expert of the last Forward; nil before one
 	offsets           *tensor.Tensor     // (Count+1) int32 on the device: the row offsets of the last Forward
+	devOff            *tensor.Tensor     // ForwardOffsets' offsets (the caller's; nil after Forward)
 	x                 *tensor.Tensor     // (M, Dim) the last Forward's input
 	act               *SwiGLUCore        // on the (M, Hidden) rows of all the experts
 	h                 *tensor.Tensor     // (M, Hidden) the activation's output, the input of w_down
@@ -160,7 +161,52 @@ func (ex *Experts) Forward(out, x *tensor.Tensor, counts []int) error {
 	} else {
 		ex.forwardLoop(out, x, gate, up, counts)
 	}
-	ex.x, ex.counts, ex.rowsM = x, append([]int(nil), counts...), m
+	ex.x, ex.counts, ex.rowsM, ex.devOff = x, append([]int(nil), counts...), m, nil
+	return Sticky(ex.b, ex.what(), "forward")
+}
+
+// ForwardOffsets is Forward with the row offsets on the device (an
+// expert path's device step, parallel/ep's DeviceOffsets): x and out are
+// (M, Dim) buffers of a bound M, offsets (Count+1) int32 on the device the
+// experts' rows in them, read by the grouped GEMM itself (nothing is read
+// back to the host). Rows outside [offsets[0], offsets[Count]) are
+// ignored: the GEMMs never read or write them, and SwiGLU, row-local,
+// writes such rows of its own buffers only from such rows of the gate and
+// up buffers (which the GEMMs leave as they were: zero when allocated,
+// finite after). It needs the backend's grouped GEMM (tensor.UseGrouped).
+// offsets and x must stay unchanged until Backward.
+func (ex *Experts) ForwardOffsets(out, x, offsets *tensor.Tensor) error {
+	ex.counts = nil
+	if err := CheckParams(ex.what(), ex.Params()...); err != nil {
+		return err
+	}
+	if ex.grouped == nil {
+		return fmt.Errorf("%s: row offsets on the device need the backend's grouped GEMM (tensor.UseGrouped)", ex.what())
+	}
+	if offsets == nil || offsets.DType() != tensor.Int32 || offsets.Device() != ex.b.Device() || !offsets.Shape().Equal(tensor.Shape{ex.Count + 1}) {
+		return fmt.Errorf("%s: offsets %v, expected int32(%d) on %v", ex.what(), offsets, ex.Count+1, ex.b.Device())
+	}
+	dt := ex.Gate.W.DType()
+	if x == nil || len(x.Shape()) != 2 {
+		return fmt.Errorf("%s: input x %v, expected (M, %d)", ex.what(), x, ex.Dim)
+	}
+	m := x.Dim(0)
+	if err := CheckShape(ex.b, ex.what(), "input x", x, dt, m, ex.Dim); err != nil {
+		return err
+	}
+	if err := CheckShape(ex.b, ex.what(), "output", out, dt, m, ex.Dim); err != nil {
+		return err
+	}
+	if err := CheckApart(ex.what(), "output", out, "input x", x); err != nil {
+		return err
+	}
+	gate, up := ex.act.Inputs(dt, m, ex.Hidden)
+	g := ex.grouped
+	g.GroupedMatMul(gate, x, ex.Gate.W, offsets, true, 1, 0)
+	g.GroupedMatMul(up, x, ex.Up.W, offsets, true, 1, 0)
+	ex.h = ex.act.Forward()
+	g.GroupedMatMul(out, ex.h, ex.Down.W, offsets, true, 1, 0)
+	ex.x, ex.counts, ex.rowsM, ex.devOff = x, []int{}, m, offsets
 	return Sticky(ex.b, ex.what(), "forward")
 }
 
@@ -185,6 +231,9 @@ func (ex *Experts) Backward(dx, dout *tensor.Tensor) error {
 		return Sticky(ex.b, ex.what(), "backward")
 	}
 	g, off := ex.grouped, ex.offsets
+	if ex.devOff != nil {
+		off = ex.devOff
+	}
 	dh := ex.act.OutputGrad()
 	g.GroupedMatMul(dh, dout, ex.Down.W, off, false, 1, 0) // dh = dout·W_down
 	g.GroupedMatMulTN(ex.Down.G, dout, ex.h, off, 1, 1)    // dW_down += doutᵀ·h
@@ -263,3 +312,7 @@ func (ex *Experts) backwardLoop(dx, dout *tensor.Tensor) {
 		lo = hi
 	}
 }
+
+// Grouped reports whether the experts run the backend's grouped GEMM (and
+// so can take device row offsets: ForwardOffsets).
+func (ex *Experts) Grouped() bool { return ex.grouped != nil }

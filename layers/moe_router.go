@@ -58,7 +58,12 @@ type Router struct {
 	// are averaged over D ranks sets D, so that the aux term keeps its
 	// weight (see parallel/ep).
 	AuxGradScale float64
-	W            *Param // (E, Dim)
+	// DeviceStats makes Forward keep the choices and the load statistics
+	// on the device (no download, no waiting read): Indices is then nil,
+	// IndicesDevice and LocalDevice hold them, and SetGlobalDevice takes
+	// the group's sums as device tensors (an expert path's device step).
+	DeviceStats bool
+	W           *Param // (E, Dim)
 
 	b   tensor.Backend
 	ops tensor.MoEOps
@@ -75,6 +80,12 @@ type Router struct {
 	hostIdx       *tensor.Tensor // (N, K) int32 host copy of idx
 	hostSum       *tensor.Tensor // (E) f64 host copy of psum
 	local         LoadStats
+	// DeviceStats: (2E+1) RouterDType [routed per expert | Σ p | Σ lse²],
+	// the one-hot of the choices and its ones.
+	dstats, onehot, ones *tensor.Tensor
+	zInv                 *tensor.Tensor // (1, 1) 1/T on the device (SetGlobalDevice); nil: zGrad
+	zGradC               float64        // SetGlobalDevice's ∂(ZLossCoef·z)/∂lse[n] = zGradC·zInv·lse[n]
+	auxTmp               *tensor.Tensor // (E, 1)
 
 	// Set by SetGlobal.
 	global         bool
@@ -182,6 +193,15 @@ func (r *Router) Forward(x *tensor.Tensor) error {
 		r.b.Copy(r.weights, r.rweights)
 	}
 	r.ops.LogSumExp(r.lse, r.logits)
+	if r.DeviceStats {
+		r.forwardStats(n)
+		if err := Sticky(r.b, r.what(), "forward"); err != nil {
+			return err
+		}
+		r.local = LoadStats{}
+		r.x, r.n = x2, n
+		return nil
+	}
 	r.b.Fill(r.psum, 0)
 	r.b.SumRows(r.psum, r.probs)
 	r.b.Download(r.hostIdx, r.idx)
@@ -196,6 +216,98 @@ func (r *Router) Forward(x *tensor.Tensor) error {
 	}
 	r.x, r.n = x2, n
 	return nil
+}
+
+// forwardStats writes the (2E+1) local statistics on the device: the
+// routed counts as the column sums of the choices' one-hot (TopKBackward
+// of ones without renormalisation), Σ_n p[n, :], Σ_n lse[n]².
+func (r *Router) forwardStats(n int) {
+	E, K, rdt := r.Experts, r.TopK, RouterDType(r.W.W.DType())
+	r.dstats = Ensure(r.b, r.dstats, rdt, 2*E+1)
+	r.onehot = Ensure(r.b, r.onehot, rdt, n, E)
+	if r.ones == nil || !r.ones.Shape().Equal(tensor.Shape{n, K}) {
+		r.ones = Ensure(r.b, r.ones, rdt, n, K)
+		r.b.Fill(r.ones, 1)
+	}
+	r.b.Fill(r.dstats, 0)
+	r.ops.TopKBackward(r.onehot, r.ones, r.rweights, r.idx, r.probs, false)
+	r.b.SumRows(r.statsPart(0, E), r.onehot)
+	r.b.SumRows(r.statsPart(E, E), r.probs)
+	r.b.SumSquaresTo(r.statsPart(2*E, 1), r.lse)
+}
+
+func (r *Router) statsPart(off, n int) *tensor.Tensor {
+	v, err := r.dstats.View(off, n)
+	if err != nil {
+		panic("layers: internal error: " + err.Error())
+	}
+	return v
+}
+
+// IndicesDevice returns the (N, K) int32 choices of the last Forward on
+// the device.
+func (r *Router) IndicesDevice() *tensor.Tensor { return r.idx }
+
+// LocalDevice returns the last Forward's statistics on the device (with
+// DeviceStats; nil otherwise): (2E+1) RouterDType, the slots routed to
+// each expert, Σ_n p[n, :] and Σ_n lse[n]² of its own tokens — the device
+// form of Local, to be summed over the token group.
+func (r *Router) LocalDevice() *tensor.Tensor {
+	if !r.DeviceStats {
+		return nil
+	}
+	return r.dstats
+}
+
+// SetGlobalDevice is SetGlobal with the group's statistics on the device:
+// g (2E+1) RouterDType the sums over the token group of LocalDevice, invT
+// (1, 1) RouterDType 1/T for the T tokens of the group. It prepares the
+// gradients of the auxiliary losses on the device (nothing is read back);
+// their values follow with SetLosses, once the host has the sums.
+func (r *Router) SetGlobalDevice(g, invT *tensor.Tensor) error {
+	if r.n == 0 {
+		return errors.New(r.what() + ": SetGlobalDevice without a successful Forward")
+	}
+	E, K, rdt := r.Experts, r.TopK, RouterDType(r.W.W.DType())
+	if g == nil || g.DType() != rdt || g.Numel() != 2*E+1 || invT == nil || invT.DType() != rdt || !invT.Shape().Equal(tensor.Shape{1, 1}) {
+		return fmt.Errorf("%s: global statistics %v and 1/T %v, expected %v(%d) and %v(1, 1)", r.what(), g, invT, rdt, 2*E+1, rdt)
+	}
+	scale := r.AuxGradScale
+	if scale == 0 {
+		scale = 1
+	}
+	if r.AuxLossCoef != 0 {
+		// ∂/∂p[n, e] = scale·coef·E·f_e/T = (scale·coef·E/K)·routed_e·(1/T)².
+		routed, err := g.View(0, E, 1)
+		if err != nil {
+			return err
+		}
+		r.auxGrad = Ensure(r.b, r.auxGrad, rdt, E)
+		r.auxTmp = Ensure(r.b, r.auxTmp, rdt, E, 1)
+		r.b.MatMul(r.auxTmp, routed, invT, false, false, 1, 0)
+		r.b.MatMul(Reshape(r.auxGrad, E, 1), r.auxTmp, invT, false, false, float32(scale*r.AuxLossCoef*float64(E)/float64(K)), 0)
+	}
+	r.zInv, r.zGradC = invT, scale*r.ZLossCoef*2
+	r.balance, r.zloss = math.NaN(), math.NaN()
+	r.global = true
+	return Sticky(r.b, r.what(), "forward")
+}
+
+// SetLosses sets the auxiliary losses' values of a step prepared by
+// SetGlobalDevice from the group's statistics g, read back later
+// (asynchronously): the values SetGlobal(g) computes.
+func (r *Router) SetLosses(g LoadStats) {
+	r.balance, r.zloss = lossesOf(g, r.Experts, r.TopK)
+}
+
+// lossesOf is the raw load balance and z-loss of the statistics g.
+func lossesOf(g LoadStats, E, K int) (balance, z float64) {
+	T := float64(g.Tokens)
+	for e := range E {
+		f := float64(g.Routed[e]) / (T * float64(K))
+		balance += f * g.ProbSums[e] / T
+	}
+	return float64(E) * balance, g.LSESquares / T
 }
 
 // Indices returns the host copy of the last Forward's choices, (N·K)
@@ -245,6 +357,7 @@ func (r *Router) SetGlobal(g LoadStats) error {
 		h, _ := tensor.FromFloat64(grad, E)
 		r.b.Upload(r.auxGrad, h)
 	}
+	r.zInv = nil
 	r.global = true
 	return Sticky(r.b, r.what(), "forward")
 }
@@ -294,7 +407,11 @@ func (r *Router) Backward(dx, dweights *tensor.Tensor, accumulate bool) error {
 	if r.ZLossCoef != 0 {
 		r.dz = Ensure(r.b, r.dz, rdt, n, E)
 		r.dlse = Ensure(r.b, r.dlse, StatDType(rdt), n)
-		r.b.Scale(r.dlse, r.lse, float32(r.zGrad))
+		if r.zInv != nil { // SetGlobalDevice: zGradC·(1/T)·lse
+			r.b.MatMul(Reshape(r.dlse, n, 1), Reshape(r.lse, n, 1), r.zInv, false, false, float32(r.zGradC), 0)
+		} else {
+			r.b.Scale(r.dlse, r.lse, float32(r.zGrad))
+		}
 		r.ops.LogSumExpBackward(r.dz, r.dlse, r.logits, r.lse)
 		r.b.Add(r.dlogits, r.dlogits, r.dz)
 	}

@@ -3,6 +3,7 @@ package ep
 import (
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/comm/hostreduce"
@@ -115,6 +116,7 @@ type MoE struct {
 	dw       *tensor.Tensor // (N, K)
 	dye, dxe *tensor.Tensor // (M_recv, C) expert order
 	dxr      *tensor.Tensor // (M_recv, C) received order
+	dev      *deviceStep    // the device step's (DeviceOffsets); nil before one
 }
 
 // New registers the layer's parameters in ps under the names layers.NewMoE
@@ -193,6 +195,11 @@ func (m *MoE) AuxLoss() float64 {
 	if m.n == 0 {
 		return 0
 	}
+	if m.onDevice() {
+		if err := m.resolve(); err != nil {
+			return math.NaN()
+		}
+	}
 	return m.Router.AuxLoss()
 }
 
@@ -202,8 +209,17 @@ func (m *MoE) Stats() layers.MoEStats {
 	if m.n == 0 {
 		return layers.MoEStats{Name: m.Name}
 	}
+	if m.onDevice() {
+		if err := m.resolve(); err != nil {
+			return layers.MoEStats{Name: m.Name, AuxLoss: math.NaN()}
+		}
+		return layers.NewMoEStats(m.Name, m.Router, m.global, m.dev.dropped)
+	}
 	return layers.NewMoEStats(m.Name, m.Router, m.global, m.h.Dropped())
 }
+
+// onDevice reports whether the last Forward was a device step.
+func (m *MoE) onDevice() bool { return m.h != nil && m.h.Offsets != nil }
 
 // Handle returns the protocol handle of the last Forward (nil before one):
 // the counts exchanged, for metrics and tests.
@@ -229,6 +245,10 @@ func (m *MoE) Forward(out, x *tensor.Tensor) error {
 	d := m.Dispatch
 	d.Release(m.h) // the received rows are the path's buffer, reused by this step
 	m.h, m.recv = nil, nil
+	if dp := m.devicePath(); dp != nil {
+		return m.forwardDevice(dp, out2, x2, n)
+	}
+	m.Router.DeviceStats = false
 
 	// Route this rank's tokens (local), lay them out, dispatch them.
 	if err := m.Router.Forward(x2); err != nil {
@@ -312,8 +332,11 @@ func (m *MoE) Backward(dx, dout *tensor.Tensor) error {
 		return fmt.Errorf("%s: input gradient dx overlaps the output gradient, expected separate storage", m.what())
 	}
 	d, h := m.Dispatch, m.h
-	dt, M := dout.DType(), h.RecvRows()
 	dx2, dout2 := reshape(dx, n, C), reshape(dout, n, C)
+	if m.onDevice() {
+		return m.backwardDevice(m.dev.path, dx2, dout2)
+	}
+	dt, M := dout.DType(), h.RecvRows()
 	m.dw = ensure(m.b, m.dw, dt, n, K)
 	dy, work, err := d.CombineBackward(m.dw, dout2, m.Router.Weights(), h)
 	if err != nil {

@@ -1,0 +1,204 @@
+package ep
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/tensor"
+)
+
+// The device step of the MoE layer: when its expert path has
+// DeviceOffsets, the backend the grouped GEMM, and the layer a bound on
+// the tokens per rank (WithMaxTokens), Forward and Backward read nothing
+// back to the host. The router keeps its choices and statistics on the
+// device; one device all-reduce over the token group sums the statistics
+// together with a token mask (P, maxTokens) — 0 for each rank's tokens,
+// −1e30 past them — whose softmax is 1/T at every token, so the
+// auxiliary losses' gradients (which need the group's routed counts and
+// 1/T) are made on the device. Their values (AuxLoss, Stats) come from a
+// read of the summed statistics queued with tensor.ReadAsync and waited
+// for only when asked (by then, in a training loop, long done): they are
+// the values of the host-count step.
+
+// deviceStep holds the device step's buffers and its pending read.
+type deviceStep struct {
+	path       DeviceOffsets
+	buf        *tensor.Tensor // (2E+1 + P·Mt) f32: the statistics, then the token mask
+	mask       *tensor.Tensor // (P·Mt) this rank's part of the mask
+	maskN      int            // the tokens mask was made for
+	inv        *tensor.Tensor // (1, P·Mt) the mask's softmax
+	ye, dxe    *tensor.Tensor // (Bound, C) expert-major
+	pending    tensor.HostRead
+	cf         float64
+	resolved   bool
+	stats      layers.LoadStats
+	dropped    int
+	resolveErr error
+}
+
+// devicePath returns the layer's device-step capability, or nil when the
+// step runs on host counts.
+func (m *MoE) devicePath() DeviceOffsets {
+	dp, ok := m.Dispatch.(DeviceOffsets)
+	if !ok || !m.Experts.Grouped() || m.opts.maxTokens <= 0 || layers.RouterDType(m.Router.W.W.DType()) != tensor.Float32 {
+		return nil
+	}
+	return dp
+}
+
+func (m *MoE) forwardDevice(dp DeviceOffsets, out2, x2 *tensor.Tensor, n int) error {
+	if m.dev == nil {
+		m.dev = &deviceStep{}
+	}
+	s := m.dev
+	s.finish()
+	s.path, s.cf = dp, m.cfg.CapacityFactor
+	m.Router.DeviceStats = true
+	if err := m.Router.Forward(x2); err != nil {
+		return err
+	}
+	xe, h, err := dp.DispatchDevice(x2, m.Router.IndicesDevice(), m.cfg.CapacityFactor)
+	if err != nil {
+		return fmt.Errorf("%s: %w", m.what(), err)
+	}
+	m.h = h
+	if err := m.deviceStats(n); err != nil {
+		return err
+	}
+	dt, C := x2.DType(), m.cfg.Dim
+	s.ye = ensure(m.b, s.ye, dt, h.Bound, C)
+	if err := m.Experts.ForwardOffsets(s.ye, xe, h.Offsets); err != nil {
+		return err
+	}
+	if err := dp.CombineDevice(out2, s.ye, m.Router.Weights(), h); err != nil {
+		return err
+	}
+	if err := m.b.Err(); err != nil {
+		return fmt.Errorf("%s: forward: %w", m.what(), err)
+	}
+	m.n = n
+	return nil
+}
+
+// deviceStats sums the router's statistics and the token mask over the
+// token group on the device, hands them to the router, and queues their
+// read.
+func (m *MoE) deviceStats(n int) error {
+	s, E := m.dev, m.cfg.Experts
+	group := m.Dispatch.TokenGroup()
+	P, me, Mt := group.Size(), group.Rank(), m.opts.maxTokens
+	if n > Mt {
+		return fmt.Errorf("%s: %d tokens, expected at most %d (ep.WithMaxTokens)", m.what(), n, Mt)
+	}
+	S := 2*E + 1
+	f32 := tensor.Float32
+	s.buf = ensure(m.b, s.buf, f32, S+P*Mt)
+	s.inv = ensure(m.b, s.inv, f32, 1, P*Mt)
+	if s.mask == nil || s.maskN != n || s.mask.Numel() != P*Mt {
+		vals := make([]float64, P*Mt)
+		for i := Mt * me; i < Mt*(me+1); i++ {
+			if i-Mt*me >= n {
+				vals[i] = -1e30
+			}
+		}
+		h, err := tensor.FromFloat64(vals, P*Mt)
+		if err != nil {
+			return err
+		}
+		s.mask = ensure(m.b, s.mask, f32, P*Mt)
+		m.b.Upload(s.mask, h)
+		s.maskN = n
+	}
+	stats, maskPart := view(s.buf, 0, S), view(s.buf, S, P*Mt)
+	m.b.Copy(stats, m.Router.LocalDevice())
+	m.b.Copy(maskPart, s.mask)
+	w, err := group.AllReduce(s.buf, comm.Sum, m.opts.stream)
+	if err == nil {
+		err = w.Wait(m.opts.stream)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: all-reduce of the router statistics: %w", m.what(), err)
+	}
+	m.b.Softmax(s.inv, reshape(maskPart, 1, P*Mt))
+	if err := m.Router.SetGlobalDevice(stats, view(s.inv, 0, 1, 1)); err != nil {
+		return err
+	}
+	s.pending = tensor.ReadAsync(m.b, stats)
+	return nil
+}
+
+func view(t *tensor.Tensor, off int, shape ...int) *tensor.Tensor {
+	v, err := t.View(off, shape...)
+	if err != nil {
+		panic("ep: internal error: " + err.Error())
+	}
+	return v
+}
+
+// finish waits for a pending read that nobody asked for (a copy long done).
+func (s *deviceStep) finish() {
+	if s.pending != nil {
+		s.pending.Wait()
+		s.pending = nil
+	}
+	s.resolved, s.resolveErr = false, nil
+}
+
+// resolve waits for the step's statistics and sets the router's losses.
+func (m *MoE) resolve() error {
+	s := m.dev
+	if s.resolved {
+		return s.resolveErr
+	}
+	s.resolved = true
+	vals, err := s.pending.Wait()
+	s.pending = nil
+	if err != nil {
+		s.resolveErr = fmt.Errorf("%s: reading the router statistics: %w", m.what(), err)
+		return s.resolveErr
+	}
+	E, K := m.cfg.Experts, m.cfg.TopK
+	g := layers.LoadStats{Routed: make([]int, E), ProbSums: append([]float64(nil), vals[E:2*E]...), LSESquares: vals[2*E]}
+	slots := 0
+	for e := range E {
+		g.Routed[e] = int(math.Round(vals[e]))
+		slots += g.Routed[e]
+	}
+	g.Tokens = slots / K
+	s.dropped = 0
+	if c := layers.Capacity(s.cf, g.Tokens, K, E); c > 0 {
+		for _, r := range g.Routed {
+			s.dropped += max(0, r-c)
+		}
+	}
+	s.stats = g
+	m.global = g
+	m.Router.SetLosses(g)
+	return nil
+}
+
+func (m *MoE) backwardDevice(dp DeviceOffsets, dx2, dout2 *tensor.Tensor) error {
+	s, h := m.dev, m.h
+	dt, n, C, K := dout2.DType(), m.n, m.cfg.Dim, m.cfg.TopK
+	m.dw = ensure(m.b, m.dw, dt, n, K)
+	dye, err := dp.CombineBackwardDevice(m.dw, dout2, m.Router.Weights(), h)
+	if err != nil {
+		return err
+	}
+	s.dxe = ensure(m.b, s.dxe, dt, h.Bound, C)
+	if err := m.Experts.Backward(s.dxe, dye); err != nil {
+		return err
+	}
+	if err := dp.DispatchBackwardDevice(dx2, s.dxe, h); err != nil {
+		return err
+	}
+	if err := m.Router.Backward(dx2, m.dw, true); err != nil {
+		return err
+	}
+	if err := m.b.Err(); err != nil {
+		return fmt.Errorf("%s: backward: %w", m.what(), err)
+	}
+	return nil
+}
