@@ -12,5 +12,6 @@
 #include "dispatch.cu"
 #include "attention_tc.cu"
 #include "attention_fa2.cu"
+#include "attention_onepass.cu"
 #include "packed.cu"
 #include "gemm_sm90.cu"

@@ -156,6 +156,8 @@ func (b *Backend) Attention(out, lse, q, k, v *tensor.Tensor, scale float32) {
 // then one pass over key tiles that accumulates dk and dv in registers, and
 // one over query tiles for dq (the probabilities are recomputed from lse in
 // each), with no atomics.
+// WithAttention(AttentionFA2Atomic) takes the one-pass
+// backward instead (dq summed with atomics: not bit-reproducible).
 func (b *Backend) AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse *tensor.Tensor, scale float32) {
 	c := b.check("AttentionBackward")
 	nb, nt, nh, d := opcheck.AttentionBackward(c, dq, dk, dv, dout, q, k, v, out, lse)
@@ -164,6 +166,10 @@ func (b *Backend) AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse *tensor.
 		return
 	}
 	if b.useTensorCores(q.DType(), d) && tcAligned(dq, dk, dv, dout, q, k, v, out) {
+		if b.useOnePass() {
+			b.attentionBackwardOnePass(dq, dk, dv, dout, q, k, v, out, lse, scale, nb, nt, nh, d, nh*d, nh*d, nh*d)
+			return
+		}
 		if b.useFA2() {
 			b.attentionBackwardFA2(dq, dk, dv, dout, q, k, v, out, lse, scale, nb, nt, nh, d, nh*d, nh*d, nh*d)
 			return
@@ -198,5 +204,6 @@ func (b *Backend) AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse *tensor.
 
 // useTensorCores says whether the tensor-core attention kernels run.
 func (b *Backend) useTensorCores(dt tensor.DType, d int) bool {
-	return (b.cfg.attention == AttentionAuto || b.cfg.attention == AttentionTC1) && dt == tensor.BFloat16 && (d == 64 || d == 128) && b.hasTC
+	a := b.cfg.attention
+	return (a == AttentionAuto || a == AttentionTC1 || a == AttentionFA2Atomic) && dt == tensor.BFloat16 && (d == 64 || d == 128) && b.hasTC
 }

@@ -63,7 +63,9 @@ func fa2SmemDq(d int) int { return (2*fa2Rows + 4*fa2Step(d)) * (d + 8) * 2 }
 func fa2SmemDkdv(d int) int { s := fa2Step(d); return (2*fa2Rows+4*s)*(d+8)*2 + 16*s }
 
 // useFA2 says whether the second-generation kernels run for this call.
-func (b *Backend) useFA2() bool { return b.hasFA2 && b.cfg.attention == AttentionAuto }
+func (b *Backend) useFA2() bool {
+	return b.hasFA2 && (b.cfg.attention == AttentionAuto || b.cfg.attention == AttentionFA2Atomic)
+}
 
 // attentionFA2 launches the forward; q, k, v rows are sqkv elements apart,
 // out rows so.

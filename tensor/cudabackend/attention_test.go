@@ -118,6 +118,12 @@ func runAttentionShapes(t *testing.T, open opener, opts ...Option) {
 	}
 }
 
+// TestAttentionShapesFA2Atomic runs the shapes on the GPU with the one-pass
+// backward (dq summed with atomics).
+func TestAttentionShapesFA2Atomic(t *testing.T) {
+	runAttentionShapes(t, openGPU, WithAttention(AttentionFA2Atomic))
+}
+
 // runRoPEShapes checks RoPE and its backward against the CPU reference on
 // head dims the vectorised bf16 kernel takes (D % 16 == 0) and one it does
 // not, in place and out of place.

@@ -3,9 +3,12 @@
 package cudabackend
 
 import (
+	"fmt"
+	"math"
 	"strings"
 	"testing"
 
+	"github.com/asynctp/asynctp/internal/testutil"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cudabackend/internal/emu"
 )
@@ -54,6 +57,11 @@ func TestEmuAttentionShapesFwdW8(t *testing.T) {
 
 func TestEmuAttentionShapesTC1(t *testing.T) {
 	runAttentionShapes(t, openEmu, WithAttention(AttentionTC1))
+}
+
+// TestEmuAttentionShapesFA2Atomic: the one-pass backward (dq by atomics).
+func TestEmuAttentionShapesFA2Atomic(t *testing.T) {
+	runAttentionShapes(t, openEmu, WithAttention(AttentionFA2Atomic))
 }
 
 func TestEmuRoutingPlan(t *testing.T) { runRoutingPlan(t, openEmu) }
@@ -110,6 +118,7 @@ func TestEmuReverseOrder(t *testing.T) {
 	defer emu.SetReverse(false)
 	t.Run("Conformance", func(t *testing.T) { runConformance(t, openEmu) })
 	t.Run("AttentionShapes", func(t *testing.T) { runAttentionShapes(t, openEmu) })
+	t.Run("AttentionShapesFA2Atomic", func(t *testing.T) { runAttentionShapes(t, openEmu, WithAttention(AttentionFA2Atomic)) })
 	t.Run("RoutingPlan", func(t *testing.T) { runRoutingPlan(t, openEmu) })
 }
 
@@ -129,5 +138,58 @@ func TestEmuHasFA2(t *testing.T) {
 	}
 	if b := openEmu(t, WithAttention(AttentionTC1)); b.useFA2() {
 		t.Fatal("AttentionTC1 still picks the FA2 kernels")
+	}
+	if b := openEmu(t); b.useOnePass() {
+		t.Fatal("the default backend picks the one-pass (atomic) backward")
+	}
+	if b := openEmu(t, WithAttention(AttentionFA2Atomic)); !b.useFA2() || !b.useOnePass() {
+		t.Fatal("AttentionFA2Atomic does not pick the FA2 forward and the one-pass backward")
+	}
+}
+
+// TestEmuOnePassStrides runs the one-pass backward on q, k, v that are
+// column slices of one packed (B, T, 3·H·D) projection and writes dq, dk, dv
+// into slices of one packed gradient (the row strides of the fused
+// projection), against the deterministic two-pass backward on the same
+// inputs with contiguous outputs; the packed gradient starts as NaN, so an
+// element left unwritten fails.
+func TestEmuOnePassStrides(t *testing.T) {
+	for _, s := range [][4]int{{2, 200, 3, 64}, {1, 150, 2, 128}, {1, 1, 2, 64}} {
+		t.Run(fmt.Sprintf("%v", s), func(t *testing.T) {
+			nb, nt, nh, d := s[0], s[1], s[2], s[3]
+			hd := nh * d
+			b := openEmu(t, WithAttention(AttentionFA2Atomic))
+			rng := testutil.Rng(uint64(nt + d))
+			qkv := b.Zeros(tensor.BFloat16, nb, nt, 3*hd)
+			b.Upload(qkv, testutil.Rand(rng, tensor.BFloat16, nb, nt, 3*hd))
+			view := func(x *tensor.Tensor, part int) *tensor.Tensor {
+				v, err := x.View(part*hd, nb, nt, nh, d)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return v
+			}
+			q, k, v := view(qkv, 0), view(qkv, 1), view(qkv, 2)
+			scale := float32(1 / math.Sqrt(float64(d)))
+			out, lse := b.Zeros(tensor.BFloat16, nb, nt, nh, d), b.Zeros(tensor.Float32, nb, nh, nt)
+			b.attentionFA2(out, lse, q, k, v, scale, nb, nt, nh, d, 3*hd, hd)
+			dout := b.Zeros(tensor.BFloat16, nb, nt, nh, d)
+			b.Upload(dout, testutil.Rand(rng, tensor.BFloat16, nb, nt, nh, d))
+
+			dqkv := b.Zeros(tensor.BFloat16, nb, nt, 3*hd)
+			b.Fill(dqkv, math.NaN())
+			b.attentionBackwardOnePass(view(dqkv, 0), view(dqkv, 1), view(dqkv, 2), dout, q, k, v, out, lse, scale, nb, nt, nh, d, 3*hd, hd, 3*hd)
+			want := [3]*tensor.Tensor{b.Zeros(tensor.BFloat16, nb, nt, nh, d), b.Zeros(tensor.BFloat16, nb, nt, nh, d), b.Zeros(tensor.BFloat16, nb, nt, nh, d)}
+			b.attentionBackwardFA2(want[0], want[1], want[2], dout, q, k, v, out, lse, scale, nb, nt, nh, d, 3*hd, hd, hd)
+			got := values(t, b, dqkv)
+			for part, name := range []string{"dq", "dk", "dv"} {
+				w := values(t, b, want[part])
+				g := make([]float64, len(w))
+				for r := range nb * nt {
+					copy(g[r*hd:(r+1)*hd], got[r*3*hd+part*hd:])
+				}
+				closeTo(t, name, g, w, 2e-3)
+			}
+		})
 	}
 }

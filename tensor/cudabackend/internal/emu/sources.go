@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "54d576e92e242014c446ba3e5157d783e679aefc4a0271a012110f8fd26a15a1"
+const SourcesSum = "a602389cfab4bdf4b2516ee9ae66ed5f73c29455164e5b91219a9cfd13804512"
