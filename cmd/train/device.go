@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"os"
 
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cpu"
@@ -17,23 +18,52 @@ var devices = []string{"auto", "cpu", "cuda"}
 // takes GPU 0 when a GPU and the kernels image are present, else the CPU;
 // note says which it chose and why.
 func openBackend(device string) (b tensor.Backend, dt tensor.DType, note string, err error) {
+	opts, extra, err := cudaOptions()
+	if err != nil {
+		return nil, 0, "", err
+	}
 	switch device {
 	case "cpu":
+		if extra != "" {
+			return nil, 0, "", fmt.Errorf("--device cpu: %s=%s is a CUDA setting, expected it unset on the CPU", envAttention, os.Getenv(envAttention))
+		}
 		c := cpu.New()
 		return c, tensor.Float32, fmt.Sprintf("cpu (%d threads)", c.Threads()), nil
 	case "cuda":
-		g, err := cudabackend.New(0)
+		g, err := cudabackend.New(0, opts...)
 		if err != nil {
 			return nil, 0, "", fmt.Errorf("--device cuda: %w", err)
 		}
-		return g, tensor.BFloat16, "cuda:0 " + g.DeviceName() + ", bf16 with fp32 master weights", nil
+		return g, tensor.BFloat16, "cuda:0 " + g.DeviceName() + ", bf16 with fp32 master weights" + extra, nil
 	case "auto":
-		g, gerr := cudabackend.New(0)
+		g, gerr := cudabackend.New(0, opts...)
 		if gerr == nil {
-			return g, tensor.BFloat16, "cuda:0 " + g.DeviceName() + ", bf16 with fp32 master weights (auto)", nil
+			return g, tensor.BFloat16, "cuda:0 " + g.DeviceName() + ", bf16 with fp32 master weights (auto)" + extra, nil
+		}
+		if extra != "" {
+			return nil, 0, "", fmt.Errorf("--device auto found no usable GPU (%v), and %s=%s is a CUDA setting", gerr, envAttention, os.Getenv(envAttention))
 		}
 		c := cpu.New()
 		return c, tensor.Float32, fmt.Sprintf("cpu (%d threads; auto: no usable GPU: %v)", c.Threads(), gerr), nil
 	}
 	return nil, 0, "", fmt.Errorf("unknown device %q, expected one of %v", device, devices)
+}
+
+// envAttention picks the CUDA attention backward: unset (the default, the
+// deterministic two-pass kernels) or "onepass" (one pass with fp32 atomic
+// adds into dq: faster, not bit-reproducible; cudabackend.AttentionFA2Atomic).
+const envAttention = "ASYNCTP_ATTENTION"
+
+// cudaOptions are the CUDA backend's options from the environment, and the
+// words the device line adds for them.
+func cudaOptions() ([]cudabackend.Option, string, error) {
+	switch v := os.Getenv(envAttention); v {
+	case "":
+		return nil, "", nil
+	case "onepass":
+		return []cudabackend.Option{cudabackend.WithAttention(cudabackend.AttentionFA2Atomic)},
+			"; attention backward: one pass, atomic dq (not bit-reproducible)", nil
+	default:
+		return nil, "", fmt.Errorf("%s=%q: expected onepass, or unset for the deterministic default", envAttention, v)
+	}
 }

@@ -71,7 +71,11 @@ func openNCCL(ctx context.Context, cfg Config, env rankEnv) (*transport, error) 
 		return nil, fmt.Errorf("--comm nccl: %d ranks on this node but %d GPU(s): NCCL refuses two ranks on one GPU (\"Duplicate GPU detected\"); use --comm nvshmem, whose ranks may share a GPU, or at most %d ranks per node",
 			info.LocalWorldSize, n, n)
 	}
-	b, err := cudabackend.New(dev)
+	opts, _, err := cudaOptions()
+	if err != nil {
+		return nil, err
+	}
+	b, err := cudabackend.New(dev, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("--device cuda: %w", err)
 	}

@@ -48,7 +48,11 @@ func openNVSHMEM(ctx context.Context, cfg Config, env rankEnv) (*transport, erro
 	if err != nil {
 		return nil, fmt.Errorf("--comm nvshmem: %w", err)
 	}
-	b, err := cudabackend.New(dev)
+	opts, _, err := cudaOptions()
+	if err != nil {
+		return nil, err
+	}
+	b, err := cudabackend.New(dev, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("--device cuda: %w", err)
 	}
