@@ -118,14 +118,16 @@ func (x *exchange) ensureExact(rows, cols int, dt tensor.DType) error {
 // (re)allocation on (release frees them with the stage).
 func (x *exchange) flags() (landed, sig uint64) {
 	b := x.sp.b
+	// 64-bit words as pairs of int32 (the backend stores no 64-bit type;
+	// its allocations are aligned far beyond 8 bytes).
 	if x.landed == nil {
-		x.landed = b.Zeros(tensor.Float64, x.sp.g.Size()) // uint64 words
+		x.landed = b.Zeros(tensor.Int32, 2*x.sp.g.Size())
 	}
 	if x.status == nil {
 		x.status = b.Zeros(tensor.Int32, 4)
 	}
 	if x.sig == nil { // one word per 128-row block of the whole stage
-		x.sig = b.Zeros(tensor.Float64, (x.slots*x.rows+cudabackend.EngineTileM-1)/cudabackend.EngineTileM)
+		x.sig = b.Zeros(tensor.Int32, 2*((x.slots*x.rows+cudabackend.EngineTileM-1)/cudabackend.EngineTileM))
 	}
 	return cudabackend.DevicePtr(x.landed), cudabackend.DevicePtr(x.sig)
 }

@@ -76,7 +76,9 @@ func fusedEnv(sp overlap.Spec) (siteEnv, error) {
 	if err != nil {
 		return e, err
 	}
-	if sp.DType != tensor.BFloat16 {
+	// A layer's spec may not know its dtype yet (parameters are
+	// materialized later): then the call's operands are checked instead.
+	if sp.DType != tensor.Invalid && sp.DType != tensor.BFloat16 {
 		return e, fmt.Errorf("%s: tensors are %v, expected bf16 (the GEMM engine's operands) (%w)", what, sp.DType, overlap.ErrUnavailable)
 	}
 	for _, w := range append([]int{sp.K}, sp.Outs...) {
