@@ -1,26 +1,21 @@
 package peercopy_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
 	"sort"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/asynctp/asynctp/comm"
-	"github.com/asynctp/asynctp/comm/commtest"
-	"github.com/asynctp/asynctp/comm/nvshmem"
-	"github.com/asynctp/asynctp/comm/rendezvous"
 	"github.com/asynctp/asynctp/cuda"
+	"github.com/asynctp/asynctp/internal/pes"
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/overlap/overlaptest"
 	"github.com/asynctp/asynctp/overlap/peercopy"
 	"github.com/asynctp/asynctp/tensor"
-	"github.com/asynctp/asynctp/tensor/cudabackend"
 )
 
 // The GPU tests run N processes, one NVSHMEM PE each, all on GPU 0 when
@@ -28,71 +23,11 @@ import (
 // = 100/N per process for NVSHMEM's full MPG mode: scripts/gpu-overlap.sh).
 const jobEnv = "ASYNCTP_OVERLAP_TEST_JOB" // the child's job: suite, bench
 
-// needGPU skips unless the NVSHMEM library, a GPU and the kernels image are
-// there.
-func needGPU(t *testing.T) (lib string, gpus int) {
-	t.Helper()
-	l, err := nvshmem.Load()
-	if err != nil {
-		t.Skipf("no NVSHMEM transport library, skipping the GPU tests: %v", err)
-	}
-	if err := cuda.Init(); err != nil {
-		t.Skipf("no CUDA driver, skipping the GPU tests: %v", err)
-	}
-	n, err := cuda.DeviceCount()
-	if err != nil || n == 0 {
-		t.Skipf("no CUDA device (%v), skipping the GPU tests", err)
-	}
-	if _, err := cudabackend.FindKernels(); err != nil {
-		t.Skipf("no kernels image, skipping the GPU tests: %v", err)
-	}
-	return l.Path, n
-}
-
-// sizes are the world sizes to run: $ASYNCTP_OVERLAP_PES ("2,4" by default).
-func sizes(t *testing.T) []int {
-	var out []int
-	for _, f := range strings.Split(cmpOr(os.Getenv("ASYNCTP_OVERLAP_PES"), "2,4"), ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < 1 {
-			t.Fatalf("ASYNCTP_OVERLAP_PES=%q: expected a comma-separated list of PE counts", os.Getenv("ASYNCTP_OVERLAP_PES"))
-		}
-		out = append(out, n)
-	}
-	return out
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
-}
-
 func runPEs(t *testing.T, job string, n int) []string {
-	lib, gpus := needGPU(t)
-	timeout, err := time.ParseDuration(cmpOr(os.Getenv("ASYNCTP_OVERLAP_TIMEOUT"), "8m"))
-	if err != nil {
-		t.Fatalf("ASYNCTP_OVERLAP_TIMEOUT: %v", err)
-	}
-	procs := commtest.RunProcesses(t, commtest.Processes{N: n, Test: "TestHelperProcess", Job: "overlap-" + job, Timeout: timeout,
-		Env: func(rank int) []string {
-			return []string{jobEnv + "=" + job, nvshmem.EnvLibrary + "=" + lib, "ASYNCTP_TEST_DEVICE=" + strconv.Itoa(rank%gpus),
-				"NVSHMEM_DISABLE_NVLS=1", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=" + strconv.Itoa(100/n)}
-		}})
-	outs := make([]string, n)
-	for r, p := range procs {
-		outs[r] = p.Out
-		if p.Err != nil {
-			out := p.Out
-			if len(out) > 12000 {
-				out = "…" + out[len(out)-12000:]
-			}
-			t.Errorf("%s, %d PEs, rank %d: %v; output:\n%s", job, n, r, p.Err, out)
-		}
-	}
-	return outs
+	return pes.Run(t, pes.Job{Env: jobEnv, Name: job, Prefix: "overlap"}, n)
 }
+
+func sizes(t *testing.T) []int { return pes.Sizes(t, "2,4") }
 
 // TestSuiteGPU: the conformance suite of every strategy on NVSHMEM PEs,
 // in bf16 and f32, on worlds of 2 and 4 PEs.
@@ -165,50 +100,12 @@ func TestHelperProcess(t *testing.T) {
 	}
 }
 
-type pe struct {
-	rank, size int
-	store      *rendezvous.Client
-	closeStore func() error
-	world      *nvshmem.Comm
-	b          *cudabackend.Backend
-}
+// pe is one child's PE, with the jobs of this package's tests as methods.
+type pe struct{ *pes.PE }
 
-func newPE(t *testing.T) *pe {
-	info, err := rendezvous.FromEnv(os.Getenv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dev, _ := strconv.Atoi(os.Getenv("ASYNCTP_TEST_DEVICE"))
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	store, closeStore, err := rendezvous.Join(ctx, info, rendezvous.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := cudabackend.New(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := nvshmem.New(ctx, store, info.Rank, info.WorldSize, dev, nvshmem.WithTimeout(2*time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	fmt.Fprintf(os.Stderr, "rank %d: world of %d up: %v\n", info.Rank, info.WorldSize, w.Report())
-	return &pe{rank: info.Rank, size: info.WorldSize, store: store, closeStore: closeStore, world: w, b: b}
-}
+func newPE(t *testing.T) *pe { return &pe{pes.Join(t)} }
 
-func (p *pe) close(t *testing.T) {
-	if err := p.world.Close(); err != nil {
-		t.Errorf("rank %d: close: %v", p.rank, err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := p.store.Barrier(ctx, "done", p.size); err != nil {
-		t.Errorf("rank %d: %v", p.rank, err)
-	}
-	p.closeStore()
-	p.b.Close()
-}
+func (p *pe) close(t *testing.T) { p.PE.Close(t) }
 
 func strategies() []overlap.Strategy {
 	return []overlap.Strategy{overlap.Collective{}, overlap.Pipelined{}, peercopy.Pipelined{}, peercopy.Fused{}}
@@ -221,29 +118,29 @@ func (p *pe) suite(t *testing.T) {
 				// The engine takes bf16 operands: the strategy must say so
 				// (and the chooser then keeps collective, or refuses an
 				// explicit request).
-				err := s.Supports(overlap.Spec{Kind: overlap.KindAllGatherMatmul, Name: "f32", Group: p.world, Backend: p.b,
-					Stream: p.b.Stream(), K: 64, Outs: []int{64}, DType: dt})
+				err := s.Supports(overlap.Spec{Kind: overlap.KindAllGatherMatmul, Name: "f32", Group: p.World, Backend: p.B,
+					Stream: p.B.Stream(), K: 64, Outs: []int{64}, DType: dt})
 				if !errors.Is(err, overlap.ErrUnavailable) || !strings.Contains(err.Error(), "expected bf16") {
-					t.Fatalf("rank %d: fused with %v tensors: %v, want ErrUnavailable saying bf16", p.rank, dt, err)
+					t.Fatalf("rank %d: fused with %v tensors: %v, want ErrUnavailable saying bf16", p.Rank, dt, err)
 				}
-				fmt.Printf("suite: rank %d: %T %v refused as it should: %v\n", p.rank, s, dt, err)
+				fmt.Printf("suite: rank %d: %T %v refused as it should: %v\n", p.Rank, s, dt, err)
 				continue
 			}
-			fmt.Fprintf(os.Stderr, "rank %d: %T %v: start\n", p.rank, s, dt)
+			fmt.Fprintf(os.Stderr, "rank %d: %T %v: start\n", p.Rank, s, dt)
 			start := time.Now()
-			r := overlaptest.Rank{Group: p.world, Backend: p.b, Stream: p.b.Stream(), Strategy: s, DType: dt, Seed: uint64(100 + i)}
+			r := overlaptest.Rank{Group: p.World, Backend: p.B, Stream: p.B.Stream(), Strategy: s, DType: dt, Seed: uint64(100 + i)}
 			skipped, err := r.CheckAllReport()
 			if err == nil {
-				err = p.b.Sync()
+				err = p.B.Sync()
 			}
 			for _, l := range skipped {
-				fmt.Printf("suite: rank %d: unavailable, as declared: %s\n", p.rank, l)
+				fmt.Printf("suite: rank %d: unavailable, as declared: %s\n", p.Rank, l)
 			}
 			name := fmt.Sprintf("%T", s)
 			if err != nil {
-				t.Fatalf("rank %d: %s %v: %v", p.rank, name, dt, err)
+				t.Fatalf("rank %d: %s %v: %v", p.Rank, name, dt, err)
 			}
-			fmt.Printf("suite: rank %d: %s %v passed (%v)\n", p.rank, name, dt, time.Since(start).Round(time.Millisecond))
+			fmt.Printf("suite: rank %d: %s %v passed (%v)\n", p.Rank, name, dt, time.Since(start).Round(time.Millisecond))
 		}
 	}
 }
@@ -251,15 +148,15 @@ func (p *pe) suite(t *testing.T) {
 func (p *pe) deadline(t *testing.T) {
 	const dl = 2 * time.Second
 	const n, k, m = 64, 256, 256
-	b := p.b
+	b := p.B
 	ag, err := peercopy.Fused{Timeout: dl}.NewAllGatherMatmul(overlap.Spec{Kind: overlap.KindAllGatherMatmul, Name: "deadline",
-		Group: p.world, Backend: b, Stream: b.Stream(), K: k, Outs: []int{m}, DType: tensor.BFloat16})
+		Group: p.World, Backend: b, Stream: b.Stream(), K: k, Outs: []int{m}, DType: tensor.BFloat16})
 	if err != nil {
 		t.Fatal(err)
 	}
-	silent := p.size - 1
-	x, xFull, w := b.Zeros(tensor.BFloat16, n, k), b.Zeros(tensor.BFloat16, p.size*n, k), b.Zeros(tensor.BFloat16, m, k)
-	out := b.Zeros(tensor.BFloat16, p.size*n, m)
+	silent := p.Size - 1
+	x, xFull, w := b.Zeros(tensor.BFloat16, n, k), b.Zeros(tensor.BFloat16, p.Size*n, k), b.Zeros(tensor.BFloat16, m, k)
+	out := b.Zeros(tensor.BFloat16, p.Size*n, m)
 	// A first call on every rank: the stage's allocation is a world
 	// collective, which the silent rank must not miss.
 	if err := ag.Forward([]*tensor.Tensor{out}, xFull, x, []*tensor.Tensor{w}); err != nil {
@@ -268,8 +165,8 @@ func (p *pe) deadline(t *testing.T) {
 	if err := b.Sync(); err != nil {
 		t.Fatal(err)
 	}
-	if p.rank == silent {
-		fmt.Printf("deadline: rank %d stays silent\n", p.rank)
+	if p.Rank == silent {
+		fmt.Printf("deadline: rank %d stays silent\n", p.Rank)
 	} else {
 		start := time.Now()
 		err := ag.Forward([]*tensor.Tensor{out}, xFull, x, []*tensor.Tensor{w})
@@ -277,25 +174,16 @@ func (p *pe) deadline(t *testing.T) {
 			err = b.Sync()
 		}
 		want := fmt.Sprintf("rank %d never published", silent)
-		if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), p.world.Name()) {
-			fmt.Printf("deadline: rank %d: FAIL: %v, expected an error naming %s and containing %q\n", p.rank, err, p.world.Name(), want)
+		if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), p.World.Name()) {
+			fmt.Printf("deadline: rank %d: FAIL: %v, expected an error naming %s and containing %q\n", p.Rank, err, p.World.Name(), want)
 			os.Exit(1)
 		}
-		fmt.Printf("deadline: rank %d failed after %v: %v\n", p.rank, time.Since(start).Round(time.Millisecond), err)
+		fmt.Printf("deadline: rank %d failed after %v: %v\n", p.Rank, time.Since(start).Round(time.Millisecond), err)
 	}
 	// NVSHMEM cannot abort, and this rank's side stream still waits for the
 	// silent peer: leave everything to the process exit, after a host
 	// barrier; rank 0 serves the store, so it leaves last.
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := p.store.Barrier(ctx, "deadline", p.size); err != nil {
-		fmt.Printf("deadline: rank %d: barrier: %v\n", p.rank, err)
-		os.Exit(1)
-	}
-	if p.rank == 0 {
-		time.Sleep(time.Second)
-	}
-	os.Exit(0)
+	p.ExitAfterFailure("deadline")
 }
 
 // bench times each strategy's forward and backward of the two TP sites at
@@ -303,14 +191,14 @@ func (p *pe) deadline(t *testing.T) {
 // and the collective alone (for the ceiling (T_gemm+T_comm)/max).
 func (p *pe) bench(t *testing.T) {
 	const rows, k = 8192, 4096 // tokens of the whole sequence; the model width
-	P := p.size
+	P := p.Size
 	n := rows / P
-	b := p.b
+	b := p.B
 	mk := func(r, c int) *tensor.Tensor {
 		h := tensor.MustHost(tensor.BFloat16, r, c)
 		v := make([]float64, r*c)
 		for i := range v {
-			v[i] = float64((i*7919+p.rank*31)%2001)/1000 - 1
+			v[i] = float64((i*7919+p.Rank*31)%2001)/1000 - 1
 		}
 		_ = h.SetFloat64s(v)
 		d := b.Zeros(tensor.BFloat16, r, c)
@@ -335,7 +223,7 @@ func (p *pe) bench(t *testing.T) {
 		if err := b.Sync(); err != nil {
 			return 0, err
 		}
-		if err := p.world.Barrier(); err != nil {
+		if err := p.World.Barrier(); err != nil {
 			return 0, err
 		}
 		var ds []time.Duration
@@ -373,19 +261,19 @@ func (p *pe) bench(t *testing.T) {
 	}
 	row := func(name string, d time.Duration, err error) {
 		if err != nil {
-			t.Fatalf("rank %d: %s: %v", p.rank, name, err)
+			t.Fatalf("rank %d: %s: %v", p.Rank, name, err)
 		}
 		fmt.Printf("bench: P=%d %-46s %8.1f µs\n", P, name, float64(d.Nanoseconds())/1e3)
 	}
 	const reps = 20
 	sp := func(kind overlap.Kind, kk int, outs ...int) overlap.Spec {
-		return overlap.Spec{Kind: kind, Name: "bench", Group: p.world, Backend: b, Stream: b.Stream(), K: kk, Outs: outs, DType: tensor.BFloat16}
+		return overlap.Spec{Kind: kind, Name: "bench", Group: p.World, Backend: b, Stream: b.Stream(), K: kk, Outs: outs, DType: tensor.BFloat16}
 	}
 	shape := fmt.Sprintf("rows %d, K %d, N %d/rank", rows, k, m)
 	d, err := timeIt(reps, func() error { b.MatMul(out, xFull, w, false, true, 1, 0); return nil })
 	row("gemm alone, AG shape ("+shape+")", d, err)
 	d, err = timeIt(reps, func() error {
-		wk, err := p.world.AllGather(xFull, x, b.Stream())
+		wk, err := p.World.AllGather(xFull, x, b.Stream())
 		if err == nil {
 			err = wk.Wait(b.Stream())
 		}
@@ -395,7 +283,7 @@ func (p *pe) bench(t *testing.T) {
 	d, err = timeIt(reps, func() error { b.MatMul(partial, x2, w2, false, true, 1, 0); return nil })
 	row(fmt.Sprintf("gemm alone, RS shape (rows %d, K %d/rank, N %d)", rows, kl, k), d, err)
 	d, err = timeIt(reps, func() error {
-		wk, err := p.world.ReduceScatter(out2, partial, comm.Sum, b.Stream())
+		wk, err := p.World.ReduceScatter(out2, partial, comm.Sum, b.Stream())
 		if err == nil {
 			err = wk.Wait(b.Stream())
 		}

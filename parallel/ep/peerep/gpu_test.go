@@ -1,24 +1,19 @@
 package peerep
 
 import (
-	"context"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"sort"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/asynctp/asynctp/comm/commtest"
-	"github.com/asynctp/asynctp/comm/nvshmem"
-	"github.com/asynctp/asynctp/comm/rendezvous"
 	"github.com/asynctp/asynctp/cuda"
+	"github.com/asynctp/asynctp/internal/pes"
 	"github.com/asynctp/asynctp/parallel/ep"
 	"github.com/asynctp/asynctp/parallel/ep/eptest"
 	"github.com/asynctp/asynctp/tensor"
-	"github.com/asynctp/asynctp/tensor/cudabackend"
 )
 
 // The GPU tests run N processes, one NVSHMEM PE each, all on GPU 0 when
@@ -26,70 +21,20 @@ import (
 // = 100/N per process for NVSHMEM's full MPG mode: scripts/gpu-overlap.sh).
 const jobEnv = "ASYNCTP_PEEREP_TEST_JOB" // the child's job: suite, bench
 
-// needGPU skips unless the NVSHMEM library, a GPU and the kernels image are
-// there.
-func needGPU(t *testing.T) (lib string, gpus int) {
-	t.Helper()
-	l, err := nvshmem.Load()
-	if err != nil {
-		t.Skipf("no NVSHMEM transport library, skipping the GPU tests: %v", err)
-	}
-	if err := cuda.Init(); err != nil {
-		t.Skipf("no CUDA driver, skipping the GPU tests: %v", err)
-	}
-	n, err := cuda.DeviceCount()
-	if err != nil || n == 0 {
-		t.Skipf("no CUDA device (%v), skipping the GPU tests", err)
-	}
-	if _, err := cudabackend.FindKernels(); err != nil {
-		t.Skipf("no kernels image, skipping the GPU tests: %v", err)
-	}
-	return l.Path, n
+// runPEs runs job on n PEs; the 4096-token benchmark needs ~1.2 GB of
+// symmetric memory per PE.
+func runPEs(t *testing.T, job string, n int) []string {
+	return pes.Run(t, pes.Job{Env: jobEnv, Name: job, Prefix: "peerep",
+		Extra: []string{"NVSHMEM_SYMMETRIC_SIZE=" + cmpOr(os.Getenv("NVSHMEM_SYMMETRIC_SIZE"), "6G")}}, n)
 }
 
-// sizes are the world sizes to run: $ASYNCTP_OVERLAP_PES ("1,2,4" here by default).
-func sizes(t *testing.T) []int {
-	var out []int
-	for _, f := range strings.Split(cmpOr(os.Getenv("ASYNCTP_OVERLAP_PES"), "1,2,4"), ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < 1 {
-			t.Fatalf("ASYNCTP_OVERLAP_PES=%q: expected a comma-separated list of PE counts", os.Getenv("ASYNCTP_OVERLAP_PES"))
-		}
-		out = append(out, n)
-	}
-	return out
-}
+func sizes(t *testing.T) []int { return pes.Sizes(t, "1,2,4") }
 
 func cmpOr(a, b string) string {
 	if a != "" {
 		return a
 	}
 	return b
-}
-
-func runPEs(t *testing.T, job string, n int) []string {
-	lib, gpus := needGPU(t)
-	timeout, err := time.ParseDuration(cmpOr(os.Getenv("ASYNCTP_OVERLAP_TIMEOUT"), "8m"))
-	if err != nil {
-		t.Fatalf("ASYNCTP_OVERLAP_TIMEOUT: %v", err)
-	}
-	procs := commtest.RunProcesses(t, commtest.Processes{N: n, Test: "TestHelperProcess", Job: "peerep-" + job, Timeout: timeout,
-		Env: func(rank int) []string {
-			return []string{jobEnv + "=" + job, nvshmem.EnvLibrary + "=" + lib, "ASYNCTP_TEST_DEVICE=" + strconv.Itoa(rank%gpus),
-				"NVSHMEM_DISABLE_NVLS=1", "NVSHMEM_SYMMETRIC_SIZE=" + cmpOr(os.Getenv("NVSHMEM_SYMMETRIC_SIZE"), "6G"), "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=" + strconv.Itoa(100/n)}
-		}})
-	outs := make([]string, n)
-	for r, p := range procs {
-		outs[r] = p.Out
-		if p.Err != nil {
-			out := p.Out
-			if len(out) > 12000 {
-				out = "…" + out[len(out)-12000:]
-			}
-			t.Errorf("%s, %d PEs, rank %d: %v; output:\n%s", job, n, r, p.Err, out)
-		}
-	}
-	return outs
 }
 
 // TestSuiteGPU: the ExpertPath conformance suite on NVSHMEM PEs (one GPU
@@ -168,50 +113,12 @@ func TestHelperProcess(t *testing.T) {
 	}
 }
 
-type pe struct {
-	rank, size int
-	store      *rendezvous.Client
-	closeStore func() error
-	world      *nvshmem.Comm
-	b          *cudabackend.Backend
-}
+// pe is one child's PE, with the jobs of this package's tests as methods.
+type pe struct{ *pes.PE }
 
-func newPE(t *testing.T) *pe {
-	info, err := rendezvous.FromEnv(os.Getenv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dev, _ := strconv.Atoi(os.Getenv("ASYNCTP_TEST_DEVICE"))
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	store, closeStore, err := rendezvous.Join(ctx, info, rendezvous.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := cudabackend.New(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := nvshmem.New(ctx, store, info.Rank, info.WorldSize, dev, nvshmem.WithTimeout(2*time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	fmt.Fprintf(os.Stderr, "rank %d: world of %d up: %v\n", info.Rank, info.WorldSize, w.Report())
-	return &pe{rank: info.Rank, size: info.WorldSize, store: store, closeStore: closeStore, world: w, b: b}
-}
+func newPE(t *testing.T) *pe { return &pe{pes.Join(t)} }
 
-func (p *pe) close(t *testing.T) {
-	if err := p.world.Close(); err != nil {
-		t.Errorf("rank %d: close: %v", p.rank, err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := p.store.Barrier(ctx, "done", p.size); err != nil {
-		t.Errorf("rank %d: %v", p.rank, err)
-	}
-	p.closeStore()
-	p.b.Close()
-}
+func (p *pe) close(t *testing.T) { p.PE.Close(t) }
 
 func newPipelined(c eptest.Config) (ep.ExpertPath, error) {
 	return New(ep.ExpertConfig{Name: "moe", Backend: c.Backend, Stream: c.Stream, Group: c.Group, Tokens: c.Tokens,
@@ -235,66 +142,54 @@ func (p *pe) suite(t *testing.T) {
 	}{{"collective", newCollective}, {"pipelined", newPipelined}} {
 		for _, dt := range []tensor.DType{tensor.BFloat16, tensor.Float32} {
 			start := time.Now()
-			r := eptest.Rank{Group: p.world, Backend: p.b, Stream: p.b.Stream(), NewPath: c.np, DType: dt, Seed: 11,
+			r := eptest.Rank{Group: p.World, Backend: p.B, Stream: p.B.Stream(), NewPath: c.np, DType: dt, Seed: 11,
 				Logf: func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) }}
 			err := r.CheckAll()
 			if err == nil {
-				err = p.b.Sync()
+				err = p.B.Sync()
 			}
 			if err != nil {
-				t.Fatalf("rank %d: %s %v: %v", p.rank, c.name, dt, err)
+				t.Fatalf("rank %d: %s %v: %v", p.Rank, c.name, dt, err)
 			}
-			fmt.Printf("suite: rank %d: %s %v passed (%v)\n", p.rank, c.name, dt, time.Since(start).Round(time.Millisecond))
+			fmt.Printf("suite: rank %d: %s %v passed (%v)\n", p.Rank, c.name, dt, time.Since(start).Round(time.Millisecond))
 		}
 	}
 }
 
 func (p *pe) deadline(t *testing.T) {
 	const dl = 2 * time.Second
-	path, err := New(ep.ExpertConfig{Name: "moe", Backend: p.b, Stream: p.b.Stream(), Group: p.world, Experts: 2 * p.size,
+	path, err := New(ep.ExpertConfig{Name: "moe", Backend: p.B, Stream: p.B.Stream(), Group: p.World, Experts: 2 * p.Size,
 		Cols: 64, MaxTokens: 16}, WithDeadline(dl))
 	if err != nil {
 		t.Fatal(err)
 	}
-	silent := p.size - 1
+	silent := p.Size - 1
 	if err := path.ensure(2, 64, tensor.BFloat16); err != nil {
 		t.Fatal(err)
 	}
-	if p.rank == silent {
-		fmt.Printf("deadline: rank %d stays silent\n", p.rank)
+	if p.Rank == silent {
+		fmt.Printf("deadline: rank %d stays silent\n", p.Rank)
 	} else {
 		idx := make([]int32, 16*2)
 		for i := range idx {
-			idx[i] = int32((i/2)%p.size*2 + i%2) // every token on every rank's experts in turn
+			idx[i] = int32((i/2)%p.Size*2 + i%2) // every token on every rank's experts in turn
 		}
 		l, err := path.Layout(idx, 16, 2, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
-		x := p.b.Zeros(tensor.BFloat16, 16, 64)
+		x := p.B.Zeros(tensor.BFloat16, 16, 64)
 		start := time.Now()
 		_, _, _, err = path.Dispatch(x, l)
 		want := fmt.Sprintf("rank %d never signalled", silent)
 		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Fatalf("rank %d: a dispatch whose peer %d never sends: %v, expected an error containing %q", p.rank, silent, err, want)
+			t.Fatalf("rank %d: a dispatch whose peer %d never sends: %v, expected an error containing %q", p.Rank, silent, err, want)
 		}
-		fmt.Printf("deadline: rank %d failed after %v: %v\n", p.rank, time.Since(start).Round(time.Millisecond), err)
+		fmt.Printf("deadline: rank %d failed after %v: %v\n", p.Rank, time.Since(start).Round(time.Millisecond), err)
 	}
 	// NVSHMEM cannot abort and the failed backend cannot free: leave the
 	// symmetric buffers to the process exit, after a host barrier.
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := p.store.Barrier(ctx, "deadline", p.size); err != nil {
-		fmt.Printf("deadline: rank %d: barrier: %v\n", p.rank, err)
-		os.Exit(1) // not t.Fatal: the deferred close would wait in NVSHMEM's collective finalize
-	}
-	// Rank 0 serves the store: it leaves last, so that no peer loses the
-	// store in the middle of the barrier's answer (and then waits forever in
-	// a finalize that rank 0 never joins — seen on the H200).
-	if p.rank == 0 {
-		time.Sleep(time.Second)
-	}
-	os.Exit(0) // the failed backend cannot close cleanly; the parent reads the output
+	p.ExitAfterFailure("deadline")
 }
 
 // bench times dispatch (DispatchSend+DispatchRecv, no host read) and
@@ -302,7 +197,7 @@ func (p *pe) deadline(t *testing.T) {
 // and the collective dispatcher's Dispatch and Combine, at DeepEP's shapes.
 func (p *pe) bench(t *testing.T) {
 	const C, K, E = 7168, 8, 256
-	b := p.b
+	b := p.B
 	timeIt := func(reps int, fn func() error) (time.Duration, error) {
 		for range 3 {
 			if err := fn(); err != nil {
@@ -312,7 +207,7 @@ func (p *pe) bench(t *testing.T) {
 		if err := b.Sync(); err != nil {
 			return 0, err
 		}
-		if err := p.world.Barrier(); err != nil {
+		if err := p.World.Barrier(); err != nil {
 			return 0, err
 		}
 		var ds []time.Duration
@@ -350,12 +245,12 @@ func (p *pe) bench(t *testing.T) {
 	}
 	row := func(name string, d time.Duration, err error) {
 		if err != nil {
-			t.Fatalf("rank %d: %s: %v", p.rank, name, err)
+			t.Fatalf("rank %d: %s: %v", p.Rank, name, err)
 		}
-		fmt.Printf("bench: P=%d %-58s %9.1f µs\n", p.size, name, float64(d.Nanoseconds())/1e3)
+		fmt.Printf("bench: P=%d %-58s %9.1f µs\n", p.Size, name, float64(d.Nanoseconds())/1e3)
 	}
 	for _, N := range []int{128, 4096} {
-		rng := rand.New(rand.NewPCG(uint64(p.rank), uint64(N)))
+		rng := rand.New(rand.NewPCG(uint64(p.Rank), uint64(N)))
 		idx := make([]int32, N*K)
 		for n := range N {
 			for j, e := range rng.Perm(E)[:K] {
@@ -365,7 +260,7 @@ func (p *pe) bench(t *testing.T) {
 		x := b.Zeros(tensor.BFloat16, N, C)
 		w := b.Zeros(tensor.BFloat16, N, K)
 		out := b.Zeros(tensor.BFloat16, N, C)
-		path, err := New(ep.ExpertConfig{Name: "bench", Backend: b, Stream: b.Stream(), Group: p.world, Experts: E, Cols: C, MaxTokens: N})
+		path, err := New(ep.ExpertConfig{Name: "bench", Backend: b, Stream: b.Stream(), Group: p.World, Experts: E, Cols: C, MaxTokens: N})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -397,7 +292,7 @@ func (p *pe) bench(t *testing.T) {
 		if err := path.Close(); err != nil {
 			t.Fatal(err)
 		}
-		col, _ := ep.NewDispatcher(b, p.world, E, b.Stream())
+		col, _ := ep.NewDispatcher(b, p.World, E, b.Stream())
 		l, _ := col.Layout(idx, N, K, 0)
 		var h *ep.Handle
 		d, err = timeIt(10, func() error {
