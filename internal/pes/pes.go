@@ -61,7 +61,7 @@ func or(a, b string) string {
 // value, and a prefix for the processes' job id.
 type Job struct {
 	Env, Name, Prefix string
-	Extra            []string // more environment for every child
+	Extra             []string // more environment for every child
 }
 
 // Run runs job on n PEs (the test function TestHelperProcess of the test
