@@ -69,7 +69,22 @@ const wordBytes = 8
 // allocation is a world collective: every rank reaches it at the same call
 // (the first, or the first with more rows).
 func (x *exchange) ensure(rows, cols int, dt tensor.DType) error {
-	if x.stage != nil && x.rows >= rows && x.cols == cols && x.stage.DType() == dt {
+	return x.ensureRows(rows, cols, dt, false)
+}
+
+// ensureExact is ensure with exactly rows per slot, so that the slots are
+// one contiguous (slots·rows, cols) matrix (the fused scatter's one GEMM
+// writes them all).
+func (x *exchange) ensureExact(rows, cols int, dt tensor.DType) error {
+	return x.ensureRows(rows, cols, dt, true)
+}
+
+func (x *exchange) ensureRows(rows, cols int, dt tensor.DType, exact bool) error {
+	fits := x.rows >= rows
+	if exact {
+		fits = x.rows == rows
+	}
+	if x.stage != nil && fits && x.cols == cols && x.stage.DType() == dt {
 		return nil
 	}
 	// No NVSHMEM kernel of any group may run during the allocation (a
@@ -100,16 +115,6 @@ func (x *exchange) ensure(rows, cols int, dt tensor.DType) error {
 		}
 	}
 	return nil
-}
-
-// ensureExact is ensure with exactly rows per slot, so that the slots are
-// one contiguous (slots·rows, cols) matrix (the fused scatter's one GEMM
-// writes them all).
-func (x *exchange) ensureExact(rows, cols int, dt tensor.DType) error {
-	if x.stage != nil && x.rows != rows {
-		x.cols = -1 // a different row count reallocates
-	}
-	return x.ensure(rows, cols, dt)
 }
 
 // flags returns the device addresses of the fused strategy's local flag

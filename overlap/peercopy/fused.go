@@ -130,15 +130,6 @@ func (f Fused) NewMatmulAllReduce(sp overlap.Spec) (overlap.MatmulAllReduce, err
 	return nil, err
 }
 
-func newSide(e siteEnv) (siteEnv, error) {
-	s, err := e.b.NewStream()
-	if err != nil {
-		return e, fmt.Errorf("%s: side stream: %w", e.what, err)
-	}
-	e.side = s.(*cuda.Stream)
-	return e, nil
-}
-
 // engineFits refuses, before any work, a call the engine cannot run.
 func engineFits(e siteEnv, c, a, w *tensor.Tensor, transA, transB bool) error {
 	if err := e.b.EngineSupports(c, a, w, transA, transB); err != nil {
@@ -276,32 +267,18 @@ func (s *fmmrs) Backward(dx, dw, dout, x, w *tensor.Tensor) (comm.Work, error) {
 // the next Sync, naming the peer).
 func gatherLanded(x *exchange, full, src *tensor.Tensor, timeout time.Duration) ([]comm.Work, uint64, error) {
 	g, b := x.sp.g, x.sp.b
-	P, r, n := g.Size(), g.Rank(), src.Dim(0)
-	if err := x.ensure(n, src.Dim(1), src.DType()); err != nil {
+	P, r := g.Size(), g.Rank()
+	// The flag words live with the stage: allocate it (gatherInto's own
+	// ensure then finds it) before taking them.
+	if err := x.ensure(src.Dim(0), src.Dim(1), src.DType()); err != nil {
 		return nil, 0, err
 	}
-	x.begin()
 	landed, _ := x.flags()
-	if err := x.reserve(0); err != nil {
+	steps, err := gatherInto(x, full, src, landed)
+	if err != nil {
 		return nil, 0, err
 	}
-	b.Copy(x.slot(0, n), src)
-	if err := x.publish(0); err != nil {
-		return nil, 0, err
-	}
-	if own := ownRows(full, r, n); own.Buffer() != src.Buffer() || own.Offset() != src.Offset() {
-		b.Copy(own, src)
-	}
-	steps := make([]comm.Work, P)
-	for s := 1; s < P; s++ {
-		q := (r - s + P) % P
-		w, err := x.pullWith(s, q, ownRows(full, q, n), true, landed)
-		if err != nil {
-			return nil, 0, err
-		}
-		steps[s] = w
-	}
-	err := b.OnDevice(func(compute *cuda.Stream) error {
+	err = b.OnDevice(func(compute *cuda.Stream) error {
 		if err := compute.WriteValue64(cuda.DevicePtr(landed+uint64(r)*wordBytes), x.epoch); err != nil {
 			return err
 		}
@@ -315,7 +292,7 @@ func gatherLanded(x *exchange, full, src *tensor.Tensor, timeout time.Duration) 
 	// Every peer has published this call's shard: a wait with a deadline
 	// (a kernel of one warp, which leaves its SM to the peers' kernels), not
 	// a stream wait, which could wait forever for a peer that is gone.
-	epoch, name := x.epoch, x.sp.g.Name()
+	epoch, name := x.epoch, g.Name()
 	b.WaitSignals(uint64(x.readyWord(r, 0)), P, epoch, timeout, x.status, func(q int) error {
 		return fmt.Errorf("%s on %s: rank %d never published its rows of call %d within %v", x.sp.what, name, q, epoch, timeout)
 	})
@@ -342,17 +319,15 @@ func scatterEngine(x *exchange, sum *overlap.Accumulator, recv, out *tensor.Tens
 	stage, _ := x.stage.Rows(0, P*n)
 	nbN := uint64((cols + cudabackend.EngineTileN - 1) / cudabackend.EngineTileN)
 	target := x.epoch * nbN // every tile adds 1 to its row block's word
-	err := b.OnDevice(func(compute *cuda.Stream) error {
-		for d := range P { // each destination has read its slot of the last call (exchange.reserve)
-			if d != r {
-				if err := compute.WaitValue64(x.doneWord(r, d), x.epoch-1, cuda.WaitGEQ); err != nil {
-					return err
-				}
+	for d := range P {      // each destination has read its slot of the last call
+		if d != r {
+			if err := x.reserve(d); err != nil {
+				return fmt.Errorf("%s: %w", x.sp.what, err)
 			}
 		}
-		return x.forkSide(compute) // the side stream's work below must not wait for the GEMM
-	})
-	if err != nil {
+	}
+	// The side stream's work below must not wait for the GEMM.
+	if err := b.OnDevice(x.forkSide); err != nil {
 		return fmt.Errorf("%s: %w", x.sp.what, err)
 	}
 	o := cudabackend.GEMMOptions{RotateRows: ((r + 1) % P) * n,

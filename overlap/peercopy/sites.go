@@ -58,6 +58,11 @@ func newEnv(sp overlap.Spec) (siteEnv, error) {
 	if err != nil {
 		return e, err
 	}
+	return newSide(e)
+}
+
+// newSide gives e its side stream.
+func newSide(e siteEnv) (siteEnv, error) {
 	s, err := e.b.NewStream()
 	if err != nil {
 		return e, fmt.Errorf("%s: side stream: %w", e.what, err)
@@ -127,8 +132,9 @@ func sumProducts(b tensor.Backend, out *tensor.Tensor, as, ws []*tensor.Tensor) 
 
 // gatherInto publishes src (n rows) in x's stage and pulls every peer's
 // into its rows of full (P·n rows; the own rows are copied), returning the
-// Work of each step (index s: the rows of rank r−s).
-func gatherInto(x *exchange, full, src *tensor.Tensor) ([]comm.Work, error) {
+// Work of each step (index s: the rows of rank r−s). A non-zero landed is
+// the fused strategy's: each pull then raises rank q's landed word.
+func gatherInto(x *exchange, full, src *tensor.Tensor, landed uint64) ([]comm.Work, error) {
 	g, b := x.sp.g, x.sp.b
 	P, r, n := g.Size(), g.Rank(), src.Dim(0)
 	if err := x.ensure(n, src.Dim(1), src.DType()); err != nil {
@@ -148,7 +154,7 @@ func gatherInto(x *exchange, full, src *tensor.Tensor) ([]comm.Work, error) {
 	steps := make([]comm.Work, P)
 	for s := 1; s < P; s++ {
 		q := (r - s + P) % P
-		w, err := x.pull(s, q, ownRows(full, q, n))
+		w, err := x.pullWith(s, q, ownRows(full, q, n), true, landed)
 		if err != nil {
 			return nil, err
 		}
@@ -229,7 +235,7 @@ func (s *agmm) Forward(outs []*tensor.Tensor, xFull, x *tensor.Tensor, ws []*ten
 		return s.fallback().Forward(outs, xFull, x, ws) // the same checks, and P = 1
 	}
 	b, r := s.e.b, s.sp.Group.Rank()
-	steps, err := gatherInto(s.fwd, xFull, x)
+	steps, err := gatherInto(s.fwd, xFull, x, 0)
 	if err != nil {
 		return err
 	}
@@ -325,7 +331,7 @@ func (s *mmrs) Backward(dx, dw, dout, x, w *tensor.Tensor) (comm.Work, error) {
 	}
 	b, r := s.e.b, s.sp.Group.Rank()
 	full := s.full.get(b, dout.DType(), P*n, dout.Dim(1))
-	steps, err := gatherInto(s.bwd, full, dout)
+	steps, err := gatherInto(s.bwd, full, dout, 0)
 	if err != nil {
 		return nil, err
 	}
