@@ -153,7 +153,7 @@ func (s *fagmm) Forward(outs []*tensor.Tensor, xFull, x *tensor.Tensor, ws []*te
 			return err
 		}
 	}
-	steps, landed, err := gatherLanded(s.fwd, xFull, x, s.timeout)
+	landed, err := gatherLanded(s.fwd, xFull, x, s.timeout)
 	if err != nil {
 		return err
 	}
@@ -169,7 +169,6 @@ func (s *fagmm) Forward(outs []*tensor.Tensor, xFull, x *tensor.Tensor, ws []*te
 	// already orders the rows before it and every later kernel of the
 	// stream (the backward's dW reads xFull), and an event of a pull from a
 	// peer that never publishes would block the stream past any deadline.
-	_ = steps
 	return nil
 }
 
@@ -245,7 +244,7 @@ func (s *fmmrs) Backward(dx, dw, dout, x, w *tensor.Tensor) (comm.Work, error) {
 	if err := engineFits(s.e, dx, full, w, false, false); err != nil {
 		return nil, err
 	}
-	steps, landed, err := gatherLanded(s.bwd, full, dout, s.timeout)
+	landed, err := gatherLanded(s.bwd, full, dout, s.timeout)
 	if err != nil {
 		return nil, err
 	}
@@ -254,7 +253,6 @@ func (s *fmmrs) Backward(dx, dw, dout, x, w *tensor.Tensor) (comm.Work, error) {
 	if err := b.EngineMatMul(dx, full, w, false, false, 1, 0, opt); err != nil {
 		return nil, err
 	}
-	_ = steps                                // as in fagmm.Forward: the engine's waits order the rows
 	b.MatMul(dw, full, x, true, false, 1, 1) // after the engine, which saw every chunk land
 	return comm.Done, nil
 }
@@ -265,20 +263,21 @@ func (s *fmmrs) Backward(dx, dw, dout, x, w *tensor.Tensor) (comm.Work, error) {
 // published this call's shard (see Fused: the engine launched after this
 // waits only for copies), or the deadline passed (the call then fails at
 // the next Sync, naming the peer).
-func gatherLanded(x *exchange, full, src *tensor.Tensor, timeout time.Duration) ([]comm.Work, uint64, error) {
+func gatherLanded(x *exchange, full, src *tensor.Tensor, timeout time.Duration) (uint64, error) {
 	g, b := x.sp.g, x.sp.b
 	P, r := g.Size(), g.Rank()
 	// The flag words live with the stage: allocate it (gatherInto's own
 	// ensure then finds it) before taking them.
 	if err := x.ensure(src.Dim(0), src.Dim(1), src.DType()); err != nil {
-		return nil, 0, err
+		return 0, err
 	}
 	landed, _ := x.flags()
-	steps, err := gatherInto(x, full, src, landed)
-	if err != nil {
-		return nil, 0, err
+	// The pulls' Work is not waited: the engine's acquire of each landed
+	// word orders the rows (see fagmm.Forward).
+	if _, err := gatherInto(x, full, src, landed); err != nil {
+		return 0, err
 	}
-	err = b.OnDevice(func(compute *cuda.Stream) error {
+	err := b.OnDevice(func(compute *cuda.Stream) error {
 		if err := compute.WriteValue64(cuda.DevicePtr(landed+uint64(r)*wordBytes), x.epoch); err != nil {
 			return err
 		}
@@ -287,7 +286,7 @@ func gatherLanded(x *exchange, full, src *tensor.Tensor, timeout time.Duration) 
 		return compute.WriteValue64(x.readyWord(r, r), x.epoch)
 	})
 	if err != nil {
-		return nil, 0, fmt.Errorf("%s: %w", x.sp.what, err)
+		return 0, fmt.Errorf("%s: %w", x.sp.what, err)
 	}
 	// Every peer has published this call's shard: a wait with a deadline
 	// (a kernel of one warp, which leaves its SM to the peers' kernels), not
@@ -296,7 +295,7 @@ func gatherLanded(x *exchange, full, src *tensor.Tensor, timeout time.Duration) 
 	b.WaitSignals(uint64(x.readyWord(r, 0)), P, epoch, timeout, x.status, func(q int) error {
 		return fmt.Errorf("%s on %s: rank %d never published its rows of call %d within %v", x.sp.what, name, q, epoch, timeout)
 	})
-	return steps, landed, nil
+	return landed, nil
 }
 
 // scatterEngine is scatterSum for the engine: gemm computes the whole
