@@ -1,8 +1,12 @@
 package peercopy_test
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
+	"math/rand/v2"
 	"os"
 	"sort"
 	"strings"
@@ -63,6 +67,23 @@ func TestFusedDeadlineGPU(t *testing.T) {
 	}
 }
 
+// TestFusedDeterminismGPU: the fused matmul∘reduce-scatter (forward, and
+// the all-gather∘matmul's backward, whose dx is one) gives the same bits in
+// 10 runs on random inputs (issue 12: the deterministic reduce-scatter).
+func TestFusedDeterminismGPU(t *testing.T) {
+	for _, n := range sizes(t) {
+		t.Run(fmt.Sprintf("PEs=%d", n), func(t *testing.T) {
+			for _, out := range runPEs(t, "determinism", n) {
+				for _, l := range strings.Split(out, "\n") {
+					if strings.HasPrefix(l, "determinism:") {
+						t.Log(l)
+					}
+				}
+			}
+		})
+	}
+}
+
 // TestBenchGPU times the sites of each strategy at TP-shaped sizes (it is a
 // benchmark run as a test so that its PEs can be several processes; it
 // asserts nothing about speed). Only with ASYNCTP_OVERLAP_BENCH=1.
@@ -95,6 +116,8 @@ func TestHelperProcess(t *testing.T) {
 		pe.bench(t)
 	case "deadline":
 		pe.deadline(t)
+	case "determinism":
+		pe.determinism(t)
 	default:
 		t.Fatalf("unknown job %q", job)
 	}
@@ -184,6 +207,85 @@ func (p *pe) deadline(t *testing.T) {
 	// silent peer: leave everything to the process exit, after a host
 	// barrier; rank 0 serves the store, so it leaves last.
 	p.ExitAfterFailure("deadline")
+}
+
+func (p *pe) determinism(t *testing.T) {
+	const runs = 10
+	const n, kl, cols = 200, 136, 264 // ragged: 128-row blocks straddle the destinations' rows
+	b, P := p.B, p.Size
+	rng := rand.New(rand.NewPCG(uint64(p.Rank)+1, 7))
+	mk := func(r, c int) *tensor.Tensor {
+		v := make([]float64, r*c)
+		for i := range v {
+			v[i] = rng.Float64()*2 - 1
+		}
+		h := tensor.MustHost(tensor.BFloat16, r, c)
+		if err := h.SetFloat64s(v); err != nil {
+			t.Fatal(err)
+		}
+		d := b.Zeros(tensor.BFloat16, r, c)
+		b.Upload(d, h)
+		return d
+	}
+	f := peercopy.Fused{}
+	rs, err := f.NewMatmulReduceScatter(overlap.Spec{Kind: overlap.KindMatmulReduceScatter, Name: "det-rs", Group: p.World,
+		Backend: b, Stream: b.Stream(), K: kl, Outs: []int{cols}, DType: tensor.BFloat16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ag, err := f.NewAllGatherMatmul(overlap.Spec{Kind: overlap.KindAllGatherMatmul, Name: "det-ag", Group: p.World,
+		Backend: b, Stream: b.Stream(), K: cols, Outs: []int{kl}, DType: tensor.BFloat16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, w, out := mk(P*n, kl), mk(cols, kl), b.Zeros(tensor.BFloat16, n, cols)
+	xFull, w2, dout, dx, dw := mk(P*n, cols), mk(kl, cols), mk(P*n, kl), b.Zeros(tensor.BFloat16, n, cols), b.Zeros(tensor.BFloat16, kl, cols)
+	bits := func(d *tensor.Tensor) []byte {
+		h := tensor.MustHost(d.DType(), d.Shape()...)
+		b.Download(h, d)
+		if err := b.Err(); err != nil {
+			t.Fatal(err)
+		}
+		v, err := h.Float64s()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := make([]byte, 0, 8*len(v))
+		for _, f := range v {
+			out = binary.LittleEndian.AppendUint64(out, math.Float64bits(f))
+		}
+		return out
+	}
+	var first [2][]byte
+	for i := range runs {
+		if err := rs.Forward(out, x, w); err != nil {
+			t.Fatal(err)
+		}
+		b.Fill(dw, 0)
+		wk, err := ag.Backward(dx, []*tensor.Tensor{dw}, []*tensor.Tensor{dout}, xFull, []*tensor.Tensor{w2})
+		if err == nil {
+			err = wk.Wait(b.Stream())
+		}
+		if err == nil {
+			err = b.Sync()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := [2][]byte{bits(out), bits(dx)}
+		if i == 0 {
+			first = got
+			continue
+		}
+		for j, name := range []string{"matmul∘reduce-scatter forward", "all-gather∘matmul backward dx"} {
+			if !bytes.Equal(got[j], first[j]) {
+				t.Fatalf("rank %d: fused %s: run %d differs from run 0 (expected identical bits: fixed-order fp32 sum)", p.Rank, name, i)
+			}
+		}
+	}
+	fmt.Printf("determinism: rank %d: fused matmul∘reduce-scatter forward and all-gather∘matmul backward dx identical over %d runs (rows %d/rank, K %d, N %d)\n", p.Rank, runs, n, kl, cols)
+	ag.Close()
+	rs.Close()
 }
 
 // bench times each strategy's forward and backward of the two TP sites at

@@ -203,7 +203,7 @@ func TestEngineTileOrder(t *testing.T) {
 func flagWords(g *Backend, n int) *tensor.Tensor { return g.Zeros(tensor.Int32, 2*n) }
 
 // setFlags uploads vals into the 64-bit flags f.
-func setFlags(t *testing.T, g *Backend, f *tensor.Tensor, vals []uint64) {
+func setFlags(t testing.TB, g *Backend, f *tensor.Tensor, vals []uint64) {
 	t.Helper()
 	w := make([]int32, 2*len(vals))
 	for i, v := range vals {
@@ -410,4 +410,58 @@ func timeOps(b *testing.B, be *Backend, op func()) float64 {
 		b.Fatal(err)
 	}
 	return time.Since(start).Seconds()
+}
+
+// BenchmarkEngineHooks is the cost of fusion on one GPU (issue 12: ≤ 1.05 ×
+// the GEMM alone): the engine with the fused strategy's hooks — tile
+// rotation, the producer's wait on per-chunk flags (all already at their
+// target, so nothing is waited for but the acquire loads) and the per-row-
+// block signal — against the plain engine and cuBLASLt, on the shapes of
+// overlap/peercopy's bench (rows 8192, K 4096; N 3072 the q,k,v of 4 ranks;
+// and the reduce-scatter's K 1024 → N 4096). Metric: hooks/plain.
+func BenchmarkEngineHooks(b *testing.B) {
+	be := openGPU(b)
+	if err := be.engineErr(); err != nil {
+		b.Skipf("no GEMM engine here: %v", err)
+	}
+	for _, s := range []struct {
+		name    string
+		m, n, k int
+	}{{"ag/8192x3072x4096", 8192, 3072, 4096}, {"rs/8192x4096x1024", 8192, 4096, 1024}} {
+		x := benchRand(b, be, tensor.BFloat16, s.m, s.k)
+		w := benchRand(b, be, tensor.BFloat16, s.n, s.k)
+		y := be.Zeros(tensor.BFloat16, s.m, s.n)
+		const chunks = 4
+		wait := flagWords(be, chunks)
+		vals := make([]uint64, chunks)
+		for i := range vals {
+			vals[i] = 1
+		}
+		setFlags(b, be, wait, vals)
+		sig := flagWords(be, ceilDiv(s.m, EngineTileM))
+		flops := 2 * float64(s.m) * float64(s.n) * float64(s.k) / 1e12
+		b.Run(s.name, func(b *testing.B) {
+			hooks := GEMMOptions{RotateRows: s.m / chunks,
+				Wait:   &GEMMWait{Flags: DevicePtr(wait), ChunkRows: s.m / chunks, Target: 1, Timeout: 10 * time.Second},
+				Signal: &GEMMSignal{Flags: DevicePtr(sig), PerRowBlock: true, Value: 1}}
+			var err error
+			th := timeOps(b, be, func() {
+				if e := be.EngineMatMul(y, x, w, false, true, 1, 0, hooks); e != nil {
+					err = e
+				}
+			})
+			tp := timeOps(b, be, func() { _ = be.EngineMatMul(y, x, w, false, true, 1, 0, GEMMOptions{}) })
+			tl := timeOps(b, be, func() { be.MatMul(y, x, w, false, true, 1, 0) })
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(flops*float64(b.N)/th, "hooks-TFLOP/s")
+			b.ReportMetric(flops*float64(b.N)/tp, "engine-TFLOP/s")
+			b.ReportMetric(flops*float64(b.N)/tl, "cublaslt-TFLOP/s")
+			b.ReportMetric(th/tp, "hooks/plain")
+		})
+		for _, t := range []*tensor.Tensor{x, w, y, wait, sig} {
+			be.Free(t)
+		}
+	}
 }
