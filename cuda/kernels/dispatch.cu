@@ -196,15 +196,23 @@ KERNEL void ep_layout(const int* idx, int N, int K, int E, int P, int L, int* cn
 // most deadline_ns; a word still short sets status[0] = 1 and reports
 // code·65536 + its index (the peer's rank) through err. status[0] already
 // set: no wait.
-KERNEL void ep_wait(const unsigned long long* words, int n, long long target, long long deadline_ns, int code,
-                    int* status, int* err) {
-    if (status[0] != 0) return;
+// ep_wait_raise is ep_wait that then sets every word still short to target
+// (also when status[0] was already set): stream memory waits queued on the
+// same words elsewhere (which cannot give up) then pass, and the step's
+// error is the one reported here. For words in this rank's own pad only.
+__device__ __forceinline__ void ep_wait_words(unsigned long long* words, int n, long long target, long long deadline_ns,
+                                              int code, int* status, int* err, bool raise) {
+    bool failed = status[0] != 0;
+    if (failed && !raise) return;
     long long start = ep_now_ns();
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         while (ep_load_acquire(words + i) < (u64)target) {
-            if (ep_now_ns() - start > deadline_ns) {
-                status[0] = 1;
-                report_error(err, code * 65536 + i);
+            if (failed || ep_now_ns() - start > deadline_ns) {
+                if (!failed) {
+                    status[0] = 1;
+                    report_error(err, code * 65536 + i);
+                }
+                if (raise) ep_store_release(words + i, (u64)target);
                 break;
             }
 #if !defined(ASYNCTP_EMU)
@@ -212,6 +220,16 @@ KERNEL void ep_wait(const unsigned long long* words, int n, long long target, lo
 #endif
         }
     }
+}
+
+KERNEL void ep_wait(unsigned long long* words, int n, long long target, long long deadline_ns, int code, int* status,
+                    int* err) {
+    ep_wait_words(words, n, target, deadline_ns, code, status, err, false);
+}
+
+KERNEL void ep_wait_raise(unsigned long long* words, int n, long long target, long long deadline_ns, int code,
+                          int* status, int* err) {
+    ep_wait_words(words, n, target, deadline_ns, code, status, err, true);
 }
 
 // ep_signal: grid 1, block 32. Stores value into word `word` of each of the

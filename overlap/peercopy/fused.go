@@ -38,18 +38,21 @@ import (
 // then launches the engine: what the engine then waits for needs no SM.
 // The scatter's engine waits on nothing. Deadlines: the gather's wait for
 // the peers' publishes and the engine's chunk waits give up after Timeout,
-// naming the peer; the scatter's pulls still wait on stream memory
-// operations, so a peer that never publishes its partial blocks the side
-// stream (and the compute stream's sum) without a deadline — a known gap.
+// naming the peer; the scatter's pulls wait on stream memory operations,
+// which cannot give up, so a deadline wait on the compute stream for the
+// peers' publishes raises a late peer's word itself at the deadline
+// (cudabackend.WaitSignalsRaising): the pulls pass on stale rows and the
+// call fails at the next Sync naming the peer.
 //
 // The engine needs an sm_90a GPU, bf16 operands, sizes that are multiples
 // of 8 and 16-byte aligned rows; a call outside that is refused with an
 // error (an explicit --overlap fused is never silently something else).
 // The matmul∘all-reduce sites and the expert path have no fused form.
 type Fused struct {
-	// Timeout bounds the engine's wait for a chunk (0: 10 s). A peer that
-	// never publishes makes the call fail at the next Sync, naming the
-	// chunk, which is the peer's rank.
+	// Timeout bounds every wait for a peer (0: 10 s): the gather's wait for
+	// the peers' shards and the engine's wait for a chunk, the scatter's
+	// wait for the peers' partials. A peer that never publishes makes the
+	// call fail at the next Sync, naming the peer's rank.
 	Timeout time.Duration
 }
 
@@ -184,7 +187,7 @@ func (s *fagmm) Backward(dx *tensor.Tensor, dws, douts []*tensor.Tensor, xFull *
 		}
 	}
 	recv := s.recv.get(b, dx.DType(), (P-1)*n, dx.Dim(1))
-	err = scatterEngine(s.bwd, &s.sum, recv, dx,
+	err = scatterEngine(s.bwd, &s.sum, recv, dx, s.timeout,
 		func(stage *tensor.Tensor, o cudabackend.GEMMOptions) error {
 			for i, w := range ws {
 				oi, beta := o, float32(1)
@@ -227,7 +230,7 @@ func (s *fmmrs) Forward(out, x, w *tensor.Tensor) error {
 	}
 	b := s.e.b
 	recv := s.recv.get(b, out.DType(), (P-1)*n, out.Dim(1))
-	return scatterEngine(s.fwd, &s.sum, recv, out,
+	return scatterEngine(s.fwd, &s.sum, recv, out, s.timeout,
 		func(stage *tensor.Tensor, o cudabackend.GEMMOptions) error {
 			return b.EngineMatMul(stage, x, w, false, true, 1, 0, o)
 		}, nil)
@@ -306,7 +309,7 @@ func gatherLanded(x *exchange, full, src *tensor.Tensor, timeout time.Duration) 
 // signalled and pulls this rank's partial from each peer; between runs on
 // the compute stream after the GEMM (the weight gradients, overlapping the
 // exchange); then out = own partial + the received ones in step order.
-func scatterEngine(x *exchange, sum *overlap.Accumulator, recv, out *tensor.Tensor,
+func scatterEngine(x *exchange, sum *overlap.Accumulator, recv, out *tensor.Tensor, timeout time.Duration,
 	gemm func(stage *tensor.Tensor, o cudabackend.GEMMOptions) error, between func()) error {
 	g, b := x.sp.g, x.sp.b
 	P, r, n, cols := g.Size(), g.Rank(), out.Dim(0), out.Dim(1)
@@ -358,6 +361,19 @@ func scatterEngine(x *exchange, sum *overlap.Accumulator, recv, out *tensor.Tens
 		}
 		steps[s] = w
 	}
+	// The pulls above wait on stream memory operations, which cannot give
+	// up: a one-warp deadline wait on the compute stream (after the GEMM)
+	// for every peer's publish, which at its deadline raises the words
+	// itself, so that the pulls pass (on stale rows) and the call fails at
+	// the next Sync naming the peer instead of hanging.
+	epoch, name := x.epoch, g.Name()
+	err := b.OnDevice(func(compute *cuda.Stream) error { return compute.WriteValue64(x.readyWord(r, r), epoch) })
+	if err != nil {
+		return fmt.Errorf("%s: %w", x.sp.what, err)
+	}
+	b.WaitSignalsRaising(uint64(x.readyWord(r, 0)), P, epoch, timeout, x.status, func(q int) error {
+		return fmt.Errorf("%s on %s: rank %d never published its partial rows of call %d within %v", x.sp.what, name, q, epoch, timeout)
+	})
 	b.Copy(out, x.slot(r, n))
 	sum.Begin(b, out)
 	for s := 1; s < P; s++ {

@@ -67,6 +67,24 @@ func TestFusedDeadlineGPU(t *testing.T) {
 	}
 }
 
+// TestFusedScatterDeadlineGPU: the last PE never calls the fused
+// matmul∘reduce-scatter (its partials are never published): every other
+// PE's call must fail at its Sync within the deadline, naming the group and
+// that rank, instead of hanging in the pulls' stream waits.
+func TestFusedScatterDeadlineGPU(t *testing.T) {
+	for _, n := range sizes(t) {
+		t.Run(fmt.Sprintf("PEs=%d", n), func(t *testing.T) {
+			for _, out := range runPEs(t, "deadline-scatter", n) {
+				for _, l := range strings.Split(out, "\n") {
+					if strings.HasPrefix(l, "deadline:") {
+						t.Log(l)
+					}
+				}
+			}
+		})
+	}
+}
+
 // TestFusedDeterminismGPU: the fused matmul∘reduce-scatter (forward, and
 // the all-gather∘matmul's backward, whose dx is one) gives the same bits in
 // 10 runs on random inputs (issue 12: the deterministic reduce-scatter).
@@ -116,6 +134,8 @@ func TestHelperProcess(t *testing.T) {
 		pe.bench(t)
 	case "deadline":
 		pe.deadline(t)
+	case "deadline-scatter":
+		pe.deadlineScatter(t)
 	case "determinism":
 		pe.determinism(t)
 	default:
@@ -207,6 +227,42 @@ func (p *pe) deadline(t *testing.T) {
 	// silent peer: leave everything to the process exit, after a host
 	// barrier; rank 0 serves the store, so it leaves last.
 	p.ExitAfterFailure("deadline")
+}
+
+func (p *pe) deadlineScatter(t *testing.T) {
+	const dl = 2 * time.Second
+	const n, k, m = 64, 256, 256
+	b := p.B
+	rs, err := peercopy.Fused{Timeout: dl}.NewMatmulReduceScatter(overlap.Spec{Kind: overlap.KindMatmulReduceScatter, Name: "deadline-rs",
+		Group: p.World, Backend: b, Stream: b.Stream(), K: k, Outs: []int{m}, DType: tensor.BFloat16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, w, out := b.Zeros(tensor.BFloat16, p.Size*n, k), b.Zeros(tensor.BFloat16, m, k), b.Zeros(tensor.BFloat16, n, m)
+	// A first call on every rank (the stage's allocation is a world collective).
+	if err := rs.Forward(out, x, w); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	silent := p.Size - 1
+	if p.Rank == silent {
+		fmt.Printf("deadline: rank %d stays silent\n", p.Rank)
+	} else {
+		start := time.Now()
+		err := rs.Forward(out, x, w)
+		if err == nil {
+			err = b.Sync()
+		}
+		want := fmt.Sprintf("rank %d never published its partial rows", silent)
+		if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), p.World.Name()) {
+			fmt.Printf("deadline: rank %d: FAIL: %v, expected an error naming %s and containing %q\n", p.Rank, err, p.World.Name(), want)
+			os.Exit(1)
+		}
+		fmt.Printf("deadline: rank %d failed after %v: %v\n", p.Rank, time.Since(start).Round(time.Millisecond), err)
+	}
+	p.ExitAfterFailure("deadline-scatter")
 }
 
 func (p *pe) determinism(t *testing.T) {

@@ -19,7 +19,21 @@ import (
 // The work queued after it on the stream sees everything the signalling
 // side wrote before its release.
 func (b *Backend) WaitSignals(words uint64, n int, target uint64, deadline time.Duration, status *tensor.Tensor, what func(i int) error) {
-	c := b.check("WaitSignals")
+	b.waitSignals("WaitSignals", "ep_wait", words, n, target, deadline, status, what)
+}
+
+// WaitSignalsRaising is WaitSignals for words in this process's own memory
+// that stream memory operations elsewhere also wait on (cuStreamWaitValue64,
+// which cannot give up): a word still short at the deadline (or when status
+// was already set) is then set to target, so those waits pass — on stale
+// data — and the step fails at the next Sync with the error of what(i)
+// instead of hanging.
+func (b *Backend) WaitSignalsRaising(words uint64, n int, target uint64, deadline time.Duration, status *tensor.Tensor, what func(i int) error) {
+	b.waitSignals("WaitSignalsRaising", "ep_wait_raise", words, n, target, deadline, status, what)
+}
+
+func (b *Backend) waitSignals(op, kernel string, words uint64, n int, target uint64, deadline time.Duration, status *tensor.Tensor, what func(i int) error) {
+	c := b.check(op)
 	c.Own("status", status)
 	c.DType("status", status, tensor.Int32)
 	if words%8 != 0 || n <= 0 || deadline <= 0 {
@@ -28,9 +42,9 @@ func (b *Backend) WaitSignals(words uint64, n int, target uint64, deadline time.
 	if !c.OK() {
 		return
 	}
-	b.do("WaitSignals", func(d gpu.Device) error {
+	b.do(op, func(d gpu.Device) error {
 		flag := b.flagPtr(flagEPWait, func(v int32) error { return what(int(v) % 65536) })
-		return d.Launch("ep_wait", gpu.D1(1), gpu.D1(32), 0, gpu.Ptr(words), int32(n), int64(target),
+		return d.Launch(kernel, gpu.D1(1), gpu.D1(32), 0, gpu.Ptr(words), int32(n), int64(target),
 			int64(deadline), int32(0), ptr(status), flag)
 	})
 }
