@@ -113,7 +113,7 @@ def gemm_part(dev):
                 ]
                 for op, layout, fn, check in rows_:
                     tc.measure(None, dict(b, op=op, layout=layout), fn, a.warmup, a.reps, check, fl)
-                del x, dy, w, wt, w0, offs
+                x = dy = w = wt = w0 = offs = None  # free before the next shape
                 torch.cuda.empty_cache()
 
 
@@ -161,7 +161,6 @@ def a2a_part(c):
                 tc.unavailable(c, dict(b, op=op, impl="symm-mem"), "symmetric memory: " + err)
         else:
             import torch.distributed._symmetric_memory as symm_mem
-            ok = True
             try:
                 rsym = symm_mem.empty(max(R), C, dtype=bf, device=dev)
                 bsym = symm_mem.empty(max(S), C, dtype=bf, device=dev)
