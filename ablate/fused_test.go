@@ -148,3 +148,42 @@ func TestFusedCellsEngine(t *testing.T) {
 		}
 	}
 }
+
+// --autotune with a fused strategy: a fused strategy that refuses the
+// site is left out (collective or pipelined is picked, no error); one that
+// runs is timed beside them.
+func TestAutoTuneFused(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		fused overlap.Strategy
+		timed bool
+	}{{"peercopy.Fused on the CPU", peercopy.Fused{}, false}, {"a fused that runs", fakeFused{}, true}, {"no fused", nil, false}} {
+		var entries []Entry
+		var choice string
+		err := local.Run(2, func(g comm.Comm) error {
+			b := cpu.New(cpu.WithThreads(1))
+			a := &AutoTune{Lookup: Lookup{Path: "x.json", Transport: "local", GPU: "cpu", DType: "f32"}, World: g,
+				Pipelined: overlap.Pipelined{}, Fused: c.fused, Seed: 1, Warmup: 0, Reps: 1}
+			name, from, ok := a.Tuned(overlap.Spec{Kind: overlap.KindMatmulReduceScatter, Name: "blocks.0.attn.proj", Group: g, Backend: b,
+				Rows: 64, K: 64, Outs: []int{128}, DType: tensor.Float32})
+			if err := a.Err(); err != nil || !ok || !strings.Contains(from, "autotuned at start") {
+				t.Errorf("%s: rank %d: %q from %q (%v): %v", c.name, g.Rank(), name, from, ok, err)
+			}
+			if g.Rank() == 0 {
+				entries, choice = a.Measured().Entries, name
+			}
+			return nil
+		}, local.WithTimeout(30*time.Second))
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if len(entries) != 1 {
+			t.Fatalf("%s: %d entries, want 1", c.name, len(entries))
+		}
+		e := entries[0]
+		_, has := e.TimesUS["fused"]
+		if has != c.timed || e.TimesUS["collective"] <= 0 || e.TimesUS["pipelined"] <= 0 || e.Strategy != choice {
+			t.Errorf("%s: times %v, choice %s (the chooser got %s); want collective and pipelined timed, fused timed: %v", c.name, e.TimesUS, e.Strategy, choice, c.timed)
+		}
+	}
+}
