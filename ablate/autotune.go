@@ -16,9 +16,12 @@ import (
 // any other site of a kind with a cell (all-gather-matmul,
 // matmul-reduce-scatter, matmul-all-reduce) is tuned on the spot: a short
 // verified micro-run on the site's group — collective first, checked
-// against the math; pipelined checked against collective; both timed after
-// a warm-up, the median of Reps repetitions of the slowest rank, forward
-// and backward — and the faster verified one is taken (FromResults). The
+// against the math; pipelined (and fused, where the run has it) checked
+// against collective; each timed after a warm-up, the median of Reps
+// repetitions of the slowest rank, forward and backward — and the fastest
+// verified one is taken (FromResults). A candidate that refuses the site
+// (its Supports) or is wrong in a direction is left out of the choice, not
+// an error. The
 // times are agreed over World (the maximum of every rank's), so every rank
 // of the run takes the same decision; each rank has its own AutoTune, and
 // every rank builds the same sites in the same order (the micro-runs are
@@ -29,7 +32,11 @@ type AutoTune struct {
 	// World is every rank of the run (nil: the site's group decides).
 	World comm.Comm
 	// Pipelined is the pipelined strategy of this run (the chooser's).
-	Pipelined    overlap.Strategy
+	Pipelined overlap.Strategy
+	// Fused, when not nil, is the fused strategy of this run (the
+	// chooser's "fused", peercopy.Fused on NVSHMEM GPUs): a candidate of
+	// every site it supports.
+	Fused        overlap.Strategy
 	Seed         uint64
 	Warmup, Reps int
 
@@ -147,9 +154,17 @@ func (a *AutoTune) tune(sp overlap.Spec, op Op, key Entry, m int) (Entry, error)
 	if a.Transport == "nvshmem" {
 		pipe = PipelinedPeerCopy // the chooser's pipelined there is the peer-copy form
 	}
+	strats := map[string]overlap.Strategy{Collective: overlap.Collective{}, pipe: a.Pipelined}
+	names := []string{Collective, pipe}
+	// Fused where it supports the site itself (the micro-run's own spec
+	// is checked again by Rank.Run, which reports a refusal as not run).
+	if a.Fused != nil && a.Fused.Supports(sp) == nil {
+		strats[Fused] = a.Fused
+		names = append(names, Fused)
+	}
 	var cells []Cell
 	for _, d := range op.Dirs() {
-		for _, s := range []string{Collective, pipe} {
+		for _, s := range names {
 			cells = append(cells, Cell{Op: op, Dir: d, Shape: sh, World: P, Transport: a.Transport, Strategy: s, DType: key.DType})
 		}
 	}
@@ -159,8 +174,7 @@ func (a *AutoTune) tune(sp overlap.Spec, op Op, key Entry, m int) (Entry, error)
 		}
 	}
 	r := &Rank{Group: sp.Group, Backend: sp.Backend, Stream: sp.Stream, Timer: WallTimer{Backend: sp.Backend},
-		Strategies: map[string]overlap.Strategy{Collective: overlap.Collective{}, pipe: a.Pipelined}, Seed: a.Seed,
-		Warmup: a.Warmup, Reps: max(1, a.Reps)}
+		Strategies: strats, Seed: a.Seed, Warmup: a.Warmup, Reps: max(1, a.Reps)}
 	rs, err := r.Run(cells)
 	if err != nil {
 		return Entry{}, err

@@ -446,6 +446,17 @@ func (l *layerCase) verified() string {
 	return "output, input gradient and parameter gradients against the unsharded layers.Block (same seed, inputs, backend)"
 }
 
+// siteKinds are the kinds of the layer's TP sites, which take the cell's
+// strategy: the all-gather∘matmul entries and matmul∘reduce-scatter exits
+// under sequence parallelism, the matmul∘all-reduce exits without it (the
+// MoE block's expert path stays collective).
+func (l *layerCase) siteKinds() []overlap.Kind {
+	if l.sp {
+		return []overlap.Kind{overlap.KindAllGatherMatmul, overlap.KindMatmulReduceScatter}
+	}
+	return []overlap.Kind{overlap.KindMatmulAllReduce}
+}
+
 func (l *layerCase) gemm() error { return errNoSplit }
 func (l *layerCase) comm() error { return errNoSplit }
 

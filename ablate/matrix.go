@@ -349,15 +349,13 @@ func Runnable(c Cell, gpus int, gpuWhy string) string {
 			return fmt.Sprintf("nccl world %d needs %d GPUs (this machine has %d; NCCL refuses two ranks on one GPU)", c.World, c.World, gpus)
 		}
 	}
-	switch c.Strategy {
-	case Fused:
-		return "fused: not built yet (our GEMM with flag waits in its producer warp)"
-	case PipelinedPeerCopy:
-		if c.Transport != "nvshmem" {
-			return "pipelined-peercopy needs NVSHMEM symmetric memory (transport nvshmem)"
-		}
+	// The fused strategy says itself which cells it cannot run (its
+	// Supports, checked on the cell's ranks: the transport, the dtype, the
+	// site kind, the GPU's GEMM engine); the reason is its own.
+	if c.Strategy == PipelinedPeerCopy && c.Transport != "nvshmem" {
+		return "pipelined-peercopy needs NVSHMEM symmetric memory (transport nvshmem)"
 	}
-	if c.Op == OpMoEDispatchCombine && c.Strategy != Collective {
+	if c.Op == OpMoEDispatchCombine && c.Strategy != Collective && c.Strategy != Fused {
 		return fmt.Sprintf("%s: the expert path has no %s dispatcher yet", c.Strategy, c.Strategy)
 	}
 	P, s := c.World, c.Shape

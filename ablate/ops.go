@@ -58,6 +58,23 @@ type tp struct {
 	bwd     bool
 }
 
+// MatMulFunc is a GEMM with tensor.Backend.MatMul's layouts and meaning,
+// c = alpha·op(a)·op(b) + beta·c, that can refuse a call (an error, with
+// nothing queued and the backend left as it was).
+type MatMulFunc func(c, a, b *tensor.Tensor, transA, transB bool, alpha, beta float32) error
+
+// engineGemmer is an op whose GEMMs alone can run on another GEMM (the
+// GEMM engine of the fused strategy) where the fused strategy uses it.
+type engineGemmer interface {
+	gemmWith(mm MatMulFunc) error
+}
+
+// matmul is the backend's MatMul as a MatMulFunc.
+func (t *tp) matmul(c, a, b *tensor.Tensor, transA, transB bool, alpha, beta float32) error {
+	t.b.MatMul(c, a, b, transA, transB, alpha, beta)
+	return nil
+}
+
 func (t *tp) outputs() []*tensor.Tensor { return t.outs }
 func (t *tp) spec() overlap.Spec        { return t.sp }
 
@@ -207,12 +224,19 @@ func (a *agmm) site(s overlap.Strategy) (func() error, func() error, error) {
 	}, site.Close, nil
 }
 
-func (a *agmm) gemm() error {
+func (a *agmm) gemm() error { return a.gemmWith(a.matmul) }
+
+// gemmWith is the op's GEMMs alone with mm for the products the fused
+// strategy gives the GEMM engine (the forward; the backward's dx partial),
+// the backend's MatMul for the rest (the weight gradient, cuBLASLt there
+// too).
+func (a *agmm) gemmWith(mm MatMulFunc) error {
 	if !a.bwd {
-		a.b.MatMul(a.out, a.xFull, a.w, false, true, 1, 0)
-		return nil
+		return mm(a.out, a.xFull, a.w, false, true, 1, 0)
 	}
-	a.b.MatMul(a.dFull, a.dout, a.w, false, false, 1, 0)
+	if err := mm(a.dFull, a.dout, a.w, false, false, 1, 0); err != nil {
+		return err
+	}
 	a.b.MatMul(a.dw, a.dout, a.xFull, true, false, 1, 1)
 	return nil
 }
@@ -324,12 +348,17 @@ func (m *mmrs) site(s overlap.Strategy) (func() error, func() error, error) {
 	}, site.Close, nil
 }
 
-func (m *mmrs) gemm() error {
+func (m *mmrs) gemm() error { return m.gemmWith(m.matmul) }
+
+// gemmWith: as agmm's (the engine's products: the forward's partial, the
+// backward's dx).
+func (m *mmrs) gemmWith(mm MatMulFunc) error {
 	if !m.bwd {
-		m.b.MatMul(m.partial, m.x, m.w, false, true, 1, 0)
-		return nil
+		return mm(m.partial, m.x, m.w, false, true, 1, 0)
 	}
-	m.b.MatMul(m.dx, m.doutFull, m.w, false, false, 1, 0)
+	if err := mm(m.dx, m.doutFull, m.w, false, false, 1, 0); err != nil {
+		return err
+	}
 	m.b.MatMul(m.dw, m.doutFull, m.x, true, false, 1, 1)
 	return nil
 }

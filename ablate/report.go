@@ -103,6 +103,54 @@ func (r *Report) Headline() (head []string, rows [][]string) {
 	return head, rows
 }
 
+// FusedTable is one row per timed fused cell (see blocks), and a note on
+// the fused cells of the run when none was timed.
+func (r *Report) FusedTable() (head []string, rows [][]string, note string) {
+	head = []string{"op", "shape", "P", "transport", "dtype", "fused µs", "collective µs", "pipelined µs", "GEMM alone µs cuBLASLt / engine",
+		"comm alone µs", "overlap eff. cuBLASLt / engine", "ceiling cuBLASLt / engine", "of ceiling cuBLASLt / engine", "note"}
+	pipe := map[string]*Result{} // the fastest timed pipelined cell of each group
+	count := map[string]int{}
+	for i := range r.Results {
+		x := &r.Results[i]
+		if x.Strategy == Fused {
+			count[x.Status]++
+		}
+		if (x.Strategy == Pipelined || x.Strategy == PipelinedPeerCopy) && x.Timed() {
+			if p := pipe[x.Group()]; p == nil || x.MedianUS < p.MedianUS {
+				pipe[x.Group()] = x
+			}
+		}
+	}
+	for i := range r.Results {
+		x := &r.Results[i]
+		if x.Strategy != Fused || !x.Timed() {
+			continue
+		}
+		pipeUS := "–"
+		if p := pipe[x.Group()]; p != nil {
+			pipeUS = fmt.Sprintf("%.1f (%s)", p.MedianUS, p.Strategy)
+		}
+		n := x.EngineNote
+		if x.World == 1 {
+			n = strings.TrimPrefix(n+"; ", "; ") + "world 1: nothing to exchange, the strategy runs collective's call"
+		}
+		rows = append(rows, []string{short(x.Op) + " " + x.Dir, shapeCell(x.Shape), fmt.Sprint(x.World), x.Transport, x.DType,
+			fmt.Sprintf("%.1f (%.1f–%.1f)", x.MedianUS, x.P10US, x.P90US), f1(x.CollectiveUS), pipeUS,
+			f1(x.GemmUS) + " / " + f1(x.EngineGemmUS), f1(x.CommUS),
+			f2(x.OverlapEff) + " / " + f2(x.EngineOverlapEff), f2(x.Ceiling) + " / " + f2(x.EngineCeiling),
+			pct(x.CeilingFrac) + " / " + pct(x.EngineCeilingFrac), n})
+	}
+	if len(rows) == 0 {
+		total := 0
+		for _, c := range count {
+			total += c
+		}
+		note = fmt.Sprintf("No fused cell was timed in this run: of %d fused cells, %d cannot run here (listed below with the strategy's reason), "+
+			"%d were wrong and %d failed.", total, count[StatusNotRun], count[StatusWrong], count[StatusFailed])
+	}
+	return head, rows, note
+}
+
 // HeadlineText is the headline table in plain columns (the terminal).
 func (r *Report) HeadlineText() string {
 	head, rows := r.Headline()
@@ -167,6 +215,18 @@ func (r *Report) blocks() []block {
 	}
 	table([]string{"op", "shape", "P", "transport", "strategy", "dtype", "µs median (p10–p90)", "TFLOP/s per rank", "GEMM alone µs", "comm alone µs",
 		"alg / bus GB/s", "speedup", "overlap eff.", "ceiling", "of ceiling", "rel. err"}, trows)
+	add("h2", "The fused cells")
+	add("p", "Per timed fused cell: its time T, the collective's and the fastest pipelined strategy's of the same group, the op's GEMMs alone on "+
+		"cuBLASLt (the backend's MatMul) and on our GEMM engine (where the fused strategy runs it: the forward, the backward's dx; the weight "+
+		"gradients stay on cuBLASLt), its collective alone, and the ceiling model (docs FUSED.md) with either GEMM time as T_gemm: overlap "+
+		"efficiency 1 − (T − T_gemm) / T_comm, ceiling (T_gemm + T_comm) / max(T_gemm, T_comm), and the fraction of it reached (cuBLASLt: the "+
+		"speedup over the collective / the ceiling; engine: max(T_engine, T_comm) / T). A fused cell that cannot run is listed under \"Cells "+
+		"that cannot run here\" with the strategy's own reason.")
+	fh, frows, fnote := r.FusedTable()
+	if fnote != "" {
+		add("p", fnote)
+	}
+	table(fh, frows)
 	add("h2", "Wrong or failed cells (not timed)")
 	var wrows [][]string
 	for _, x := range r.Results {

@@ -29,6 +29,11 @@ type Result struct {
 	P90US    float64 `json:"p90_us,omitempty"`
 	GemmUS   float64 `json:"gemm_us,omitempty"` // the op's GEMMs alone (same shape, world, transport)
 	CommUS   float64 `json:"comm_us,omitempty"` // its collective alone
+	// EngineGemmUS is the GEMMs alone with the fused strategy's GEMM
+	// engine where it uses it (the backend's cuBLASLt for the rest), fused
+	// cells only; EngineNote says why there is none.
+	EngineGemmUS float64 `json:"engine_gemm_us,omitempty"`
+	EngineNote   string  `json:"engine_note,omitempty"`
 
 	Flops     float64 `json:"flops_per_rank,omitempty"`
 	CommBytes float64 `json:"comm_bytes,omitempty"` // the collective's message (nccl-tests: the larger of input and output)
@@ -50,6 +55,33 @@ type Metrics struct {
 	OverlapEff  float64 `json:"overlap_eff,omitempty"`  // 1 − (T − T_gemm) / T_comm
 	Ceiling     float64 `json:"ceiling,omitempty"`      // (T_gemm + T_comm) / max(T_gemm, T_comm)
 	CeilingFrac float64 `json:"ceiling_frac,omitempty"` // Speedup / Ceiling
+	// CollectiveUS is the collective cell's time of the group.
+	CollectiveUS float64 `json:"collective_us,omitempty"`
+	// The same model with the GEMM engine's time alone as T_gemm (fused
+	// cells with EngineGemmUS): how well the fused cell hides the comm
+	// behind its own GEMM, whatever that GEMM's speed. The unfused time is
+	// then T_engine + T_comm, so the fraction of the ceiling is
+	// max(T_engine, T_comm) / T.
+	EngineOverlapEff  float64 `json:"engine_overlap_eff,omitempty"`
+	EngineCeiling     float64 `json:"engine_ceiling,omitempty"`
+	EngineCeilingFrac float64 `json:"engine_ceiling_frac,omitempty"`
+}
+
+// ceilingModel is FUSED.md's model of a cell of time t whose GEMMs alone
+// take gemm and whose collective alone takes comm, against an unfused time
+// unfused (0: none measured): the overlap efficiency 1 − (t − gemm)/comm,
+// the ceiling (gemm + comm)/max(gemm, comm) and the fraction of it that
+// the speedup unfused/t reaches; zeros without both parts.
+func ceilingModel(t, gemm, comm, unfused float64) (eff, ceiling, frac float64) {
+	if gemm <= 0 || comm <= 0 || t <= 0 {
+		return 0, 0, 0
+	}
+	eff = 1 - (t-gemm)/comm
+	ceiling = (gemm + comm) / math.Max(gemm, comm)
+	if unfused > 0 {
+		frac = unfused / t / ceiling
+	}
+	return eff, ceiling, frac
 }
 
 // Timed says whether the result has times.
@@ -79,14 +111,10 @@ func Derive(rs []Result) {
 		}
 		if c, ok := coll[r.Group()]; ok {
 			m.Speedup = c / r.MedianUS
+			m.CollectiveUS = c
 		}
-		if r.GemmUS > 0 && r.CommUS > 0 {
-			m.OverlapEff = 1 - (r.MedianUS-r.GemmUS)/r.CommUS
-			m.Ceiling = (r.GemmUS + r.CommUS) / math.Max(r.GemmUS, r.CommUS)
-			if m.Speedup > 0 {
-				m.CeilingFrac = m.Speedup / m.Ceiling
-			}
-		}
+		m.OverlapEff, m.Ceiling, m.CeilingFrac = ceilingModel(r.MedianUS, r.GemmUS, r.CommUS, m.CollectiveUS)
+		m.EngineOverlapEff, m.EngineCeiling, m.EngineCeilingFrac = ceilingModel(r.MedianUS, r.EngineGemmUS, r.CommUS, r.EngineGemmUS+r.CommUS)
 		r.Metrics = m
 	}
 }

@@ -25,6 +25,11 @@ type Rank struct {
 	Seed       uint64
 	Warmup     int
 	Reps       int
+	// Engine, when not nil, is the GEMM engine of the fused strategy
+	// (cudabackend.EngineMatMul; it refuses the calls the engine cannot
+	// run): the GEMMs alone of a group with a fused cell are also timed on
+	// it, for the fused cells' ceiling.
+	Engine MatMulFunc
 	// Done, when not nil, is called on every rank after each cell.
 	Done func(Result)
 }
@@ -79,10 +84,25 @@ func (r *Rank) group(cells []Cell) ([]Result, error) {
 	}
 	var ref [][]float64
 	var gemmUS, commUS float64
+	var eng engineTime
+	fused := false // a fused cell the strategy supports: time the engine alone too
+	for _, c := range cells {
+		if s, ok := r.Strategies[c.Strategy]; ok && c.Strategy == Fused && supports(s, oc) == nil {
+			fused = true
+		}
+	}
 	for _, c := range cells {
 		s, ok := r.Strategies[c.Strategy]
 		if !ok {
 			fail(c, StatusNotRun, fmt.Sprintf("strategy %s is not built in this run", c.Strategy))
+			continue
+		}
+		// The strategy's own refusal first: it is why the cell cannot run,
+		// whatever happened to the collective.
+		if err := supports(s, oc); err != nil {
+			res := Result{Cell: c, Status: StatusNotRun, Reason: err.Error(), Tol: tol}
+			res.SpecK, res.SpecOuts = specWidths(oc.spec())
+			out = append(out, r.done(res))
 			continue
 		}
 		if c.Strategy != Collective && ref == nil {
@@ -97,24 +117,91 @@ func (r *Rank) group(cells []Cell) ([]Result, error) {
 			if gemmUS, commUS, err = r.alone(oc); err != nil {
 				return out, err
 			}
+			if fused {
+				if eng, err = r.engineAlone(oc); err != nil {
+					return out, err
+				}
+			}
 		}
 		res.GemmUS, res.CommUS = gemmUS, commUS
+		if c.Strategy == Fused {
+			res.EngineGemmUS, res.EngineNote = eng.us, eng.note
+		}
 		out = append(out, r.done(res))
 	}
 	return out, nil
 }
 
+// specWidths are the spec's K and the sum of its output widths (the
+// autotune key's).
+func specWidths(sp overlap.Spec) (k, outs int) {
+	for _, o := range sp.Outs {
+		outs += o
+	}
+	return sp.K, outs
+}
+
+// layerSites is an op whose cells hold many sites (the layer cells): the
+// site kinds its direction has.
+type layerSites interface{ siteKinds() []overlap.Kind }
+
+// supports is s.Supports of the op's spec; for a layer cell (many sites,
+// one strategy, the others falling back to collective where s has no form)
+// s must support one of its site kinds.
+func supports(s overlap.Strategy, oc opCase) error {
+	sp := oc.spec()
+	ls, ok := oc.(layerSites)
+	if !ok || sp.Kind != "" {
+		return s.Supports(sp)
+	}
+	var first error
+	for _, k := range ls.siteKinds() {
+		sp.Kind = k
+		err := s.Supports(sp)
+		if err == nil {
+			return nil
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// engineTime is the GEMMs alone of a group on the GEMM engine: µs, or why
+// there is no time.
+type engineTime struct {
+	us   float64
+	note string
+}
+
+// engineAlone times the op's GEMMs with r.Engine where the fused strategy
+// runs them on the engine (engineGemmer.gemmWith).
+func (r *Rank) engineAlone(oc opCase) (engineTime, error) {
+	eg, ok := oc.(engineGemmer)
+	switch {
+	case r.Engine == nil:
+		return engineTime{note: "no GEMM engine in this run"}, nil
+	case !ok:
+		return engineTime{note: "this op has no GEMM alone"}, nil
+	}
+	// A refusal (the engine's shape rules) is the same on every rank: the
+	// ranks have the same shapes.
+	if err := eg.gemmWith(r.Engine); err != nil {
+		return engineTime{note: "the engine refuses this op's GEMMs: " + err.Error()}, nil
+	}
+	ts, err := r.time(func() error { return eg.gemmWith(r.Engine) })
+	if err != nil {
+		return engineTime{}, err
+	}
+	return engineTime{us: median(ts)}, nil
+}
+
 // cell checks one cell and, when it passes, times it.
 func (r *Rank) cell(c Cell, s overlap.Strategy, oc opCase, ref *[][]float64, tol float64) (Result, error) {
 	sp := oc.spec()
-	res := Result{Cell: c, Tol: tol, Flops: oc.flops(), CommBytes: oc.bytes(), BusFactor: oc.busFactor(), SpecK: sp.K}
-	for _, o := range sp.Outs {
-		res.SpecOuts += o
-	}
-	if err := s.Supports(sp); err != nil {
-		res.Status, res.Reason = StatusNotRun, err.Error()
-		return res, nil
-	}
+	res := Result{Cell: c, Tol: tol, Flops: oc.flops(), CommBytes: oc.bytes(), BusFactor: oc.busFactor()}
+	res.SpecK, res.SpecOuts = specWidths(sp)
 	run, closeSite, err := oc.site(s)
 	if err != nil {
 		res.Status, res.Reason = StatusFailed, err.Error()

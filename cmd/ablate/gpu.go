@@ -24,6 +24,7 @@ import (
 	"github.com/asynctp/asynctp/cuda"
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/overlap/peercopy"
+	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cpu"
 	"github.com/asynctp/asynctp/tensor/cudabackend"
 )
@@ -268,7 +269,11 @@ func childRun() error {
 	if s == nil {
 		return fmt.Errorf("the CUDA backend has no stream: expected one to order the collectives on")
 	}
-	strategies := map[string]overlap.Strategy{ablate.Collective: overlap.Collective{}, ablate.Pipelined: overlap.Pipelined{}}
+	// The fused strategy is in every GPU batch: where it cannot run (nccl,
+	// f32, a site kind without a fused form, a GPU without the engine) its
+	// Supports says why, and the cell is listed with that reason.
+	strategies := map[string]overlap.Strategy{ablate.Collective: overlap.Collective{}, ablate.Pipelined: overlap.Pipelined{},
+		ablate.Fused: peercopy.Fused{}}
 	var g comm.Comm
 	switch bf.Transport {
 	case "nvshmem":
@@ -292,8 +297,25 @@ func childRun() error {
 	default:
 		return fmt.Errorf("transport %q: expected nvshmem or nccl", bf.Transport)
 	}
-	r := &ablate.Rank{Group: g, Backend: b, Stream: s, Timer: eventTimer{b}, Strategies: strategies, Seed: bf.Seed, Warmup: bf.Warmup, Reps: bf.Reps}
+	r := &ablate.Rank{Group: g, Backend: b, Stream: s, Timer: eventTimer{b}, Strategies: strategies, Seed: bf.Seed, Warmup: bf.Warmup, Reps: bf.Reps,
+		Engine: engineMatMul(b)}
 	return runRank(ctx, r, bf, info, store)
+}
+
+// engineMatMul is the fused strategy's GEMM engine (no hooks) as an
+// ablate.MatMulFunc, or nil where the GPU cannot run it; a call the engine
+// cannot run is refused before anything is queued (an error of the engine
+// itself would stick to the backend).
+func engineMatMul(b *cudabackend.Backend) ablate.MatMulFunc {
+	if b.EngineErr() != nil {
+		return nil
+	}
+	return func(c, a, bm *tensor.Tensor, transA, transB bool, alpha, beta float32) error {
+		if err := b.EngineSupports(c, a, bm, transA, transB); err != nil {
+			return err
+		}
+		return b.EngineMatMul(c, a, bm, transA, transB, alpha, beta, cudabackend.GEMMOptions{})
+	}
 }
 
 // runRank runs the batch's cells on this rank, rank 0 printing each
@@ -324,7 +346,7 @@ func tcpRank(ctx context.Context, bf batchFile, info rendezvous.Info, store *ren
 	}
 	defer c.Close()
 	b := cpu.New(cpu.WithThreads(1))
-	r := &ablate.Rank{Group: c, Backend: b, Timer: ablate.WallTimer{Backend: b}, Strategies: ablate.LocalStrategies(),
+	r := &ablate.Rank{Group: c, Backend: b, Timer: ablate.WallTimer{Backend: b}, Strategies: cpuStrategies(),
 		Seed: bf.Seed, Warmup: bf.Warmup, Reps: bf.Reps}
 	return runRank(ctx, r, bf, info, store)
 }

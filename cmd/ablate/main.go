@@ -16,6 +16,7 @@ import (
 
 	"github.com/asynctp/asynctp/ablate"
 	"github.com/asynctp/asynctp/overlap"
+	"github.com/asynctp/asynctp/overlap/peercopy"
 )
 
 func main() {
@@ -227,7 +228,7 @@ func run(ctx context.Context, args []string, stdout io.Writer, strategies map[st
 		idx[k].cells = append(idx[k].cells, c)
 	}
 	if strategies == nil {
-		strategies = ablate.LocalStrategies()
+		strategies = cpuStrategies()
 	}
 	for _, b := range batches {
 		if err := ctx.Err(); err != nil {
@@ -295,6 +296,16 @@ func run(ctx context.Context, args []string, stdout io.Writer, strategies map[st
 		filepath.Join(o.out, "report.md"), strings.Join(append([]string{"report.html", "results.json"}, rep.Charts...), ", "), o.cache)
 	fmt.Fprint(stdout, rep.HeadlineText())
 	return nil
+}
+
+// cpuStrategies are the strategies of the CPU ranks (local, tcp): the
+// CPU's, and the fused strategy, which refuses every CPU cell (its
+// Supports: the GEMM engine over NVSHMEM on GPUs), so that its cells are
+// listed with its own reason.
+func cpuStrategies() map[string]overlap.Strategy {
+	s := ablate.LocalStrategies()
+	s[ablate.Fused] = peercopy.Fused{}
+	return s
 }
 
 // complete returns rs with a failed result for every cell of the batch

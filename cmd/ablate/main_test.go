@@ -56,8 +56,9 @@ func TestQuickReport(t *testing.T) {
 	}
 	md, _ := os.ReadFile(filepath.Join(out, "report.md"))
 	html, _ := os.ReadFile(filepath.Join(out, "report.html"))
-	for _, want := range []string{"## Headline", "## Every timed cell", "## Cells that cannot run here", "## Environment", "fused: not built yet",
-		"pipelined-peercopy needs NVSHMEM", "![speedup vs M per strategy](speedup.png)", "| AG+MM fwd |"} {
+	for _, want := range []string{"## Headline", "## Every timed cell", "## The fused cells", "No fused cell was timed in this run: of 66 fused cells, 66 cannot run here",
+		"## Cells that cannot run here", "## Environment", "pipelined-peercopy needs NVSHMEM", "![speedup vs M per strategy](speedup.png)", "| AG+MM fwd |",
+		`| fused all-gather-matmul site "ablate.all-gather-matmul": backend *cpu.Backend: expected the CUDA backend on a CUDA stream (needs --comm nvshmem on GPUs) (strategy unavailable) | 18 |`} {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("report.md lacks %q", want)
 		}
@@ -73,8 +74,24 @@ func TestQuickReport(t *testing.T) {
 	if len(rep.Results) != len(m.Cells()) {
 		t.Fatalf("%d results for %d cells", len(rep.Results), len(m.Cells()))
 	}
-	timed := 0
+	timed, fused := 0, 0
 	for _, r := range rep.Results {
+		if r.Strategy == ablate.Fused {
+			// Every fused cell is listed, none timed on the CPU, each with
+			// the fused strategy's own refusal (peercopy.Fused.Supports).
+			fused++
+			want := "needs --comm nvshmem on GPUs"
+			switch {
+			case r.Op == ablate.OpMatmulAllReduce || r.Dir == "nosp":
+				want = "the fused strategy has no matmul-all-reduce form"
+			case r.Op == ablate.OpMoEDispatchCombine:
+				want = "the fused strategy has no expert form"
+			}
+			if r.Status != ablate.StatusNotRun || !strings.HasPrefix(r.Reason, "fused ") || !strings.Contains(r.Reason, want) ||
+				!strings.Contains(r.Reason, overlap.ErrUnavailable.Error()) {
+				t.Errorf("%s: %s %q; want not run, the fused strategy's refusal saying %q", r.ID(), r.Status, r.Reason, want)
+			}
+		}
 		switch r.Status {
 		case ablate.StatusOK:
 			timed++
@@ -101,6 +118,11 @@ func TestQuickReport(t *testing.T) {
 	// the step) at 1 M and 3 worlds.
 	if want := 2*5*3*3 + 3*3 + 2*4*3; timed != want {
 		t.Errorf("%d cells timed, want %d", timed, want)
+	}
+	// 5 op directions and the MoE op at 3 M, the 4 layer cells at 1 M, at
+	// 3 worlds.
+	if want := (6*3 + 4) * 3; fused != want {
+		t.Errorf("%d fused cells in the report, want %d", fused, want)
 	}
 
 	// The cache: round-trip, and "auto" picks from it.
@@ -206,12 +228,12 @@ func TestWrongStrategyReported(t *testing.T) {
 func TestTCPCells(t *testing.T) {
 	out := t.TempDir()
 	args := []string{"--ops", "all-gather-matmul,tp-block,moe-dispatch-combine", "--worlds", "2", "--transports", "tcp", "--m", "64",
-		"--strategies", "collective,pipelined", "--reps", "2", "--warmup", "0", "--out", out, "--progress", "off", "--torch", "off"}
+		"--strategies", "collective,pipelined,fused", "--reps", "2", "--warmup", "0", "--out", out, "--progress", "off", "--torch", "off"}
 	if err := run(context.Background(), args, io.Discard, nil); err != nil {
 		t.Fatal(err)
 	}
 	rep := readReport(t, out)
-	ok := 0
+	ok, fused := 0, 0
 	for _, r := range rep.Results {
 		switch {
 		case r.Transport != "tcp":
@@ -219,14 +241,16 @@ func TestTCPCells(t *testing.T) {
 		case r.Status == ablate.StatusOK && r.RelErr <= r.Tol && r.MedianUS > 0:
 			ok++
 		case r.Op == ablate.OpMoEDispatchCombine && r.Strategy == ablate.Pipelined && r.Status == ablate.StatusNotRun:
+		case r.Strategy == ablate.Fused && r.Status == ablate.StatusNotRun && strings.HasPrefix(r.Reason, "fused "):
+			fused++ // the tcp ranks have the fused strategy, which refuses the CPU
 		default:
 			t.Errorf("%s: %s %q (rel. err %g)", r.ID(), r.Status, r.Reason, r.RelErr)
 		}
 	}
 	// all-gather-matmul fwd, bwd and the block sp, nosp, two strategies
 	// each; the MoE op's collective.
-	if ok != 9 {
-		t.Errorf("%d cells verified and timed, want 9", ok)
+	if ok != 9 || fused != 5 {
+		t.Errorf("%d cells verified and timed, want 9; %d fused cells refused by the strategy, want 5", ok, fused)
 	}
 }
 

@@ -75,7 +75,7 @@ func fusedEnv(sp overlap.Spec) (siteEnv, error) {
 	default:
 		return siteEnv{}, fmt.Errorf("%s: the fused strategy has no %s form, only all-gather∘matmul and matmul∘reduce-scatter (%w)", what, sp.Kind, overlap.ErrUnavailable)
 	}
-	e, err := env(sp)
+	e, err := envAs(sp, what)
 	if err != nil {
 		return e, err
 	}

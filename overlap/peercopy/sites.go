@@ -35,13 +35,17 @@ func (Pipelined) Supports(sp overlap.Spec) error {
 }
 
 func env(sp overlap.Spec) (siteEnv, error) {
-	what := fmt.Sprintf("peer-copy pipelined %s site %q", sp.Kind, sp.Name)
+	return envAs(sp, fmt.Sprintf("peer-copy pipelined %s site %q", sp.Kind, sp.Name))
+}
+
+// envAs is env with its errors named what (the strategy's site).
+func envAs(sp overlap.Spec, what string) (siteEnv, error) {
 	if sp.Kind == overlap.KindExpert {
 		return siteEnv{}, fmt.Errorf("%s: the expert path is parallel/ep/peerep's Pipelined (%w)", what, overlap.ErrUnavailable)
 	}
 	b, ok := sp.Backend.(*cudabackend.Backend)
 	if !ok || b.Stream() == nil {
-		return siteEnv{}, fmt.Errorf("%s: backend %T: expected the CUDA backend on a CUDA stream (%w)", what, sp.Backend, overlap.ErrUnavailable)
+		return siteEnv{}, fmt.Errorf("%s: backend %T: expected the CUDA backend on a CUDA stream (needs --comm nvshmem on GPUs) (%w)", what, sp.Backend, overlap.ErrUnavailable)
 	}
 	if sp.Group == nil {
 		return siteEnv{}, fmt.Errorf("%s: nil group", what)
