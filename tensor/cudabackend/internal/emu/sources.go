@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "3679bdc0bed3f0f5e5b309c9c33caff11e0f08e163d650396f0597aa8e929d2c"
+const SourcesSum = "5c96c22f3658a21027c1eeee7ab09d953e0bbd85e586d6dc471ff44fe4864c0e"
