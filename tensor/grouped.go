@@ -51,11 +51,11 @@ func GroupedOf(b Backend) (GroupedGEMM, error) {
 }
 
 // GroupedPreference is an optional method of a backend with GroupedGEMM:
-// whether its grouped op is the way layers should take. The CUDA backend's
-// grouped kernel is a SIMT baseline, far slower than one tensor-core
-// cuBLASLt GEMM per expert, so it answers false unless asked for
-// (cudabackend.WithGroupedGEMM) until a tensor-core grouped engine replaces
-// it; a backend without the method is taken at its word (true).
+// whether its grouped op is the way layers should take. The CUDA backend
+// answers true where its tensor-core grouped engine runs (Hopper) and false
+// where only its SIMT grouped kernel would (far slower than one tensor-core
+// cuBLASLt GEMM per expert), unless cudabackend.WithGroupedGEMM says
+// otherwise; a backend without the method is taken at its word (true).
 type GroupedPreference interface {
 	PreferGrouped() bool
 }

@@ -15,3 +15,4 @@
 #include "attention_onepass.cu"
 #include "packed.cu"
 #include "gemm_sm90.cu"
+#include "grouped_sm90.cu"

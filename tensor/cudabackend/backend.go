@@ -25,11 +25,12 @@ type Backend struct {
 	flags   gpu.Ptr       // device int32 pairs, one per flagSlot (see common.cuh: err)
 	pending []pendingFlag // launches whose data checks are not read back yet
 	rope    map[ropeKey]gpu.Ptr
-	hasTC   bool           // the image has the tensor-core attention kernels
-	hasFA2  bool           // the image has the second-generation ones (attention_fa2.cu)
-	pol     opcheck.Policy // what its ops accept, with the shared checks (check.go)
-	fork    *cuda.Event    // StreamWait's event, re-recorded by each call (streams.go)
-	eng     engineState    // whether the GEMM engine runs here (gemm_engine.go)
+	hasTC   bool               // the image has the tensor-core attention kernels
+	hasFA2  bool               // the image has the second-generation ones (attention_fa2.cu)
+	pol     opcheck.Policy     // what its ops accept, with the shared checks (check.go)
+	fork    *cuda.Event        // StreamWait's event, re-recorded by each call (streams.go)
+	eng     engineState        // whether the GEMM engine runs here (gemm_engine.go)
+	geng    groupedEngineState // whether its grouped kernels do (grouped_engine.go)
 
 	errMu sync.Mutex
 	err   error
@@ -40,23 +41,46 @@ var _ tensor.Backend = (*Backend)(nil)
 type config struct {
 	kernels   string // image path; "" = FindKernels
 	attention AttentionImpl
-	grouped   bool   // layers take the grouped GEMM kernel (WithGroupedGEMM)
-	gemm      string // MatMul's engine (WithGEMMEngine)
+	grouped   groupedChoice // whether layers take the grouped GEMM (WithGroupedGEMM)
+	gemm      string        // MatMul's engine (WithGEMMEngine)
+	// groupedSIMT forces the grouped GEMMs onto the SIMT kernels of
+	// grouped.cu ($ASYNCTP_GROUPED=simt; tests set it to compare).
+	groupedSIMT bool
 }
 
 // Option configures New.
 type Option func(*config)
 
-// WithGroupedGEMM makes the MoE layers take this backend's grouped GEMM
-// (one launch for all experts, offsets on the device) instead of one
-// cuBLASLt GEMM per expert. Off by default: the grouped kernel is a SIMT
-// baseline (correct, tested against the CPU, slower than the tensor cores)
-// until the tensor-core grouped engine replaces it. The ops themselves
-// work either way (tensor.GroupedGEMM).
-func WithGroupedGEMM(on bool) Option { return func(c *config) { c.grouped = on } }
+// WithGroupedGEMM overrides whether the MoE layers take this backend's
+// grouped GEMM (one launch for all experts, offsets on the device) or one
+// cuBLASLt GEMM per expert (PreferGrouped). Without it the grouped GEMM is
+// preferred where its tensor-core engine runs (grouped_sm90.cu: an sm_90
+// GPU, an image with its kernels, $ASYNCTP_GROUPED not "simt"), and not
+// where only the SIMT kernels of grouped.cu would (correct, slower than the
+// tensor cores). WithGroupedGEMM(true) takes it anyway (the SIMT kernels
+// included), WithGroupedGEMM(false) forces one cuBLASLt GEMM per expert.
+// The ops themselves work either way (tensor.GroupedGEMM), each call on the
+// engine where it applies (bf16, N and K multiples of 8, 16-byte aligned
+// tensors, at most 1024 groups) and on the SIMT kernels elsewhere.
+func WithGroupedGEMM(on bool) Option {
+	return func(c *config) {
+		c.grouped = groupedOff
+		if on {
+			c.grouped = groupedOn
+		}
+	}
+}
 
-// PreferGrouped implements tensor.GroupedPreference (WithGroupedGEMM).
-func (b *Backend) PreferGrouped() bool { return b.cfg.grouped }
+// PreferGrouped implements tensor.GroupedPreference (see WithGroupedGEMM).
+func (b *Backend) PreferGrouped() bool {
+	switch b.cfg.grouped {
+	case groupedOn:
+		return true
+	case groupedOff:
+		return false
+	}
+	return b.groupedEngineErr() == nil
+}
 
 // WithKernels loads the kernels image from path instead of looking for it
 // (see FindKernels).
@@ -88,6 +112,11 @@ func New(device int, opts ...Option) (*Backend, error) {
 	for _, o := range opts {
 		o(&cfg)
 	}
+	simt, err := groupedKernelsFromEnv()
+	if err != nil {
+		return nil, fmt.Errorf("cudabackend: %w", err)
+	}
+	cfg.groupedSIMT = cfg.groupedSIMT || simt
 	if err := cuda.Init(); err != nil { // no driver or no GPU: say so first
 		return nil, fmt.Errorf("cudabackend: %w", err)
 	}

@@ -31,9 +31,12 @@ func gridFits(c *opcheck.Checker, what string, n int) {
 
 // GroupedMatMul computes c[R_g] = alpha·a[R_g]·op(w[g]) + beta·c[R_g] for
 // each group g of rows R_g = [offsets[g], offsets[g+1]) (see
-// tensor.GroupedGEMM), in one launch: grid (ceil(M/64) + G, ceil(N/64)),
-// each block finding its group's tile from the offsets on the device. Bad
-// offsets are found by the kernel and reported at the next Sync.
+// tensor.GroupedGEMM), in one launch. On the GEMM engine where it applies
+// (groupedEngineFor: bf16, N and K multiples of 8, M ≥ 1, at most 1024
+// groups, aligned tensors; see grouped_engine.go), else on the SIMT kernel:
+// grid (ceil(M/64) + G, ceil(N/64)), each block finding its group's tile
+// from the offsets on the device. Bad offsets are found by the kernel and
+// reported at the next Sync.
 func (b *Backend) GroupedMatMul(c, a, w, offsets *tensor.Tensor, transW bool, alpha, beta float32) {
 	ck := b.check("GroupedMatMul")
 	g, m, n, k := opcheck.GroupedMatMul(ck, c, a, w, offsets, transW)
@@ -45,6 +48,10 @@ func (b *Backend) GroupedMatMul(c, a, w, offsets *tensor.Tensor, transW bool, al
 	if !ck.OK() || n == 0 {
 		return
 	}
+	if b.groupedEngineFor(c, a, w, offsets, false, transW) == nil {
+		b.groupedLaunch("GroupedMatMul", groupedCall{c: c, a: a, b: w, offsets: offsets, transW: transW, g: g, m: m, n: n, k: k, alpha: alpha, beta: beta})
+		return
+	}
 	b.do("GroupedMatMul", func(d gpu.Device) error {
 		flag := b.flagPtr(flagGrouped, badOffsets("GroupedMatMul", g, m))
 		return d.Launch("grouped_mm"+sfx(a.DType()), gpu.D2(ceilDiv(m, groupedTile)+g, ceilDiv(n, groupedTile)), gpu.D1(threads256), 0,
@@ -53,9 +60,11 @@ func (b *Backend) GroupedMatMul(c, a, w, offsets *tensor.Tensor, transW bool, al
 }
 
 // GroupedMatMulTN computes c[g] = alpha·a[R_g]ᵀ·b[R_g] + beta·c[g] for each
-// group g (see tensor.GroupedGEMM), in one launch: grid (ceil(Q/64),
-// ceil(P/64), G), each block summing its group's rows in order. Bad offsets
-// are found by the kernel and reported at the next Sync.
+// group g (see tensor.GroupedGEMM), in one launch. On the GEMM engine where
+// it applies (bf16, P and Q multiples of 8, M ≥ 1, at most 1024 groups,
+// aligned tensors), else on the SIMT kernel: grid (ceil(Q/64), ceil(P/64),
+// G), each block summing its group's rows in order. Bad offsets are found
+// by the kernel and reported at the next Sync.
 func (b *Backend) GroupedMatMulTN(c, a, bm, offsets *tensor.Tensor, alpha, beta float32) {
 	ck := b.check("GroupedMatMulTN")
 	g, m, p, q := opcheck.GroupedMatMulTN(ck, c, a, bm, offsets)
@@ -65,6 +74,10 @@ func (b *Backend) GroupedMatMulTN(c, a, bm, offsets *tensor.Tensor, alpha, beta 
 	gridFits(ck, "row tiles ceil(P/64)", ceilDiv(p, groupedTile))
 	gridFits(ck, "groups G", g)
 	if !ck.OK() || p == 0 || q == 0 {
+		return
+	}
+	if b.groupedEngineFor(c, a, bm, offsets, true, false) == nil {
+		b.groupedLaunch("GroupedMatMulTN", groupedCall{c: c, a: a, b: bm, offsets: offsets, tn: true, g: g, m: m, n: p, k: q, alpha: alpha, beta: beta})
 		return
 	}
 	b.do("GroupedMatMulTN", func(d gpu.Device) error {
