@@ -127,7 +127,7 @@ func run(ctx context.Context, args []string) error {
 	case !p.Single():
 		return runParallel(ctx, cfg)
 	}
-	b, dt, note, err := openBackend(cfg.Device)
+	b, dt, note, err := openBackend(cfg.Device, cfg.GroupedGEMM)
 	if err != nil {
 		return err
 	}
@@ -152,6 +152,9 @@ func run(ctx context.Context, args []string) error {
 	fmt.Printf("model: %s, %d layers, width %d, %d heads, vocab %d, seq %d, %.2fM parameters\n",
 		cfg.Preset, mc.Layers, mc.Dim, mc.Heads, mc.Vocab, mc.Seq, float64(model.Params().Numel())/1e6)
 	fmt.Printf("data: %s, %d tokens; batch %d x %d, %d steps\n", data.Name(), data.Tokens(), cfg.Train.Batch, cfg.Train.Seq, cfg.Train.Steps)
+	if mc.Experts > 0 {
+		fmt.Println("moe: expert GEMMs", expertGEMMLine(cfg.GroupedGEMM, b.Name(), gptGEMMs(model)))
+	}
 
 	var lastVal any
 	opts := append(more, train.WithModelConfig(mc), train.WithInterruptibleSteps(),
