@@ -49,6 +49,9 @@ func (c *Config) checkGrouped() error {
 	if c.GroupedGEMM != GroupedAuto && c.modelKnown() && c.Model.Experts == 0 {
 		return fmt.Errorf("--grouped-gemm %s: the model has no MoE blocks (experts 0), so it would change nothing; expected auto (or unset), or --experts", c.GroupedGEMM)
 	}
+	if c.DumpRouting != "" && c.modelKnown() && c.Model.Experts == 0 {
+		return fmt.Errorf("--dump-routing %s: the model has no MoE blocks (experts 0), so there is no routing to dump; expected --experts", c.DumpRouting)
+	}
 	return nil
 }
 

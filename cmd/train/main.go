@@ -52,6 +52,8 @@ func dispatch(ctx context.Context, args []string) error {
 			return runExport(args[1:])
 		case "logits":
 			return runLogits(args[1:])
+		case "routing-diff":
+			return runRoutingDiff(args[1:])
 		}
 	}
 	return run(ctx, args)
@@ -163,11 +165,15 @@ func run(ctx context.Context, args []string) error {
 				lastVal = v
 			}
 		}))
+	dump, err := openRoutingDump(cfg, 0, b, gptRouted(model))
+	if err != nil {
+		return err
+	}
 	if mc.Experts > 0 {
-		opts = append(opts, train.WithExtraMetrics(func(int) map[string]any { return routerMetrics(model) }))
+		opts = append(opts, train.WithExtraMetrics(dump.withDump(func(int) map[string]any { return routerMetrics(model) })))
 	}
 	res, err := train.Run(ctx, b, model, data, cfg.Train, opts...)
-	if err != nil {
+	if err := errors.Join(err, dump.close()); err != nil {
 		return err
 	}
 	val := ""

@@ -134,10 +134,15 @@ func trainRank(ctx context.Context, c comm.Comm, cfg Config, ds *train.Dataset, 
 		opts[0] = train.WithStepHook(func(m train.StepMetrics) { hook(m); stop.hook(m) })
 	}
 	opts = append(opts, more...)
-	if m.Config().Experts > 0 {
-		opts = append(opts, train.WithExtraMetrics(func(int) map[string]any { return routerMetrics(m) }))
+	dump, err := openRoutingDump(cfg, c.Rank(), b, shardedRouted(m))
+	if err != nil {
+		return train.Result{}, err
 	}
-	return train.RunSharded(stop.ctx, b, m, data, cfg.Train, opts...)
+	if m.Config().Experts > 0 {
+		opts = append(opts, train.WithExtraMetrics(dump.withDump(func(int) map[string]any { return routerMetrics(m) })))
+	}
+	res, err := train.RunSharded(stop.ctx, b, m, data, cfg.Train, opts...)
+	return res, errors.Join(err, dump.close())
 }
 
 // stopAgreement makes the ranks stop at the same step when the run is
