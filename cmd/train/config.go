@@ -40,6 +40,12 @@ type Config struct {
 	// InitFrom is a Hugging Face Llama or Mixtral directory the run's
 	// weights start from (hf.go).
 	InitFrom string `json:"init_from,omitempty"`
+	// GroupedGEMM is the form of the MoE layers' expert GEMMs
+	// (--grouped-gemm auto|on|off, grouped.go).
+	GroupedGEMM string `json:"grouped_gemm,omitempty"`
+	// DumpRouting is a directory each rank writes every step's routing
+	// into (--dump-routing, routing.go); empty: none.
+	DumpRouting string `json:"dump_routing,omitempty"`
 
 	explicit  map[string]bool // the fields the file and the flags give (explicitFields)
 	overwrite bool            // --overwrite
@@ -130,6 +136,7 @@ type flagValues struct {
 	overlap                                              string
 	autotuneCache                                        string
 	autotune                                             bool
+	groupedGEMM, dumpRouting                             string
 	run                                                  runFlags
 }
 
@@ -175,6 +182,8 @@ func newFlagSet(fv *flagValues) *flag.FlagSet {
 		" (default collective; per-site choices in the config's \"overlap\" section)")
 	fs.BoolVar(&fv.autotune, "autotune", false, "with --overlap auto: time collective against pipelined at start for each site the autotune cache has no entry for (a verified micro-run on this run's ranks) and write the choices into the cache")
 	fs.StringVar(&fv.autotuneCache, "autotune-cache", "", "autotune cache `file` that --overlap auto picks from (cmd/ablate's autotune.json; default OUT/autotune.json when it exists)")
+	fs.StringVar(&fv.groupedGEMM, "grouped-gemm", GroupedAuto, "the MoE layers' expert GEMMs: auto (the backend's preference), on (the backend's grouped GEMM: with --overlap pipelined on --comm nvshmem GPUs the step reads no counts on the host), off (one GEMM per expert)")
+	fs.StringVar(&fv.dumpRouting, "dump-routing", "", "write every step's routing (each token's top-k experts per MoE layer, in the global token order) into `dir`, one file per rank; compare two runs with: train routing-diff DIR1 DIR2")
 	addRunFlags(fs, &fv.run)
 	return fs
 }
@@ -342,6 +351,12 @@ func applyFlags(cfg *Config, fv *flagValues, set map[string]bool) {
 	if set["autotune"] {
 		cfg.Autotune = fv.autotune
 	}
+	if set["grouped-gemm"] {
+		cfg.GroupedGEMM = fv.groupedGEMM
+	}
+	if set["dump-routing"] {
+		cfg.DumpRouting = fv.dumpRouting
+	}
 	applyRunFlags(cfg, &fv.run, set)
 }
 
@@ -359,6 +374,9 @@ func (c *Config) validate(l origin) error {
 		return err
 	}
 	if err := c.Overlap.Validate(); err != nil {
+		return err
+	}
+	if err := c.checkGrouped(); err != nil {
 		return err
 	}
 	if c.Autotune && !usesAuto(c.Overlap) {

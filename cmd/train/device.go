@@ -16,11 +16,18 @@ var devices = []string{"auto", "cpu", "cuda"}
 // parameters and activations use there: float32 on the CPU, bfloat16 on the
 // GPU (with fp32 master weights and optimizer state, kept by train). "auto"
 // takes GPU 0 when a GPU and the kernels image are present, else the CPU;
-// note says which it chose and why.
-func openBackend(device string) (b tensor.Backend, dt tensor.DType, note string, err error) {
-	opts, extra, err := cudaOptions()
+// note says which it chose and why. grouped is --grouped-gemm (grouped.go).
+func openBackend(device, grouped string) (b tensor.Backend, dt tensor.DType, note string, err error) {
+	opts, extra, err := cudaOptions(grouped)
 	if err != nil {
 		return nil, 0, "", err
+	}
+	onCPU := func(c *cpu.Backend, note string) (tensor.Backend, tensor.DType, string, error) {
+		b, err := cpuGrouped(c, grouped)
+		if err != nil {
+			return nil, 0, "", err
+		}
+		return b, tensor.Float32, note, nil
 	}
 	switch device {
 	case "cpu":
@@ -28,7 +35,7 @@ func openBackend(device string) (b tensor.Backend, dt tensor.DType, note string,
 			return nil, 0, "", fmt.Errorf("--device cpu: %s=%s is a CUDA setting, expected it unset on the CPU", envAttention, os.Getenv(envAttention))
 		}
 		c := cpu.New()
-		return c, tensor.Float32, fmt.Sprintf("cpu (%d threads)", c.Threads()), nil
+		return onCPU(c, fmt.Sprintf("cpu (%d threads)", c.Threads()))
 	case "cuda":
 		g, err := cudabackend.New(0, opts...)
 		if err != nil {
@@ -44,7 +51,7 @@ func openBackend(device string) (b tensor.Backend, dt tensor.DType, note string,
 			return nil, 0, "", fmt.Errorf("--device auto found no usable GPU (%v), and %s=%s is a CUDA setting", gerr, envAttention, os.Getenv(envAttention))
 		}
 		c := cpu.New()
-		return c, tensor.Float32, fmt.Sprintf("cpu (%d threads; auto: no usable GPU: %v)", c.Threads(), gerr), nil
+		return onCPU(c, fmt.Sprintf("cpu (%d threads; auto: no usable GPU: %v)", c.Threads(), gerr))
 	}
 	return nil, 0, "", fmt.Errorf("unknown device %q, expected one of %v", device, devices)
 }
@@ -54,14 +61,16 @@ func openBackend(device string) (b tensor.Backend, dt tensor.DType, note string,
 // adds into dq: faster, not bit-reproducible; cudabackend.AttentionFA2Atomic).
 const envAttention = "ASYNCTP_ATTENTION"
 
-// cudaOptions are the CUDA backend's options from the environment, and the
-// words the device line adds for them.
-func cudaOptions() ([]cudabackend.Option, string, error) {
+// cudaOptions are the CUDA backend's options from the environment and
+// --grouped-gemm (grouped), and the words the device line adds for the
+// environment's.
+func cudaOptions(grouped string) ([]cudabackend.Option, string, error) {
+	opts := groupedCUDA(grouped)
 	switch v := os.Getenv(envAttention); v {
 	case "":
-		return nil, "", nil
+		return opts, "", nil
 	case "onepass":
-		return []cudabackend.Option{cudabackend.WithAttention(cudabackend.AttentionFA2Atomic)},
+		return append(opts, cudabackend.WithAttention(cudabackend.AttentionFA2Atomic)),
 			"; attention backward: one pass, atomic dq (not bit-reproducible)", nil
 	default:
 		return nil, "", fmt.Errorf("%s=%q: expected onepass, or unset for the deterministic default", envAttention, v)

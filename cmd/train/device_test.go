@@ -9,15 +9,15 @@ import (
 // value is refused naming what is expected.
 func TestAttentionEnv(t *testing.T) {
 	t.Setenv(envAttention, "onepass")
-	if _, _, _, err := openBackend("cpu"); err == nil || !strings.Contains(err.Error(), "is a CUDA setting") {
+	if _, _, _, err := openBackend("cpu", GroupedAuto); err == nil || !strings.Contains(err.Error(), "is a CUDA setting") {
 		t.Errorf("onepass on the CPU: %v, want a refusal", err)
 	}
 	t.Setenv(envAttention, "fast")
-	if _, _, _, err := openBackend("cuda"); err == nil || !strings.Contains(err.Error(), `expected onepass`) {
+	if _, _, _, err := openBackend("cuda", GroupedAuto); err == nil || !strings.Contains(err.Error(), `expected onepass`) {
 		t.Errorf("an unknown value: %v, want a refusal naming onepass", err)
 	}
 	t.Setenv(envAttention, "")
-	if opts, extra, err := cudaOptions(); err != nil || opts != nil || extra != "" {
+	if opts, extra, err := cudaOptions(GroupedAuto); err != nil || opts != nil || extra != "" {
 		t.Errorf("unset: %v %q %v, want the default", opts, extra, err)
 	}
 }

@@ -52,6 +52,8 @@ func dispatch(ctx context.Context, args []string) error {
 			return runExport(args[1:])
 		case "logits":
 			return runLogits(args[1:])
+		case "routing-diff":
+			return runRoutingDiff(args[1:])
 		}
 	}
 	return run(ctx, args)
@@ -127,7 +129,7 @@ func run(ctx context.Context, args []string) error {
 	case !p.Single():
 		return runParallel(ctx, cfg)
 	}
-	b, dt, note, err := openBackend(cfg.Device)
+	b, dt, note, err := openBackend(cfg.Device, cfg.GroupedGEMM)
 	if err != nil {
 		return err
 	}
@@ -152,6 +154,9 @@ func run(ctx context.Context, args []string) error {
 	fmt.Printf("model: %s, %d layers, width %d, %d heads, vocab %d, seq %d, %.2fM parameters\n",
 		cfg.Preset, mc.Layers, mc.Dim, mc.Heads, mc.Vocab, mc.Seq, float64(model.Params().Numel())/1e6)
 	fmt.Printf("data: %s, %d tokens; batch %d x %d, %d steps\n", data.Name(), data.Tokens(), cfg.Train.Batch, cfg.Train.Seq, cfg.Train.Steps)
+	if mc.Experts > 0 {
+		fmt.Println("moe: expert GEMMs", expertGEMMLine(cfg.GroupedGEMM, b.Name(), gptGEMMs(model)))
+	}
 
 	var lastVal any
 	opts := append(more, train.WithModelConfig(mc), train.WithInterruptibleSteps(),
@@ -160,11 +165,15 @@ func run(ctx context.Context, args []string) error {
 				lastVal = v
 			}
 		}))
+	dump, err := openRoutingDump(cfg, 0, b, gptRouted(model))
+	if err != nil {
+		return err
+	}
 	if mc.Experts > 0 {
-		opts = append(opts, train.WithExtraMetrics(func(int) map[string]any { return routerMetrics(model) }))
+		opts = append(opts, train.WithExtraMetrics(dump.withDump(func(int) map[string]any { return routerMetrics(model) })))
 	}
 	res, err := train.Run(ctx, b, model, data, cfg.Train, opts...)
-	if err != nil {
+	if err := errors.Join(err, dump.close()); err != nil {
 		return err
 	}
 	val := ""

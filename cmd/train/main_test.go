@@ -256,7 +256,7 @@ func poisonWeights(t *testing.T, dir string) {
 }
 
 func TestDeviceCudaWithoutGPUFailsClearly(t *testing.T) {
-	if b, _, _, err := openBackend("cuda"); err == nil {
+	if b, _, _, err := openBackend("cuda", GroupedAuto); err == nil {
 		if c, ok := b.(interface{ Close() error }); ok {
 			c.Close()
 		}

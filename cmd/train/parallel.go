@@ -74,7 +74,11 @@ func runParallel(ctx context.Context, cfg Config) error {
 
 // runRank is one goroutine rank of a parallel run.
 func runRank(ctx context.Context, c comm.Comm, cfg Config, ds *train.Dataset, threads int) (train.Result, error) {
-	return trainRank(ctx, c, cfg, ds, newRankBackend(c.Rank(), threads), nil, tensor.Float32, nil)
+	b, err := cpuGrouped(newRankBackend(c.Rank(), threads), cfg.GroupedGEMM)
+	if err != nil {
+		return train.Result{}, err
+	}
+	return trainRank(ctx, c, cfg, ds, b, nil, tensor.Float32, nil)
 }
 
 // trainRank trains rank c.Rank() of the world c: its comm.Grid, its part of
@@ -111,6 +115,9 @@ func trainRank(ctx context.Context, c comm.Comm, cfg Config, ds *train.Dataset, 
 	}
 	if c.Rank() == 0 {
 		printOverlap(ch)
+		if m.Config().Experts > 0 {
+			fmt.Println("moe: expert GEMMs", expertGEMMLine(cfg.GroupedGEMM, b.Name(), shardedGEMMs(m)))
+		}
 	}
 	l := m.Layout()
 	if err := initWeights(cfg, b, m.Params(), hf.Placement{TP: l.TP, TPRank: l.TPRank, EP: l.EP, EPRank: l.Rank % l.EP}); err != nil {
@@ -127,10 +134,15 @@ func trainRank(ctx context.Context, c comm.Comm, cfg Config, ds *train.Dataset, 
 		opts[0] = train.WithStepHook(func(m train.StepMetrics) { hook(m); stop.hook(m) })
 	}
 	opts = append(opts, more...)
-	if m.Config().Experts > 0 {
-		opts = append(opts, train.WithExtraMetrics(func(int) map[string]any { return routerMetrics(m) }))
+	dump, err := openRoutingDump(cfg, c.Rank(), b, shardedRouted(m))
+	if err != nil {
+		return train.Result{}, err
 	}
-	return train.RunSharded(stop.ctx, b, m, data, cfg.Train, opts...)
+	if m.Config().Experts > 0 {
+		opts = append(opts, train.WithExtraMetrics(dump.withDump(func(int) map[string]any { return routerMetrics(m) })))
+	}
+	res, err := train.RunSharded(stop.ctx, b, m, data, cfg.Train, opts...)
+	return res, errors.Join(err, dump.close())
 }
 
 // stopAgreement makes the ranks stop at the same step when the run is

@@ -219,7 +219,11 @@ func openTCP(ctx context.Context, cfg Config, env rankEnv) (*transport, error) {
 		return nil, err
 	}
 	threads := max(1, runtime.GOMAXPROCS(0)/max(1, info.LocalWorldSize))
-	b := newRankBackend(info.Rank, threads)
+	b, err := cpuGrouped(newRankBackend(info.Rank, threads), cfg.GroupedGEMM)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
 	return &transport{world: c, b: b, dt: tensor.Float32, close: func() { c.Close() },
 		note: fmt.Sprintf("cpu, %d ranks as processes (%d threads each)", info.WorldSize, threads)}, nil
 }

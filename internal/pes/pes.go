@@ -103,7 +103,10 @@ type PE struct {
 }
 
 // Join makes this child a PE (its rank from the environment Run sets).
-func Join(t *testing.T) *PE {
+func Join(t *testing.T) *PE { return JoinWith(t) }
+
+// JoinWith is Join with the CUDA backend built with opts.
+func JoinWith(t *testing.T, opts ...cudabackend.Option) *PE {
 	info, err := rendezvous.FromEnv(os.Getenv)
 	if err != nil {
 		t.Fatal(err)
@@ -115,7 +118,7 @@ func Join(t *testing.T) *PE {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := cudabackend.New(dev)
+	b, err := cudabackend.New(dev, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,21 +11,27 @@ import (
 
 	"github.com/asynctp/asynctp/cuda"
 	"github.com/asynctp/asynctp/internal/pes"
+	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/parallel/ep"
 	"github.com/asynctp/asynctp/parallel/ep/eptest"
 	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/cudabackend"
 )
 
 // The GPU tests run N processes, one NVSHMEM PE each, all on GPU 0 when
 // the machine has one (start MPS first with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
 // = 100/N per process for NVSHMEM's full MPG mode: scripts/gpu-overlap.sh).
-const jobEnv = "ASYNCTP_PEEREP_TEST_JOB" // the child's job: suite, bench
+const jobEnv = "ASYNCTP_PEEREP_TEST_JOB" // the child's job: suite, bench, moebench
 
-// runPEs runs job on n PEs; the 4096-token benchmark needs ~1.2 GB of
-// symmetric memory per PE.
-func runPEs(t *testing.T, job string, n int) []string {
+// groupedEnv is the moebench child's grouped GEMM: on or off
+// (cudabackend.WithGroupedGEMM), or auto (the backend's default).
+const groupedEnv = "ASYNCTP_PEEREP_TEST_GROUPED"
+
+// runPEs runs job on n PEs, with extra environment; the 4096-token
+// benchmark needs ~1.2 GB of symmetric memory per PE.
+func runPEs(t *testing.T, job string, n int, extra ...string) []string {
 	return pes.Run(t, pes.Job{Env: jobEnv, Name: job, Prefix: "peerep",
-		Extra: []string{"NVSHMEM_SYMMETRIC_SIZE=" + cmpOr(os.Getenv("NVSHMEM_SYMMETRIC_SIZE"), "6G")}}, n)
+		Extra: append([]string{"NVSHMEM_SYMMETRIC_SIZE=" + cmpOr(os.Getenv("NVSHMEM_SYMMETRIC_SIZE"), "6G")}, extra...)}, n)
 }
 
 func sizes(t *testing.T) []int { return pes.Sizes(t, "1,2,4") }
@@ -93,13 +99,53 @@ func TestBenchGPU(t *testing.T) {
 	}
 }
 
+// TestMoEBenchGPU times one MoE layer's forward and backward — router,
+// dispatch, expert GEMMs, SwiGLU, combine and their backwards, bf16, CUDA
+// events, the median of 10 after 3 warm-ups — per strategy (collective:
+// the host count exchange and NVSHMEM all-to-alls; pipelined: this
+// package's path) at moeBenchShapes (E 8 top-2 and E 64 top-8, widths
+// 2048 and 4096, 4096 tokens per rank), once with the grouped GEMM on
+// (the pipelined path's device step, no host read of counts) and once off
+// (one cuBLASLt GEMM per expert, host counts), $ASYNCTP_MOEBENCH_GROUPED
+// (default "on,off"). Only with ASYNCTP_OVERLAP_BENCH=1; PEs sharing one
+// GPU show mechanics, not NVLink.
+func TestMoEBenchGPU(t *testing.T) {
+	if os.Getenv("ASYNCTP_OVERLAP_BENCH") != "1" {
+		t.Skip("set ASYNCTP_OVERLAP_BENCH=1 to time the MoE layer on the GPU")
+	}
+	if _, err := moeBenchShapes(); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range sizes(t) {
+		for _, g := range strings.Split(cmpOr(os.Getenv("ASYNCTP_MOEBENCH_GROUPED"), "on,off"), ",") {
+			if g != "on" && g != "off" && g != "auto" {
+				t.Fatalf("ASYNCTP_MOEBENCH_GROUPED: %q, expected on, off or auto", g)
+			}
+			outs := runPEs(t, "moebench", n, groupedEnv+"="+g)
+			for _, l := range strings.Split(outs[0], "\n") {
+				if strings.HasPrefix(l, "bench:") {
+					fmt.Println(l)
+				}
+			}
+		}
+	}
+}
+
 // TestHelperProcess is not a test: it is the body of one PE.
 func TestHelperProcess(t *testing.T) {
 	job := os.Getenv(jobEnv)
 	if job == "" {
 		return
 	}
-	pe := newPE(t)
+	var opts []cudabackend.Option
+	switch g := os.Getenv(groupedEnv); g {
+	case "on", "off":
+		opts = append(opts, cudabackend.WithGroupedGEMM(g == "on"))
+	case "", "auto":
+	default:
+		t.Fatalf("%s=%q: expected on, off or auto", groupedEnv, g)
+	}
+	pe := newPE(t, opts...)
 	defer pe.close(t)
 	switch job {
 	case "suite":
@@ -108,6 +154,8 @@ func TestHelperProcess(t *testing.T) {
 		pe.deadline(t)
 	case "bench":
 		pe.bench(t)
+	case "moebench":
+		pe.moebench(t)
 	default:
 		t.Fatalf("unknown job %q", job)
 	}
@@ -116,7 +164,7 @@ func TestHelperProcess(t *testing.T) {
 // pe is one child's PE, with the jobs of this package's tests as methods.
 type pe struct{ *pes.PE }
 
-func newPE(t *testing.T) *pe { return &pe{pes.Join(t)} }
+func newPE(t *testing.T, opts ...cudabackend.Option) *pe { return &pe{pes.JoinWith(t, opts...)} }
 
 func (p *pe) close(t *testing.T) { p.PE.Close(t) }
 
@@ -312,5 +360,78 @@ func (p *pe) bench(t *testing.T) {
 		for _, t := range []*tensor.Tensor{x, w, out, di, ye, y} {
 			b.Free(t)
 		}
+	}
+}
+
+// moebench times the MoE layer's forward and backward at moeBenchShapes,
+// collective and pipelined (benchMoE), with CUDA events; rank 0 prints
+// the lines. A shape whose experts do not divide over the PEs is skipped,
+// saying so.
+func (p *pe) moebench(t *testing.T) {
+	shapes, err := moeBenchShapes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range shapes {
+		if s.E%p.Size != 0 {
+			if p.Rank == 0 {
+				fmt.Printf("bench: P=%d moe fwd+bwd %v: skipped, %d experts do not divide over %d PEs\n", p.Size, s, s.E, p.Size)
+			}
+			continue
+		}
+		start := time.Now()
+		lines, err := benchMoE(p.B, p.World, p.B.Stream(), s, tensor.BFloat16, []overlap.Strategy{nil, Pipelined{}}, 3, 10, eventTimer(p.B))
+		if err != nil {
+			t.Fatalf("rank %d: %v", p.Rank, err)
+		}
+		if p.Rank == 0 {
+			for _, l := range lines {
+				fmt.Println(l)
+			}
+			fmt.Fprintf(os.Stderr, "moebench: %v took %v\n", s, time.Since(start).Round(time.Millisecond))
+		}
+	}
+}
+
+// eventTimer times fn on b's stream with CUDA events (the bench's timer).
+func eventTimer(b *cudabackend.Backend) func(fn func() error) (time.Duration, error) {
+	return func(fn func() error) (time.Duration, error) {
+		var start, end *cuda.Event
+		err := b.OnDevice(func(s *cuda.Stream) error {
+			var err error
+			if start, err = cuda.NewEvent(true); err != nil {
+				return err
+			}
+			if end, err = cuda.NewEvent(true); err != nil {
+				return err
+			}
+			return start.Record(s)
+		})
+		if err != nil {
+			return 0, err
+		}
+		defer func() {
+			start.Destroy()
+			end.Destroy()
+		}()
+		if err := fn(); err != nil {
+			return 0, err
+		}
+		var d time.Duration
+		err = b.OnDevice(func(s *cuda.Stream) error {
+			if err := end.Record(s); err != nil {
+				return err
+			}
+			if err := end.Synchronize(); err != nil {
+				return err
+			}
+			var err error
+			d, err = cuda.Elapsed(start, end)
+			return err
+		})
+		if err != nil {
+			return 0, err
+		}
+		return d, b.Err()
 	}
 }
