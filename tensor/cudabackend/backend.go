@@ -3,6 +3,7 @@ package cudabackend
 import (
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"unsafe"
 
@@ -117,6 +118,9 @@ func New(device int, opts ...Option) (*Backend, error) {
 		return nil, fmt.Errorf("cudabackend: %w", err)
 	}
 	cfg.groupedSIMT = cfg.groupedSIMT || simt
+	if reserveOverride, err = parseReserve(os.Getenv("ASYNCTP_ENGINE_RESERVE_SMS")); err != nil {
+		return nil, err
+	}
 	if err := cuda.Init(); err != nil { // no driver or no GPU: say so first
 		return nil, fmt.Errorf("cudabackend: %w", err)
 	}

@@ -2,6 +2,7 @@ package cudabackend
 
 import (
 	"fmt"
+	"os"
 	"runtime"
 	"unsafe"
 
@@ -22,7 +23,10 @@ type cudaDevice struct {
 	fns     map[string]*cuda.Function
 	smemSet map[string]int // the dynamic shared memory limit set per kernel
 	sms     int
-	reads   []*readSlot // free pinned buffers and events of ReadAsync
+	// engineSMs is the SMs this process may use (its MPS share): the
+	// persistent grids of the GEMM engine are sized to it.
+	engineSMs int
+	reads     []*readSlot // free pinned buffers and events of ReadAsync
 }
 
 // readSlot is one ReadAsync's pinned buffer and the event after its copies.
@@ -65,6 +69,7 @@ func openCUDA(ordinal int, path string) (d *cudaDevice, err error) {
 	if d.sms, err = dev.SMCount(); err != nil {
 		return nil, err
 	}
+	d.engineSMs = mpsShare(d.sms, os.Getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"))
 	if d.stream, err = cuda.NewStream(); err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package cudabackend
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -70,11 +71,60 @@ const (
 // engine, cuStreamWriteValue64, or peers). A chunk still short after
 // Timeout makes the kernel stop early (C is then undefined) and the next
 // Sync fail with an error wrapping ErrGEMMWaitTimeout that names the chunk.
+//
+// While it waits (or signals, GEMMSignal) the engine leaves ReserveSMs SMs of the process's share
+// free (its grid is that much smaller): what it waits for may need SMs — a
+// device-to-device copy between processes on one GPU runs as a kernel, and
+// a persistent grid on every SM would starve it until the deadline (seen
+// on the H200 under MPS, 2026-12-02). 0 is the default (EngineReserveSMs);
+// a negative value reserves none.
 type GEMMWait struct {
-	Flags     uint64 // device address of the flags (uint64 each, 8-byte aligned)
-	ChunkRows int
-	Target    uint64
-	Timeout   time.Duration
+	Flags      uint64 // device address of the flags (uint64 each, 8-byte aligned)
+	ChunkRows  int
+	Target     uint64
+	Timeout    time.Duration
+	ReserveSMs int
+}
+
+// EngineReserveSMs is the default of GEMMWait.ReserveSMs for a process
+// whose share of the GPU is sms SMs: max(4, sms/16), or
+// $ASYNCTP_ENGINE_RESERVE_SMS when set (an integer ≥ 0; New refuses
+// anything else).
+func EngineReserveSMs(sms int) int {
+	if reserveOverride >= 0 {
+		return reserveOverride
+	}
+	return max(4, sms/16)
+}
+
+// reserveOverride is $ASYNCTP_ENGINE_RESERVE_SMS (-1: unset), read by New.
+var reserveOverride = -1
+
+// parseReserve reads $ASYNCTP_ENGINE_RESERVE_SMS.
+func parseReserve(v string) (int, error) {
+	if v == "" {
+		return -1, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return -1, fmt.Errorf("cudabackend: ASYNCTP_ENGINE_RESERVE_SMS=%q: expected an integer ≥ 0 (the SMs the GEMM engine leaves free while it waits)", v)
+	}
+	return n, nil
+}
+
+// mpsShare is the SMs a process may use under MPS with
+// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = pct (empty: all sms): the engine's
+// persistent grid is sized to it, since CTAs beyond it would only run in a
+// second wave.
+func mpsShare(sms int, pct string) int {
+	if pct == "" {
+		return sms
+	}
+	f, err := strconv.ParseFloat(pct, 64)
+	if err != nil || f <= 0 || f >= 100 {
+		return sms
+	}
+	return max(1, int(float64(sms)*f/100))
 }
 
 // GEMMSignal makes the engine add Value to a flag with a release (system
@@ -381,7 +431,17 @@ func (b *Backend) engineLaunch(op string, e engineCall) {
 			return fmt.Errorf("tensor map of b %v: %w", e.b.Shape(), err)
 		}
 		flag := b.flagPtr(flagGEMM, engineExplain(op, e, o.Wait))
-		grid := min(tiles, max(cd.sms, 1))
+		avail := cd.engineSMs
+		if o.Wait != nil || o.Signal != nil {
+			// A signalled tile is pulled by a copy that may need SMs too:
+			// leaving some free lets it overlap the rest of the GEMM.
+			r := EngineReserveSMs(avail)
+			if o.Wait != nil && o.Wait.ReserveSMs != 0 {
+				r = o.Wait.ReserveSMs
+			}
+			avail -= max(r, 0)
+		}
+		grid := min(tiles, max(avail, 1))
 		return cd.launchRaw(engineKernel(e.transA, e.transB, e.c.DType()), grid, engineThreads, engineSmem,
 			ma.Arg(), mb.Arg(), cuda.DevicePtr(DevicePtr(e.c)),
 			int32(e.m), int32(e.n), int32(e.k), e.alpha, e.beta, int32(groupM), int32(rot),

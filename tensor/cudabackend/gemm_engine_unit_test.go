@@ -65,3 +65,30 @@ func TestEngineShapeChecks(t *testing.T) {
 		}
 	}
 }
+
+// TestEngineGridShare: the engine's grid follows the process's MPS share,
+// and the SMs it leaves free while it waits.
+func TestEngineGridShare(t *testing.T) {
+	for _, c := range []struct {
+		pct  string
+		want int
+	}{{"", 132}, {"50", 66}, {"25", 33}, {"100", 132}, {"x", 132}, {"0.1", 1}} {
+		if got := mpsShare(132, c.pct); got != c.want {
+			t.Errorf("mpsShare(132, %q) = %d, want %d", c.pct, got, c.want)
+		}
+	}
+	if got := EngineReserveSMs(66); got != 4 {
+		t.Errorf("EngineReserveSMs(66) = %d, want 4", got)
+	}
+	if got := EngineReserveSMs(132); got != 8 {
+		t.Errorf("EngineReserveSMs(132) = %d, want 8", got)
+	}
+	for _, bad := range []string{"-1", "four", "2.5"} {
+		if _, err := parseReserve(bad); err == nil || !strings.Contains(err.Error(), "expected an integer ≥ 0") {
+			t.Errorf("parseReserve(%q): %v, want a refusal", bad, err)
+		}
+	}
+	if n, err := parseReserve("12"); err != nil || n != 12 {
+		t.Errorf("parseReserve(12) = %d, %v", n, err)
+	}
+}

@@ -375,7 +375,7 @@ func (b *Backend) groupedLaunch(op string, e groupedCall) {
 			tiles = (e.m/EngineTileM + e.g) * ceilDiv(e.n, EngineTileN)
 		}
 		flag := b.flagPtr(flagGrouped, groupedExplain(op, e.g, e.m))
-		grid := max(min(tiles, cd.sms), 1)
+		grid := max(min(tiles, cd.engineSMs), 1)
 		return cd.launchRaw(groupedKernel(e.tn, e.transW, e.c.DType()), grid, engineThreads, groupedEngineSmem,
 			ma.Arg(), mb.Arg(), cuda.DevicePtr(DevicePtr(e.c)), cuda.DevicePtr(DevicePtr(e.offsets)),
 			int32(e.g), int32(e.m), int32(e.n), int32(e.k), e.alpha, e.beta, int32(engineGroupM),
