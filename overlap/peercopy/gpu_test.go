@@ -20,6 +20,7 @@ import (
 	"github.com/asynctp/asynctp/overlap/overlaptest"
 	"github.com/asynctp/asynctp/overlap/peercopy"
 	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/cudabackend"
 )
 
 // The GPU tests run N processes, one NVSHMEM PE each, all on GPU 0 when
@@ -430,6 +431,8 @@ func (p *pe) bench(t *testing.T) {
 	shape := fmt.Sprintf("rows %d, K %d, N %d/rank", rows, k, m)
 	d, err := timeIt(reps, func() error { b.MatMul(out, xFull, w, false, true, 1, 0); return nil })
 	row("gemm alone, AG shape ("+shape+")", d, err)
+	d, err = timeIt(reps, func() error { return b.EngineMatMul(out, xFull, w, false, true, 1, 0, cudabackend.GEMMOptions{}) })
+	row("engine gemm alone, AG shape", d, err)
 	d, err = timeIt(reps, func() error {
 		wk, err := p.World.AllGather(xFull, x, b.Stream())
 		if err == nil {
@@ -440,6 +443,8 @@ func (p *pe) bench(t *testing.T) {
 	row("all-gather alone (NVSHMEM transport)", d, err)
 	d, err = timeIt(reps, func() error { b.MatMul(partial, x2, w2, false, true, 1, 0); return nil })
 	row(fmt.Sprintf("gemm alone, RS shape (rows %d, K %d/rank, N %d)", rows, kl, k), d, err)
+	d, err = timeIt(reps, func() error { return b.EngineMatMul(partial, x2, w2, false, true, 1, 0, cudabackend.GEMMOptions{}) })
+	row("engine gemm alone, RS shape", d, err)
 	d, err = timeIt(reps, func() error {
 		wk, err := p.World.ReduceScatter(out2, partial, comm.Sum, b.Stream())
 		if err == nil {

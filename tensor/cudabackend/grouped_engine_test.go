@@ -265,11 +265,14 @@ func mustI32(t testing.TB, vals []int32) *tensor.Tensor {
 // TestGroupedEngineSIMTOverride checks the escape hatch: with the SIMT
 // kernels forced (as $ASYNCTP_GROUPED=simt does) the ops leave the engine,
 // PreferGrouped answers false, and the SIMT kernel's result matches the
-// engine's within bf16 rounding.
+// engine's within bf16 rounding; the preference follows WithGroupedGEMM.
 func TestGroupedEngineSIMTOverride(t *testing.T) {
 	g := openGroupedEngine(t)
-	if !g.PreferGrouped() {
-		t.Fatal("PreferGrouped() = false with the grouped engine available; want true by default")
+	if g.PreferGrouped() {
+		t.Fatal("PreferGrouped() = true by default; want false (per-expert cuBLASLt is faster today: WithGroupedGEMM)")
+	}
+	if !openGPU(t, WithGroupedGEMM(true)).PreferGrouped() {
+		t.Error("PreferGrouped() = false under WithGroupedGEMM(true); want true")
 	}
 	if openGPU(t, WithGroupedGEMM(false)).PreferGrouped() {
 		t.Error("PreferGrouped() = true under WithGroupedGEMM(false); want false (one cuBLASLt GEMM per expert)")
