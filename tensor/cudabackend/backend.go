@@ -59,8 +59,8 @@ type Option func(*config)
 // (2026-12-02, BENCHMARKS.md), one MoE layer's forward and backward took
 // 3.8 ms with per-expert cuBLASLt and host counts against 5.5 ms with the
 // grouped engine and the device step (4096 tokens per rank, EP 2, top-2 of
-// 8), the engine's grouped kernels being at 0.5–0.9 of per-expert cuBLASLt
-// on those shapes (its weight gradient lowest). WithGroupedGEMM(true) takes
+// 8), the engine's grouped kernels being at 0.7–0.9 of per-expert cuBLASLt
+// at 2048 rows per expert (its weight gradient lowest). WithGroupedGEMM(true) takes
 // the grouped GEMM, WithGroupedGEMM(false) says the default explicitly. The
 // ops themselves work either way (tensor.GroupedGEMM), each call on the
 // tensor-core engine (grouped_sm90.cu) where it applies (an sm_90a GPU,
