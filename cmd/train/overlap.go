@@ -92,7 +92,7 @@ func autotunePath(cfg Config) (string, bool) {
 // --autotune: then a missing one starts empty, and the result is an
 // *ablate.AutoTune that tunes the sites the cache lacks on world's ranks
 // with pipelined, the run's pipelined strategy (nil on a check without
-// ranks).
+// ranks), and the run's fused strategy where it has one (fusedOf).
 func tuning(cfg Config, b tensor.Backend, dt tensor.DType, world comm.Comm, pipelined overlap.Strategy) (overlap.Tuning, error) {
 	if !usesAuto(cfg.Overlap) {
 		return nil, nil
@@ -118,7 +118,20 @@ func tuning(cfg Config, b tensor.Backend, dt tensor.DType, world comm.Comm, pipe
 	if !cfg.Autotune {
 		return l, nil
 	}
-	return &ablate.AutoTune{Lookup: l, World: world, Pipelined: pipelined, Seed: cfg.Model.Seed, Warmup: autotuneWarmup, Reps: autotuneReps}, nil
+	return &ablate.AutoTune{Lookup: l, World: world, Pipelined: pipelined, Fused: fusedOf(cfg),
+		Seed: cfg.Model.Seed, Warmup: autotuneWarmup, Reps: autotuneReps}, nil
+}
+
+// fusedOf is the run's fused strategy (nil where it has none: not
+// NVSHMEM on GPUs), a candidate of --autotune where it supports a site.
+func fusedOf(cfg Config) overlap.Strategy {
+	avail, _ := overlapStrategies(cfg)
+	for _, s := range avail {
+		if s.Name() == (peercopy.Fused{}).Name() {
+			return s
+		}
+	}
+	return nil
 }
 
 // The micro-runs of --autotune: warm-up calls, then timed repetitions (the

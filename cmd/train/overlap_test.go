@@ -118,3 +118,22 @@ func TestOverlapErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestAutotuneFusedCandidate: --autotune takes the fused strategy as a
+// candidate exactly where the run can build it (NVSHMEM on GPUs).
+func TestAutotuneFusedCandidate(t *testing.T) {
+	cfg := tinyPreset()
+	for _, c := range []struct {
+		comm, device string
+		want         bool
+	}{{"nvshmem", "cuda", true}, {"nvshmem", "auto", true}, {"tcp", "cpu", false}, {"nvshmem", "cpu", false}, {"nccl", "cuda", false}} {
+		cfg.Parallel.Comm, cfg.Device = c.comm, c.device
+		f := fusedOf(cfg)
+		if got := f != nil; got != c.want {
+			t.Errorf("--comm %s --device %s: fused candidate %v, want %v", c.comm, c.device, f, c.want)
+		}
+		if f != nil && f.Name() != "fused" {
+			t.Errorf("--comm %s: candidate %q, want fused", c.comm, f.Name())
+		}
+	}
+}
