@@ -357,10 +357,12 @@ func (d *Decoder) ReadLoss() (float64, error) {
 // LossAsync is ReadLoss without the wait: it queues the read of the loss
 // sum (tensor.ReadAsync: on a GPU a copy into pinned memory after the work
 // queued so far) and returns a function that waits for that copy only and
-// returns what ReadLoss would have returned now. The target count and the
-// auxiliary losses (host values) are taken now, so later forwards do not
-// change the result: a training loop can queue the next step before it
-// reads this one's loss. The returned function may be called once.
+// returns what ReadLoss would have returned now. The target count is
+// taken now and the auxiliary losses with RouterStatsAsync (an MoE block's
+// still on the device are waited for by the function, not now), so later
+// forwards do not change the result: a training loop can queue the next
+// step before it reads this one's loss. The returned function may be
+// called once.
 func (d *Decoder) LossAsync() (func() (float64, error), error) {
 	switch d.lossAt {
 	case lossNone:
@@ -368,15 +370,26 @@ func (d *Decoder) LossAsync() (func() (float64, error), error) {
 	case lossZero:
 		return func() (float64, error) { return 0, nil }, nil
 	}
-	aux, n := d.AuxLoss(), d.nTargets
+	auxOf, n := d.RouterStatsAsync(), d.nTargets
+	readAux := func() (float64, error) {
+		aux, _, err := auxOf()
+		if err != nil {
+			return 0, d.fail(fmt.Errorf("%s: reading the auxiliary losses: %w", d.p.What, err))
+		}
+		return aux, nil
+	}
 	if n == 0 {
-		return func() (float64, error) { return aux, nil }, nil
+		return readAux, nil
 	}
 	r := tensor.ReadAsync(d.b, d.lossSum)
 	return func() (float64, error) {
 		vals, err := r.Wait()
 		if err != nil {
 			return 0, d.fail(fmt.Errorf("%s: reading the loss: %w", d.p.What, err))
+		}
+		aux, err := readAux()
+		if err != nil {
+			return 0, err
 		}
 		return vals[0]/float64(n) + aux, nil
 	}, nil

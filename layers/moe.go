@@ -135,6 +135,16 @@ func NewMoEStats(name string, r *Router, g LoadStats, dropped int) MoEStats {
 		Dropped: dropped, LoadBalance: bal, ZLoss: z, AuxLoss: r.AuxLoss()}
 }
 
+// NewMoEStatsOf is NewMoEStats for the statistics g of a step that the
+// router may no longer hold (read back after later forwards): the losses
+// are those SetLosses(g) sets, with the router's coefficients, and the
+// router is left as it is.
+func NewMoEStatsOf(name string, r *Router, g LoadStats, dropped int) MoEStats {
+	bal, z := lossesOf(g, r.Experts, r.TopK)
+	return MoEStats{Name: name, Tokens: g.Tokens, TokensPerExpert: append([]int(nil), g.Routed...),
+		Dropped: dropped, LoadBalance: bal, ZLoss: z, AuxLoss: r.AuxLossCoef*bal + r.ZLossCoef*z}
+}
+
 // Forward writes out (..., Dim) from x (..., Dim), which must stay unchanged
 // until Backward.
 func (m *MoE) Forward(out, x *tensor.Tensor) error {

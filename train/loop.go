@@ -64,6 +64,7 @@ type runOptions struct {
 	modelConfig any
 	layout      any
 	extra       func(step int) map[string]any
+	lateExtra   func(step int) func() (map[string]any, error)
 	hook        func(StepMetrics)
 	start       func(Result) error
 	interrupt   bool
@@ -108,6 +109,18 @@ func WithLayout(layout any) Option { return func(o *runOptions) { o.layout = lay
 // WithExtraMetrics adds fields to each step's metrics (aux loss, ...).
 func WithExtraMetrics(fn func(step int) map[string]any) Option {
 	return func(o *runOptions) { o.extra = fn }
+}
+
+// WithLateExtraMetrics adds fields to each step's metrics that are read
+// one step late, with the step's loss: fn(step) is called right after the
+// step's forward and backward (like WithExtraMetrics' function, before the
+// next forward replaces what it reads) and must not wait for the device;
+// the function it returns is called when the step is read back, after the
+// next step is queued, and gives the fields (an MoE model's aux loss and
+// router statistics, whose read it waits for then). Its error stops the
+// run.
+func WithLateExtraMetrics(fn func(step int) func() (map[string]any, error)) Option {
+	return func(o *runOptions) { o.lateExtra = fn }
 }
 
 // WithStepHook calls fn after every step, on every rank, when the step is

@@ -131,7 +131,8 @@ type pendingStep struct {
 	loss   func() (float64, error) // waits for the loss read-back
 	normSq tensor.HostRead         // Σ g², nil when norm is known
 	norm   float64
-	extra  map[string]any // o.extra's fields, taken right after the step's forward
+	extra  map[string]any                 // o.extra's fields, taken right after the step's forward
+	late   func() (map[string]any, error) // o.lateExtra's, read with the loss
 }
 
 // queue runs one training step up to the update without reading anything
@@ -167,6 +168,9 @@ func (r *runner) queue(step int) (*pendingStep, error) {
 	}
 	if r.o.extra != nil { // before the next forward (or a validation) replaces the router's statistics
 		p.extra = r.o.extra(step)
+	}
+	if r.o.lateExtra != nil {
+		p.late = r.o.lateExtra(step)
 	}
 	_, hostNorm := r.model.(GradSumSquarer)
 	_, devNorm := r.model.(DeviceGradSumSquarer)
@@ -270,6 +274,15 @@ func (r *runner) flush() error {
 	}
 	for k, v := range p.extra {
 		m.Extra[k] = v
+	}
+	if p.late != nil {
+		late, err := p.late()
+		if err != nil {
+			return fmt.Errorf("train: step %d: metrics: %w", p.step, err)
+		}
+		for k, v := range late {
+			m.Extra[k] = v
+		}
 	}
 	if r.o.val != nil && (p.step%r.o.valEvery == 0 || p.step == cfg.Steps) {
 		vl, err := r.validate()

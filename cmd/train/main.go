@@ -170,7 +170,7 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 	if mc.Experts > 0 {
-		opts = append(opts, train.WithExtraMetrics(dump.withDump(func(int) map[string]any { return routerMetrics(model) })))
+		opts = append(opts, train.WithLateExtraMetrics(dump.withDump(func(int) func() (map[string]any, error) { return routerMetrics(model) })))
 	}
 	res, err := train.Run(ctx, b, model, data, cfg.Train, opts...)
 	if err := errors.Join(err, dump.close()); err != nil {
@@ -237,21 +237,30 @@ func dataAndOptions(cfg Config, ds *train.Dataset, rank0 bool) (*train.Loader, [
 // moeModel is what routerMetrics reads: layers.GPT and the sharded
 // model.Model (whose statistics cover the global batch on every rank).
 type moeModel interface {
-	AuxLoss() float64
-	RouterStats() []layers.MoEStats
+	RouterStatsAsync() func() (float64, []layers.MoEStats, error)
 }
 
 // routerMetrics are the MoE fields of a metrics.jsonl record: the auxiliary
 // loss (included in "loss") and, per MoE block, the token-slots each expert
-// received and how many were dropped over capacity.
-func routerMetrics(m moeModel) map[string]any {
-	var perExpert [][]int
-	dropped := 0
-	for _, s := range m.RouterStats() {
-		perExpert = append(perExpert, s.TokensPerExpert)
-		dropped += s.Dropped
+// received and how many were dropped over capacity. They are the last
+// forward's, given by the returned function: on the MoE device step their
+// read is waited for then, with the step's loss, one step late
+// (train.WithLateExtraMetrics).
+func routerMetrics(m moeModel) func() (map[string]any, error) {
+	read := m.RouterStatsAsync()
+	return func() (map[string]any, error) {
+		aux, stats, err := read()
+		if err != nil {
+			return nil, err
+		}
+		var perExpert [][]int
+		dropped := 0
+		for _, s := range stats {
+			perExpert = append(perExpert, s.TokensPerExpert)
+			dropped += s.Dropped
+		}
+		return map[string]any{"aux_loss": aux, "tokens_per_expert": perExpert, "dropped": dropped}, nil
 	}
-	return map[string]any{"aux_loss": m.AuxLoss(), "tokens_per_expert": perExpert, "dropped": dropped}
 }
 
 // openDataset reads --data, or the built-in corpus when none is given.

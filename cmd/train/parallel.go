@@ -139,7 +139,7 @@ func trainRank(ctx context.Context, c comm.Comm, cfg Config, ds *train.Dataset, 
 		return train.Result{}, err
 	}
 	if m.Config().Experts > 0 {
-		opts = append(opts, train.WithExtraMetrics(dump.withDump(func(int) map[string]any { return routerMetrics(m) })))
+		opts = append(opts, train.WithLateExtraMetrics(dump.withDump(func(int) func() (map[string]any, error) { return routerMetrics(m) })))
 	}
 	res, err := train.RunSharded(stop.ctx, b, m, data, cfg.Train, opts...)
 	return res, errors.Join(err, dump.close())

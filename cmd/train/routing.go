@@ -176,12 +176,13 @@ func (d *routingDump) close() error {
 	return nil
 }
 
-// withDump runs the dump of step before the metrics' extra fields.
-func (d *routingDump) withDump(extra func(int) map[string]any) func(int) map[string]any {
+// withDump runs the dump of step before the metrics' extra fields are
+// queued (right after the step's forward and backward).
+func (d *routingDump) withDump(extra func(int) func() (map[string]any, error)) func(int) func() (map[string]any, error) {
 	if d == nil {
 		return extra
 	}
-	return func(step int) map[string]any {
+	return func(step int) func() (map[string]any, error) {
 		d.write(step)
 		return extra(step)
 	}

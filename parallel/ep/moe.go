@@ -213,7 +213,7 @@ func (m *MoE) Stats() layers.MoEStats {
 		if err := m.resolve(); err != nil {
 			return layers.MoEStats{Name: m.Name, AuxLoss: math.NaN()}
 		}
-		return layers.NewMoEStats(m.Name, m.Router, m.global, m.dev.dropped)
+		return layers.NewMoEStats(m.Name, m.Router, m.global, m.dev.cur.dropped)
 	}
 	return layers.NewMoEStats(m.Name, m.Router, m.global, m.h.Dropped())
 }

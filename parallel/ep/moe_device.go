@@ -20,22 +20,62 @@ import (
 // 1/T) are made on the device. Their values (AuxLoss, Stats) come from a
 // read of the summed statistics queued with tensor.ReadAsync and waited
 // for only when asked (by then, in a training loop, long done): they are
-// the values of the host-count step.
+// the values of the host-count step. StatsAsync hands a step's read to its
+// caller (layers.Decoder.LossAsync and RouterStatsAsync), who waits for it
+// after the next step is queued; the next Forward then leaves it alone.
 
 // deviceStep holds the device step's buffers and its pending read.
 type deviceStep struct {
-	path       DeviceOffsets
-	buf        *tensor.Tensor // (2E+1 + P·Mt) f32: the statistics, then the token mask
-	mask       *tensor.Tensor // (P·Mt) this rank's part of the mask
-	maskN      int            // the tokens mask was made for
-	inv        *tensor.Tensor // (1, P·Mt) the mask's softmax
-	ye, dxe    *tensor.Tensor // (Bound, C) expert-major
-	pending    tensor.HostRead
-	cf         float64
-	resolved   bool
-	stats      layers.LoadStats
-	dropped    int
-	resolveErr error
+	path    DeviceOffsets
+	buf     *tensor.Tensor // (2E+1 + P·Mt) f32: the statistics, then the token mask
+	mask    *tensor.Tensor // (P·Mt) this rank's part of the mask
+	maskN   int            // the tokens mask was made for
+	inv     *tensor.Tensor // (1, P·Mt) the mask's softmax
+	ye, dxe *tensor.Tensor // (Bound, C) expert-major
+	cur     *statsRead     // the last Forward's statistics
+}
+
+// statsRead is one step's read of the summed statistics and what they
+// give once read.
+type statsRead struct {
+	what    string
+	read    tensor.HostRead
+	cf      float64
+	E, K    int
+	taken   bool // handed out by StatsAsync: its caller waits for it
+	done    bool
+	stats   layers.LoadStats
+	dropped int
+	err     error
+}
+
+// resolve waits for the read (once) and makes the statistics of it.
+func (r *statsRead) resolve() error {
+	if r.done {
+		return r.err
+	}
+	r.done = true
+	vals, err := r.read.Wait()
+	r.read = nil
+	if err != nil {
+		r.err = fmt.Errorf("%s: reading the router statistics: %w", r.what, err)
+		return r.err
+	}
+	E, K := r.E, r.K
+	g := layers.LoadStats{Routed: make([]int, E), ProbSums: append([]float64(nil), vals[E:2*E]...), LSESquares: vals[2*E]}
+	slots := 0
+	for e := range E {
+		g.Routed[e] = int(math.Round(vals[e]))
+		slots += g.Routed[e]
+	}
+	g.Tokens = slots / K
+	if c := layers.Capacity(r.cf, g.Tokens, K, E); c > 0 {
+		for _, n := range g.Routed {
+			r.dropped += max(0, n-c)
+		}
+	}
+	r.stats = g
+	return nil
 }
 
 // DeviceStep reports whether Forward and Backward run the device step:
@@ -61,7 +101,7 @@ func (m *MoE) forwardDevice(dp DeviceOffsets, out2, x2 *tensor.Tensor, n int) er
 	}
 	s := m.dev
 	s.finish()
-	s.path, s.cf = dp, m.cfg.CapacityFactor
+	s.path = dp
 	m.Router.DeviceStats = true
 	if err := m.Router.Forward(x2); err != nil {
 		return err
@@ -132,7 +172,7 @@ func (m *MoE) deviceStats(n int) error {
 	if err := m.Router.SetGlobalDevice(stats, view(s.inv, 0, 1, 1)); err != nil {
 		return err
 	}
-	s.pending = tensor.ReadAsync(m.b, stats)
+	s.cur = &statsRead{what: m.what(), read: tensor.ReadAsync(m.b, stats), cf: m.cfg.CapacityFactor, E: E, K: m.cfg.TopK}
 	return nil
 }
 
@@ -144,46 +184,45 @@ func view(t *tensor.Tensor, off int, shape ...int) *tensor.Tensor {
 	return v
 }
 
-// finish waits for a pending read that nobody asked for (a copy long done).
+// finish drops the last step's read: one nobody asked for is waited for
+// (a copy long done, whose pinned buffer goes back), one handed out by
+// StatsAsync is its caller's.
 func (s *deviceStep) finish() {
-	if s.pending != nil {
-		s.pending.Wait()
-		s.pending = nil
+	if s.cur != nil && !s.cur.taken {
+		s.cur.resolve()
 	}
-	s.resolved, s.resolveErr = false, nil
+	s.cur = nil
 }
 
 // resolve waits for the step's statistics and sets the router's losses.
 func (m *MoE) resolve() error {
-	s := m.dev
-	if s.resolved {
-		return s.resolveErr
+	r := m.dev.cur
+	if err := r.resolve(); err != nil {
+		return err
 	}
-	s.resolved = true
-	vals, err := s.pending.Wait()
-	s.pending = nil
-	if err != nil {
-		s.resolveErr = fmt.Errorf("%s: reading the router statistics: %w", m.what(), err)
-		return s.resolveErr
-	}
-	E, K := m.cfg.Experts, m.cfg.TopK
-	g := layers.LoadStats{Routed: make([]int, E), ProbSums: append([]float64(nil), vals[E:2*E]...), LSESquares: vals[2*E]}
-	slots := 0
-	for e := range E {
-		g.Routed[e] = int(math.Round(vals[e]))
-		slots += g.Routed[e]
-	}
-	g.Tokens = slots / K
-	s.dropped = 0
-	if c := layers.Capacity(s.cf, g.Tokens, K, E); c > 0 {
-		for _, r := range g.Routed {
-			s.dropped += max(0, r-c)
-		}
-	}
-	s.stats = g
-	m.global = g
-	m.Router.SetLosses(g)
+	m.global = r.stats
+	m.Router.SetLosses(r.stats)
 	return nil
+}
+
+// StatsAsync implements layers.StatsReader: the returned function gives
+// what Stats returns now (its AuxLoss field is AuxLoss's value). On the
+// device step the statistics' read is waited for by the function, not
+// now, and the next Forward leaves that read to it; otherwise the values
+// are the host's, taken now. The function may be called more than once.
+func (m *MoE) StatsAsync() func() (layers.MoEStats, error) {
+	if m.n == 0 || !m.onDevice() {
+		st := m.Stats()
+		return func() (layers.MoEStats, error) { return st, nil }
+	}
+	r, name, router := m.dev.cur, m.Name, m.Router
+	r.taken = true
+	return func() (layers.MoEStats, error) {
+		if err := r.resolve(); err != nil {
+			return layers.MoEStats{Name: name, AuxLoss: math.NaN()}, err
+		}
+		return layers.NewMoEStatsOf(name, router, r.stats, r.dropped), nil
+	}
 }
 
 func (m *MoE) backwardDevice(dp DeviceOffsets, dx2, dout2 *tensor.Tensor) error {

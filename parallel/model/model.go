@@ -243,6 +243,14 @@ func (m *Model) AuxLoss() float64 { return m.dec.AuxLoss() }
 // the same on every rank), as layers.GPT's.
 func (m *Model) RouterStats() []layers.MoEStats { return m.dec.RouterStats() }
 
+// RouterStatsAsync is AuxLoss and RouterStats given by the returned
+// function, the MoE blocks' device-step statistics waited for only then
+// (layers.Decoder.RouterStatsAsync): train's metrics of a step read one
+// step late.
+func (m *Model) RouterStatsAsync() func() (float64, []layers.MoEStats, error) {
+	return m.dec.RouterStatsAsync()
+}
+
 // Grid is the grid the model was built on.
 func (m *Model) Grid() *comm.Grid { return m.grid }
 

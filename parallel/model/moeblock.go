@@ -87,6 +87,9 @@ func (f *moeFFN) AuxLoss() float64 { return f.moe.AuxLoss() }
 // Stats are the EP layer's, over the global batch (layers.Block.Stats).
 func (f *moeFFN) Stats() layers.MoEStats { return f.moe.Stats() }
 
+// StatsAsync is the EP layer's (layers.StatsReader: read one step late).
+func (f *moeFFN) StatsAsync() func() (layers.MoEStats, error) { return f.moe.StatsAsync() }
+
 // Shards describes the MoE's parameters: the router replicated with a
 // gradient partial per TP rank (each TP rank routes other tokens), and the
 // experts as the slice [Lo, Hi) of dimension 0 of the stacked expert
