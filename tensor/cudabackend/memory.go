@@ -88,16 +88,25 @@ type allocator struct {
 	live   int64           // bytes handed out
 	cached int64           // bytes in free lists
 	peak   int64           // most bytes reserved from the device at once
+	ledger *ledger         // WithMemLedger: the blocks by call site; nil: off
 }
 
-func newAllocator(d gpu.Device) *allocator {
-	return &allocator{dev: d, free: make(map[int][]gpu.Ptr), held: make(map[gpu.Ptr]int)}
+func newAllocator(d gpu.Device, withLedger bool) *allocator {
+	a := &allocator{dev: d, free: make(map[int][]gpu.Ptr), held: make(map[gpu.Ptr]int)}
+	if withLedger {
+		a.ledger = newLedger()
+	}
+	return a
 }
 
 // get returns a block of the size class of n bytes. The caller has acquired
 // the device.
 func (a *allocator) get(n int) (gpu.Ptr, int, error) {
 	size := bucketSize(n)
+	var site string
+	if a.ledger != nil { // set once, before any allocation
+		site = callSite()
+	}
 	a.mu.Lock()
 	if l := a.free[size]; len(l) > 0 {
 		p := l[len(l)-1]
@@ -105,6 +114,9 @@ func (a *allocator) get(n int) (gpu.Ptr, int, error) {
 		a.cached -= int64(size)
 		a.live += int64(size)
 		a.held[p] = size
+		if a.ledger != nil {
+			a.ledger.add(p, site, int64(n), int64(size), a.live, a.cached)
+		}
 		a.mu.Unlock()
 		return p, size, nil
 	}
@@ -123,6 +135,9 @@ func (a *allocator) get(n int) (gpu.Ptr, int, error) {
 	a.live += int64(size)
 	a.held[p] = size
 	a.peak = max(a.peak, a.live+a.cached)
+	if a.ledger != nil {
+		a.ledger.add(p, site, int64(n), int64(size), a.live, a.cached)
+	}
 	a.mu.Unlock()
 	return p, size, nil
 }
@@ -136,6 +151,9 @@ func (a *allocator) put(p gpu.Ptr, size int) {
 		return
 	}
 	delete(a.held, p)
+	if a.ledger != nil {
+		a.ledger.remove(p, int64(size))
+	}
 	a.free[size] = append(a.free[size], p)
 	a.live -= int64(size)
 	a.cached += int64(size)
@@ -172,6 +190,10 @@ func (a *allocator) releaseAll() error {
 	a.held = make(map[gpu.Ptr]int)
 	a.closed = true
 	a.live = 0
+	if l := a.ledger; l != nil {
+		clear(l.blocks)
+		clear(l.now)
+	}
 	a.mu.Unlock()
 	for p := range held {
 		if err := a.dev.Free(p); err != nil && first == nil {
