@@ -100,6 +100,7 @@ type Block struct {
 	m    *tensor.Tensor // (n, C) ffn(h2)
 	dh   *tensor.Tensor // (n, C) backward scratch: ∂L/∂h2, then ∂L/∂h1
 	dx1  *tensor.Tensor // (n, C) backward scratch: ∂L/∂x1
+	ws   *workspace     // shared buffers (NewBlock); nil: the block's own
 }
 
 // NewBlock registers name+".attn_norm", ".attn", ".mlp_norm" and ".mlp"
@@ -143,6 +144,7 @@ func NewBlock(b tensor.Backend, ps *ParamSet, name string, cfg BlockConfig) (*Bl
 		return nil, err
 	}
 	blk.Attn, blk.MLP, blk.MoE = attn, mlp, moe
+	blk.ws = ps.workspace(b)
 	return blk, nil
 }
 
@@ -312,8 +314,8 @@ func (blk *Block) Backward(dx, dout *tensor.Tensor) error {
 	if err := CheckApart(blk.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
 		return err
 	}
-	blk.dh = Ensure(blk.b, blk.dh, dt, n, C)
-	blk.dx1 = Ensure(blk.b, blk.dx1, dt, n, C)
+	blk.dh = blk.ws.ensure(wsBlockDH, blk.b, blk.dh, dt, n, C)
+	blk.dx1 = blk.ws.ensure(wsBlockDX1, blk.b, blk.dx1, dt, n, C)
 	dx2, dout2 := Reshape(dx, n, C), Reshape(dout, n, C)
 	// out = x1 + m: ∂L/∂x1 = dout + norm2ᵀ(ffnᵀ(dout)).
 	if err := blk.FFN.Backward(blk.dh, dout2); err != nil {
