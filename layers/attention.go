@@ -82,7 +82,7 @@ type AttentionCore struct {
 	// token goes into qkv; RoPEQKV writes qr, kr and v from it, and the
 	// backward writes dqkv, the one GEMM's input back.
 	packed    bool
-	qkv, dqkv *tensor.Tensor // (B*T, 3*H*D)
+	qkv, dqkv *tensor.Tensor // (B*T, 3*H*D); qkv is read by Forward only
 
 	ws *workspace // shared buffers (NewAttention); nil: the core's own
 }
@@ -121,7 +121,7 @@ func (c *AttentionCore) Inputs(dt tensor.DType, B, T int) (q, k, v *tensor.Tenso
 func (c *AttentionCore) InputsPacked(dt tensor.DType, B, T int) (qkv *tensor.Tensor) {
 	N, H, D := B*T, c.Heads, c.HeadDim
 	c.bt = [2]int{B, T}
-	c.qkv = Ensure(c.b, c.qkv, dt, N, 3*H*D)
+	c.qkv = c.ws.ensure(wsAttnQKV, c.b, c.qkv, dt, N, 3*H*D) // dead after RoPEQKV: shared
 	c.v = Ensure(c.b, c.v, dt, N, H*D)
 	c.qr = Ensure(c.b, c.qr, dt, B, T, H, D)
 	c.kr = Ensure(c.b, c.kr, dt, B, T, H, D)

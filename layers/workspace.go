@@ -3,10 +3,13 @@ package layers
 import "github.com/asynctp/asynctp/tensor"
 
 // workspace holds the buffers that the layers of one model share because
-// each lives only inside one layer's backward: every backward buffer (∂L/∂
-// of a layer's intermediates, dead once the layer's input gradient is
-// written). Kept per layer, as they were, they grew with the depth: for
-// gpt2-124m at 16k tokens 12 copies of ~0.4 GiB (BENCHMARKS.md, "Where
+// each lives only inside one layer's forward or one layer's backward: a
+// block's attention and MLP outputs (dead once added into the residual
+// stream), the packed q, k, v projections (dead once RoPE has copied them
+// out), and every backward buffer (∂L/∂ of a layer's intermediates, dead
+// once the layer's input gradient is written). Kept per layer, as they
+// were, they grew with the depth: for gpt2-124m at 16k tokens 12 copies of
+// ~0.5 GiB (BENCHMARKS.md, "Where
 // gpt2-124m's memory goes"). All users run one after another on the
 // backend's stream, so a layer's ops on a slot are queued after the
 // previous layer's last use of it.
@@ -26,8 +29,10 @@ type workspace struct {
 
 // The roles.
 const (
-	wsBlockDH  = iota // the block's ∂L/∂h2, then ∂L/∂h1
+	wsBlockOut = iota // the block's mixer output a, then its FFN output m (forward)
+	wsBlockDH         // the block's ∂L/∂h2, then ∂L/∂h1
 	wsBlockDX1        // the block's ∂L/∂x1
+	wsAttnQKV         // the packed projections [q | k | v] (forward, until RoPEQKV)
 	wsAttnDAtt
 	wsAttnDQR
 	wsAttnDKR

@@ -169,7 +169,7 @@ func (b *Backend) MemLedger() (MemReport, bool) {
 const (
 	CatParams      = "parameters and gradients"
 	CatOptimizer   = "optimizer state (fp32 master, m, v)"
-	CatActivations = "activations saved by layers' forwards"
+	CatActivations = "layers' forward buffers (saved for backward)"
 	CatBackward    = "layers' backward buffers"
 	CatStream      = "decoder: residual stream, final norm, their gradients"
 	CatHead        = "LM head: logits chunk, weight gradient, targets"
