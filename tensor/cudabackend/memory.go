@@ -60,14 +60,21 @@ func ptr(t *tensor.Tensor) gpu.Ptr {
 // ---------------------------------------------------------------------------
 // The caching allocator. Device memory is reserved in size classes: 512
 // bytes and up, four classes per power of two (2^k, 1.25·2^k, 1.5·2^k,
-// 1.75·2^k), so at most a quarter is wasted. Freed blocks go to the free list
+// 1.75·2^k), so at most a quarter is wasted; from 64 MiB (largeBucket) on,
+// 32 classes per power of two (at most 1/32 wasted): the few large blocks
+// (the flat parameters, gradients, master weights and moments, the head's
+// weight gradient) are one of a kind, and a quarter of them was ~0.26 GiB
+// of gpt2-124m's peak (BENCHMARKS.md). Freed blocks go to the free list
 // of their class and are reused by the next request of that class without
 // calling cuMemAlloc; all work runs on the backend's one stream, so a block
 // given back while kernels that use it are still queued is only reused by
 // work queued after them. When cuMemAlloc fails, the cached blocks are
 // released and the allocation is tried once more.
 
-const minBucket = 512
+const (
+	minBucket   = 512
+	largeBucket = 64 << 20
+)
 
 // bucketSize is the size class of a request of n bytes.
 func bucketSize(n int) int {
@@ -76,6 +83,9 @@ func bucketSize(n int) int {
 	}
 	k := bits.Len(uint(n)) - 1 // 2^k ≤ n < 2^(k+1)
 	step := 1 << (k - 2)
+	if n >= largeBucket {
+		step = 1 << (k - 5)
+	}
 	return (n + step - 1) / step * step
 }
 
