@@ -82,7 +82,9 @@ type AttentionCore struct {
 	// token goes into qkv; RoPEQKV writes qr, kr and v from it, and the
 	// backward writes dqkv, the one GEMM's input back.
 	packed    bool
-	qkv, dqkv *tensor.Tensor // (B*T, 3*H*D)
+	qkv, dqkv *tensor.Tensor // (B*T, 3*H*D); qkv is read by Forward only
+
+	ws *workspace // shared buffers (NewAttention); nil: the core's own
 }
 
 // NewAttentionCore returns the core of heads heads of headDim features
@@ -119,7 +121,7 @@ func (c *AttentionCore) Inputs(dt tensor.DType, B, T int) (q, k, v *tensor.Tenso
 func (c *AttentionCore) InputsPacked(dt tensor.DType, B, T int) (qkv *tensor.Tensor) {
 	N, H, D := B*T, c.Heads, c.HeadDim
 	c.bt = [2]int{B, T}
-	c.qkv = Ensure(c.b, c.qkv, dt, N, 3*H*D)
+	c.qkv = c.ws.ensure(wsAttnQKV, c.b, c.qkv, dt, N, 3*H*D) // dead after RoPEQKV: shared
 	c.v = Ensure(c.b, c.v, dt, N, H*D)
 	c.qr = Ensure(c.b, c.qr, dt, B, T, H, D)
 	c.kr = Ensure(c.b, c.kr, dt, B, T, H, D)
@@ -148,15 +150,15 @@ func (c *AttentionCore) Forward() (att *tensor.Tensor) {
 // before Backward.
 func (c *AttentionCore) OutputGrad() (datt *tensor.Tensor) {
 	dt, B, T, H, D := c.v.DType(), c.bt[0], c.bt[1], c.Heads, c.HeadDim
-	c.datt = Ensure(c.b, c.datt, dt, B*T, H*D)
-	c.dqr = Ensure(c.b, c.dqr, dt, B, T, H, D)
-	c.dkr = Ensure(c.b, c.dkr, dt, B, T, H, D)
-	c.dv = Ensure(c.b, c.dv, dt, B*T, H*D)
+	c.datt = c.ws.ensure(wsAttnDAtt, c.b, c.datt, dt, B*T, H*D)
+	c.dqr = c.ws.ensure(wsAttnDQR, c.b, c.dqr, dt, B, T, H, D)
+	c.dkr = c.ws.ensure(wsAttnDKR, c.b, c.dkr, dt, B, T, H, D)
+	c.dv = c.ws.ensure(wsAttnDV, c.b, c.dv, dt, B*T, H*D)
 	if c.packed {
-		c.dqkv = Ensure(c.b, c.dqkv, dt, B*T, 3*H*D)
+		c.dqkv = c.ws.ensure(wsAttnDQKV, c.b, c.dqkv, dt, B*T, 3*H*D)
 	} else {
-		c.dq = Ensure(c.b, c.dq, dt, B*T, H*D)
-		c.dk = Ensure(c.b, c.dk, dt, B*T, H*D)
+		c.dq = c.ws.ensure(wsAttnDQ, c.b, c.dq, dt, B*T, H*D)
+		c.dk = c.ws.ensure(wsAttnDK, c.b, c.dk, dt, B*T, H*D)
 	}
 	return c.datt
 }
@@ -202,6 +204,7 @@ func NewAttention(b tensor.Backend, ps *ParamSet, name string, cfg AttentionConf
 	}
 	a := &Attention{Name: name, Dim: cfg.Dim, Heads: cfg.Heads, HeadDim: hd, Theta: cfg.RopeTheta, b: b,
 		core: NewAttentionCore(b, cfg.Heads, hd, cfg.RopeTheta)}
+	a.core.ws = ps.workspace(b)
 	lin := func(suffix string, std float64) (*Linear, error) {
 		return NewLinear(b, ps, name+"."+suffix, LinearConfig{In: cfg.Dim, Out: cfg.Dim, Std: std})
 	}

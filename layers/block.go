@@ -94,12 +94,13 @@ type Block struct {
 	n    int            // rows of the last Forward
 	in3D bool           // the last Forward was the (B, T, Dim) form
 	h1   *tensor.Tensor // (n, C) norm1(x)
-	a    *tensor.Tensor // (n, C) attn(h1)
+	a    *tensor.Tensor // (n, C) attn(h1), dead after the forward's add
 	x1   *tensor.Tensor // (n, C) x + a
 	h2   *tensor.Tensor // (n, C) norm2(x1)
-	m    *tensor.Tensor // (n, C) ffn(h2)
+	m    *tensor.Tensor // (n, C) ffn(h2), dead after the forward's add (a's buffer with a workspace)
 	dh   *tensor.Tensor // (n, C) backward scratch: ∂L/∂h2, then ∂L/∂h1
 	dx1  *tensor.Tensor // (n, C) backward scratch: ∂L/∂x1
+	ws   *workspace     // shared buffers (NewBlock); nil: the block's own
 }
 
 // NewBlock registers name+".attn_norm", ".attn", ".mlp_norm" and ".mlp"
@@ -143,6 +144,7 @@ func NewBlock(b tensor.Backend, ps *ParamSet, name string, cfg BlockConfig) (*Bl
 		return nil, err
 	}
 	blk.Attn, blk.MLP, blk.MoE = attn, mlp, moe
+	blk.ws = ps.workspace(b)
 	return blk, nil
 }
 
@@ -263,8 +265,16 @@ func (blk *Block) ForwardSeq(out, x *tensor.Tensor, batch, seq int) error {
 // forward runs the block on validated rows x, out (n, Dim).
 func (blk *Block) forward(out, x *tensor.Tensor, batch, seq int) error {
 	dt, n, C := x.DType(), x.Dim(0), blk.Dim
-	for _, p := range []**tensor.Tensor{&blk.h1, &blk.a, &blk.x1, &blk.h2, &blk.m} {
+	for _, p := range []**tensor.Tensor{&blk.h1, &blk.x1, &blk.h2} {
 		*p = Ensure(blk.b, *p, dt, n, C)
+	}
+	// a and m are dead once added into the stream (a before m is written):
+	// one buffer for both, shared by the blocks.
+	blk.a = blk.ws.ensure(wsBlockOut, blk.b, blk.a, dt, n, C)
+	if blk.ws != nil {
+		blk.m = blk.a
+	} else {
+		blk.m = Ensure(blk.b, blk.m, dt, n, C)
 	}
 	if err := blk.Norm1.Forward(blk.h1, x); err != nil {
 		return err
@@ -312,8 +322,8 @@ func (blk *Block) Backward(dx, dout *tensor.Tensor) error {
 	if err := CheckApart(blk.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
 		return err
 	}
-	blk.dh = Ensure(blk.b, blk.dh, dt, n, C)
-	blk.dx1 = Ensure(blk.b, blk.dx1, dt, n, C)
+	blk.dh = blk.ws.ensure(wsBlockDH, blk.b, blk.dh, dt, n, C)
+	blk.dx1 = blk.ws.ensure(wsBlockDX1, blk.b, blk.dx1, dt, n, C)
 	dx2, dout2 := Reshape(dx, n, C), Reshape(dout, n, C)
 	// out = x1 + m: ∂L/∂x1 = dout + norm2ᵀ(ffnᵀ(dout)).
 	if err := blk.FFN.Backward(blk.dh, dout2); err != nil {

@@ -60,6 +60,8 @@ type SwiGLUCore struct {
 	// their gradient in dgu.
 	packed  bool
 	gu, dgu *tensor.Tensor // (N, 2·Hidden)
+
+	ws *workspace // shared backward buffers (NewMLP); nil: the core's own
 }
 
 // NewSwiGLUCore returns an activation that allocates on b.
@@ -101,13 +103,13 @@ func (s *SwiGLUCore) Forward() (h *tensor.Tensor) {
 // Backward.
 func (s *SwiGLUCore) OutputGrad() (dh *tensor.Tensor) {
 	dt, shape := s.h.DType(), s.h.Shape()
-	s.dh = Ensure(s.b, s.dh, dt, shape...)
+	s.dh = s.ws.ensure(wsMLPDH, s.b, s.dh, dt, shape...)
 	if s.packed {
-		s.dgu = Ensure(s.b, s.dgu, dt, s.gu.Shape()...)
+		s.dgu = s.ws.ensure(wsMLPDGU, s.b, s.dgu, dt, s.gu.Shape()...)
 		return s.dh
 	}
-	s.dgate = Ensure(s.b, s.dgate, dt, shape...)
-	s.dup = Ensure(s.b, s.dup, dt, shape...)
+	s.dgate = s.ws.ensure(wsMLPDGate, s.b, s.dgate, dt, shape...)
+	s.dup = s.ws.ensure(wsMLPDUp, s.b, s.dup, dt, shape...)
 	return s.dh
 }
 
@@ -134,6 +136,7 @@ func NewMLP(b tensor.Backend, ps *ParamSet, name string, cfg MLPConfig) (*MLP, e
 		return nil, fmt.Errorf("layers: mlp %q: Dim = %d, Hidden = %d, expected positive sizes", name, cfg.Dim, cfg.Hidden)
 	}
 	m := &MLP{Name: name, Dim: cfg.Dim, Hidden: cfg.Hidden, b: b, act: NewSwiGLUCore(b)}
+	m.act.ws = ps.workspace(b)
 	var err error
 	if m.Gate, err = NewLinear(b, ps, name+".w_gate", LinearConfig{In: cfg.Dim, Out: cfg.Hidden, Std: cfg.Std}); err != nil {
 		return nil, err

@@ -97,6 +97,7 @@ type ParamSet struct {
 
 	b    tensor.Backend
 	w, g *tensor.Tensor // (Numel) flat weights and gradients
+	ws   *workspace     // the buffers its layers share (workspace.go)
 }
 
 // NewParamSet returns an empty set whose initial values derive from seed.

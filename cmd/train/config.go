@@ -49,6 +49,7 @@ type Config struct {
 
 	explicit  map[string]bool // the fields the file and the flags give (explicitFields)
 	overwrite bool            // --overwrite
+	memReport bool            // --memory-report
 	adopted   bool            // prepare has taken the model of the resume or --init-from
 }
 
@@ -137,6 +138,7 @@ type flagValues struct {
 	autotuneCache                                        string
 	autotune                                             bool
 	groupedGEMM, dumpRouting                             string
+	memoryReport                                         bool
 	run                                                  runFlags
 }
 
@@ -184,6 +186,7 @@ func newFlagSet(fv *flagValues) *flag.FlagSet {
 	fs.StringVar(&fv.autotuneCache, "autotune-cache", "", "autotune cache `file` that --overlap auto picks from (cmd/ablate's autotune.json; default OUT/autotune.json when it exists)")
 	fs.StringVar(&fv.groupedGEMM, "grouped-gemm", GroupedAuto, "the MoE layers' expert GEMMs: auto (the backend's preference), on (the backend's grouped GEMM: with --overlap pipelined on --comm nvshmem GPUs the step reads no counts on the host), off (one GEMM per expert)")
 	fs.StringVar(&fv.dumpRouting, "dump-routing", "", "write every step's routing (each token's top-k experts per MoE layer, in the global token order) into `dir`, one file per rank; compare two runs with: train routing-diff DIR1 DIR2")
+	fs.BoolVar(&fv.memoryReport, "memory-report", false, "on the CUDA backend (one process): attribute the allocator's blocks to their call sites and print at the end what held memory at the peak (by category and by site)")
 	addRunFlags(fs, &fv.run)
 	return fs
 }
@@ -357,6 +360,7 @@ func applyFlags(cfg *Config, fv *flagValues, set map[string]bool) {
 	if set["dump-routing"] {
 		cfg.DumpRouting = fv.dumpRouting
 	}
+	cfg.memReport = fv.memoryReport
 	applyRunFlags(cfg, &fv.run, set)
 }
 

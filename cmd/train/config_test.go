@@ -92,3 +92,20 @@ func FuzzConfig(f *testing.F) {
 		}
 	})
 }
+
+// TestMemoryReportFlag: --memory-report turns the CUDA backend's ledger on
+// for the run (not a config field: it is not written to config.json).
+func TestMemoryReportFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want bool
+	}{{nil, false}, {[]string{"--memory-report"}, true}} {
+		cfg, err := loadConfig(tc.args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.memReport != tc.want {
+			t.Errorf("loadConfig(%q): memReport %v, want %v", tc.args, cfg.memReport, tc.want)
+		}
+	}
+}

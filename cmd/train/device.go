@@ -16,12 +16,14 @@ var devices = []string{"auto", "cpu", "cuda"}
 // parameters and activations use there: float32 on the CPU, bfloat16 on the
 // GPU (with fp32 master weights and optimizer state, kept by train). "auto"
 // takes GPU 0 when a GPU and the kernels image are present, else the CPU;
-// note says which it chose and why. grouped is --grouped-gemm (grouped.go).
-func openBackend(device, grouped string) (b tensor.Backend, dt tensor.DType, note string, err error) {
+// note says which it chose and why. grouped is --grouped-gemm (grouped.go);
+// more are further options of a CUDA backend (WithMemLedger).
+func openBackend(device, grouped string, more ...cudabackend.Option) (b tensor.Backend, dt tensor.DType, note string, err error) {
 	opts, extra, err := cudaOptions(grouped)
 	if err != nil {
 		return nil, 0, "", err
 	}
+	opts = append(opts, more...)
 	onCPU := func(c *cpu.Backend, note string) (tensor.Backend, tensor.DType, string, error) {
 		b, err := cpuGrouped(c, grouped)
 		if err != nil {

@@ -129,7 +129,11 @@ func run(ctx context.Context, args []string) error {
 	case !p.Single():
 		return runParallel(ctx, cfg)
 	}
-	b, dt, note, err := openBackend(cfg.Device, cfg.GroupedGEMM)
+	var ledger []cudabackend.Option
+	if cfg.memReport {
+		ledger = append(ledger, cudabackend.WithMemLedger())
+	}
+	b, dt, note, err := openBackend(cfg.Device, cfg.GroupedGEMM, ledger...)
 	if err != nil {
 		return err
 	}
@@ -185,6 +189,13 @@ func run(ctx context.Context, args []string) error {
 		// The allocator's high-water mark: what the device had to give this
 		// process for tensors (torch.cuda.max_memory_reserved is the same measure).
 		fmt.Printf("memory: peak %.2f GiB reserved from the device by the allocator\n", float64(ms.MemStats().Peak)/(1<<30))
+	}
+	if l, ok := b.(interface {
+		MemLedger() (cudabackend.MemReport, bool)
+	}); ok {
+		if r, on := l.MemLedger(); on {
+			r.Write(os.Stdout, true)
+		}
 	}
 	return nil
 }

@@ -47,6 +47,7 @@ type config struct {
 	// groupedSIMT forces the grouped GEMMs onto the SIMT kernels of
 	// grouped.cu ($ASYNCTP_GROUPED=simt; tests set it to compare).
 	groupedSIMT bool
+	ledger      bool // WithMemLedger
 }
 
 // Option configures New.
@@ -145,7 +146,7 @@ func New(device int, opts ...Option) (*Backend, error) {
 func newBackend(d gpu.Device, index int, cfg config) (*Backend, error) {
 	b := &Backend{dev: d, index: index, cfg: cfg, rope: make(map[ropeKey]gpu.Ptr)}
 	b.pol = b.policy()
-	b.alloc = newAllocator(d)
+	b.alloc = newAllocator(d, cfg.ledger)
 	if err := d.Acquire(); err != nil {
 		return nil, err
 	}

@@ -65,13 +65,16 @@ func TestFindKernels(t *testing.T) {
 
 func TestBucketSize(t *testing.T) {
 	prev := 0
-	for n := 1; n < 1<<22; n = n*5/4 + 1 {
+	for n := 1; n < 1<<34; n = n*9/8 + 1 {
 		s := bucketSize(n)
 		if s < n || s < minBucket {
 			t.Fatalf("bucketSize(%d) = %d: too small", n, s)
 		}
 		if n > minBucket && float64(s) > 1.25*float64(n)+1 {
 			t.Fatalf("bucketSize(%d) = %d wastes more than a quarter", n, s)
+		}
+		if n >= largeBucket && float64(s) > float64(n)*33/32 {
+			t.Fatalf("bucketSize(%d) = %d wastes more than 1/32 of a large block", n, s)
 		}
 		if s < prev {
 			t.Fatalf("bucketSize is not monotonic at %d", n)

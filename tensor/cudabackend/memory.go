@@ -60,14 +60,21 @@ func ptr(t *tensor.Tensor) gpu.Ptr {
 // ---------------------------------------------------------------------------
 // The caching allocator. Device memory is reserved in size classes: 512
 // bytes and up, four classes per power of two (2^k, 1.25·2^k, 1.5·2^k,
-// 1.75·2^k), so at most a quarter is wasted. Freed blocks go to the free list
+// 1.75·2^k), so at most a quarter is wasted; from 64 MiB (largeBucket) on,
+// 32 classes per power of two (at most 1/32 wasted): the few large blocks
+// (the flat parameters, gradients, master weights and moments, the head's
+// weight gradient) are one of a kind, and a quarter of them was ~0.26 GiB
+// of gpt2-124m's peak (BENCHMARKS.md). Freed blocks go to the free list
 // of their class and are reused by the next request of that class without
 // calling cuMemAlloc; all work runs on the backend's one stream, so a block
 // given back while kernels that use it are still queued is only reused by
 // work queued after them. When cuMemAlloc fails, the cached blocks are
 // released and the allocation is tried once more.
 
-const minBucket = 512
+const (
+	minBucket   = 512
+	largeBucket = 64 << 20
+)
 
 // bucketSize is the size class of a request of n bytes.
 func bucketSize(n int) int {
@@ -76,6 +83,9 @@ func bucketSize(n int) int {
 	}
 	k := bits.Len(uint(n)) - 1 // 2^k ≤ n < 2^(k+1)
 	step := 1 << (k - 2)
+	if n >= largeBucket {
+		step = 1 << (k - 5)
+	}
 	return (n + step - 1) / step * step
 }
 
@@ -88,16 +98,25 @@ type allocator struct {
 	live   int64           // bytes handed out
 	cached int64           // bytes in free lists
 	peak   int64           // most bytes reserved from the device at once
+	ledger *ledger         // WithMemLedger: the blocks by call site; nil: off
 }
 
-func newAllocator(d gpu.Device) *allocator {
-	return &allocator{dev: d, free: make(map[int][]gpu.Ptr), held: make(map[gpu.Ptr]int)}
+func newAllocator(d gpu.Device, withLedger bool) *allocator {
+	a := &allocator{dev: d, free: make(map[int][]gpu.Ptr), held: make(map[gpu.Ptr]int)}
+	if withLedger {
+		a.ledger = newLedger()
+	}
+	return a
 }
 
 // get returns a block of the size class of n bytes. The caller has acquired
 // the device.
 func (a *allocator) get(n int) (gpu.Ptr, int, error) {
 	size := bucketSize(n)
+	var site string
+	if a.ledger != nil { // set once, before any allocation
+		site = callSite()
+	}
 	a.mu.Lock()
 	if l := a.free[size]; len(l) > 0 {
 		p := l[len(l)-1]
@@ -105,6 +124,9 @@ func (a *allocator) get(n int) (gpu.Ptr, int, error) {
 		a.cached -= int64(size)
 		a.live += int64(size)
 		a.held[p] = size
+		if a.ledger != nil {
+			a.ledger.add(p, site, int64(n), int64(size), a.live, a.cached)
+		}
 		a.mu.Unlock()
 		return p, size, nil
 	}
@@ -123,6 +145,9 @@ func (a *allocator) get(n int) (gpu.Ptr, int, error) {
 	a.live += int64(size)
 	a.held[p] = size
 	a.peak = max(a.peak, a.live+a.cached)
+	if a.ledger != nil {
+		a.ledger.add(p, site, int64(n), int64(size), a.live, a.cached)
+	}
 	a.mu.Unlock()
 	return p, size, nil
 }
@@ -136,6 +161,9 @@ func (a *allocator) put(p gpu.Ptr, size int) {
 		return
 	}
 	delete(a.held, p)
+	if a.ledger != nil {
+		a.ledger.remove(p, int64(size))
+	}
 	a.free[size] = append(a.free[size], p)
 	a.live -= int64(size)
 	a.cached += int64(size)
@@ -172,6 +200,10 @@ func (a *allocator) releaseAll() error {
 	a.held = make(map[gpu.Ptr]int)
 	a.closed = true
 	a.live = 0
+	if l := a.ledger; l != nil {
+		clear(l.blocks)
+		clear(l.now)
+	}
 	a.mu.Unlock()
 	for p := range held {
 		if err := a.dev.Free(p); err != nil && first == nil {

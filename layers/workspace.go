@@ -1,0 +1,72 @@
+package layers
+
+import "github.com/asynctp/asynctp/tensor"
+
+// workspace holds the buffers that the layers of one model share because
+// each lives only inside one layer's forward or one layer's backward: a
+// block's attention and MLP outputs (dead once added into the residual
+// stream), the packed q, k, v projections (dead once RoPE has copied them
+// out), and every backward buffer (∂L/∂ of a layer's intermediates, dead
+// once the layer's input gradient is written). Kept per layer, as they
+// were, they grew with the depth: for gpt2-124m at 16k tokens 12 copies of
+// ~0.5 GiB (BENCHMARKS.md, "Where
+// gpt2-124m's memory goes"). All users run one after another on the
+// backend's stream, so a layer's ops on a slot are queued after the
+// previous layer's last use of it.
+//
+// A slot is the buffer of one role (the attention's ∂L/∂qr, the block's
+// ∂L/∂h, ...) in every layer that plays it, so its stale contents are
+// always those of the same role, as with the per-layer buffers before:
+// nothing reads one before writing it, and the results are bit for bit
+// those of separate buffers (TestWorkspaceBitIdentical). The ParamSet
+// holds the workspace (a model's lifetime); layers built by this package's
+// constructors (NewBlock, NewAttention, NewMLP) use it, the parallel
+// layers (which may touch their buffers from side streams) keep their own.
+type workspace struct {
+	b     tensor.Backend
+	slots [wsSlots]*tensor.Tensor
+}
+
+// The roles.
+const (
+	wsBlockOut = iota // the block's mixer output a, then its FFN output m (forward)
+	wsBlockDH         // the block's ∂L/∂h2, then ∂L/∂h1
+	wsBlockDX1        // the block's ∂L/∂x1
+	wsAttnQKV         // the packed projections [q | k | v] (forward, until RoPEQKV)
+	wsAttnDAtt
+	wsAttnDQR
+	wsAttnDKR
+	wsAttnDV
+	wsAttnDQKV
+	wsAttnDQ
+	wsAttnDK
+	wsMLPDH
+	wsMLPDGU
+	wsMLPDGate
+	wsMLPDUp
+	wsSlots
+)
+
+// noWorkspace turns the sharing off (each layer keeps its own buffers, as
+// before), for the test that compares the two.
+var noWorkspace = false
+
+// workspace returns the set's workspace on b, made on first use.
+func (s *ParamSet) workspace(b tensor.Backend) *workspace {
+	if s == nil || noWorkspace {
+		return nil
+	}
+	if s.ws == nil || s.ws.b != b {
+		s.ws = &workspace{b: b}
+	}
+	return s.ws
+}
+
+// ensure is Ensure of the slot's buffer, or of *own without a workspace.
+func (w *workspace) ensure(slot int, b tensor.Backend, own *tensor.Tensor, dt tensor.DType, shape ...int) *tensor.Tensor {
+	if w == nil {
+		return Ensure(b, own, dt, shape...)
+	}
+	w.slots[slot] = Ensure(w.b, w.slots[slot], dt, shape...)
+	return w.slots[slot]
+}
