@@ -8,13 +8,11 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
-	"sort"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/asynctp/asynctp/comm"
-	"github.com/asynctp/asynctp/cuda"
 	"github.com/asynctp/asynctp/internal/pes"
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/overlap/overlaptest"
@@ -37,17 +35,7 @@ func sizes(t *testing.T) []int { return pes.Sizes(t, "2,4") }
 // TestSuiteGPU: the conformance suite of every strategy on NVSHMEM PEs,
 // in bf16 and f32, on worlds of 2 and 4 PEs.
 func TestSuiteGPU(t *testing.T) {
-	for _, n := range sizes(t) {
-		t.Run(fmt.Sprintf("PEs=%d", n), func(t *testing.T) {
-			for _, out := range runPEs(t, "suite", n) {
-				for _, l := range strings.Split(out, "\n") {
-					if strings.HasPrefix(l, "suite:") {
-						t.Log(l)
-					}
-				}
-			}
-		})
-	}
+	pes.Each(t, sizes(t), "suite:", func(t *testing.T, n int) []string { return runPEs(t, "suite", n) })
 }
 
 // TestFusedDeadlineGPU: the last PE never calls the fused all-gather∘matmul
@@ -55,17 +43,7 @@ func TestSuiteGPU(t *testing.T) {
 // Sync within the deadline, naming the group and that rank, instead of
 // hanging.
 func TestFusedDeadlineGPU(t *testing.T) {
-	for _, n := range sizes(t) {
-		t.Run(fmt.Sprintf("PEs=%d", n), func(t *testing.T) {
-			for _, out := range runPEs(t, "deadline", n) {
-				for _, l := range strings.Split(out, "\n") {
-					if strings.HasPrefix(l, "deadline:") {
-						t.Log(l)
-					}
-				}
-			}
-		})
-	}
+	pes.Each(t, sizes(t), "deadline:", func(t *testing.T, n int) []string { return runPEs(t, "deadline", n) })
 }
 
 // TestFusedScatterDeadlineGPU: the last PE never calls the fused
@@ -73,34 +51,14 @@ func TestFusedDeadlineGPU(t *testing.T) {
 // PE's call must fail at its Sync within the deadline, naming the group and
 // that rank, instead of hanging in the pulls' stream waits.
 func TestFusedScatterDeadlineGPU(t *testing.T) {
-	for _, n := range sizes(t) {
-		t.Run(fmt.Sprintf("PEs=%d", n), func(t *testing.T) {
-			for _, out := range runPEs(t, "deadline-scatter", n) {
-				for _, l := range strings.Split(out, "\n") {
-					if strings.HasPrefix(l, "deadline:") {
-						t.Log(l)
-					}
-				}
-			}
-		})
-	}
+	pes.Each(t, sizes(t), "deadline:", func(t *testing.T, n int) []string { return runPEs(t, "deadline-scatter", n) })
 }
 
 // TestFusedDeterminismGPU: the fused matmul∘reduce-scatter (forward, and
 // the all-gather∘matmul's backward, whose dx is one) gives the same bits in
 // 10 runs on random inputs (issue 12: the deterministic reduce-scatter).
 func TestFusedDeterminismGPU(t *testing.T) {
-	for _, n := range sizes(t) {
-		t.Run(fmt.Sprintf("PEs=%d", n), func(t *testing.T) {
-			for _, out := range runPEs(t, "determinism", n) {
-				for _, l := range strings.Split(out, "\n") {
-					if strings.HasPrefix(l, "determinism:") {
-						t.Log(l)
-					}
-				}
-			}
-		})
-	}
+	pes.Each(t, sizes(t), "determinism:", func(t *testing.T, n int) []string { return runPEs(t, "determinism", n) })
 }
 
 // TestBenchGPU times the sites of each strategy at TP-shaped sizes (it is a
@@ -111,11 +69,8 @@ func TestBenchGPU(t *testing.T) {
 		t.Skip("set ASYNCTP_OVERLAP_BENCH=1 to time the sites on the GPU")
 	}
 	for _, n := range sizes(t) {
-		outs := runPEs(t, "bench", n)
-		for _, l := range strings.Split(outs[0], "\n") {
-			if strings.HasPrefix(l, "bench:") {
-				fmt.Println(l)
-			}
+		for _, l := range pes.Lines(runPEs(t, "bench", n)[0], "bench:") {
+			fmt.Println(l)
 		}
 	}
 }
@@ -373,51 +328,6 @@ func (p *pe) bench(t *testing.T) {
 	x2, w2, out2, dout2, dx2, dw2 := mk(rows, kl), mk(k, kl), mk(n, k), mk(n, k), mk(rows, kl), mk(k, kl)
 	partial := mk(rows, k)
 
-	timeIt := func(reps int, fn func() error) (time.Duration, error) {
-		for range 3 { // warm-up
-			if err := fn(); err != nil {
-				return 0, err
-			}
-		}
-		if err := b.Sync(); err != nil {
-			return 0, err
-		}
-		if err := p.World.Barrier(); err != nil {
-			return 0, err
-		}
-		var ds []time.Duration
-		for range reps {
-			var start, end *cuda.Event
-			_ = b.OnDevice(func(s *cuda.Stream) error {
-				start, _ = cuda.NewEvent(true)
-				end, _ = cuda.NewEvent(true)
-				return start.Record(s)
-			})
-			if err := fn(); err != nil {
-				return 0, err
-			}
-			var d time.Duration
-			err := b.OnDevice(func(s *cuda.Stream) error {
-				if err := end.Record(s); err != nil {
-					return err
-				}
-				if err := end.Synchronize(); err != nil {
-					return err
-				}
-				var err error
-				d, err = cuda.Elapsed(start, end)
-				start.Destroy()
-				end.Destroy()
-				return err
-			})
-			if err != nil {
-				return 0, err
-			}
-			ds = append(ds, d)
-		}
-		sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
-		return ds[len(ds)/2], b.Err()
-	}
 	row := func(name string, d time.Duration, err error) {
 		if err != nil {
 			t.Fatalf("rank %d: %s: %v", p.Rank, name, err)
@@ -429,11 +339,11 @@ func (p *pe) bench(t *testing.T) {
 		return overlap.Spec{Kind: kind, Name: "bench", Group: p.World, Backend: b, Stream: b.Stream(), K: kk, Outs: outs, DType: tensor.BFloat16}
 	}
 	shape := fmt.Sprintf("rows %d, K %d, N %d/rank", rows, k, m)
-	d, err := timeIt(reps, func() error { b.MatMul(out, xFull, w, false, true, 1, 0); return nil })
+	d, err := p.Time(reps, func() error { b.MatMul(out, xFull, w, false, true, 1, 0); return nil })
 	row("gemm alone, AG shape ("+shape+")", d, err)
-	d, err = timeIt(reps, func() error { return b.EngineMatMul(out, xFull, w, false, true, 1, 0, cudabackend.GEMMOptions{}) })
+	d, err = p.Time(reps, func() error { return b.EngineMatMul(out, xFull, w, false, true, 1, 0, cudabackend.GEMMOptions{}) })
 	row("engine gemm alone, AG shape", d, err)
-	d, err = timeIt(reps, func() error {
+	d, err = p.Time(reps, func() error {
 		wk, err := p.World.AllGather(xFull, x, b.Stream())
 		if err == nil {
 			err = wk.Wait(b.Stream())
@@ -441,11 +351,11 @@ func (p *pe) bench(t *testing.T) {
 		return err
 	})
 	row("all-gather alone (NVSHMEM transport)", d, err)
-	d, err = timeIt(reps, func() error { b.MatMul(partial, x2, w2, false, true, 1, 0); return nil })
+	d, err = p.Time(reps, func() error { b.MatMul(partial, x2, w2, false, true, 1, 0); return nil })
 	row(fmt.Sprintf("gemm alone, RS shape (rows %d, K %d/rank, N %d)", rows, kl, k), d, err)
-	d, err = timeIt(reps, func() error { return b.EngineMatMul(partial, x2, w2, false, true, 1, 0, cudabackend.GEMMOptions{}) })
+	d, err = p.Time(reps, func() error { return b.EngineMatMul(partial, x2, w2, false, true, 1, 0, cudabackend.GEMMOptions{}) })
 	row("engine gemm alone, RS shape", d, err)
-	d, err = timeIt(reps, func() error {
+	d, err = p.Time(reps, func() error {
 		wk, err := p.World.ReduceScatter(out2, partial, comm.Sum, b.Stream())
 		if err == nil {
 			err = wk.Wait(b.Stream())
@@ -459,11 +369,11 @@ func (p *pe) bench(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		d, err := timeIt(reps, func() error {
+		d, err := p.Time(reps, func() error {
 			return ag.Forward([]*tensor.Tensor{out}, xFull, x, []*tensor.Tensor{w})
 		})
 		row(name+" all-gather∘matmul forward", d, err)
-		d, err = timeIt(reps, func() error {
+		d, err = p.Time(reps, func() error {
 			wk, err := ag.Backward(dx, []*tensor.Tensor{dw}, []*tensor.Tensor{dout}, xFull, []*tensor.Tensor{w})
 			if err == nil {
 				err = wk.Wait(b.Stream())
@@ -475,9 +385,9 @@ func (p *pe) bench(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		d, err = timeIt(reps, func() error { return rs.Forward(out2, x2, w2) })
+		d, err = p.Time(reps, func() error { return rs.Forward(out2, x2, w2) })
 		row(name+" matmul∘reduce-scatter forward", d, err)
-		d, err = timeIt(reps, func() error {
+		d, err = p.Time(reps, func() error {
 			wk, err := rs.Backward(dx2, dw2, dout2, x2, w2)
 			if err == nil {
 				err = wk.Wait(b.Stream())

@@ -10,6 +10,7 @@ import (
 
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/comm/local"
+	"github.com/asynctp/asynctp/internal/pes"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/tensor"
@@ -47,7 +48,7 @@ func TestMoEBenchBodyCPU(t *testing.T) {
 		if err := l.close(); err != nil {
 			return err
 		}
-		lines, err := benchMoE(b, c, nil, s, tensor.Float32, []overlap.Strategy{nil}, 1, 3, wallTimer(b.Sync))
+		lines, err := benchMoE(b, c, nil, s, tensor.Float32, []overlap.Strategy{nil}, 1, 3, pes.WallTimer(b.Sync))
 		if err != nil {
 			return err
 		}
@@ -55,7 +56,7 @@ func TestMoEBenchBodyCPU(t *testing.T) {
 			!strings.Contains(lines[0], "(collective, grouped GEMM, host counts)") || !strings.HasSuffix(lines[0], "µs") {
 			return fmt.Errorf("bench lines %q", lines)
 		}
-		if _, err := benchMoE(b, c, nil, s, tensor.Float32, []overlap.Strategy{Pipelined{}}, 1, 1, wallTimer(b.Sync)); err == nil ||
+		if _, err := benchMoE(b, c, nil, s, tensor.Float32, []overlap.Strategy{Pipelined{}}, 1, 1, pes.WallTimer(b.Sync)); err == nil ||
 			!strings.Contains(err.Error(), "strategy pipelined: the layer's expert path is *ep.Dispatcher") {
 			return fmt.Errorf("the pipelined layer on the CPU: %v, want a refusal (the chooser keeps collective)", err)
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/comm/local"
+	"github.com/asynctp/asynctp/internal/pes"
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cudabackend"
@@ -34,7 +35,7 @@ func TestEmuMoEBenchBody(t *testing.T) {
 				defer b.Close()
 				c := &symComm{Comm: world, b: b, reg: reg, mine: map[uint64]int{}}
 				lines, err := benchMoE(b, c, b.Stream(), s, tensor.BFloat16,
-					[]overlap.Strategy{Pipelined{Options: []Option{WithBeforeWait(bar.wait)}}}, 1, 3, wallTimer(b.Sync))
+					[]overlap.Strategy{Pipelined{Options: []Option{WithBeforeWait(bar.wait)}}}, 1, 3, pes.WallTimer(b.Sync))
 				if err != nil {
 					return err
 				}

@@ -6,12 +6,11 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
-	"sort"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/internal/pes"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/parallel/ep"
@@ -153,51 +152,10 @@ func (l *benchLayer) close() error {
 	return errors.Join(err, l.b.Err())
 }
 
-// medianTime runs fn warm times, waits for it (sync) and meets the peers
-// (barrier), then times reps calls with timed and returns the median.
-func medianTime(warm, reps int, sync, barrier func() error, timed func(fn func() error) (time.Duration, error), fn func() error) (time.Duration, error) {
-	if reps < 1 {
-		return 0, fmt.Errorf("medianTime: %d repetitions, expected at least 1", reps)
-	}
-	for range warm {
-		if err := fn(); err != nil {
-			return 0, err
-		}
-	}
-	if err := sync(); err != nil {
-		return 0, err
-	}
-	if err := barrier(); err != nil {
-		return 0, err
-	}
-	ds := make([]time.Duration, 0, reps)
-	for range reps {
-		d, err := timed(fn)
-		if err != nil {
-			return 0, err
-		}
-		ds = append(ds, d)
-	}
-	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
-	return ds[len(ds)/2], nil
-}
-
-// wallTimer times fn by the wall clock up to sync (the CPU's timer).
-func wallTimer(sync func() error) func(fn func() error) (time.Duration, error) {
-	return func(fn func() error) (time.Duration, error) {
-		start := time.Now()
-		if err := fn(); err != nil {
-			return 0, err
-		}
-		err := sync()
-		return time.Since(start), err
-	}
-}
-
 // benchMoE times shape s on this rank for each strategy of sts (nil:
 // collective) and returns one "bench:" line per strategy.
 func benchMoE(b tensor.Backend, g comm.Comm, stream comm.Stream, s moeShape, dt tensor.DType, sts []overlap.Strategy, warm, reps int,
-	timed func(fn func() error) (time.Duration, error)) ([]string, error) {
+	timed pes.Timer) ([]string, error) {
 	var lines []string
 	for _, st := range sts {
 		l, err := newBenchLayer(b, g, stream, s, dt, st)
@@ -209,7 +167,7 @@ func benchMoE(b tensor.Backend, g comm.Comm, stream comm.Stream, s moeShape, dt 
 			l.close()
 			return nil, fmt.Errorf("%v: strategy %s: the layer's expert path is %T (the chooser kept collective: the strategy is unavailable here), expected *peerep.Path", s, st.Name(), l.m.Dispatch)
 		}
-		d, err := medianTime(warm, reps, b.Sync, g.Barrier, timed, l.step)
+		d, err := pes.Median(warm, reps, b.Sync, g.Barrier, timed, l.step)
 		if err != nil {
 			return nil, fmt.Errorf("%v, %s: %w", s, what, err)
 		}

@@ -4,12 +4,10 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"sort"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/asynctp/asynctp/cuda"
 	"github.com/asynctp/asynctp/internal/pes"
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/parallel/ep"
@@ -49,36 +47,19 @@ func cmpOr(a, b string) string {
 // bf16 and f32, for EP 1, 2 and 4 ($ASYNCTP_OVERLAP_PES), with every
 // scenario repeated ten times (identical bits each time).
 func TestSuiteGPU(t *testing.T) {
-	for _, n := range sizes(t) {
-		t.Run(fmt.Sprintf("PEs=%d", n), func(t *testing.T) {
-			for _, out := range runPEs(t, "suite", n) {
-				for _, l := range strings.Split(out, "\n") {
-					if strings.HasPrefix(l, "suite:") {
-						t.Log(l)
-					}
-				}
-			}
-		})
-	}
+	pes.Each(t, sizes(t), "suite:", func(t *testing.T, n int) []string { return runPEs(t, "suite", n) })
 }
 
 // TestDeadlineGPU: the last PE never dispatches; every other PE's dispatch
 // must fail within the deadline with an error naming it.
 func TestDeadlineGPU(t *testing.T) {
+	var multi []int // a world of one has no peer to wait for
 	for _, n := range sizes(t) {
-		if n < 2 {
-			continue
+		if n >= 2 {
+			multi = append(multi, n)
 		}
-		t.Run(fmt.Sprintf("PEs=%d", n), func(t *testing.T) {
-			for _, out := range runPEs(t, "deadline", n) {
-				for _, l := range strings.Split(out, "\n") {
-					if strings.HasPrefix(l, "deadline:") {
-						t.Log(l)
-					}
-				}
-			}
-		})
 	}
+	pes.Each(t, multi, "deadline:", func(t *testing.T, n int) []string { return runPEs(t, "deadline", n) })
 }
 
 // TestBenchGPU times dispatch and combine at DeepEP's shapes (hidden 7168,
@@ -90,11 +71,8 @@ func TestBenchGPU(t *testing.T) {
 		t.Skip("set ASYNCTP_OVERLAP_BENCH=1 to time the expert path on the GPU")
 	}
 	for _, n := range sizes(t) {
-		outs := runPEs(t, "bench", n)
-		for _, l := range strings.Split(outs[0], "\n") {
-			if strings.HasPrefix(l, "bench:") {
-				fmt.Println(l)
-			}
+		for _, l := range pes.Lines(runPEs(t, "bench", n)[0], "bench:") {
+			fmt.Println(l)
 		}
 	}
 }
@@ -121,11 +99,8 @@ func TestMoEBenchGPU(t *testing.T) {
 			if g != "on" && g != "off" && g != "auto" {
 				t.Fatalf("ASYNCTP_MOEBENCH_GROUPED: %q, expected on, off or auto", g)
 			}
-			outs := runPEs(t, "moebench", n, groupedEnv+"="+g)
-			for _, l := range strings.Split(outs[0], "\n") {
-				if strings.HasPrefix(l, "bench:") {
-					fmt.Println(l)
-				}
+			for _, l := range pes.Lines(runPEs(t, "moebench", n, groupedEnv+"="+g)[0], "bench:") {
+				fmt.Println(l)
 			}
 		}
 	}
@@ -246,51 +221,6 @@ func (p *pe) deadline(t *testing.T) {
 func (p *pe) bench(t *testing.T) {
 	const C, K, E = 7168, 8, 256
 	b := p.B
-	timeIt := func(reps int, fn func() error) (time.Duration, error) {
-		for range 3 {
-			if err := fn(); err != nil {
-				return 0, err
-			}
-		}
-		if err := b.Sync(); err != nil {
-			return 0, err
-		}
-		if err := p.World.Barrier(); err != nil {
-			return 0, err
-		}
-		var ds []time.Duration
-		for range reps {
-			var start, end *cuda.Event
-			_ = b.OnDevice(func(s *cuda.Stream) error {
-				start, _ = cuda.NewEvent(true)
-				end, _ = cuda.NewEvent(true)
-				return start.Record(s)
-			})
-			if err := fn(); err != nil {
-				return 0, err
-			}
-			var d time.Duration
-			err := b.OnDevice(func(s *cuda.Stream) error {
-				if err := end.Record(s); err != nil {
-					return err
-				}
-				if err := end.Synchronize(); err != nil {
-					return err
-				}
-				var err error
-				d, err = cuda.Elapsed(start, end)
-				start.Destroy()
-				end.Destroy()
-				return err
-			})
-			if err != nil {
-				return 0, err
-			}
-			ds = append(ds, d)
-		}
-		sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
-		return ds[len(ds)/2], b.Err()
-	}
 	row := func(name string, d time.Duration, err error) {
 		if err != nil {
 			t.Fatalf("rank %d: %s: %v", p.Rank, name, err)
@@ -321,14 +251,14 @@ func (p *pe) bench(t *testing.T) {
 		b.Upload(di, ih)
 		ye := b.Zeros(tensor.BFloat16, eng.RecvBound(), C)
 		shape := fmt.Sprintf("%d tok/rank, hidden %d, top-%d of %d", N, C, K, E)
-		d, err := timeIt(20, func() error {
+		d, err := p.Time(20, func() error {
 			if err := eng.DispatchSend(x, di, 0); err != nil {
 				return err
 			}
 			return eng.DispatchRecv(ye, 0)
 		})
 		row("pipelined dispatch ("+shape+")", d, err)
-		d, err = timeIt(20, func() error {
+		d, err = p.Time(20, func() error {
 			if err := eng.CombineSend(ye, 0); err != nil {
 				return err
 			}
@@ -343,7 +273,7 @@ func (p *pe) bench(t *testing.T) {
 		col, _ := ep.NewDispatcher(b, p.World, E, b.Stream())
 		l, _ := col.Layout(idx, N, K, 0)
 		var h *ep.Handle
-		d, err = timeIt(10, func() error {
+		d, err = p.Time(10, func() error {
 			col.Release(h)
 			_, hh, wk, err := col.Dispatch(x, l)
 			if err == nil {
@@ -354,7 +284,7 @@ func (p *pe) bench(t *testing.T) {
 		})
 		row("collective dispatch, host count exchange ("+shape+")", d, err)
 		y := b.Zeros(tensor.BFloat16, h.RecvRows(), C)
-		d, err = timeIt(10, func() error { return col.Combine(out, y, w, h) })
+		d, err = p.Time(10, func() error { return col.Combine(out, y, w, h) })
 		row("collective combine ("+shape+")", d, err)
 		col.Release(h)
 		for _, t := range []*tensor.Tensor{x, w, out, di, ye, y} {
@@ -380,7 +310,7 @@ func (p *pe) moebench(t *testing.T) {
 			continue
 		}
 		start := time.Now()
-		lines, err := benchMoE(p.B, p.World, p.B.Stream(), s, tensor.BFloat16, []overlap.Strategy{nil, Pipelined{}}, 3, 10, eventTimer(p.B))
+		lines, err := benchMoE(p.B, p.World, p.B.Stream(), s, tensor.BFloat16, []overlap.Strategy{nil, Pipelined{}}, 3, 10, pes.EventTimer(p.B))
 		if err != nil {
 			t.Fatalf("rank %d: %v", p.Rank, err)
 		}
@@ -390,48 +320,5 @@ func (p *pe) moebench(t *testing.T) {
 			}
 			fmt.Fprintf(os.Stderr, "moebench: %v took %v\n", s, time.Since(start).Round(time.Millisecond))
 		}
-	}
-}
-
-// eventTimer times fn on b's stream with CUDA events (the bench's timer).
-func eventTimer(b *cudabackend.Backend) func(fn func() error) (time.Duration, error) {
-	return func(fn func() error) (time.Duration, error) {
-		var start, end *cuda.Event
-		err := b.OnDevice(func(s *cuda.Stream) error {
-			var err error
-			if start, err = cuda.NewEvent(true); err != nil {
-				return err
-			}
-			if end, err = cuda.NewEvent(true); err != nil {
-				return err
-			}
-			return start.Record(s)
-		})
-		if err != nil {
-			return 0, err
-		}
-		defer func() {
-			start.Destroy()
-			end.Destroy()
-		}()
-		if err := fn(); err != nil {
-			return 0, err
-		}
-		var d time.Duration
-		err = b.OnDevice(func(s *cuda.Stream) error {
-			if err := end.Record(s); err != nil {
-				return err
-			}
-			if err := end.Synchronize(); err != nil {
-				return err
-			}
-			var err error
-			d, err = cuda.Elapsed(start, end)
-			return err
-		})
-		if err != nil {
-			return 0, err
-		}
-		return d, b.Err()
 	}
 }
