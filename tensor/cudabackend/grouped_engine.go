@@ -244,26 +244,10 @@ func (b *Backend) groupedEngineFor(c, a, w, offsets *tensor.Tensor, tn, transW b
 // or the call does not fit it (groupedEngineShape); bad offsets are reported
 // at the next Sync and nothing is written.
 func (b *Backend) EngineGroupedMatMul(c, a, w, offsets *tensor.Tensor, transW bool, alpha, beta float32) error {
-	const op = "EngineGroupedMatMul"
-	ck := b.check(op)
-	ck.Own("a", a)
-	ck.Own("w", w)
-	ck.Own("c", c)
-	ck.Own("offsets", offsets)
-	if !ck.OK() {
-		return b.Err()
-	}
-	if err := b.groupedEngineErr(); err != nil {
-		b.fail(fmt.Errorf("cuda: %s: %w", op, err))
-		return b.Err()
-	}
-	g, m, n, k, err := groupedEngineShape(c, a, w, offsets, transW)
-	if err != nil {
-		b.fail(fmt.Errorf("cuda: %s: %w", op, err))
-		return b.Err()
-	}
-	b.groupedLaunch(op, groupedCall{c: c, a: a, b: w, offsets: offsets, transW: transW, g: g, m: m, n: n, k: k, alpha: alpha, beta: beta})
-	return b.Err()
+	return b.engineGrouped("EngineGroupedMatMul", c, a, w, "w", offsets, func() (groupedCall, error) {
+		g, m, n, k, err := groupedEngineShape(c, a, w, offsets, transW)
+		return groupedCall{c: c, a: a, b: w, offsets: offsets, transW: transW, g: g, m: m, n: n, k: k, alpha: alpha, beta: beta}, err
+	})
 }
 
 // EngineGroupedMatMulTN is GroupedMatMulTN on the engine: c[g] =
@@ -271,10 +255,19 @@ func (b *Backend) EngineGroupedMatMul(c, a, w, offsets *tensor.Tensor, transW bo
 // bf16 or f32 (the weight gradients of the experts, into bf16 or f32
 // accumulators). Errors as EngineGroupedMatMul.
 func (b *Backend) EngineGroupedMatMulTN(c, a, bm, offsets *tensor.Tensor, alpha, beta float32) error {
-	const op = "EngineGroupedMatMulTN"
+	return b.engineGrouped("EngineGroupedMatMulTN", c, a, bm, "b", offsets, func() (groupedCall, error) {
+		g, m, p, q, err := groupedEngineShapeTN(c, a, bm, offsets)
+		return groupedCall{c: c, a: a, b: bm, offsets: offsets, tn: true, g: g, m: m, n: p, k: q, alpha: alpha, beta: beta}, err
+	})
+}
+
+// engineGrouped checks and launches one direct call of the grouped engine:
+// the operands on this backend (bm named bName), the engine here, the call's shape (shape,
+// which also builds it); a failure is the backend's sticky error.
+func (b *Backend) engineGrouped(op string, c, a, bm *tensor.Tensor, bName string, offsets *tensor.Tensor, shape func() (groupedCall, error)) error {
 	ck := b.check(op)
 	ck.Own("a", a)
-	ck.Own("b", bm)
+	ck.Own(bName, bm)
 	ck.Own("c", c)
 	ck.Own("offsets", offsets)
 	if !ck.OK() {
@@ -284,12 +277,12 @@ func (b *Backend) EngineGroupedMatMulTN(c, a, bm, offsets *tensor.Tensor, alpha,
 		b.fail(fmt.Errorf("cuda: %s: %w", op, err))
 		return b.Err()
 	}
-	g, m, p, q, err := groupedEngineShapeTN(c, a, bm, offsets)
+	call, err := shape()
 	if err != nil {
 		b.fail(fmt.Errorf("cuda: %s: %w", op, err))
 		return b.Err()
 	}
-	b.groupedLaunch(op, groupedCall{c: c, a: a, b: bm, offsets: offsets, tn: true, g: g, m: m, n: p, k: q, alpha: alpha, beta: beta})
+	b.groupedLaunch(op, call)
 	return b.Err()
 }
 
