@@ -354,38 +354,4 @@ func tcpRank(ctx context.Context, bf batchFile, info rendezvous.Info, store *ren
 // eventTimer times with CUDA events on the backend's stream.
 type eventTimer struct{ b *cudabackend.Backend }
 
-func (t eventTimer) Time(fn func() error) (time.Duration, error) {
-	var start, end *cuda.Event
-	if err := t.b.OnDevice(func(s *cuda.Stream) error {
-		var err error
-		if start, err = cuda.NewEvent(true); err != nil {
-			return err
-		}
-		if end, err = cuda.NewEvent(true); err != nil {
-			return err
-		}
-		return start.Record(s)
-	}); err != nil {
-		return 0, err
-	}
-	defer func() { _ = t.b.OnDevice(func(*cuda.Stream) error { start.Destroy(); end.Destroy(); return nil }) }()
-	if err := fn(); err != nil {
-		return 0, err
-	}
-	var d time.Duration
-	err := t.b.OnDevice(func(s *cuda.Stream) error {
-		if err := end.Record(s); err != nil {
-			return err
-		}
-		if err := end.Synchronize(); err != nil {
-			return err
-		}
-		var err error
-		d, err = cuda.Elapsed(start, end)
-		return err
-	})
-	if err == nil {
-		err = t.b.Err()
-	}
-	return d, err
-}
+func (t eventTimer) Time(fn func() error) (time.Duration, error) { return t.b.TimeEvents(fn) }

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/asynctp/asynctp/cuda"
 	"github.com/asynctp/asynctp/tensor/cudabackend"
 )
 
@@ -80,48 +79,8 @@ func WallTimer(sync func() error) Timer {
 	}
 }
 
-// EventTimer times fn on b's stream with CUDA events.
-func EventTimer(b *cudabackend.Backend) Timer {
-	return func(fn func() error) (time.Duration, error) {
-		var start, end *cuda.Event
-		err := b.OnDevice(func(s *cuda.Stream) error {
-			var err error
-			if start, err = cuda.NewEvent(true); err != nil {
-				return err
-			}
-			if end, err = cuda.NewEvent(true); err != nil {
-				return err
-			}
-			return start.Record(s)
-		})
-		if err != nil {
-			return 0, err
-		}
-		defer func() {
-			start.Destroy()
-			end.Destroy()
-		}()
-		if err := fn(); err != nil {
-			return 0, err
-		}
-		var d time.Duration
-		err = b.OnDevice(func(s *cuda.Stream) error {
-			if err := end.Record(s); err != nil {
-				return err
-			}
-			if err := end.Synchronize(); err != nil {
-				return err
-			}
-			var err error
-			d, err = cuda.Elapsed(start, end)
-			return err
-		})
-		if err != nil {
-			return 0, err
-		}
-		return d, b.Err()
-	}
-}
+// EventTimer times fn on b's stream with CUDA events (Backend.TimeEvents).
+func EventTimer(b *cudabackend.Backend) Timer { return b.TimeEvents }
 
 // Time is the benchmarks' timing of fn on this PE: three warm-up calls,
 // then the median of reps, by CUDA events on the backend's stream, after

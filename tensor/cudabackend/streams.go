@@ -2,6 +2,7 @@ package cudabackend
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/asynctp/asynctp/cuda"
 	"github.com/asynctp/asynctp/tensor"
@@ -138,4 +139,53 @@ func isForeign(b *Backend, t *tensor.Tensor) bool {
 	}
 	_, own := buf.(*Buffer)
 	return !own
+}
+
+// TimeEvents runs fn and returns the device time of the work fn queued on
+// the backend's stream, by CUDA events recorded before and after it (the
+// host waits for the second); an error of fn, of the events, or the
+// backend's sticky error after it is returned instead.
+func (b *Backend) TimeEvents(fn func() error) (time.Duration, error) {
+	var start, end *cuda.Event
+	if err := b.OnDevice(func(s *cuda.Stream) error {
+		var err error
+		if start, err = cuda.NewEvent(true); err != nil {
+			return err
+		}
+		if end, err = cuda.NewEvent(true); err != nil {
+			return err
+		}
+		return start.Record(s)
+	}); err != nil {
+		_ = b.OnDevice(func(*cuda.Stream) error { destroyEvents(start, end); return nil })
+		return 0, err
+	}
+	defer func() { _ = b.OnDevice(func(*cuda.Stream) error { destroyEvents(start, end); return nil }) }()
+	if err := fn(); err != nil {
+		return 0, err
+	}
+	var d time.Duration
+	err := b.OnDevice(func(s *cuda.Stream) error {
+		if err := end.Record(s); err != nil {
+			return err
+		}
+		if err := end.Synchronize(); err != nil {
+			return err
+		}
+		var err error
+		d, err = cuda.Elapsed(start, end)
+		return err
+	})
+	if err == nil {
+		err = b.Err()
+	}
+	return d, err
+}
+
+func destroyEvents(es ...*cuda.Event) {
+	for _, e := range es {
+		if e != nil {
+			e.Destroy()
+		}
+	}
 }
