@@ -48,6 +48,10 @@ type config struct {
 	// grouped.cu ($ASYNCTP_GROUPED=simt; tests set it to compare).
 	groupedSIMT bool
 	ledger      bool // WithMemLedger
+	// reserveSMs is $ASYNCTP_ENGINE_RESERVE_SMS when reserveSet: the SMs
+	// the engine leaves free while it waits (else EngineReserveSMs).
+	reserveSMs int
+	reserveSet bool
 }
 
 // Option configures New.
@@ -121,9 +125,10 @@ func New(device int, opts ...Option) (*Backend, error) {
 		return nil, fmt.Errorf("cudabackend: %w", err)
 	}
 	cfg.groupedSIMT = cfg.groupedSIMT || simt
-	if reserveOverride, err = parseReserve(os.Getenv("ASYNCTP_ENGINE_RESERVE_SMS")); err != nil {
+	if cfg.reserveSMs, err = parseReserve(os.Getenv("ASYNCTP_ENGINE_RESERVE_SMS")); err != nil {
 		return nil, err
 	}
+	cfg.reserveSet = cfg.reserveSMs >= 0
 	if err := cuda.Init(); err != nil { // no driver or no GPU: say so first
 		return nil, fmt.Errorf("cudabackend: %w", err)
 	}

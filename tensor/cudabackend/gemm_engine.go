@@ -87,18 +87,10 @@ type GEMMWait struct {
 }
 
 // EngineReserveSMs is the default of GEMMWait.ReserveSMs for a process
-// whose share of the GPU is sms SMs: max(4, sms/16), or
-// $ASYNCTP_ENGINE_RESERVE_SMS when set (an integer ≥ 0; New refuses
-// anything else).
-func EngineReserveSMs(sms int) int {
-	if reserveOverride >= 0 {
-		return reserveOverride
-	}
-	return max(4, sms/16)
-}
-
-// reserveOverride is $ASYNCTP_ENGINE_RESERVE_SMS (-1: unset), read by New.
-var reserveOverride = -1
+// whose share of the GPU is sms SMs: max(4, sms/16), unless
+// $ASYNCTP_ENGINE_RESERVE_SMS (an integer ≥ 0, read by New, which refuses
+// anything else) says otherwise.
+func EngineReserveSMs(sms int) int { return max(4, sms/16) }
 
 // parseReserve reads $ASYNCTP_ENGINE_RESERVE_SMS.
 func parseReserve(v string) (int, error) {
@@ -436,6 +428,9 @@ func (b *Backend) engineLaunch(op string, e engineCall) {
 			// A signalled tile is pulled by a copy that may need SMs too:
 			// leaving some free lets it overlap the rest of the GEMM.
 			r := EngineReserveSMs(avail)
+			if b.cfg.reserveSet {
+				r = b.cfg.reserveSMs
+			}
 			if o.Wait != nil && o.Wait.ReserveSMs != 0 {
 				r = o.Wait.ReserveSMs
 			}
