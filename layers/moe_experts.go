@@ -154,10 +154,7 @@ func (ex *Experts) Forward(out, x *tensor.Tensor, counts []int) error {
 	gate, up := ex.act.Inputs(dt, m, ex.Hidden)
 	if ex.grouped != nil {
 		ex.offsets = uploadInts(ex.b, ex.offsets, offsetsOf(counts), ex.Count+1)
-		ex.grouped.GroupedMatMul(gate, x, ex.Gate.W, ex.offsets, true, 1, 0)
-		ex.grouped.GroupedMatMul(up, x, ex.Up.W, ex.offsets, true, 1, 0)
-		ex.h = ex.act.Forward()
-		ex.grouped.GroupedMatMul(out, ex.h, ex.Down.W, ex.offsets, true, 1, 0)
+		ex.forwardGrouped(out, x, gate, up, ex.offsets)
 	} else {
 		ex.forwardLoop(out, x, gate, up, counts)
 	}
@@ -201,13 +198,19 @@ func (ex *Experts) ForwardOffsets(out, x, offsets *tensor.Tensor) error {
 		return err
 	}
 	gate, up := ex.act.Inputs(dt, m, ex.Hidden)
+	ex.forwardGrouped(out, x, gate, up, offsets)
+	ex.x, ex.counts, ex.rowsM, ex.devOff = x, []int{}, m, offsets
+	return Sticky(ex.b, ex.what(), "forward")
+}
+
+// forwardGrouped is the experts' forward by the grouped GEMM, the rows of
+// each expert given by offsets on the device: gate and up, SwiGLU, down.
+func (ex *Experts) forwardGrouped(out, x, gate, up, offsets *tensor.Tensor) {
 	g := ex.grouped
 	g.GroupedMatMul(gate, x, ex.Gate.W, offsets, true, 1, 0)
 	g.GroupedMatMul(up, x, ex.Up.W, offsets, true, 1, 0)
 	ex.h = ex.act.Forward()
 	g.GroupedMatMul(out, ex.h, ex.Down.W, offsets, true, 1, 0)
-	ex.x, ex.counts, ex.rowsM, ex.devOff = x, []int{}, m, offsets
-	return Sticky(ex.b, ex.what(), "forward")
 }
 
 // Backward overwrites dx (M, Dim) with ∂L/∂x and adds the weights'
