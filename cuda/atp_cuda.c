@@ -85,8 +85,11 @@ static const atp_sym cu_syms[] = {
 	CU(cuLaunchKernel, "cuLaunchKernel"),
 	CU(cuFuncSetAttribute, "cuFuncSetAttribute"),
 	CU(cuFuncGetAttribute, "cuFuncGetAttribute"),
+	// The optional slots come last, so that DriverLibrary's walk ends at
+	// the first one missing. The context's SM limit (CUDA 11.4).
+	CU_OPT(cuCtxGetExecAffinity, "cuCtxGetExecAffinity"),
 	// TMA descriptors (CUDA 12.0). Optional: older drivers load, and the GEMM
-	// engine says what is missing. Last, so DriverLibrary's walk ends at it.
+	// engine says what is missing.
 	CU_OPT(cuTensorMapEncodeTiled, "cuTensorMapEncodeTiled"),
 };
 
@@ -246,6 +249,17 @@ CUresult atp_cuModuleGetGlobal(CUdeviceptr *p, size_t *bytes, CUmodule m, const 
 CUresult atp_cuModuleUnload(CUmodule m) { return CALL(cuModuleUnload, m); }
 CUresult atp_cuFuncSetAttribute(CUfunction f, int attr, int v) { return CALL(cuFuncSetAttribute, f, attr, v); }
 CUresult atp_cuFuncGetAttribute(int *v, int attr, CUfunction f) { return CALL(cuFuncGetAttribute, v, attr, f); }
+
+CUresult atp_ctx_sm_count(unsigned *n) {
+	if (cu.cuCtxGetExecAffinity == NULL) return 500; // CUDA_ERROR_NOT_FOUND
+	struct {
+		int type;     // CUexecAffinityType: 0 is CU_EXEC_AFFINITY_TYPE_SM_COUNT
+		unsigned val; // CUexecAffinitySmCount
+	} p = {0, 0};
+	CUresult r = cu.cuCtxGetExecAffinity(&p, 0);
+	*n = p.val;
+	return r;
+}
 
 int atp_has_tensormap(void) { return cu.cuTensorMapEncodeTiled != NULL; }
 

@@ -94,6 +94,9 @@ typedef struct {
 	                           CUstream, void **, void **);
 	CUresult (*cuFuncSetAttribute)(CUfunction, int, int);
 	CUresult (*cuFuncGetAttribute)(int *, int, CUfunction);
+	// Optional (CUDA 11.4 and later drivers): the context's SM limit under
+	// MPS (CUexecAffinityParam: an int type and an unsigned count).
+	CUresult (*cuCtxGetExecAffinity)(void *, int);
 	// Optional (CUDA 12.0 and later drivers); last in the table. The enums
 	// are C ints, the CUtensorMap 128 bytes aligned to 64.
 	CUresult (*cuTensorMapEncodeTiled)(void *, int, uint32_t, void *, const uint64_t *,
@@ -228,6 +231,11 @@ CUresult atp_cuModuleGetGlobal(CUdeviceptr *p, size_t *bytes, CUmodule m, const 
 CUresult atp_cuModuleUnload(CUmodule m);
 CUresult atp_cuFuncSetAttribute(CUfunction f, int attr, int v);
 CUresult atp_cuFuncGetAttribute(int *v, int attr, CUfunction f);
+
+// atp_ctx_sm_count stores in *n the number of SMs the current context may
+// use (cuCtxGetExecAffinity, CU_EXEC_AFFINITY_TYPE_SM_COUNT: under MPS,
+// the client's share); 500 (CUDA_ERROR_NOT_FOUND) without the symbol.
+CUresult atp_ctx_sm_count(unsigned *n);
 
 // atp_has_tensormap reports whether the driver has cuTensorMapEncodeTiled.
 int atp_has_tensormap(void);

@@ -123,6 +123,23 @@ func (d Device) TotalMem() (int64, error) {
 	return int64(n), nil
 }
 
+// ContextSMCount returns the number of SMs the current context may use
+// (cuCtxGetExecAffinity's SM count): under MPS with
+// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, the client's share as the driver
+// grants it (its granularity is the driver's, not the percentage's
+// arithmetic); otherwise the device's SMs. A driver without the call
+// (before CUDA 11.4) gives an error for ErrNotFound.
+func ContextSMCount() (int, error) {
+	if err := Init(); err != nil {
+		return 0, err
+	}
+	var n C.unsigned
+	if r := Result(C.atp_ctx_sm_count(&n)); r != Success {
+		return 0, fail(r, "cuCtxGetExecAffinity(CU_EXEC_AFFINITY_TYPE_SM_COUNT) on %s", currentDeviceName())
+	}
+	return int(n), nil
+}
+
 // CurrentDevice returns the device of the context current on the calling
 // OS thread.
 func CurrentDevice() (Device, error) {

@@ -208,8 +208,9 @@ func DriverLibrary() (path string, symbols []string, err error) {
 		s := C.atp_cu_symbol_name(C.int(i))
 		if s == nil {
 			// An unresolved optional slot also reads NULL; the driver
-			// table's only optional slot (cuTensorMapEncodeTiled) is its
-			// last, so NULL marks the end.
+			// table's optional slots (cuCtxGetExecAffinity,
+			// cuTensorMapEncodeTiled) are its last, so NULL marks the end
+			// of what was resolved.
 			break
 		}
 		symbols = append(symbols, C.GoString(s))

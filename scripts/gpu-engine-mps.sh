@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine (one H200): why our GEMM engine runs at about half
-# of cuBLASLt's speed when processes share the GPU under MPS (BENCHMARKS.md,
-# "Session of 2026-12-02": 0.99 alone, 0.49 with two clients at 50 %).
-# Each experiment has its own timeout (the 2026-12-02 run of E3 hung and
-# spent the session's device time), and MPS is restarted after a timeout.
-#   E1 one process, no MPS            E2 two clients, 50 % each (grid 66)
-#   E3 one client at 50 %, alone      E4 two clients, 50 %, one at a time
-#   E5 two clients, no limit (grid 132 each: the one that hung)
+# Runs on the GPU machine (one H200): our GEMM engine when processes share
+# the GPU under MPS. The 2026-12-02 runs: 0.99 of cuBLASLt alone, 0.49 with
+# CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 whether one client ran or two — the
+# persistent grid (then sized as SMs × 50 %) not fitting in one wave. The
+# engine now takes its grid from the context's SM limit
+# (cuCtxGetExecAffinity); BenchmarkEngineGrid sweeps the grid around it.
+#   E1 one process, no MPS: the grid sweep
+#   E2 one client at 50 %, alone: the grid sweep (where the wave breaks)
+#   E3 two clients at 50 %, together: the automatic grid
+# Each step has its own timeout (STEP_TIMEOUT, 60 s).
 # Needs build/tensor_cudabackend.test and the kernels image (built if absent).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -14,18 +16,17 @@ export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAS
 export ASYNCTP_KERNELS=${ASYNCTP_KERNELS:-$PWD/build/asynctp_kernels.fatbin}
 [ -f "$ASYNCTP_KERNELS" ] || bash cuda/kernels/build.sh > /dev/null
 B=build/tensor_cudabackend.test
-R=${BENCH:-Engine/tp/8192x6144x12288/nt}
-T=${STEP_TIMEOUT:-40}
-eb() { timeout "$T" "$B" -test.run '^$' -test.bench "$R" -test.benchtime 100x 2>&1 | grep -E '^Benchmark' | awk '{print $5, $6, $7, $8, $9, $10}' || echo "timed out after $T s"; }
+T=${STEP_TIMEOUT:-60}
+eb() { # benchmark regexp
+  timeout "$T" "$B" -test.v -test.run '^$' -test.bench "$1" -test.benchtime 50x 2>&1 |
+    grep -E '^Benchmark|engine grid:' | sed -E 's/^BenchmarkEngineGrid\/?//; s/-[0-9]+ +[0-9]+ +[0-9]+ ns\/op//'
+  [ "${PIPESTATUS[0]}" = 124 ] && echo "timed out after $T s"
+}
 mps_on() { export CUDA_MPS_PIPE_DIRECTORY=$(mktemp -d) CUDA_MPS_LOG_DIRECTORY=$(mktemp -d); nvidia-cuda-mps-control -d; }
 mps_off() { echo quit | nvidia-cuda-mps-control > /dev/null 2>&1; sleep 1; }
 trap mps_off EXIT
-echo "E1 one process, no MPS: $(eb)"
+echo "== E1 one process, no MPS"; eb 'EngineGrid'
 mps_on
-(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 eb > /tmp/e2a) & (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 eb > /tmp/e2b) & wait
-echo "E2 two clients at 50 %: $(cat /tmp/e2a) | $(cat /tmp/e2b)"
-echo "E3 one client at 50 %, alone: $(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 eb)"
-echo "E4 two clients at 50 %, one after the other: $(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 eb) | $(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 eb)"
-mps_off; mps_on
-(eb > /tmp/e5a) & (eb > /tmp/e5b) & wait
-echo "E5 two clients without a limit: $(cat /tmp/e5a) | $(cat /tmp/e5b)"
+echo "== E2 one client at 50 %, alone"; CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 eb 'EngineGrid'
+(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 eb 'EngineGrid/grid=auto' > /tmp/e3a) & (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 eb 'EngineGrid/grid=auto' > /tmp/e3b) & wait
+echo "== E3 two clients at 50 %, together"; cat /tmp/e3a /tmp/e3b

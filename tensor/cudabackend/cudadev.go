@@ -24,9 +24,11 @@ type cudaDevice struct {
 	smemSet map[string]int // the dynamic shared memory limit set per kernel
 	sms     int
 	// engineSMs is the SMs this process may use (its MPS share): the
-	// persistent grids of the GEMM engine are sized to it.
-	engineSMs int
-	reads     []*readSlot // free pinned buffers and events of ReadAsync
+	// persistent grids of the GEMM engine are sized to it. engineSMsFrom
+	// says where the figure came from.
+	engineSMs     int
+	engineSMsFrom string
+	reads         []*readSlot // free pinned buffers and events of ReadAsync
 }
 
 // readSlot is one ReadAsync's pinned buffer and the event after its copies.
@@ -69,7 +71,7 @@ func openCUDA(ordinal int, path string) (d *cudaDevice, err error) {
 	if d.sms, err = dev.SMCount(); err != nil {
 		return nil, err
 	}
-	d.engineSMs = mpsShare(d.sms, os.Getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"))
+	d.engineSMs, d.engineSMsFrom = engineShare(d.sms, os.Getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), cuda.ContextSMCount)
 	if d.stream, err = cuda.NewStream(); err != nil {
 		return nil, err
 	}

@@ -104,10 +104,43 @@ func parseReserve(v string) (int, error) {
 	return n, nil
 }
 
+// EngineSMs is the SMs the GEMM engine's persistent grid spans on this
+// backend's GPU (its share under MPS) and where the figure came from; 0 and
+// why not where the backend has no GPU.
+func (b *Backend) EngineSMs() (int, string) {
+	var n int
+	from := "no GPU"
+	b.do("EngineSMs", func(d gpu.Device) error {
+		if cd, ok := d.(*cudaDevice); ok {
+			n, from = cd.engineSMs, cd.engineSMsFrom
+		}
+		return nil
+	})
+	return n, from
+}
+
+// engineShare is the SMs the process may use, the engine's persistent grid
+// (CTAs beyond it would only run in a second wave, doubling the kernel's
+// time: measured on the H200 at CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50, the
+// engine at 0.49 of cuBLASLt with a grid of sms·50 %), and where the figure
+// came from: the context's SM limit as the driver reports it (ctxSMs,
+// cuCtxGetExecAffinity) when it has one below sms, else the MPS percentage
+// pct applied to sms, else sms.
+func engineShare(sms int, pct string, ctxSMs func() (int, error)) (int, string) {
+	if ctxSMs != nil {
+		if n, err := ctxSMs(); err == nil && n > 0 && n < sms {
+			return n, "the context's SM limit (cuCtxGetExecAffinity)"
+		}
+	}
+	if n := mpsShare(sms, pct); n < sms {
+		return n, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=" + pct
+	}
+	return sms, "the device"
+}
+
 // mpsShare is the SMs a process may use under MPS with
-// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = pct (empty: all sms): the engine's
-// persistent grid is sized to it, since CTAs beyond it would only run in a
-// second wave.
+// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = pct (empty: all sms), as arithmetic:
+// engineShare's fallback when the driver does not say.
 func mpsShare(sms int, pct string) int {
 	if pct == "" {
 		return sms
@@ -140,6 +173,11 @@ type GEMMOptions struct {
 	RotateRows int
 	Wait       *GEMMWait
 	Signal     *GEMMSignal
+	// Grid is the CTAs of the persistent grid (0: the process's SMs, less
+	// the reserve of a call that waits or signals; capped at the tiles).
+	// A tuning and measuring knob: a grid above the SMs the process really
+	// has runs in two waves.
+	Grid int
 }
 
 // ErrGEMMWaitTimeout is wrapped by the error of an engine call whose flag
@@ -265,6 +303,9 @@ func engineShape(c, a, bm *tensor.Tensor, transA, transB bool) (m, n, k int, err
 func checkOptions(o GEMMOptions, m int) error {
 	if o.GroupM < 0 {
 		return fmt.Errorf("GroupM = %d, expected ≥ 0", o.GroupM)
+	}
+	if o.Grid < 0 {
+		return fmt.Errorf("Grid = %d, expected ≥ 0 (0: the process's SMs)", o.Grid)
 	}
 	if o.RotateRows < 0 || o.RotateRows >= m {
 		return fmt.Errorf("RotateRows = %d, expected 0 ≤ RotateRows < M = %d", o.RotateRows, m)
@@ -437,6 +478,9 @@ func (b *Backend) engineLaunch(op string, e engineCall) {
 			avail -= max(r, 0)
 		}
 		grid := min(tiles, max(avail, 1))
+		if o.Grid > 0 {
+			grid = min(tiles, o.Grid)
+		}
 		return cd.launchRaw(engineKernel(e.transA, e.transB, e.c.DType()), grid, engineThreads, engineSmem,
 			ma.Arg(), mb.Arg(), cuda.DevicePtr(DevicePtr(e.c)),
 			int32(e.m), int32(e.n), int32(e.k), e.alpha, e.beta, int32(groupM), int32(rot),

@@ -450,6 +450,15 @@ func BenchmarkEngineHooks(b *testing.B) {
 					err = e
 				}
 			})
+			// With the reserve off (what a one-rank group runs: nothing to
+			// wait for, so no SMs are left free).
+			noRes := hooks
+			noRes.Wait = &GEMMWait{Flags: hooks.Wait.Flags, ChunkRows: hooks.Wait.ChunkRows, Target: 1, Timeout: 10 * time.Second, ReserveSMs: -1}
+			tn := timeOps(b, be, func() {
+				if e := be.EngineMatMul(y, x, w, false, true, 1, 0, noRes); e != nil {
+					err = e
+				}
+			})
 			tp := timeOps(b, be, func() { _ = be.EngineMatMul(y, x, w, false, true, 1, 0, GEMMOptions{}) })
 			tl := timeOps(b, be, func() { be.MatMul(y, x, w, false, true, 1, 0) })
 			if err != nil {
@@ -459,9 +468,63 @@ func BenchmarkEngineHooks(b *testing.B) {
 			b.ReportMetric(flops*float64(b.N)/tp, "engine-TFLOP/s")
 			b.ReportMetric(flops*float64(b.N)/tl, "cublaslt-TFLOP/s")
 			b.ReportMetric(th/tp, "hooks/plain")
+			b.ReportMetric(tn/tp, "hooks-noreserve/plain")
 		})
 		for _, t := range []*tensor.Tensor{x, w, y, wait, sig} {
 			be.Free(t)
 		}
+	}
+}
+
+// BenchmarkEngineGrid sweeps the engine's persistent grid (GEMMOptions.Grid)
+// around the SMs the process is given (EngineSMs), to see where a grid
+// stops fitting in one wave: under MPS with
+// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE the share the driver grants may differ
+// from the percentage's arithmetic, and a grid one CTA too large runs in
+// two waves (the kernel's time doubles). Shape 8192×6144×4096 NT (1536
+// tiles). Metrics: engine TFLOP/s per grid, cuBLASLt's beside.
+func BenchmarkEngineGrid(b *testing.B) {
+	be := openGPU(b)
+	if err := be.engineErr(); err != nil {
+		b.Skipf("no GEMM engine here: %v", err)
+	}
+	share, from := be.EngineSMs()
+	b.Logf("engine grid: %d SMs, from %s", share, from)
+	const m, n, k = 8192, 6144, 4096
+	x := benchRand(b, be, tensor.BFloat16, m, k)
+	w := benchRand(b, be, tensor.BFloat16, n, k)
+	y := be.Zeros(tensor.BFloat16, m, n)
+	defer func() {
+		for _, t := range []*tensor.Tensor{x, w, y} {
+			be.Free(t)
+		}
+	}()
+	flops := 2 * float64(m) * float64(n) * float64(k) / 1e12
+	grids := []int{0, share / 2, share - 12, share - 8, share - 6, share - 4, share - 2, share - 1, share, share + 2}
+	seen := map[int]bool{}
+	for _, g := range grids {
+		if g < 0 || seen[g] {
+			continue
+		}
+		seen[g] = true
+		name := fmt.Sprintf("grid=%d", g)
+		if g == 0 {
+			name = fmt.Sprintf("grid=auto(%d)", share)
+		}
+		b.Run(name, func(b *testing.B) {
+			var err error
+			te := timeOps(b, be, func() {
+				if e := be.EngineMatMul(y, x, w, false, true, 1, 0, GEMMOptions{Grid: g}); e != nil {
+					err = e
+				}
+			})
+			tl := timeOps(b, be, func() { be.MatMul(y, x, w, false, true, 1, 0) })
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(flops*float64(b.N)/te, "engine-TFLOP/s")
+			b.ReportMetric(flops*float64(b.N)/tl, "cublaslt-TFLOP/s")
+			b.ReportMetric(tl/te, "ratio")
+		})
 	}
 }

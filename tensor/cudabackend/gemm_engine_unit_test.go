@@ -1,6 +1,7 @@
 package cudabackend
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -44,6 +45,7 @@ func TestEngineShapeChecks(t *testing.T) {
 		o    GEMMOptions
 	}{
 		{"RotateRows = -1", GEMMOptions{RotateRows: -1}},
+		{"Grid = -3, expected ≥ 0", GEMMOptions{Grid: -3}},
 		{"Wait.ChunkRows = 0, expected > 0", GEMMOptions{Wait: &GEMMWait{Flags: flags, Timeout: time.Second}}},
 		{"Wait.Timeout = 0s, expected > 0", GEMMOptions{Wait: &GEMMWait{Flags: flags, ChunkRows: 8}}},
 		{"Signal.Flags = 0x4, expected an 8-byte aligned", GEMMOptions{Signal: &GEMMSignal{Flags: 4}}},
@@ -75,6 +77,29 @@ func TestEngineGridShare(t *testing.T) {
 	}{{"", 132}, {"50", 66}, {"25", 33}, {"100", 132}, {"x", 132}, {"0.1", 1}} {
 		if got := mpsShare(132, c.pct); got != c.want {
 			t.Errorf("mpsShare(132, %q) = %d, want %d", c.pct, got, c.want)
+		}
+	}
+	// The driver's figure wins when it has one below the device's; a
+	// failing or absent query, or one that says the whole device, falls
+	// back to the percentage's arithmetic.
+	ctx := func(n int, err error) func() (int, error) { return func() (int, error) { return n, err } }
+	for _, c := range []struct {
+		pct      string
+		ctx      func() (int, error)
+		want     int
+		fromWord string
+	}{
+		{"50", ctx(60, nil), 60, "cuCtxGetExecAffinity"},
+		{"50", ctx(132, nil), 66, "PERCENTAGE=50"},
+		{"50", ctx(0, errors.New("no such call")), 66, "PERCENTAGE=50"},
+		{"50", nil, 66, "PERCENTAGE=50"},
+		{"", ctx(132, nil), 132, "the device"},
+		{"", ctx(40, nil), 40, "cuCtxGetExecAffinity"},
+		{"25", ctx(200, nil), 33, "PERCENTAGE=25"},
+	} {
+		n, from := engineShare(132, c.pct, c.ctx)
+		if n != c.want || !strings.Contains(from, c.fromWord) {
+			t.Errorf("engineShare(132, %q) = %d (%s), want %d (%s)", c.pct, n, from, c.want, c.fromWord)
 		}
 	}
 	if got := EngineReserveSMs(66); got != 4 {
