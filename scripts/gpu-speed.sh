@@ -7,7 +7,8 @@
 # time and peak memory. Needs build/train and the kernels image.
 # Environment: ROUNDS (2), PRESETS ("gpt2-124m llama-1b"), STEPS (ours, 30),
 # TORCH_STEPS (20), OUT (build/out), EXTRA (more cmd/train flags), FIRST_ROUND (1:
-# a later value continues an earlier call's rounds).
+# a later value continues an earlier call's rounds), FIRST_MODES (PyTorch's modes
+# in round 1: eager,compile; later rounds run compile only), TORCH_TIMEOUT (400 s).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build/out}/speed
@@ -39,7 +40,7 @@ torch() { # preset batch modes
   local args=""
   [ "$1" = llama-1b ] && args="--layers 20 --dim 2048 --heads 16 --vocab 32000 --seq 2048 --ffn 5632"
   # shellcheck disable=SC2086
-  PYTHONUNBUFFERED=1 timeout 400 python3 bench/torch_gpt.py $args --batch "$2" --steps "${TORCH_STEPS:-20}" --modes "$3" 2>&1 \
+  PYTHONUNBUFFERED=1 timeout "${TORCH_TIMEOUT:-400}" python3 bench/torch_gpt.py $args --batch "$2" --steps "${TORCH_STEPS:-20}" --modes "$3" 2>&1 \
     | grep '^{' | sed "s/^{/{\"preset\": \"$1\", /"
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
@@ -47,7 +48,7 @@ for r in $(seq "${FIRST_ROUND:-1}" "$ROUNDS"); do
   for p in ${PRESETS:-gpt2-124m llama-1b}; do
     b=16; [ "$p" = llama-1b ] && b=8
     ours "$p" "$b" "$r"
-    modes=compile; [ "$r" = 1 ] && modes=eager,compile
+    modes=compile; [ "$r" = 1 ] && modes=${FIRST_MODES:-eager,compile}
     torch "$p" "$b" "$modes"
   done
 done

@@ -2,7 +2,6 @@ package cudabackend
 
 import (
 	"fmt"
-	"os"
 	"runtime"
 	"unsafe"
 
@@ -71,7 +70,7 @@ func openCUDA(ordinal int, path string) (d *cudaDevice, err error) {
 	if d.sms, err = dev.SMCount(); err != nil {
 		return nil, err
 	}
-	d.engineSMs, d.engineSMsFrom = engineShare(d.sms, os.Getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), cuda.ContextSMCount)
+	d.engineSMs, d.engineSMsFrom = engineShare(d.sms, cuda.ContextSMCount)
 	if d.stream, err = cuda.NewStream(); err != nil {
 		return nil, err
 	}

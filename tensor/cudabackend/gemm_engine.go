@@ -120,36 +120,20 @@ func (b *Backend) EngineSMs() (int, string) {
 }
 
 // engineShare is the SMs the process may use, the engine's persistent grid
-// (CTAs beyond it would only run in a second wave, doubling the kernel's
-// time: measured on the H200 at CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50, the
-// engine at 0.49 of cuBLASLt with a grid of sms·50 %), and where the figure
-// came from: the context's SM limit as the driver reports it (ctxSMs,
-// cuCtxGetExecAffinity) when it has one below sms, else the MPS percentage
-// pct applied to sms, else sms.
-func engineShare(sms int, pct string, ctxSMs func() (int, error)) (int, string) {
+// (CTAs beyond it only run in a second wave, doubling the kernel's time),
+// and where the figure came from: the context's SM limit as the driver
+// reports it (ctxSMs, cuCtxGetExecAffinity), else the device's SM count
+// sms. Under MPS the device attribute already reports the client's share
+// (measured on the H200: 66 of 132 SMs at CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
+// =50), so the percentage must not be applied to it again — doing so ran
+// the engine on a quarter of the GPU, at 0.47 of cuBLASLt (2026-12-02).
+func engineShare(sms int, ctxSMs func() (int, error)) (int, string) {
 	if ctxSMs != nil {
-		if n, err := ctxSMs(); err == nil && n > 0 && n < sms {
+		if n, err := ctxSMs(); err == nil && n > 0 && n <= sms {
 			return n, "the context's SM limit (cuCtxGetExecAffinity)"
 		}
 	}
-	if n := mpsShare(sms, pct); n < sms {
-		return n, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=" + pct
-	}
-	return sms, "the device"
-}
-
-// mpsShare is the SMs a process may use under MPS with
-// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = pct (empty: all sms), as arithmetic:
-// engineShare's fallback when the driver does not say.
-func mpsShare(sms int, pct string) int {
-	if pct == "" {
-		return sms
-	}
-	f, err := strconv.ParseFloat(pct, 64)
-	if err != nil || f <= 0 || f >= 100 {
-		return sms
-	}
-	return max(1, int(float64(sms)*f/100))
+	return sms, "the device's SM count"
 }
 
 // GEMMSignal makes the engine add Value to a flag with a release (system

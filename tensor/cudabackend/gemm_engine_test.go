@@ -477,11 +477,11 @@ func BenchmarkEngineHooks(b *testing.B) {
 }
 
 // BenchmarkEngineGrid sweeps the engine's persistent grid (GEMMOptions.Grid)
-// around the SMs the process is given (EngineSMs), to see where a grid
-// stops fitting in one wave: under MPS with
-// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE the share the driver grants may differ
-// from the percentage's arithmetic, and a grid one CTA too large runs in
-// two waves (the kernel's time doubles). Shape 8192×6144×4096 NT (1536
+// around the SMs the process is given (EngineSMs), to see that the grid it
+// picks is the one that fills the share in one wave: a grid one CTA too
+// large runs in two waves (the kernel's time nearly doubles), one too
+// small leaves SMs idle (under MPS the client's share is what the device
+// reports, 2026-12-02). Shape 8192×6144×4096 NT (1536
 // tiles). Metrics: engine TFLOP/s per grid, cuBLASLt's beside.
 func BenchmarkEngineGrid(b *testing.B) {
 	be := openGPU(b)

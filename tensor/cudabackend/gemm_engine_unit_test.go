@@ -71,35 +71,25 @@ func TestEngineShapeChecks(t *testing.T) {
 // TestEngineGridShare: the engine's grid follows the process's MPS share,
 // and the SMs it leaves free while it waits.
 func TestEngineGridShare(t *testing.T) {
-	for _, c := range []struct {
-		pct  string
-		want int
-	}{{"", 132}, {"50", 66}, {"25", 33}, {"100", 132}, {"x", 132}, {"0.1", 1}} {
-		if got := mpsShare(132, c.pct); got != c.want {
-			t.Errorf("mpsShare(132, %q) = %d, want %d", c.pct, got, c.want)
-		}
-	}
-	// The driver's figure wins when it has one below the device's; a
-	// failing or absent query, or one that says the whole device, falls
-	// back to the percentage's arithmetic.
+	// The driver's figure wins; a failing or absent query, or one above
+	// the device's count, leaves the device's count (which under MPS is
+	// the client's share already).
 	ctx := func(n int, err error) func() (int, error) { return func() (int, error) { return n, err } }
 	for _, c := range []struct {
-		pct      string
+		sms      int
 		ctx      func() (int, error)
 		want     int
 		fromWord string
 	}{
-		{"50", ctx(60, nil), 60, "cuCtxGetExecAffinity"},
-		{"50", ctx(132, nil), 66, "PERCENTAGE=50"},
-		{"50", ctx(0, errors.New("no such call")), 66, "PERCENTAGE=50"},
-		{"50", nil, 66, "PERCENTAGE=50"},
-		{"", ctx(132, nil), 132, "the device"},
-		{"", ctx(40, nil), 40, "cuCtxGetExecAffinity"},
-		{"25", ctx(200, nil), 33, "PERCENTAGE=25"},
+		{132, ctx(60, nil), 60, "cuCtxGetExecAffinity"},
+		{66, ctx(66, nil), 66, "cuCtxGetExecAffinity"},
+		{66, ctx(0, errors.New("no such call")), 66, "the device's"},
+		{66, nil, 66, "the device's"},
+		{33, ctx(132, nil), 33, "the device's"},
 	} {
-		n, from := engineShare(132, c.pct, c.ctx)
+		n, from := engineShare(c.sms, c.ctx)
 		if n != c.want || !strings.Contains(from, c.fromWord) {
-			t.Errorf("engineShare(132, %q) = %d (%s), want %d (%s)", c.pct, n, from, c.want, c.fromWord)
+			t.Errorf("engineShare(%d) = %d (%s), want %d (%s)", c.sms, n, from, c.want, c.fromWord)
 		}
 	}
 	if got := EngineReserveSMs(66); got != 4 {
