@@ -486,11 +486,18 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
             }
         }
         if (sig_flags != nullptr) {
-            fence_acq_rel_sys(); // this thread's stores, before the barrier
+            // The barrier orders every consumer thread's stores before
+            // thread 128's release, and a release is cumulative: one
+            // system-scope fence per tile, by the signalling thread, instead
+            // of one per thread (eight membar.sys per tile cost ~13 % of a
+            // short-K GEMM: hooks/plain 1.13 at K 1024, 2026-12-02). The
+            // grid-sync pattern of cooperative groups, at system scope.
             consumer_bar();
-            if (threadIdx.x == 128 && *abort_word == 0) // no signal for a stale tile
+            if (threadIdx.x == 128 && *abort_word == 0) { // no signal for a stale tile
+                fence_acq_rel_sys();
                 red_release_sys_add(sig_flags + (sig_mode == 0 ? (long long)mb * num_n + nb : mb),
                                     sig_value);
+            }
         }
     }
 #else
