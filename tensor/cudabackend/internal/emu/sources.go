@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "42e7305c8518c55ab927a5af0095665d293193166562b0541cf326bbbeeaf871"
+const SourcesSum = "336a561deacf37ac22ffbdad57a57a9a0482adb830f4f1085a9ddca3cfcb594c"
