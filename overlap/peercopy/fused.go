@@ -44,6 +44,20 @@ import (
 // (cudabackend.WaitSignalsRaising): the pulls pass on stale rows and the
 // call fails at the next Sync naming the peer.
 //
+// Transfer picks how the gathers' shards land (issue 12 asks for both,
+// measured): by the copy-engine pulls above (TransferPull, the default), or
+// by puts (TransferPut): every rank's side stream runs a kernel of a few
+// CTAs (cudabackend.PeerPut, about the SMs the engine leaves free) that
+// stores its shard into every peer's symmetric gather buffer chunk by
+// chunk and raises each chunk's flag there with a release at system scope;
+// the engine waits on those flags (the same hook), reading the gather
+// buffer itself, and the forward then copies it into xFull (the
+// matmul∘reduce-scatter backward's engine and dW read it in place). The
+// same rule holds: the compute stream first waits (one warp, deadline)
+// until every peer's put kernel has started, so the engine waits only for
+// kernels already running; a put kernel waits only, with a deadline, for
+// each destination's word that it has read the previous call's rows.
+//
 // The engine needs an sm_90a GPU, bf16 operands, sizes that are multiples
 // of 8 and 16-byte aligned rows; a call outside that is refused with an
 // error (an explicit --overlap fused is never silently something else).
@@ -265,7 +279,11 @@ func (s *fagmm) forwardPut(n int, outs []*tensor.Tensor, xFull, x *tensor.Tensor
 		}
 	}
 	// After the engine, whose acquire of every chunk's flag ordered the
-	// rows before it and the stream's later work.
+	// rows before it and the stream's later work; and after this rank's
+	// put, which reads x (a caller may pass x as xFull's own rows).
+	if err := s.put.join(); err != nil {
+		return err
+	}
 	b.Copy(xFull, full)
 	return s.put.end()
 }

@@ -243,16 +243,26 @@ func (x *putGather) gather(src *tensor.Tensor, timeout time.Duration) (*tensor.T
 	return full, &cudabackend.GEMMWait{Flags: flags, ChunkRows: cr, Target: epoch, Timeout: timeout, ReserveSMs: reserveFor(P)}, nil
 }
 
+// join makes the compute stream wait for this call's put kernel, which
+// reads the caller's shard (it always ends: its only wait has a deadline).
+func (x *putGather) join() error {
+	if err := x.sp.b.OnDevice(func(compute *cuda.Stream) error { return compute.WaitEvent(x.done) }); err != nil {
+		return fmt.Errorf("%s: %w", x.sp.what, err)
+	}
+	return nil
+}
+
 // end finishes call e once the compute stream's work queued so far has
 // read the gathered rows for the last time: the compute stream waits for
-// this rank's put kernel, then tells every peer its rows here are read.
+// this rank's put kernel (join), then tells every peer its rows here are
+// read.
 func (x *putGather) end() error {
+	if err := x.join(); err != nil {
+		return err
+	}
 	g := x.sp.g
 	P, r := g.Size(), g.Rank()
 	err := x.sp.b.OnDevice(func(compute *cuda.Stream) error {
-		if err := compute.WaitEvent(x.done); err != nil {
-			return err
-		}
 		for q := range P {
 			if q == r {
 				continue
