@@ -75,8 +75,9 @@ type Fused struct {
 	// rank's symmetric gather buffer (putGather). Anything else is refused
 	// by Supports and the constructors, naming the valid values.
 	Transfer string
-	// PutCTAs is the put kernel's grid (0: the SMs the engine leaves free
-	// while it waits). Only with TransferPut.
+	// PutCTAs is the put kernel's grid, and then the SMs the engine leaves
+	// free while it waits on the puts (0: the engine's default reserve,
+	// GEMMWait.ReserveSMs, for both). Only with TransferPut.
 	PutCTAs int
 }
 

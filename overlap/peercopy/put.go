@@ -240,7 +240,11 @@ func (x *putGather) gather(src *tensor.Tensor, timeout time.Duration) (*tensor.T
 	b.WaitSignals(pad, P, epoch, timeout, x.status, func(q int) error {
 		return fmt.Errorf("%s on %s: rank %d never put its rows of call %d within %v", x.sp.what, name, q, epoch, timeout)
 	})
-	return full, &cudabackend.GEMMWait{Flags: flags, ChunkRows: cr, Target: epoch, Timeout: timeout, ReserveSMs: reserveFor(P)}, nil
+	reserve := reserveFor(P)
+	if x.ctas > 0 && P > 1 {
+		reserve = x.ctas // the put's grid, on the SMs the engine leaves free
+	}
+	return full, &cudabackend.GEMMWait{Flags: flags, ChunkRows: cr, Target: epoch, Timeout: timeout, ReserveSMs: reserve}, nil
 }
 
 // join makes the compute stream wait for this call's put kernel, which
