@@ -221,12 +221,15 @@ type fagmm struct {
 	put     *putGather // the forward's gather by puts (nil: by pulls)
 }
 
+// Close frees the put transfer's buffers, then the rest (the side
+// stream last).
 func (s *fagmm) Close() error {
-	err := s.agmm.Close()
+	var err error
 	if s.put != nil {
-		if e := s.put.release(); err == nil {
-			err = e
-		}
+		err = s.put.release()
+	}
+	if e := s.agmm.Close(); err == nil {
+		err = e
 	}
 	return err
 }
@@ -334,12 +337,15 @@ type fmmrs struct {
 	put     *putGather // the backward's gather of dout by puts (nil: by pulls)
 }
 
+// Close frees the put transfer's buffers, then the rest (the side
+// stream last).
 func (s *fmmrs) Close() error {
-	err := s.mmrs.Close()
+	var err error
 	if s.put != nil {
-		if e := s.put.release(); err == nil {
-			err = e
-		}
+		err = s.put.release()
+	}
+	if e := s.mmrs.Close(); err == nil {
+		err = e
 	}
 	return err
 }
