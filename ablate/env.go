@@ -24,6 +24,9 @@ type Env struct {
 	Topology  string            `json:"topology,omitempty"`  // nvidia-smi topo -m
 	MPS       string            `json:"mps,omitempty"`
 	Torch     string            `json:"torch,omitempty"`
+	// FusedTransfer is the fused cells' all-gather transfer (pull or put:
+	// cmd/ablate --fused-transfer, peercopy.Fused.Transfer).
+	FusedTransfer string `json:"fused_transfer,omitempty"`
 }
 
 // BaseEnv is what the host says without a GPU library: Go, OS, CPUs, and

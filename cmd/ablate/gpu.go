@@ -99,6 +99,8 @@ type batchFile struct {
 	Reps      int           `json:"reps"`
 	Seed      uint64        `json:"seed"`
 	Timeout   string        `json:"timeout"`
+	// FusedTransfer is the fused strategy's transfer (peercopy.Fused).
+	FusedTransfer string `json:"fused_transfer,omitempty"`
 }
 
 // runProcs runs one batch as world child processes and returns rank 0's
@@ -127,7 +129,8 @@ func runProcs(ctx context.Context, transport string, world int, cells []ablate.C
 		return nil, err
 	}
 	defer os.Remove(f.Name())
-	js, _ := json.Marshal(batchFile{Transport: transport, Cells: cells, Warmup: m.Warmup, Reps: m.Reps, Seed: o.seed, Timeout: o.timeout.String()})
+	js, _ := json.Marshal(batchFile{Transport: transport, Cells: cells, Warmup: m.Warmup, Reps: m.Reps, Seed: o.seed, Timeout: o.timeout.String(),
+		FusedTransfer: o.fusedTransfer})
 	f.Write(js)
 	f.Close()
 	ln, err := net.Listen("tcp", "127.0.0.1:0") // a free port for the store (rank 0 hosts it)
@@ -273,7 +276,7 @@ func childRun() error {
 	// f32, a site kind without a fused form, a GPU without the engine) its
 	// Supports says why, and the cell is listed with that reason.
 	strategies := map[string]overlap.Strategy{ablate.Collective: overlap.Collective{}, ablate.Pipelined: overlap.Pipelined{},
-		ablate.Fused: peercopy.Fused{}}
+		ablate.Fused: peercopy.Fused{Transfer: bf.FusedTransfer}}
 	var g comm.Comm
 	switch bf.Transport {
 	case "nvshmem":

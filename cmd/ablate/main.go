@@ -56,6 +56,7 @@ type options struct {
 	timeout                           time.Duration
 	progress                          string
 	deadline                          time.Duration // of the whole matrix (0: none)
+	fusedTransfer                     string        // the fused strategy's (peercopy.Fused.Transfer), resolved
 }
 
 func ints(s string) ([]int, error) {
@@ -106,6 +107,7 @@ func parse(args []string) (ablate.Matrix, options, error) {
 	fs.DurationVar(&o.timeout, "timeout", 4*time.Minute, "deadline of each batch of cells (one world of one transport)")
 	fs.DurationVar(&o.deadline, "deadline", 0, "deadline of the cells (0: none): batches that would start later are listed as not run, each batch's deadline is cut to what is left, and the report is written")
 	fs.StringVar(&o.progress, "progress", "auto", "auto (a bar on a terminal, lines otherwise), bar, lines, off")
+	fs.StringVar(&o.fusedTransfer, "fused-transfer", "", "the fused cells' all-gather transfer: pull (copy-engine pulls, the default) or put (a few CTAs store each shard into the peers' buffers); default $"+peercopy.TransferEnv+", else pull")
 	if err := fs.Parse(args); err != nil {
 		return ablate.Matrix{}, o, err
 	}
@@ -179,6 +181,17 @@ func parse(args []string) (ablate.Matrix, options, error) {
 	if o.cache == "" {
 		o.cache = filepath.Join(o.out, "autotune.json")
 	}
+	if set["fused-transfer"] {
+		if o.fusedTransfer, err = peercopy.ParseTransfer(o.fusedTransfer); err != nil {
+			return m, o, fmt.Errorf("--fused-transfer: %w", err)
+		}
+		if !slices.Contains(m.Strategies, ablate.Fused) {
+			return m, o, fmt.Errorf("--fused-transfer %s: the matrix has no fused cells (strategies %s), so it would change nothing; expected --strategies with fused",
+				o.fusedTransfer, strings.Join(m.Strategies, ","))
+		}
+	} else if o.fusedTransfer, err = peercopy.TransferFromEnv(); err != nil {
+		return m, o, err
+	}
 	return m, o, m.Validate()
 }
 
@@ -201,6 +214,9 @@ func run(ctx context.Context, args []string, stdout io.Writer, strategies map[st
 	start := time.Now()
 	rep := &ablate.Report{Command: "ablate " + strings.Join(args, " "), Started: start, Matrix: m, Env: ablate.BaseEnv()}
 	gpu := probeGPU(&rep.Env)
+	if slices.Contains(m.Strategies, ablate.Fused) {
+		rep.Env.FusedTransfer = o.fusedTransfer
+	}
 	cells := m.Cells()
 	prog := newProgress(o.progress, stdout, len(cells), filepath.Join(o.out, "ablate.log"))
 	defer prog.close()

@@ -13,6 +13,7 @@ import (
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/comm/local"
 	"github.com/asynctp/asynctp/overlap"
+	"github.com/asynctp/asynctp/overlap/peercopy"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cpu"
 )
@@ -269,5 +270,37 @@ func TestFlagsRefused(t *testing.T) {
 		if _, _, err := parse(c.args); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: got %v, want %q", c.args, err, c.want)
 		}
+	}
+}
+
+// --fused-transfer: used as given for the fused cells (into the report's
+// environment), refused when unknown or when the matrix has no fused
+// cells; unset, $ASYNCTP_FUSED_TRANSFER decides (checked).
+func TestFusedTransferFlag(t *testing.T) {
+	t.Setenv(peercopy.TransferEnv, "")
+	for args, want := range map[string]string{"": "pull", "--fused-transfer pull": "pull", "--fused-transfer put": "put"} {
+		_, o, err := parse(strings.Fields(args))
+		if err != nil || o.fusedTransfer != want {
+			t.Errorf("%q: transfer %q, %v; want %q", args, o.fusedTransfer, err, want)
+		}
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--fused-transfer", "push"}, `--fused-transfer: fused transfer "push": expected one of pull, put`},
+		{[]string{"--strategies", "collective,pipelined", "--fused-transfer", "put"}, "--fused-transfer put: the matrix has no fused cells"},
+	} {
+		if _, _, err := parse(c.args); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: got %v, want %q", c.args, err, c.want)
+		}
+	}
+	t.Setenv(peercopy.TransferEnv, "put")
+	if _, o, err := parse(nil); err != nil || o.fusedTransfer != "put" {
+		t.Errorf("$%s=put: transfer %q, %v; want put", peercopy.TransferEnv, o.fusedTransfer, err)
+	}
+	t.Setenv(peercopy.TransferEnv, "fast")
+	if _, _, err := parse(nil); err == nil || !strings.Contains(err.Error(), "$"+peercopy.TransferEnv) {
+		t.Errorf("$%s=fast: %v, want an error naming the variable", peercopy.TransferEnv, err)
 	}
 }

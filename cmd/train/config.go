@@ -13,6 +13,7 @@ import (
 
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/overlap"
+	"github.com/asynctp/asynctp/overlap/peercopy"
 	"github.com/asynctp/asynctp/train"
 )
 
@@ -43,6 +44,10 @@ type Config struct {
 	// GroupedGEMM is the form of the MoE layers' expert GEMMs
 	// (--grouped-gemm auto|on|off, grouped.go).
 	GroupedGEMM string `json:"grouped_gemm,omitempty"`
+	// FusedTransfer is how the fused strategy's gathers move the peers'
+	// shards (--fused-transfer pull|put, peercopy.Fused.Transfer; empty:
+	// $ASYNCTP_FUSED_TRANSFER, else pull; fusedtransfer.go).
+	FusedTransfer string `json:"fused_transfer,omitempty"`
 	// DumpRouting is a directory each rank writes every step's routing
 	// into (--dump-routing, routing.go); empty: none.
 	DumpRouting string `json:"dump_routing,omitempty"`
@@ -137,7 +142,7 @@ type flagValues struct {
 	overlap                                              string
 	autotuneCache                                        string
 	autotune                                             bool
-	groupedGEMM, dumpRouting                             string
+	groupedGEMM, dumpRouting, fusedTransfer              string
 	memoryReport                                         bool
 	run                                                  runFlags
 }
@@ -185,6 +190,7 @@ func newFlagSet(fv *flagValues) *flag.FlagSet {
 	fs.BoolVar(&fv.autotune, "autotune", false, "with --overlap auto: time collective against pipelined at start for each site the autotune cache has no entry for (a verified micro-run on this run's ranks) and write the choices into the cache")
 	fs.StringVar(&fv.autotuneCache, "autotune-cache", "", "autotune cache `file` that --overlap auto picks from (cmd/ablate's autotune.json; default OUT/autotune.json when it exists)")
 	fs.StringVar(&fv.groupedGEMM, "grouped-gemm", GroupedAuto, "the MoE layers' expert GEMMs: auto (the backend's preference), on (the backend's grouped GEMM: with --overlap pipelined on --comm nvshmem GPUs the step reads no counts on the host), off (one GEMM per expert)")
+	fs.StringVar(&fv.fusedTransfer, "fused-transfer", "", "how the fused strategy's all-gathers land the peers' shards: pull (copy-engine pulls from the peers' symmetric memory, the default) or put (a few CTAs of each peer store its shard into this rank's symmetric buffer); default $"+peercopy.TransferEnv+", else pull; needs --overlap fused or auto on --comm nvshmem GPUs")
 	fs.StringVar(&fv.dumpRouting, "dump-routing", "", "write every step's routing (each token's top-k experts per MoE layer, in the global token order) into `dir`, one file per rank; compare two runs with: train routing-diff DIR1 DIR2")
 	fs.BoolVar(&fv.memoryReport, "memory-report", false, "on the CUDA backend (one process): attribute the allocator's blocks to their call sites and print at the end what held memory at the peak (by category and by site)")
 	addRunFlags(fs, &fv.run)
@@ -360,6 +366,9 @@ func applyFlags(cfg *Config, fv *flagValues, set map[string]bool) {
 	if set["dump-routing"] {
 		cfg.DumpRouting = fv.dumpRouting
 	}
+	if set["fused-transfer"] {
+		cfg.FusedTransfer = fv.fusedTransfer
+	}
 	cfg.memReport = fv.memoryReport
 	applyRunFlags(cfg, &fv.run, set)
 }
@@ -395,6 +404,9 @@ func (c *Config) validate(l origin) error {
 	}
 	var err error
 	if c.Parallel, err = c.Parallel.resolve(); err != nil {
+		return err
+	}
+	if err := c.checkFusedTransfer(); err != nil {
 		return err
 	}
 	if c.modelKnown() {

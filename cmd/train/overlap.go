@@ -23,7 +23,7 @@ func overlapStrategies(cfg Config) ([]overlap.Strategy, map[string]string) {
 		// The GPU ranks check it per site (peercopy.Fused.Supports: the
 		// CUDA backend, an sm_90a GPU for the GEMM engine, bf16, widths of
 		// multiples of 8) and refuse an explicit request that fails there.
-		return []overlap.Strategy{overlap.Pipelined{}, peercopy.Fused{}}, nil
+		return []overlap.Strategy{overlap.Pipelined{}, fusedStrategy(cfg)}, nil
 	}
 	missing := map[string]string{
 		"fused": fmt.Sprintf("it needs --comm nvshmem on GPUs (this run: --comm %s, --device %s): the GEMM engine reads the gathered rows as the copy engine lands them from the peers' symmetric memory",
@@ -195,9 +195,9 @@ func printOverlap(ch *overlap.Chooser) {
 // pointers (overlap/peercopy) instead of exchanges through the transport,
 // and the MoE expert path has its pipelined form: the device-side dispatch
 // and combine over symmetric memory (parallel/ep/peerep); the fused
-// strategy of the TP sites is the GEMM engine fed by those pulls
-// (peercopy.Fused).
-func gpuOverlap(c comm.Comm, b tensor.Backend) []overlap.Strategy {
+// strategy of the TP sites is the GEMM engine fed by those pulls, or by
+// puts with --fused-transfer put (peercopy.Fused).
+func gpuOverlap(cfg Config, c comm.Comm, b tensor.Backend) []overlap.Strategy {
 	cb, ok := b.(*cudabackend.Backend)
 	if !ok || cb.Stream() == nil {
 		return nil
@@ -205,7 +205,7 @@ func gpuOverlap(c comm.Comm, b tensor.Backend) []overlap.Strategy {
 	if _, ok := comm.SymmetricOf(c); !ok {
 		return nil
 	}
-	return []overlap.Strategy{peerep.Pipelined{}, peercopy.Fused{}}
+	return []overlap.Strategy{peerep.Pipelined{}, fusedStrategy(cfg)}
 }
 
 // moeMaxTokens bounds the tokens an MoE layer routes per rank and step (the

@@ -93,7 +93,7 @@ func trainRank(ctx context.Context, c comm.Comm, cfg Config, ds *train.Dataset, 
 		return train.Result{}, err
 	}
 	defer g.Close()
-	extra := gpuOverlap(c, b)
+	extra := gpuOverlap(cfg, c, b)
 	tune, err := tuning(cfg, b, dt, c, pipelinedOf(extra))
 	if err != nil {
 		return train.Result{}, err

@@ -10,6 +10,7 @@
 #include "moe.cu"
 #include "grouped.cu"
 #include "dispatch.cu"
+#include "peerput.cu"
 #include "attention_tc.cu"
 #include "attention_fa2.cu"
 #include "attention_onepass.cu"

@@ -53,54 +53,9 @@
 // On the CPU emulator the waits never spin: the multi-rank tests run every
 // rank's phase before any rank's next phase, so a word is always ready.
 #include "common.cuh"
-
-#if defined(ASYNCTP_EMU)
-#include <chrono>
-#endif
+#include "signals.cuh"
 
 namespace atp {
-
-typedef unsigned long long u64;
-
-__device__ __forceinline__ u64 ep_load_acquire(const u64* p) {
-#if defined(ASYNCTP_EMU)
-    return __atomic_load_n(p, __ATOMIC_ACQUIRE);
-#else
-    u64 v;
-    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-#endif
-}
-
-__device__ __forceinline__ void ep_store_release(u64* p, u64 v) {
-#if defined(ASYNCTP_EMU)
-    __atomic_store_n(p, v, __ATOMIC_RELEASE);
-#else
-    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-#endif
-}
-
-__device__ __forceinline__ void ep_fence_system() {
-#if !defined(ASYNCTP_EMU)
-    __threadfence_system();
-#endif
-}
-
-__device__ __forceinline__ long long ep_now_ns() {
-#if defined(ASYNCTP_EMU)
-    return (long long)std::chrono::duration_cast<std::chrono::nanoseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-#else
-    u64 t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return (long long)t;
-#endif
-}
-
-template <typename T> __device__ __forceinline__ T* ep_peer(const u64* peers, int r) {
-    return reinterpret_cast<T*>(peers[r]);
-}
 
 // ep_copy_row copies C elements of T with the block's threads, 16 bytes at
 // a time when both rows allow it.

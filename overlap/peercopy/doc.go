@@ -13,6 +13,12 @@
 // each chunk's after its pull's event. Nothing waits on the host; no kernel
 // spins, so no SM is held by a wait.
 //
+// The fused strategy (Fused) feeds our GEMM engine from the same
+// exchanges, or, with Transfer "put", from puts: a small kernel on each
+// rank's side stream stores its shard into every peer's symmetric gather
+// buffer and raises a flag per chunk there, which the engine waits on
+// (putGather, cudabackend.PeerPut).
+//
 // A stream wait has no deadline on the device: a peer that dies leaves its
 // partners' streams waiting, and the run's liveness checks (heartbeats in
 // the rendezvous store) end the processes.

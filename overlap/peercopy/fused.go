@@ -44,6 +44,20 @@ import (
 // (cudabackend.WaitSignalsRaising): the pulls pass on stale rows and the
 // call fails at the next Sync naming the peer.
 //
+// Transfer picks how the gathers' shards land (issue 12 asks for both,
+// measured): by the copy-engine pulls above (TransferPull, the default), or
+// by puts (TransferPut): every rank's side stream runs a kernel of a few
+// CTAs (cudabackend.PeerPut, about the SMs the engine leaves free) that
+// stores its shard into every peer's symmetric gather buffer chunk by
+// chunk and raises each chunk's flag there with a release at system scope;
+// the engine waits on those flags (the same hook), reading the gather
+// buffer itself, and the forward then copies it into xFull (the
+// matmul∘reduce-scatter backward's engine and dW read it in place). The
+// same rule holds: the compute stream first waits (one warp, deadline)
+// until every peer's put kernel has started, so the engine waits only for
+// kernels already running; a put kernel waits only, with a deadline, for
+// each destination's word that it has read the previous call's rows.
+//
 // The engine needs an sm_90a GPU, bf16 operands, sizes that are multiples
 // of 8 and 16-byte aligned rows; a call outside that is refused with an
 // error (an explicit --overlap fused is never silently something else).
@@ -54,6 +68,17 @@ type Fused struct {
 	// wait for the peers' partials. A peer that never publishes makes the
 	// call fail at the next Sync, naming the peer's rank.
 	Timeout time.Duration
+	// Transfer is how the gathers' peer shards land (the all-gather∘matmul
+	// forward and the matmul∘reduce-scatter backward): TransferPull ("",
+	// the default) by copy-engine pulls from the peers' stages, or
+	// TransferPut by a few CTAs of every peer storing its shard into this
+	// rank's symmetric gather buffer (putGather). Anything else is refused
+	// by Supports and the constructors, naming the valid values.
+	Transfer string
+	// PutCTAs is the put kernel's grid, and then the SMs the engine leaves
+	// free while it waits on the puts (0: the engine's default reserve,
+	// GEMMWait.ReserveSMs, for both). Only with TransferPut.
+	PutCTAs int
 }
 
 var _ overlap.Strategy = Fused{}
@@ -64,8 +89,46 @@ func (Fused) Name() string { return "fused" }
 // Supports needs what Pipelined needs, the GEMM engine, and a site kind
 // with a fused form.
 func (f Fused) Supports(sp overlap.Spec) error {
+	if _, err := f.transfer(); err != nil {
+		return err
+	}
 	_, err := fusedEnv(sp)
 	return err
+}
+
+// transfer is f.Transfer checked; an unknown one is refused (not
+// ErrUnavailable: an explicit setting is never replaced by another).
+func (f Fused) transfer() (string, error) {
+	t, err := ParseTransfer(f.Transfer)
+	if err != nil {
+		return "", fmt.Errorf("peercopy.Fused: %w", err)
+	}
+	if f.PutCTAs < 0 || f.PutCTAs > 0 && t != TransferPut {
+		return "", fmt.Errorf("peercopy.Fused: PutCTAs %d with transfer %q: expected ≥ 0, and set only with %q", f.PutCTAs, t, TransferPut)
+	}
+	return t, nil
+}
+
+// newPut is the put transfer of a site's gather when f asks for it (nil
+// for the pulls).
+func (f Fused) newPut(e siteEnv) *putGather {
+	if t, _ := f.transfer(); t != TransferPut {
+		return nil
+	}
+	return &putGather{sp: e, ctas: f.PutCTAs}
+}
+
+// reserveFor is the GEMMWait.ReserveSMs of a group of P ranks: none for
+// one rank, which has nothing to wait for (the reserve would only cost a
+// tail wave: hooks/plain 1.18–1.22 with it against 1.02–1.13 without, in
+// BenchmarkEngineHooks at 1 process), else the engine's default. (The
+// sites fall back to collective at P = 1 today, so 1 never reaches the
+// engine from here; the rule holds wherever it would.)
+func reserveFor(P int) int {
+	if P == 1 {
+		return -1
+	}
+	return 0
 }
 
 func fusedEnv(sp overlap.Spec) (siteEnv, error) {
@@ -105,6 +168,9 @@ func (f Fused) timeout() time.Duration {
 
 // NewAllGatherMatmul builds the entry site.
 func (f Fused) NewAllGatherMatmul(sp overlap.Spec) (overlap.AllGatherMatmul, error) {
+	if _, err := f.transfer(); err != nil {
+		return nil, err
+	}
 	e, err := fusedEnv(sp)
 	if err != nil {
 		return nil, err
@@ -112,11 +178,15 @@ func (f Fused) NewAllGatherMatmul(sp overlap.Spec) (overlap.AllGatherMatmul, err
 	if e, err = newSide(e); err != nil {
 		return nil, err
 	}
-	return &fagmm{agmm: agmm{sp: sp, e: e, fwd: &exchange{sp: e, slots: 1}, bwd: &exchange{sp: e, slots: sp.Group.Size()}}, timeout: f.timeout()}, nil
+	return &fagmm{agmm: agmm{sp: sp, e: e, fwd: &exchange{sp: e, slots: 1}, bwd: &exchange{sp: e, slots: sp.Group.Size()}},
+		timeout: f.timeout(), put: f.newPut(e)}, nil
 }
 
 // NewMatmulReduceScatter builds the exit site.
 func (f Fused) NewMatmulReduceScatter(sp overlap.Spec) (overlap.MatmulReduceScatter, error) {
+	if _, err := f.transfer(); err != nil {
+		return nil, err
+	}
 	e, err := fusedEnv(sp)
 	if err != nil {
 		return nil, err
@@ -124,11 +194,15 @@ func (f Fused) NewMatmulReduceScatter(sp overlap.Spec) (overlap.MatmulReduceScat
 	if e, err = newSide(e); err != nil {
 		return nil, err
 	}
-	return &fmmrs{mmrs: mmrs{sp: sp, e: e, fwd: &exchange{sp: e, slots: sp.Group.Size()}, bwd: &exchange{sp: e, slots: 1}}, timeout: f.timeout()}, nil
+	return &fmmrs{mmrs: mmrs{sp: sp, e: e, fwd: &exchange{sp: e, slots: sp.Group.Size()}, bwd: &exchange{sp: e, slots: 1}},
+		timeout: f.timeout(), put: f.newPut(e)}, nil
 }
 
 // NewMatmulAllReduce: no fused form.
 func (f Fused) NewMatmulAllReduce(sp overlap.Spec) (overlap.MatmulAllReduce, error) {
+	if _, err := f.transfer(); err != nil {
+		return nil, err
+	}
 	_, err := fusedEnv(sp)
 	return nil, err
 }
@@ -144,6 +218,20 @@ func engineFits(e siteEnv, c, a, w *tensor.Tensor, transA, transB bool) error {
 type fagmm struct {
 	agmm
 	timeout time.Duration
+	put     *putGather // the forward's gather by puts (nil: by pulls)
+}
+
+// Close frees the put transfer's buffers, then the rest (the side
+// stream last).
+func (s *fagmm) Close() error {
+	var err error
+	if s.put != nil {
+		err = s.put.release()
+	}
+	if e := s.agmm.Close(); err == nil {
+		err = e
+	}
+	return err
 }
 
 func (s *fagmm) Forward(outs []*tensor.Tensor, xFull, x *tensor.Tensor, ws []*tensor.Tensor) error {
@@ -156,12 +244,15 @@ func (s *fagmm) Forward(outs []*tensor.Tensor, xFull, x *tensor.Tensor, ws []*te
 			return err
 		}
 	}
+	if s.put != nil {
+		return s.forwardPut(n, outs, xFull, x, ws)
+	}
 	landed, err := gatherLanded(s.fwd, xFull, x, s.timeout)
 	if err != nil {
 		return err
 	}
 	opt := cudabackend.GEMMOptions{RotateRows: s.sp.Group.Rank() * n,
-		Wait: &cudabackend.GEMMWait{Flags: landed, ChunkRows: n, Target: s.fwd.epoch, Timeout: s.timeout}}
+		Wait: &cudabackend.GEMMWait{Flags: landed, ChunkRows: n, Target: s.fwd.epoch, Timeout: s.timeout, ReserveSMs: reserveFor(s.sp.Group.Size())}}
 	for i, w := range ws {
 		if err := s.e.b.EngineMatMul(outs[i], xFull, w, false, true, 1, 0, opt); err != nil {
 			return err
@@ -173,6 +264,32 @@ func (s *fagmm) Forward(outs []*tensor.Tensor, xFull, x *tensor.Tensor, ws []*te
 	// stream (the backward's dW reads xFull), and an event of a pull from a
 	// peer that never publishes would block the stream past any deadline.
 	return nil
+}
+
+// forwardPut is Forward with the put transfer: the engine reads the
+// symmetric gather buffer as the peers' puts land in it, then the
+// gathered rows are copied into xFull (the backward's dW reads them) and
+// the buffer is handed back to the peers.
+func (s *fagmm) forwardPut(n int, outs []*tensor.Tensor, xFull, x *tensor.Tensor, ws []*tensor.Tensor) error {
+	b := s.e.b
+	full, wait, err := s.put.gather(x, s.timeout)
+	if err != nil {
+		return err
+	}
+	opt := cudabackend.GEMMOptions{RotateRows: s.sp.Group.Rank() * n, Wait: wait}
+	for i, w := range ws {
+		if err := b.EngineMatMul(outs[i], full, w, false, true, 1, 0, opt); err != nil {
+			return err
+		}
+	}
+	// After the engine, whose acquire of every chunk's flag ordered the
+	// rows before it and the stream's later work; and after this rank's
+	// put, which reads x (a caller may pass x as xFull's own rows).
+	if err := s.put.join(); err != nil {
+		return err
+	}
+	b.Copy(xFull, full)
+	return s.put.end()
 }
 
 func (s *fagmm) Backward(dx *tensor.Tensor, dws, douts []*tensor.Tensor, xFull *tensor.Tensor, ws []*tensor.Tensor) (comm.Work, error) {
@@ -217,6 +334,20 @@ func (s *fagmm) Backward(dx *tensor.Tensor, dws, douts []*tensor.Tensor, xFull *
 type fmmrs struct {
 	mmrs
 	timeout time.Duration
+	put     *putGather // the backward's gather of dout by puts (nil: by pulls)
+}
+
+// Close frees the put transfer's buffers, then the rest (the side
+// stream last).
+func (s *fmmrs) Close() error {
+	var err error
+	if s.put != nil {
+		err = s.put.release()
+	}
+	if e := s.mmrs.Close(); err == nil {
+		err = e
+	}
+	return err
 }
 
 func (s *fmmrs) Forward(out, x, w *tensor.Tensor) error {
@@ -243,6 +374,24 @@ func (s *fmmrs) Backward(dx, dw, dout, x, w *tensor.Tensor) (comm.Work, error) {
 		return s.fallback().Backward(dx, dw, dout, x, w)
 	}
 	b, r := s.e.b, s.sp.Group.Rank()
+	if s.put != nil {
+		// The engine and dW read the symmetric gather buffer itself.
+		full, wait, err := s.put.gather(dout, s.timeout)
+		if err != nil {
+			return nil, err
+		}
+		if err := engineFits(s.e, dx, full, w, false, false); err != nil {
+			return nil, err
+		}
+		if err := b.EngineMatMul(dx, full, w, false, false, 1, 0, cudabackend.GEMMOptions{RotateRows: r * n, Wait: wait}); err != nil {
+			return nil, err
+		}
+		b.MatMul(dw, full, x, true, false, 1, 1) // after the engine, which saw every chunk land
+		if err := s.put.end(); err != nil {
+			return nil, err
+		}
+		return comm.Done, nil
+	}
 	full := s.full.get(b, dout.DType(), P*n, dout.Dim(1))
 	if err := engineFits(s.e, dx, full, w, false, false); err != nil {
 		return nil, err
@@ -252,7 +401,7 @@ func (s *fmmrs) Backward(dx, dw, dout, x, w *tensor.Tensor) (comm.Work, error) {
 		return nil, err
 	}
 	opt := cudabackend.GEMMOptions{RotateRows: r * n,
-		Wait: &cudabackend.GEMMWait{Flags: landed, ChunkRows: n, Target: s.bwd.epoch, Timeout: s.timeout}}
+		Wait: &cudabackend.GEMMWait{Flags: landed, ChunkRows: n, Target: s.bwd.epoch, Timeout: s.timeout, ReserveSMs: reserveFor(P)}}
 	if err := b.EngineMatMul(dx, full, w, false, false, 1, 0, opt); err != nil {
 		return nil, err
 	}

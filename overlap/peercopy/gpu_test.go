@@ -46,6 +46,14 @@ func TestFusedDeadlineGPU(t *testing.T) {
 	pes.Each(t, sizes(t), "deadline:", func(t *testing.T, n int) []string { return runPEs(t, "deadline", n) })
 }
 
+// TestFusedPutDeadlineGPU: TestFusedDeadlineGPU with the put transfer: the
+// last PE never puts its shard (it skips the call); every other PE's call
+// must fail at its Sync within the deadline (its wait for the peers' puts,
+// then the engine's), naming the group and that rank.
+func TestFusedPutDeadlineGPU(t *testing.T) {
+	pes.Each(t, sizes(t), "deadline:", func(t *testing.T, n int) []string { return runPEs(t, "deadline-put", n) })
+}
+
 // TestFusedScatterDeadlineGPU: the last PE never calls the fused
 // matmul∘reduce-scatter (its partials are never published): every other
 // PE's call must fail at its Sync within the deadline, naming the group and
@@ -56,7 +64,10 @@ func TestFusedScatterDeadlineGPU(t *testing.T) {
 
 // TestFusedDeterminismGPU: the fused matmul∘reduce-scatter (forward, and
 // the all-gather∘matmul's backward, whose dx is one) gives the same bits in
-// 10 runs on random inputs (issue 12: the deterministic reduce-scatter).
+// 10 runs on random inputs (issue 12: the deterministic reduce-scatter),
+// with each transfer (pull, put); so do the gathers' sides (the
+// all-gather∘matmul forward's output and gathered rows, the
+// matmul∘reduce-scatter backward's dx).
 func TestFusedDeterminismGPU(t *testing.T) {
 	pes.Each(t, sizes(t), "determinism:", func(t *testing.T, n int) []string { return runPEs(t, "determinism", n) })
 }
@@ -89,7 +100,9 @@ func TestHelperProcess(t *testing.T) {
 	case "bench":
 		pe.bench(t)
 	case "deadline":
-		pe.deadline(t)
+		pe.deadline(t, peercopy.TransferPull)
+	case "deadline-put":
+		pe.deadline(t, peercopy.TransferPut)
 	case "deadline-scatter":
 		pe.deadlineScatter(t)
 	case "determinism":
@@ -106,12 +119,52 @@ func newPE(t *testing.T) *pe { return &pe{pes.Join(t)} }
 
 func (p *pe) close(t *testing.T) { p.PE.Close(t) }
 
-func strategies() []overlap.Strategy {
-	return []overlap.Strategy{overlap.Collective{}, overlap.Pipelined{}, peercopy.Pipelined{}, peercopy.Fused{}}
+// strategies are the strategies the jobs run: every one, or those named in
+// $ASYNCTP_OVERLAP_STRATEGIES (a comma-separated list of stratName's
+// names, e.g. "fused-pull,fused-put").
+func strategies(t *testing.T) []overlap.Strategy {
+	all := []overlap.Strategy{overlap.Collective{}, overlap.Pipelined{}, peercopy.Pipelined{},
+		peercopy.Fused{Transfer: peercopy.TransferPull}, peercopy.Fused{Transfer: peercopy.TransferPut}}
+	only := os.Getenv("ASYNCTP_OVERLAP_STRATEGIES")
+	if only == "" {
+		return all
+	}
+	var out []overlap.Strategy
+	for _, name := range strings.Split(only, ",") {
+		found := false
+		for _, s := range all {
+			if stratName(s) == strings.TrimSpace(name) {
+				out, found = append(out, s), true
+			}
+		}
+		if !found {
+			var names []string
+			for _, s := range all {
+				names = append(names, stratName(s))
+			}
+			t.Fatalf("ASYNCTP_OVERLAP_STRATEGIES=%q: %q is none of %s", only, name, strings.Join(names, ", "))
+		}
+	}
+	return out
+}
+
+// stratName names a strategy of strategies in the jobs' lines.
+func stratName(s overlap.Strategy) string {
+	switch v := s.(type) {
+	case overlap.Collective:
+		return "collective"
+	case overlap.Pipelined:
+		return "pipelined"
+	case peercopy.Pipelined:
+		return "peercopy-pipelined"
+	case peercopy.Fused:
+		return "fused-" + v.Transfer
+	}
+	return fmt.Sprintf("%T", s)
 }
 
 func (p *pe) suite(t *testing.T) {
-	for i, s := range strategies() {
+	for i, s := range strategies(t) {
 		for _, dt := range []tensor.DType{tensor.BFloat16, tensor.Float32} {
 			if _, fused := s.(peercopy.Fused); fused && dt != tensor.BFloat16 {
 				// The engine takes bf16 operands: the strategy must say so
@@ -122,10 +175,10 @@ func (p *pe) suite(t *testing.T) {
 				if !errors.Is(err, overlap.ErrUnavailable) || !strings.Contains(err.Error(), "expected bf16") {
 					t.Fatalf("rank %d: fused with %v tensors: %v, want ErrUnavailable saying bf16", p.Rank, dt, err)
 				}
-				fmt.Printf("suite: rank %d: %T %v refused as it should: %v\n", p.Rank, s, dt, err)
+				fmt.Printf("suite: rank %d: %s %v refused as it should: %v\n", p.Rank, stratName(s), dt, err)
 				continue
 			}
-			fmt.Fprintf(os.Stderr, "rank %d: %T %v: start\n", p.Rank, s, dt)
+			fmt.Fprintf(os.Stderr, "rank %d: %s %v: start\n", p.Rank, stratName(s), dt)
 			start := time.Now()
 			r := overlaptest.Rank{Group: p.World, Backend: p.B, Stream: p.B.Stream(), Strategy: s, DType: dt, Seed: uint64(100 + i)}
 			skipped, err := r.CheckAllReport()
@@ -135,7 +188,7 @@ func (p *pe) suite(t *testing.T) {
 			for _, l := range skipped {
 				fmt.Printf("suite: rank %d: unavailable, as declared: %s\n", p.Rank, l)
 			}
-			name := fmt.Sprintf("%T", s)
+			name := stratName(s)
 			if err != nil {
 				t.Fatalf("rank %d: %s %v: %v", p.Rank, name, dt, err)
 			}
@@ -144,11 +197,11 @@ func (p *pe) suite(t *testing.T) {
 	}
 }
 
-func (p *pe) deadline(t *testing.T) {
+func (p *pe) deadline(t *testing.T, transfer string) {
 	const dl = 2 * time.Second
 	const n, k, m = 64, 256, 256
 	b := p.B
-	ag, err := peercopy.Fused{Timeout: dl}.NewAllGatherMatmul(overlap.Spec{Kind: overlap.KindAllGatherMatmul, Name: "deadline",
+	ag, err := peercopy.Fused{Timeout: dl, Transfer: transfer}.NewAllGatherMatmul(overlap.Spec{Kind: overlap.KindAllGatherMatmul, Name: "deadline",
 		Group: p.World, Backend: b, Stream: b.Stream(), K: k, Outs: []int{m}, DType: tensor.BFloat16})
 	if err != nil {
 		t.Fatal(err)
@@ -165,24 +218,34 @@ func (p *pe) deadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	if p.Rank == silent {
-		fmt.Printf("deadline: rank %d stays silent\n", p.Rank)
+		fmt.Printf("deadline: %s: rank %d stays silent\n", transfer, p.Rank)
 	} else {
 		start := time.Now()
 		err := ag.Forward([]*tensor.Tensor{out}, xFull, x, []*tensor.Tensor{w})
 		if err == nil {
 			err = b.Sync()
 		}
+		took := time.Since(start)
 		want := fmt.Sprintf("rank %d never published", silent)
+		if transfer == peercopy.TransferPut {
+			want = fmt.Sprintf("rank %d never put its rows", silent)
+		}
 		if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), p.World.Name()) {
-			fmt.Printf("deadline: rank %d: FAIL: %v, expected an error naming %s and containing %q\n", p.Rank, err, p.World.Name(), want)
+			fmt.Printf("deadline: %s: rank %d: FAIL: %v, expected an error naming %s and containing %q\n", transfer, p.Rank, err, p.World.Name(), want)
 			os.Exit(1)
 		}
-		fmt.Printf("deadline: rank %d failed after %v: %v\n", p.Rank, time.Since(start).Round(time.Millisecond), err)
+		// The wait for the peers' shards, then the engine's chunk wait, each
+		// give up after the deadline: at most about twice it.
+		if took > 3*dl {
+			fmt.Printf("deadline: %s: rank %d: FAIL: failed after %v, expected within about 2 × %v\n", transfer, p.Rank, took, dl)
+			os.Exit(1)
+		}
+		fmt.Printf("deadline: %s: rank %d failed after %v: %v\n", transfer, p.Rank, took.Round(time.Millisecond), err)
 	}
-	// NVSHMEM cannot abort, and this rank's side stream still waits for the
-	// silent peer: leave everything to the process exit, after a host
+	// NVSHMEM cannot abort, and this rank's side stream may still wait for
+	// the silent peer: leave everything to the process exit, after a host
 	// barrier; rank 0 serves the store, so it leaves last.
-	p.ExitAfterFailure("deadline")
+	p.ExitAfterFailure("deadline-" + transfer)
 }
 
 func (p *pe) deadlineScatter(t *testing.T) {
@@ -222,6 +285,12 @@ func (p *pe) deadlineScatter(t *testing.T) {
 }
 
 func (p *pe) determinism(t *testing.T) {
+	for _, transfer := range peercopy.Transfers {
+		p.determinismWith(t, transfer)
+	}
+}
+
+func (p *pe) determinismWith(t *testing.T, transfer string) {
 	const runs = 10
 	const n, kl, cols = 200, 136, 264 // ragged: 128-row blocks straddle the destinations' rows
 	b, P := p.B, p.Size
@@ -239,7 +308,7 @@ func (p *pe) determinism(t *testing.T) {
 		b.Upload(d, h)
 		return d
 	}
-	f := peercopy.Fused{}
+	f := peercopy.Fused{Transfer: transfer}
 	rs, err := f.NewMatmulReduceScatter(overlap.Spec{Kind: overlap.KindMatmulReduceScatter, Name: "det-rs", Group: p.World,
 		Backend: b, Stream: b.Stream(), K: kl, Outs: []int{cols}, DType: tensor.BFloat16})
 	if err != nil {
@@ -252,6 +321,10 @@ func (p *pe) determinism(t *testing.T) {
 	}
 	x, w, out := mk(P*n, kl), mk(cols, kl), b.Zeros(tensor.BFloat16, n, cols)
 	xFull, w2, dout, dx, dw := mk(P*n, cols), mk(kl, cols), mk(P*n, kl), b.Zeros(tensor.BFloat16, n, cols), b.Zeros(tensor.BFloat16, kl, cols)
+	// The gathers: the all-gather∘matmul forward of this rank's rows, and
+	// the matmul∘reduce-scatter backward of this rank's dout rows.
+	xs, agOut, gathered := mk(n, cols), b.Zeros(tensor.BFloat16, P*n, kl), b.Zeros(tensor.BFloat16, P*n, cols)
+	douts, rsDx, rsDw := mk(n, cols), b.Zeros(tensor.BFloat16, P*n, kl), b.Zeros(tensor.BFloat16, cols, kl)
 	bits := func(d *tensor.Tensor) []byte {
 		h := tensor.MustHost(d.DType(), d.Shape()...)
 		b.Download(h, d)
@@ -268,7 +341,9 @@ func (p *pe) determinism(t *testing.T) {
 		}
 		return out
 	}
-	var first [2][]byte
+	names := []string{"matmul∘reduce-scatter forward", "all-gather∘matmul backward dx", "all-gather∘matmul forward out",
+		"all-gather∘matmul forward gathered rows", "matmul∘reduce-scatter backward dx", "matmul∘reduce-scatter backward dw"}
+	var first [][]byte
 	for i := range runs {
 		if err := rs.Forward(out, x, w); err != nil {
 			t.Fatal(err)
@@ -279,23 +354,34 @@ func (p *pe) determinism(t *testing.T) {
 			err = wk.Wait(b.Stream())
 		}
 		if err == nil {
+			err = ag.Forward([]*tensor.Tensor{agOut}, gathered, xs, []*tensor.Tensor{w2})
+		}
+		if err == nil {
+			b.Fill(rsDw, 0)
+			wk, err = rs.Backward(rsDx, rsDw, douts, x, w)
+		}
+		if err == nil {
+			err = wk.Wait(b.Stream())
+		}
+		if err == nil {
 			err = b.Sync()
 		}
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("rank %d: %s: run %d: %v", p.Rank, transfer, i, err)
 		}
-		got := [2][]byte{bits(out), bits(dx)}
+		got := [][]byte{bits(out), bits(dx), bits(agOut), bits(gathered), bits(rsDx), bits(rsDw)}
 		if i == 0 {
 			first = got
 			continue
 		}
-		for j, name := range []string{"matmul∘reduce-scatter forward", "all-gather∘matmul backward dx"} {
+		for j, name := range names {
 			if !bytes.Equal(got[j], first[j]) {
-				t.Fatalf("rank %d: fused %s: run %d differs from run 0 (expected identical bits: fixed-order fp32 sum)", p.Rank, name, i)
+				t.Fatalf("rank %d: fused (%s) %s: run %d differs from run 0 (expected identical bits: fixed-order fp32 sums, every shard landed)", p.Rank, transfer, name, i)
 			}
 		}
 	}
-	fmt.Printf("determinism: rank %d: fused matmul∘reduce-scatter forward and all-gather∘matmul backward dx identical over %d runs (rows %d/rank, K %d, N %d)\n", p.Rank, runs, n, kl, cols)
+	fmt.Printf("determinism: rank %d: fused (%s transfer): %s identical over %d runs (rows %d/rank, K %d, N %d)\n",
+		p.Rank, transfer, strings.Join(names, ", "), runs, n, kl, cols)
 	ag.Close()
 	rs.Close()
 }
@@ -363,8 +449,8 @@ func (p *pe) bench(t *testing.T) {
 		return err
 	})
 	row("reduce-scatter alone (NVSHMEM transport)", d, err)
-	for _, s := range strategies() {
-		name := fmt.Sprintf("%T", s)
+	for _, s := range strategies(t) {
+		name := stratName(s)
 		ag, err := s.NewAllGatherMatmul(sp(overlap.KindAllGatherMatmul, k, m))
 		if err != nil {
 			t.Fatal(err)

@@ -344,7 +344,8 @@ const (
 	flagGrouped
 	flagEPLayout
 	flagEPWait
-	flagGEMM // the GEMM engine: err[1] = the chunk whose flag wait ran out, -1 = no sm_90a code
+	flagGEMM    // the GEMM engine: err[1] = the chunk whose flag wait ran out, -1 = no sm_90a code
+	flagPeerPut // peer_put: err[1] = the destination rank that never freed its gather buffer
 	numFlags
 )
 

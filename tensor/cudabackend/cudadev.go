@@ -215,6 +215,11 @@ func (d *cudaDevice) HasKernel(name string) bool {
 }
 
 func (d *cudaDevice) Launch(name string, grid, block gpu.Dim3, smem int, args ...any) error {
+	return d.launchOn(d.stream, name, grid, block, smem, args...)
+}
+
+// launchOn is Launch on stream s (a side stream of the same context).
+func (d *cudaDevice) launchOn(s *cuda.Stream, name string, grid, block gpu.Dim3, smem int, args ...any) error {
 	f, err := d.function(name)
 	if err != nil {
 		return err
@@ -236,7 +241,7 @@ func (d *cudaDevice) Launch(name string, grid, block gpu.Dim3, smem int, args ..
 		}
 		d.smemSet[name] = smem
 	}
-	return cuda.Launch(f, grid, block, uint32(smem), d.stream, conv...)
+	return cuda.Launch(f, grid, block, uint32(smem), s, conv...)
 }
 
 func (d *cudaDevice) Gemm(g gpu.Gemm) error {

@@ -86,6 +86,21 @@ type GEMMWait struct {
 	ReserveSMs int
 }
 
+// reserveOf is the SMs the engine leaves free while it waits or signals,
+// for a process whose share of the GPU is avail SMs: w's ReserveSMs when
+// set (negative: none), else $ASYNCTP_ENGINE_RESERVE_SMS, else
+// EngineReserveSMs(avail).
+func (b *Backend) reserveOf(avail int, w *GEMMWait) int {
+	r := EngineReserveSMs(avail)
+	if b.cfg.reserveSet {
+		r = b.cfg.reserveSMs
+	}
+	if w != nil && w.ReserveSMs != 0 {
+		r = w.ReserveSMs
+	}
+	return max(r, 0)
+}
+
 // EngineReserveSMs is the default of GEMMWait.ReserveSMs for a process
 // whose share of the GPU is sms SMs: max(4, sms/16), unless
 // $ASYNCTP_ENGINE_RESERVE_SMS (an integer ≥ 0, read by New, which refuses
@@ -452,14 +467,7 @@ func (b *Backend) engineLaunch(op string, e engineCall) {
 		if o.Wait != nil || o.Signal != nil {
 			// A signalled tile is pulled by a copy that may need SMs too:
 			// leaving some free lets it overlap the rest of the GEMM.
-			r := EngineReserveSMs(avail)
-			if b.cfg.reserveSet {
-				r = b.cfg.reserveSMs
-			}
-			if o.Wait != nil && o.Wait.ReserveSMs != 0 {
-				r = o.Wait.ReserveSMs
-			}
-			avail -= max(r, 0)
+			avail -= b.reserveOf(avail, o.Wait)
 		}
 		grid := min(tiles, max(avail, 1))
 		if o.Grid > 0 {

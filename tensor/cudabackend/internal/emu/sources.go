@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "defaf6e6cf590043a5139adda81927e17ede2194b28b24dfa9791b0c4972d793"
+const SourcesSum = "c40cf403e665d9ad17ffa68a090b96ae572934b241eeb967021ddf9044303612"

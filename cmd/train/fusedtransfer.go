@@ -1,0 +1,60 @@
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/asynctp/asynctp/overlap"
+	"github.com/asynctp/asynctp/overlap/peercopy"
+)
+
+// checkFusedTransfer resolves the fused strategy's transfer
+// (peercopy.Fused.Transfer): --fused-transfer or the config's
+// "fused_transfer" as given (pull or put), refused where no site could
+// take the fused strategy (it would change nothing); unset, then
+// $ASYNCTP_FUSED_TRANSFER (checked, not refused on a run without fused
+// sites: a variable of a script's environment); unset too, pull.
+func (c *Config) checkFusedTransfer() error {
+	if c.FusedTransfer == "" {
+		// Not written into the config: processes that re-read it (--nproc)
+		// read the same environment.
+		_, err := peercopy.TransferFromEnv()
+		return err
+	}
+	if _, err := peercopy.ParseTransfer(c.FusedTransfer); err != nil {
+		return fmt.Errorf("--fused-transfer: %w", err)
+	}
+	if c.Parallel.Comm != "nvshmem" || c.Device == "cpu" {
+		return fmt.Errorf("--fused-transfer %s: the fused strategy needs --comm nvshmem on GPUs (this run: --comm %s, --device %s), so it would change nothing",
+			c.FusedTransfer, orDefault(c.Parallel.Comm, "(none)"), orDefault(c.Device, "auto"))
+	}
+	if !mayUseFused(c.Overlap) {
+		return fmt.Errorf("--fused-transfer %s: no site asks for fused or auto (--overlap %s), so it would change nothing; expected --overlap fused or auto (or a site configured so)",
+			c.FusedTransfer, orDefault(c.Overlap.Default, "collective"))
+	}
+	return nil
+}
+
+// mayUseFused says whether any site may get the fused strategy.
+func mayUseFused(c overlap.Config) bool {
+	if c.Default == "fused" || c.Default == "auto" {
+		return true
+	}
+	for _, v := range c.Sites {
+		if v == "fused" || v == "auto" {
+			return true
+		}
+	}
+	return false
+}
+
+// fusedStrategy is the run's fused strategy: the transfer of the config,
+// else of $ASYNCTP_FUSED_TRANSFER (as the variable says: a bad value,
+// which validate refuses first, is refused by the strategy too).
+func fusedStrategy(cfg Config) peercopy.Fused {
+	t := cfg.FusedTransfer
+	if t == "" {
+		t = os.Getenv(peercopy.TransferEnv)
+	}
+	return peercopy.Fused{Transfer: t}
+}
