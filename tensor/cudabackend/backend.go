@@ -344,7 +344,8 @@ const (
 	flagGrouped
 	flagEPLayout
 	flagEPWait
-	flagGEMM // the GEMM engine: err[1] = the chunk whose flag wait ran out, -1 = no sm_90a code
+	flagGEMM     // the GEMM engine: err[1] = the chunk whose flag wait ran out, -1 = no sm_90a code
+	flagEPBlocks // the fused combine's block waits (ep_return_blocks)
 	numFlags
 )
 

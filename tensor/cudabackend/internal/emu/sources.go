@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "42e7305c8518c55ab927a5af0095665d293193166562b0541cf326bbbeeaf871"
+const SourcesSum = "5e7351daf4a16eb29cd450ee576db89e1559aca0a08296e23b3501626fbee7a5"
