@@ -146,15 +146,23 @@ func (d *ExpertDispatch) Join() {
 	d.b.do("ExpertDispatch.Join", d.joinSide)
 }
 
-// FusedCounters is the (nblk) u64 counters' device address and their number
-// (tests and the GEMM's wait).
-func (d *ExpertDispatch) FusedCounters() (addr uint64, n int) {
-	return DevicePtr(d.fz.counters), d.fz.nblk
-}
+// FusedCounters is the dispatch's per-block counters of the fused path:
+// FusedBlocks() u64 words as little-endian int32 pairs (tests read them).
+func (d *ExpertDispatch) FusedCounters() *tensor.Tensor { return d.fz.counters }
 
-// FusedDone is the down GEMM's per-block flags' device address and number.
-func (d *ExpertDispatch) FusedDone() (addr uint64, n int) {
-	return DevicePtr(d.fz.done), d.fz.nblk
+// FusedDone is the down GEMM's per-block flags, like FusedCounters.
+func (d *ExpertDispatch) FusedDone() *tensor.Tensor { return d.fz.done }
+
+// FusedBlockTable is the (L+1) int32 first 128-row block of each local
+// expert in group-major order (ep_plan's blk), valid after the dispatch's
+// plan: a view of the plan's table.
+func (d *ExpertDispatch) FusedBlockTable() *tensor.Tensor {
+	P, L := d.cfg.Ranks, d.cfg.local()
+	v, err := d.tab.View(4+3*P*L, L+1)
+	if err != nil {
+		panic("cuda: expert dispatch: internal error: " + err.Error())
+	}
+	return v
 }
 
 func (d *ExpertDispatch) checkFused(op string) error {
