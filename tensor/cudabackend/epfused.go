@@ -189,6 +189,10 @@ func (d *ExpertDispatch) waitExplain() func(v int32) error {
 	}
 }
 
+// fusedCombineCTAs is the grid of the fused combine's send (see
+// CombineSendFused).
+const fusedCombineCTAs = 2
+
 // fusedCounterCode is the wait code of StreamWaitRows' one-warp wait.
 const fusedCounterCode = 100
 
@@ -322,7 +326,13 @@ func (d *ExpertDispatch) CombineSendFused(ye *tensor.Tensor, gemm func() error) 
 				return err
 			}
 			bflag := d.b.flagPtr(flagEPBlocks, d.blocksExplain())
-			grid := max(1, min(d.fz.nblk, 32))
+			// Few CTAs, on purpose: they spin on flags of a persistent GEMM
+			// queued after them, which must still find its SMs. The GEMM
+			// leaves EngineReserveSMs (≥ 4) free; these CTAs and the wait
+			// before them take at most 3, so every GEMM CTA can be resident
+			// (a CTA of its tiles that never ran would hold this wait until
+			// the deadline).
+			grid := max(1, min(d.fz.nblk, fusedCombineCTAs))
 			if err := dev.Launch("ep_return_blocks"+sfx(d.cfg.DType), gpu.D1(grid), gpu.D1(128), 0, ptr(ye),
 				ptr(d.routeExp), ptr(d.offsets), ptr(d.tab), int32(P), int32(L), int32(C), ptr(d.fz.done),
 				int64(d.doneTarget()), int64(d.cfg.Deadline), d.peerRow(EPY), ptr(d.status), bflag); err != nil {
