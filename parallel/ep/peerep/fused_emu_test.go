@@ -256,3 +256,102 @@ func TestEmuFusedRefusesF32WithoutStreamHooks(t *testing.T) {
 		return nil
 	})
 }
+
+// TestEmuFusedCombineFollowsFlags: the fused combine's send stores a block
+// of expert rows home only once the down GEMM's flag of that block says it
+// is stored: with block 0 of expert 0's 200 rows flagged and block 1 not,
+// the home's slots of rows 0–127 hold the rows, those of rows 128–199 stay
+// untouched, and the send fails at the deadline naming block 1.
+func TestEmuFusedCombineFollowsFlags(t *testing.T) {
+	emulated(t, 1, func(c *symComm, bar *barrier) error {
+		const N, C = 200, 8
+		p, err := New(ep.ExpertConfig{Name: "moe", Backend: c.b, Group: c, Experts: 2, Cols: C, MaxTokens: N},
+			WithDeadline(50*time.Millisecond), withFused(), WithStreamHooks())
+		if err != nil {
+			return err
+		}
+		vals := make([]float64, N*C)
+		for i := range vals {
+			vals[i] = float64(i%97) + 1
+		}
+		x := upload(c.b, tensor.Float32, vals, N, C)
+		idx := c.b.Zeros(tensor.Int32, N, 1) // every token on expert 0: blocks of 128 and 72 rows
+		xe, hd, _, err := p.DispatchFused(x, idx, 0)
+		if err != nil {
+			return err
+		}
+		p.eng.Join()
+		ye := c.b.Zeros(tensor.Float32, hd.Bound, C)
+		c.b.Copy(ye, xe)
+		if err := c.b.Sync(); err != nil {
+			return fmt.Errorf("the dispatch: %w", err)
+		}
+		if got := ints(c.b, p.eng.FusedBlockTable()); fmt.Sprint(got) != "[0 2 2]" {
+			return fmt.Errorf("block table %v, want [0 2 2] (expert 0: 2 blocks, expert 1: none)", got)
+		}
+		err = p.eng.CombineSendFused(ye, func() error {
+			h, _ := tensor.FromInt32([]int32{1, 0}, 2) // block 0 stored (one column tile), block 1 not
+			v, err := p.eng.FusedDone().View(0, 2)
+			if err != nil {
+				return err
+			}
+			c.b.Upload(v, h)
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("CombineSendFused: %v (the missed flag is reported at the next Sync)", err)
+		}
+		// The slots (token n, choice 0) of this rank's combine buffer, read
+		// by another emulated backend (emulated device memory is host
+		// memory): this one fails at its next read, which reports the
+		// missed flag, and then reads nothing.
+		v, err := p.sym[cudabackend.EPY].Rows(0, N)
+		if err != nil {
+			return err
+		}
+		rd, err := cudabackend.NewEmulated()
+		if err != nil {
+			return err
+		}
+		defer rd.Close()
+		fv, err := tensor.New(&foreignBuf{dev: v.Device(), ptr: cudabackend.DevicePtr(v), dt: tensor.Float32, n: N * C}, 0, N, C)
+		if err != nil {
+			return err
+		}
+		got := hostVals(rd, fv)
+		if err := rd.Err(); err != nil {
+			return fmt.Errorf("reading the combine buffer: %w", err)
+		}
+		err = c.b.Sync()
+		if err == nil || !strings.Contains(err.Error(), "block 1 of the down projection's rows") {
+			return fmt.Errorf("a combine whose block 1 is never stored: %v, expected an error naming block 1", err)
+		}
+		for n := range N {
+			for j := range C {
+				w := 0.0
+				if n < 128 {
+					w = vals[n*C+j]
+				}
+				if got[n*C+j] != w {
+					return fmt.Errorf("slot of token %d col %d = %v, want %v (block %d)", n, j, got[n*C+j], w, n/128)
+				}
+			}
+		}
+		return nil
+	})
+}
+
+// foreignBuf names emulated device memory of another emulated backend as a
+// cudabackend.DeviceBuffer (same device, another allocator), so a backend
+// can read it.
+type foreignBuf struct {
+	dev tensor.Device
+	ptr uint64
+	dt  tensor.DType
+	n   int
+}
+
+func (f *foreignBuf) Device() tensor.Device { return f.dev }
+func (f *foreignBuf) DType() tensor.DType   { return f.dt }
+func (f *foreignBuf) Len() int              { return f.n }
+func (f *foreignBuf) Ptr() uint64           { return f.ptr }
