@@ -268,6 +268,22 @@ KERNEL void ep_signal(const unsigned long long* peers, int n, long long word, lo
 }
 
 // ---- plan -----------------------------------------------------------------------
+// ep_set_targets (every thread of the block): counters[q] = 128 − the rows
+// of 128-row block q (0 past the step's blocks blk[L]), blk[el] the first
+// block of local expert el (see ep_plan).
+__device__ __forceinline__ void ep_set_targets(const int* offsets, const int* blk, int L, u64* counters, int nblk) {
+    for (int q = threadIdx.x; q < nblk; q += blockDim.x) {
+        int rows = 0;
+        if (q < blk[L]) {
+            int el = 0;
+            while (blk[el + 1] <= q) el++; // the expert of block q (no empty expert has a block)
+            rows = offsets[el + 1] - offsets[el] - 128 * (q - blk[el]);
+            if (rows > 128) rows = 128;
+        }
+        counters[q] = (u64)(128 - rows);
+    }
+}
+
 // ep_plan: grid 1, block 256, after the dispatch's ready wait. From hdr (the
 // counts every source wrote here) it writes:
 //   hcopy (P, E+2) a copy for the host and later rounds;
@@ -386,17 +402,15 @@ KERNEL void ep_plan(const int* hdr, const int* idx, const int* rk, int P, int E,
     }
     if (counters != nullptr) {
         __syncthreads(); // offsets and blk, by thread 0
-        for (int q = threadIdx.x; q < nblk; q += blockDim.x) {
-            int rows = 0;
-            if (q < blk[L]) {
-                int el = 0;
-                while (blk[el + 1] <= q) el++; // the expert of block q (no empty expert has a block)
-                rows = offsets[el + 1] - offsets[el] - 128 * (q - blk[el]);
-                if (rows > 128) rows = 128;
-            }
-            counters[q] = (u64)(128 - rows);
-        }
+        ep_set_targets(offsets, blk, L, counters, nblk);
     }
+}
+
+// ep_block_targets: grid 1, block 256. ep_plan's counters again, from the
+// step's offsets and block table (tab), for the fused backward's second
+// use of the counters (the combine backward's rows landing).
+KERNEL void ep_block_targets(const int* offsets, const int* tab, int P, int L, unsigned long long* counters, int nblk) {
+    ep_set_targets(offsets, tab + 4 + 3 * P * L, L, counters, nblk);
 }
 
 // ---- dispatch (tokens once per destination rank) -------------------------------
@@ -546,13 +560,17 @@ __device__ void ep_return_impl(const T* y, const int* routes, const int* tab, in
 // backward, after its ready wait): each kept choice j of region row (s, i)
 // gets dy[row] = wts[j]·tok[row of (s, i)] (fp32, rounded once), row = the
 // expert-major row of route, or remap[it] when remap is set (received
-// order).
+// order). only ≥ 0 and counters set: the fused backward, as in ep_recv:
+// source `only`'s region alone, +1 on the row's block counter (blk in tab,
+// the expert from offsets) after each row is written.
 template <typename T>
 __device__ void ep_scale_recv_impl(const T* tok, const float* wts, const int* hcopy, const int* route,
-                                   const int* remap, int P, int E, int K, int C, int Mt, T* dy, const int* status) {
+                                   const int* remap, int P, int E, int K, int C, int Mt, T* dy, const int* status,
+                                   int only, u64* counters, const int* offsets, const int* tab, int L) {
     if (status[0] != 0) return;
     int W = E + 2;
-    for (long long g = blockIdx.x; g < (long long)P * Mt; g += gridDim.x) {
+    long long g0 = only >= 0 ? (long long)only * Mt : 0, g1 = only >= 0 ? g0 + Mt : (long long)P * Mt;
+    for (long long g = g0 + blockIdx.x; g < g1; g += gridDim.x) {
         int s = (int)(g / Mt), i = (int)(g % Mt);
         if (i >= hcopy[s * W + E + 1]) continue;
         for (int j = 0; j < K; j++) {
@@ -563,6 +581,20 @@ __device__ void ep_scale_recv_impl(const T* tok, const float* wts, const int* hc
             T* d = dy + (long long)row * C;
             const T* t = tok + g * C;
             for (int c = threadIdx.x; c < C; c += blockDim.x) d[c] = cvt<T>(w * f32(t[c]));
+            if (counters != nullptr) { // uniform in the block: er is
+                __syncthreads();
+                if (threadIdx.x == 0) {
+                    int lo = 0, hi = L - 1; // the last el with offsets[el] <= er: er's expert
+                    while (lo < hi) {
+                        int mid = (lo + hi + 1) >> 1;
+                        if (offsets[mid] <= er) lo = mid;
+                        else hi = mid - 1;
+                    }
+                    const int* blk = tab + 4 + 3 * P * L;
+                    ep_fence_gpu();
+                    ep_add_release_gpu(counters + blk[lo] + (er - offsets[lo]) / 128, 1);
+                }
+            }
         }
     }
 }
@@ -683,8 +715,9 @@ KERNEL void ep_return_bf16(const bf16* y, const int* routes, const int* tab, int
     ep_return_impl(y, routes, tab, C, peers, status);
 }
 KERNEL void ep_scale_recv_bf16(const bf16* tok, const float* wts, const int* hcopy, const int* route, const int* remap,
-                               int P, int E, int K, int C, int Mt, bf16* dy, const int* status) {
-    ep_scale_recv_impl(tok, wts, hcopy, route, remap, P, E, K, C, Mt, dy, status);
+                               int P, int E, int K, int C, int Mt, bf16* dy, const int* status,
+                               int only, unsigned long long* counters, const int* offsets, const int* tab, int L) {
+    ep_scale_recv_impl(tok, wts, hcopy, route, remap, P, E, K, C, Mt, dy, status, only, counters, offsets, tab, L);
 }
 
 KERNEL void ep_send_f32(const float* x, const int* idx, const int* rk, const int* send_row, const int* cnt,
@@ -707,6 +740,7 @@ KERNEL void ep_return_f32(const float* y, const int* routes, const int* tab, int
     ep_return_impl(y, routes, tab, C, peers, status);
 }
 KERNEL void ep_scale_recv_f32(const float* tok, const float* wts, const int* hcopy, const int* route, const int* remap,
-                               int P, int E, int K, int C, int Mt, float* dy, const int* status) {
-    ep_scale_recv_impl(tok, wts, hcopy, route, remap, P, E, K, C, Mt, dy, status);
+                               int P, int E, int K, int C, int Mt, float* dy, const int* status,
+                               int only, unsigned long long* counters, const int* offsets, const int* tab, int L) {
+    ep_scale_recv_impl(tok, wts, hcopy, route, remap, P, E, K, C, Mt, dy, status, only, counters, offsets, tab, L);
 }

@@ -57,7 +57,13 @@ type DeviceOffsets interface {
 // hooks.Down's GEMM sends each block of its output to the tokens' homes as
 // it is stored, so that CombineDevice of that output only waits and sums.
 // The layer then calls CombineDevice and the backward as for DeviceOffsets.
+//
+// The backward is the same pair: CombineBackwardFused returns ∂L/∂ye while
+// its rows still land, with hooks whose DH GEMM waits for each block and
+// whose DX GEMM sends each block of dxe home as it is stored, after which
+// DispatchBackwardDevice of that dxe only waits and sums.
 type FusedOffsets interface {
 	DeviceOffsets
 	DispatchFused(x, idx *tensor.Tensor, capacityFactor float64) (xe *tensor.Tensor, h *Handle, hooks *layers.GroupedHooks, err error)
+	CombineBackwardFused(dweights, dout, weights *tensor.Tensor, h *Handle) (dye *tensor.Tensor, hooks *layers.GroupedBackwardHooks, err error)
 }

@@ -239,12 +239,21 @@ func (m *MoE) backwardDevice(dp DeviceOffsets, dx2, dout2 *tensor.Tensor) error 
 	s, h := m.dev, m.h
 	dt, n, C, K := dout2.DType(), m.n, m.cfg.Dim, m.cfg.TopK
 	m.dw = ensure(m.b, m.dw, dt, n, K)
-	dye, err := dp.CombineBackwardDevice(m.dw, dout2, m.Router.Weights(), h)
+	var (
+		dye   *tensor.Tensor
+		hooks *layers.GroupedBackwardHooks
+		err   error
+	)
+	if fp, ok := dp.(FusedOffsets); ok {
+		dye, hooks, err = fp.CombineBackwardFused(m.dw, dout2, m.Router.Weights(), h)
+	} else {
+		dye, err = dp.CombineBackwardDevice(m.dw, dout2, m.Router.Weights(), h)
+	}
 	if err != nil {
 		return err
 	}
 	s.dxe = ensure(m.b, s.dxe, dt, h.Bound, C)
-	if err := m.Experts.Backward(s.dxe, dye); err != nil {
+	if err := m.Experts.BackwardHooked(s.dxe, dye, hooks); err != nil {
 		return err
 	}
 	if err := dp.DispatchBackwardDevice(dx2, s.dxe, h); err != nil {

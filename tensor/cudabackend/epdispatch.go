@@ -526,6 +526,7 @@ func (d *ExpertDispatch) CombineBackwardSend(dout, weights, dweights *tensor.Ten
 	}
 	P, E, L, C, Mt, me := d.cfg.Ranks, d.cfg.Experts, d.cfg.local(), d.cfg.Cols, d.cfg.MaxTokens, d.cfg.Rank
 	d.eTok++
+	d.b.do(op, d.joinSide) // a fused step's side stream: its acks and sends
 	d.wait(op, sigAckTok, d.eTok-1, func(dev gpu.Device) error {
 		if err := dev.Launch("ep_send"+sfx(d.cfg.DType), gpu.D1(max(N, 1)), gpu.D1(128), 0,
 			ptr(dout), ptr(d.idx), ptr(d.rk), ptr(d.sendRow), ptr(d.cnt), ptr(d.rowsTo), int32(N), int32(K), int32(E),
@@ -543,6 +544,7 @@ func (d *ExpertDispatch) CombineBackwardSend(dout, weights, dweights *tensor.Ten
 // order, then acknowledges the token buffer.
 func (d *ExpertDispatch) CombineBackwardRecv(dy *tensor.Tensor, order int) error {
 	const op = "CombineBackwardRecv"
+	d.b.do(op, d.joinSide)
 	if err := d.checkRows(op, "dy", dy, d.cfg.recvBound(), d.cfg.DType); err != nil {
 		return err
 	}
@@ -554,7 +556,7 @@ func (d *ExpertDispatch) CombineBackwardRecv(dy *tensor.Tensor, order int) error
 	d.wait(op, sigReadyTok, d.eTok, func(dev gpu.Device) error {
 		if err := dev.Launch("ep_scale_recv"+sfx(d.cfg.DType), d.grid(P*Mt), gpu.D1(128), 0, ptr(d.sym[EPTokens]),
 			ptr(d.sym[EPWeights]), ptr(d.hcopy), ptr(d.route), remap, int32(P), int32(E), int32(K), int32(C), int32(Mt),
-			ptr(dy), ptr(d.status)); err != nil {
+			ptr(dy), ptr(d.status), int32(-1), gpu.Ptr(0), gpu.Ptr(0), gpu.Ptr(0), int32(d.cfg.local())); err != nil {
 			return err
 		}
 		return d.signal(dev, sigAckTok, d.eTok)
@@ -573,6 +575,7 @@ func (d *ExpertDispatch) DispatchBackwardSend(g *tensor.Tensor, order int) error
 // the gradient buffer.
 func (d *ExpertDispatch) DispatchBackwardRecv(dx *tensor.Tensor) error {
 	const op = "DispatchBackwardRecv"
+	d.b.do(op, d.joinSide) // the fused path's side stream: its gradient rows have left
 	d.wait(op, sigReadyG, d.eG, func(gpu.Device) error { return nil })
 	if d.n > 0 && d.n <= d.cfg.MaxTokens {
 		d.b.CombineRows(dx, d.slots(EPG), d.Pos(), nil)

@@ -29,8 +29,14 @@ import (
 //	                                           projection, Signal()) on the backend's stream meanwhile
 //	CombineRecv(out, w)                        join the side stream; the pipelined combine's wait and fp32 sum, unchanged
 //
-// The backward is the pipelined one (CombineBackwardSend … DispatchBackwardRecv
-// on expert-major rows, order 0).
+// The backward mirrors it: CombineBackwardSend (pipelined: ∂out once per
+// destination rank with the weights), CombineBackwardRecvFused (the
+// counters set again to their targets; on the side stream each source's
+// rows scaled into expert rows as they land, +1 per row) under the dh GEMM
+// that waits on them (Wait), then DispatchBackwardSendFused beside the
+// last dx GEMM (Signal), and DispatchBackwardRecv as in the pipelined path.
+// The weight gradients' GEMMs have no hooks: they read rows that the dh
+// GEMM has already waited for.
 //
 // On a GPU the side stream's kernels run beside the persistent GEMM only if
 // the GEMM leaves them SMs: the hooks' GEMMs reserve some (GEMMWait's
@@ -292,17 +298,31 @@ func (d *ExpertDispatch) doneTarget() uint64 { return uint64(ceilDiv(d.cfg.Cols,
 // as soon as its flag says it is stored. Then CombineRecv as in the
 // pipelined path.
 func (d *ExpertDispatch) CombineSendFused(ye *tensor.Tensor, gemm func() error) error {
-	const op = "CombineSendFused"
+	d.comb = true
+	return d.returnSendFused("CombineSendFused", ye, gemm, EPY, sigAckY, sigReadyY, &d.eY)
+}
+
+// DispatchBackwardSendFused is DispatchBackwardSend of the expert rows'
+// gradients g (RecvBound(), C), expert-major, fused with the last GEMM that
+// writes them (the input gradient's dx += dup·W_up): each 128-row block goes
+// home once its flag is up. Then DispatchBackwardRecv as in the pipelined
+// path.
+func (d *ExpertDispatch) DispatchBackwardSendFused(g *tensor.Tensor, gemm func() error) error {
+	return d.returnSendFused("DispatchBackwardSendFused", g, gemm, EPG, sigAckG, sigReadyG, &d.eG)
+}
+
+// returnSendFused is the flag-driven send of rows y into the homes' buf,
+// beside gemm (see CombineSendFused).
+func (d *ExpertDispatch) returnSendFused(op string, y *tensor.Tensor, gemm func() error, buf EPBuf, ack, ready int, epoch *uint64) error {
 	if err := d.checkFused(op); err != nil {
 		return err
 	}
 	if !d.dispatched {
 		return fmt.Errorf("cuda: expert dispatch: %s without a dispatch", op)
 	}
-	if err := d.checkRows(op, "rows", ye, d.cfg.recvBound(), d.cfg.DType); err != nil {
+	if err := d.checkRows(op, "rows", y, d.cfg.recvBound(), d.cfg.DType); err != nil {
 		return err
 	}
-	d.comb = true
 	d.b.do(op, func(dev gpu.Device) error {
 		return dev.Memset8(ptr(d.fz.done), 0, d.fz.done.Bytes())
 	})
@@ -312,8 +332,8 @@ func (d *ExpertDispatch) CombineSendFused(ye *tensor.Tensor, gemm func() error) 
 			return err
 		}
 	}
-	d.eY++
-	e := d.eY
+	*epoch++
+	e := *epoch
 	if d.BeforeWait != nil {
 		d.BeforeWait()
 	}
@@ -321,8 +341,8 @@ func (d *ExpertDispatch) CombineSendFused(ye *tensor.Tensor, gemm func() error) 
 	d.b.do(op, func(dev gpu.Device) error {
 		return d.onSide(dev, func(dev gpu.Device) error {
 			flag := d.b.flagPtr(flagEPWait, d.waitExplain())
-			if err := dev.Launch("ep_wait", gpu.D1(1), gpu.D1(32), 0, d.words(sigAckY), int32(P), int64(e-1),
-				int64(d.cfg.Deadline), int32(sigAckY), ptr(d.status), flag); err != nil {
+			if err := dev.Launch("ep_wait", gpu.D1(1), gpu.D1(32), 0, d.words(ack), int32(P), int64(e-1),
+				int64(d.cfg.Deadline), int32(ack), ptr(d.status), flag); err != nil {
 				return err
 			}
 			bflag := d.b.flagPtr(flagEPBlocks, d.blocksExplain())
@@ -333,20 +353,68 @@ func (d *ExpertDispatch) CombineSendFused(ye *tensor.Tensor, gemm func() error) 
 			// (a CTA of its tiles that never ran would hold this wait until
 			// the deadline).
 			grid := max(1, min(d.fz.nblk, fusedCombineCTAs))
-			if err := dev.Launch("ep_return_blocks"+sfx(d.cfg.DType), gpu.D1(grid), gpu.D1(128), 0, ptr(ye),
+			if err := dev.Launch("ep_return_blocks"+sfx(d.cfg.DType), gpu.D1(grid), gpu.D1(128), 0, ptr(y),
 				ptr(d.routeExp), ptr(d.offsets), ptr(d.tab), int32(P), int32(L), int32(C), ptr(d.fz.done),
-				int64(d.doneTarget()), int64(d.cfg.Deadline), d.peerRow(EPY), ptr(d.status), bflag); err != nil {
+				int64(d.doneTarget()), int64(d.cfg.Deadline), d.peerRow(buf), ptr(d.status), bflag); err != nil {
 				return err
 			}
-			return d.signal(dev, sigReadyY, e)
+			return d.signal(dev, ready, e)
 		})
 	})
-	d.fz.armed = true
 	if side {
 		if err := gemm(); err != nil {
 			return err
 		}
 	}
+	return d.sticky(op)
+}
+
+// CombineBackwardRecvFused is CombineBackwardRecv for the fused path,
+// expert-major into dy (RecvBound(), C): the step's counters are set again
+// to their targets, and on the side stream, source by source from this
+// rank on, each source's ∂out rows are scaled into expert rows as they
+// land, raising the blocks' counters: the input-gradient GEMM of the down
+// projection (dh = dy·W_down) waits on them (Wait). Read dy only through
+// such a GEMM, or after Join.
+func (d *ExpertDispatch) CombineBackwardRecvFused(dy *tensor.Tensor) error {
+	const op = "CombineBackwardRecvFused"
+	if err := d.checkFused(op); err != nil {
+		return err
+	}
+	if err := d.checkRows(op, "dy", dy, d.cfg.recvBound(), d.cfg.DType); err != nil {
+		return err
+	}
+	P, E, K, C, L, Mt, me := d.cfg.Ranks, d.cfg.Experts, d.cfg.TopK, d.cfg.Cols, d.cfg.local(), d.cfg.MaxTokens, d.cfg.Rank
+	e, dl := d.eTok, d.cfg.Deadline
+	if d.BeforeWait != nil {
+		d.BeforeWait()
+	}
+	d.b.do(op, func(dev gpu.Device) error {
+		if err := d.joinSide(dev); err != nil {
+			return err
+		}
+		if err := dev.Launch("ep_block_targets", gpu.D1(1), gpu.D1(threads256), 0, ptr(d.offsets), ptr(d.tab), int32(P),
+			int32(L), ptr(d.fz.counters), int32(d.fz.nblk)); err != nil {
+			return err
+		}
+		return d.onSide(dev, func(dev gpu.Device) error {
+			for i := range P {
+				s := (me + i) % P
+				flag := d.b.flagPtr(flagEPWait, d.waitExplain())
+				if err := dev.Launch("ep_wait_one", gpu.D1(1), gpu.D1(32), 0, d.words(sigReadyTok), int32(s), int64(e),
+					int64(dl), int32(sigReadyTok), ptr(d.status), flag); err != nil {
+					return err
+				}
+				if err := dev.Launch("ep_scale_recv"+sfx(d.cfg.DType), d.grid(Mt), gpu.D1(128), 0, ptr(d.sym[EPTokens]),
+					ptr(d.sym[EPWeights]), ptr(d.hcopy), ptr(d.route), gpu.Ptr(0), int32(P), int32(E), int32(K), int32(C),
+					int32(Mt), ptr(dy), ptr(d.status), int32(s), ptr(d.fz.counters), ptr(d.offsets), ptr(d.tab),
+					int32(L)); err != nil {
+					return err
+				}
+			}
+			return d.signal(dev, sigAckTok, e)
+		})
+	})
 	return d.sticky(op)
 }
 

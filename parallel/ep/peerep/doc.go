@@ -58,10 +58,19 @@
 //     the K slots in fp32 in choice order, so the output has the pipelined
 //     path's bits (tested on the emulator; on the GPU the same tiles run
 //     with the same per-tile order, also compared bit for bit).
-//   - Backward: the pipelined path's (CombineBackwardDevice,
-//     DispatchBackwardDevice, the layer's grouped dgrad and wgrad GEMMs
-//     without hooks). The adjoint dispatch of the gradients with per-block
-//     counters and the dgrad/wgrad hooks were not built.
+//   - Backward, the mirror (ep.FusedOffsets' CombineBackwardFused,
+//     layers.Experts.BackwardHooked): ∂out goes once per destination rank
+//     with the routing weights (the pipelined send); the receiver sets the
+//     step's counters to their targets again and, on the side stream,
+//     source by source from its own, scales each source's rows into
+//     expert-major ∂ye rows as they land, +1 per row; the first dgrad GEMM
+//     (dh = ∂ye·W_down) waits per block on them; the last GEMM into the
+//     expert rows' input gradient (dx += dup·W_up) signals per block, and
+//     the dispatch backward sends each finished block home from the side
+//     stream (the same flag-driven kernel as the combine); the home sums
+//     the K slot gradients as in the pipelined path. The weight-gradient
+//     GEMMs (grouped TN) have no hooks: the rows they read have landed once
+//     the dh GEMM has run, which precedes them on the stream.
 //
 // The side stream's kernels run beside persistent GEMMs only if those
 // leave them SMs: the hooked GEMMs reserve EngineReserveSMs (as the TP

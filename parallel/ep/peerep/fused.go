@@ -149,5 +149,77 @@ func (p *Path) down(h *ep.Handle, c, a, w, off *tensor.Tensor) error {
 		return p.fail(err)
 	}
 	p.sent = c
+	p.nFwd++
 	return nil
 }
+
+// CombineBackwardFused is CombineBackwardDevice leaving the ∂L/∂ye rows to
+// land while the experts' first backward GEMM runs (ep.FusedOffsets):
+// hooks.DH (dh = dye·W_down) waits per 128-row block of dye, hooks.DX (the
+// last GEMM into dxe) sends each block home as it is stored
+// (DispatchBackwardDevice then only waits and sums). On a path that is not
+// fused it is CombineBackwardDevice with no hooks.
+func (p *Path) CombineBackwardFused(dweights, dout, weights *tensor.Tensor, h *ep.Handle) (*tensor.Tensor, *layers.GroupedBackwardHooks, error) {
+	if !p.fused {
+		dye, err := p.CombineBackwardDevice(dweights, dout, weights, h)
+		return dye, nil, err
+	}
+	dye, err := p.combineBackwardDevice(dweights, dout, weights, h, true)
+	if err != nil {
+		return nil, nil, err
+	}
+	return dye, &layers.GroupedBackwardHooks{
+		DH: func(c, a, w, off *tensor.Tensor) error { return p.dh(h, c, a, w, off) },
+		DX: func(c, a, w, off *tensor.Tensor) error { return p.dx(h, c, a, w, off) },
+	}, nil
+}
+
+// dh is the fused backward's first GEMM (dh = dye·W_down, w (L, C, F) in
+// the dgrad layout): it waits on the combine backward's per-block counters.
+func (p *Path) dh(h *ep.Handle, c, a, w, off *tensor.Tensor) error {
+	if err := p.fusedCheck(h, a, off, "the backward's first grouped GEMM"); err != nil {
+		return err
+	}
+	if a != p.dy {
+		return fmt.Errorf("%s: the backward's first grouped GEMM reads %v, expected the combine backward's rows", p.what(), a)
+	}
+	if p.streamHooks {
+		p.eng.StreamWaitRows()
+		p.b.GroupedMatMul(c, a, w, off, false, 1, 0)
+	} else if err := p.b.EngineGroupedMatMulHooked(c, a, w, off, false, 1, 0, cudabackend.GroupedOptions{Wait: p.eng.Wait()}); err != nil {
+		return p.fail(err)
+	}
+	if err := p.b.Err(); err != nil {
+		return p.fail(err)
+	}
+	return nil
+}
+
+// dx is the fused backward's last GEMM into the expert rows' gradients (dx
+// += dup·W_up) with the dispatch backward's sends beside it.
+func (p *Path) dx(h *ep.Handle, c, a, w, off *tensor.Tensor) error {
+	if err := p.fusedCheck(h, a, off, "the backward's last grouped GEMM"); err != nil {
+		return err
+	}
+	if err := p.checkRows("received-row gradient", c, h.Bound); err != nil {
+		return err
+	}
+	gemm := func() error {
+		if p.streamHooks {
+			p.b.GroupedMatMul(c, a, w, off, false, 1, 1)
+			p.eng.StreamSignalDone()
+			return p.b.Err()
+		}
+		return p.b.EngineGroupedMatMulHooked(c, a, w, off, false, 1, 1, cudabackend.GroupedOptions{Signal: p.eng.Signal()})
+	}
+	if err := p.eng.DispatchBackwardSendFused(c, gemm); err != nil {
+		return p.fail(err)
+	}
+	p.sentG = c
+	p.nBwd++
+	return nil
+}
+
+// FusedSteps is how many forward and backward steps ran their combine (or
+// dispatch backward) from the GEMM hooks (tests and diagnostics).
+func (p *Path) FusedSteps() (forward, backward int) { return p.nFwd, p.nBwd }

@@ -98,8 +98,10 @@ func u64s(b tensor.Backend, t *tensor.Tensor) []uint64 {
 // and the flag-driven combine send) gives the pipelined path's outputs,
 // input gradients and parameter gradients bit for bit, at EP 2 and 4, top-k
 // 1, 2 and 8, with and without capacity drops, uneven token counts and
-// experts without tokens; and after each step every block's counter is at
-// its target 128 and every block's done flag at ⌈C/256⌉ (1), with the
+// experts without tokens — forward and backward (the combine backward's rows
+// raising the counters again for dh = dy·W_down, the dispatch backward sent
+// from the last dx GEMM's flags); and after each step every block's counter
+// is at its target 128 and every block's done flag at ⌈C/256⌉ (1), with the
 // plan's block table the prefix of ⌈rows_e / 128⌉ over the step's offsets.
 // Stream hooks: the emulator has no GEMM engine (WithStreamHooks).
 func TestEmuFusedMatchesPipelined(t *testing.T) {
@@ -133,6 +135,9 @@ func TestEmuFusedMatchesPipelined(t *testing.T) {
 					}
 					if !m.DeviceStep() {
 						return fmt.Errorf("the fused layer does not run the device step")
+					}
+					if f, b := p.FusedSteps(); f != steps || b != steps {
+						return fmt.Errorf("%d forward and %d backward steps ran from the GEMM hooks, want %d each", f, b, steps)
 					}
 					d := p.Engine()
 					nblk := d.Config().FusedBlocks()

@@ -56,6 +56,8 @@ type Path struct {
 	fused       bool           // the fused strategy's path (Fused)
 	streamHooks bool           // WithStreamHooks
 	sent        *tensor.Tensor // the expert output whose combine send the down GEMM's hook queued
+	sentG       *tensor.Tensor // the expert rows' gradient whose send the backward's DX hook queued
+	nFwd, nBwd  int            // hooked forward and backward steps (FusedSteps)
 }
 
 var _ ep.ExpertPath = (*Path)(nil)
@@ -231,7 +233,7 @@ func (p *Path) Dispatch(x *tensor.Tensor, l *ep.Layout) (*tensor.Tensor, *ep.Han
 	if err := p.ensure(K, C, x.DType()); err != nil {
 		return nil, nil, nil, err
 	}
-	p.cur, p.combine, p.sent = nil, false, nil
+	p.cur, p.combine, p.sent, p.sentG = nil, false, nil, nil
 	if p.idx == nil || p.idx.Dim(0) < max(N, 1) {
 		if p.idx != nil {
 			p.b.Free(p.idx)

@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "5e7351daf4a16eb29cd450ee576db89e1559aca0a08296e23b3501626fbee7a5"
+const SourcesSum = "c286437612cc7804fc8f13139d79b18ad0afb4d250a1cee5a1e4ebb06e87fecf"
