@@ -271,10 +271,13 @@ KERNEL void ep_signal(const unsigned long long* peers, int n, long long word, lo
 // ep_set_targets (every thread of the block): counters[q] = 128 − the rows
 // of 128-row block q (0 past the step's blocks blk[L]), blk[el] the first
 // block of local expert el (see ep_plan).
-__device__ __forceinline__ void ep_set_targets(const int* offsets, const int* blk, int L, u64* counters, int nblk) {
+// A step that has failed already (failed: status[0] set) gets 128
+// everywhere: its rows will never land, and no GEMM should wait for them.
+__device__ __forceinline__ void ep_set_targets(const int* offsets, const int* blk, int L, u64* counters, int nblk,
+                                               bool failed) {
     for (int q = threadIdx.x; q < nblk; q += blockDim.x) {
         int rows = 0;
-        if (q < blk[L]) {
+        if (q < blk[L] && !failed) {
             int el = 0;
             while (blk[el + 1] <= q) el++; // the expert of block q (no empty expert has a block)
             rows = offsets[el + 1] - offsets[el] - 128 * (q - blk[el]);
@@ -402,15 +405,16 @@ KERNEL void ep_plan(const int* hdr, const int* idx, const int* rk, int P, int E,
     }
     if (counters != nullptr) {
         __syncthreads(); // offsets and blk, by thread 0
-        ep_set_targets(offsets, blk, L, counters, nblk);
+        ep_set_targets(offsets, blk, L, counters, nblk, *(volatile const int*)status != 0);
     }
 }
 
 // ep_block_targets: grid 1, block 256. ep_plan's counters again, from the
 // step's offsets and block table (tab), for the fused backward's second
 // use of the counters (the combine backward's rows landing).
-KERNEL void ep_block_targets(const int* offsets, const int* tab, int P, int L, unsigned long long* counters, int nblk) {
-    ep_set_targets(offsets, tab + 4 + 3 * P * L, L, counters, nblk);
+KERNEL void ep_block_targets(const int* offsets, const int* tab, int P, int L, unsigned long long* counters, int nblk,
+                             const int* status) {
+    ep_set_targets(offsets, tab + 4 + 3 * P * L, L, counters, nblk, *(volatile const int*)status != 0);
 }
 
 // ---- dispatch (tokens once per destination rank) -------------------------------

@@ -394,7 +394,7 @@ func (d *ExpertDispatch) CombineBackwardRecvFused(dy *tensor.Tensor) error {
 			return err
 		}
 		if err := dev.Launch("ep_block_targets", gpu.D1(1), gpu.D1(threads256), 0, ptr(d.offsets), ptr(d.tab), int32(P),
-			int32(L), ptr(d.fz.counters), int32(d.fz.nblk)); err != nil {
+			int32(L), ptr(d.fz.counters), int32(d.fz.nblk), ptr(d.status)); err != nil {
 			return err
 		}
 		return d.onSide(dev, func(dev gpu.Device) error {

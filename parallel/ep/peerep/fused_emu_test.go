@@ -360,3 +360,53 @@ func (f *foreignBuf) Device() tensor.Device { return f.dev }
 func (f *foreignBuf) DType() tensor.DType   { return f.dt }
 func (f *foreignBuf) Len() int              { return f.n }
 func (f *foreignBuf) Ptr() uint64           { return f.ptr }
+
+// TestEmuFusedDeadline: a peer that never sends its counts makes the fused
+// dispatch fail at the deadline naming it ("counts ready"), and the failed
+// step's block counters are all at their target, so that no GEMM waits in
+// vain for rows that will never land.
+func TestEmuFusedDeadline(t *testing.T) {
+	emulated(t, 2, func(c *symComm, bar *barrier) error {
+		p, err := New(ep.ExpertConfig{Name: "moe", Backend: c.b, Group: c, Experts: 2, Cols: 8, MaxTokens: 4},
+			WithDeadline(50*time.Millisecond), withFused(), WithStreamHooks())
+		if err != nil {
+			return err
+		}
+		if c.Rank() == 1 {
+			if err := p.ensure(1, 8, tensor.Float32); err != nil {
+				return err
+			}
+			return c.Barrier()
+		}
+		x := upload(c.b, tensor.Float32, make([]float64, 32), 4, 8)
+		idx := c.b.Zeros(tensor.Int32, 4, 1)
+		h, _ := tensor.FromInt32([]int32{0, 1, 0, 1}, 4, 1)
+		c.b.Upload(idx, h)
+		_, _, _, err = p.DispatchFused(x, idx, 0)
+		if err != nil {
+			return fmt.Errorf("DispatchFused: %v (a missed signal is reported at the next Sync)", err)
+		}
+		rd, err := cudabackend.NewEmulated()
+		if err != nil {
+			return err
+		}
+		defer rd.Close()
+		cnt := p.eng.FusedCounters()
+		fv, err := tensor.New(&foreignBuf{dev: cnt.Device(), ptr: cudabackend.DevicePtr(cnt), dt: tensor.Int32, n: cnt.Numel()}, 0, cnt.Numel())
+		if err != nil {
+			return err
+		}
+		words := u64s(rd, fv)
+		err = c.b.Sync()
+		if err == nil || !strings.Contains(err.Error(), `rank 1 never signalled "counts ready"`) {
+			return fmt.Errorf("a fused dispatch whose peer never sends: %v, expected an error naming rank 1's counts", err)
+		}
+		for q, v := range words {
+			if v != 128 {
+				return fmt.Errorf("block %d's counter is %d after the failed plan, want 128 (nothing to wait for)", q, v)
+			}
+		}
+		t.Logf("rank 0: %v", err)
+		return c.Barrier()
+	})
+}

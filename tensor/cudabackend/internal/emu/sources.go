@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "c286437612cc7804fc8f13139d79b18ad0afb4d250a1cee5a1e4ebb06e87fecf"
+const SourcesSum = "4ac50c96097371e4a2ca3a3e7bdfab7376171166d084a84c464302b65f3f8545"
