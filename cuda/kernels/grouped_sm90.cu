@@ -183,11 +183,12 @@ __device__ __forceinline__ int load_groups(const GroupedSmem& sm, const int* off
 
 // fwd_tile maps tile t of nt/nn to its group g, rows [r0, r1) of c (r1 the
 // group's end: rows of the block at or past it are not stored), first
-// column n0 and 128-row block q in group-major order (blk_s[g] + the block
-// in the group: the index of the fused path's flags).
+// column n0 and 128-row block blk in group-major order (blk_s[g] + the
+// block in the group after the raster: the index of the fused path's
+// flags).
 __device__ __forceinline__ void fwd_tile(const GroupedSmem& sm, int t, int num_n, int G,
-                                         int group_m, int& g, int& r0, int& r1, int& n0, int& q) {
-    const int q = t / num_n; // the tile's 128-row block in group-major order
+                                         int group_m, int& g, int& r0, int& r1, int& n0, int& blk) {
+    const int q = t / num_n; // the tile's 128-row block in group-major order (before the raster)
     int lo = 0, hi = G - 1;  // the last g < G with blk_s[g] ≤ q (blk_s[0] = 0)
     while (lo < hi) {
         const int mid = (lo + hi + 1) >> 1;
@@ -201,7 +202,7 @@ __device__ __forceinline__ void fwd_tile(const GroupedSmem& sm, int t, int num_n
     r0 = sm.off_s[g] + mb * BM;
     r1 = sm.off_s[g + 1];
     n0 = nb * BN;
-    q = first + mb;
+    blk = first + mb;
 }
 
 #endif // ATP_GEMM90_BODY

@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "4ac50c96097371e4a2ca3a3e7bdfab7376171166d084a84c464302b65f3f8545"
+const SourcesSum = "065c17b01b4412e359e1d8632b3bfb820563fc959602890453286d6d9bad8b7b"
