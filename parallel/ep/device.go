@@ -62,8 +62,13 @@ type DeviceOffsets interface {
 // its rows still land, with hooks whose DH GEMM waits for each block and
 // whose DX GEMM sends each block of dxe home as it is stored, after which
 // DispatchBackwardDevice of that dxe only waits and sums.
+//
+// Fused says whether the path fuses its steps (false: DispatchFused and
+// CombineBackwardFused are the DeviceOffsets calls with no hooks). A fused
+// path runs only as the device step: a layer that cannot take it refuses.
 type FusedOffsets interface {
 	DeviceOffsets
+	Fused() bool
 	DispatchFused(x, idx *tensor.Tensor, capacityFactor float64) (xe *tensor.Tensor, h *Handle, hooks *layers.GroupedHooks, err error)
 	CombineBackwardFused(dweights, dout, weights *tensor.Tensor, h *Handle) (dye *tensor.Tensor, hooks *layers.GroupedBackwardHooks, err error)
 }

@@ -76,9 +76,11 @@
 // leave them SMs: the hooked GEMMs reserve EngineReserveSMs (as the TP
 // fused GEMM does), and the combine's spinning send keeps to 2 CTAs so
 // that the GEMM whose flags it waits for can always have every CTA
-// resident. The fused strategy needs the grouped GEMM engine (an sm_90a
-// GPU) and bf16 tensors, else it is unavailable (a default keeps
-// collective, an explicit request fails). WithStreamHooks runs the same
+// resident. The fused strategy needs the backend's grouped GEMM on (it runs
+// only as the MoE device step), the grouped GEMM engine (an sm_90a GPU) and
+// bf16 tensors, else it is unavailable (a default keeps collective, an
+// explicit request fails; a layer handed a fused path without the device
+// step refuses its forward). WithStreamHooks runs the same
 // protocol with the waits and signals as one-warp kernels around the
 // ordinary grouped GEMMs (no overlap): the kernel emulator's form, which
 // the emulator tests compare bit for bit with the pipelined path. The

@@ -37,8 +37,9 @@ func WithStreamHooks() Option { return func(p *Path) { p.streamHooks = true } }
 func withFused() Option { return func(p *Path) { p.fused = true } }
 
 // Supports the TP sites as peercopy.Fused does; the expert path needs what
-// Pipelined's needs, bf16 tensors (where the spec knows them) and the
-// grouped GEMM engine (an sm_90a GPU).
+// Pipelined's needs, the backend's grouped GEMM on (the MoE device step),
+// bf16 tensors (where the spec knows them) and the grouped GEMM engine (an
+// sm_90a GPU; not with WithStreamHooks).
 func (f Fused) Supports(sp overlap.Spec) error {
 	if sp.Kind != overlap.KindExpert {
 		return f.Fused.Supports(sp)
@@ -47,6 +48,10 @@ func (f Fused) Supports(sp overlap.Spec) error {
 	if err != nil {
 		return fmt.Errorf("fused: %w", err)
 	}
+	what := fmt.Sprintf("fused expert path %q", sp.Name)
+	if tensor.UseGrouped(b) == nil {
+		return fmt.Errorf("%s: the backend's grouped GEMM is off (cmd/train --grouped-gemm on, cudabackend.WithGroupedGEMM(true)), and the fused path runs only as the MoE device step on it (%w)", what, overlap.ErrUnavailable)
+	}
 	probe := &Path{}
 	for _, o := range f.Options {
 		o(probe)
@@ -54,7 +59,6 @@ func (f Fused) Supports(sp overlap.Spec) error {
 	if probe.streamHooks {
 		return nil
 	}
-	what := fmt.Sprintf("fused expert path %q", sp.Name)
 	if sp.DType != tensor.Invalid && sp.DType != tensor.BFloat16 {
 		return fmt.Errorf("%s: tensors are %v, expected bf16 (the grouped GEMM engine's operands) (%w)", what, sp.DType, overlap.ErrUnavailable)
 	}

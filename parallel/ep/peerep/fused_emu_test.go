@@ -3,6 +3,7 @@
 package peerep
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -410,3 +411,48 @@ func TestEmuFusedDeadline(t *testing.T) {
 		return c.Barrier()
 	})
 }
+
+// TestEmuFusedNeedsDeviceStep: where the backend's grouped GEMM is off the
+// fused strategy is unavailable for the expert path, saying why (a default
+// keeps collective); and a layer that gets a fused path anyway (a strategy
+// that skips the check) refuses its forward, saying what it needs, instead
+// of running the host-count path under the fused name.
+func TestEmuFusedNeedsDeviceStep(t *testing.T) {
+	emulated(t, 1, func(c *symComm, bar *barrier) error {
+		b, err := cudabackend.NewEmulated(cudabackend.WithGroupedGEMM(false))
+		if err != nil {
+			return err
+		}
+		defer b.Close()
+		c2 := &symComm{Comm: c.Comm, b: b, reg: c.reg, mine: map[uint64]int{}}
+		f := Fused{Options: []Option{WithStreamHooks()}}
+		sp := overlap.Spec{Kind: overlap.KindExpert, Name: "moe", Group: c2, Backend: b, Rows: 4, K: 8, Outs: []int{8}}
+		if err := f.Supports(sp); !errors.Is(err, overlap.ErrUnavailable) || !strings.Contains(err.Error(), "--grouped-gemm on") {
+			return fmt.Errorf("Supports without the grouped GEMM: %v, expected ErrUnavailable naming --grouped-gemm on", err)
+		}
+		ps := layers.NewParamSet(3)
+		cfg := layers.MoEConfig{Dim: 8, Hidden: 8, Experts: 2, TopK: 1, Std: 0.5, OutStd: 0.3}
+		m, err := ep.New(b, c2, ps, "moe", cfg, ep.WithMaxTokens(4), ep.WithStream(b.Stream()),
+			ep.WithOverlap(overlap.Single(unchecked{f})))
+		if err != nil {
+			return err
+		}
+		if p, ok := m.Dispatch.(*Path); !ok || !p.Fused() {
+			return fmt.Errorf("expert path %T, expected the fused Path", m.Dispatch)
+		}
+		if err := ps.Materialize(b, tensor.Float32); err != nil {
+			return err
+		}
+		x, out := b.Zeros(tensor.Float32, 4, 8), b.Zeros(tensor.Float32, 4, 8)
+		err = m.Forward(out, x)
+		if err == nil || !strings.Contains(err.Error(), "runs only as the MoE device step") || !strings.Contains(err.Error(), "--grouped-gemm on") {
+			return fmt.Errorf("a fused layer without the grouped GEMM: %v, expected a refusal naming the device step and --grouped-gemm on", err)
+		}
+		return nil
+	})
+}
+
+// unchecked is a strategy that skips Fused's Supports.
+type unchecked struct{ Fused }
+
+func (unchecked) Supports(overlap.Spec) error { return nil }
