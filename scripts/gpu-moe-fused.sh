@@ -8,6 +8,8 @@
 #     in build/ and newer than the kernel sources;
 #  1. starts MPS as scripts/gpu-overlap.sh does (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
 #     = 100/N per PE is set by the tests' launcher) and quits it at the end;
+#  1b. TestGroupedEngineHooks (tensor/cudabackend): the grouped engine's
+#     per-block wait and signal alone;
 #  2. TestFusedGPU on PES (default 2,4): the MoE device step fused vs
 #     pipelined (identical bits) and vs collective (≤ 1e-2), uneven tokens,
 #     empty experts, capacity drops, top-k 1/2/8, ten identical runs (the
@@ -15,7 +17,8 @@
 #  3. TestFusedDeadlineGPU on 2 PEs: a silent PE is named within 2 s;
 #  4. TestMoEBenchGPU with the grouped GEMM on, PEs 2, one small shape
 #     (BENCH_SHAPES, BENCH_TOKENS): collective, pipelined and fused rows.
-# Every step has its own timeout, and none may run past the BUDGET (150 s)
+# Build the kernels image beforehand (bash cuda/kernels/build.sh) to leave
+# the whole budget to the tests. Every step has its own timeout, and none may run past the BUDGET (150 s)
 # counted from the start. PEs sharing one GPU show mechanics, not NVLink.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -65,6 +68,12 @@ fi
 PATH=$PATH:/usr/local/nvidia/bin
 export CUDA_MPS_PIPE_DIRECTORY=$(mktemp -d) CUDA_MPS_LOG_DIRECTORY=$(mktemp -d)
 if nvidia-cuda-mps-control -d; then row "MPS" ok "pipe $CUDA_MPS_PIPE_DIRECTORY"; else row "MPS" FAIL "nvidia-cuda-mps-control -d"; fi
+
+# 1b. the grouped engine's hooks alone (one process, no MPS needed, but harmless).
+if [ -x ./build/tensor_cudabackend.test ]; then
+  step "grouped engine hooks (wait, signal, timeout)" 20 hooks.log \
+    ./build/tensor_cudabackend.test -test.v -test.count=1 -test.timeout=20s -test.run '^TestGroupedEngineHooks$' || true
+fi
 
 # 2. the fused path against pipelined and collective.
 if step "fused vs pipelined/collective, PEs $PES" 70 fused.log \
