@@ -173,6 +173,26 @@ func (ex *Experts) Forward(out, x *tensor.Tensor, counts []int) error {
 // finite after). It needs the backend's grouped GEMM (tensor.UseGrouped).
 // offsets and x must stay unchanged until Backward.
 func (ex *Experts) ForwardOffsets(out, x, offsets *tensor.Tensor) error {
+	return ex.ForwardOffsetsHooked(out, x, offsets, nil)
+}
+
+// GroupedHooks let an expert path fuse its communication into the experts'
+// grouped GEMMs (ForwardOffsetsHooked; parallel/ep/peerep's fused
+// strategy). Each computes c[R_g] = a[R_g]·w[g]ᵀ for the offsets' groups —
+// the backend's GroupedMatMul(c, a, w, offsets, true, 1, 0) — its own way.
+type GroupedHooks struct {
+	// First is the gate projection, the first GEMM to read x: x's rows may
+	// still be landing when it is called (it waits for each block).
+	First func(c, a, w, offsets *tensor.Tensor) error
+	// Down is the down projection: it may send each block of c on as it is
+	// stored.
+	Down func(c, a, w, offsets *tensor.Tensor) error
+}
+
+// ForwardOffsetsHooked is ForwardOffsets with the gate and down
+// projections' GEMMs computed by hooks (nil, or a nil field: the
+// backend's grouped GEMM). The up projection reads x after First.
+func (ex *Experts) ForwardOffsetsHooked(out, x, offsets *tensor.Tensor, hooks *GroupedHooks) error {
 	ex.counts = nil
 	if err := CheckParams(ex.what(), ex.Params()...); err != nil {
 		return err
@@ -198,7 +218,11 @@ func (ex *Experts) ForwardOffsets(out, x, offsets *tensor.Tensor) error {
 		return err
 	}
 	gate, up := ex.act.Inputs(dt, m, ex.Hidden)
-	ex.forwardGrouped(out, x, gate, up, offsets)
+	if hooks == nil {
+		ex.forwardGrouped(out, x, gate, up, offsets)
+	} else if err := ex.forwardHooked(out, x, gate, up, offsets, hooks); err != nil {
+		return fmt.Errorf("%s: forward: %w", ex.what(), err)
+	}
 	ex.x, ex.counts, ex.rowsM, ex.devOff = x, []int{}, m, offsets
 	return Sticky(ex.b, ex.what(), "forward")
 }
@@ -213,9 +237,46 @@ func (ex *Experts) forwardGrouped(out, x, gate, up, offsets *tensor.Tensor) {
 	g.GroupedMatMul(out, ex.h, ex.Down.W, offsets, true, 1, 0)
 }
 
+// forwardHooked is forwardGrouped with the hooks' GEMMs.
+func (ex *Experts) forwardHooked(out, x, gate, up, offsets *tensor.Tensor, hooks *GroupedHooks) error {
+	g := ex.grouped
+	if hooks.First != nil {
+		if err := hooks.First(gate, x, ex.Gate.W, offsets); err != nil {
+			return err
+		}
+	} else {
+		g.GroupedMatMul(gate, x, ex.Gate.W, offsets, true, 1, 0)
+	}
+	g.GroupedMatMul(up, x, ex.Up.W, offsets, true, 1, 0)
+	ex.h = ex.act.Forward()
+	if hooks.Down != nil {
+		return hooks.Down(out, ex.h, ex.Down.W, offsets)
+	}
+	g.GroupedMatMul(out, ex.h, ex.Down.W, offsets, true, 1, 0)
+	return nil
+}
+
+// GroupedBackwardHooks are GroupedHooks for the backward (BackwardHooked):
+// each computes c[R_g] = a[R_g]·w[g] + beta·c[R_g] — the backend's
+// GroupedMatMul(c, a, w, offsets, false, 1, beta) — its own way.
+type GroupedBackwardHooks struct {
+	// DH is the first GEMM to read dout (dh = dout·W_down, beta 0): dout's
+	// rows may still be landing when it is called.
+	DH func(c, a, w, offsets *tensor.Tensor) error
+	// DX is the last GEMM to write dx (dx += dup·W_up, beta 1): it may send
+	// each block of dx on as it is stored.
+	DX func(c, a, w, offsets *tensor.Tensor) error
+}
+
 // Backward overwrites dx (M, Dim) with ∂L/∂x and adds the weights'
 // gradients, from dout (M, Dim).
 func (ex *Experts) Backward(dx, dout *tensor.Tensor) error {
+	return ex.BackwardHooked(dx, dout, nil)
+}
+
+// BackwardHooked is Backward with the GEMMs of hooks (nil, or a nil field:
+// the backend's grouped GEMM); hooks need the grouped GEMM.
+func (ex *Experts) BackwardHooked(dx, dout *tensor.Tensor, hooks *GroupedBackwardHooks) error {
 	if ex.counts == nil {
 		return errors.New(ex.what() + ": Backward without a successful Forward")
 	}
@@ -230,6 +291,9 @@ func (ex *Experts) Backward(dx, dout *tensor.Tensor) error {
 		return err
 	}
 	if ex.grouped == nil {
+		if hooks != nil {
+			return fmt.Errorf("%s: backward hooks need the backend's grouped GEMM", ex.what())
+		}
 		ex.backwardLoop(dx, dout)
 		return Sticky(ex.b, ex.what(), "backward")
 	}
@@ -237,12 +301,27 @@ func (ex *Experts) Backward(dx, dout *tensor.Tensor) error {
 	if ex.devOff != nil {
 		off = ex.devOff
 	}
+	if hooks == nil {
+		hooks = &GroupedBackwardHooks{}
+	}
 	dh := ex.act.OutputGrad()
-	g.GroupedMatMul(dh, dout, ex.Down.W, off, false, 1, 0) // dh = dout·W_down
-	g.GroupedMatMulTN(ex.Down.G, dout, ex.h, off, 1, 1)    // dW_down += doutᵀ·h
+	if hooks.DH != nil {
+		if err := hooks.DH(dh, dout, ex.Down.W, off); err != nil {
+			return fmt.Errorf("%s: backward: %w", ex.what(), err)
+		}
+	} else {
+		g.GroupedMatMul(dh, dout, ex.Down.W, off, false, 1, 0) // dh = dout·W_down
+	}
+	g.GroupedMatMulTN(ex.Down.G, dout, ex.h, off, 1, 1) // dW_down += doutᵀ·h
 	dgate, dup := ex.act.Backward()
 	g.GroupedMatMul(dx, dgate, ex.Gate.W, off, false, 1, 0) // dx = dgate·W_gate + dup·W_up
-	g.GroupedMatMul(dx, dup, ex.Up.W, off, false, 1, 1)
+	if hooks.DX != nil {
+		if err := hooks.DX(dx, dup, ex.Up.W, off); err != nil {
+			return fmt.Errorf("%s: backward: %w", ex.what(), err)
+		}
+	} else {
+		g.GroupedMatMul(dx, dup, ex.Up.W, off, false, 1, 1)
+	}
 	g.GroupedMatMulTN(ex.Gate.G, dgate, ex.x, off, 1, 1) // dW += dᵀ·x
 	g.GroupedMatMulTN(ex.Up.G, dup, ex.x, off, 1, 1)
 	return Sticky(ex.b, ex.what(), "backward")

@@ -8,7 +8,6 @@ import (
 
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/overlap"
-	"github.com/asynctp/asynctp/overlap/peercopy"
 	"github.com/asynctp/asynctp/parallel/ep/peerep"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cudabackend"
@@ -22,8 +21,10 @@ func overlapStrategies(cfg Config) ([]overlap.Strategy, map[string]string) {
 	if cfg.Parallel.Comm == "nvshmem" && cfg.Device != "cpu" {
 		// The GPU ranks check it per site (peercopy.Fused.Supports: the
 		// CUDA backend, an sm_90a GPU for the GEMM engine, bf16, widths of
-		// multiples of 8) and refuse an explicit request that fails there.
-		return []overlap.Strategy{overlap.Pipelined{}, fusedStrategy(cfg)}, nil
+		// multiples of 8) and refuse an explicit request that fails there;
+		// the expert path's is peerep.Fused (the grouped GEMM engine, bf16),
+		// which holds the TP sites' peercopy.Fused with its transfer.
+		return []overlap.Strategy{overlap.Pipelined{}, peerep.Fused{Fused: fusedStrategy(cfg)}}, nil
 	}
 	missing := map[string]string{
 		"fused": fmt.Sprintf("it needs --comm nvshmem on GPUs (this run: --comm %s, --device %s): the GEMM engine reads the gathered rows as the copy engine lands them from the peers' symmetric memory",
@@ -127,7 +128,7 @@ func tuning(cfg Config, b tensor.Backend, dt tensor.DType, world comm.Comm, pipe
 func fusedOf(cfg Config) overlap.Strategy {
 	avail, _ := overlapStrategies(cfg)
 	for _, s := range avail {
-		if s.Name() == (peercopy.Fused{}).Name() {
+		if s.Name() == (peerep.Fused{}).Name() {
 			return s
 		}
 	}
@@ -196,7 +197,10 @@ func printOverlap(ch *overlap.Chooser) {
 // and the MoE expert path has its pipelined form: the device-side dispatch
 // and combine over symmetric memory (parallel/ep/peerep); the fused
 // strategy of the TP sites is the GEMM engine fed by those pulls, or by
-// puts with --fused-transfer put (peercopy.Fused).
+// puts with --fused-transfer put (peercopy.Fused), and of the expert path
+// the grouped GEMM engine waiting per 128-row block on the dispatch's
+// counters, its down projection's blocks sent home as they are stored
+// (peerep.Fused, which holds peercopy.Fused for the TP sites).
 func gpuOverlap(cfg Config, c comm.Comm, b tensor.Backend) []overlap.Strategy {
 	cb, ok := b.(*cudabackend.Backend)
 	if !ok || cb.Stream() == nil {
@@ -205,7 +209,7 @@ func gpuOverlap(cfg Config, c comm.Comm, b tensor.Backend) []overlap.Strategy {
 	if _, ok := comm.SymmetricOf(c); !ok {
 		return nil
 	}
-	return []overlap.Strategy{peerep.Pipelined{}, fusedStrategy(cfg)}
+	return []overlap.Strategy{peerep.Pipelined{}, peerep.Fused{Fused: fusedStrategy(cfg)}}
 }
 
 // moeMaxTokens bounds the tokens an MoE layer routes per rank and step (the

@@ -156,7 +156,7 @@ KERNEL void ep_layout(const int* idx, int N, int K, int E, int P, int L, int* cn
 // same words elsewhere (which cannot give up) then pass, and the step's
 // error is the one reported here. For words in this rank's own pad only.
 __device__ __forceinline__ void ep_wait_words(unsigned long long* words, int n, long long target, long long deadline_ns,
-                                              int code, int* status, int* err, bool raise) {
+                                              int code, int* status, int* err, bool raise, int base = 0) {
     bool failed = status[0] != 0;
     if (failed && !raise) return;
     long long start = ep_now_ns();
@@ -165,7 +165,7 @@ __device__ __forceinline__ void ep_wait_words(unsigned long long* words, int n, 
             if (failed || ep_now_ns() - start > deadline_ns) {
                 if (!failed) {
                     status[0] = 1;
-                    report_error(err, code * 65536 + i);
+                    report_error(err, code * 65536 + base + i);
                 }
                 if (raise) ep_store_release(words + i, (u64)target);
                 break;
@@ -180,6 +180,14 @@ __device__ __forceinline__ void ep_wait_words(unsigned long long* words, int n, 
 KERNEL void ep_wait(unsigned long long* words, int n, long long target, long long deadline_ns, int code, int* status,
                     int* err) {
     ep_wait_words(words, n, target, deadline_ns, code, status, err, false);
+}
+
+// ep_wait_one: grid 1, block 32. ep_wait of the one word words[idx]
+// (reported as code·65536 + idx): the fused path waits for each source's
+// tokens alone, own first.
+KERNEL void ep_wait_one(unsigned long long* words, int idx, long long target, long long deadline_ns, int code,
+                        int* status, int* err) {
+    ep_wait_words(words + idx, 1, target, deadline_ns, code, status, err, false, idx);
 }
 
 KERNEL void ep_wait_raise(unsigned long long* words, int n, long long target, long long deadline_ns, int code,
@@ -197,6 +205,25 @@ KERNEL void ep_signal(const unsigned long long* peers, int n, long long word, lo
 }
 
 // ---- plan -----------------------------------------------------------------------
+// ep_set_targets (every thread of the block): counters[q] = 128 − the rows
+// of 128-row block q (0 past the step's blocks blk[L]), blk[el] the first
+// block of local expert el (see ep_plan).
+// A step that has failed already (failed: status[0] set) gets 128
+// everywhere: its rows will never land, and no GEMM should wait for them.
+__device__ __forceinline__ void ep_set_targets(const int* offsets, const int* blk, int L, u64* counters, int nblk,
+                                               bool failed) {
+    for (int q = threadIdx.x; q < nblk; q += blockDim.x) {
+        int rows = 0;
+        if (q < blk[L] && !failed) {
+            int el = 0;
+            while (blk[el + 1] <= q) el++; // the expert of block q (no empty expert has a block)
+            rows = offsets[el + 1] - offsets[el] - 128 * (q - blk[el]);
+            if (rows > 128) rows = 128;
+        }
+        counters[q] = (u64)(128 - rows);
+    }
+}
+
 // ep_plan: grid 1, block 256, after the dispatch's ready wait. From hdr (the
 // counts every source wrote here) it writes:
 //   hcopy (P, E+2) a copy for the host and later rounds;
@@ -209,12 +236,20 @@ KERNEL void ep_signal(const unsigned long long* peers, int n, long long word, lo
 //     kept (P·L) at tab+4, exp_src_off (L·P) at tab+4+P·L (first
 //     expert-major row of (expert, source)), recv_off (P·L) at
 //     tab+4+2·P·L (first received-order row of (source, expert));
-//   pos (N·K): slot n·K + j of this rank's tokens, or −1 when dropped.
+//   pos (N·K): slot n·K + j of this rank's tokens, or −1 when dropped;
+//   blk (L+1) at tab+4+3·P·L: blk[el] = Σ_{i<el} ⌈rows_i / 128⌉, the
+//     first 128-row block of local expert el in the grouped GEMM's
+//     group-major block order (grouped_sm90.cu's blk_s);
+//   counters (nblk u64, when set: the fused path): counters[q] = 128 − the
+//     expert rows block q of this step will hold (128 for the blocks past
+//     the step's), so that, once ep_recv has added 1 per row landed, every
+//     block's counter is 128: one target for every block, whatever its rows.
 // capacity = ceil(cf·T·K/E) in double (layers.Capacity), 0 for cf = 0;
 // source s keeps min(its slots, capacity − slots of sources before s) of
 // each expert: the group's token order (layers.RoutingPlan).
 KERNEL void ep_plan(const int* hdr, const int* idx, const int* rk, int P, int E, int L, int me, int N, int K,
-                    int Mt, long long cf_bits, int* hcopy, int* offsets, int* tab, int* pos, int* status) {
+                    int Mt, long long cf_bits, int* hcopy, int* offsets, int* tab, int* pos, int* status,
+                    unsigned long long* counters, int nblk) {
     __shared__ int sh_cap;
     __shared__ int sh_bad;
     int W = E + 2;
@@ -246,10 +281,14 @@ KERNEL void ep_plan(const int* hdr, const int* idx, const int* rk, int P, int E,
     int* kept = tab + 4;
     int* exp_src_off = kept + P * L;
     int* recv_off = exp_src_off + L * P;
+    int* blk = recv_off + P * L;
     if (sh_bad >= 0) { // nothing is received or kept in a refused step
         for (int i = threadIdx.x; i < P * L; i += blockDim.x) kept[i] = 0;
         for (int i = threadIdx.x; i <= L; i += blockDim.x) offsets[i] = 0;
+        for (int i = threadIdx.x; i <= L; i += blockDim.x) blk[i] = 0;
         for (int i = threadIdx.x; i < N * K && N <= Mt; i += blockDim.x) pos[i] = -1;
+        if (counters != nullptr)
+            for (int q = threadIdx.x; q < nblk; q += blockDim.x) counters[q] = 128;
         if (threadIdx.x == 0) tab[0] = 0;
         return;
     }
@@ -276,6 +315,12 @@ KERNEL void ep_plan(const int* hdr, const int* idx, const int* rk, int P, int E,
         }
         offsets[L] = o;
         tab[0] = o;
+        int q = 0;
+        for (int el = 0; el < L; el++) {
+            blk[el] = q;
+            q += (offsets[el + 1] - offsets[el] + 127) / 128;
+        }
+        blk[L] = q;
         int r = 0;
         for (int s = 0; s < P; s++)
             for (int el = 0; el < L; el++) {
@@ -295,6 +340,18 @@ KERNEL void ep_plan(const int* hdr, const int* idx, const int* rk, int P, int E,
         }
         pos[i] = keep ? i : -1;
     }
+    if (counters != nullptr) {
+        __syncthreads(); // offsets and blk, by thread 0
+        ep_set_targets(offsets, blk, L, counters, nblk, *(volatile const int*)status != 0);
+    }
+}
+
+// ep_block_targets: grid 1, block 256. ep_plan's counters again, from the
+// step's offsets and block table (tab), for the fused backward's second
+// use of the counters (the combine backward's rows landing).
+KERNEL void ep_block_targets(const int* offsets, const int* tab, int P, int L, unsigned long long* counters, int nblk,
+                             const int* status) {
+    ep_set_targets(offsets, tab + 4 + 3 * P * L, L, counters, nblk, *(volatile const int*)status != 0);
 }
 
 // ---- dispatch (tokens once per destination rank) -------------------------------
@@ -372,16 +429,26 @@ __device__ void ep_send_impl(const T* x, const int* idx, const int* rk, const in
 // received-order row (order 1). Tables: route[(s·Mt + i)·K + j] = the
 // expert-major row or −1; route_exp / route_recv (row, 2) = (source, slot
 // n·K + j at the source); recv_of_exp, exp_of_recv: the two orders' maps.
+// only ≥ 0: the region of source `only` alone (the fused path expands each
+// source's tokens as they land, on a side stream). counters set (the fused
+// path, order 0): after each expert row is written, the block's threads
+// meet, and one adds 1 (release, GPU scope, after a fence that makes the
+// block's stores visible) to the counter of the row's 128-row block in the
+// grouped GEMM's group-major order (blk of ep_plan), which the GEMM's
+// producer waits on (target 128, see ep_plan).
 template <typename T>
 __device__ void ep_recv_impl(const T* tok, const int* meta, const int* hcopy, const int* tab, int P, int E,
                              int L, int K, int C, int Mt, int me, int order, T* out, int* route, int* route_exp,
-                             int* route_recv, int* recv_of_exp, int* exp_of_recv, const int* status) {
+                             int* route_recv, int* recv_of_exp, int* exp_of_recv, const int* status, int only,
+                             u64* counters, const int* offsets) {
     if (status[0] != 0) return;
     const int* kept = tab + 4;
     const int* exp_src_off = kept + P * L;
     const int* recv_off = exp_src_off + L * P;
+    const int* blk = recv_off + P * L;
     int W = E + 2;
-    for (long long g = blockIdx.x; g < (long long)P * Mt; g += gridDim.x) {
+    long long g0 = only >= 0 ? (long long)only * Mt : 0, g1 = only >= 0 ? g0 + Mt : (long long)P * Mt;
+    for (long long g = g0 + blockIdx.x; g < g1; g += gridDim.x) {
         int s = (int)(g / Mt), i = (int)(g % Mt);
         if (i >= hcopy[s * W + E + 1]) continue;
         const int* m = meta + g * (1 + 2 * K);
@@ -401,6 +468,13 @@ __device__ void ep_recv_impl(const T* tok, const int* meta, const int* hcopy, co
                     route_recv[2 * rr + 1] = n * K + j;
                     recv_of_exp[er] = rr;
                     exp_of_recv[rr] = er;
+                }
+                if (counters != nullptr) { // uniform in the block: e, r, kept are the same for every thread
+                    __syncthreads();
+                    if (threadIdx.x == 0) {
+                        ep_fence_gpu();
+                        ep_add_release_gpu(counters + blk[el] + (er - offsets[el]) / 128, 1);
+                    }
                 }
             }
             if (threadIdx.x == 0) route[g * K + j] = er;
@@ -427,13 +501,17 @@ __device__ void ep_return_impl(const T* y, const int* routes, const int* tab, in
 // backward, after its ready wait): each kept choice j of region row (s, i)
 // gets dy[row] = wts[j]·tok[row of (s, i)] (fp32, rounded once), row = the
 // expert-major row of route, or remap[it] when remap is set (received
-// order).
+// order). only ≥ 0 and counters set: the fused backward, as in ep_recv:
+// source `only`'s region alone, +1 on the row's block counter (blk in tab,
+// the expert from offsets) after each row is written.
 template <typename T>
 __device__ void ep_scale_recv_impl(const T* tok, const float* wts, const int* hcopy, const int* route,
-                                   const int* remap, int P, int E, int K, int C, int Mt, T* dy, const int* status) {
+                                   const int* remap, int P, int E, int K, int C, int Mt, T* dy, const int* status,
+                                   int only, u64* counters, const int* offsets, const int* tab, int L) {
     if (status[0] != 0) return;
     int W = E + 2;
-    for (long long g = blockIdx.x; g < (long long)P * Mt; g += gridDim.x) {
+    long long g0 = only >= 0 ? (long long)only * Mt : 0, g1 = only >= 0 ? g0 + Mt : (long long)P * Mt;
+    for (long long g = g0 + blockIdx.x; g < g1; g += gridDim.x) {
         int s = (int)(g / Mt), i = (int)(g % Mt);
         if (i >= hcopy[s * W + E + 1]) continue;
         for (int j = 0; j < K; j++) {
@@ -444,8 +522,118 @@ __device__ void ep_scale_recv_impl(const T* tok, const float* wts, const int* hc
             T* d = dy + (long long)row * C;
             const T* t = tok + g * C;
             for (int c = threadIdx.x; c < C; c += blockDim.x) d[c] = cvt<T>(w * f32(t[c]));
+            if (counters != nullptr) { // uniform in the block: er is
+                __syncthreads();
+                if (threadIdx.x == 0) {
+                    int lo = 0, hi = L - 1; // the last el with offsets[el] <= er: er's expert
+                    while (lo < hi) {
+                        int mid = (lo + hi + 1) >> 1;
+                        if (offsets[mid] <= er) lo = mid;
+                        else hi = mid - 1;
+                    }
+                    const int* blk = tab + 4 + 3 * P * L;
+                    ep_fence_gpu();
+                    ep_add_release_gpu(counters + blk[lo] + (er - offsets[lo]) / 128, 1);
+                }
+            }
         }
     }
+}
+
+// ---- the fused path (parallel/ep/peerep's Fused) ----------------------------------
+// ep_header: grid 1, block 128. Block 0 of ep_send's header stores alone:
+// this rank's header row into every rank's hdr. The fused path sends the
+// counts first (and signals them on their own channel), so that every
+// receiver plans the step and starts its grouped GEMM while the tokens are
+// still on their way. Nothing when status[0] is set.
+KERNEL void ep_header(const int* cnt, const int* rows_to, int N, int E, int P, int Mt, int me,
+                      const unsigned long long* hdr_peers, const int* status) {
+    if (status[0] != 0) return;
+    int W = E + 2;
+    for (int d = 0; d < P; d++) {
+        int* h = ep_peer<int>(hdr_peers, d) + (long long)me * W;
+        for (int e = threadIdx.x; e < E; e += blockDim.x) h[e] = cnt[e];
+        if (threadIdx.x == 0) {
+            h[E] = N;
+            h[E + 1] = N > Mt ? 0 : rows_to[d];
+        }
+    }
+}
+
+// ep_fill_u64: grid 1, block 128. words[i] = value for i < n, with release
+// (GPU scope) after a fence: the signal of a down-projection GEMM without
+// the engine's epilogue hook (every block done at once).
+KERNEL void ep_fill_u64(unsigned long long* words, int n, long long value) {
+    ep_fence_gpu();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+#if defined(ASYNCTP_EMU)
+        __atomic_store_n(words + i, (u64)value, __ATOMIC_RELEASE);
+#else
+        asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(words + i), "l"((u64)value) : "memory");
+#endif
+    }
+}
+
+// ep_return_blocks: the fused combine's send, on a side stream while the
+// down-projection GEMM runs; grid G (any), block 128. The expert-major rows
+// y are in the grouped GEMM's 128-row blocks (blk, offsets of ep_plan);
+// CTA c takes blocks c, c + G, ... in increasing order (the order the
+// GEMM's static tile order finishes them in), waits until the block's flag
+// is ≥ target (the GEMM's epilogue adds 1 per stored tile: target = its
+// n-blocks; ld.acquire, deadline) and stores each of the block's rows into
+// its token's home ybuf slot, as ep_return does. A flag still short after
+// deadline_ns sets status[0] = 1 and reports 0x20000000 + q through err;
+// that CTA then stops (the step has failed; the homes' wait for this
+// rank's ready signal, which ep_signal still raises, passes on stale rows
+// and the error surfaces here at the next Sync).
+template <typename T>
+__device__ void ep_return_blocks_impl(const T* y, const int* routes, const int* offsets, const int* tab, int P, int L,
+                                      int C, const u64* flags, long long target, long long deadline_ns,
+                                      const u64* peers, int* status, int* err) {
+    __shared__ int sh_ok;
+    const int* blk = tab + 4 + 3 * P * L;
+    int nb = blk[L];
+    for (int q = blockIdx.x; q < nb; q += gridDim.x) {
+        if (threadIdx.x == 0) {
+            int ok = status[0] == 0;
+            long long start = ep_now_ns();
+            while (ok && ep_load_acquire(flags + q) < (u64)target) {
+                if (*(volatile const int*)status != 0) {
+                    ok = 0;
+                } else if (ep_now_ns() - start > deadline_ns) {
+                    status[0] = 1;
+                    report_error(err, 0x20000000 + q);
+                    ok = 0;
+                }
+#if !defined(ASYNCTP_EMU)
+                if (ok) __nanosleep(128);
+#endif
+            }
+            sh_ok = ok;
+        }
+        __syncthreads();
+        if (!sh_ok) return;
+        int el = 0;
+        while (blk[el + 1] <= q) el++;
+        int r0 = offsets[el] + 128 * (q - blk[el]);
+        int r1 = r0 + 128 < offsets[el + 1] ? r0 + 128 : offsets[el + 1];
+        for (int i = r0; i < r1; i++) {
+            int s = routes[2 * i], slot = routes[2 * i + 1];
+            ep_copy_row(ep_peer<T>(peers, s) + (long long)slot * C, y + (long long)i * C, C);
+        }
+        __syncthreads(); // sh_ok is rewritten for the next block
+    }
+}
+
+KERNEL void ep_return_blocks_bf16(const bf16* y, const int* routes, const int* offsets, const int* tab, int P, int L,
+                                  int C, const unsigned long long* flags, long long target, long long deadline_ns,
+                                  const unsigned long long* peers, int* status, int* err) {
+    ep_return_blocks_impl(y, routes, offsets, tab, P, L, C, flags, target, deadline_ns, peers, status, err);
+}
+KERNEL void ep_return_blocks_f32(const float* y, const int* routes, const int* offsets, const int* tab, int P, int L,
+                                 int C, const unsigned long long* flags, long long target, long long deadline_ns,
+                                 const unsigned long long* peers, int* status, int* err) {
+    ep_return_blocks_impl(y, routes, offsets, tab, P, L, C, flags, target, deadline_ns, peers, status, err);
 }
 
 KERNEL void ep_send_bf16(const bf16* x, const int* idx, const int* rk, const int* send_row, const int* cnt,
@@ -458,17 +646,19 @@ KERNEL void ep_send_bf16(const bf16* x, const int* idx, const int* rk, const int
 }
 KERNEL void ep_recv_bf16(const bf16* tok, const int* meta, const int* hcopy, const int* tab, int P, int E, int L, int K,
                          int C, int Mt, int me, int order, bf16* out, int* route, int* route_exp, int* route_recv,
-                         int* recv_of_exp, int* exp_of_recv, const int* status) {
+                         int* recv_of_exp, int* exp_of_recv, const int* status, int only,
+                         unsigned long long* counters, const int* offsets) {
     ep_recv_impl(tok, meta, hcopy, tab, P, E, L, K, C, Mt, me, order, out, route, route_exp, route_recv, recv_of_exp,
-                 exp_of_recv, status);
+                 exp_of_recv, status, only, counters, offsets);
 }
 KERNEL void ep_return_bf16(const bf16* y, const int* routes, const int* tab, int C, const unsigned long long* peers,
                            const int* status) {
     ep_return_impl(y, routes, tab, C, peers, status);
 }
 KERNEL void ep_scale_recv_bf16(const bf16* tok, const float* wts, const int* hcopy, const int* route, const int* remap,
-                               int P, int E, int K, int C, int Mt, bf16* dy, const int* status) {
-    ep_scale_recv_impl(tok, wts, hcopy, route, remap, P, E, K, C, Mt, dy, status);
+                               int P, int E, int K, int C, int Mt, bf16* dy, const int* status,
+                               int only, unsigned long long* counters, const int* offsets, const int* tab, int L) {
+    ep_scale_recv_impl(tok, wts, hcopy, route, remap, P, E, K, C, Mt, dy, status, only, counters, offsets, tab, L);
 }
 
 KERNEL void ep_send_f32(const float* x, const int* idx, const int* rk, const int* send_row, const int* cnt,
@@ -481,15 +671,17 @@ KERNEL void ep_send_f32(const float* x, const int* idx, const int* rk, const int
 }
 KERNEL void ep_recv_f32(const float* tok, const int* meta, const int* hcopy, const int* tab, int P, int E, int L, int K,
                          int C, int Mt, int me, int order, float* out, int* route, int* route_exp, int* route_recv,
-                         int* recv_of_exp, int* exp_of_recv, const int* status) {
+                         int* recv_of_exp, int* exp_of_recv, const int* status, int only,
+                         unsigned long long* counters, const int* offsets) {
     ep_recv_impl(tok, meta, hcopy, tab, P, E, L, K, C, Mt, me, order, out, route, route_exp, route_recv, recv_of_exp,
-                 exp_of_recv, status);
+                 exp_of_recv, status, only, counters, offsets);
 }
 KERNEL void ep_return_f32(const float* y, const int* routes, const int* tab, int C, const unsigned long long* peers,
                            const int* status) {
     ep_return_impl(y, routes, tab, C, peers, status);
 }
 KERNEL void ep_scale_recv_f32(const float* tok, const float* wts, const int* hcopy, const int* route, const int* remap,
-                               int P, int E, int K, int C, int Mt, float* dy, const int* status) {
-    ep_scale_recv_impl(tok, wts, hcopy, route, remap, P, E, K, C, Mt, dy, status);
+                               int P, int E, int K, int C, int Mt, float* dy, const int* status,
+                               int only, unsigned long long* counters, const int* offsets, const int* tab, int L) {
+    ep_scale_recv_impl(tok, wts, hcopy, route, remap, P, E, K, C, Mt, dy, status, only, counters, offsets, tab, L);
 }

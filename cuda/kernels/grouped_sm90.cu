@@ -117,6 +117,7 @@ struct GroupedSmem {
     int* off_s; // (G+1) the offsets
     int* blk_s; // (G+1) blk_s[g] = Σ_{i<g} ⌈rows_i / 128⌉ (nt, nn)
     int* bad_s; // the first bad offsets entry (0x7fffffff: none)
+    volatile int* abort_w; // the engine's abort word: a flag wait timed out (nt, nn)
 };
 
 __device__ __forceinline__ GroupedSmem grouped_smem(unsigned char* base) {
@@ -127,6 +128,7 @@ __device__ __forceinline__ GroupedSmem grouped_smem(unsigned char* base) {
     s.off_s = reinterpret_cast<int*>(base + (s.bars - raw) + 2 * STAGES * 8 + 16);
     s.blk_s = s.off_s + (MAX_GROUPS + 1);
     s.bad_s = s.blk_s + (MAX_GROUPS + 1);
+    s.abort_w = reinterpret_cast<volatile int*>(base + (s.bars - raw) + 2 * STAGES * 8);
     return s;
 }
 
@@ -138,6 +140,7 @@ __device__ __forceinline__ void grouped_init(const GroupedSmem& sm) {
         mbar_init(sm.bars + 8 * (STAGES + s), 2 * 4);  // empty: one arrive per consumer warp
     }
     *sm.bad_s = 0x7fffffff;
+    *sm.abort_w = 0;
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
@@ -179,11 +182,13 @@ __device__ __forceinline__ int load_groups(const GroupedSmem& sm, const int* off
 }
 
 // fwd_tile maps tile t of nt/nn to its group g, rows [r0, r1) of c (r1 the
-// group's end: rows of the block at or past it are not stored) and first
-// column n0.
+// group's end: rows of the block at or past it are not stored), first
+// column n0 and 128-row block blk in group-major order (blk_s[g] + the
+// block in the group after the raster: the index of the fused path's
+// flags).
 __device__ __forceinline__ void fwd_tile(const GroupedSmem& sm, int t, int num_n, int G,
-                                         int group_m, int& g, int& r0, int& r1, int& n0) {
-    const int q = t / num_n; // the tile's 128-row block in group-major order
+                                         int group_m, int& g, int& r0, int& r1, int& n0, int& blk) {
+    const int q = t / num_n; // the tile's 128-row block in group-major order (before the raster)
     int lo = 0, hi = G - 1;  // the last g < G with blk_s[g] ≤ q (blk_s[0] = 0)
     while (lo < hi) {
         const int mid = (lo + hi + 1) >> 1;
@@ -197,6 +202,7 @@ __device__ __forceinline__ void fwd_tile(const GroupedSmem& sm, int t, int num_n
     r0 = sm.off_s[g] + mb * BM;
     r1 = sm.off_s[g + 1];
     n0 = nb * BN;
+    blk = first + mb;
 }
 
 #endif // ATP_GEMM90_BODY
@@ -207,7 +213,12 @@ template <int TB, typename OutT>
 __device__ __forceinline__ void grouped_body(const TmaDesc& tma_a, const TmaDesc& tma_w, OutT* c,
                                              const int* off, int G, int M, int N, int K,
                                              float alpha, float beta, int group_m,
-                                             long long watchdog_ns, int* err) {
+                                             long long watchdog_ns, int* err,
+                                             const unsigned long long* wait_flags,
+                                             unsigned long long wait_target,
+                                             long long wait_timeout_ns,
+                                             unsigned long long* sig_flags,
+                                             unsigned long long sig_value) {
 #if defined(ATP_GEMM90_BODY)
     extern __shared__ __align__(1024) unsigned char grouped90_smem[];
     const GroupedSmem sm = grouped_smem(grouped90_smem);
@@ -230,14 +241,43 @@ __device__ __forceinline__ void grouped_body(const TmaDesc& tma_a, const TmaDesc
         tma_prefetch(tma_a);
         tma_prefetch(tma_w);
         int it = 0;
+        bool aborted = false; // a flag wait timed out: feed the ring without data
         for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-            int g, r0, r1, n0;
-            fwd_tile(sm, t, num_n, G, group_m, g, r0, r1, n0);
+            int g, r0, r1, n0, q;
+            fwd_tile(sm, t, num_n, G, group_m, g, r0, r1, n0, q);
             for (int kb = 0; kb < kblocks; kb++, it++) {
                 const int s = it % STAGES;
                 const uint32_t ph = (it / STAGES) & 1;
                 mbar_wait(bars + 8 * (STAGES + s), ph ^ 1, watchdog_ns);
                 const uint32_t full = bars + 8 * s;
+                // The fused path's wait (gemm_sm90.cu's, per 128-row block
+                // q of a instead of per chunk): before the block's first
+                // load, until wait_flags[q] >= wait_target.
+                if (kb == 0 && wait_flags != nullptr && !aborted &&
+                    ld_acquire_sys(wait_flags + q) < wait_target) {
+                    const unsigned long long t0 = globaltimer();
+                    bool ok = false;
+                    for (;;) {
+                        if (ld_acquire_sys(wait_flags + q) >= wait_target) {
+                            ok = true;
+                            break;
+                        }
+                        if ((long long)(globaltimer() - t0) > wait_timeout_ns) break;
+                        __nanosleep(128);
+                    }
+                    if (!ok) {
+                        report_error(err, 0x40000000 + q);
+                        *sm.abort_w = 1;
+                        aborted = true;
+                    }
+                }
+                if (kb == 0 && wait_flags != nullptr && !aborted) fence_proxy_async_global();
+                if (aborted) {
+                    // Complete the phase without data (no TMA in flight when
+                    // the CTA ends); the consumers run on stale tiles.
+                    mbar_arrive(full);
+                    continue;
+                }
                 mbar_expect_tx(full, STAGE_BYTES);
                 const uint32_t sa = ring + s * STAGE_BYTES, sb = sa + A_BYTES;
                 const int k0 = kb * BK;
@@ -263,8 +303,8 @@ __device__ __forceinline__ void grouped_body(const TmaDesc& tma_a, const TmaDesc
     for (int i = 0; i < 128; i++) acc[i] = 0.f;
     int it = 0;
     for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-        int g, r0, r1, n0;
-        fwd_tile(sm, t, num_n, G, group_m, g, r0, r1, n0);
+        int g, r0, r1, n0, q;
+        fwd_tile(sm, t, num_n, G, group_m, g, r0, r1, n0, q);
         int prev = 0;
         for (int kb = 0; kb < kblocks; kb++, it++) {
             const int s = it % STAGES;
@@ -306,6 +346,12 @@ __device__ __forceinline__ void grouped_body(const TmaDesc& tma_a, const TmaDesc
                     }
                 }
             }
+        }
+        if (sig_flags != nullptr) { // gemm_sm90.cu's per-row-block signal, block q
+            fence_acq_rel_sys(); // this thread's stores, before the barrier
+            consumer_bar();
+            if (threadIdx.x == 128 && *sm.abort_w == 0) // no signal for a stale tile
+                red_release_sys_add(sig_flags + q, sig_value);
         }
     }
 #else
@@ -456,9 +502,12 @@ __device__ __forceinline__ void grouped_tn_body(const TmaDesc& tma_a, const TmaD
         const __grid_constant__ atp::gemm90::TmaDesc tma_a,                                      \
         const __grid_constant__ atp::gemm90::TmaDesc tma_w, OutT* c, const int* off, int G,      \
         int M, int N, int K, float alpha, float beta, int group_m, long long watchdog_ns,        \
-        int* err) {                                                                              \
+        int* err, const unsigned long long* wait_flags, unsigned long long wait_target,          \
+        long long wait_timeout_ns, unsigned long long* sig_flags,                                \
+        unsigned long long sig_value) {                                                          \
         atp::gemm90::grouped_body<TB, OutT>(tma_a, tma_w, c, off, G, M, N, K, alpha, beta,       \
-                                            group_m, watchdog_ns, err);                          \
+                                            group_m, watchdog_ns, err, wait_flags, wait_target,  \
+                                            wait_timeout_ns, sig_flags, sig_value);              \
     }
 
 #define GROUPED90_TN_KERNEL(name, OutT)                                                          \

@@ -35,6 +35,24 @@ __device__ __forceinline__ void ep_store_release(u64* p, u64 v) {
 #endif
 }
 
+// ep_add_release_gpu adds v to *p with release semantics at GPU scope: the
+// fused expert path's per-block counters, read by a kernel of the same GPU.
+__device__ __forceinline__ void ep_add_release_gpu(u64* p, u64 v) {
+#if defined(ASYNCTP_EMU)
+    __atomic_fetch_add(p, v, __ATOMIC_RELEASE);
+#else
+    asm volatile("red.release.gpu.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void ep_fence_gpu() {
+#if defined(ASYNCTP_EMU)
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+#else
+    __threadfence();
+#endif
+}
+
 __device__ __forceinline__ void ep_fence_system() {
 #if !defined(ASYNCTP_EMU)
     __threadfence_system();

@@ -61,7 +61,8 @@ import (
 // The engine needs an sm_90a GPU, bf16 operands, sizes that are multiples
 // of 8 and 16-byte aligned rows; a call outside that is refused with an
 // error (an explicit --overlap fused is never silently something else).
-// The matmul∘all-reduce sites and the expert path have no fused form.
+// The matmul∘all-reduce sites have no fused form; the expert path's is
+// parallel/ep/peerep's Fused (which holds this one for the TP sites).
 type Fused struct {
 	// Timeout bounds every wait for a peer (0: 10 s): the gather's wait for
 	// the peers' shards and the engine's wait for a chunk, the scatter's

@@ -1,6 +1,9 @@
 package ep
 
-import "github.com/asynctp/asynctp/tensor"
+import (
+	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/tensor"
+)
 
 // DeviceOffsets is an optional capability of an ExpertPath (found by type
 // assertion; parallel/ep/peerep's Path has it): a step whose layout,
@@ -43,4 +46,29 @@ type DeviceOffsets interface {
 	// C), expert-major, to their tokens: dx (N, C) = Σ of each token's
 	// slot gradients.
 	DispatchBackwardDevice(dx, dxe *tensor.Tensor, h *Handle) error
+}
+
+// FusedOffsets is an optional capability of a DeviceOffsets path (the
+// fused strategy, parallel/ep/peerep's Fused): a device step whose
+// dispatch and combine run inside the experts' grouped GEMMs. DispatchFused
+// returns while the rows are still landing, with the GEMM hooks of the
+// step: hooks.First's GEMM waits for each 128-row block of xe before it
+// reads it (nothing else may read xe before CombineDevice), and
+// hooks.Down's GEMM sends each block of its output to the tokens' homes as
+// it is stored, so that CombineDevice of that output only waits and sums.
+// The layer then calls CombineDevice and the backward as for DeviceOffsets.
+//
+// The backward is the same pair: CombineBackwardFused returns ∂L/∂ye while
+// its rows still land, with hooks whose DH GEMM waits for each block and
+// whose DX GEMM sends each block of dxe home as it is stored, after which
+// DispatchBackwardDevice of that dxe only waits and sums.
+//
+// Fused says whether the path fuses its steps (false: DispatchFused and
+// CombineBackwardFused are the DeviceOffsets calls with no hooks). A fused
+// path runs only as the device step: a layer that cannot take it refuses.
+type FusedOffsets interface {
+	DeviceOffsets
+	Fused() bool
+	DispatchFused(x, idx *tensor.Tensor, capacityFactor float64) (xe *tensor.Tensor, h *Handle, hooks *layers.GroupedHooks, err error)
+	CombineBackwardFused(dweights, dout, weights *tensor.Tensor, h *Handle) (dye *tensor.Tensor, hooks *layers.GroupedBackwardHooks, err error)
 }

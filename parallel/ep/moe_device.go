@@ -106,7 +106,17 @@ func (m *MoE) forwardDevice(dp DeviceOffsets, out2, x2 *tensor.Tensor, n int) er
 	if err := m.Router.Forward(x2); err != nil {
 		return err
 	}
-	xe, h, err := dp.DispatchDevice(x2, m.Router.IndicesDevice(), m.cfg.CapacityFactor)
+	var (
+		xe    *tensor.Tensor
+		h     *Handle
+		hooks *layers.GroupedHooks
+		err   error
+	)
+	if fp, ok := dp.(FusedOffsets); ok {
+		xe, h, hooks, err = fp.DispatchFused(x2, m.Router.IndicesDevice(), m.cfg.CapacityFactor)
+	} else {
+		xe, h, err = dp.DispatchDevice(x2, m.Router.IndicesDevice(), m.cfg.CapacityFactor)
+	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", m.what(), err)
 	}
@@ -116,7 +126,7 @@ func (m *MoE) forwardDevice(dp DeviceOffsets, out2, x2 *tensor.Tensor, n int) er
 	}
 	dt, C := x2.DType(), m.cfg.Dim
 	s.ye = ensure(m.b, s.ye, dt, h.Bound, C)
-	if err := m.Experts.ForwardOffsets(s.ye, xe, h.Offsets); err != nil {
+	if err := m.Experts.ForwardOffsetsHooked(s.ye, xe, h.Offsets, hooks); err != nil {
 		return err
 	}
 	if err := dp.CombineDevice(out2, s.ye, m.Router.Weights(), h); err != nil {
@@ -229,12 +239,21 @@ func (m *MoE) backwardDevice(dp DeviceOffsets, dx2, dout2 *tensor.Tensor) error 
 	s, h := m.dev, m.h
 	dt, n, C, K := dout2.DType(), m.n, m.cfg.Dim, m.cfg.TopK
 	m.dw = ensure(m.b, m.dw, dt, n, K)
-	dye, err := dp.CombineBackwardDevice(m.dw, dout2, m.Router.Weights(), h)
+	var (
+		dye   *tensor.Tensor
+		hooks *layers.GroupedBackwardHooks
+		err   error
+	)
+	if fp, ok := dp.(FusedOffsets); ok {
+		dye, hooks, err = fp.CombineBackwardFused(m.dw, dout2, m.Router.Weights(), h)
+	} else {
+		dye, err = dp.CombineBackwardDevice(m.dw, dout2, m.Router.Weights(), h)
+	}
 	if err != nil {
 		return err
 	}
 	s.dxe = ensure(m.b, s.dxe, dt, h.Bound, C)
-	if err := m.Experts.Backward(s.dxe, dye); err != nil {
+	if err := m.Experts.BackwardHooked(s.dxe, dye, hooks); err != nil {
 		return err
 	}
 	if err := dp.DispatchBackwardDevice(dx2, s.dxe, h); err != nil {

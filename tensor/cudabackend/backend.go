@@ -344,8 +344,9 @@ const (
 	flagGrouped
 	flagEPLayout
 	flagEPWait
-	flagGEMM    // the GEMM engine: err[1] = the chunk whose flag wait ran out, -1 = no sm_90a code
-	flagPeerPut // peer_put: err[1] = the destination rank that never freed its gather buffer
+	flagGEMM     // the GEMM engine: err[1] = the chunk whose flag wait ran out, -1 = no sm_90a code
+	flagPeerPut  // peer_put: err[1] = the destination rank that never freed its gather buffer
+	flagEPBlocks // the fused combine's block waits (ep_return_blocks)
 	numFlags
 )
 

@@ -14,11 +14,13 @@ import (
 // experts spread evenly (rank r holds [r·E/P, (r+1)·E/P)), TopK choices per
 // token, rows of Cols features in DType (bf16 or f32), at most MaxTokens
 // tokens per rank and step. Deadline bounds every wait on a peer's signal
-// (0: DefaultEPDeadline).
+// (0: DefaultEPDeadline). Fused adds the fused path's per-block counters,
+// flags and side stream (epfused.go); the pipelined calls work either way.
 type EPConfig struct {
 	Ranks, Rank, Experts, TopK, Cols, MaxTokens int
 	DType                                       tensor.DType
 	Deadline                                    time.Duration
+	Fused                                       bool
 }
 
 // DefaultEPDeadline is the wait bound of an EPConfig without one.
@@ -35,7 +37,7 @@ const (
 	EPWeights              // (P·Mt, K) f32: routing weights (combine backward)
 	EPY                    // (Mt·K, C): the combine's expert outputs, by slot
 	EPG                    // (Mt·K, C): the dispatch backward's gradients, by slot
-	EPSignals              // (12P) int32: 6P 64-bit words (little-endian pairs), the ready and ack epochs
+	EPSignals              // (14P) int32: 7P 64-bit words (little-endian pairs), the ready and ack epochs
 	NumEPBufs
 )
 
@@ -47,11 +49,12 @@ const (
 	sigAckTok
 	sigAckY
 	sigAckG
+	sigReadyHdr // the fused path's counts, signalled before its tokens
 	numSigChannels
 )
 
 var sigNames = [numSigChannels]string{"tokens ready", "combine rows ready", "gradient rows ready",
-	"token buffer free", "combine buffer free", "gradient buffer free"}
+	"token buffer free", "combine buffer free", "gradient buffer free", "counts ready"}
 
 // EPShape is the shape and dtype of a symmetric buffer.
 type EPShape struct {
@@ -141,6 +144,8 @@ type ExpertDispatch struct {
 	dispatched, comb bool
 	known            int // the step's expert rows once ReadCounts read them; −1 before
 
+	fz fusedState // the fused path's (cfg.Fused)
+
 	// BeforeWait, when set, runs before every wait on the peers is queued
 	// (outside the backend's lock). The multi-rank emulator tests make it
 	// a barrier of the emulated ranks, so that every rank has queued (and,
@@ -183,9 +188,15 @@ func (b *Backend) NewExpertDispatch(cfg EPConfig, sym [NumEPBufs]*tensor.Tensor,
 	E, K, L, Mt, R := cfg.Experts, cfg.TopK, cfg.local(), cfg.MaxTokens, cfg.recvBound()
 	i32 := func(shape ...int) *tensor.Tensor { return b.Zeros(tensor.Int32, shape...) }
 	d.idx, d.cnt, d.rk, d.sendRow, d.rowsTo = i32(Mt, K), i32(E), i32(Mt*K), i32(Mt*P), i32(P)
-	d.hcopy, d.offsets, d.tab, d.pos = i32(P, E+2), i32(L+1), i32(4+3*P*L), i32(Mt, K)
+	d.hcopy, d.offsets, d.tab, d.pos = i32(P, E+2), i32(L+1), i32(4+3*P*L+L+1), i32(Mt, K)
 	d.route, d.routeExp, d.routeRecv = i32(P*Mt*K), i32(max(R, 1), 2), i32(max(R, 1), 2)
 	d.recvOfExp, d.expOfRecv, d.status = i32(max(R, 1)), i32(max(R, 1)), i32(4)
+	if cfg.Fused {
+		if err := d.newFused(); err != nil {
+			d.Close()
+			return nil, fmt.Errorf("cuda: expert dispatch: %w", err)
+		}
+	}
 	// Zeros are zero on this backend; the symmetric buffers come from
 	// another allocator: clear the words peers compare and the header.
 	b.do("ExpertDispatch", func(dev gpu.Device) error {
@@ -205,11 +216,12 @@ func (b *Backend) NewExpertDispatch(cfg EPConfig, sym [NumEPBufs]*tensor.Tensor,
 // their allocator). Drain the device first.
 func (d *ExpertDispatch) Close() {
 	for _, t := range []*tensor.Tensor{d.peers, d.idx, d.cnt, d.rk, d.sendRow, d.rowsTo, d.hcopy, d.offsets, d.tab,
-		d.pos, d.route, d.routeExp, d.routeRecv, d.recvOfExp, d.expOfRecv, d.status} {
+		d.pos, d.route, d.routeExp, d.routeRecv, d.recvOfExp, d.expOfRecv, d.status, d.fz.counters, d.fz.done} {
 		if t != nil {
 			d.b.Free(t)
 		}
 	}
+	d.closeFused()
 	*d = ExpertDispatch{b: d.b, cfg: d.cfg}
 }
 
@@ -336,6 +348,9 @@ func (d *ExpertDispatch) DispatchSend(x, idx *tensor.Tensor, cf float64) error {
 	P, E, L, C, Mt, me := d.cfg.Ranks, d.cfg.Experts, d.cfg.local(), d.cfg.Cols, d.cfg.MaxTokens, d.cfg.Rank
 	sendN := min(N, Mt) // a rank over the bound sends its header only
 	d.b.do(op, func(dev gpu.Device) error {
+		if err := d.joinSide(dev); err != nil { // a fused step left unfinished
+			return err
+		}
 		if err := d.flushAcks(dev); err != nil {
 			return err
 		}
@@ -357,10 +372,23 @@ func (d *ExpertDispatch) DispatchSend(x, idx *tensor.Tensor, cf float64) error {
 	// the header says N, and every receiver refuses the step.
 	d.eTok++
 	d.wait(op, sigAckTok, d.eTok-1, func(dev gpu.Device) error {
+		hdr := d.peerRow(EPHeader)
+		if d.cfg.Fused {
+			// The counts first, on their own channel: every receiver plans
+			// the step (and starts its GEMM) while the tokens travel.
+			if err := dev.Launch("ep_header", gpu.D1(1), gpu.D1(128), 0, ptr(d.cnt), ptr(d.rowsTo), int32(N), int32(E),
+				int32(P), int32(Mt), int32(me), hdr, ptr(d.status)); err != nil {
+				return err
+			}
+			if err := d.signal(dev, sigReadyHdr, d.eTok); err != nil {
+				return err
+			}
+			hdr = gpu.Ptr(0)
+		}
 		if err := dev.Launch("ep_send"+sfx(d.cfg.DType), gpu.D1(max(N, 1)), gpu.D1(128), 0,
 			ptr(x), ptr(d.idx), ptr(d.rk), ptr(d.sendRow), ptr(d.cnt), ptr(d.rowsTo), int32(N), int32(K), int32(E),
 			int32(P), int32(L), int32(C), int32(Mt), int32(me), d.peerRow(EPTokens), d.peerRow(EPMeta),
-			d.peerRow(EPHeader), gpu.Ptr(0), gpu.Ptr(0), gpu.Ptr(0), gpu.Ptr(0), gpu.Ptr(0), ptr(d.status)); err != nil {
+			hdr, gpu.Ptr(0), gpu.Ptr(0), gpu.Ptr(0), gpu.Ptr(0), gpu.Ptr(0), ptr(d.status)); err != nil {
 			return err
 		}
 		return d.signal(dev, sigReadyTok, d.eTok)
@@ -393,13 +421,14 @@ func (d *ExpertDispatch) DispatchRecv(out *tensor.Tensor, order int) error {
 	d.wait(op, sigReadyTok, d.eTok, func(dev gpu.Device) error {
 		if err := dev.Launch("ep_plan", gpu.D1(1), gpu.D1(threads256), 0, ptr(d.sym[EPHeader]), ptr(d.idx), ptr(d.rk),
 			int32(P), int32(E), int32(L), int32(me), int32(min(d.n, Mt)), int32(K), int32(Mt),
-			int64(math.Float64bits(d.cf)), ptr(d.hcopy), ptr(d.offsets), ptr(d.tab), ptr(d.pos), ptr(d.status)); err != nil {
+			int64(math.Float64bits(d.cf)), ptr(d.hcopy), ptr(d.offsets), ptr(d.tab), ptr(d.pos), ptr(d.status),
+			gpu.Ptr(0), int32(0)); err != nil {
 			return err
 		}
 		if err := dev.Launch("ep_recv"+sfx(d.cfg.DType), d.grid(P*Mt), gpu.D1(128), 0, ptr(d.sym[EPTokens]),
 			ptr(d.sym[EPMeta]), ptr(d.hcopy), ptr(d.tab), int32(P), int32(E), int32(L), int32(K), int32(C), int32(Mt),
 			int32(me), int32(order), ptr(out), ptr(d.route), ptr(d.routeExp), ptr(d.routeRecv), ptr(d.recvOfExp),
-			ptr(d.expOfRecv), ptr(d.status)); err != nil {
+			ptr(d.expOfRecv), ptr(d.status), int32(-1), gpu.Ptr(0), gpu.Ptr(0)); err != nil {
 			return err
 		}
 		// The header and the token buffer have been read (the plan copied
@@ -427,6 +456,7 @@ func (d *ExpertDispatch) returnSend(op string, y *tensor.Tensor, order int, buf 
 	}
 	*epoch++
 	e := *epoch
+	d.b.do(op, d.joinSide) // the fused path's routes were written on its side stream
 	d.wait(op, ack, e-1, func(dev gpu.Device) error {
 		if err := dev.Launch("ep_return"+sfx(d.cfg.DType), d.grid(d.cfg.recvBound()), gpu.D1(128), 0, ptr(y),
 			d.routes(order), ptr(d.tab), int32(d.cfg.Cols), d.peerRow(buf), ptr(d.status)); err != nil {
@@ -463,6 +493,8 @@ func (d *ExpertDispatch) CombineRecv(out, weights *tensor.Tensor) error {
 	if !d.comb {
 		return fmt.Errorf("cuda: expert dispatch: %s without a CombineSend", op)
 	}
+	d.b.do(op, d.joinSide) // the fused path's side stream: its rows have left
+	d.fz.armed = false
 	d.wait(op, sigReadyY, d.eY, func(gpu.Device) error { return nil })
 	if d.n > 0 && d.n <= d.cfg.MaxTokens {
 		d.b.CombineRows(out, d.slots(EPY), d.Pos(), weights)
@@ -494,6 +526,7 @@ func (d *ExpertDispatch) CombineBackwardSend(dout, weights, dweights *tensor.Ten
 	}
 	P, E, L, C, Mt, me := d.cfg.Ranks, d.cfg.Experts, d.cfg.local(), d.cfg.Cols, d.cfg.MaxTokens, d.cfg.Rank
 	d.eTok++
+	d.b.do(op, d.joinSide) // a fused step's side stream: its acks and sends
 	d.wait(op, sigAckTok, d.eTok-1, func(dev gpu.Device) error {
 		if err := dev.Launch("ep_send"+sfx(d.cfg.DType), gpu.D1(max(N, 1)), gpu.D1(128), 0,
 			ptr(dout), ptr(d.idx), ptr(d.rk), ptr(d.sendRow), ptr(d.cnt), ptr(d.rowsTo), int32(N), int32(K), int32(E),
@@ -511,6 +544,7 @@ func (d *ExpertDispatch) CombineBackwardSend(dout, weights, dweights *tensor.Ten
 // order, then acknowledges the token buffer.
 func (d *ExpertDispatch) CombineBackwardRecv(dy *tensor.Tensor, order int) error {
 	const op = "CombineBackwardRecv"
+	d.b.do(op, d.joinSide)
 	if err := d.checkRows(op, "dy", dy, d.cfg.recvBound(), d.cfg.DType); err != nil {
 		return err
 	}
@@ -522,7 +556,7 @@ func (d *ExpertDispatch) CombineBackwardRecv(dy *tensor.Tensor, order int) error
 	d.wait(op, sigReadyTok, d.eTok, func(dev gpu.Device) error {
 		if err := dev.Launch("ep_scale_recv"+sfx(d.cfg.DType), d.grid(P*Mt), gpu.D1(128), 0, ptr(d.sym[EPTokens]),
 			ptr(d.sym[EPWeights]), ptr(d.hcopy), ptr(d.route), remap, int32(P), int32(E), int32(K), int32(C), int32(Mt),
-			ptr(dy), ptr(d.status)); err != nil {
+			ptr(dy), ptr(d.status), int32(-1), gpu.Ptr(0), gpu.Ptr(0), gpu.Ptr(0), int32(d.cfg.local())); err != nil {
 			return err
 		}
 		return d.signal(dev, sigAckTok, d.eTok)
@@ -541,6 +575,7 @@ func (d *ExpertDispatch) DispatchBackwardSend(g *tensor.Tensor, order int) error
 // the gradient buffer.
 func (d *ExpertDispatch) DispatchBackwardRecv(dx *tensor.Tensor) error {
 	const op = "DispatchBackwardRecv"
+	d.b.do(op, d.joinSide) // the fused path's side stream: its gradient rows have left
 	d.wait(op, sigReadyG, d.eG, func(gpu.Device) error { return nil })
 	if d.n > 0 && d.n <= d.cfg.MaxTokens {
 		d.b.CombineRows(dx, d.slots(EPG), d.Pos(), nil)

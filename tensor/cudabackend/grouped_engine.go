@@ -102,6 +102,7 @@ type groupedCall struct {
 	tn, transW       bool
 	g, m, n, k       int
 	alpha, beta      float32
+	opt              GroupedOptions // the fused expert path's hooks (forward and dgrad forms only)
 }
 
 // groupedEngineShape checks a forward or dgrad call for the engine: a (M, K)
@@ -327,15 +328,23 @@ func weightMap(p uint64, g, n, k int, transW bool) (cuda.TensorMap, error) {
 // groupedExplain turns the grouped engine's error word into the call's
 // error: -1 is a kernel without sm_90a code, i ≥ 0 the first bad entry of
 // the offsets.
-func groupedExplain(op string, g, m int) func(bad int32) error {
+func groupedExplain(op string, g, m int, w *GroupedWait) func(bad int32) error {
 	offsets := badOffsets(op, g, m)
 	return func(bad int32) error {
+		if w != nil && bad >= groupedWaitCode {
+			return fmt.Errorf("cuda: %s: block %d of a's 128-row blocks (group-major: the blocks of group 0, then 1, …) not ready: its flag stayed below %d for %v: %w",
+				op, bad-groupedWaitCode, w.Target, w.Timeout, ErrGEMMWaitTimeout)
+		}
 		if bad == -1 {
 			return fmt.Errorf("cuda: %s: the grouped GEMM engine's kernel has no sm_90a code for this GPU (the image's compute_90 PTX was used): rebuild the image with -gencode arch=compute_90a,code=sm_90a (cuda/kernels/build.sh)", op)
 		}
 		return offsets(bad)
 	}
 }
+
+// groupedWaitCode is added to the block of a flag wait that ran out in the
+// grouped kernels' error word (bad offsets entries are below it).
+const groupedWaitCode = 0x40000000
 
 // groupedLaunch queues a checked call of the grouped engine. op names it in
 // errors.
@@ -367,11 +376,44 @@ func (b *Backend) groupedLaunch(op string, e groupedCall) {
 			// real count (known on the device only) find no tile.
 			tiles = (e.m/EngineTileM + e.g) * ceilDiv(e.n, EngineTileN)
 		}
-		flag := b.flagPtr(flagGrouped, groupedExplain(op, e.g, e.m))
-		grid := max(min(tiles, cd.engineSMs), 1)
+		flag := b.flagPtr(flagGrouped, groupedExplain(op, e.g, e.m, e.opt.Wait))
+		avail := cd.engineSMs
+		o := e.opt
+		if o.Wait != nil || o.Signal != nil {
+			// What the hooks wait for, or what waits on their signals (the
+			// fused path's side stream), needs SMs: GEMMWait's rule.
+			r := EngineReserveSMs(avail)
+			if b.cfg.reserveSet {
+				r = b.cfg.reserveSMs
+			}
+			if o.Wait != nil && o.Wait.ReserveSMs != 0 {
+				r = o.Wait.ReserveSMs
+			}
+			avail -= max(r, 0)
+		}
+		grid := max(min(tiles, avail), 1)
+		if e.tn {
+			return cd.launchRaw(groupedKernel(e.tn, e.transW, e.c.DType()), grid, engineThreads, groupedEngineSmem,
+				ma.Arg(), mb.Arg(), cuda.DevicePtr(DevicePtr(e.c)), cuda.DevicePtr(DevicePtr(e.offsets)),
+				int32(e.g), int32(e.m), int32(e.n), int32(e.k), e.alpha, e.beta, int32(engineGroupM),
+				engineWatchdog.Nanoseconds(), cuda.DevicePtr(flag))
+		}
+		var (
+			waitFlags, sigFlags, waitTarget, sigVal uint64
+			waitNs                                  int64
+		)
+		watchdog := engineWatchdog
+		if w := o.Wait; w != nil {
+			waitFlags, waitTarget, waitNs = w.Flags, w.Target, w.Timeout.Nanoseconds()
+			watchdog += w.Timeout
+		}
+		if s := o.Signal; s != nil {
+			sigFlags, sigVal = s.Flags, s.Value
+		}
 		return cd.launchRaw(groupedKernel(e.tn, e.transW, e.c.DType()), grid, engineThreads, groupedEngineSmem,
 			ma.Arg(), mb.Arg(), cuda.DevicePtr(DevicePtr(e.c)), cuda.DevicePtr(DevicePtr(e.offsets)),
 			int32(e.g), int32(e.m), int32(e.n), int32(e.k), e.alpha, e.beta, int32(engineGroupM),
-			engineWatchdog.Nanoseconds(), cuda.DevicePtr(flag))
+			watchdog.Nanoseconds(), cuda.DevicePtr(flag), cuda.DevicePtr(waitFlags), waitTarget, waitNs,
+			cuda.DevicePtr(sigFlags), sigVal)
 	})
 }

@@ -1,8 +1,10 @@
 package cudabackend
 
 import (
+	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/asynctp/asynctp/tensor"
 )
@@ -78,12 +80,21 @@ func TestGroupedEngineShapeChecks(t *testing.T) {
 // TestGroupedEngineErrors checks the explanation of the kernel's error word
 // and the $ASYNCTP_GROUPED values.
 func TestGroupedEngineErrors(t *testing.T) {
-	ex := groupedExplain("GroupedMatMulTN", 4, 100)
+	ex := groupedExplain("GroupedMatMulTN", 4, 100, nil)
 	if err := ex(-1); err == nil || !strings.Contains(err.Error(), "GroupedMatMulTN: the grouped GEMM engine's kernel has no sm_90a code") {
 		t.Errorf("explain(-1) = %v; want the missing sm_90a code named", err)
 	}
 	if err := ex(3); err == nil || !strings.Contains(err.Error(), "GroupedMatMulTN: offsets[3] breaks 0 ≤ offsets[0] ≤ … ≤ offsets[4] ≤ M = 100") {
 		t.Errorf("explain(3) = %v; want offsets[3] named", err)
+	}
+	// With the fused path's wait, a timed-out block is named and wraps
+	// ErrGEMMWaitTimeout; offsets entries still read as before.
+	exw := groupedExplain("EngineGroupedMatMulHooked", 4, 100, &GroupedWait{Flags: 8, Target: 128, Timeout: time.Second})
+	if err := exw(groupedWaitCode + 7); err == nil || !errors.Is(err, ErrGEMMWaitTimeout) || !strings.Contains(err.Error(), "block 7 of a's 128-row blocks") || !strings.Contains(err.Error(), "below 128 for 1s") {
+		t.Errorf("explain(block 7) = %v; want block 7, its target and timeout, wrapping ErrGEMMWaitTimeout", err)
+	}
+	if err := exw(2); err == nil || !strings.Contains(err.Error(), "offsets[2]") {
+		t.Errorf("explain(2) with a wait = %v; want offsets[2] named", err)
 	}
 	for _, tc := range []struct {
 		env  string

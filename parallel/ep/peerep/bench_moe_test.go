@@ -123,8 +123,11 @@ func (l *benchLayer) step() error {
 // on the host.
 func (l *benchLayer) strategy() string {
 	name := "collective"
-	if _, ok := l.m.Dispatch.(*Path); ok {
+	if p, ok := l.m.Dispatch.(*Path); ok {
 		name = "pipelined"
+		if p.Fused() {
+			name = "fused"
+		}
 	}
 	gemm := "per-expert GEMMs"
 	if l.m.Experts.Grouped() {

@@ -17,6 +17,16 @@ var _ ep.DeviceOffsets = (*Path)(nil)
 // rank that has them before it sends anything; its peers then fail at
 // their wait's deadline, naming it (their kernels cannot tell the host).
 func (p *Path) DispatchDevice(x, idx *tensor.Tensor, capacityFactor float64) (*tensor.Tensor, *ep.Handle, error) {
+	xe, h, err := p.dispatchDevice(x, idx, capacityFactor, p.fused)
+	if err == nil && p.fused {
+		p.eng.Join() // a caller without the fused hooks reads xe directly
+	}
+	return xe, h, err
+}
+
+// dispatchDevice is DispatchDevice, with the fused receive (the rows still
+// landing on the side stream) when fused.
+func (p *Path) dispatchDevice(x, idx *tensor.Tensor, capacityFactor float64, fused bool) (*tensor.Tensor, *ep.Handle, error) {
 	if p.broken != nil {
 		return nil, nil, fmt.Errorf("%s: an earlier step failed: %w", p.what(), p.broken)
 	}
@@ -33,11 +43,15 @@ func (p *Path) DispatchDevice(x, idx *tensor.Tensor, capacityFactor float64) (*t
 	if err := p.ensure(K, C, x.DType()); err != nil {
 		return nil, nil, err
 	}
-	p.cur, p.combine = nil, false
+	p.cur, p.combine, p.sent, p.sentG = nil, false, nil, nil
 	if err := p.eng.DispatchSend(x, idx, capacityFactor); err != nil {
 		return nil, nil, p.fail(err)
 	}
-	if err := p.eng.DispatchRecv(p.recv, 0); err != nil {
+	recv := func() error { return p.eng.DispatchRecv(p.recv, 0) }
+	if fused {
+		recv = func() error { return p.eng.DispatchRecvFused(p.recv) }
+	}
+	if err := recv(); err != nil {
 		return nil, nil, p.fail(err)
 	}
 	h := &ep.Handle{Layout: &ep.Layout{Tokens: N, TopK: K, Experts: p.experts, CapacityFactor: capacityFactor},
@@ -64,9 +78,15 @@ func (p *Path) CombineDevice(out, ye, weights *tensor.Tensor, h *ep.Handle) erro
 	if err := p.checkRows("output", out, h.Layout.Tokens); err != nil {
 		return err
 	}
-	if err := p.eng.CombineSend(ye, 0); err != nil {
-		return p.fail(err)
+	if p.sent != nil && p.sent != ye {
+		return fmt.Errorf("%s: CombineDevice of %v, but the fused down GEMM sent %v", p.what(), ye, p.sent)
 	}
+	if p.sent == nil { // else the fused down GEMM's hook has queued the send
+		if err := p.eng.CombineSend(ye, 0); err != nil {
+			return p.fail(err)
+		}
+	}
+	p.sent = nil
 	if err := p.eng.CombineRecv(out, weights); err != nil {
 		return p.fail(err)
 	}
@@ -77,6 +97,16 @@ func (p *Path) CombineDevice(out, ye, weights *tensor.Tensor, h *ep.Handle) erro
 // CombineBackwardDevice is CombineBackward returning ∂L/∂ye (RecvBound, C)
 // in expert-major order (the path's buffer).
 func (p *Path) CombineBackwardDevice(dweights, dout, weights *tensor.Tensor, h *ep.Handle) (*tensor.Tensor, error) {
+	dye, err := p.combineBackwardDevice(dweights, dout, weights, h, p.fused)
+	if err == nil && p.fused {
+		p.eng.Join() // a caller without the fused hooks reads dye directly
+	}
+	return dye, err
+}
+
+// combineBackwardDevice is CombineBackwardDevice, with the fused receive
+// (the rows still landing on the side stream) when fused.
+func (p *Path) combineBackwardDevice(dweights, dout, weights *tensor.Tensor, h *ep.Handle, fused bool) (*tensor.Tensor, error) {
 	if err := p.checkDevice(h, "combine buffer", p.dy); err != nil {
 		return nil, err
 	}
@@ -89,7 +119,11 @@ func (p *Path) CombineBackwardDevice(dweights, dout, weights *tensor.Tensor, h *
 	if err := p.eng.CombineBackwardSend(dout, weights, dweights); err != nil {
 		return nil, p.fail(err)
 	}
-	if err := p.eng.CombineBackwardRecv(p.dy, 0); err != nil {
+	recv := func() error { return p.eng.CombineBackwardRecv(p.dy, 0) }
+	if fused {
+		recv = func() error { return p.eng.CombineBackwardRecvFused(p.dy) }
+	}
+	if err := recv(); err != nil {
 		return nil, p.fail(err)
 	}
 	return p.dy, nil
@@ -104,9 +138,15 @@ func (p *Path) DispatchBackwardDevice(dx, dxe *tensor.Tensor, h *ep.Handle) erro
 	if err := p.checkRows("input gradient dx", dx, h.Layout.Tokens); err != nil {
 		return err
 	}
-	if err := p.eng.DispatchBackwardSend(dxe, 0); err != nil {
-		return p.fail(err)
+	if p.sentG != nil && p.sentG != dxe {
+		return fmt.Errorf("%s: DispatchBackwardDevice of %v, but the fused backward's last GEMM sent %v", p.what(), dxe, p.sentG)
 	}
+	if p.sentG == nil { // else the fused DX hook has queued the send
+		if err := p.eng.DispatchBackwardSend(dxe, 0); err != nil {
+			return p.fail(err)
+		}
+	}
+	p.sentG = nil
 	if err := p.eng.DispatchBackwardRecv(dx); err != nil {
 		return p.fail(err)
 	}

@@ -14,7 +14,79 @@
 //
 // Pipelined is the strategy (it takes the place of overlap/peercopy's
 // Pipelined for the TP sites, which it delegates to); Path is the
-// ep.ExpertPath it builds.
+// ep.ExpertPath it builds. Fused is the fused strategy (overlap/peercopy's
+// Fused for the TP sites): the same Path in its fused mode.
+//
+// # The fused strategy
+//
+// Fused (issue 13 part 4, after ThunderKittens' moe_dispatch_gemm and
+// Comet) runs the MoE layer's device step with the dispatch and the
+// combine inside the experts' grouped GEMMs (ep.FusedOffsets, whose hooks
+// layers.Experts.ForwardOffsetsHooked calls; cudabackend.ExpertDispatch's
+// DispatchRecvFused and CombineSendFused; kernels in dispatch.cu and
+// grouped_sm90.cu):
+//
+//   - Dispatch. Each rank sends its counts to every peer first, on their
+//     own signal ("counts ready"), then its tokens (once per destination
+//     rank, as in the pipelined path) and "tokens ready". A receiver waits
+//     for the counts only, plans the step (capacity, offsets), and sets a
+//     counter per 128-row block of the expert-major receive buffer (the
+//     grouped GEMM's blocks: group by group, ⌈rows_e / 128⌉ each) to
+//     128 − the rows the block will hold (128 for blocks past the step's).
+//     Then, on a side stream, source by source starting with its own
+//     tokens (already there) and then rank+1, rank+2, …, it waits for the
+//     source's tokens and expands them into expert rows, adding 1
+//     (release) to a block's counter per row written: every block's
+//     target is 128, known without a copy of the counts to the host.
+//   - First GEMM (gate). The grouped engine's producer waits, before the
+//     first load of a tile's 128-row block, until the block's counter is
+//     128 (ld.acquire.sys, the path's deadline; a block still short stops
+//     the kernel and names the block). The tile order stays static (group
+//     by group, the engine's raster in a group): every source brings rows
+//     of every expert, and a block holds several sources' rows, so no block
+//     order is cheaply known to arrive first; the dispatch side's order
+//     (own tokens first) is where arrival order is used. The up
+//     projection runs after it on the same stream (all rows landed).
+//   - Down GEMM and combine. The done flags are cleared; on the side stream
+//     the combine's send (ep_return_blocks, 2 CTAs) waits for the homes'
+//     combine buffers, then, block by block in increasing order, for the
+//     block's flag to reach ⌈C / 256⌉ and stores the block's rows into
+//     their tokens' homes (the same slots as the pipelined combine), then
+//     signals; meanwhile the down projection's engine epilogue adds 1
+//     (release) to its block's flag after each tile it stores. The home's
+//     CombineRecv is the pipelined one: it waits for every source and sums
+//     the K slots in fp32 in choice order, so the output has the pipelined
+//     path's bits (tested on the emulator; on the GPU the same tiles run
+//     with the same per-tile order, also compared bit for bit).
+//   - Backward, the mirror (ep.FusedOffsets' CombineBackwardFused,
+//     layers.Experts.BackwardHooked): ∂out goes once per destination rank
+//     with the routing weights (the pipelined send); the receiver sets the
+//     step's counters to their targets again and, on the side stream,
+//     source by source from its own, scales each source's rows into
+//     expert-major ∂ye rows as they land, +1 per row; the first dgrad GEMM
+//     (dh = ∂ye·W_down) waits per block on them; the last GEMM into the
+//     expert rows' input gradient (dx += dup·W_up) signals per block, and
+//     the dispatch backward sends each finished block home from the side
+//     stream (the same flag-driven kernel as the combine); the home sums
+//     the K slot gradients as in the pipelined path. The weight-gradient
+//     GEMMs (grouped TN) have no hooks: the rows they read have landed once
+//     the dh GEMM has run, which precedes them on the stream.
+//
+// The side stream's kernels run beside persistent GEMMs only if those
+// leave them SMs: the hooked GEMMs reserve EngineReserveSMs (as the TP
+// fused GEMM does), and the combine's spinning send keeps to 2 CTAs so
+// that the GEMM whose flags it waits for can always have every CTA
+// resident. The fused strategy needs the backend's grouped GEMM on (it runs
+// only as the MoE device step), the grouped GEMM engine (an sm_90a GPU) and
+// bf16 tensors, else it is unavailable (a default keeps collective, an
+// explicit request fails; a layer handed a fused path without the device
+// step refuses its forward). WithStreamHooks runs the same
+// protocol with the waits and signals as one-warp kernels around the
+// ordinary grouped GEMMs (no overlap): the kernel emulator's form, which
+// the emulator tests compare bit for bit with the pipelined path. The
+// host-count ExpertPath methods of a fused Path are the pipelined ones
+// (the counts on their own signal); DispatchDevice on a fused Path joins
+// the side stream before it returns (no hooks, no overlap).
 //
 // # Buffers and the bound
 //

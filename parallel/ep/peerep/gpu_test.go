@@ -85,7 +85,9 @@ func TestBenchGPU(t *testing.T) {
 // 2048 and 4096, 4096 tokens per rank), once with the grouped GEMM on
 // (the pipelined path's device step, no host read of counts) and once off
 // (one cuBLASLt GEMM per expert, host counts), $ASYNCTP_MOEBENCH_GROUPED
-// (default "on,off"). Only with ASYNCTP_OVERLAP_BENCH=1; PEs sharing one
+// (default "on,off"); with the grouped GEMM on, also the fused path (its
+// first grouped GEMM waiting per 128-row block on the dispatch's counters,
+// the combine sent from the down projection's per-block flags). Only with ASYNCTP_OVERLAP_BENCH=1; PEs sharing one
 // GPU show mechanics, not NVLink.
 func TestMoEBenchGPU(t *testing.T) {
 	if os.Getenv("ASYNCTP_OVERLAP_BENCH") != "1" {
@@ -131,6 +133,10 @@ func TestHelperProcess(t *testing.T) {
 		pe.bench(t)
 	case "moebench":
 		pe.moebench(t)
+	case "fused":
+		pe.fused(t)
+	case "fuseddeadline":
+		pe.fuseddeadline(t)
 	default:
 		t.Fatalf("unknown job %q", job)
 	}
@@ -310,7 +316,12 @@ func (p *pe) moebench(t *testing.T) {
 			continue
 		}
 		start := time.Now()
-		lines, err := benchMoE(p.B, p.World, p.B.Stream(), s, tensor.BFloat16, []overlap.Strategy{nil, Pipelined{}}, 3, 10, pes.EventTimer(p.B))
+		sts := []overlap.Strategy{nil, Pipelined{}}
+		if os.Getenv(groupedEnv) == "on" {
+			// The fused path runs only as the device step (the grouped engine).
+			sts = append(sts, Fused{})
+		}
+		lines, err := benchMoE(p.B, p.World, p.B.Stream(), s, tensor.BFloat16, sts, 3, 10, pes.EventTimer(p.B))
 		if err != nil {
 			t.Fatalf("rank %d: %v", p.Rank, err)
 		}

@@ -52,6 +52,12 @@ type Path struct {
 	cols    int
 	dt      tensor.DType
 	combine bool
+
+	fused       bool           // the fused strategy's path (Fused)
+	streamHooks bool           // WithStreamHooks
+	sent        *tensor.Tensor // the expert output whose combine send the down GEMM's hook queued
+	sentG       *tensor.Tensor // the expert rows' gradient whose send the backward's DX hook queued
+	nFwd, nBwd  int            // hooked forward and backward steps (FusedSteps)
 }
 
 var _ ep.ExpertPath = (*Path)(nil)
@@ -130,9 +136,12 @@ func (p *Path) ensure(K, C int, dt tensor.DType) error {
 	if err := p.release(); err != nil {
 		return err
 	}
+	if p.fused && !p.streamHooks && dt != tensor.BFloat16 {
+		return fmt.Errorf("%s: fused expert path: tensors are %v, expected bf16 (the grouped GEMM engine's operands)", p.what(), dt)
+	}
 	P, me := p.group.Size(), p.group.Rank()
 	cfg := cudabackend.EPConfig{Ranks: P, Rank: me, Experts: p.experts, TopK: K, Cols: C, MaxTokens: p.maxTokens,
-		DType: dt, Deadline: p.deadline}
+		DType: dt, Deadline: p.deadline, Fused: p.fused}
 	var peers [cudabackend.NumEPBufs][]uint64
 	for i, s := range cudabackend.EPSymmetricShapes(cfg) {
 		t, err := p.sm.AllocSymmetric(s.Shape, s.DType)
@@ -224,7 +233,7 @@ func (p *Path) Dispatch(x *tensor.Tensor, l *ep.Layout) (*tensor.Tensor, *ep.Han
 	if err := p.ensure(K, C, x.DType()); err != nil {
 		return nil, nil, nil, err
 	}
-	p.cur, p.combine = nil, false
+	p.cur, p.combine, p.sent, p.sentG = nil, false, nil, nil
 	if p.idx == nil || p.idx.Dim(0) < max(N, 1) {
 		if p.idx != nil {
 			p.b.Free(p.idx)

@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "c40cf403e665d9ad17ffa68a090b96ae572934b241eeb967021ddf9044303612"
+const SourcesSum = "81dedd144388a6a7578bdd6349c64e2098a86723d407dbafee4e149bbb6aa16a"

@@ -1,0 +1,229 @@
+package peerep
+
+import (
+	"fmt"
+
+	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/overlap"
+	"github.com/asynctp/asynctp/overlap/peercopy"
+	"github.com/asynctp/asynctp/parallel/ep"
+	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/cudabackend"
+)
+
+// Fused is "fused" on symmetric memory for every site kind: the TP sites
+// are overlap/peercopy's Fused, the expert path is Path in its fused mode
+// (see the package documentation, "The fused strategy").
+type Fused struct {
+	peercopy.Fused
+	// Options apply to every expert path it builds.
+	Options []Option
+}
+
+var (
+	_ ep.ExpertStrategy = Fused{}
+	_ ep.FusedOffsets   = (*Path)(nil)
+)
+
+// WithStreamHooks runs the fused protocol with its waits and signals as
+// one-warp kernels around the backend's ordinary grouped GEMMs instead of
+// inside the GEMM engine (no overlap: the first GEMM starts once every row
+// has landed, the combine's sends once the down GEMM is done). It is what
+// the kernel emulator runs (no TMA, wgmma), and lets tests compare the
+// protocol bit for bit with the pipelined path; without it the strategy
+// needs the grouped GEMM engine.
+func WithStreamHooks() Option { return func(p *Path) { p.streamHooks = true } }
+
+func withFused() Option { return func(p *Path) { p.fused = true } }
+
+// Supports the TP sites as peercopy.Fused does; the expert path needs what
+// Pipelined's needs, the backend's grouped GEMM on (the MoE device step),
+// bf16 tensors (where the spec knows them) and the grouped GEMM engine (an
+// sm_90a GPU; not with WithStreamHooks).
+func (f Fused) Supports(sp overlap.Spec) error {
+	if sp.Kind != overlap.KindExpert {
+		return f.Fused.Supports(sp)
+	}
+	b, _, err := env(sp.Backend, sp.Group, sp.Name, sp.Rows)
+	if err != nil {
+		return fmt.Errorf("fused: %w", err)
+	}
+	what := fmt.Sprintf("fused expert path %q", sp.Name)
+	if tensor.UseGrouped(b) == nil {
+		return fmt.Errorf("%s: the backend's grouped GEMM is off (cmd/train --grouped-gemm on, cudabackend.WithGroupedGEMM(true)), and the fused path runs only as the MoE device step on it (%w)", what, overlap.ErrUnavailable)
+	}
+	probe := &Path{}
+	for _, o := range f.Options {
+		o(probe)
+	}
+	if probe.streamHooks {
+		return nil
+	}
+	if sp.DType != tensor.Invalid && sp.DType != tensor.BFloat16 {
+		return fmt.Errorf("%s: tensors are %v, expected bf16 (the grouped GEMM engine's operands) (%w)", what, sp.DType, overlap.ErrUnavailable)
+	}
+	if err := b.GroupedEngineErr(); err != nil {
+		return fmt.Errorf("%s: %v (%w)", what, err, overlap.ErrUnavailable)
+	}
+	return nil
+}
+
+// NewExpertPath builds the layer's Path in its fused mode.
+func (f Fused) NewExpertPath(c ep.ExpertConfig) (ep.ExpertPath, error) {
+	return New(c, append(append([]Option(nil), f.Options...), withFused())...)
+}
+
+// Fused reports whether the path runs the fused protocol.
+func (p *Path) Fused() bool { return p.fused }
+
+// DispatchFused is DispatchDevice leaving the rows to land while the
+// experts' first GEMM runs (ep.FusedOffsets): hooks.First waits per 128-row
+// block of xe, hooks.Down sends each block of its output home as it is
+// stored (CombineDevice then only waits and sums). On a path that is not
+// fused it is DispatchDevice with no hooks.
+func (p *Path) DispatchFused(x, idx *tensor.Tensor, capacityFactor float64) (*tensor.Tensor, *ep.Handle, *layers.GroupedHooks, error) {
+	if !p.fused {
+		xe, h, err := p.DispatchDevice(x, idx, capacityFactor)
+		return xe, h, nil, err
+	}
+	xe, h, err := p.dispatchDevice(x, idx, capacityFactor, true)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return xe, h, &layers.GroupedHooks{
+		First: func(c, a, w, off *tensor.Tensor) error { return p.first(h, c, a, w, off) },
+		Down:  func(c, a, w, off *tensor.Tensor) error { return p.down(h, c, a, w, off) },
+	}, nil
+}
+
+func (p *Path) fusedCheck(h *ep.Handle, a, off *tensor.Tensor, what string) error {
+	if err := p.checkHandle(h); err != nil {
+		return err
+	}
+	if off != h.Offsets {
+		return fmt.Errorf("%s: %s's offsets are not the step's (the handle's Offsets)", p.what(), what)
+	}
+	if a == nil || a.Dim(0) != h.Bound {
+		return fmt.Errorf("%s: %s's input %v, expected the step's (%d, ·) expert-major rows", p.what(), what, a, h.Bound)
+	}
+	return nil
+}
+
+// first is the fused step's gate GEMM: the engine's producer waits on the
+// dispatch's per-block counters (or, with stream hooks, one wait for all
+// of them before the backend's grouped GEMM).
+func (p *Path) first(h *ep.Handle, c, a, w, off *tensor.Tensor) error {
+	if err := p.fusedCheck(h, a, off, "the first grouped GEMM"); err != nil {
+		return err
+	}
+	if a != p.recv {
+		return fmt.Errorf("%s: the first grouped GEMM reads %v, expected the dispatch's rows", p.what(), a)
+	}
+	if p.streamHooks {
+		p.eng.StreamWaitRows()
+		p.b.GroupedMatMul(c, a, w, off, true, 1, 0)
+	} else if err := p.b.EngineGroupedMatMulHooked(c, a, w, off, true, 1, 0, cudabackend.GroupedOptions{Wait: p.eng.Wait()}); err != nil {
+		return p.fail(err)
+	}
+	if err := p.b.Err(); err != nil {
+		return p.fail(err)
+	}
+	return nil
+}
+
+// down is the fused step's down-projection GEMM with the combine's sends
+// beside it: each 128-row block of c goes home once the engine's epilogue
+// has flagged it (stream hooks: once the whole GEMM is done).
+func (p *Path) down(h *ep.Handle, c, a, w, off *tensor.Tensor) error {
+	if err := p.fusedCheck(h, a, off, "the down-projection GEMM"); err != nil {
+		return err
+	}
+	if err := p.checkRows("expert output y", c, h.Bound); err != nil {
+		return err
+	}
+	gemm := func() error {
+		if p.streamHooks {
+			p.b.GroupedMatMul(c, a, w, off, true, 1, 0)
+			p.eng.StreamSignalDone()
+			return p.b.Err()
+		}
+		return p.b.EngineGroupedMatMulHooked(c, a, w, off, true, 1, 0, cudabackend.GroupedOptions{Signal: p.eng.Signal()})
+	}
+	if err := p.eng.CombineSendFused(c, gemm); err != nil {
+		return p.fail(err)
+	}
+	p.sent = c
+	p.nFwd++
+	return nil
+}
+
+// CombineBackwardFused is CombineBackwardDevice leaving the ∂L/∂ye rows to
+// land while the experts' first backward GEMM runs (ep.FusedOffsets):
+// hooks.DH (dh = dye·W_down) waits per 128-row block of dye, hooks.DX (the
+// last GEMM into dxe) sends each block home as it is stored
+// (DispatchBackwardDevice then only waits and sums). On a path that is not
+// fused it is CombineBackwardDevice with no hooks.
+func (p *Path) CombineBackwardFused(dweights, dout, weights *tensor.Tensor, h *ep.Handle) (*tensor.Tensor, *layers.GroupedBackwardHooks, error) {
+	if !p.fused {
+		dye, err := p.CombineBackwardDevice(dweights, dout, weights, h)
+		return dye, nil, err
+	}
+	dye, err := p.combineBackwardDevice(dweights, dout, weights, h, true)
+	if err != nil {
+		return nil, nil, err
+	}
+	return dye, &layers.GroupedBackwardHooks{
+		DH: func(c, a, w, off *tensor.Tensor) error { return p.dh(h, c, a, w, off) },
+		DX: func(c, a, w, off *tensor.Tensor) error { return p.dx(h, c, a, w, off) },
+	}, nil
+}
+
+// dh is the fused backward's first GEMM (dh = dye·W_down, w (L, C, F) in
+// the dgrad layout): it waits on the combine backward's per-block counters.
+func (p *Path) dh(h *ep.Handle, c, a, w, off *tensor.Tensor) error {
+	if err := p.fusedCheck(h, a, off, "the backward's first grouped GEMM"); err != nil {
+		return err
+	}
+	if a != p.dy {
+		return fmt.Errorf("%s: the backward's first grouped GEMM reads %v, expected the combine backward's rows", p.what(), a)
+	}
+	if p.streamHooks {
+		p.eng.StreamWaitRows()
+		p.b.GroupedMatMul(c, a, w, off, false, 1, 0)
+	} else if err := p.b.EngineGroupedMatMulHooked(c, a, w, off, false, 1, 0, cudabackend.GroupedOptions{Wait: p.eng.Wait()}); err != nil {
+		return p.fail(err)
+	}
+	if err := p.b.Err(); err != nil {
+		return p.fail(err)
+	}
+	return nil
+}
+
+// dx is the fused backward's last GEMM into the expert rows' gradients (dx
+// += dup·W_up) with the dispatch backward's sends beside it.
+func (p *Path) dx(h *ep.Handle, c, a, w, off *tensor.Tensor) error {
+	if err := p.fusedCheck(h, a, off, "the backward's last grouped GEMM"); err != nil {
+		return err
+	}
+	if err := p.checkRows("received-row gradient", c, h.Bound); err != nil {
+		return err
+	}
+	gemm := func() error {
+		if p.streamHooks {
+			p.b.GroupedMatMul(c, a, w, off, false, 1, 1)
+			p.eng.StreamSignalDone()
+			return p.b.Err()
+		}
+		return p.b.EngineGroupedMatMulHooked(c, a, w, off, false, 1, 1, cudabackend.GroupedOptions{Signal: p.eng.Signal()})
+	}
+	if err := p.eng.DispatchBackwardSendFused(c, gemm); err != nil {
+		return p.fail(err)
+	}
+	p.sentG = c
+	p.nBwd++
+	return nil
+}
+
+// FusedSteps is how many forward and backward steps ran their combine (or
+// dispatch backward) from the GEMM hooks (tests and diagnostics).
+func (p *Path) FusedSteps() (forward, backward int) { return p.nFwd, p.nBwd }

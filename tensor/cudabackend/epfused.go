@@ -1,0 +1,504 @@
+package cudabackend
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/asynctp/asynctp/cuda"
+	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/cudabackend/internal/gpu"
+)
+
+// The fused expert path (EPConfig.Fused; parallel/ep/peerep's Fused): the
+// dispatch raises a counter per 128-row block of the expert-major receive
+// buffer as the rows land, the first grouped GEMM's producer waits on those
+// counters (GroupedWait) instead of on the whole dispatch, and the
+// down-projection's epilogue raises a flag per 128-row block (GroupedSignal)
+// on which the combine sends the block's rows home while the GEMM goes on.
+//
+// A fused step is, on every rank in the same order:
+//
+//	DispatchSend(x, idx, cf)  layout; the counts into every peer's header and their own signal ("counts ready"); the tokens and "tokens ready"
+//	DispatchRecvFused(xe)     wait for every peer's counts; plan (offsets, blocks, counters = 128 − the block's rows);
+//	                          then on the side stream, source by source from this rank on: wait for its tokens, expand
+//	                          them into expert-major rows, +1 on a block's counter per row; ack the token buffer
+//	<the first grouped GEMM, Wait()>           each block's rows once its counter is 128
+//	CombineSendFused(ye, gemm)                 the done flags cleared; on the side stream: wait for the homes' combine
+//	                                           buffers, send each block's rows as its flag rises, signal; gemm (the down
+//	                                           projection, Signal()) on the backend's stream meanwhile
+//	CombineRecv(out, w)                        join the side stream; the pipelined combine's wait and fp32 sum, unchanged
+//
+// The backward mirrors it: CombineBackwardSend (pipelined: ∂out once per
+// destination rank with the weights), CombineBackwardRecvFused (the
+// counters set again to their targets; on the side stream each source's
+// rows scaled into expert rows as they land, +1 per row) under the dh GEMM
+// that waits on them (Wait), then DispatchBackwardSendFused beside the
+// last dx GEMM (Signal), and DispatchBackwardRecv as in the pipelined path.
+// The weight gradients' GEMMs have no hooks: they read rows that the dh
+// GEMM has already waited for.
+//
+// On a GPU the side stream's kernels run beside the persistent GEMM only if
+// the GEMM leaves them SMs: the hooks' GEMMs reserve some (GEMMWait's
+// ReserveSMs rule). The kernel emulator has no streams: there the side work
+// runs in order on the one stream, the dispatch's before the GEMM and the
+// combine's after it (CombineSendFused calls gemm first), which is the same
+// protocol without the overlap.
+
+// fusedState is the fused path's part of an ExpertDispatch.
+type fusedState struct {
+	// counters (nblk u64 as int32 pairs): the dispatch's rows landed per
+	// block; done (nblk u64): the down GEMM's stored tiles per block.
+	counters, done *tensor.Tensor
+	nblk           int
+	side           *cuda.Stream // nil on a device without streams (the emulator)
+	fork, join     *cuda.Event
+	joinPending    bool
+	armed          bool // the step's combine send is queued
+}
+
+// FusedBlockRows is the rows of one block of the fused path's counters and
+// flags: the grouped GEMM's tile rows.
+const FusedBlockRows = EngineTileM
+
+// fusedTarget is every block's counter once its rows have landed (ep_plan
+// sets 128 − rows, each landed row adds 1).
+const fusedTarget = FusedBlockRows
+
+// FusedBlocks is the most 128-row blocks a step's expert-major rows can
+// have: Σ_e ⌈rows_e / 128⌉ ≤ ⌊R / 128⌋ + L for R rows over L experts.
+func (c EPConfig) FusedBlocks() int { return c.recvBound()/FusedBlockRows + c.local() }
+
+func (d *ExpertDispatch) newFused() error {
+	n := d.cfg.FusedBlocks()
+	d.fz.nblk = n
+	d.fz.counters = d.b.Zeros(tensor.Int32, 2*n)
+	d.fz.done = d.b.Zeros(tensor.Int32, 2*n)
+	if _, ok := d.b.dev.(*cudaDevice); !ok {
+		return d.b.Err()
+	}
+	return d.b.OnDevice(func(*cuda.Stream) error {
+		var err error
+		if d.fz.side, err = cuda.NewStream(); err != nil {
+			return err
+		}
+		if d.fz.fork, err = cuda.NewEvent(false); err != nil {
+			return err
+		}
+		d.fz.join, err = cuda.NewEvent(false)
+		return err
+	})
+}
+
+func (d *ExpertDispatch) closeFused() {
+	fz := d.fz
+	if fz.side == nil && fz.fork == nil && fz.join == nil {
+		return
+	}
+	_ = d.b.OnDevice(func(*cuda.Stream) error {
+		if fz.side != nil {
+			_ = fz.side.Synchronize()
+			_ = fz.side.Destroy()
+		}
+		for _, e := range []*cuda.Event{fz.fork, fz.join} {
+			if e != nil {
+				_ = e.Destroy()
+			}
+		}
+		return nil
+	})
+}
+
+// onSide runs fn with launches going to the side stream, ordered after the
+// work queued so far on the backend's stream; without a side stream (the
+// emulator) fn runs on the backend's stream, in order.
+func (d *ExpertDispatch) onSide(dev gpu.Device, fn func(dev gpu.Device) error) error {
+	cd, ok := dev.(*cudaDevice)
+	if !ok || d.fz.side == nil {
+		return fn(dev)
+	}
+	if err := d.fz.fork.Record(cd.stream); err != nil {
+		return err
+	}
+	if err := d.fz.side.WaitEvent(d.fz.fork); err != nil {
+		return err
+	}
+	main := cd.stream
+	cd.stream = d.fz.side
+	err := fn(dev)
+	cd.stream = main
+	if err != nil {
+		return err
+	}
+	d.fz.joinPending = true
+	return d.fz.join.Record(d.fz.side)
+}
+
+// joinSide makes the backend's stream wait for the side stream's work.
+func (d *ExpertDispatch) joinSide(dev gpu.Device) error {
+	cd, ok := dev.(*cudaDevice)
+	if !ok || !d.fz.joinPending {
+		return nil
+	}
+	d.fz.joinPending = false
+	return cd.stream.WaitEvent(d.fz.join)
+}
+
+// Join orders the backend's stream after the fused path's side stream (the
+// step's rows have all landed and its combine rows have all left). The
+// fused calls join where they must; a caller that reads the expert-major
+// rows without the GEMM's wait (Wait) joins first.
+func (d *ExpertDispatch) Join() {
+	d.b.do("ExpertDispatch.Join", d.joinSide)
+}
+
+// FusedCounters is the dispatch's per-block counters of the fused path:
+// FusedBlocks() u64 words as little-endian int32 pairs (tests read them).
+func (d *ExpertDispatch) FusedCounters() *tensor.Tensor { return d.fz.counters }
+
+// FusedDone is the down GEMM's per-block flags, like FusedCounters.
+func (d *ExpertDispatch) FusedDone() *tensor.Tensor { return d.fz.done }
+
+// FusedBlockTable is the (L+1) int32 first 128-row block of each local
+// expert in group-major order (ep_plan's blk), valid after the dispatch's
+// plan: a view of the plan's table.
+func (d *ExpertDispatch) FusedBlockTable() *tensor.Tensor {
+	P, L := d.cfg.Ranks, d.cfg.local()
+	v, err := d.tab.View(4+3*P*L, L+1)
+	if err != nil {
+		panic("cuda: expert dispatch: internal error: " + err.Error())
+	}
+	return v
+}
+
+func (d *ExpertDispatch) checkFused(op string) error {
+	if !d.cfg.Fused {
+		return fmt.Errorf("cuda: expert dispatch: %s: the path was built without EPConfig.Fused", op)
+	}
+	return nil
+}
+
+// waitExplain is the error of a wait kernel's flag: the channel and the
+// peer from the value (ep_wait's code·65536 + index).
+func (d *ExpertDispatch) waitExplain() func(v int32) error {
+	me, dl := d.cfg.Rank, d.cfg.Deadline
+	return func(v int32) error {
+		c, i := int(v)/65536, int(v)%65536
+		if c == fusedCounterCode {
+			return fmt.Errorf("cuda: fused expert dispatch on rank %d: the rows of block %d (128-row blocks of the expert-major receive buffer) did not all land within %v", me, i, dl)
+		}
+		what := "a signal"
+		if c >= 0 && c < numSigChannels {
+			what = sigNames[c]
+		}
+		return fmt.Errorf("cuda: expert dispatch on rank %d: rank %d never signalled %q within %v", me, i, what, dl)
+	}
+}
+
+// fusedCombineCTAs is the grid of the fused combine's send (see
+// CombineSendFused).
+const fusedCombineCTAs = 2
+
+// fusedCounterCode is the wait code of StreamWaitRows' one-warp wait.
+const fusedCounterCode = 100
+
+// DispatchRecvFused is DispatchRecv for the fused path, expert-major (the
+// grouped GEMM's order) into out (RecvBound(), C): it waits for every
+// peer's counts only, plans, and queues the expansion of each source's
+// tokens, own first, on the side stream as each source's tokens land,
+// raising the blocks' counters. Read out only through a GEMM that waits
+// on the counters (Wait), or after Join.
+func (d *ExpertDispatch) DispatchRecvFused(out *tensor.Tensor) error {
+	const op = "DispatchRecvFused"
+	if err := d.checkFused(op); err != nil {
+		return err
+	}
+	if !d.dispatched {
+		return fmt.Errorf("cuda: expert dispatch: %s without a DispatchSend", op)
+	}
+	if err := d.checkRows(op, "out", out, d.cfg.recvBound(), d.cfg.DType); err != nil {
+		return err
+	}
+	P, E, L, K, C, Mt, me := d.cfg.Ranks, d.cfg.Experts, d.cfg.local(), d.cfg.TopK, d.cfg.Cols, d.cfg.MaxTokens, d.cfg.Rank
+	e, dl := d.eTok, d.cfg.Deadline
+	d.fz.armed = false
+	d.wait(op, sigReadyHdr, e, func(dev gpu.Device) error {
+		if err := dev.Launch("ep_plan", gpu.D1(1), gpu.D1(threads256), 0, ptr(d.sym[EPHeader]), ptr(d.idx), ptr(d.rk),
+			int32(P), int32(E), int32(L), int32(me), int32(min(d.n, Mt)), int32(K), int32(Mt),
+			int64(math.Float64bits(d.cf)), ptr(d.hcopy), ptr(d.offsets), ptr(d.tab), ptr(d.pos), ptr(d.status),
+			ptr(d.fz.counters), int32(d.fz.nblk)); err != nil {
+			return err
+		}
+		return d.onSide(dev, func(dev gpu.Device) error {
+			for i := range P {
+				s := (me + i) % P // this rank's own tokens first: they are already here
+				flag := d.b.flagPtr(flagEPWait, d.waitExplain())
+				if err := dev.Launch("ep_wait_one", gpu.D1(1), gpu.D1(32), 0, d.words(sigReadyTok), int32(s), int64(e),
+					int64(dl), int32(sigReadyTok), ptr(d.status), flag); err != nil {
+					return err
+				}
+				if err := dev.Launch("ep_recv"+sfx(d.cfg.DType), d.grid(Mt), gpu.D1(128), 0, ptr(d.sym[EPTokens]),
+					ptr(d.sym[EPMeta]), ptr(d.hcopy), ptr(d.tab), int32(P), int32(E), int32(L), int32(K), int32(C), int32(Mt),
+					int32(me), int32(0), ptr(out), ptr(d.route), ptr(d.routeExp), ptr(d.routeRecv), ptr(d.recvOfExp),
+					ptr(d.expOfRecv), ptr(d.status), int32(s), ptr(d.fz.counters), ptr(d.offsets)); err != nil {
+					return err
+				}
+			}
+			return d.signal(dev, sigAckTok, e)
+		})
+	})
+	return d.sticky(op)
+}
+
+// Wait is the first grouped GEMM's hook of the current fused step: before
+// loading a 128-row block of the expert-major rows its producer waits until
+// the block's counter is 128 (its rows have landed), for at most the path's
+// deadline.
+func (d *ExpertDispatch) Wait() *GroupedWait {
+	return &GroupedWait{Flags: DevicePtr(d.fz.counters), Target: fusedTarget, Timeout: d.cfg.Deadline}
+}
+
+// Signal is the down-projection GEMM's hook of the current fused step: its
+// epilogue adds 1 to a block's flag per stored tile (the combine waits for
+// ⌈C / 256⌉).
+func (d *ExpertDispatch) Signal() *GroupedSignal {
+	return &GroupedSignal{Flags: DevicePtr(d.fz.done), Value: 1}
+}
+
+// StreamWaitRows queues on the backend's stream a wait until every block's
+// counter is 128 (every row of the step has landed): the first GEMM's wait
+// as a separate one-warp kernel, for a GEMM without the engine's hook (the
+// SIMT grouped kernels, the emulator). It gives up after the deadline,
+// naming the block.
+func (d *ExpertDispatch) StreamWaitRows() {
+	d.b.do("StreamWaitRows", func(dev gpu.Device) error {
+		flag := d.b.flagPtr(flagEPWait, d.waitExplain())
+		return dev.Launch("ep_wait", gpu.D1(1), gpu.D1(32), 0, ptr(d.fz.counters), int32(d.fz.nblk), int64(fusedTarget),
+			int64(d.cfg.Deadline), int32(fusedCounterCode), ptr(d.status), flag)
+	})
+}
+
+// StreamSignalDone queues on the backend's stream the down GEMM's signal of
+// every block at once (ep_fill_u64): Signal's effect for a GEMM without the
+// engine's epilogue hook.
+func (d *ExpertDispatch) StreamSignalDone() {
+	d.b.do("StreamSignalDone", func(dev gpu.Device) error {
+		return dev.Launch("ep_fill_u64", gpu.D1(1), gpu.D1(128), 0, ptr(d.fz.done), int32(d.fz.nblk), int64(d.doneTarget()))
+	})
+}
+
+// doneTarget is a block's flag once the down GEMM has stored all its
+// tiles: one per 256 columns.
+func (d *ExpertDispatch) doneTarget() uint64 { return uint64(ceilDiv(d.cfg.Cols, EngineTileN)) }
+
+// CombineSendFused is CombineSend of expert-major rows ye (RecvBound(), C)
+// fused with the down-projection GEMM that writes them: gemm queues that
+// GEMM on the backend's stream (with Signal() on the engine, or followed by
+// StreamSignalDone), and each 128-row block of ye goes to its tokens' homes
+// as soon as its flag says it is stored. Then CombineRecv as in the
+// pipelined path.
+func (d *ExpertDispatch) CombineSendFused(ye *tensor.Tensor, gemm func() error) error {
+	d.comb = true
+	return d.returnSendFused("CombineSendFused", ye, gemm, EPY, sigAckY, sigReadyY, &d.eY)
+}
+
+// DispatchBackwardSendFused is DispatchBackwardSend of the expert rows'
+// gradients g (RecvBound(), C), expert-major, fused with the last GEMM that
+// writes them (the input gradient's dx += dup·W_up): each 128-row block goes
+// home once its flag is up. Then DispatchBackwardRecv as in the pipelined
+// path.
+func (d *ExpertDispatch) DispatchBackwardSendFused(g *tensor.Tensor, gemm func() error) error {
+	return d.returnSendFused("DispatchBackwardSendFused", g, gemm, EPG, sigAckG, sigReadyG, &d.eG)
+}
+
+// returnSendFused is the flag-driven send of rows y into the homes' buf,
+// beside gemm (see CombineSendFused).
+func (d *ExpertDispatch) returnSendFused(op string, y *tensor.Tensor, gemm func() error, buf EPBuf, ack, ready int, epoch *uint64) error {
+	if err := d.checkFused(op); err != nil {
+		return err
+	}
+	if !d.dispatched {
+		return fmt.Errorf("cuda: expert dispatch: %s without a dispatch", op)
+	}
+	if err := d.checkRows(op, "rows", y, d.cfg.recvBound(), d.cfg.DType); err != nil {
+		return err
+	}
+	d.b.do(op, func(dev gpu.Device) error {
+		return dev.Memset8(ptr(d.fz.done), 0, d.fz.done.Bytes())
+	})
+	side := d.sideStream()
+	if !side { // in order: the GEMM first, so that no flag wait spins
+		if err := gemm(); err != nil {
+			return err
+		}
+	}
+	*epoch++
+	e := *epoch
+	if d.BeforeWait != nil {
+		d.BeforeWait()
+	}
+	P, L, C := d.cfg.Ranks, d.cfg.local(), d.cfg.Cols
+	d.b.do(op, func(dev gpu.Device) error {
+		return d.onSide(dev, func(dev gpu.Device) error {
+			flag := d.b.flagPtr(flagEPWait, d.waitExplain())
+			if err := dev.Launch("ep_wait", gpu.D1(1), gpu.D1(32), 0, d.words(ack), int32(P), int64(e-1),
+				int64(d.cfg.Deadline), int32(ack), ptr(d.status), flag); err != nil {
+				return err
+			}
+			bflag := d.b.flagPtr(flagEPBlocks, d.blocksExplain())
+			// Few CTAs, on purpose: they spin on flags of a persistent GEMM
+			// queued after them, which must still find its SMs. The GEMM
+			// leaves EngineReserveSMs (≥ 4) free; these CTAs and the wait
+			// before them take at most 3, so every GEMM CTA can be resident
+			// (a CTA of its tiles that never ran would hold this wait until
+			// the deadline).
+			grid := max(1, min(d.fz.nblk, fusedCombineCTAs))
+			if err := dev.Launch("ep_return_blocks"+sfx(d.cfg.DType), gpu.D1(grid), gpu.D1(128), 0, ptr(y),
+				ptr(d.routeExp), ptr(d.offsets), ptr(d.tab), int32(P), int32(L), int32(C), ptr(d.fz.done),
+				int64(d.doneTarget()), int64(d.cfg.Deadline), d.peerRow(buf), ptr(d.status), bflag); err != nil {
+				return err
+			}
+			return d.signal(dev, ready, e)
+		})
+	})
+	if side {
+		if err := gemm(); err != nil {
+			return err
+		}
+	}
+	return d.sticky(op)
+}
+
+// CombineBackwardRecvFused is CombineBackwardRecv for the fused path,
+// expert-major into dy (RecvBound(), C): the step's counters are set again
+// to their targets, and on the side stream, source by source from this
+// rank on, each source's ∂out rows are scaled into expert rows as they
+// land, raising the blocks' counters: the input-gradient GEMM of the down
+// projection (dh = dy·W_down) waits on them (Wait). Read dy only through
+// such a GEMM, or after Join.
+func (d *ExpertDispatch) CombineBackwardRecvFused(dy *tensor.Tensor) error {
+	const op = "CombineBackwardRecvFused"
+	if err := d.checkFused(op); err != nil {
+		return err
+	}
+	if err := d.checkRows(op, "dy", dy, d.cfg.recvBound(), d.cfg.DType); err != nil {
+		return err
+	}
+	P, E, K, C, L, Mt, me := d.cfg.Ranks, d.cfg.Experts, d.cfg.TopK, d.cfg.Cols, d.cfg.local(), d.cfg.MaxTokens, d.cfg.Rank
+	e, dl := d.eTok, d.cfg.Deadline
+	if d.BeforeWait != nil {
+		d.BeforeWait()
+	}
+	d.b.do(op, func(dev gpu.Device) error {
+		if err := d.joinSide(dev); err != nil {
+			return err
+		}
+		if err := dev.Launch("ep_block_targets", gpu.D1(1), gpu.D1(threads256), 0, ptr(d.offsets), ptr(d.tab), int32(P),
+			int32(L), ptr(d.fz.counters), int32(d.fz.nblk), ptr(d.status)); err != nil {
+			return err
+		}
+		return d.onSide(dev, func(dev gpu.Device) error {
+			for i := range P {
+				s := (me + i) % P
+				flag := d.b.flagPtr(flagEPWait, d.waitExplain())
+				if err := dev.Launch("ep_wait_one", gpu.D1(1), gpu.D1(32), 0, d.words(sigReadyTok), int32(s), int64(e),
+					int64(dl), int32(sigReadyTok), ptr(d.status), flag); err != nil {
+					return err
+				}
+				if err := dev.Launch("ep_scale_recv"+sfx(d.cfg.DType), d.grid(Mt), gpu.D1(128), 0, ptr(d.sym[EPTokens]),
+					ptr(d.sym[EPWeights]), ptr(d.hcopy), ptr(d.route), gpu.Ptr(0), int32(P), int32(E), int32(K), int32(C),
+					int32(Mt), ptr(dy), ptr(d.status), int32(s), ptr(d.fz.counters), ptr(d.offsets), ptr(d.tab),
+					int32(L)); err != nil {
+					return err
+				}
+			}
+			return d.signal(dev, sigAckTok, e)
+		})
+	})
+	return d.sticky(op)
+}
+
+// sideStream says whether the side work runs beside the backend's stream
+// (a GPU) or in order on it (the emulator).
+func (d *ExpertDispatch) sideStream() bool { return d.fz.side != nil }
+
+// blocksExplain is the error of ep_return_blocks' flag: a block whose rows
+// the down GEMM never finished.
+func (d *ExpertDispatch) blocksExplain() func(v int32) error {
+	me, dl := d.cfg.Rank, d.cfg.Deadline
+	return func(v int32) error {
+		return fmt.Errorf("cuda: fused expert combine on rank %d: block %d of the down projection's rows (128-row blocks, expert-major) was not stored within %v (its flag stayed below %d)", me, int(v)-0x20000000, dl, d.doneTarget())
+	}
+}
+
+// GroupedWait makes the grouped engine's producer (forward and dgrad
+// forms) wait, before it loads the rows of a tile's 128-row block q (the
+// group-major block order: the blocks of group 0, then group 1, …), until
+// the 64-bit flag Flags[q] is ≥ Target (ld.acquire.sys), each for at most
+// Timeout; a block still short makes the kernel stop early (c is then
+// undefined) and the next Sync fail with an error wrapping
+// ErrGEMMWaitTimeout that names the block. ReserveSMs as in GEMMWait.
+// The tile order stays static (group by group, the engine's raster inside
+// a group): the dispatch lands each source's rows of every expert, so no
+// block order is cheaply known to arrive first.
+type GroupedWait struct {
+	Flags      uint64
+	Target     uint64
+	Timeout    time.Duration
+	ReserveSMs int
+}
+
+// GroupedSignal makes the grouped engine's epilogue (forward and dgrad
+// forms) add Value to Flags[q] (red.release.sys) after each tile of block q
+// is stored: it reaches ⌈N / 256⌉·Value when the block is done.
+type GroupedSignal struct {
+	Flags uint64
+	Value uint64
+}
+
+// GroupedOptions are the grouped engine's hooks; the zero value is a plain
+// grouped GEMM.
+type GroupedOptions struct {
+	Wait   *GroupedWait
+	Signal *GroupedSignal
+}
+
+func (o GroupedOptions) check() error {
+	if w := o.Wait; w != nil {
+		if w.Flags == 0 || w.Flags%8 != 0 {
+			return fmt.Errorf("Wait.Flags = %#x, expected an 8-byte aligned device address", w.Flags)
+		}
+		if w.Timeout <= 0 {
+			return fmt.Errorf("Wait.Timeout = %v, expected > 0", w.Timeout)
+		}
+	}
+	if s := o.Signal; s != nil && (s.Flags == 0 || s.Flags%8 != 0) {
+		return fmt.Errorf("Signal.Flags = %#x, expected an 8-byte aligned device address", s.Flags)
+	}
+	return nil
+}
+
+// EngineGroupedMatMulHooked is EngineGroupedMatMul with the fused path's
+// hooks (o): the producer's wait per 128-row block of a and the epilogue's
+// signal per 128-row block of c.
+func (b *Backend) EngineGroupedMatMulHooked(c, a, w, offsets *tensor.Tensor, transW bool, alpha, beta float32, o GroupedOptions) error {
+	const op = "EngineGroupedMatMulHooked"
+	if err := o.check(); err != nil {
+		b.fail(fmt.Errorf("cuda: %s: %w", op, err))
+		return b.Err()
+	}
+	return b.engineGrouped(op, c, a, w, "w", offsets, func() (groupedCall, error) {
+		g, m, n, k, err := groupedEngineShape(c, a, w, offsets, transW)
+		return groupedCall{c: c, a: a, b: w, offsets: offsets, transW: transW, g: g, m: m, n: n, k: k, alpha: alpha, beta: beta, opt: o}, err
+	})
+}
+
+// EngineGroupedSupports returns nil if EngineGroupedMatMul can compute this
+// call, else why not.
+func (b *Backend) EngineGroupedSupports(c, a, w, offsets *tensor.Tensor, transW bool) error {
+	return b.groupedEngineFor(c, a, w, offsets, false, transW)
+}
+
+// GroupedEngineErr is why this backend cannot run the grouped engine (nil
+// when it can).
+func (b *Backend) GroupedEngineErr() error { return b.groupedEngineErr() }
