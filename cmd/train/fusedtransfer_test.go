@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/asynctp/asynctp/overlap/peercopy"
+	"github.com/asynctp/asynctp/parallel/ep/peerep"
 )
 
 // --fused-transfer: used as given where a fused site can run (the fused
@@ -26,7 +27,7 @@ func TestFusedTransferFlag(t *testing.T) {
 			if cfg.FusedTransfer != tr {
 				t.Errorf("--fused-transfer %s: config has %q", tr, cfg.FusedTransfer)
 			}
-			if f, ok := fusedOf(cfg).(peercopy.Fused); !ok || f.Transfer != tr {
+			if f, ok := fusedOf(cfg).(peerep.Fused); !ok || f.Transfer != tr {
 				t.Errorf("--fused-transfer %s: the run's fused strategy is %#v, want transfer %s", tr, fusedOf(cfg), tr)
 			}
 		}
@@ -49,14 +50,14 @@ func TestFusedTransferFlag(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f, ok := fusedOf(cfg).(peercopy.Fused); !ok || f.Transfer != "put" || cfg.FusedTransfer != "" {
+	if f, ok := fusedOf(cfg).(peerep.Fused); !ok || f.Transfer != "put" || cfg.FusedTransfer != "" {
 		t.Errorf("$%s=put: fused strategy %#v, config %q; want transfer put, the config left unset", peercopy.TransferEnv, fusedOf(cfg), cfg.FusedTransfer)
 	}
 	if _, err := loadConfig(par(out)); err != nil { // a CPU run: the variable is checked, not refused
 		t.Errorf("$%s=put on a CPU run: %v", peercopy.TransferEnv, err)
 	}
 	cfg, err = loadConfig(gpu("--overlap", "fused", "--fused-transfer", "pull")) // the flag wins
-	if err != nil || fusedOf(cfg).(peercopy.Fused).Transfer != "pull" {
+	if err != nil || fusedOf(cfg).(peerep.Fused).Transfer != "pull" {
 		t.Errorf("--fused-transfer pull with $%s=put: %v, %v; want pull", peercopy.TransferEnv, fusedOf(cfg), err)
 	}
 	t.Setenv(peercopy.TransferEnv, "fast")
