@@ -348,10 +348,11 @@ __device__ __forceinline__ void grouped_body(const TmaDesc& tma_a, const TmaDesc
             }
         }
         if (sig_flags != nullptr) { // gemm_sm90.cu's per-row-block signal, block q
-            fence_acq_rel_sys(); // this thread's stores, before the barrier
-            consumer_bar();
-            if (threadIdx.x == 128 && *sm.abort_w == 0) // no signal for a stale tile
+            consumer_bar(); // every consumer's stores before the one release
+            if (threadIdx.x == 128 && *sm.abort_w == 0) { // no signal for a stale tile
+                fence_acq_rel_sys();
                 red_release_sys_add(sig_flags + q, sig_value);
+            }
         }
     }
 #else

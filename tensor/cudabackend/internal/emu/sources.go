@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "81dedd144388a6a7578bdd6349c64e2098a86723d407dbafee4e149bbb6aa16a"
+const SourcesSum = "8a0ded84087686beaece2e219d8aadd1f5d558dcedb50563fe157bf5c5a08278"
