@@ -113,16 +113,23 @@ func (p *Path) fusedCheck(h *ep.Handle, a, off *tensor.Tensor, what string) erro
 // dispatch's per-block counters (or, with stream hooks, one wait for all
 // of them before the backend's grouped GEMM).
 func (p *Path) first(h *ep.Handle, c, a, w, off *tensor.Tensor) error {
-	if err := p.fusedCheck(h, a, off, "the first grouped GEMM"); err != nil {
+	return p.waitingGEMM(h, c, a, w, off, p.recv, true, "the first grouped GEMM", "the dispatch's rows")
+}
+
+// waitingGEMM is a grouped GEMM c = a·op(w) whose rows of a (which must be
+// want, the buffer the counters guard) arrive while it runs: the engine's
+// producer waits per 128-row block (stream hooks: one wait first).
+func (p *Path) waitingGEMM(h *ep.Handle, c, a, w, off, want *tensor.Tensor, transB bool, what, wantWhat string) error {
+	if err := p.fusedCheck(h, a, off, what); err != nil {
 		return err
 	}
-	if a != p.recv {
-		return fmt.Errorf("%s: the first grouped GEMM reads %v, expected the dispatch's rows", p.what(), a)
+	if a != want {
+		return fmt.Errorf("%s: %s reads %v, expected %s", p.what(), what, a, wantWhat)
 	}
 	if p.streamHooks {
 		p.eng.StreamWaitRows()
-		p.b.GroupedMatMul(c, a, w, off, true, 1, 0)
-	} else if err := p.b.EngineGroupedMatMulHooked(c, a, w, off, true, 1, 0, cudabackend.GroupedOptions{Wait: p.eng.Wait()}); err != nil {
+		p.b.GroupedMatMul(c, a, w, off, transB, 1, 0)
+	} else if err := p.b.EngineGroupedMatMulHooked(c, a, w, off, transB, 1, 0, cudabackend.GroupedOptions{Wait: p.eng.Wait()}); err != nil {
 		return p.fail(err)
 	}
 	if err := p.b.Err(); err != nil {
@@ -135,25 +142,36 @@ func (p *Path) first(h *ep.Handle, c, a, w, off *tensor.Tensor) error {
 // beside it: each 128-row block of c goes home once the engine's epilogue
 // has flagged it (stream hooks: once the whole GEMM is done).
 func (p *Path) down(h *ep.Handle, c, a, w, off *tensor.Tensor) error {
-	if err := p.fusedCheck(h, a, off, "the down-projection GEMM"); err != nil {
+	if err := p.sendingGEMM(h, c, a, w, off, true, 0, "the down-projection GEMM", "expert output y", p.eng.CombineSendFused); err != nil {
 		return err
 	}
-	if err := p.checkRows("expert output y", c, h.Bound); err != nil {
+	p.sent = c
+	p.nFwd++
+	return nil
+}
+
+// sendingGEMM is a grouped GEMM c = a·op(w) + beta·c whose 128-row blocks
+// send(c, gemm) sends home as the engine's epilogue flags them (stream
+// hooks: once the whole GEMM is done).
+func (p *Path) sendingGEMM(h *ep.Handle, c, a, w, off *tensor.Tensor, transB bool, beta float32, what, cWhat string,
+	send func(c *tensor.Tensor, gemm func() error) error) error {
+	if err := p.fusedCheck(h, a, off, what); err != nil {
+		return err
+	}
+	if err := p.checkRows(cWhat, c, h.Bound); err != nil {
 		return err
 	}
 	gemm := func() error {
 		if p.streamHooks {
-			p.b.GroupedMatMul(c, a, w, off, true, 1, 0)
+			p.b.GroupedMatMul(c, a, w, off, transB, 1, beta)
 			p.eng.StreamSignalDone()
 			return p.b.Err()
 		}
-		return p.b.EngineGroupedMatMulHooked(c, a, w, off, true, 1, 0, cudabackend.GroupedOptions{Signal: p.eng.Signal()})
+		return p.b.EngineGroupedMatMulHooked(c, a, w, off, transB, 1, beta, cudabackend.GroupedOptions{Signal: p.eng.Signal()})
 	}
-	if err := p.eng.CombineSendFused(c, gemm); err != nil {
+	if err := send(c, gemm); err != nil {
 		return p.fail(err)
 	}
-	p.sent = c
-	p.nFwd++
 	return nil
 }
 
@@ -181,43 +199,14 @@ func (p *Path) CombineBackwardFused(dweights, dout, weights *tensor.Tensor, h *e
 // dh is the fused backward's first GEMM (dh = dye·W_down, w (L, C, F) in
 // the dgrad layout): it waits on the combine backward's per-block counters.
 func (p *Path) dh(h *ep.Handle, c, a, w, off *tensor.Tensor) error {
-	if err := p.fusedCheck(h, a, off, "the backward's first grouped GEMM"); err != nil {
-		return err
-	}
-	if a != p.dy {
-		return fmt.Errorf("%s: the backward's first grouped GEMM reads %v, expected the combine backward's rows", p.what(), a)
-	}
-	if p.streamHooks {
-		p.eng.StreamWaitRows()
-		p.b.GroupedMatMul(c, a, w, off, false, 1, 0)
-	} else if err := p.b.EngineGroupedMatMulHooked(c, a, w, off, false, 1, 0, cudabackend.GroupedOptions{Wait: p.eng.Wait()}); err != nil {
-		return p.fail(err)
-	}
-	if err := p.b.Err(); err != nil {
-		return p.fail(err)
-	}
-	return nil
+	return p.waitingGEMM(h, c, a, w, off, p.dy, false, "the backward's first grouped GEMM", "the combine backward's rows")
 }
 
 // dx is the fused backward's last GEMM into the expert rows' gradients (dx
 // += dup·W_up) with the dispatch backward's sends beside it.
 func (p *Path) dx(h *ep.Handle, c, a, w, off *tensor.Tensor) error {
-	if err := p.fusedCheck(h, a, off, "the backward's last grouped GEMM"); err != nil {
+	if err := p.sendingGEMM(h, c, a, w, off, false, 1, "the backward's last grouped GEMM", "received-row gradient", p.eng.DispatchBackwardSendFused); err != nil {
 		return err
-	}
-	if err := p.checkRows("received-row gradient", c, h.Bound); err != nil {
-		return err
-	}
-	gemm := func() error {
-		if p.streamHooks {
-			p.b.GroupedMatMul(c, a, w, off, false, 1, 1)
-			p.eng.StreamSignalDone()
-			return p.b.Err()
-		}
-		return p.b.EngineGroupedMatMulHooked(c, a, w, off, false, 1, 1, cudabackend.GroupedOptions{Signal: p.eng.Signal()})
-	}
-	if err := p.eng.DispatchBackwardSendFused(c, gemm); err != nil {
-		return p.fail(err)
 	}
 	p.sentG = c
 	p.nBwd++
