@@ -27,31 +27,12 @@ func hookBlocks(counts []int) int {
 	return n
 }
 
-// u64Words uploads vals as little-endian int32 pairs.
+// u64Words uploads vals as 64-bit flags (gemm_engine_test.go's helpers).
 func u64Words(t *testing.T, g *Backend, vals []uint64) *tensor.Tensor {
 	t.Helper()
-	w := make([]int32, 2*len(vals))
-	for i, v := range vals {
-		w[2*i], w[2*i+1] = int32(uint32(v)), int32(uint32(v>>32))
-	}
-	x := g.Zeros(tensor.Int32, len(w))
-	g.Upload(x, mustI32(t, w))
+	x := flagWords(g, len(vals))
+	setFlags(t, g, x, vals)
 	return x
-}
-
-func readU64(t *testing.T, g *Backend, x *tensor.Tensor) []uint64 {
-	t.Helper()
-	h := tensor.MustHost(tensor.Int32, x.Shape()...)
-	g.Download(h, x)
-	if err := g.Sync(); err != nil {
-		t.Fatal(err)
-	}
-	v := h.I32()
-	out := make([]uint64, len(v)/2)
-	for i := range out {
-		out[i] = uint64(uint32(v[2*i])) | uint64(uint32(v[2*i+1]))<<32
-	}
-	return out
 }
 
 // TestGroupedEngineHooks: with every block's flag already at the target,
@@ -100,7 +81,7 @@ func TestGroupedEngineHooks(t *testing.T) {
 		t.Fatal("the plain engine's output is all zeros: the comparison proves nothing")
 	}
 	numN := uint64(ceilDiv(N, EngineTileN))
-	for q, v := range readU64(t, g, sf) {
+	for q, v := range readFlags(t, g, sf) {
 		want := uint64(0)
 		if q < nb {
 			want = 3 * numN
