@@ -354,6 +354,22 @@ KERNEL void ep_block_targets(const int* offsets, const int* tab, int P, int L, u
     ep_set_targets(offsets, tab + 4 + 3 * P * L, L, counters, nblk, *(volatile const int*)status != 0);
 }
 
+// ep_write_header stores this rank's header row (its per-expert counts, its
+// token count N, the rows it sends to rank d: 0 over the bound Mt) into row
+// me of every rank's header, with the block's threads.
+__device__ __forceinline__ void ep_write_header(const int* cnt, const int* rows_to, int N, int E, int P, int Mt, int me,
+                                                const unsigned long long* hdr_peers) {
+    int W = E + 2;
+    for (int d = 0; d < P; d++) {
+        int* h = ep_peer<int>(hdr_peers, d) + (long long)me * W;
+        for (int e = threadIdx.x; e < E; e += blockDim.x) h[e] = cnt[e];
+        if (threadIdx.x == 0) {
+            h[E] = N;
+            h[E + 1] = N > Mt ? 0 : rows_to[d];
+        }
+    }
+}
+
 // ---- dispatch (tokens once per destination rank) -------------------------------
 // ep_send: grid max(N, 1), block 128. Block n sends token row x[n] to every
 // rank d with send_row[n·P + d] ≥ 0, into row me·Mt + send_row of d's tok.
@@ -373,17 +389,7 @@ __device__ void ep_send_impl(const T* x, const int* idx, const int* rk, const in
                              const u64* wts_peers, const int* pos, const T* ybuf, T* dweights, const int* status) {
     if (status[0] != 0) return;
     int n = blockIdx.x;
-    if (hdr_peers != nullptr && n == 0) {
-        int W = E + 2;
-        for (int d = 0; d < P; d++) {
-            int* h = ep_peer<int>(hdr_peers, d) + (long long)me * W;
-            for (int e = threadIdx.x; e < E; e += blockDim.x) h[e] = cnt[e];
-            if (threadIdx.x == 0) {
-                h[E] = N;
-                h[E + 1] = N > Mt ? 0 : rows_to[d];
-            }
-        }
-    }
+    if (hdr_peers != nullptr && n == 0) ep_write_header(cnt, rows_to, N, E, P, Mt, me, hdr_peers);
     if (n >= N || N > Mt) return;
     const T* xr = x + (long long)n * C;
     for (int d = 0; d < P; d++) {
@@ -549,15 +555,7 @@ __device__ void ep_scale_recv_impl(const T* tok, const float* wts, const int* hc
 KERNEL void ep_header(const int* cnt, const int* rows_to, int N, int E, int P, int Mt, int me,
                       const unsigned long long* hdr_peers, const int* status) {
     if (status[0] != 0) return;
-    int W = E + 2;
-    for (int d = 0; d < P; d++) {
-        int* h = ep_peer<int>(hdr_peers, d) + (long long)me * W;
-        for (int e = threadIdx.x; e < E; e += blockDim.x) h[e] = cnt[e];
-        if (threadIdx.x == 0) {
-            h[E] = N;
-            h[E + 1] = N > Mt ? 0 : rows_to[d];
-        }
-    }
+    ep_write_header(cnt, rows_to, N, E, P, Mt, me, hdr_peers);
 }
 
 // ep_fill_u64: grid 1, block 128. words[i] = value for i < n, with release

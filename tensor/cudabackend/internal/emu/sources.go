@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "8a0ded84087686beaece2e219d8aadd1f5d558dcedb50563fe157bf5c5a08278"
+const SourcesSum = "a4d5c57ce56f1214c9d75d1d0cf8659acee92b8712bb0aa431def2851b74ed22"
