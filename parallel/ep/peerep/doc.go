@@ -56,8 +56,10 @@
 //     (release) to its block's flag after each tile it stores. The home's
 //     CombineRecv is the pipelined one: it waits for every source and sums
 //     the K slots in fp32 in choice order, so the output has the pipelined
-//     path's bits (tested on the emulator; on the GPU the same tiles run
-//     with the same per-tile order, also compared bit for bit).
+//     path's bits (on the emulator, and on the GPU with 2 PEs under MPS:
+//     TestFusedGPU, bit for bit). On one shared GPU it is slower than the
+//     pipelined path (3.3 × on one MoE layer, BENCHMARKS.md; not yet
+//     profiled).
 //   - Backward, the mirror (ep.FusedOffsets' CombineBackwardFused,
 //     layers.Experts.BackwardHooked): ∂out goes once per destination rank
 //     with the routing weights (the pipelined send); the receiver sets the
