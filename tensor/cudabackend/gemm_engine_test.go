@@ -363,35 +363,42 @@ func BenchmarkEngine(b *testing.B) {
 		b.Skipf("no GEMM engine here: %v", err)
 	}
 	for _, s := range shapes {
-		x := benchRand(b, be, tensor.BFloat16, s.m, s.k)
-		w := benchRand(b, be, tensor.BFloat16, s.n, s.k)
-		dy := benchRand(b, be, tensor.BFloat16, s.m, s.n)
-		y := be.Zeros(tensor.BFloat16, s.m, s.n)
-		dx := be.Zeros(tensor.BFloat16, s.m, s.k)
-		dw := be.Zeros(tensor.BFloat16, s.n, s.k)
-		flops := 2 * float64(s.m) * float64(s.n) * float64(s.k) / 1e12
-		for _, f := range []struct {
-			name           string
-			c, a, bm       *tensor.Tensor
-			transA, transB bool
-			beta           float32
-		}{
-			{"nt", y, x, w, false, true, 0},
-			{"nn", dx, dy, w, false, false, 0},
-			{"tn", dw, dy, x, true, false, 1},
-		} {
-			b.Run(s.name+"/"+f.name, func(b *testing.B) {
-				eng := func() { be.EngineMatMul(f.c, f.a, f.bm, f.transA, f.transB, 1, f.beta, GEMMOptions{}) }
-				lt := func() { be.MatMul(f.c, f.a, f.bm, f.transA, f.transB, 1, f.beta) }
-				te, tl := timeOps(b, be, eng), timeOps(b, be, lt)
-				b.ReportMetric(flops*float64(b.N)/te, "engine-TFLOP/s")
-				b.ReportMetric(flops*float64(b.N)/tl, "cublaslt-TFLOP/s")
-				b.ReportMetric(tl/te, "ratio")
-			})
-		}
-		for _, t := range []*tensor.Tensor{x, w, dy, y, dx, dw} {
-			be.Free(t)
-		}
+		// The tensors are made inside the shape's sub-benchmark, so that a
+		// -test.bench filter for one shape does not build every shape's.
+		b.Run(s.name, func(b *testing.B) { benchEngineShape(b, be, s.m, s.n, s.k) })
+	}
+}
+
+// benchEngineShape is BenchmarkEngine's three layouts on one shape.
+func benchEngineShape(b *testing.B, be *Backend, m, n, k int) {
+	x := benchRand(b, be, tensor.BFloat16, m, k)
+	w := benchRand(b, be, tensor.BFloat16, n, k)
+	dy := benchRand(b, be, tensor.BFloat16, m, n)
+	y := be.Zeros(tensor.BFloat16, m, n)
+	dx := be.Zeros(tensor.BFloat16, m, k)
+	dw := be.Zeros(tensor.BFloat16, n, k)
+	flops := 2 * float64(m) * float64(n) * float64(k) / 1e12
+	for _, f := range []struct {
+		name           string
+		c, a, bm       *tensor.Tensor
+		transA, transB bool
+		beta           float32
+	}{
+		{"nt", y, x, w, false, true, 0},
+		{"nn", dx, dy, w, false, false, 0},
+		{"tn", dw, dy, x, true, false, 1},
+	} {
+		b.Run(f.name, func(b *testing.B) {
+			eng := func() { be.EngineMatMul(f.c, f.a, f.bm, f.transA, f.transB, 1, f.beta, GEMMOptions{}) }
+			lt := func() { be.MatMul(f.c, f.a, f.bm, f.transA, f.transB, 1, f.beta) }
+			te, tl := timeOps(b, be, eng), timeOps(b, be, lt)
+			b.ReportMetric(flops*float64(b.N)/te, "engine-TFLOP/s")
+			b.ReportMetric(flops*float64(b.N)/tl, "cublaslt-TFLOP/s")
+			b.ReportMetric(tl/te, "ratio")
+		})
+	}
+	for _, t := range []*tensor.Tensor{x, w, dy, y, dx, dw} {
+		be.Free(t)
 	}
 }
 
