@@ -119,19 +119,6 @@ func (f Fused) newPut(e siteEnv) *putGather {
 	return &putGather{sp: e, ctas: f.PutCTAs}
 }
 
-// reserveFor is the GEMMWait.ReserveSMs of a group of P ranks: none for
-// one rank, which has nothing to wait for (the reserve would only cost a
-// tail wave: hooks/plain 1.18–1.22 with it against 1.02–1.13 without, in
-// BenchmarkEngineHooks at 1 process), else the engine's default. (The
-// sites fall back to collective at P = 1 today, so 1 never reaches the
-// engine from here; the rule holds wherever it would.)
-func reserveFor(P int) int {
-	if P == 1 {
-		return -1
-	}
-	return 0
-}
-
 func fusedEnv(sp overlap.Spec) (siteEnv, error) {
 	what := fmt.Sprintf("fused %s site %q", sp.Kind, sp.Name)
 	switch sp.Kind {
@@ -224,16 +211,7 @@ type fagmm struct {
 
 // Close frees the put transfer's buffers, then the rest (the side
 // stream last).
-func (s *fagmm) Close() error {
-	var err error
-	if s.put != nil {
-		err = s.put.release()
-	}
-	if e := s.agmm.Close(); err == nil {
-		err = e
-	}
-	return err
-}
+func (s *fagmm) Close() error { return closeAfterPut(s.put, s.agmm.Close) }
 
 func (s *fagmm) Forward(outs []*tensor.Tensor, xFull, x *tensor.Tensor, ws []*tensor.Tensor) error {
 	n, err := overlap.CheckAllGatherMatmul(s.sp, "forward", outs, xFull, x, ws)
@@ -253,7 +231,7 @@ func (s *fagmm) Forward(outs []*tensor.Tensor, xFull, x *tensor.Tensor, ws []*te
 		return err
 	}
 	opt := cudabackend.GEMMOptions{RotateRows: s.sp.Group.Rank() * n,
-		Wait: &cudabackend.GEMMWait{Flags: landed, ChunkRows: n, Target: s.fwd.epoch, Timeout: s.timeout, ReserveSMs: reserveFor(s.sp.Group.Size())}}
+		Wait: &cudabackend.GEMMWait{Flags: landed, ChunkRows: n, Target: s.fwd.epoch, Timeout: s.timeout}}
 	for i, w := range ws {
 		if err := s.e.b.EngineMatMul(outs[i], xFull, w, false, true, 1, 0, opt); err != nil {
 			return err
@@ -290,7 +268,7 @@ func (s *fagmm) forwardPut(n int, outs []*tensor.Tensor, xFull, x *tensor.Tensor
 		return err
 	}
 	b.Copy(xFull, full)
-	return s.put.end()
+	return s.put.markRead()
 }
 
 func (s *fagmm) Backward(dx *tensor.Tensor, dws, douts []*tensor.Tensor, xFull *tensor.Tensor, ws []*tensor.Tensor) (comm.Work, error) {
@@ -340,12 +318,15 @@ type fmmrs struct {
 
 // Close frees the put transfer's buffers, then the rest (the side
 // stream last).
-func (s *fmmrs) Close() error {
+func (s *fmmrs) Close() error { return closeAfterPut(s.put, s.mmrs.Close) }
+
+// closeAfterPut releases put (if any), then runs rest; the first error.
+func closeAfterPut(put *putGather, rest func() error) error {
 	var err error
-	if s.put != nil {
-		err = s.put.release()
+	if put != nil {
+		err = put.release()
 	}
-	if e := s.mmrs.Close(); err == nil {
+	if e := rest(); err == nil {
 		err = e
 	}
 	return err
@@ -402,7 +383,7 @@ func (s *fmmrs) Backward(dx, dw, dout, x, w *tensor.Tensor) (comm.Work, error) {
 		return nil, err
 	}
 	opt := cudabackend.GEMMOptions{RotateRows: r * n,
-		Wait: &cudabackend.GEMMWait{Flags: landed, ChunkRows: n, Target: s.bwd.epoch, Timeout: s.timeout, ReserveSMs: reserveFor(P)}}
+		Wait: &cudabackend.GEMMWait{Flags: landed, ChunkRows: n, Target: s.bwd.epoch, Timeout: s.timeout}}
 	if err := b.EngineMatMul(dx, full, w, false, false, 1, 0, opt); err != nil {
 		return nil, err
 	}

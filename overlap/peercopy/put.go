@@ -101,7 +101,6 @@ type putGather struct {
 	padPeer    []uint64
 	table      *cudabackend.PeerTable
 	epoch      uint64
-	chunkRows  int
 	status     *tensor.Tensor
 	fork, done *cuda.Event
 	ctas       int
@@ -192,7 +191,6 @@ func (x *putGather) gather(src *tensor.Tensor, timeout time.Duration) (*tensor.T
 	epoch, name := x.epoch, g.Name()
 	cr := putChunkRows(n)
 	chunks := (n + cr - 1) / cr
-	x.chunkRows = cr
 	err := b.OnDevice(func(compute *cuda.Stream) error {
 		for _, e := range []**cuda.Event{&x.fork, &x.done} {
 			if *e == nil {
@@ -240,11 +238,9 @@ func (x *putGather) gather(src *tensor.Tensor, timeout time.Duration) (*tensor.T
 	b.WaitSignals(pad, P, epoch, timeout, x.status, func(q int) error {
 		return fmt.Errorf("%s on %s: rank %d never put its rows of call %d within %v", x.sp.what, name, q, epoch, timeout)
 	})
-	reserve := reserveFor(P)
-	if x.ctas > 0 && P > 1 {
-		reserve = x.ctas // the put's grid, on the SMs the engine leaves free
-	}
-	return full, &cudabackend.GEMMWait{Flags: flags, ChunkRows: cr, Target: epoch, Timeout: timeout, ReserveSMs: reserve}, nil
+	// PutCTAs, when set, is also the engine's reserve: the put's grid runs
+	// on the SMs the engine leaves free (0: the engine's default for both).
+	return full, &cudabackend.GEMMWait{Flags: flags, ChunkRows: cr, Target: epoch, Timeout: timeout, ReserveSMs: x.ctas}, nil
 }
 
 // join makes the compute stream wait for this call's put kernel, which
@@ -259,11 +255,18 @@ func (x *putGather) join() error {
 // end finishes call e once the compute stream's work queued so far has
 // read the gathered rows for the last time: the compute stream waits for
 // this rank's put kernel (join), then tells every peer its rows here are
-// read.
+// read (markRead).
 func (x *putGather) end() error {
 	if err := x.join(); err != nil {
 		return err
 	}
+	return x.markRead()
+}
+
+// markRead writes this rank's read word of the call into every peer's pad:
+// the compute stream's work queued so far has read the gathered rows for
+// the last time, and the peers may put the next call's. After join.
+func (x *putGather) markRead() error {
 	g := x.sp.g
 	P, r := g.Size(), g.Rank()
 	err := x.sp.b.OnDevice(func(compute *cuda.Stream) error {

@@ -65,7 +65,4 @@ func TestPutChunkRows(t *testing.T) {
 			t.Errorf("putChunkRows(%d) = %d, want %d (a divisor, at most %d chunks)", n, got, want, putChunks)
 		}
 	}
-	if reserveFor(1) != -1 || reserveFor(2) != 0 || reserveFor(8) != 0 {
-		t.Errorf("reserveFor(1, 2, 8) = %d, %d, %d; want -1 (no reserve for one rank), 0, 0 (the engine's default)", reserveFor(1), reserveFor(2), reserveFor(8))
-	}
 }

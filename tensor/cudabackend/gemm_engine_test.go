@@ -457,8 +457,8 @@ func BenchmarkEngineHooks(b *testing.B) {
 					err = e
 				}
 			})
-			// With the reserve off (what a one-rank group runs: nothing to
-			// wait for, so no SMs are left free).
+			// With the reserve off: the hooks' own cost, apart from the
+			// SMs a waiting engine leaves free.
 			noRes := hooks
 			noRes.Wait = &GEMMWait{Flags: hooks.Wait.Flags, ChunkRows: hooks.Wait.ChunkRows, Target: 1, Timeout: 10 * time.Second, ReserveSMs: -1}
 			tn := timeOps(b, be, func() {
