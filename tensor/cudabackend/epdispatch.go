@@ -494,7 +494,6 @@ func (d *ExpertDispatch) CombineRecv(out, weights *tensor.Tensor) error {
 		return fmt.Errorf("cuda: expert dispatch: %s without a CombineSend", op)
 	}
 	d.b.do(op, d.joinSide) // the fused path's side stream: its rows have left
-	d.fz.armed = false
 	d.wait(op, sigReadyY, d.eY, func(gpu.Device) error { return nil })
 	if d.n > 0 && d.n <= d.cfg.MaxTokens {
 		d.b.CombineRows(out, d.slots(EPY), d.Pos(), weights)

@@ -54,7 +54,6 @@ type fusedState struct {
 	side           *cuda.Stream // nil on a device without streams (the emulator)
 	fork, join     *cuda.Event
 	joinPending    bool
-	armed          bool // the step's combine send is queued
 }
 
 // FusedBlockRows is the rows of one block of the fused path's counters and
@@ -220,8 +219,7 @@ func (d *ExpertDispatch) DispatchRecvFused(out *tensor.Tensor) error {
 		return err
 	}
 	P, E, L, K, C, Mt, me := d.cfg.Ranks, d.cfg.Experts, d.cfg.local(), d.cfg.TopK, d.cfg.Cols, d.cfg.MaxTokens, d.cfg.Rank
-	e, dl := d.eTok, d.cfg.Deadline
-	d.fz.armed = false
+	e := d.eTok
 	d.wait(op, sigReadyHdr, e, func(dev gpu.Device) error {
 		if err := dev.Launch("ep_plan", gpu.D1(1), gpu.D1(threads256), 0, ptr(d.sym[EPHeader]), ptr(d.idx), ptr(d.rk),
 			int32(P), int32(E), int32(L), int32(me), int32(min(d.n, Mt)), int32(K), int32(Mt),
@@ -229,25 +227,36 @@ func (d *ExpertDispatch) DispatchRecvFused(out *tensor.Tensor) error {
 			ptr(d.fz.counters), int32(d.fz.nblk)); err != nil {
 			return err
 		}
-		return d.onSide(dev, func(dev gpu.Device) error {
-			for i := range P {
-				s := (me + i) % P // this rank's own tokens first: they are already here
-				flag := d.b.flagPtr(flagEPWait, d.waitExplain())
-				if err := dev.Launch("ep_wait_one", gpu.D1(1), gpu.D1(32), 0, d.words(sigReadyTok), int32(s), int64(e),
-					int64(dl), int32(sigReadyTok), ptr(d.status), flag); err != nil {
-					return err
-				}
-				if err := dev.Launch("ep_recv"+sfx(d.cfg.DType), d.grid(Mt), gpu.D1(128), 0, ptr(d.sym[EPTokens]),
-					ptr(d.sym[EPMeta]), ptr(d.hcopy), ptr(d.tab), int32(P), int32(E), int32(L), int32(K), int32(C), int32(Mt),
-					int32(me), int32(0), ptr(out), ptr(d.route), ptr(d.routeExp), ptr(d.routeRecv), ptr(d.recvOfExp),
-					ptr(d.expOfRecv), ptr(d.status), int32(s), ptr(d.fz.counters), ptr(d.offsets)); err != nil {
-					return err
-				}
-			}
-			return d.signal(dev, sigAckTok, e)
+		return d.eachSourceOnSide(dev, e, func(dev gpu.Device, s int) error {
+			return dev.Launch("ep_recv"+sfx(d.cfg.DType), d.grid(Mt), gpu.D1(128), 0, ptr(d.sym[EPTokens]),
+				ptr(d.sym[EPMeta]), ptr(d.hcopy), ptr(d.tab), int32(P), int32(E), int32(L), int32(K), int32(C), int32(Mt),
+				int32(me), int32(0), ptr(out), ptr(d.route), ptr(d.routeExp), ptr(d.routeRecv), ptr(d.recvOfExp),
+				ptr(d.expOfRecv), ptr(d.status), int32(s), ptr(d.fz.counters), ptr(d.offsets))
 		})
 	})
 	return d.sticky(op)
+}
+
+// eachSourceOnSide queues on the side stream, source by source from this
+// rank on (its own tokens are already here), a wait for the source's
+// tokens of epoch e and land(s), which writes them into expert-major rows
+// and raises the blocks' counters; then the tokens' ack.
+func (d *ExpertDispatch) eachSourceOnSide(dev gpu.Device, e uint64, land func(dev gpu.Device, s int) error) error {
+	P, me, dl := d.cfg.Ranks, d.cfg.Rank, d.cfg.Deadline
+	return d.onSide(dev, func(dev gpu.Device) error {
+		for i := range P {
+			s := (me + i) % P
+			flag := d.b.flagPtr(flagEPWait, d.waitExplain())
+			if err := dev.Launch("ep_wait_one", gpu.D1(1), gpu.D1(32), 0, d.words(sigReadyTok), int32(s), int64(e),
+				int64(dl), int32(sigReadyTok), ptr(d.status), flag); err != nil {
+				return err
+			}
+			if err := land(dev, s); err != nil {
+				return err
+			}
+		}
+		return d.signal(dev, sigAckTok, e)
+	})
 }
 
 // Wait is the first grouped GEMM's hook of the current fused step: before
@@ -384,8 +393,8 @@ func (d *ExpertDispatch) CombineBackwardRecvFused(dy *tensor.Tensor) error {
 	if err := d.checkRows(op, "dy", dy, d.cfg.recvBound(), d.cfg.DType); err != nil {
 		return err
 	}
-	P, E, K, C, L, Mt, me := d.cfg.Ranks, d.cfg.Experts, d.cfg.TopK, d.cfg.Cols, d.cfg.local(), d.cfg.MaxTokens, d.cfg.Rank
-	e, dl := d.eTok, d.cfg.Deadline
+	P, E, K, C, L, Mt := d.cfg.Ranks, d.cfg.Experts, d.cfg.TopK, d.cfg.Cols, d.cfg.local(), d.cfg.MaxTokens
+	e := d.eTok
 	if d.BeforeWait != nil {
 		d.BeforeWait()
 	}
@@ -397,22 +406,11 @@ func (d *ExpertDispatch) CombineBackwardRecvFused(dy *tensor.Tensor) error {
 			int32(L), ptr(d.fz.counters), int32(d.fz.nblk), ptr(d.status)); err != nil {
 			return err
 		}
-		return d.onSide(dev, func(dev gpu.Device) error {
-			for i := range P {
-				s := (me + i) % P
-				flag := d.b.flagPtr(flagEPWait, d.waitExplain())
-				if err := dev.Launch("ep_wait_one", gpu.D1(1), gpu.D1(32), 0, d.words(sigReadyTok), int32(s), int64(e),
-					int64(dl), int32(sigReadyTok), ptr(d.status), flag); err != nil {
-					return err
-				}
-				if err := dev.Launch("ep_scale_recv"+sfx(d.cfg.DType), d.grid(Mt), gpu.D1(128), 0, ptr(d.sym[EPTokens]),
-					ptr(d.sym[EPWeights]), ptr(d.hcopy), ptr(d.route), gpu.Ptr(0), int32(P), int32(E), int32(K), int32(C),
-					int32(Mt), ptr(dy), ptr(d.status), int32(s), ptr(d.fz.counters), ptr(d.offsets), ptr(d.tab),
-					int32(L)); err != nil {
-					return err
-				}
-			}
-			return d.signal(dev, sigAckTok, e)
+		return d.eachSourceOnSide(dev, e, func(dev gpu.Device, s int) error {
+			return dev.Launch("ep_scale_recv"+sfx(d.cfg.DType), d.grid(Mt), gpu.D1(128), 0, ptr(d.sym[EPTokens]),
+				ptr(d.sym[EPWeights]), ptr(d.hcopy), ptr(d.route), gpu.Ptr(0), int32(P), int32(E), int32(K), int32(C),
+				int32(Mt), ptr(dy), ptr(d.status), int32(s), ptr(d.fz.counters), ptr(d.offsets), ptr(d.tab),
+				int32(L))
 		})
 	})
 	return d.sticky(op)
