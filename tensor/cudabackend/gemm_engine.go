@@ -86,17 +86,17 @@ type GEMMWait struct {
 	ReserveSMs int
 }
 
-// reserveOf is the SMs the engine leaves free while it waits or signals,
-// for a process whose share of the GPU is avail SMs: w's ReserveSMs when
-// set (negative: none), else $ASYNCTP_ENGINE_RESERVE_SMS, else
-// EngineReserveSMs(avail).
-func (b *Backend) reserveOf(avail int, w *GEMMWait) int {
+// reserveOf is the SMs the engine (dense or grouped) leaves free while it
+// waits or signals, for a process whose share of the GPU is avail SMs:
+// asked when not 0 (a wait's ReserveSMs; negative: none), else
+// $ASYNCTP_ENGINE_RESERVE_SMS, else EngineReserveSMs(avail).
+func (b *Backend) reserveOf(avail, asked int) int {
 	r := EngineReserveSMs(avail)
 	if b.cfg.reserveSet {
 		r = b.cfg.reserveSMs
 	}
-	if w != nil && w.ReserveSMs != 0 {
-		r = w.ReserveSMs
+	if asked != 0 {
+		r = asked
 	}
 	return max(r, 0)
 }
@@ -467,7 +467,11 @@ func (b *Backend) engineLaunch(op string, e engineCall) {
 		if o.Wait != nil || o.Signal != nil {
 			// A signalled tile is pulled by a copy that may need SMs too:
 			// leaving some free lets it overlap the rest of the GEMM.
-			avail -= b.reserveOf(avail, o.Wait)
+			asked := 0
+			if o.Wait != nil {
+				asked = o.Wait.ReserveSMs
+			}
+			avail -= b.reserveOf(avail, asked)
 		}
 		grid := min(tiles, max(avail, 1))
 		if o.Grid > 0 {

@@ -382,14 +382,11 @@ func (b *Backend) groupedLaunch(op string, e groupedCall) {
 		if o.Wait != nil || o.Signal != nil {
 			// What the hooks wait for, or what waits on their signals (the
 			// fused path's side stream), needs SMs: GEMMWait's rule.
-			r := EngineReserveSMs(avail)
-			if b.cfg.reserveSet {
-				r = b.cfg.reserveSMs
+			asked := 0
+			if o.Wait != nil {
+				asked = o.Wait.ReserveSMs
 			}
-			if o.Wait != nil && o.Wait.ReserveSMs != 0 {
-				r = o.Wait.ReserveSMs
-			}
-			avail -= max(r, 0)
+			avail -= b.reserveOf(avail, asked)
 		}
 		grid := max(min(tiles, avail), 1)
 		if e.tn {

@@ -178,7 +178,7 @@ func (b *Backend) PeerPut(stream *cuda.Stream, pt *PeerTable, p PeerPut) {
 			if cd, ok := d.(*cudaDevice); ok {
 				avail = cd.engineSMs
 			}
-			ctas = max(b.reserveOf(avail, nil), 1)
+			ctas = max(b.reserveOf(avail, 0), 1)
 		}
 		what := p.What
 		flag := b.flagPtr(flagPeerPut, func(v int32) error { return what(int(v)) })
