@@ -154,7 +154,7 @@ func (ex *Experts) Forward(out, x *tensor.Tensor, counts []int) error {
 	gate, up := ex.act.Inputs(dt, m, ex.Hidden)
 	if ex.grouped != nil {
 		ex.offsets = uploadInts(ex.b, ex.offsets, offsetsOf(counts), ex.Count+1)
-		ex.forwardGrouped(out, x, gate, up, ex.offsets)
+		_ = ex.forwardGrouped(out, x, gate, up, ex.offsets, nil) // no hooks: no error
 	} else {
 		ex.forwardLoop(out, x, gate, up, counts)
 	}
@@ -218,9 +218,7 @@ func (ex *Experts) ForwardOffsetsHooked(out, x, offsets *tensor.Tensor, hooks *G
 		return err
 	}
 	gate, up := ex.act.Inputs(dt, m, ex.Hidden)
-	if hooks == nil {
-		ex.forwardGrouped(out, x, gate, up, offsets)
-	} else if err := ex.forwardHooked(out, x, gate, up, offsets, hooks); err != nil {
+	if err := ex.forwardGrouped(out, x, gate, up, offsets, hooks); err != nil {
 		return fmt.Errorf("%s: forward: %w", ex.what(), err)
 	}
 	ex.x, ex.counts, ex.rowsM, ex.devOff = x, []int{}, m, offsets
@@ -228,31 +226,28 @@ func (ex *Experts) ForwardOffsetsHooked(out, x, offsets *tensor.Tensor, hooks *G
 }
 
 // forwardGrouped is the experts' forward by the grouped GEMM, the rows of
-// each expert given by offsets on the device: gate and up, SwiGLU, down.
-func (ex *Experts) forwardGrouped(out, x, gate, up, offsets *tensor.Tensor) {
-	g := ex.grouped
-	g.GroupedMatMul(gate, x, ex.Gate.W, offsets, true, 1, 0)
-	g.GroupedMatMul(up, x, ex.Up.W, offsets, true, 1, 0)
+// each expert given by offsets on the device: gate and up, SwiGLU, down;
+// the gate and down GEMMs by hooks where it has them (nil: none). Without
+// hooks it cannot fail.
+func (ex *Experts) forwardGrouped(out, x, gate, up, offsets *tensor.Tensor, hooks *GroupedHooks) error {
+	if hooks == nil {
+		hooks = &GroupedHooks{}
+	}
+	if err := ex.groupedGEMM(hooks.First, gate, x, ex.Gate.W, offsets, true, 0); err != nil {
+		return err
+	}
+	ex.grouped.GroupedMatMul(up, x, ex.Up.W, offsets, true, 1, 0)
 	ex.h = ex.act.Forward()
-	g.GroupedMatMul(out, ex.h, ex.Down.W, offsets, true, 1, 0)
+	return ex.groupedGEMM(hooks.Down, out, ex.h, ex.Down.W, offsets, true, 0)
 }
 
-// forwardHooked is forwardGrouped with the hooks' GEMMs.
-func (ex *Experts) forwardHooked(out, x, gate, up, offsets *tensor.Tensor, hooks *GroupedHooks) error {
-	g := ex.grouped
-	if hooks.First != nil {
-		if err := hooks.First(gate, x, ex.Gate.W, offsets); err != nil {
-			return err
-		}
-	} else {
-		g.GroupedMatMul(gate, x, ex.Gate.W, offsets, true, 1, 0)
+// groupedGEMM is c = a·op(w) + beta·c over the offsets' groups: by hook
+// when it is set, else by the backend's grouped GEMM.
+func (ex *Experts) groupedGEMM(hook func(c, a, w, offsets *tensor.Tensor) error, c, a, w, offsets *tensor.Tensor, transW bool, beta float32) error {
+	if hook != nil {
+		return hook(c, a, w, offsets)
 	}
-	g.GroupedMatMul(up, x, ex.Up.W, offsets, true, 1, 0)
-	ex.h = ex.act.Forward()
-	if hooks.Down != nil {
-		return hooks.Down(out, ex.h, ex.Down.W, offsets)
-	}
-	g.GroupedMatMul(out, ex.h, ex.Down.W, offsets, true, 1, 0)
+	ex.grouped.GroupedMatMul(c, a, w, offsets, transW, 1, beta)
 	return nil
 }
 
@@ -305,22 +300,14 @@ func (ex *Experts) BackwardHooked(dx, dout *tensor.Tensor, hooks *GroupedBackwar
 		hooks = &GroupedBackwardHooks{}
 	}
 	dh := ex.act.OutputGrad()
-	if hooks.DH != nil {
-		if err := hooks.DH(dh, dout, ex.Down.W, off); err != nil {
-			return fmt.Errorf("%s: backward: %w", ex.what(), err)
-		}
-	} else {
-		g.GroupedMatMul(dh, dout, ex.Down.W, off, false, 1, 0) // dh = dout·W_down
+	if err := ex.groupedGEMM(hooks.DH, dh, dout, ex.Down.W, off, false, 0); err != nil { // dh = dout·W_down
+		return fmt.Errorf("%s: backward: %w", ex.what(), err)
 	}
 	g.GroupedMatMulTN(ex.Down.G, dout, ex.h, off, 1, 1) // dW_down += doutᵀ·h
 	dgate, dup := ex.act.Backward()
 	g.GroupedMatMul(dx, dgate, ex.Gate.W, off, false, 1, 0) // dx = dgate·W_gate + dup·W_up
-	if hooks.DX != nil {
-		if err := hooks.DX(dx, dup, ex.Up.W, off); err != nil {
-			return fmt.Errorf("%s: backward: %w", ex.what(), err)
-		}
-	} else {
-		g.GroupedMatMul(dx, dup, ex.Up.W, off, false, 1, 1)
+	if err := ex.groupedGEMM(hooks.DX, dx, dup, ex.Up.W, off, false, 1); err != nil {
+		return fmt.Errorf("%s: backward: %w", ex.what(), err)
 	}
 	g.GroupedMatMulTN(ex.Gate.G, dgate, ex.x, off, 1, 1) // dW += dᵀ·x
 	g.GroupedMatMulTN(ex.Up.G, dup, ex.x, off, 1, 1)
