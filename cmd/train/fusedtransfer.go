@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/overlap/peercopy"
@@ -24,9 +25,10 @@ func (c *Config) checkFusedTransfer() error {
 	if _, err := peercopy.ParseTransfer(c.FusedTransfer); err != nil {
 		return fmt.Errorf("--fused-transfer: %w", err)
 	}
-	if c.Parallel.Comm != "nvshmem" || c.Device == "cpu" {
-		return fmt.Errorf("--fused-transfer %s: the fused strategy needs --comm nvshmem on GPUs (this run: --comm %s, --device %s), so it would change nothing",
-			c.FusedTransfer, orDefault(c.Parallel.Comm, "(none)"), orDefault(c.Device, "auto"))
+	if _, missing := overlapStrategies(*c); missing["fused"] != "" {
+		// overlapStrategies' rule and words for where fused cannot run.
+		return fmt.Errorf("--fused-transfer %s: the fused strategy %s, so it would change nothing",
+			c.FusedTransfer, strings.TrimPrefix(missing["fused"], "it "))
 	}
 	if !mayUseFused(c.Overlap) {
 		return fmt.Errorf("--fused-transfer %s: no site asks for fused or auto (--overlap %s), so it would change nothing; expected --overlap fused or auto (or a site configured so)",
