@@ -47,11 +47,13 @@ func (p *Path) dispatchDevice(x, idx *tensor.Tensor, capacityFactor float64, fus
 	if err := p.eng.DispatchSend(x, idx, capacityFactor); err != nil {
 		return nil, nil, p.fail(err)
 	}
-	recv := func() error { return p.eng.DispatchRecv(p.recv, 0) }
+	var err error
 	if fused {
-		recv = func() error { return p.eng.DispatchRecvFused(p.recv) }
+		err = p.eng.DispatchRecvFused(p.recv)
+	} else {
+		err = p.eng.DispatchRecv(p.recv, 0)
 	}
-	if err := recv(); err != nil {
+	if err != nil {
 		return nil, nil, p.fail(err)
 	}
 	h := &ep.Handle{Layout: &ep.Layout{Tokens: N, TopK: K, Experts: p.experts, CapacityFactor: capacityFactor},
@@ -119,11 +121,13 @@ func (p *Path) combineBackwardDevice(dweights, dout, weights *tensor.Tensor, h *
 	if err := p.eng.CombineBackwardSend(dout, weights, dweights); err != nil {
 		return nil, p.fail(err)
 	}
-	recv := func() error { return p.eng.CombineBackwardRecv(p.dy, 0) }
+	var err error
 	if fused {
-		recv = func() error { return p.eng.CombineBackwardRecvFused(p.dy) }
+		err = p.eng.CombineBackwardRecvFused(p.dy)
+	} else {
+		err = p.eng.CombineBackwardRecv(p.dy, 0)
 	}
-	if err := recv(); err != nil {
+	if err != nil {
 		return nil, p.fail(err)
 	}
 	return p.dy, nil
