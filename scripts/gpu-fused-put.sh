@@ -29,12 +29,8 @@ export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAS
 export ASYNCTP_KERNELS=${ASYNCTP_KERNELS:-$PWD/build/asynctp_kernels.fatbin}
 export ASYNCTP_LIBNVSHMEM=${ASYNCTP_LIBNVSHMEM:-$PWD/build/libasynctp_nvshmem.so}
 TEST=./build/overlap_peercopy.test
-declare -a rows
-row() { rows+=("$(printf '%-58s %-8s %s' "$1" "$2" "$3")"); }
-mps_quit() { [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && echo quit | nvidia-cuda-mps-control > /dev/null 2>&1; sleep 1; }
-# A PE killed while its peers wait can leave the MPS server unable to make
-# contexts; start it anew after a failed step.
-mps_restart() { mps_quit; nvidia-cuda-mps-control -d && row "MPS restarted" ok "after a failure"; }
+ROW_FMT='%-58s %-8s %s'
+. scripts/mps.sh # rows and MPS (this script runs from the repository root)
 summary() {
   mps_quit
   echo
@@ -70,9 +66,7 @@ if [ ! -f "$ASYNCTP_LIBNVSHMEM" ]; then
 fi
 
 # 1. MPS.
-PATH=$PATH:/usr/local/nvidia/bin
-export CUDA_MPS_PIPE_DIRECTORY=$(mktemp -d) CUDA_MPS_LOG_DIRECTORY=$(mktemp -d)
-if nvidia-cuda-mps-control -d; then row "MPS" ok "pipe $CUDA_MPS_PIPE_DIRECTORY"; else row "MPS" FAIL "nvidia-cuda-mps-control -d"; exit 1; fi
+mps_start || exit 1
 
 # 2. the steps: name, seconds at most, log, test regexp, extra environment.
 end=$(( $(date +%s) + BUDGET ))

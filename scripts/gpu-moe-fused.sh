@@ -34,12 +34,10 @@ export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAS
 export ASYNCTP_KERNELS=${ASYNCTP_KERNELS:-$PWD/build/asynctp_kernels.fatbin}
 export ASYNCTP_LIBNVSHMEM=${ASYNCTP_LIBNVSHMEM:-$PWD/build/libasynctp_nvshmem.so}
 start=$(date +%s)
-declare -a rows
-row() { rows+=("$(printf '%-58s %-7s %s' "$1" "$2" "$3")"); }
+ROW_FMT='%-58s %-7s %s'
+. scripts/mps.sh # rows and MPS (this script runs from the repository root)
 # left N: the seconds a step may take, at most N and what the budget has left.
 left() { local r=$((BUDGET - ($(date +%s) - start))); [ "$r" -lt "$1" ] && echo "$r" || echo "$1"; }
-mps_quit() { [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && echo quit | nvidia-cuda-mps-control > /dev/null 2>&1; sleep 1; }
-mps_restart() { mps_quit; nvidia-cuda-mps-control -d && row "MPS restarted" ok "after a failure"; }
 summary() { mps_quit; echo; echo "== summary ($(($(date +%s) - start)) s of $BUDGET)"; printf '%s\n' "${rows[@]}"; }
 trap summary EXIT
 # step NAME SECONDS LOG CMD...: runs CMD with a timeout, records the row.
@@ -65,9 +63,7 @@ if [ ! -f "$ASYNCTP_LIBNVSHMEM" ]; then
 fi
 
 # 1. MPS.
-PATH=$PATH:/usr/local/nvidia/bin
-export CUDA_MPS_PIPE_DIRECTORY=$(mktemp -d) CUDA_MPS_LOG_DIRECTORY=$(mktemp -d)
-if nvidia-cuda-mps-control -d; then row "MPS" ok "pipe $CUDA_MPS_PIPE_DIRECTORY"; else row "MPS" FAIL "nvidia-cuda-mps-control -d"; fi
+mps_start
 
 # 1b. the grouped engine's hooks alone (one process, no MPS needed, but harmless).
 if [ -x ./build/tensor_cudabackend.test ]; then

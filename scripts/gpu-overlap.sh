@@ -30,12 +30,8 @@ mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export ASYNCTP_KERNELS=${ASYNCTP_KERNELS:-$PWD/build/asynctp_kernels.fatbin}
 export ASYNCTP_LIBNVSHMEM=${ASYNCTP_LIBNVSHMEM:-$PWD/build/libasynctp_nvshmem.so}
-declare -a rows
-row() { rows+=("$(printf '%-52s %-6s %s' "$1" "$2" "$3")"); }
-mps_quit() { [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && echo quit | nvidia-cuda-mps-control > /dev/null 2>&1; sleep 1; }
-# A PE killed while its peers wait (a failed check: NVSHMEM cannot abort)
-# can leave the MPS server unable to make contexts; start it anew.
-mps_restart() { mps_quit; nvidia-cuda-mps-control -d && row "MPS restarted" ok "after a failure"; }
+ROW_FMT='%-52s %-6s %s'
+. scripts/mps.sh # rows and MPS (this script runs from the repository root)
 summary() { mps_quit; echo; echo "== summary"; printf '%s\n' "${rows[@]}"; }
 trap summary EXIT
 
@@ -50,9 +46,7 @@ if [ ! -f "$ASYNCTP_LIBNVSHMEM" ]; then
 fi
 
 # 1. MPS.
-PATH=$PATH:/usr/local/nvidia/bin
-export CUDA_MPS_PIPE_DIRECTORY=$(mktemp -d) CUDA_MPS_LOG_DIRECTORY=$(mktemp -d)
-if nvidia-cuda-mps-control -d; then row "MPS" ok "pipe $CUDA_MPS_PIPE_DIRECTORY"; else row "MPS" FAIL "nvidia-cuda-mps-control -d"; fi
+mps_start
 
 # 2. the suite on SUITE_PES PEs, then (BENCH=1) the per-op times on BENCH_PES.
 t0=$(date +%s)
