@@ -278,13 +278,7 @@ func TestGroupedEngineSIMTOverride(t *testing.T) {
 		t.Error("PreferGrouped() = true under WithGroupedGEMM(false); want false (one cuBLASLt GEMM per expert)")
 	}
 	gc := groupedEngineCases()[1]
-	off, m := gc.offsets()
-	G, N, K := len(gc.counts), gc.n, gc.k
-	rng := testutil.Rng(5)
-	offs := g.Zeros(tensor.Int32, G+1)
-	g.Upload(offs, mustI32(t, off))
-	a := groupedUpload(t, g, tensor.BFloat16, roundedRand(rng, tensor.BFloat16, m*K, 0.05, 1), m, K)
-	w := groupedUpload(t, g, tensor.BFloat16, roundedRand(rng, tensor.BFloat16, G*N*K, 0.05, 1), G, N, K)
+	offs, a, w, m, N := groupedForwardInputs(t, g, gc, 5)
 	ce, cs := g.Zeros(tensor.BFloat16, m, N), g.Zeros(tensor.BFloat16, m, N)
 	g.GroupedMatMul(ce, a, w, offs, true, 1, 0)
 	g.cfg.groupedSIMT = true
@@ -301,6 +295,20 @@ func TestGroupedEngineSIMTOverride(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkElems(t, "SIMT vs engine", got, want, N, 2*engineTol(tensor.BFloat16))
+}
+
+// groupedForwardInputs uploads a forward call of case gc: the offsets and
+// random bf16 a (M, K) and w (G, N, K) from seed; M and N.
+func groupedForwardInputs(t *testing.T, g *Backend, gc groupedEngineCase, seed uint64) (offs, a, w *tensor.Tensor, m, N int) {
+	t.Helper()
+	off, m := gc.offsets()
+	G, N, K := len(gc.counts), gc.n, gc.k
+	rng := testutil.Rng(seed)
+	offs = g.Zeros(tensor.Int32, G+1)
+	g.Upload(offs, mustI32(t, off))
+	a = groupedUpload(t, g, tensor.BFloat16, roundedRand(rng, tensor.BFloat16, m*K, 0.05, 1), m, K)
+	w = groupedUpload(t, g, tensor.BFloat16, roundedRand(rng, tensor.BFloat16, G*N*K, 0.05, 1), G, N, K)
+	return offs, a, w, m, N
 }
 
 // TestGroupedEngineBadOffsets gives the engine offsets out of order or past

@@ -43,14 +43,10 @@ func u64Words(t *testing.T, g *Backend, vals []uint64) *tensor.Tensor {
 func TestGroupedEngineHooks(t *testing.T) {
 	g := openGroupedEngine(t)
 	gc := groupedEngineCases()[1] // empty groups, 1, 127, 128, 129 rows
-	off, m := gc.offsets()
-	G, N, K := len(gc.counts), gc.n, gc.k
+	off, _ := gc.offsets()
+	G, K := len(gc.counts), gc.k
 	nb := hookBlocks(gc.counts)
-	rng := testutil.Rng(17)
-	offs := g.Zeros(tensor.Int32, G+1)
-	g.Upload(offs, mustI32(t, off))
-	a := groupedUpload(t, g, tensor.BFloat16, roundedRand(rng, tensor.BFloat16, m*K, 0.05, 1), m, K)
-	w := groupedUpload(t, g, tensor.BFloat16, roundedRand(rng, tensor.BFloat16, G*N*K, 0.05, 1), G, N, K)
+	offs, a, w, m, N := groupedForwardInputs(t, g, gc, 17)
 	plain, hooked := g.Zeros(tensor.BFloat16, m, N), g.Zeros(tensor.BFloat16, m, N)
 	if err := g.EngineGroupedMatMul(plain, a, w, offs, true, 1, 0); err != nil {
 		t.Fatal(err)
