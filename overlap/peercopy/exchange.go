@@ -96,25 +96,31 @@ func (x *exchange) ensureRows(rows, cols int, dt tensor.DType, exact bool) error
 		return err
 	}
 	P := x.sp.g.Size()
-	st, err := x.sp.sm.AllocSymmetric([]int{x.slots * rows, cols}, dt)
+	var err error
+	x.rows, x.cols, x.epoch = rows, cols, 0
+	if x.stage, x.stPeer, err = x.sp.allocPeers([]int{x.slots * rows, cols}, dt, fmt.Sprintf("stage (%d×%d, %d slots)", rows, cols, x.slots)); err != nil {
+		return err
+	}
+	x.pad, x.padPeer, err = x.sp.allocPeers([]int{2 * P}, tensor.Float64, "signal pad") // 64-bit words, used as uint64
+	return err
+}
+
+// allocPeers allocates a symmetric tensor (a world collective) and finds
+// every rank's address of it (peer pointers; this rank's own at its
+// index). The tensor comes back whenever it was allocated, also with an
+// error finding an address, so that the caller's release frees it.
+func (sp siteEnv) allocPeers(shape []int, dt tensor.DType, what string) (*tensor.Tensor, []uint64, error) {
+	t, err := sp.sm.AllocSymmetric(shape, dt)
 	if err != nil {
-		return fmt.Errorf("%s: stage (%d×%d, %d slots): %w", x.sp.what, rows, cols, x.slots, err)
+		return nil, nil, fmt.Errorf("%s: %s: %w", sp.what, what, err)
 	}
-	pad, err := x.sp.sm.AllocSymmetric([]int{2 * P}, tensor.Float64) // 64-bit words, used as uint64
-	if err != nil {
-		return fmt.Errorf("%s: signal pad: %w", x.sp.what, err)
-	}
-	x.stage, x.pad, x.rows, x.cols, x.epoch = st, pad, rows, cols, 0
-	x.stPeer, x.padPeer = make([]uint64, P), make([]uint64, P)
-	for q := range P {
-		if x.stPeer[q], err = x.sp.sm.PeerPtr(st, q); err != nil {
-			return fmt.Errorf("%s: %w", x.sp.what, err)
-		}
-		if x.padPeer[q], err = x.sp.sm.PeerPtr(pad, q); err != nil {
-			return fmt.Errorf("%s: %w", x.sp.what, err)
+	peers := make([]uint64, sp.g.Size())
+	for q := range peers {
+		if peers[q], err = sp.sm.PeerPtr(t, q); err != nil {
+			return t, nil, fmt.Errorf("%s: %w", sp.what, err)
 		}
 	}
-	return nil
+	return t, peers, nil
 }
 
 // flags returns the device addresses of the fused strategy's local flag

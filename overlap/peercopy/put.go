@@ -118,32 +118,19 @@ func (x *putGather) ensure(rows, cols int, dt tensor.DType) error {
 		return err
 	}
 	P := x.sp.g.Size()
-	g, err := x.sp.sm.AllocSymmetric([]int{P * rows, cols}, dt)
-	if err != nil {
-		return fmt.Errorf("%s: gather buffer (%d×%d): %w", x.sp.what, P*rows, cols, err)
+	var bufs, flags []uint64
+	var err error
+	if x.gath, bufs, err = x.sp.allocPeers([]int{P * rows, cols}, dt, fmt.Sprintf("gather buffer (%d×%d)", P*rows, cols)); err != nil {
+		return err
 	}
-	x.gath = g
-	if x.flags, err = x.sp.sm.AllocSymmetric([]int{P * putChunks}, tensor.Float64); err != nil {
-		return fmt.Errorf("%s: chunk flags: %w", x.sp.what, err)
+	if x.flags, flags, err = x.sp.allocPeers([]int{P * putChunks}, tensor.Float64, "chunk flags"); err != nil {
+		return err
 	}
-	if x.pad, err = x.sp.sm.AllocSymmetric([]int{2 * P}, tensor.Float64); err != nil {
-		return fmt.Errorf("%s: signal pad: %w", x.sp.what, err)
+	if x.pad, x.padPeer, err = x.sp.allocPeers([]int{2 * P}, tensor.Float64, "signal pad"); err != nil {
+		return err
 	}
 	x.rows, x.cols, x.epoch = rows, cols, 0
-	bufs, flags := make([]uint64, P), make([]uint64, P)
-	x.padPeer = make([]uint64, P)
-	for q := range P {
-		if bufs[q], err = x.sp.sm.PeerPtr(g, q); err != nil {
-			return fmt.Errorf("%s: %w", x.sp.what, err)
-		}
-		if flags[q], err = x.sp.sm.PeerPtr(x.flags, q); err != nil {
-			return fmt.Errorf("%s: %w", x.sp.what, err)
-		}
-		if x.padPeer[q], err = x.sp.sm.PeerPtr(x.pad, q); err != nil {
-			return fmt.Errorf("%s: %w", x.sp.what, err)
-		}
-	}
-	if x.table, err = x.sp.b.NewPeerTable(bufs, flags, x.padPeer, g.Bytes(), P*putChunks); err != nil {
+	if x.table, err = x.sp.b.NewPeerTable(bufs, flags, x.padPeer, x.gath.Bytes(), P*putChunks); err != nil {
 		return fmt.Errorf("%s: %w", x.sp.what, err)
 	}
 	if x.status == nil {
