@@ -23,7 +23,7 @@ TOL=${TOL:-0.02} # bf16 over 50 steps
 SUITE_PES=${SUITE_PES:-2,4}       # world sizes of the site suite (none: skip it)
 SUITE_TIMEOUT=${SUITE_TIMEOUT:-4m} # per world size
 BENCH_PES=${BENCH_PES:-2,4}
-RUNS=${RUNS:-tp2 tp2-sp tp4-sp}   # the training comparisons (below)
+RUNS=${RUNS:-tp2 tp2-sp tp4-sp}   # the training comparisons (below; also tp4, moe-tp2-ep2, moe-ep2, moe-ep4)
 RUN_TIMEOUT=${RUN_TIMEOUT:-240}   # seconds per training run
 OVS=${OVS:-pipelined}             # the strategies each run compares with collective (e.g. "pipelined fused")
 mkdir -p "$OUT"
@@ -83,7 +83,8 @@ PY
 }
 COMMON=(--device cuda --comm nvshmem --steps "$STEPS" --log-every 10 --checkpoint-every 0)
 declare -A runargs=([tp2]="--model tiny --nproc 2 --tp 2" [tp2-sp]="--model tiny --nproc 2 --tp 2 --sequence-parallel" [tp4-sp]="--model tiny --nproc 4 --tp 4 --sequence-parallel"
-  [tp4]="--model tiny --nproc 4 --tp 4" [moe-tp2-ep2]="--model tiny-moe --nproc 2 --tp 2 --ep 2")
+  [tp4]="--model tiny --nproc 4 --tp 4" [moe-tp2-ep2]="--model tiny-moe --nproc 2 --tp 2 --ep 2"
+  [moe-ep2]="--model tiny-moe --nproc 2 --ep 2 --grouped-gemm on" [moe-ep4]="--model tiny-moe --nproc 4 --ep 4 --grouped-gemm on")
 for name in $RUNS; do
   spec="$name|${runargs[$name]}"
   IFS='|' read -r name args <<< "$spec"

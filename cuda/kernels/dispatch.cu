@@ -70,6 +70,30 @@ template <typename T> __device__ __forceinline__ void ep_copy_row(T* dst, const 
     }
 }
 
+// ep_copy_row_warp copies C elements of T with one warp (lane 0..31), 16
+// bytes at a time when both rows allow it, four loads in flight per lane
+// before their stores (a lone warp per row is latency-bound otherwise).
+template <typename T>
+__device__ __forceinline__ void ep_copy_row_warp(T* dst, const T* src, int C, int lane) {
+    long long bytes = (long long)C * sizeof(T);
+    if ((bytes & 15) == 0 && ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15) == 0) {
+        uint4* d = reinterpret_cast<uint4*>(dst);
+        const uint4* s = reinterpret_cast<const uint4*>(src);
+        const long long n = bytes / 16;
+        long long i = lane;
+        for (; i + 96 < n; i += 128) {
+            uint4 a = s[i], b = s[i + 32], c = s[i + 64], e = s[i + 96];
+            d[i] = a;
+            d[i + 32] = b;
+            d[i + 64] = c;
+            d[i + 96] = e;
+        }
+        for (; i < n; i += 32) d[i] = s[i];
+    } else {
+        for (int i = lane; i < C; i += 32) dst[i] = src[i];
+    }
+}
+
 // block_exclusive_scan of one int per thread (blockDim.x a multiple of 32,
 // at most 1024); returns the exclusive prefix and sets *total. scratch: 33
 // ints of shared memory.
@@ -188,6 +212,21 @@ KERNEL void ep_wait(unsigned long long* words, int n, long long target, long lon
 KERNEL void ep_wait_one(unsigned long long* words, int idx, long long target, long long deadline_ns, int code,
                         int* status, int* err) {
     ep_wait_words(words + idx, 1, target, deadline_ns, code, status, err, false, idx);
+}
+
+// ep_claim: grid 1, block 32. The fused path lands each source's rows on
+// whichever stream gets to them first: the backend's stream before the
+// GEMM takes every source whose tokens are already here (only < 0: each s
+// with words[s] ≥ target), the side stream each source in turn once its
+// wait has passed (only = s). claims[s] goes 0 → who once (atomicCAS), and
+// the landing kernels of a source run only on the stream that won it
+// (ep_recv's and ep_scale_recv's claims, want).
+KERNEL void ep_claim(const unsigned long long* words, int P, long long target, int only, int* claims, int who) {
+    if (threadIdx.x != 0) return;
+    for (int s = only >= 0 ? only : 0; s < (only >= 0 ? only + 1 : P); s++) {
+        if (only < 0 && ep_load_acquire(words + s) < (u64)target) continue;
+        atomicCAS(claims + s, 0, who);
+    }
 }
 
 KERNEL void ep_wait_raise(unsigned long long* words, int n, long long target, long long deadline_ns, int code,
@@ -446,8 +485,9 @@ template <typename T>
 __device__ void ep_recv_impl(const T* tok, const int* meta, const int* hcopy, const int* tab, int P, int E,
                              int L, int K, int C, int Mt, int me, int order, T* out, int* route, int* route_exp,
                              int* route_recv, int* recv_of_exp, int* exp_of_recv, const int* status, int only,
-                             u64* counters, const int* offsets) {
+                             u64* counters, const int* offsets, const int* claims, int want) {
     if (status[0] != 0) return;
+    if (claims != nullptr && claims[only] != want) return; // another stream lands this source
     const int* kept = tab + 4;
     const int* exp_src_off = kept + P * L;
     const int* recv_off = exp_src_off + L * P;
@@ -513,8 +553,10 @@ __device__ void ep_return_impl(const T* y, const int* routes, const int* tab, in
 template <typename T>
 __device__ void ep_scale_recv_impl(const T* tok, const float* wts, const int* hcopy, const int* route,
                                    const int* remap, int P, int E, int K, int C, int Mt, T* dy, const int* status,
-                                   int only, u64* counters, const int* offsets, const int* tab, int L) {
+                                   int only, u64* counters, const int* offsets, const int* tab, int L,
+                                   const int* claims, int want) {
     if (status[0] != 0) return;
+    if (claims != nullptr && claims[only] != want) return; // another stream lands this source
     int W = E + 2;
     long long g0 = only >= 0 ? (long long)only * Mt : 0, g1 = only >= 0 ? g0 + Mt : (long long)P * Mt;
     for (long long g = g0 + blockIdx.x; g < g1; g += gridDim.x) {
@@ -572,66 +614,85 @@ KERNEL void ep_fill_u64(unsigned long long* words, int n, long long value) {
     }
 }
 
-// ep_return_blocks: the fused combine's send, on a side stream while the
-// down-projection GEMM runs; grid G (any), block 128. The expert-major rows
-// y are in the grouped GEMM's 128-row blocks (blk, offsets of ep_plan);
-// CTA c takes blocks c, c + G, ... in increasing order (the order the
-// GEMM's static tile order finishes them in), waits until the block's flag
-// is ≥ target (the GEMM's epilogue adds 1 per stored tile: target = its
-// n-blocks; ld.acquire, deadline) and stores each of the block's rows into
-// its token's home ybuf slot, as ep_return does. A flag still short after
-// deadline_ns sets status[0] = 1 and reports 0x20000000 + q through err;
-// that CTA then stops (the step has failed; the homes' wait for this
-// rank's ready signal, which ep_signal still raises, passes on stale rows
-// and the error surfaces here at the next Sync).
+// ep_return_blocks: the fused combine's send, in two launches that share
+// one claim counter (zero before the first): a few CTAs on a side stream
+// while the down-projection GEMM runs, then a full grid on the GEMM's
+// stream after it, which sends whatever the first has not claimed. Block
+// 256 (8 warps). The expert-major rows y are in the grouped GEMM's 128-row
+// blocks (blk, offsets of ep_plan), cut into units of 16 rows; a CTA claims
+// the next unit (atomicAdd on *claim: units in increasing order, the order
+// the GEMM's static tile order finishes the blocks in), waits until the
+// unit's block flag is ≥ target (the GEMM's epilogue adds 1 per stored
+// tile: target = its n-blocks; ld.acquire, deadline) and stores each of
+// the unit's rows into its token's home ybuf slot (a warp per row), as
+// ep_return does. A flag still short after deadline_ns sets status[0] = 1
+// and reports 0x20000000 + the block through err; that CTA then stops (the
+// step has failed; the homes' wait for this rank's ready signal, which
+// ep_signal still raises, passes on stale rows and the error surfaces here
+// at the next Sync). After the GEMM every flag is up, so the second launch
+// never waits.
+#define EP_UNIT_ROWS 16
 template <typename T>
 __device__ void ep_return_blocks_impl(const T* y, const int* routes, const int* offsets, const int* tab, int P, int L,
                                       int C, const u64* flags, long long target, long long deadline_ns,
-                                      const u64* peers, int* status, int* err) {
-    __shared__ int sh_ok;
+                                      const u64* peers, int* status, int* err, int* claim) {
+    __shared__ int sh_unit;
     const int* blk = tab + 4 + 3 * P * L;
-    int nb = blk[L];
-    for (int q = blockIdx.x; q < nb; q += gridDim.x) {
+    const int units = blk[L] * (128 / EP_UNIT_ROWS);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    for (;;) {
         if (threadIdx.x == 0) {
-            int ok = status[0] == 0;
-            long long start = ep_now_ns();
-            while (ok && ep_load_acquire(flags + q) < (u64)target) {
-                if (*(volatile const int*)status != 0) {
-                    ok = 0;
-                } else if (ep_now_ns() - start > deadline_ns) {
-                    status[0] = 1;
-                    report_error(err, 0x20000000 + q);
-                    ok = 0;
-                }
+            int u = atomicAdd(claim, 1);
+            int q = u / (128 / EP_UNIT_ROWS);
+            if (*(volatile const int*)status != 0) u = units; // the step has failed already
+            if (u < units) {
+                long long start = ep_now_ns();
+                while (ep_load_acquire(flags + q) < (u64)target) {
+                    if (*(volatile const int*)status != 0) {
+                        u = units;
+                        break;
+                    }
+                    if (ep_now_ns() - start > deadline_ns) {
+                        status[0] = 1;
+                        report_error(err, 0x20000000 + q);
+                        u = units;
+                        break;
+                    }
 #if !defined(ASYNCTP_EMU)
-                if (ok) __nanosleep(128);
+                    __nanosleep(128);
 #endif
+                }
             }
-            sh_ok = ok;
+            sh_unit = u;
         }
         __syncthreads();
-        if (!sh_ok) return;
+        const int u = sh_unit;
+        if (u >= units) return;
+        const int q = u / (128 / EP_UNIT_ROWS);
         int el = 0;
         while (blk[el + 1] <= q) el++;
-        int r0 = offsets[el] + 128 * (q - blk[el]);
-        int r1 = r0 + 128 < offsets[el + 1] ? r0 + 128 : offsets[el + 1];
-        for (int i = r0; i < r1; i++) {
-            int s = routes[2 * i], slot = routes[2 * i + 1];
-            ep_copy_row(ep_peer<T>(peers, s) + (long long)slot * C, y + (long long)i * C, C);
+        const int b0 = offsets[el] + 128 * (q - blk[el]);
+        const int r0 = b0 + EP_UNIT_ROWS * (u % (128 / EP_UNIT_ROWS));
+        int r1 = r0 + EP_UNIT_ROWS;
+        if (r1 > b0 + 128) r1 = b0 + 128;
+        if (r1 > offsets[el + 1]) r1 = offsets[el + 1];
+        for (int i = r0 + warp; i < r1; i += nw) {
+            const int s = routes[2 * i], slot = routes[2 * i + 1];
+            ep_copy_row_warp(ep_peer<T>(peers, s) + (long long)slot * C, y + (long long)i * C, C, lane);
         }
-        __syncthreads(); // sh_ok is rewritten for the next block
+        __syncthreads(); // sh_unit is rewritten for the next unit
     }
 }
 
 KERNEL void ep_return_blocks_bf16(const bf16* y, const int* routes, const int* offsets, const int* tab, int P, int L,
                                   int C, const unsigned long long* flags, long long target, long long deadline_ns,
-                                  const unsigned long long* peers, int* status, int* err) {
-    ep_return_blocks_impl(y, routes, offsets, tab, P, L, C, flags, target, deadline_ns, peers, status, err);
+                                  const unsigned long long* peers, int* status, int* err, int* claim) {
+    ep_return_blocks_impl(y, routes, offsets, tab, P, L, C, flags, target, deadline_ns, peers, status, err, claim);
 }
 KERNEL void ep_return_blocks_f32(const float* y, const int* routes, const int* offsets, const int* tab, int P, int L,
                                  int C, const unsigned long long* flags, long long target, long long deadline_ns,
-                                 const unsigned long long* peers, int* status, int* err) {
-    ep_return_blocks_impl(y, routes, offsets, tab, P, L, C, flags, target, deadline_ns, peers, status, err);
+                                 const unsigned long long* peers, int* status, int* err, int* claim) {
+    ep_return_blocks_impl(y, routes, offsets, tab, P, L, C, flags, target, deadline_ns, peers, status, err, claim);
 }
 
 KERNEL void ep_send_bf16(const bf16* x, const int* idx, const int* rk, const int* send_row, const int* cnt,
@@ -645,9 +706,9 @@ KERNEL void ep_send_bf16(const bf16* x, const int* idx, const int* rk, const int
 KERNEL void ep_recv_bf16(const bf16* tok, const int* meta, const int* hcopy, const int* tab, int P, int E, int L, int K,
                          int C, int Mt, int me, int order, bf16* out, int* route, int* route_exp, int* route_recv,
                          int* recv_of_exp, int* exp_of_recv, const int* status, int only,
-                         unsigned long long* counters, const int* offsets) {
+                         unsigned long long* counters, const int* offsets, const int* claims, int want) {
     ep_recv_impl(tok, meta, hcopy, tab, P, E, L, K, C, Mt, me, order, out, route, route_exp, route_recv, recv_of_exp,
-                 exp_of_recv, status, only, counters, offsets);
+                 exp_of_recv, status, only, counters, offsets, claims, want);
 }
 KERNEL void ep_return_bf16(const bf16* y, const int* routes, const int* tab, int C, const unsigned long long* peers,
                            const int* status) {
@@ -655,8 +716,10 @@ KERNEL void ep_return_bf16(const bf16* y, const int* routes, const int* tab, int
 }
 KERNEL void ep_scale_recv_bf16(const bf16* tok, const float* wts, const int* hcopy, const int* route, const int* remap,
                                int P, int E, int K, int C, int Mt, bf16* dy, const int* status,
-                               int only, unsigned long long* counters, const int* offsets, const int* tab, int L) {
-    ep_scale_recv_impl(tok, wts, hcopy, route, remap, P, E, K, C, Mt, dy, status, only, counters, offsets, tab, L);
+                               int only, unsigned long long* counters, const int* offsets, const int* tab, int L,
+                               const int* claims, int want) {
+    ep_scale_recv_impl(tok, wts, hcopy, route, remap, P, E, K, C, Mt, dy, status, only, counters, offsets, tab, L,
+                       claims, want);
 }
 
 KERNEL void ep_send_f32(const float* x, const int* idx, const int* rk, const int* send_row, const int* cnt,
@@ -670,9 +733,9 @@ KERNEL void ep_send_f32(const float* x, const int* idx, const int* rk, const int
 KERNEL void ep_recv_f32(const float* tok, const int* meta, const int* hcopy, const int* tab, int P, int E, int L, int K,
                          int C, int Mt, int me, int order, float* out, int* route, int* route_exp, int* route_recv,
                          int* recv_of_exp, int* exp_of_recv, const int* status, int only,
-                         unsigned long long* counters, const int* offsets) {
+                         unsigned long long* counters, const int* offsets, const int* claims, int want) {
     ep_recv_impl(tok, meta, hcopy, tab, P, E, L, K, C, Mt, me, order, out, route, route_exp, route_recv, recv_of_exp,
-                 exp_of_recv, status, only, counters, offsets);
+                 exp_of_recv, status, only, counters, offsets, claims, want);
 }
 KERNEL void ep_return_f32(const float* y, const int* routes, const int* tab, int C, const unsigned long long* peers,
                            const int* status) {
@@ -680,6 +743,8 @@ KERNEL void ep_return_f32(const float* y, const int* routes, const int* tab, int
 }
 KERNEL void ep_scale_recv_f32(const float* tok, const float* wts, const int* hcopy, const int* route, const int* remap,
                                int P, int E, int K, int C, int Mt, float* dy, const int* status,
-                               int only, unsigned long long* counters, const int* offsets, const int* tab, int L) {
-    ep_scale_recv_impl(tok, wts, hcopy, route, remap, P, E, K, C, Mt, dy, status, only, counters, offsets, tab, L);
+                               int only, unsigned long long* counters, const int* offsets, const int* tab, int L,
+                               const int* claims, int want) {
+    ep_scale_recv_impl(tok, wts, hcopy, route, remap, P, E, K, C, Mt, dy, status, only, counters, offsets, tab, L,
+                       claims, want);
 }

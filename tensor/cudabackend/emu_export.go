@@ -15,3 +15,11 @@ func NewEmulated(opts ...Option) (*Backend, error) {
 	}
 	return newBackend(emu.New(8), 0, cfg)
 }
+
+// SetFusedLandEarly says whether the fused expert path's backend stream
+// lands the sources whose tokens are already here before the GEMM (the
+// default) or leaves every source to the side stream's wait-and-land, so
+// that the emulator's tests run both (the emulated ranks meet at a barrier
+// before each wait, so every source is already here). Not safe while a
+// step runs.
+func SetFusedLandEarly(on bool) { fusedLandEarly = on }

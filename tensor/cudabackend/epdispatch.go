@@ -428,7 +428,7 @@ func (d *ExpertDispatch) DispatchRecv(out *tensor.Tensor, order int) error {
 		if err := dev.Launch("ep_recv"+sfx(d.cfg.DType), d.grid(P*Mt), gpu.D1(128), 0, ptr(d.sym[EPTokens]),
 			ptr(d.sym[EPMeta]), ptr(d.hcopy), ptr(d.tab), int32(P), int32(E), int32(L), int32(K), int32(C), int32(Mt),
 			int32(me), int32(order), ptr(out), ptr(d.route), ptr(d.routeExp), ptr(d.routeRecv), ptr(d.recvOfExp),
-			ptr(d.expOfRecv), ptr(d.status), int32(-1), gpu.Ptr(0), gpu.Ptr(0)); err != nil {
+			ptr(d.expOfRecv), ptr(d.status), int32(-1), gpu.Ptr(0), gpu.Ptr(0), gpu.Ptr(0), int32(0)); err != nil {
 			return err
 		}
 		// The header and the token buffer have been read (the plan copied
@@ -555,7 +555,8 @@ func (d *ExpertDispatch) CombineBackwardRecv(dy *tensor.Tensor, order int) error
 	d.wait(op, sigReadyTok, d.eTok, func(dev gpu.Device) error {
 		if err := dev.Launch("ep_scale_recv"+sfx(d.cfg.DType), d.grid(P*Mt), gpu.D1(128), 0, ptr(d.sym[EPTokens]),
 			ptr(d.sym[EPWeights]), ptr(d.hcopy), ptr(d.route), remap, int32(P), int32(E), int32(K), int32(C), int32(Mt),
-			ptr(dy), ptr(d.status), int32(-1), gpu.Ptr(0), gpu.Ptr(0), gpu.Ptr(0), int32(d.cfg.local())); err != nil {
+			ptr(dy), ptr(d.status), int32(-1), gpu.Ptr(0), gpu.Ptr(0), gpu.Ptr(0), int32(d.cfg.local()), gpu.Ptr(0),
+			int32(0)); err != nil {
 			return err
 		}
 		return d.signal(dev, sigAckTok, d.eTok)

@@ -48,12 +48,18 @@ import (
 // fusedState is the fused path's part of an ExpertDispatch.
 type fusedState struct {
 	// counters (nblk u64 as int32 pairs): the dispatch's rows landed per
-	// block; done (nblk u64): the down GEMM's stored tiles per block.
-	counters, done *tensor.Tensor
-	nblk           int
-	side           *cuda.Stream // nil on a device without streams (the emulator)
-	fork, join     *cuda.Event
-	joinPending    bool
+	// block; done (nblk u64): the down GEMM's stored tiles per block;
+	// claim (one int32, with a spare word): the next 16-row unit the
+	// combine's send takes (ep_return_blocks); sources (P int32): which
+	// stream lands each source's rows (ep_claim: claimMain or claimSide).
+	counters, done, claim, sources *tensor.Tensor
+	nblk                           int
+	side                           *cuda.Stream // nil on a device without streams (the emulator)
+	// fork and join order the side stream after and before the backend's;
+	// acked marks the side stream's wait for the homes' acks, after which
+	// the send's second launch (on the backend's stream) may store too.
+	fork, join, acked *cuda.Event
+	joinPending       bool
 }
 
 // FusedBlockRows is the rows of one block of the fused path's counters and
@@ -73,6 +79,8 @@ func (d *ExpertDispatch) newFused() error {
 	d.fz.nblk = n
 	d.fz.counters = d.b.Zeros(tensor.Int32, 2*n)
 	d.fz.done = d.b.Zeros(tensor.Int32, 2*n)
+	d.fz.claim = d.b.Zeros(tensor.Int32, 2)
+	d.fz.sources = d.b.Zeros(tensor.Int32, d.cfg.Ranks+d.cfg.Ranks%2)
 	if _, ok := d.b.dev.(*cudaDevice); !ok {
 		return d.b.Err()
 	}
@@ -81,17 +89,18 @@ func (d *ExpertDispatch) newFused() error {
 		if d.fz.side, err = cuda.NewStream(); err != nil {
 			return err
 		}
-		if d.fz.fork, err = cuda.NewEvent(false); err != nil {
-			return err
+		for _, e := range []**cuda.Event{&d.fz.fork, &d.fz.join, &d.fz.acked} {
+			if *e, err = cuda.NewEvent(false); err != nil {
+				return err
+			}
 		}
-		d.fz.join, err = cuda.NewEvent(false)
-		return err
+		return nil
 	})
 }
 
 func (d *ExpertDispatch) closeFused() {
 	fz := d.fz
-	if fz.side == nil && fz.fork == nil && fz.join == nil {
+	if fz.side == nil && fz.fork == nil && fz.join == nil && fz.acked == nil {
 		return
 	}
 	_ = d.b.OnDevice(func(*cuda.Stream) error {
@@ -99,7 +108,7 @@ func (d *ExpertDispatch) closeFused() {
 			_ = fz.side.Synchronize()
 			_ = fz.side.Destroy()
 		}
-		for _, e := range []*cuda.Event{fz.fork, fz.join} {
+		for _, e := range []*cuda.Event{fz.fork, fz.join, fz.acked} {
 			if e != nil {
 				_ = e.Destroy()
 			}
@@ -155,6 +164,12 @@ func (d *ExpertDispatch) Join() {
 // FusedBlocks() u64 words as little-endian int32 pairs (tests read them).
 func (d *ExpertDispatch) FusedCounters() *tensor.Tensor { return d.fz.counters }
 
+// FusedSources is which stream landed each source's rows in the last
+// fused landing (P int32, then a pad word when P is odd): 1 the backend's
+// stream before the GEMM (the tokens were there already), 2 the side
+// stream beside it (tests read it).
+func (d *ExpertDispatch) FusedSources() *tensor.Tensor { return d.fz.sources }
+
 // FusedDone is the down GEMM's per-block flags, like FusedCounters.
 func (d *ExpertDispatch) FusedDone() *tensor.Tensor { return d.fz.done }
 
@@ -194,9 +209,18 @@ func (d *ExpertDispatch) waitExplain() func(v int32) error {
 	}
 }
 
-// fusedCombineCTAs is the grid of the fused combine's send (see
-// CombineSendFused).
-const fusedCombineCTAs = 2
+// fusedCombineCTAs is the grid of the fused combine's send beside the
+// GEMM (see returnSendFused); fusedTailCTAs is the most CTAs of its second
+// launch, after the GEMM, and fusedSendThreads the block of both.
+const (
+	fusedCombineCTAs = 2
+	fusedTailCTAs    = 1024
+	fusedSendThreads = 256
+)
+
+// fusedUnitRows is the rows of the combine send's unit of work
+// (EP_UNIT_ROWS of dispatch.cu): a 128-row block is 8 units.
+const fusedUnitRows = 16
 
 // fusedCounterCode is the wait code of StreamWaitRows' one-warp wait.
 const fusedCounterCode = 100
@@ -227,22 +251,57 @@ func (d *ExpertDispatch) DispatchRecvFused(out *tensor.Tensor) error {
 			ptr(d.fz.counters), int32(d.fz.nblk)); err != nil {
 			return err
 		}
-		return d.eachSourceOnSide(dev, e, func(dev gpu.Device, s int) error {
+		return d.eachSource(dev, e, func(dev gpu.Device, s, who int) error {
 			return dev.Launch("ep_recv"+sfx(d.cfg.DType), d.grid(Mt), gpu.D1(128), 0, ptr(d.sym[EPTokens]),
 				ptr(d.sym[EPMeta]), ptr(d.hcopy), ptr(d.tab), int32(P), int32(E), int32(L), int32(K), int32(C), int32(Mt),
 				int32(me), int32(0), ptr(out), ptr(d.route), ptr(d.routeExp), ptr(d.routeRecv), ptr(d.recvOfExp),
-				ptr(d.expOfRecv), ptr(d.status), int32(s), ptr(d.fz.counters), ptr(d.offsets))
+				ptr(d.expOfRecv), ptr(d.status), int32(s), ptr(d.fz.counters), ptr(d.offsets), ptr(d.fz.sources), int32(who))
 		})
 	})
 	return d.sticky(op)
 }
 
-// eachSourceOnSide queues on the side stream, source by source from this
-// rank on (its own tokens are already here), a wait for the source's
-// tokens of epoch e and land(s), which writes them into expert-major rows
-// and raises the blocks' counters; then the tokens' ack.
-func (d *ExpertDispatch) eachSourceOnSide(dev gpu.Device, e uint64, land func(dev gpu.Device, s int) error) error {
+// fusedLandEarly lets the backend's stream land the sources already here
+// before the GEMM (eachSource); the emulator's tests turn it off to run
+// every landing on the side path (SetFusedLandEarly).
+var fusedLandEarly = true
+
+// Which stream lands a source's rows (fusedState.sources, ep_claim).
+const (
+	claimMain = 1 // the backend's stream, before the GEMM: the source's tokens were here already
+	claimSide = 2 // the side stream, beside the GEMM, once they land
+)
+
+// eachSource lands every source's tokens of epoch e with land(s, who),
+// which writes them into expert-major rows and raises the blocks'
+// counters, on whichever stream gets to them first. On the backend's
+// stream, before the GEMM the caller queues next, one ep_claim takes every
+// source whose tokens are already here, and land runs for each source
+// (its kernels return at once for a source the side stream won): a
+// source already here is then landed on the whole GPU, not on the few SMs
+// the waiting GEMM leaves free. On the side stream, source by source from
+// this rank on, a wait for the source's tokens, a claim of it, and land;
+// then the tokens' ack. Exactly one stream wins each source (atomicCAS),
+// so every row lands once and every counter reaches its target.
+func (d *ExpertDispatch) eachSource(dev gpu.Device, e uint64, land func(dev gpu.Device, s, who int) error) error {
 	P, me, dl := d.cfg.Ranks, d.cfg.Rank, d.cfg.Deadline
+	if err := dev.Memset8(ptr(d.fz.sources), 0, d.fz.sources.Bytes()); err != nil {
+		return err
+	}
+	for i := range P {
+		if !fusedLandEarly {
+			break
+		}
+		if i == 0 {
+			if err := dev.Launch("ep_claim", gpu.D1(1), gpu.D1(32), 0, d.words(sigReadyTok), int32(P), int64(e),
+				int32(-1), ptr(d.fz.sources), int32(claimMain)); err != nil {
+				return err
+			}
+		}
+		if err := land(dev, (me+i)%P, claimMain); err != nil {
+			return err
+		}
+	}
 	return d.onSide(dev, func(dev gpu.Device) error {
 		for i := range P {
 			s := (me + i) % P
@@ -251,7 +310,11 @@ func (d *ExpertDispatch) eachSourceOnSide(dev gpu.Device, e uint64, land func(de
 				int64(dl), int32(sigReadyTok), ptr(d.status), flag); err != nil {
 				return err
 			}
-			if err := land(dev, s); err != nil {
+			if err := dev.Launch("ep_claim", gpu.D1(1), gpu.D1(32), 0, d.words(sigReadyTok), int32(P), int64(e), int32(s),
+				ptr(d.fz.sources), int32(claimSide)); err != nil {
+				return err
+			}
+			if err := land(dev, s, claimSide); err != nil {
 				return err
 			}
 		}
@@ -333,6 +396,9 @@ func (d *ExpertDispatch) returnSendFused(op string, y *tensor.Tensor, gemm func(
 		return err
 	}
 	d.b.do(op, func(dev gpu.Device) error {
+		if err := dev.Memset8(ptr(d.fz.claim), 0, d.fz.claim.Bytes()); err != nil {
+			return err
+		}
 		return dev.Memset8(ptr(d.fz.done), 0, d.fz.done.Bytes())
 	})
 	side := d.sideStream()
@@ -347,6 +413,12 @@ func (d *ExpertDispatch) returnSendFused(op string, y *tensor.Tensor, gemm func(
 		d.BeforeWait()
 	}
 	P, L, C := d.cfg.Ranks, d.cfg.local(), d.cfg.Cols
+	bflag := d.b.flagPtr(flagEPBlocks, d.blocksExplain())
+	send := func(dev gpu.Device, grid int) error {
+		return dev.Launch("ep_return_blocks"+sfx(d.cfg.DType), gpu.D1(grid), gpu.D1(fusedSendThreads), 0, ptr(y),
+			ptr(d.routeExp), ptr(d.offsets), ptr(d.tab), int32(P), int32(L), int32(C), ptr(d.fz.done),
+			int64(d.doneTarget()), int64(d.cfg.Deadline), d.peerRow(buf), ptr(d.status), bflag, ptr(d.fz.claim))
+	}
 	d.b.do(op, func(dev gpu.Device) error {
 		return d.onSide(dev, func(dev gpu.Device) error {
 			flag := d.b.flagPtr(flagEPWait, d.waitExplain())
@@ -354,20 +426,18 @@ func (d *ExpertDispatch) returnSendFused(op string, y *tensor.Tensor, gemm func(
 				int64(d.cfg.Deadline), int32(ack), ptr(d.status), flag); err != nil {
 				return err
 			}
-			bflag := d.b.flagPtr(flagEPBlocks, d.blocksExplain())
+			if cd, ok := dev.(*cudaDevice); ok && side {
+				if err := d.fz.acked.Record(cd.stream); err != nil {
+					return err
+				}
+			}
 			// Few CTAs, on purpose: they spin on flags of a persistent GEMM
 			// queued after them, which must still find its SMs. The GEMM
 			// leaves EngineReserveSMs (≥ 4) free; these CTAs and the wait
 			// before them take at most 3, so every GEMM CTA can be resident
 			// (a CTA of its tiles that never ran would hold this wait until
 			// the deadline).
-			grid := max(1, min(d.fz.nblk, fusedCombineCTAs))
-			if err := dev.Launch("ep_return_blocks"+sfx(d.cfg.DType), gpu.D1(grid), gpu.D1(128), 0, ptr(y),
-				ptr(d.routeExp), ptr(d.offsets), ptr(d.tab), int32(P), int32(L), int32(C), ptr(d.fz.done),
-				int64(d.doneTarget()), int64(d.cfg.Deadline), d.peerRow(buf), ptr(d.status), bflag); err != nil {
-				return err
-			}
-			return d.signal(dev, ready, e)
+			return send(dev, max(1, min(d.fz.nblk, fusedCombineCTAs)))
 		})
 	})
 	if side {
@@ -375,6 +445,24 @@ func (d *ExpertDispatch) returnSendFused(op string, y *tensor.Tensor, gemm func(
 			return err
 		}
 	}
+	// The second launch, after the GEMM: every unit the side CTAs have not
+	// claimed, on a full grid (its flags are all up, so it never spins).
+	// Then the side stream is joined and the homes are told.
+	d.b.do(op, func(dev gpu.Device) error {
+		if cd, ok := dev.(*cudaDevice); ok && side {
+			if err := cd.stream.WaitEvent(d.fz.acked); err != nil {
+				return err
+			}
+		}
+		units := d.fz.nblk * (FusedBlockRows / fusedUnitRows)
+		if err := send(dev, max(1, min(units, fusedTailCTAs))); err != nil {
+			return err
+		}
+		if err := d.joinSide(dev); err != nil {
+			return err
+		}
+		return d.signal(dev, ready, e)
+	})
 	return d.sticky(op)
 }
 
@@ -406,11 +494,11 @@ func (d *ExpertDispatch) CombineBackwardRecvFused(dy *tensor.Tensor) error {
 			int32(L), ptr(d.fz.counters), int32(d.fz.nblk), ptr(d.status)); err != nil {
 			return err
 		}
-		return d.eachSourceOnSide(dev, e, func(dev gpu.Device, s int) error {
+		return d.eachSource(dev, e, func(dev gpu.Device, s, who int) error {
 			return dev.Launch("ep_scale_recv"+sfx(d.cfg.DType), d.grid(Mt), gpu.D1(128), 0, ptr(d.sym[EPTokens]),
 				ptr(d.sym[EPWeights]), ptr(d.hcopy), ptr(d.route), gpu.Ptr(0), int32(P), int32(E), int32(K), int32(C),
 				int32(Mt), ptr(dy), ptr(d.status), int32(s), ptr(d.fz.counters), ptr(d.offsets), ptr(d.tab),
-				int32(L))
+				int32(L), ptr(d.fz.sources), int32(who))
 		})
 	})
 	return d.sticky(op)

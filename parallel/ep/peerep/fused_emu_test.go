@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -125,84 +126,97 @@ func TestEmuFusedMatchesPipelined(t *testing.T) {
 				pip := fusedRun(t, tc.P, cfg, dt, tc.tokens, maxTok, steps, func(bar *barrier) overlap.Strategy {
 					return Pipelined{Options: []Option{WithBeforeWait(bar.wait)}}
 				}, nil)
-				checked := 0
-				var cmu sync.Mutex
-				fus := fusedRun(t, tc.P, cfg, dt, tc.tokens, maxTok, steps, func(bar *barrier) overlap.Strategy {
-					return Fused{Options: []Option{WithBeforeWait(bar.wait), WithStreamHooks()}}
-				}, func(rank int, b *cudabackend.Backend, m *ep.MoE) error {
-					p, ok := m.Dispatch.(*Path)
-					if !ok || !p.Fused() {
-						return fmt.Errorf("expert path %T is not the fused Path", m.Dispatch)
-					}
-					if !m.DeviceStep() {
-						return fmt.Errorf("the fused layer does not run the device step")
-					}
-					if f, b := p.FusedSteps(); f != steps || b != steps {
-						return fmt.Errorf("%d forward and %d backward steps ran from the GEMM hooks, want %d each", f, b, steps)
-					}
-					d := p.Engine()
-					nblk := d.Config().FusedBlocks()
-					cnt, done := u64s(b, d.FusedCounters()), u64s(b, d.FusedDone())
-					if len(cnt) != nblk || len(done) != nblk {
-						return fmt.Errorf("%d counters and %d flags, want %d", len(cnt), len(done), nblk)
-					}
-					off := ints(b, d.Offsets())
-					blk := ints(b, d.FusedBlockTable())
-					if err := b.Err(); err != nil {
-						return err
-					}
-					q := 0
-					for e := range len(off) - 1 {
-						if int(blk[e]) != q {
-							return fmt.Errorf("block table %v over offsets %v: entry %d is %v, want %d", blk, off, e, blk[e], q)
+				defer cudabackend.SetFusedLandEarly(true)
+				for _, early := range []bool{true, false} {
+					cudabackend.SetFusedLandEarly(early)
+					checked := 0
+					var cmu sync.Mutex
+					fus := fusedRun(t, tc.P, cfg, dt, tc.tokens, maxTok, steps, func(bar *barrier) overlap.Strategy {
+						return Fused{Options: []Option{WithBeforeWait(bar.wait), WithStreamHooks()}}
+					}, func(rank int, b *cudabackend.Backend, m *ep.MoE) error {
+						p, ok := m.Dispatch.(*Path)
+						if !ok || !p.Fused() {
+							return fmt.Errorf("expert path %T is not the fused Path", m.Dispatch)
 						}
-						q += (int(off[e+1]-off[e]) + 127) / 128
-					}
-					if int(blk[len(off)-1]) != q {
-						return fmt.Errorf("block table %v over offsets %v: %v blocks, want %d", blk, off, blk[len(off)-1], q)
-					}
-					for i := range nblk {
-						if cnt[i] != 128 {
-							return fmt.Errorf("block %d's counter is %d after the step, want 128 (rows landed + 128 − rows)", i, cnt[i])
+						if !m.DeviceStep() {
+							return fmt.Errorf("the fused layer does not run the device step")
 						}
-						if i < q && done[i] != 1 {
-							return fmt.Errorf("block %d's done flag is %d, want 1", i, done[i])
+						if f, b := p.FusedSteps(); f != steps || b != steps {
+							return fmt.Errorf("%d forward and %d backward steps ran from the GEMM hooks, want %d each", f, b, steps)
 						}
-					}
-					cmu.Lock()
-					checked++
-					cmu.Unlock()
-					return nil
-				})
-				if checked != tc.P {
-					t.Fatalf("%d ranks checked the counters, want %d", checked, tc.P)
-				}
-				nonzero := false
-				for r := range tc.P {
-					same := func(what string, got, want []float64) {
-						if len(got) != len(want) {
-							t.Fatalf("rank %d %s: %d values, pipelined %d", r, what, len(got), len(want))
+						d := p.Engine()
+						nblk := d.Config().FusedBlocks()
+						cnt, done := u64s(b, d.FusedCounters()), u64s(b, d.FusedDone())
+						if len(cnt) != nblk || len(done) != nblk {
+							return fmt.Errorf("%d counters and %d flags, want %d", len(cnt), len(done), nblk)
 						}
-						for i := range got {
-							if math.Float64bits(got[i]) != math.Float64bits(want[i]) {
-								t.Errorf("rank %d %s[%d] = %v, pipelined %v (expected identical bits)", r, what, i, got[i], want[i])
-								return
+						off := ints(b, d.Offsets())
+						blk := ints(b, d.FusedBlockTable())
+						if err := b.Err(); err != nil {
+							return err
+						}
+						q := 0
+						for e := range len(off) - 1 {
+							if int(blk[e]) != q {
+								return fmt.Errorf("block table %v over offsets %v: entry %d is %v, want %d", blk, off, e, blk[e], q)
 							}
-							if got[i] != 0 {
-								nonzero = true
+							q += (int(off[e+1]-off[e]) + 127) / 128
+						}
+						if int(blk[len(off)-1]) != q {
+							return fmt.Errorf("block table %v over offsets %v: %v blocks, want %d", blk, off, blk[len(off)-1], q)
+						}
+						// The emulated ranks meet before each wait, so every
+						// source is here when the backend's stream claims.
+						want := int32(2)
+						if early {
+							want = 1
+						}
+						if src := ints(b, d.FusedSources()); len(src) < tc.P || slices.ContainsFunc(src[:tc.P], func(v int32) bool { return v != want }) {
+							return fmt.Errorf("sources landed by streams %v, want %d for each of %d (land early: %v)", src, want, tc.P, early)
+						}
+						for i := range nblk {
+							if cnt[i] != 128 {
+								return fmt.Errorf("block %d's counter is %d after the step, want 128 (rows landed + 128 − rows)", i, cnt[i])
+							}
+							if i < q && done[i] != 1 {
+								return fmt.Errorf("block %d's done flag is %d, want 1", i, done[i])
 							}
 						}
+						cmu.Lock()
+						checked++
+						cmu.Unlock()
+						return nil
+					})
+					if checked != tc.P {
+						t.Fatalf("%d ranks checked the counters, want %d", checked, tc.P)
 					}
-					same("out", fus[r].out, pip[r].out)
-					same("dx", fus[r].dx, pip[r].dx)
-					for i := range pip[r].grads {
-						same(fmt.Sprintf("grad %d", i), fus[r].grads[i], pip[r].grads[i])
+					nonzero := false
+					for r := range tc.P {
+						same := func(what string, got, want []float64) {
+							if len(got) != len(want) {
+								t.Fatalf("rank %d %s: %d values, pipelined %d", r, what, len(got), len(want))
+							}
+							for i := range got {
+								if math.Float64bits(got[i]) != math.Float64bits(want[i]) {
+									t.Errorf("rank %d %s[%d] = %v, pipelined %v (expected identical bits)", r, what, i, got[i], want[i])
+									return
+								}
+								if got[i] != 0 {
+									nonzero = true
+								}
+							}
+						}
+						same("out", fus[r].out, pip[r].out)
+						same("dx", fus[r].dx, pip[r].dx)
+						for i := range pip[r].grads {
+							same(fmt.Sprintf("grad %d", i), fus[r].grads[i], pip[r].grads[i])
+						}
 					}
+					if !nonzero {
+						t.Fatal("every output and gradient is zero: the comparison proves nothing")
+					}
+					t.Logf("land early %v: routing %v, dropped %d", early, pip[0].stats.TokensPerExpert, pip[0].stats.Dropped)
 				}
-				if !nonzero {
-					t.Fatal("every output and gradient is zero: the comparison proves nothing")
-				}
-				t.Logf("routing %v, dropped %d", pip[0].stats.TokensPerExpert, pip[0].stats.Dropped)
 			})
 		}
 	}

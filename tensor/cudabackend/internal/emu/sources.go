@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "a4d5c57ce56f1214c9d75d1d0cf8659acee92b8712bb0aa431def2851b74ed22"
+const SourcesSum = "a2cd69e8c341e0896c3688ba3bc3f19d76c5414db11d5f938e4486303183d1fc"
