@@ -75,7 +75,7 @@ func (m *moeCase) flops() float64            { return 0 }
 func (m *moeCase) busFactor() float64        { return float64(m.grp.Size()-1) / float64(m.grp.Size()) }
 func (m *moeCase) spec() overlap.Spec {
 	return overlap.Spec{Kind: overlap.KindExpert, Name: "ablate.moe", Group: m.grp, Backend: m.b, Stream: m.st,
-		Rows: m.n, K: m.d, Outs: []int{m.E, m.K}, DType: m.g.dt}
+		Rows: m.n, K: m.d, Outs: []int{m.E, m.K}, DType: m.g.dt, Experts: m.E}
 }
 
 // bytes is what this rank sends in the dispatch and the combine together.

@@ -62,7 +62,7 @@ func NewExperts(b tensor.Backend, ps *ParamSet, name string, cfg ExpertsConfig) 
 	}
 	ex := &Experts{Name: name, Dim: cfg.Dim, Hidden: cfg.Hidden, Experts: cfg.Experts, First: cfg.First, Count: cfg.Count, b: b,
 		act: NewSwiGLUCore(b)}
-	ex.grouped = tensor.UseGrouped(b)
+	ex.grouped = tensor.UseGroupedFor(b, cfg.Count)
 	add := func(suffix string, rows, cols int, std float64) (*Param, error) {
 		init := Normal(std)
 		if cfg.Count != cfg.Experts {
@@ -170,7 +170,7 @@ func (ex *Experts) Forward(out, x *tensor.Tensor, counts []int) error {
 // ignored: the GEMMs never read or write them, and SwiGLU, row-local,
 // writes such rows of its own buffers only from such rows of the gate and
 // up buffers (which the GEMMs leave as they were: zero when allocated,
-// finite after). It needs the backend's grouped GEMM (tensor.UseGrouped).
+// finite after). It needs the backend's grouped GEMM (tensor.UseGroupedFor).
 // offsets and x must stay unchanged until Backward.
 func (ex *Experts) ForwardOffsets(out, x, offsets *tensor.Tensor) error {
 	return ex.ForwardOffsetsHooked(out, x, offsets, nil)
@@ -198,7 +198,7 @@ func (ex *Experts) ForwardOffsetsHooked(out, x, offsets *tensor.Tensor, hooks *G
 		return err
 	}
 	if ex.grouped == nil {
-		return fmt.Errorf("%s: row offsets on the device need the backend's grouped GEMM (tensor.UseGrouped)", ex.what())
+		return fmt.Errorf("%s: row offsets on the device need the backend's grouped GEMM (tensor.UseGroupedFor)", ex.what())
 	}
 	if offsets == nil || offsets.DType() != tensor.Int32 || offsets.Device() != ex.b.Device() || !offsets.Shape().Equal(tensor.Shape{ex.Count + 1}) {
 		return fmt.Errorf("%s: offsets %v, expected int32(%d) on %v", ex.what(), offsets, ex.Count+1, ex.b.Device())

@@ -53,6 +53,9 @@ type Spec struct {
 	K     int   // the inner width (the input's features)
 	Outs  []int // the output widths, one per weight
 	DType tensor.DType
+	// Experts is an expert site's experts over the whole group
+	// (KindExpert; 0: not given); the TP sites leave it 0.
+	Experts int
 }
 
 func (s Spec) what() string {

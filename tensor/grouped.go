@@ -60,6 +60,15 @@ type GroupedPreference interface {
 	PreferGrouped() bool
 }
 
+// GroupedCountPreference is an optional method of a backend with
+// GroupedGEMM whose preference depends on the groups of a layer (its
+// local experts): for such a layer it replaces GroupedPreference. The
+// CUDA backend's grouped engine wins over one GEMM per expert with many
+// small experts and loses with a few large ones.
+type GroupedCountPreference interface {
+	PreferGroupedFor(groups int) bool
+}
+
 // UseGrouped returns b's GroupedGEMM when b has one and prefers it, else nil.
 func UseGrouped(b Backend) GroupedGEMM {
 	g, ok := b.(GroupedGEMM)
@@ -70,4 +79,20 @@ func UseGrouped(b Backend) GroupedGEMM {
 		return nil
 	}
 	return g
+}
+
+// UseGroupedFor is UseGrouped for a layer of groups groups (local
+// experts): a backend with GroupedCountPreference answers for that count.
+func UseGroupedFor(b Backend, groups int) GroupedGEMM {
+	g, ok := b.(GroupedGEMM)
+	if !ok {
+		return nil
+	}
+	if p, ok := b.(GroupedCountPreference); ok {
+		if !p.PreferGroupedFor(groups) {
+			return nil
+		}
+		return g
+	}
+	return UseGrouped(b)
 }

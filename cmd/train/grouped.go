@@ -15,9 +15,10 @@ import (
 
 // --grouped-gemm: the form of the MoE layers' expert GEMMs.
 //
-//   - auto (the default): the backend's own preference
-//     (tensor.GroupedPreference): the CPU takes its grouped op; the CUDA
-//     backend takes its grouped GEMM when it prefers it.
+//   - auto (the default): the backend's own preference for the layer's
+//     local experts (tensor.UseGroupedFor): the CPU takes its grouped op;
+//     the CUDA backend takes its grouped GEMM for layers of at least
+//     cudabackend.GroupedAutoMinExperts local experts on Hopper.
 //   - on: the backend's grouped GEMM (cudabackend.WithGroupedGEMM(true) on
 //     the GPU): one grouped call per projection for all local experts, and,
 //     with an expert path that has ep.DeviceOffsets (--overlap pipelined on

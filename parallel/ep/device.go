@@ -11,7 +11,7 @@ import (
 // MoE layer runs its whole step — route, dispatch, the grouped expert
 // GEMMs, SwiGLU, combine and the backward — without reading anything back
 // to the host. The layer takes it when the backend has the grouped GEMM
-// (tensor.UseGrouped); otherwise, and on the collective *Dispatcher, it
+// (tensor.UseGroupedFor); otherwise, and on the collective *Dispatcher, it
 // runs the host-count ExpertPath methods.
 //
 // Rows are in expert-major order (local expert, then source rank, then

@@ -249,7 +249,7 @@ func (m *MoE) Forward(out, x *tensor.Tensor) error {
 		return m.forwardDevice(dp, out2, x2, n)
 	}
 	if fp, ok := d.(FusedOffsets); ok && fp.Fused() {
-		return fmt.Errorf("%s: the fused expert path runs only as the MoE device step, which this layer cannot take: it needs the backend's grouped GEMM (tensor.UseGrouped; cmd/train --grouped-gemm on), a bound on the tokens per rank (WithMaxTokens) and fp32 routing", m.what())
+		return fmt.Errorf("%s: the fused expert path runs only as the MoE device step, which this layer cannot take: it needs the backend's grouped GEMM for its local experts (tensor.UseGroupedFor; cmd/train --grouped-gemm on), a bound on the tokens per rank (WithMaxTokens) and fp32 routing", m.what())
 	}
 	m.Router.DeviceStats = false
 

@@ -80,7 +80,7 @@ func (r *statsRead) resolve() error {
 
 // DeviceStep reports whether Forward and Backward run the device step:
 // the expert path has DeviceOffsets, the experts take the backend's
-// grouped GEMM (tensor.UseGrouped), the layer has a bound
+// grouped GEMM (tensor.UseGroupedFor), the layer has a bound
 // (WithMaxTokens) and routes in fp32. Otherwise the step reads the
 // routing and the exchanged counts back to the host.
 func (m *MoE) DeviceStep() bool { return m.devicePath() != nil }

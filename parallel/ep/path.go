@@ -81,7 +81,7 @@ func newExpertPath(b tensor.Backend, group comm.Comm, name string, experts, dim 
 		ch = overlap.Single(overlap.Collective{})
 	}
 	sp := overlap.Spec{Kind: overlap.KindExpert, Name: name, Group: group, Backend: b, Stream: o.stream,
-		Rows: o.maxTokens, K: dim, Outs: []int{dim}}
+		Rows: o.maxTokens, K: dim, Outs: []int{dim}, Experts: experts}
 	s, err := ch.Choose(sp)
 	if err != nil {
 		return nil, err

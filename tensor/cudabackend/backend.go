@@ -60,13 +60,11 @@ type Option func(*config)
 // WithGroupedGEMM sets whether the MoE layers take this backend's grouped
 // GEMM (one launch for all experts, offsets on the device: the pipelined
 // expert path's step without host reads) or one cuBLASLt GEMM per expert
-// (PreferGrouped). Without it, one GEMM per expert: measured on the H200
-// (2026-12-02, BENCHMARKS.md), one MoE layer's forward and backward took
-// 3.8 ms with per-expert cuBLASLt and host counts against 5.5 ms with the
-// grouped engine and the device step (4096 tokens per rank, EP 2, top-2 of
-// 8), the engine's grouped kernels being at 0.7–0.9 of per-expert cuBLASLt
-// at 2048 rows per expert (its weight gradient lowest). WithGroupedGEMM(true) takes
-// the grouped GEMM, WithGroupedGEMM(false) says the default explicitly. The
+// (PreferGrouped, PreferGroupedFor). Without it, a layer takes the grouped
+// GEMM when it has at least GroupedAutoMinExperts local experts and the
+// grouped engine runs here, else one GEMM per expert (the measurements are
+// at GroupedAutoMinExperts). WithGroupedGEMM(true) takes the grouped GEMM
+// for every layer, WithGroupedGEMM(false) one GEMM per expert. The
 // ops themselves work either way (tensor.GroupedGEMM), each call on the
 // tensor-core engine (grouped_sm90.cu) where it applies (an sm_90a GPU,
 // bf16, N and K multiples of 8, 16-byte aligned tensors, at most 1024
@@ -81,13 +79,39 @@ func WithGroupedGEMM(on bool) Option {
 	}
 }
 
-// PreferGrouped implements tensor.GroupedPreference (see WithGroupedGEMM).
+// PreferGrouped implements tensor.GroupedPreference (see WithGroupedGEMM):
+// without a count of experts, only WithGroupedGEMM(true) prefers it.
 func (b *Backend) PreferGrouped() bool {
 	switch b.cfg.grouped {
 	case groupedOn:
 		return true
 	}
-	return false // see WithGroupedGEMM: slower than per-expert cuBLASLt today
+	return false // see WithGroupedGEMM: slower than per-expert cuBLASLt with a few large experts
+}
+
+// GroupedAutoMinExperts is the fewest local experts for which a layer
+// takes the grouped GEMM when WithGroupedGEMM is not given
+// (PreferGroupedFor). Measured on the H200 (2026-12-02 (third),
+// BENCHMARKS.md; one MoE layer forward + backward, EP 2 under MPS, 4096
+// tokens per rank, the pipelined path): with 4 local experts (top-2 of 8,
+// hidden 2048 and 4096) one cuBLASLt GEMM per expert on host counts is 4 %
+// and 24 % faster than the grouped engine's device step; with 32 (top-8 of
+// 64) the grouped device step is 16 % and 11 % faster. Counts between were
+// not measured; 16 is between.
+const GroupedAutoMinExperts = 16
+
+// PreferGroupedFor implements tensor.GroupedCountPreference: a layer of
+// groups local experts takes the grouped GEMM with WithGroupedGEMM(true),
+// never with WithGroupedGEMM(false), and by default when it has at least
+// GroupedAutoMinExperts and the grouped engine runs here (an sm_90a GPU).
+func (b *Backend) PreferGroupedFor(groups int) bool {
+	switch b.cfg.grouped {
+	case groupedOn:
+		return true
+	case groupedOff:
+		return false
+	}
+	return groups >= GroupedAutoMinExperts && b.groupedEngineErr() == nil
 }
 
 // WithKernels loads the kernels image from path instead of looking for it

@@ -123,3 +123,23 @@ func TestGroupedEngineErrors(t *testing.T) {
 		t.Errorf("WithGroupedGEMM(false): %v, want groupedOff", c.grouped)
 	}
 }
+
+// TestPreferGroupedFor: WithGroupedGEMM decides for every count; without
+// it, a layer below GroupedAutoMinExperts takes one GEMM per expert (the
+// rest depends on the grouped engine running here: GPU tests).
+func TestPreferGroupedFor(t *testing.T) {
+	for _, tc := range []struct {
+		c      groupedChoice
+		groups int
+		want   bool
+	}{
+		{groupedOn, 1, true}, {groupedOn, 64, true},
+		{groupedOff, 1, false}, {groupedOff, 64, false},
+		{groupedAuto, 1, false}, {groupedAuto, GroupedAutoMinExperts - 1, false},
+	} {
+		b := &Backend{cfg: config{grouped: tc.c}}
+		if got := b.PreferGroupedFor(tc.groups); got != tc.want {
+			t.Errorf("choice %d, %d groups: PreferGroupedFor = %v, want %v", tc.c, tc.groups, got, tc.want)
+		}
+	}
+}

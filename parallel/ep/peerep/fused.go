@@ -49,7 +49,7 @@ func (f Fused) Supports(sp overlap.Spec) error {
 		return fmt.Errorf("fused: %w", err)
 	}
 	what := fmt.Sprintf("fused expert path %q", sp.Name)
-	if tensor.UseGrouped(b) == nil {
+	if groupedFor(b, sp) == nil {
 		return fmt.Errorf("%s: the backend's grouped GEMM is off (cmd/train --grouped-gemm on, cudabackend.WithGroupedGEMM(true)), and the fused path runs only as the MoE device step on it (%w)", what, overlap.ErrUnavailable)
 	}
 	probe := &Path{}
@@ -216,3 +216,13 @@ func (p *Path) dx(h *ep.Handle, c, a, w, off *tensor.Tensor) error {
 // FusedSteps is how many forward and backward steps ran their combine (or
 // dispatch backward) from the GEMM hooks (tests and diagnostics).
 func (p *Path) FusedSteps() (forward, backward int) { return p.nFwd, p.nBwd }
+
+// groupedFor is the grouped GEMM the expert site's layer takes on b: for
+// its local experts when the spec gives the experts (as the layers decide,
+// tensor.UseGroupedFor), else the backend's general preference.
+func groupedFor(b tensor.Backend, sp overlap.Spec) tensor.GroupedGEMM {
+	if P := sp.Group.Size(); sp.Experts > 0 && P > 0 {
+		return tensor.UseGroupedFor(b, sp.Experts/P)
+	}
+	return tensor.UseGrouped(b)
+}
