@@ -224,7 +224,7 @@ func (x *exchange) publish(d int) error {
 // dst (n rows), after the compute stream's work so far, and returns the
 // Work that orders the compute stream after it.
 func (x *exchange) pull(step, q int, dst *tensor.Tensor) (comm.Work, error) {
-	return x.pullWith(step, q, dst, true, 0)
+	return x.pullWith(step, q, dst, true, 0, 0)
 }
 
 // pullWith is pull; without fork the side stream is not ordered after the
@@ -232,7 +232,7 @@ func (x *exchange) pull(step, q int, dst *tensor.Tensor) (comm.Work, error) {
 // scatter's pulls must not wait for the GEMM that runs meanwhile), and a
 // non-zero landed is a local word the side stream sets to the epoch once
 // the rows are here (the GEMM engine's producer waits on it).
-func (x *exchange) pullWith(step, q int, dst *tensor.Tensor, fork bool, landed uint64) (comm.Work, error) {
+func (x *exchange) pullWith(step, q int, dst *tensor.Tensor, fork bool, landed, issued uint64) (comm.Work, error) {
 	me := x.sp.g.Rank()
 	n := dst.Dim(0)
 	var ev *cuda.Event
@@ -253,6 +253,11 @@ func (x *exchange) pullWith(step, q int, dst *tensor.Tensor, fork bool, landed u
 		side := x.sp.side
 		if err := side.WaitValue64(x.readyWord(me, q), x.epoch, cuda.WaitGEQ); err != nil {
 			return err
+		}
+		if issued != 0 { // the side stream is past its waits (gatherInto's last pull)
+			if err := side.WriteValue64(cuda.DevicePtr(issued), x.epoch); err != nil {
+				return err
+			}
 		}
 		slot := 0
 		if x.slots > 1 {

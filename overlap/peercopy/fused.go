@@ -407,17 +407,24 @@ func gatherLanded(x *exchange, full, src *tensor.Tensor, timeout time.Duration) 
 	}
 	landed, _ := x.flags()
 	// The pulls' Work is not waited: the engine's acquire of each landed
-	// word orders the rows (see fagmm.Forward).
-	if _, err := gatherInto(x, full, src, landed); err != nil {
+	// word orders the rows (see fagmm.Forward). The own ready word, which
+	// no peer writes, is raised by the side stream once it has passed the
+	// wait of its last pull (its earlier pulls have landed by then), so
+	// that the one wait below covers the peers' publishes and that: the
+	// engine then waits only on the last pull, already issued. With the
+	// own word on the compute stream instead, four PEs sharing the H200
+	// under MPS stalled until the deadline on each rank's last pull, with
+	// the engine resident (2026-12-02 (third), BENCHMARKS.md).
+	if _, err := gatherInto(x, full, src, landed, uint64(x.readyWord(r, r))); err != nil {
 		return 0, err
 	}
 	err := b.OnDevice(func(compute *cuda.Stream) error {
-		if err := compute.WriteValue64(cuda.DevicePtr(landed+uint64(r)*wordBytes), x.epoch); err != nil {
-			return err
+		if P == 1 {
+			if err := compute.WriteValue64(x.readyWord(r, r), x.epoch); err != nil {
+				return err
+			}
 		}
-		// The own ready word, which no peer writes, so that one wait covers
-		// the P words of the pad.
-		return compute.WriteValue64(x.readyWord(r, r), x.epoch)
+		return compute.WriteValue64(cuda.DevicePtr(landed+uint64(r)*wordBytes), x.epoch)
 	})
 	if err != nil {
 		return 0, fmt.Errorf("%s: %w", x.sp.what, err)
@@ -486,7 +493,7 @@ func scatterEngine(x *exchange, sum *overlap.Accumulator, recv, out *tensor.Tens
 		if err != nil {
 			return fmt.Errorf("%s: publishing rank %d's rows: %w", x.sp.what, d, err)
 		}
-		w, err := x.pullWith(s, q, ownRows(recv, s-1, n), false, 0)
+		w, err := x.pullWith(s, q, ownRows(recv, s-1, n), false, 0, 0)
 		if err != nil {
 			return err
 		}

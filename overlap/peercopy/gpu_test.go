@@ -123,8 +123,17 @@ func (p *pe) close(t *testing.T) { p.PE.Close(t) }
 // $ASYNCTP_OVERLAP_STRATEGIES (a comma-separated list of stratName's
 // names, e.g. "fused-pull,fused-put").
 func strategies(t *testing.T) []overlap.Strategy {
+	// $ASYNCTP_OVERLAP_FUSED_TIMEOUT: the fused strategies' deadline (unset:
+	// their default), to tell a stall from a slow peer.
+	var timeout time.Duration
+	if v := os.Getenv("ASYNCTP_OVERLAP_FUSED_TIMEOUT"); v != "" {
+		var err error
+		if timeout, err = time.ParseDuration(v); err != nil || timeout <= 0 {
+			t.Fatalf("ASYNCTP_OVERLAP_FUSED_TIMEOUT=%q: expected a positive duration", v)
+		}
+	}
 	all := []overlap.Strategy{overlap.Collective{}, overlap.Pipelined{}, peercopy.Pipelined{},
-		peercopy.Fused{Transfer: peercopy.TransferPull}, peercopy.Fused{Transfer: peercopy.TransferPut}}
+		peercopy.Fused{Transfer: peercopy.TransferPull, Timeout: timeout}, peercopy.Fused{Transfer: peercopy.TransferPut, Timeout: timeout}}
 	only := os.Getenv("ASYNCTP_OVERLAP_STRATEGIES")
 	if only == "" {
 		return all

@@ -138,7 +138,7 @@ func sumProducts(b tensor.Backend, out *tensor.Tensor, as, ws []*tensor.Tensor) 
 // into its rows of full (P·n rows; the own rows are copied), returning the
 // Work of each step (index s: the rows of rank r−s). A non-zero landed is
 // the fused strategy's: each pull then raises rank q's landed word.
-func gatherInto(x *exchange, full, src *tensor.Tensor, landed uint64) ([]comm.Work, error) {
+func gatherInto(x *exchange, full, src *tensor.Tensor, landed, issued uint64) ([]comm.Work, error) {
 	g, b := x.sp.g, x.sp.b
 	P, r, n := g.Size(), g.Rank(), src.Dim(0)
 	if err := x.ensure(n, src.Dim(1), src.DType()); err != nil {
@@ -158,7 +158,11 @@ func gatherInto(x *exchange, full, src *tensor.Tensor, landed uint64) ([]comm.Wo
 	steps := make([]comm.Work, P)
 	for s := 1; s < P; s++ {
 		q := (r - s + P) % P
-		w, err := x.pullWith(s, q, ownRows(full, q, n), true, landed)
+		mark := uint64(0)
+		if s == P-1 {
+			mark = issued
+		}
+		w, err := x.pullWith(s, q, ownRows(full, q, n), true, landed, mark)
 		if err != nil {
 			return nil, err
 		}
@@ -239,7 +243,7 @@ func (s *agmm) Forward(outs []*tensor.Tensor, xFull, x *tensor.Tensor, ws []*ten
 		return s.fallback().Forward(outs, xFull, x, ws) // the same checks, and P = 1
 	}
 	b, r := s.e.b, s.sp.Group.Rank()
-	steps, err := gatherInto(s.fwd, xFull, x, 0)
+	steps, err := gatherInto(s.fwd, xFull, x, 0, 0)
 	if err != nil {
 		return err
 	}
@@ -335,7 +339,7 @@ func (s *mmrs) Backward(dx, dw, dout, x, w *tensor.Tensor) (comm.Work, error) {
 	}
 	b, r := s.e.b, s.sp.Group.Rank()
 	full := s.full.get(b, dout.DType(), P*n, dout.Dim(1))
-	steps, err := gatherInto(s.bwd, full, dout, 0)
+	steps, err := gatherInto(s.bwd, full, dout, 0, 0)
 	if err != nil {
 		return nil, err
 	}

@@ -433,7 +433,7 @@ func (d *ExpertDispatch) returnSendFused(op string, y *tensor.Tensor, gemm func(
 			}
 			// Few CTAs, on purpose: they spin on flags of a persistent GEMM
 			// queued after them, which must still find its SMs. The GEMM
-			// leaves EngineReserveSMs (≥ 4) free; these CTAs and the wait
+			// leaves EngineReserveSMs (≥ 8) free; these CTAs and the wait
 			// before them take at most 3, so every GEMM CTA can be resident
 			// (a CTA of its tiles that never ran would hold this wait until
 			// the deadline).

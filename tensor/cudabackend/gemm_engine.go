@@ -102,10 +102,15 @@ func (b *Backend) reserveOf(avail, asked int) int {
 }
 
 // EngineReserveSMs is the default of GEMMWait.ReserveSMs for a process
-// whose share of the GPU is sms SMs: max(4, sms/16), unless
+// whose share of the GPU is sms SMs: max(8, sms/16), unless
 // $ASYNCTP_ENGINE_RESERVE_SMS (an integer ≥ 0, read by New, which refuses
-// anything else) says otherwise.
-func EngineReserveSMs(sms int) int { return max(4, sms/16) }
+// anything else) says otherwise. The floor was 4; with four PEs under MPS
+// (32 SMs each) the fused all-gather∘matmul's pulls then had too few SMs:
+// its forward (8192 rows, K 4096) took 1576 µs with 8 against 2321 and
+// 2385 µs with 4 in one call, and 8 cost nothing measurable at two PEs
+// (66 SMs each; H200, 2026-12-02 (third), BENCHMARKS.md). (The stall seen
+// at four PEs then was not the reserve: see peercopy's gatherLanded.)
+func EngineReserveSMs(sms int) int { return max(8, sms/16) }
 
 // parseReserve reads $ASYNCTP_ENGINE_RESERVE_SMS.
 func parseReserve(v string) (int, error) {

@@ -92,8 +92,10 @@ func TestEngineGridShare(t *testing.T) {
 			t.Errorf("engineShare(%d) = %d (%s), want %d (%s)", c.sms, n, from, c.want, c.fromWord)
 		}
 	}
-	if got := EngineReserveSMs(66); got != 4 {
-		t.Errorf("EngineReserveSMs(66) = %d, want 4", got)
+	for sms, want := range map[int]int{32: 8, 66: 8, 264: 16} {
+		if got := EngineReserveSMs(sms); got != want {
+			t.Errorf("EngineReserveSMs(%d) = %d, want %d", sms, got, want)
+		}
 	}
 	if got := EngineReserveSMs(132); got != 8 {
 		t.Errorf("EngineReserveSMs(132) = %d, want 8", got)
