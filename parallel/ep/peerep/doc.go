@@ -47,19 +47,24 @@
 //     order is cheaply known to arrive first; the dispatch side's order
 //     (own tokens first) is where arrival order is used. The up
 //     projection runs after it on the same stream (all rows landed).
-//   - Down GEMM and combine. The done flags are cleared; on the side stream
-//     the combine's send (ep_return_blocks, 2 CTAs) waits for the homes'
-//     combine buffers, then, block by block in increasing order, for the
-//     block's flag to reach ⌈C / 256⌉ and stores the block's rows into
-//     their tokens' homes (the same slots as the pipelined combine), then
-//     signals; meanwhile the down projection's engine epilogue adds 1
-//     (release) to its block's flag after each tile it stores. The home's
+//   - Down GEMM and combine. The done flags and a claim counter are
+//     cleared; on the side stream the combine's send (ep_return_blocks,
+//     2 CTAs of 8 warps) waits for the homes' combine buffers, then claims
+//     16-row units in increasing order, waits for each unit's block flag to
+//     reach ⌈C / 256⌉ and stores the unit's rows into their tokens' homes
+//     (the same slots as the pipelined combine, a warp per row); meanwhile
+//     the down projection's engine epilogue adds 1 (release) to its block's
+//     flag after each tile it stores. After the GEMM, on its stream, a
+//     second launch of the same kernel on a full grid sends every unit not
+//     yet claimed (its flags are up: it never spins), then the side stream
+//     is joined and the homes are signalled. The home's
 //     CombineRecv is the pipelined one: it waits for every source and sums
 //     the K slots in fp32 in choice order, so the output has the pipelined
 //     path's bits (on the emulator, and on the GPU with 2 PEs under MPS:
-//     TestFusedGPU, bit for bit). On one shared GPU it is slower than the
-//     pipelined path (3.3 × on one MoE layer, BENCHMARKS.md; not yet
-//     profiled).
+//     TestFusedGPU, bit for bit). On one shared GPU it takes 1.1–1.2 × the
+//     pipelined path's time on one MoE layer (BENCHMARKS.md); it was 3.3 ×
+//     while the whole send ran on the 2 side CTAs and every source landed
+//     on the side stream.
 //   - Backward, the mirror (ep.FusedOffsets' CombineBackwardFused,
 //     layers.Experts.BackwardHooked): ∂out goes once per destination rank
 //     with the routing weights (the pipelined send); the receiver sets the
@@ -73,6 +78,13 @@
 //     the K slot gradients as in the pipelined path. The weight-gradient
 //     GEMMs (grouped TN) have no hooks: the rows they read have landed once
 //     the dh GEMM has run, which precedes them on the stream.
+//
+// Landing (forward and backward): each source's rows land on whichever
+// stream gets to them first (ep_claim, atomicCAS per source): on the
+// backend's stream before the first GEMM, one claim takes every source
+// whose tokens are already here and lands them on the whole GPU; the side
+// stream takes the rest, each once its tokens arrive, on the SMs the
+// waiting GEMM leaves free.
 //
 // The side stream's kernels run beside persistent GEMMs only if those
 // leave them SMs: the hooked GEMMs reserve EngineReserveSMs (as the TP
