@@ -262,9 +262,13 @@ func (d *ExpertDispatch) DispatchRecvFused(out *tensor.Tensor) error {
 }
 
 // fusedLandEarly lets the backend's stream land the sources already here
-// before the GEMM (eachSource); the emulator's tests turn it off to run
-// every landing on the side path (SetFusedLandEarly).
-var fusedLandEarly = true
+// before the GEMM (eachSource), and fusedSideSend sends blocks from the
+// side stream beside the down GEMM (returnSendFused); the emulator's tests
+// turn them off to run every landing on the side path and every send in
+// the launch after the GEMM (SetFusedLandEarly, SetFusedSideSend): the
+// emulated ranks meet before each wait, so with them on the other paths
+// would never run there.
+var fusedLandEarly, fusedSideSend = true, true
 
 // Which stream lands a source's rows (fusedState.sources, ep_claim).
 const (
@@ -437,6 +441,9 @@ func (d *ExpertDispatch) returnSendFused(op string, y *tensor.Tensor, gemm func(
 			// before them take at most 3, so every GEMM CTA can be resident
 			// (a CTA of its tiles that never ran would hold this wait until
 			// the deadline).
+			if !fusedSideSend {
+				return nil
+			}
 			return send(dev, max(1, min(d.fz.nblk, fusedCombineCTAs)))
 		})
 	})

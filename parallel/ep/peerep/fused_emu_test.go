@@ -127,8 +127,13 @@ func TestEmuFusedMatchesPipelined(t *testing.T) {
 					return Pipelined{Options: []Option{WithBeforeWait(bar.wait)}}
 				}, nil)
 				defer cudabackend.SetFusedLandEarly(true)
+				defer cudabackend.SetFusedSideSend(true)
+				// early: the sources land on the backend's stream and the
+				// side launch sends every block; else the side stream
+				// lands them and the launch after the GEMM sends them.
 				for _, early := range []bool{true, false} {
 					cudabackend.SetFusedLandEarly(early)
+					cudabackend.SetFusedSideSend(early)
 					checked := 0
 					var cmu sync.Mutex
 					fus := fusedRun(t, tc.P, cfg, dt, tc.tokens, maxTok, steps, func(bar *barrier) overlap.Strategy {
