@@ -21,18 +21,20 @@ import (
 //
 //	DispatchSend(x, idx, cf)  layout; the counts into every peer's header and their own signal ("counts ready"); the tokens and "tokens ready"
 //	DispatchRecvFused(xe)     wait for every peer's counts; plan (offsets, blocks, counters = 128 − the block's rows);
-//	                          then on the side stream, source by source from this rank on: wait for its tokens, expand
-//	                          them into expert-major rows, +1 on a block's counter per row; ack the token buffer
+//	                          land the sources already here (claimed, whole grid); then on the side stream, source by
+//	                          source from this rank on: wait for its tokens, claim it, expand its rows into expert-major
+//	                          rows unless already landed, +1 on a block's counter per row; ack the token buffer
 //	<the first grouped GEMM, Wait()>           each block's rows once its counter is 128
-//	CombineSendFused(ye, gemm)                 the done flags cleared; on the side stream: wait for the homes' combine
-//	                                           buffers, send each block's rows as its flag rises, signal; gemm (the down
-//	                                           projection, Signal()) on the backend's stream meanwhile
-//	CombineRecv(out, w)                        join the side stream; the pipelined combine's wait and fp32 sum, unchanged
+//	CombineSendFused(ye, gemm)                 the done flags and the claim counter cleared; on the side stream: wait
+//	                                           for the homes' combine buffers, then 2 CTAs send 16-row units as their
+//	                                           blocks' flags rise; gemm (the down projection, Signal()) on the backend's
+//	                                           stream meanwhile; after it, a full grid sends the units left; join; signal
+//	CombineRecv(out, w)                        the pipelined combine's wait and fp32 sum, unchanged
 //
 // The backward mirrors it: CombineBackwardSend (pipelined: ∂out once per
 // destination rank with the weights), CombineBackwardRecvFused (the
-// counters set again to their targets; on the side stream each source's
-// rows scaled into expert rows as they land, +1 per row) under the dh GEMM
+// counters set again to their targets; each source's rows scaled into
+// expert rows as DispatchRecvFused lands them, +1 per row) under the dh GEMM
 // that waits on them (Wait), then DispatchBackwardSendFused beside the
 // last dx GEMM (Signal), and DispatchBackwardRecv as in the pipelined path.
 // The weight gradients' GEMMs have no hooks: they read rows that the dh
