@@ -25,19 +25,11 @@ BUDGET=${BUDGET:-120}      # seconds for step 2 in all
 PES=${PES:-2}
 BUILD_TIMEOUT=${BUILD_TIMEOUT:-300}
 mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-export ASYNCTP_KERNELS=${ASYNCTP_KERNELS:-$PWD/build/asynctp_kernels.fatbin}
-export ASYNCTP_LIBNVSHMEM=${ASYNCTP_LIBNVSHMEM:-$PWD/build/libasynctp_nvshmem.so}
+. scripts/gpu-env.sh # the GPU machine's environment and build/ paths
 TEST=./build/overlap_peercopy.test
 ROW_FMT='%-58s %-8s %s'
 . scripts/mps.sh # rows and MPS (this script runs from the repository root)
-summary() {
-  mps_quit
-  echo
-  echo "== summary (logs in $OUT)"
-  printf '%s\n' "${rows[@]}"
-}
-trap summary EXIT
+mps_summary_on_exit "summary (logs in $OUT)"
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 if [ ! -x "$TEST" ]; then

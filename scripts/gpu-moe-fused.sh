@@ -30,9 +30,7 @@ BENCH_SHAPES=${BENCH_SHAPES:-"8,2,2048,1024"}
 BENCH_TOKENS=${BENCH_TOKENS:-2048}
 T=./build/parallel_ep_peerep.test
 mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-export ASYNCTP_KERNELS=${ASYNCTP_KERNELS:-$PWD/build/asynctp_kernels.fatbin}
-export ASYNCTP_LIBNVSHMEM=${ASYNCTP_LIBNVSHMEM:-$PWD/build/libasynctp_nvshmem.so}
+. scripts/gpu-env.sh # the GPU machine's environment and build/ paths
 start=$(date +%s)
 ROW_FMT='%-58s %-7s %s'
 . scripts/mps.sh # rows and MPS (this script runs from the repository root)

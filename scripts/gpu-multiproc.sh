@@ -27,8 +27,7 @@ STEPS=${STEPS:-50}
 TOL=${TOL:-0.02}         # dense models: bf16 over 50 steps (measured 3e-3 at TP 2)
 TOL_MOE=${TOL_MOE:-0.05} # MoE: bf16 rounding flips some top-k choices (measured 2.2e-2 at EP 2)
 mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-export ASYNCTP_KERNELS=${ASYNCTP_KERNELS:-$PWD/build/asynctp_kernels.fatbin}
+. scripts/gpu-env.sh # the GPU machine's environment and build/ paths
 declare -a rows
 row() { rows+=("$(printf '%-44s %-6s %s' "$1" "$2" "$3")"); }
 summary() { echo; echo "== summary"; printf '%s\n' "${rows[@]}"; }

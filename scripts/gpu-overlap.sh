@@ -27,13 +27,10 @@ RUNS=${RUNS:-tp2 tp2-sp tp4-sp}   # the training comparisons (below; also tp4, m
 RUN_TIMEOUT=${RUN_TIMEOUT:-240}   # seconds per training run
 OVS=${OVS:-pipelined}             # the strategies each run compares with collective (e.g. "pipelined fused")
 mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-export ASYNCTP_KERNELS=${ASYNCTP_KERNELS:-$PWD/build/asynctp_kernels.fatbin}
-export ASYNCTP_LIBNVSHMEM=${ASYNCTP_LIBNVSHMEM:-$PWD/build/libasynctp_nvshmem.so}
+. scripts/gpu-env.sh # the GPU machine's environment and build/ paths
 ROW_FMT='%-52s %-6s %s'
 . scripts/mps.sh # rows and MPS (this script runs from the repository root)
-summary() { mps_quit; echo; echo "== summary"; printf '%s\n' "${rows[@]}"; }
-trap summary EXIT
+mps_summary_on_exit summary
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 if [ ! -f "$ASYNCTP_KERNELS" ]; then

@@ -15,13 +15,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build/out}/pending
 mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-export ASYNCTP_KERNELS=${ASYNCTP_KERNELS:-$PWD/build/asynctp_kernels.fatbin}
-export ASYNCTP_LIBNVSHMEM=${ASYNCTP_LIBNVSHMEM:-$PWD/build/libasynctp_nvshmem.so}
+. scripts/gpu-env.sh # the GPU machine's environment and build/ paths
 ROW_FMT='%-60s %-7s %s'
 . scripts/mps.sh # rows and MPS (this script runs from the repository root)
-summary() { mps_quit; echo; echo "== summary (logs in $OUT)"; printf '%s\n' "${rows[@]}"; }
-trap summary EXIT
+mps_summary_on_exit "summary (logs in $OUT)"
 [ -f "$ASYNCTP_KERNELS" ] || { timeout 150 bash cuda/kernels/build.sh > "$OUT/nvcc.log" 2>&1 && row "kernels image (nvcc)" ok "" || { row "kernels image (nvcc)" FAIL "see nvcc.log"; exit 1; }; }
 [ -f "$ASYNCTP_LIBNVSHMEM" ] || { timeout 150 bash cuda/nvshmem/build.sh > "$OUT/nvshmem.log" 2>&1 && row "libasynctp_nvshmem.so (nvcc)" ok "" || { row "libasynctp_nvshmem.so (nvcc)" FAIL "see nvshmem.log"; exit 1; }; }
 mps_start || exit 1

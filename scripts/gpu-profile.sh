@@ -20,8 +20,7 @@ PRESET=${PRESET:-gpt2-124m}
 BATCH=${BATCH:-16}
 STEPS=${STEPS:-30}
 mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-export ASYNCTP_KERNELS=${ASYNCTP_KERNELS:-$PWD/build/asynctp_kernels.fatbin}
+. scripts/gpu-env.sh # the GPU machine's environment and build/ paths
 case "$PRESET" in
   llama-1b) TORCH_ARGS=${TORCH_ARGS:-"--layers 20 --dim 2048 --heads 16 --vocab 32000 --seq 2048 --ffn 5632"} ;;
   *) TORCH_ARGS=${TORCH_ARGS:-} ;;

@@ -13,8 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build/out}/speed
 mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-export ASYNCTP_KERNELS=${ASYNCTP_KERNELS:-$PWD/build/asynctp_kernels.fatbin}
+. scripts/gpu-env.sh # the GPU machine's environment and build/ paths
 ROUNDS=${ROUNDS:-2}
 STEPS=${STEPS:-30}
 ours() { # preset batch round

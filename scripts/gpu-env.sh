@@ -1,0 +1,8 @@
+# Sourced (not run) by the GPU scripts, from the repository root: the
+# environment every command on a GPU machine keeps (no NVLink multicast for
+# NCCL, NVSHMEM or PyTorch's symmetric memory) and the default paths of the
+# kernels image and libasynctp_nvshmem.so in build/ (a value already set is
+# kept).
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+export ASYNCTP_KERNELS=${ASYNCTP_KERNELS:-$PWD/build/asynctp_kernels.fatbin}
+export ASYNCTP_LIBNVSHMEM=${ASYNCTP_LIBNVSHMEM:-$PWD/build/libasynctp_nvshmem.so}
