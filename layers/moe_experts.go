@@ -233,11 +233,15 @@ func (ex *Experts) forwardGrouped(out, x, gate, up, offsets *tensor.Tensor, hook
 	if hooks == nil {
 		hooks = &GroupedHooks{}
 	}
+	tensor.MarkPhase(ex.b, "moe.experts.gate")
 	if err := ex.groupedGEMM(hooks.First, gate, x, ex.Gate.W, offsets, true, 0); err != nil {
 		return err
 	}
+	tensor.MarkPhase(ex.b, "moe.experts.up")
 	ex.grouped.GroupedMatMul(up, x, ex.Up.W, offsets, true, 1, 0)
+	tensor.MarkPhase(ex.b, "moe.experts.act")
 	ex.h = ex.act.Forward()
+	tensor.MarkPhase(ex.b, "moe.experts.down") // with a fused path's hook: and the combine's send
 	return ex.groupedGEMM(hooks.Down, out, ex.h, ex.Down.W, offsets, true, 0)
 }
 
@@ -300,15 +304,21 @@ func (ex *Experts) BackwardHooked(dx, dout *tensor.Tensor, hooks *GroupedBackwar
 		hooks = &GroupedBackwardHooks{}
 	}
 	dh := ex.act.OutputGrad()
+	tensor.MarkPhase(ex.b, "moe.experts.bwd.dh")
 	if err := ex.groupedGEMM(hooks.DH, dh, dout, ex.Down.W, off, false, 0); err != nil { // dh = dout·W_down
 		return fmt.Errorf("%s: backward: %w", ex.what(), err)
 	}
+	tensor.MarkPhase(ex.b, "moe.experts.bwd.wgrad")
 	g.GroupedMatMulTN(ex.Down.G, dout, ex.h, off, 1, 1) // dW_down += doutᵀ·h
+	tensor.MarkPhase(ex.b, "moe.experts.bwd.act")
 	dgate, dup := ex.act.Backward()
+	// With a fused path's hook this phase holds the dispatch backward's send too.
+	tensor.MarkPhase(ex.b, "moe.experts.bwd.dx")
 	g.GroupedMatMul(dx, dgate, ex.Gate.W, off, false, 1, 0) // dx = dgate·W_gate + dup·W_up
 	if err := ex.groupedGEMM(hooks.DX, dx, dup, ex.Up.W, off, false, 1); err != nil {
 		return fmt.Errorf("%s: backward: %w", ex.what(), err)
 	}
+	tensor.MarkPhase(ex.b, "moe.experts.bwd.wgrad")
 	g.GroupedMatMulTN(ex.Gate.G, dgate, ex.x, off, 1, 1) // dW += dᵀ·x
 	g.GroupedMatMulTN(ex.Up.G, dup, ex.x, off, 1, 1)
 	return Sticky(ex.b, ex.what(), "backward")

@@ -5,7 +5,9 @@
 #  1. the fused TP strategy beside peercopy.Pipelined, 2 and 4 PEs, then 4
 #     PEs twice more (the four-PE stall stays gone?);
 #  2. the MoE layer with 8 and 16 local experts, grouped on and off (the
-#     GroupedAutoMinExperts threshold, measured at 4 and 32 only);
+#     GroupedAutoMinExperts threshold, measured at 4 and 32 only), and the
+#     fused path beside the pipelined one at the shape where it is 1.12 ×,
+#     both with their time per phase (ASYNCTP_MOEBENCH_PHASES=1);
 #  3. PyTorch's reference ops at 4 ranks (scripts/gpu-torch-refs.sh).
 # Needs build/ from scripts/build-gpu-artifacts.sh (overlap_peercopy.test,
 # parallel_ep_peerep.test); builds the kernels image and
@@ -38,9 +40,14 @@ for i in 2 3; do
   run "TP bench, PEs 4, run $i" 45 tp4-$i.log "${TP[@]}" ASYNCTP_OVERLAP_PES=4 -- \
     ./build/overlap_peercopy.test -test.v -test.count=1 -test.timeout=45s -test.run '^TestBenchGPU$'
 done
-run "MoE layer, 8 and 16 local experts, grouped on/off, PEs 2" 120 moe.log ASYNCTP_OVERLAP_BENCH=1 ASYNCTP_OVERLAP_PES=2 \
+run "MoE layer, 8 and 16 local experts, grouped on/off, PEs 2" 120 moe.log ASYNCTP_OVERLAP_BENCH=1 ASYNCTP_OVERLAP_PES=2 ASYNCTP_MOEBENCH_PHASES=1 \
   ASYNCTP_OVERLAP_TIMEOUT=115s ASYNCTP_MOEBENCH_GROUPED=on,off "ASYNCTP_MOEBENCH_SHAPES=16,2,2048,1024;32,4,2048,512" -- \
   ./build/parallel_ep_peerep.test -test.v -test.count=1 -test.timeout=120s -test.run '^TestMoEBenchGPU$'
+run "MoE layer, fused vs pipelined with phases, PEs 2" 60 moe-fused.log ASYNCTP_OVERLAP_BENCH=1 ASYNCTP_OVERLAP_PES=2 \
+  ASYNCTP_MOEBENCH_PHASES=1 ASYNCTP_OVERLAP_TIMEOUT=55s ASYNCTP_MOEBENCH_GROUPED=on ASYNCTP_MOEBENCH_SHAPES=8,2,2048,1024 \
+  ASYNCTP_MOEBENCH_TOKENS=2048 -- ./build/parallel_ep_peerep.test -test.v -test.count=1 -test.timeout=60s -test.run '^TestMoEBenchGPU$'
+grep -h '^bench-phase:' "$OUT/moe.log" "$OUT/moe-fused.log" | sed 's/^bench-phase: //' > "$OUT/moe-phases.txt"
+row "MoE phases (µs per step, rank 0's stream)" "" "$(wc -l < "$OUT/moe-phases.txt") lines in moe-phases.txt"
 mps_quit
 if OUT=$OUT PES=4 TOTAL=150 timeout 170 bash scripts/gpu-torch-refs.sh > "$OUT/torch-refs.log" 2>&1; then row "PyTorch reference ops, 4 ranks" ok "see torch-refs.log"
 else row "PyTorch reference ops, 4 ranks" FAIL "see torch-refs.log"; fi

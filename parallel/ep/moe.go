@@ -254,9 +254,11 @@ func (m *MoE) Forward(out, x *tensor.Tensor) error {
 	m.Router.DeviceStats = false
 
 	// Route this rank's tokens (local), lay them out, dispatch them.
+	tensor.MarkPhase(m.b, "moe.route")
 	if err := m.Router.Forward(x2); err != nil {
 		return err
 	}
+	tensor.MarkPhase(m.b, "moe.dispatch")
 	l, err := d.Layout(m.Router.Indices(), n, K, m.cfg.CapacityFactor)
 	if err != nil {
 		return fmt.Errorf("%s: %w", m.what(), err)
@@ -279,14 +281,17 @@ func (m *MoE) Forward(out, x *tensor.Tensor) error {
 	m.xe = ensure(m.b, m.xe, dt, M, C)
 	m.ye = ensure(m.b, m.ye, dt, M, C)
 	m.yr = ensure(m.b, m.yr, dt, M, C)
+	tensor.MarkPhase(m.b, "moe.experts")
 	d.SortByExpert(m.xe, recv, h)
 	if err := m.Experts.Forward(m.ye, m.xe, h.ExpertCounts); err != nil {
 		return err
 	}
 	d.UnsortByExpert(m.yr, m.ye, h)
+	tensor.MarkPhase(m.b, "moe.combine")
 	if err := d.Combine(out2, m.yr, m.Router.Weights(), h); err != nil {
 		return err
 	}
+	tensor.MarkPhase(m.b, tensor.PhaseOther)
 	if err := m.b.Err(); err != nil {
 		return fmt.Errorf("%s: forward: %w", m.what(), err)
 	}
@@ -341,6 +346,7 @@ func (m *MoE) Backward(dx, dout *tensor.Tensor) error {
 	}
 	dt, M := dout.DType(), h.RecvRows()
 	m.dw = ensure(m.b, m.dw, dt, n, K)
+	tensor.MarkPhase(m.b, "moe.bwd.combine")
 	dy, work, err := d.CombineBackward(m.dw, dout2, m.Router.Weights(), h)
 	if err != nil {
 		return err
@@ -351,17 +357,21 @@ func (m *MoE) Backward(dx, dout *tensor.Tensor) error {
 	m.dye = ensure(m.b, m.dye, dt, M, C)
 	m.dxe = ensure(m.b, m.dxe, dt, M, C)
 	m.dxr = ensure(m.b, m.dxr, dt, M, C)
+	tensor.MarkPhase(m.b, "moe.bwd.experts")
 	d.SortByExpert(m.dye, dy, h)
 	if err := m.Experts.Backward(m.dxe, m.dye); err != nil {
 		return err
 	}
 	d.UnsortByExpert(m.dxr, m.dxe, h)
+	tensor.MarkPhase(m.b, "moe.bwd.dispatch")
 	if err := d.DispatchBackward(dx2, m.dxr, h); err != nil {
 		return err
 	}
+	tensor.MarkPhase(m.b, "moe.bwd.route")
 	if err := m.Router.Backward(dx2, m.dw, true); err != nil {
 		return err
 	}
+	tensor.MarkPhase(m.b, tensor.PhaseOther)
 	if err := m.b.Err(); err != nil {
 		return fmt.Errorf("%s: backward: %w", m.what(), err)
 	}

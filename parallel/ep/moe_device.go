@@ -103,9 +103,11 @@ func (m *MoE) forwardDevice(dp DeviceOffsets, out2, x2 *tensor.Tensor, n int) er
 	s.finish()
 	s.path = dp
 	m.Router.DeviceStats = true
+	tensor.MarkPhase(m.b, "moe.route")
 	if err := m.Router.Forward(x2); err != nil {
 		return err
 	}
+	tensor.MarkPhase(m.b, "moe.dispatch")
 	var (
 		xe    *tensor.Tensor
 		h     *Handle
@@ -121,6 +123,7 @@ func (m *MoE) forwardDevice(dp DeviceOffsets, out2, x2 *tensor.Tensor, n int) er
 		return fmt.Errorf("%s: %w", m.what(), err)
 	}
 	m.h = h
+	tensor.MarkPhase(m.b, "moe.stats")
 	if err := m.deviceStats(n); err != nil {
 		return err
 	}
@@ -129,9 +132,11 @@ func (m *MoE) forwardDevice(dp DeviceOffsets, out2, x2 *tensor.Tensor, n int) er
 	if err := m.Experts.ForwardOffsetsHooked(s.ye, xe, h.Offsets, hooks); err != nil {
 		return err
 	}
+	tensor.MarkPhase(m.b, "moe.combine")
 	if err := dp.CombineDevice(out2, s.ye, m.Router.Weights(), h); err != nil {
 		return err
 	}
+	tensor.MarkPhase(m.b, tensor.PhaseOther)
 	if err := m.b.Err(); err != nil {
 		return fmt.Errorf("%s: forward: %w", m.what(), err)
 	}
@@ -244,6 +249,7 @@ func (m *MoE) backwardDevice(dp DeviceOffsets, dx2, dout2 *tensor.Tensor) error 
 		hooks *layers.GroupedBackwardHooks
 		err   error
 	)
+	tensor.MarkPhase(m.b, "moe.bwd.combine")
 	if fp, ok := dp.(FusedOffsets); ok {
 		dye, hooks, err = fp.CombineBackwardFused(m.dw, dout2, m.Router.Weights(), h)
 	} else {
@@ -256,12 +262,15 @@ func (m *MoE) backwardDevice(dp DeviceOffsets, dx2, dout2 *tensor.Tensor) error 
 	if err := m.Experts.BackwardHooked(s.dxe, dye, hooks); err != nil {
 		return err
 	}
+	tensor.MarkPhase(m.b, "moe.bwd.dispatch")
 	if err := dp.DispatchBackwardDevice(dx2, s.dxe, h); err != nil {
 		return err
 	}
+	tensor.MarkPhase(m.b, "moe.bwd.route")
 	if err := m.Router.Backward(dx2, m.dw, true); err != nil {
 		return err
 	}
+	tensor.MarkPhase(m.b, tensor.PhaseOther)
 	if err := m.b.Err(); err != nil {
 		return fmt.Errorf("%s: backward: %w", m.what(), err)
 	}

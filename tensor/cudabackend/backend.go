@@ -32,6 +32,7 @@ type Backend struct {
 	fork    *cuda.Event        // StreamWait's event, re-recorded by each call (streams.go)
 	eng     engineState        // whether the GEMM engine runs here (gemm_engine.go)
 	geng    groupedEngineState // whether its grouped kernels do (grouped_engine.go)
+	phases  *PhaseTimes        // the running phase timer (phases.go), nil when none
 
 	errMu sync.Mutex
 	err   error

@@ -104,6 +104,14 @@
 // No kernel accumulates floats with atomics: two runs of the same ops on the
 // same GPU give bit-identical results (see cuda/kernels/README.md).
 //
+// # Phase timing
+//
+// StartPhases times the phases that layers mark (tensor.MarkPhase) on
+// the backend's stream with CUDA timing events, for where a profiler does
+// not run (nsys makes no report on the lent GPU machines, and ncu
+// serialises kernels, which deadlocks the fused paths' spinning kernels);
+// see PhaseTimes.
+//
 // # Tests
 //
 // The tests skip, saying why, without a GPU or kernels image. On the GPU

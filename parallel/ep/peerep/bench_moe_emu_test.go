@@ -35,7 +35,7 @@ func TestEmuMoEBenchBody(t *testing.T) {
 				defer b.Close()
 				c := &symComm{Comm: world, b: b, reg: reg, mine: map[uint64]int{}}
 				lines, err := benchMoE(b, c, b.Stream(), s, tensor.BFloat16,
-					[]overlap.Strategy{Pipelined{Options: []Option{WithBeforeWait(bar.wait)}}}, 1, 3, pes.WallTimer(b.Sync))
+					[]overlap.Strategy{Pipelined{Options: []Option{WithBeforeWait(bar.wait)}}}, 1, 3, pes.WallTimer(b.Sync), true)
 				if err != nil {
 					return err
 				}
@@ -44,8 +44,33 @@ func TestEmuMoEBenchBody(t *testing.T) {
 					gemm, step = "per-expert GEMMs", "host counts"
 				}
 				want := "(pipelined, " + gemm + ", " + step + ")"
-				if len(lines) != 1 || !strings.Contains(lines[0], want) || strings.Contains(lines[0], " 0.0 µs") {
-					return fmt.Errorf("rank %d: bench lines %q, want one with %q", c.Rank(), lines, want)
+				if len(lines) < 1 || !strings.HasPrefix(lines[0], "bench: ") || !strings.Contains(lines[0], want) || strings.Contains(lines[0], " 0.0 µs") {
+					return fmt.Errorf("rank %d: bench lines %q, want one with %q first", c.Rank(), lines, want)
+				}
+				// The phase lines: every phase of the step, each marked once
+				// per step (3 steps), the expert GEMMs' own on the grouped
+				// GEMM only.
+				phases := map[string]string{}
+				for _, l := range lines[1:] {
+					f := strings.Fields(l)
+					if f[0] != "bench-phase:" {
+						return fmt.Errorf("rank %d: line %q after the bench line, want bench-phase lines", c.Rank(), l)
+					}
+					phases[f[len(f)-5]] = f[len(f)-2]
+				}
+				wantPhases := []string{"(start)", "moe.route", "moe.dispatch", "moe.combine", "moe.bwd.combine", "moe.bwd.dispatch", "moe.bwd.route", "other"}
+				if grouped {
+					wantPhases = append(wantPhases, "moe.stats", "moe.experts.gate", "moe.experts.down", "moe.experts.bwd.dh", "moe.experts.bwd.dx")
+				} else {
+					wantPhases = append(wantPhases, "moe.experts", "moe.bwd.experts")
+				}
+				for _, p := range wantPhases {
+					if _, ok := phases[p]; !ok {
+						return fmt.Errorf("rank %d: no phase %s in %v", c.Rank(), p, phases)
+					}
+				}
+				if n := phases["moe.route"]; n != "(3" {
+					return fmt.Errorf("rank %d: moe.route marked %s times, want (3 marks)", c.Rank(), n)
 				}
 				if c.Rank() == 0 {
 					t.Log(strings.Join(lines, "\n"))

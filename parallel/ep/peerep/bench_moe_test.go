@@ -15,6 +15,7 @@ import (
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/parallel/ep"
 	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/cudabackend"
 )
 
 // The body of the MoE layer benchmark (the GPU job moebench in
@@ -156,9 +157,12 @@ func (l *benchLayer) close() error {
 }
 
 // benchMoE times shape s on this rank for each strategy of sts (nil:
-// collective) and returns one "bench:" line per strategy.
+// collective) and returns one "bench:" line per strategy; with phases, on
+// the CUDA backend, reps more steps run under a phase timer and a
+// "bench-phase:" line per phase follows (its time per step, on the
+// backend's stream: see cudabackend.PhaseTimes).
 func benchMoE(b tensor.Backend, g comm.Comm, stream comm.Stream, s moeShape, dt tensor.DType, sts []overlap.Strategy, warm, reps int,
-	timed pes.Timer) ([]string, error) {
+	timed pes.Timer, phases bool) ([]string, error) {
 	var lines []string
 	for _, st := range sts {
 		l, err := newBenchLayer(b, g, stream, s, dt, st)
@@ -174,10 +178,50 @@ func benchMoE(b tensor.Backend, g comm.Comm, stream comm.Stream, s moeShape, dt 
 		if err != nil {
 			return nil, fmt.Errorf("%v, %s: %w", s, what, err)
 		}
+		head := fmt.Sprintf("P=%d moe fwd+bwd %-44s (%s)", g.Size(), s.String(), what)
+		var phaseLines []string
+		if cb, ok := b.(*cudabackend.Backend); ok && phases {
+			if phaseLines, err = benchPhases(cb, g, head, reps, l.step); err != nil {
+				l.close()
+				return nil, fmt.Errorf("%v, %s: phases: %w", s, what, err)
+			}
+		}
 		if err := l.close(); err != nil {
 			return nil, fmt.Errorf("%v, %s: %w", s, what, err)
 		}
-		lines = append(lines, fmt.Sprintf("bench: P=%d moe fwd+bwd %-44s (%s) %10.1f µs", g.Size(), s.String(), what, float64(d.Nanoseconds())/1e3))
+		lines = append(lines, fmt.Sprintf("bench: %s %10.1f µs", head, float64(d.Nanoseconds())/1e3))
+		lines = append(lines, phaseLines...)
 	}
 	return lines, nil
+}
+
+// benchPhases runs reps steps under a phase timer, after a sync and a
+// barrier, and returns a "bench-phase:" line per phase: its time per step.
+func benchPhases(b *cudabackend.Backend, g comm.Comm, head string, reps int, step func() error) ([]string, error) {
+	if err := b.Sync(); err != nil {
+		return nil, err
+	}
+	if err := g.Barrier(); err != nil {
+		return nil, err
+	}
+	pt, err := b.StartPhases()
+	if err != nil {
+		return nil, err
+	}
+	for range reps {
+		if err := step(); err != nil {
+			pt.Stop()
+			return nil, err
+		}
+	}
+	ph, err := pt.Stop()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, p := range ph {
+		out = append(out, fmt.Sprintf("bench-phase: %s %-26s %10.1f µs/step (%d marks)", head, p.Name,
+			float64(p.Total.Nanoseconds())/1e3/float64(reps), p.Count))
+	}
+	return out, nil
 }

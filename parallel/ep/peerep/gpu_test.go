@@ -88,7 +88,9 @@ func TestBenchGPU(t *testing.T) {
 // (default "on,off"); with the grouped GEMM on, also the fused path (its
 // first grouped GEMM waiting per 128-row block on the dispatch's counters,
 // the combine sent from the down projection's per-block flags). Only with ASYNCTP_OVERLAP_BENCH=1; PEs sharing one
-// GPU show mechanics, not NVLink.
+// GPU show mechanics, not NVLink. ASYNCTP_MOEBENCH_PHASES=1 adds rank 0's
+// time per phase of a step (cudabackend.PhaseTimes: route, dispatch,
+// stats, the expert GEMMs, combine, and their backwards).
 func TestMoEBenchGPU(t *testing.T) {
 	if os.Getenv("ASYNCTP_OVERLAP_BENCH") != "1" {
 		t.Skip("set ASYNCTP_OVERLAP_BENCH=1 to time the MoE layer on the GPU")
@@ -101,8 +103,11 @@ func TestMoEBenchGPU(t *testing.T) {
 			if g != "on" && g != "off" && g != "auto" {
 				t.Fatalf("ASYNCTP_MOEBENCH_GROUPED: %q, expected on, off or auto", g)
 			}
-			for _, l := range pes.Lines(runPEs(t, "moebench", n, groupedEnv+"="+g)[0], "bench:") {
-				fmt.Println(l)
+			out := runPEs(t, "moebench", n, groupedEnv+"="+g)[0]
+			for _, prefix := range []string{"bench:", "bench-phase:"} {
+				for _, l := range pes.Lines(out, prefix) {
+					fmt.Println(l)
+				}
 			}
 		}
 	}
@@ -321,7 +326,8 @@ func (p *pe) moebench(t *testing.T) {
 			// The fused path runs only as the device step (the grouped engine).
 			sts = append(sts, Fused{})
 		}
-		lines, err := benchMoE(p.B, p.World, p.B.Stream(), s, tensor.BFloat16, sts, 3, 10, pes.EventTimer(p.B))
+		lines, err := benchMoE(p.B, p.World, p.B.Stream(), s, tensor.BFloat16, sts, 3, 10, pes.EventTimer(p.B),
+			os.Getenv("ASYNCTP_MOEBENCH_PHASES") == "1")
 		if err != nil {
 			t.Fatalf("rank %d: %v", p.Rank, err)
 		}
