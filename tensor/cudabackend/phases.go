@@ -59,6 +59,12 @@ func (b *Backend) StartPhases() (*PhaseTimes, error) {
 // MarkPhase implements tensor.PhaseMarker: phase name starts here in the
 // stream's order. Without a running PhaseTimes it does nothing.
 func (b *Backend) MarkPhase(name string) {
+	b.mu.Lock()
+	idle := b.phases == nil
+	b.mu.Unlock()
+	if idle { // the common case: no device call at all
+		return
+	}
 	b.do("MarkPhase", func(d gpu.Device) error {
 		p := b.phases
 		if p == nil {
