@@ -110,10 +110,10 @@ func (f Fused) transfer() (string, error) {
 	return t, nil
 }
 
-// newPut is the put transfer of a site's gather when f asks for it (nil
-// for the pulls).
-func (f Fused) newPut(e siteEnv) *putGather {
-	if t, _ := f.transfer(); t != TransferPut {
+// newPut is the put transfer of a site's gather for the checked transfer
+// t (nil for the pulls).
+func (f Fused) newPut(e siteEnv, t string) *putGather {
+	if t != TransferPut {
 		return nil
 	}
 	return &putGather{sp: e, ctas: f.PutCTAs}
@@ -156,7 +156,8 @@ func (f Fused) timeout() time.Duration {
 
 // NewAllGatherMatmul builds the entry site.
 func (f Fused) NewAllGatherMatmul(sp overlap.Spec) (overlap.AllGatherMatmul, error) {
-	if _, err := f.transfer(); err != nil {
+	t, err := f.transfer()
+	if err != nil {
 		return nil, err
 	}
 	e, err := fusedEnv(sp)
@@ -167,12 +168,13 @@ func (f Fused) NewAllGatherMatmul(sp overlap.Spec) (overlap.AllGatherMatmul, err
 		return nil, err
 	}
 	return &fagmm{agmm: agmm{sp: sp, e: e, fwd: &exchange{sp: e, slots: 1}, bwd: &exchange{sp: e, slots: sp.Group.Size()}},
-		timeout: f.timeout(), put: f.newPut(e)}, nil
+		timeout: f.timeout(), put: f.newPut(e, t)}, nil
 }
 
 // NewMatmulReduceScatter builds the exit site.
 func (f Fused) NewMatmulReduceScatter(sp overlap.Spec) (overlap.MatmulReduceScatter, error) {
-	if _, err := f.transfer(); err != nil {
+	t, err := f.transfer()
+	if err != nil {
 		return nil, err
 	}
 	e, err := fusedEnv(sp)
@@ -183,7 +185,7 @@ func (f Fused) NewMatmulReduceScatter(sp overlap.Spec) (overlap.MatmulReduceScat
 		return nil, err
 	}
 	return &fmmrs{mmrs: mmrs{sp: sp, e: e, fwd: &exchange{sp: e, slots: sp.Group.Size()}, bwd: &exchange{sp: e, slots: 1}},
-		timeout: f.timeout(), put: f.newPut(e)}, nil
+		timeout: f.timeout(), put: f.newPut(e, t)}, nil
 }
 
 // NewMatmulAllReduce: no fused form.
@@ -394,9 +396,11 @@ func (s *fmmrs) Backward(dx, dw, dout, x, w *tensor.Tensor) (comm.Work, error) {
 // gatherLanded is gatherInto for the engine: the pulls also raise the
 // chunk's landed word, the own chunk's word is raised on the compute stream
 // after its copy, and the compute stream then waits until every peer has
-// published this call's shard (see Fused: the engine launched after this
-// waits only for copies), or the deadline passed (the call then fails at
-// the next Sync, naming the peer).
+// published this call's shard and this rank's last pull is issued (see
+// Fused: the engine launched after this waits only for copies), or the
+// deadline passed (the call then fails at the next Sync, naming the peer).
+// Only for P > 1 (the fused sites fall back to collective at one rank): the
+// own ready word is raised by the last pull.
 func gatherLanded(x *exchange, full, src *tensor.Tensor, timeout time.Duration) (uint64, error) {
 	g, b := x.sp.g, x.sp.b
 	P, r := g.Size(), g.Rank()
@@ -419,11 +423,6 @@ func gatherLanded(x *exchange, full, src *tensor.Tensor, timeout time.Duration) 
 		return 0, err
 	}
 	err := b.OnDevice(func(compute *cuda.Stream) error {
-		if P == 1 {
-			if err := compute.WriteValue64(x.readyWord(r, r), x.epoch); err != nil {
-				return err
-			}
-		}
 		return compute.WriteValue64(cuda.DevicePtr(landed+uint64(r)*wordBytes), x.epoch)
 	})
 	if err != nil {

@@ -294,18 +294,15 @@ func (d *ExpertDispatch) eachSource(dev gpu.Device, e uint64, land func(dev gpu.
 	if err := dev.Memset8(ptr(d.fz.sources), 0, d.fz.sources.Bytes()); err != nil {
 		return err
 	}
-	for i := range P {
-		if !fusedLandEarly {
-			break
+	if fusedLandEarly {
+		if err := dev.Launch("ep_claim", gpu.D1(1), gpu.D1(32), 0, d.words(sigReadyTok), int32(P), int64(e),
+			int32(-1), ptr(d.fz.sources), int32(claimMain)); err != nil {
+			return err
 		}
-		if i == 0 {
-			if err := dev.Launch("ep_claim", gpu.D1(1), gpu.D1(32), 0, d.words(sigReadyTok), int32(P), int64(e),
-				int32(-1), ptr(d.fz.sources), int32(claimMain)); err != nil {
+		for i := range P {
+			if err := land(dev, (me+i)%P, claimMain); err != nil {
 				return err
 			}
-		}
-		if err := land(dev, (me+i)%P, claimMain); err != nil {
-			return err
 		}
 	}
 	return d.onSide(dev, func(dev gpu.Device) error {

@@ -54,10 +54,6 @@ func (b *Backend) NewPeerTable(bufs, flags, pads []uint64, bufBytes, flagWords i
 				return nil, fmt.Errorf("cuda: peer table: %s of rank %d at %#x: expected a non-nil %d-byte aligned address",
 					[]string{"gather buffer", "chunk flags", "signal pad"}[i], r, a, align)
 			}
-		}
-	}
-	for _, set := range [][]uint64{bufs, flags, pads} {
-		for _, a := range set {
 			words = append(words, int32(uint32(a)), int32(uint32(a>>32)))
 		}
 	}

@@ -38,16 +38,16 @@ type PhaseTimes struct {
 // phase, until the first mark, is "(start)"); Stop ends it. One runs at a
 // time per backend.
 func (b *Backend) StartPhases() (*PhaseTimes, error) {
+	p := &PhaseTimes{b: b}
 	b.mu.Lock()
 	busy := b.phases != nil
+	if !busy {
+		b.phases = p
+	}
 	b.mu.Unlock()
 	if busy {
 		return nil, errors.New("cuda: StartPhases: a phase timer already runs on this backend, expected its Stop first")
 	}
-	p := &PhaseTimes{b: b}
-	b.mu.Lock()
-	b.phases = p
-	b.mu.Unlock()
 	b.MarkPhase("(start)")
 	if err := b.Err(); err != nil {
 		p.release()
