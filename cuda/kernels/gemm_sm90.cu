@@ -30,8 +30,9 @@
 //     setmaxnreg gives its registers to the consumers (40 vs 232).
 //   - Warpgroups 1 and 2 are consumers: each computes 64 rows × 256 columns
 //     of the tile with wgmma.m64n256k16 (128 fp32 accumulators per thread),
-//     keeping one wgmma group in flight, then stores its rows straight from
-//     the accumulators (guarded at the edges), with alpha, beta.
+//     keeping one wgmma group in flight, then stores its rows with alpha,
+//     beta (guarded at the edges) through a 2 KiB staging area per warp,
+//     so that the stores are row-contiguous (store_slice).
 //   - The grid is persistent: CTA b takes tiles b, b + grid, ...; the tile
 //     index goes through a grouped raster (group_m m-blocks per group, for
 //     L2 reuse of B) and a rotation of the m-blocks by m_rot (a rank starts
@@ -76,10 +77,15 @@ constexpr int A_BYTES = BM * BK * 2;          // 16 KiB
 constexpr int B_BYTES = BN * BK * 2;          // 32 KiB
 constexpr int STAGE_BYTES = A_BYTES + B_BYTES; // 48 KiB, a multiple of 1024
 constexpr int BOX_MN_BYTES = 64 * BK * 2;     // one (64 MN, 64 K) box: 8 KiB
+// The epilogue's staging area: per consumer warp, 16 rows × 32 fp32 columns
+// (2 KiB; see store_slice).
+constexpr int EPI_COLS = 32;
+constexpr int EPI_WARP_FLOATS = 16 * EPI_COLS;
+constexpr int EPI_BYTES = 8 * EPI_WARP_FLOATS * 4; // 16 KiB
 // The ring, 1024-byte aligned by hand (the 128-byte swizzle pattern repeats
-// every 1024 bytes and wgmma assumes it starts there), then 2·STAGES
-// mbarriers and the abort word.
-constexpr int SMEM_BYTES = 1024 + STAGES * STAGE_BYTES + 2 * STAGES * 8 + 16;
+// every 1024 bytes and wgmma assumes it starts there), the epilogue's
+// staging area, then 2·STAGES mbarriers and the abort word.
+constexpr int SMEM_BYTES = 1024 + STAGES * STAGE_BYTES + EPI_BYTES + 2 * STAGES * 8 + 16;
 static_assert(SMEM_BYTES <= 227 * 1024, "the ring must fit the 227 KiB of an SM");
 static_assert(BOX_MN_BYTES * (BN / 64) == B_BYTES && BOX_MN_BYTES * (BM / 64) == A_BYTES,
               "MN-major boxes tile the stage");
@@ -308,24 +314,89 @@ __device__ __forceinline__ void tile_of(int t, int num_m, int num_n, int group_m
     if (mb >= num_m) mb -= num_m;
 }
 
+// Four consecutive elements of C (16-byte aligned for fp32, 8 for bf16).
 template <typename OutT> struct Out;
 template <> struct Out<float> {
-    static __device__ __forceinline__ float2 load(const float* p) {
-        return *reinterpret_cast<const float2*>(p);
+    static __device__ __forceinline__ float4 load4(const float* p) {
+        return *reinterpret_cast<const float4*>(p);
     }
-    static __device__ __forceinline__ void store(float* p, float a, float b) {
-        *reinterpret_cast<float2*>(p) = make_float2(a, b);
+    static __device__ __forceinline__ void store4(float* p, float4 v) {
+        *reinterpret_cast<float4*>(p) = v;
     }
 };
 template <> struct Out<bf16> {
-    static __device__ __forceinline__ float2 load(const bf16* p) {
-        uint32_t u = *reinterpret_cast<const uint32_t*>(p);
-        return make_float2(bf16lo(u), __uint_as_float(u & 0xffff0000u));
+    static __device__ __forceinline__ float4 load4(const bf16* p) {
+        const uint2 u = *reinterpret_cast<const uint2*>(p);
+        return make_float4(bf16lo(u.x), __uint_as_float(u.x & 0xffff0000u), bf16lo(u.y),
+                           __uint_as_float(u.y & 0xffff0000u));
     }
-    static __device__ __forceinline__ void store(bf16* p, float a, float b) {
-        *reinterpret_cast<uint32_t*>(p) = pack_bf16x2(a, b);
+    static __device__ __forceinline__ void store4(bf16* p, float4 v) {
+        *reinterpret_cast<uint2*>(p) = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
     }
 };
+
+#if defined(ATP_GEMM90_BODY)
+// store_slice: the epilogue of one consumer warp, its 16 rows × 256 columns
+// of the tile: c[row][col] = alpha·acc + beta·c[row][col] (has = false: the
+// product is 0, alpha·nothing), for row < row_end and col < col_end.
+// row0 is the warp's first row (16·warp of its warpgroup's 64), col0 the
+// tile's first column; ldc is c's row stride; col_end is a multiple of 8.
+//
+// The accumulators (wgmma_m64n256k16's layout) give a lane 2 adjacent
+// columns of 2 rows per 8-column group: stored as they are, each warp
+// instruction wrote 8 rows × 16 bytes (bf16), 8 half-used 32-byte sectors,
+// and a 128 × 256 bf16 tile took 4096 such store transactions per SM
+// (~2 µs, against a ~7 µs main loop at K 768: the engine's loss on short K,
+// 0.67–0.82 × cuBLASLt). So the warp stages 32 columns at a time in fp32 in
+// its 2 KiB of shared memory and reads them back a row-contiguous float4 per
+// lane: a store instruction then writes 4 whole rows of 32 columns (64 bytes
+// bf16, 128 bytes fp32), beta's loads likewise. Staging layout: row r,
+// column k at word 32·r + 4·((k/4) XOR 2·(r mod 4)) + k mod 4 — the XOR
+// spreads the float2 writes of a half-warp (rows r..r+3, columns 8j..8j+7 of
+// 4 groups) over the 32 banks, and the float4 reads (8 lanes: one row's 8
+// chunks) are conflict-free under any per-row chunk permutation.
+template <typename OutT>
+__device__ __forceinline__ void store_slice(const float (&acc)[128], float* stage, OutT* c,
+                                            long long ldc, int row0, int row_end, int col0,
+                                            int col_end, float alpha, float beta, bool has,
+                                            int lane) {
+    const int qr = lane >> 2, qc = 2 * (lane & 3);
+#pragma unroll
+    for (int ch = 0; ch < 256 / EPI_COLS; ch++) {
+        if (col0 + EPI_COLS * ch >= col_end) break; // warp-uniform: the rest is past N
+        __syncwarp(); // the previous chunk's reads are done
+#pragma unroll
+        for (int jj = 0; jj < EPI_COLS / 8; jj++) {
+            const int j = (EPI_COLS / 8) * ch + jj;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int r = qr + 8 * h, k = 8 * jj + qc;
+                const float2 v = has ? make_float2(alpha * acc[4 * j + 2 * h], alpha * acc[4 * j + 2 * h + 1])
+                                     : make_float2(0.f, 0.f);
+                *reinterpret_cast<float2*>(stage + 32 * r + 4 * ((k >> 2) ^ (2 * (r & 3))) + (k & 3)) = v;
+            }
+        }
+        __syncwarp();
+#pragma unroll
+        for (int i = 0; i < 16 * EPI_COLS / 128; i++) {
+            const int r = 4 * i + (lane >> 3), k4 = lane & 7; // row, float4 chunk
+            float4 v = *reinterpret_cast<const float4*>(stage + 32 * r + 4 * (k4 ^ (2 * (r & 3))));
+            const int row = row0 + r, col = col0 + EPI_COLS * ch + 4 * k4;
+            if (row < row_end && col < col_end) { // col_end is a multiple of 8: all 4 in
+                OutT* p = c + (long long)row * ldc + col;
+                if (beta != 0.f) {
+                    const float4 o = Out<OutT>::load4(p);
+                    v.x += beta * o.x;
+                    v.y += beta * o.y;
+                    v.z += beta * o.z;
+                    v.w += beta * o.w;
+                }
+                Out<OutT>::store4(p, v);
+            }
+        }
+    }
+}
+#endif // ATP_GEMM90_BODY
 
 template <int TA, int TB, typename OutT>
 __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& tma_b, OutT* c,
@@ -341,7 +412,8 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
     extern __shared__ __align__(1024) unsigned char gemm90_smem[];
     const uint32_t raw = smem_u32(gemm90_smem);
     const uint32_t ring = (raw + 1023u) & ~1023u;
-    const uint32_t bars = ring + STAGES * STAGE_BYTES; // full[s] at +8s, empty[s] at +8(STAGES+s)
+    float* const stage_all = reinterpret_cast<float*>(gemm90_smem + (ring - raw) + STAGES * STAGE_BYTES);
+    const uint32_t bars = ring + STAGES * STAGE_BYTES + EPI_BYTES; // full[s] at +8s, empty[s] at +8(STAGES+s)
     volatile int* abort_word =
         reinterpret_cast<volatile int*>(gemm90_smem + (bars - raw) + 2 * STAGES * 8);
 
@@ -462,29 +534,9 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
         wgmma_wait<0>();
         if (lane == 0) mbar_arrive(bars + 8 * (STAGES + prev));
 
-        // ---- epilogue: straight from the accumulators ----
-        const int row0 = m0 + 64 * cw + 16 * warp + (lane >> 2);
-        const int col0 = n0 + 2 * (lane & 3);
-#pragma unroll
-        for (int j = 0; j < 32; j++) {
-            const int col = col0 + 8 * j;
-            if (col < N) { // N is even, so col + 1 < N too
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int row = row0 + 8 * h;
-                    if (row < M) {
-                        OutT* p = c + (long long)row * N + col;
-                        float v0 = alpha * acc[4 * j + 2 * h], v1 = alpha * acc[4 * j + 2 * h + 1];
-                        if (beta != 0.f) {
-                            float2 o = Out<OutT>::load(p);
-                            v0 += beta * o.x;
-                            v1 += beta * o.y;
-                        }
-                        Out<OutT>::store(p, v0, v1);
-                    }
-                }
-            }
-        }
+        // ---- epilogue: through the warp's staging area (store_slice) ----
+        store_slice<OutT>(acc, stage_all + (4 * cw + warp) * EPI_WARP_FLOATS, c, N,
+                          m0 + 64 * cw + 16 * warp, M, n0, N, alpha, beta, true, lane);
         if (sig_flags != nullptr) {
             // The barrier orders every consumer thread's stores before
             // thread 128's release, and a release is cumulative: one

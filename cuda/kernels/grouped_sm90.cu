@@ -39,8 +39,8 @@
 //     whatever follows the group's last row (the next group's rows, or zeros
 //     past M): each output row depends only on its own row of a, so those
 //     rows give garbage only in rows of c that the epilogue does not store
-//     (it stores row < off[g+1] instead of row < M; stores come straight from
-//     the accumulators, no TMA store, so the mask is a plain guard).
+//     (it stores row < off[g+1] instead of row < M; stores go through the
+//     engine's store_slice, no TMA store, so the mask is a plain guard).
 //   - The weights are one 3-D tensor map over w, (K, N, G) for nt and
 //     (N, K, G) for nn, innermost first, with boxes (64 K, 256 N, 1) and
 //     (64 N, 64 K, 1): the same shared-memory image as the engine's 2-D
@@ -114,6 +114,7 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
 // its 2·STAGES mbarriers and abort word, then the group tables.
 struct GroupedSmem {
     uint32_t ring, bars;
+    float* stage; // the epilogue's staging area (gemm_sm90.cu, store_slice)
     int* off_s; // (G+1) the offsets
     int* blk_s; // (G+1) blk_s[g] = Σ_{i<g} ⌈rows_i / 128⌉ (nt, nn)
     int* bad_s; // the first bad offsets entry (0x7fffffff: none)
@@ -124,7 +125,8 @@ __device__ __forceinline__ GroupedSmem grouped_smem(unsigned char* base) {
     GroupedSmem s;
     const uint32_t raw = smem_u32(base);
     s.ring = (raw + 1023u) & ~1023u;
-    s.bars = s.ring + STAGES * STAGE_BYTES;
+    s.stage = reinterpret_cast<float*>(base + (s.ring - raw) + STAGES * STAGE_BYTES);
+    s.bars = s.ring + STAGES * STAGE_BYTES + EPI_BYTES;
     s.off_s = reinterpret_cast<int*>(base + (s.bars - raw) + 2 * STAGES * 8 + 16);
     s.blk_s = s.off_s + (MAX_GROUPS + 1);
     s.bad_s = s.blk_s + (MAX_GROUPS + 1);
@@ -325,28 +327,8 @@ __device__ __forceinline__ void grouped_body(const TmaDesc& tma_a, const TmaDesc
         if (lane == 0) mbar_arrive(bars + 8 * (STAGES + prev));
 
         // ---- epilogue: the group's rows only ----
-        const int row0 = r0 + 64 * cw + 16 * warp + (lane >> 2);
-        const int col0 = n0 + 2 * (lane & 3);
-#pragma unroll
-        for (int j = 0; j < 32; j++) {
-            const int col = col0 + 8 * j;
-            if (col < N) { // N is even, so col + 1 < N too
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int row = row0 + 8 * h;
-                    if (row < r1) {
-                        OutT* p = c + (long long)row * N + col;
-                        float v0 = alpha * acc[4 * j + 2 * h], v1 = alpha * acc[4 * j + 2 * h + 1];
-                        if (beta != 0.f) {
-                            float2 o = Out<OutT>::load(p);
-                            v0 += beta * o.x;
-                            v1 += beta * o.y;
-                        }
-                        Out<OutT>::store(p, v0, v1);
-                    }
-                }
-            }
-        }
+        store_slice<OutT>(acc, sm.stage + (4 * cw + warp) * EPI_WARP_FLOATS, c, N,
+                          r0 + 64 * cw + 16 * warp, r1, n0, N, alpha, beta, true, lane);
         if (sig_flags != nullptr) { // gemm_sm90.cu's per-row-block signal, block q
             consumer_bar(); // every consumer's stores before the one release
             if (threadIdx.x == 128 && *sm.abort_w == 0) { // no signal for a stale tile
@@ -464,31 +446,8 @@ __device__ __forceinline__ void grouped_tn_body(const TmaDesc& tma_a, const TmaD
 
         // ---- epilogue: c[g] = alpha·acc + beta·c[g]; an empty group has no
         // product (acc holds the previous tile's): alpha·0 ----
-        const bool has = kblocks > 0;
-        OutT* cg = c + (long long)g * P * Q;
-        const int row0 = p0 + 64 * cw + 16 * warp + (lane >> 2);
-        const int col0 = q0 + 2 * (lane & 3);
-#pragma unroll
-        for (int j = 0; j < 32; j++) {
-            const int col = col0 + 8 * j;
-            if (col < Q) { // Q is even, so col + 1 < Q too
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int row = row0 + 8 * h;
-                    if (row < P) {
-                        OutT* p = cg + (long long)row * Q + col;
-                        float v0 = has ? alpha * acc[4 * j + 2 * h] : 0.f;
-                        float v1 = has ? alpha * acc[4 * j + 2 * h + 1] : 0.f;
-                        if (beta != 0.f) {
-                            float2 o = Out<OutT>::load(p);
-                            v0 += beta * o.x;
-                            v1 += beta * o.y;
-                        }
-                        Out<OutT>::store(p, v0, v1);
-                    }
-                }
-            }
-        }
+        store_slice<OutT>(acc, sm.stage + (4 * cw + warp) * EPI_WARP_FLOATS, c + (long long)g * P * Q,
+                          Q, p0 + 64 * cw + 16 * warp, P, q0, Q, alpha, beta, kblocks > 0, lane);
     }
 #else
     if (threadIdx.x == 0 && blockIdx.x == 0) report_error(err, -1);

@@ -52,8 +52,9 @@ const (
 const (
 	engineThreads = 384
 	// engineSmem is GEMM90_SMEM of gemm_sm90.cu: 1024 (alignment) + 4
-	// stages of 48 KiB + 8 mbarriers + the abort word.
-	engineSmem = 1024 + 4*48*1024 + 8*8 + 16
+	// stages of 48 KiB + the epilogue's staging (8 warps × 2 KiB) + 8
+	// mbarriers + the abort word.
+	engineSmem = 1024 + 4*48*1024 + 8*2048 + 8*8 + 16
 	// engineGroupM is the default raster group: 8 m-blocks (1024 rows of
 	// A) sweep all n-blocks before the next 8, so B's tiles are read from L2
 	// by up to 8 CTAs.

@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "a2cd69e8c341e0896c3688ba3bc3f19d76c5414db11d5f938e4486303183d1fc"
+const SourcesSum = "fd4340e0dcff0f5c7491f2b90dc08c4759f81ecc81b9f7a9714d03f9d7a3dd1f"

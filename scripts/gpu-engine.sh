@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (one H200), from the repository root: the GEMM
+# engine's correctness and speed in one process (no MPS).
+#   1. the kernels image with nvcc when missing or older than a kernel source;
+#   2. the engine's and the grouped engine's GPU tests (conformance against
+#      the CPU backend on every layout and dtype, tile order, wait/signal
+#      hooks, timeouts, refusals, bad offsets);
+#   3. BenchmarkEngine (NT/NN/TN on the TP and gpt2-124m shapes, cuBLASLt in
+#      the same sub-benchmark), BenchmarkEngineHooks (the cost of fusion) and
+#      BenchmarkGroupedEngine, BENCHTIME iterations each (default 50x).
+# Each step has its own timeout; a table of the ratios is printed last.
+# Needs build/tensor_cudabackend.test (scripts/build-gpu-artifacts.sh).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-build/out}/engine
+mkdir -p "$OUT"
+. scripts/gpu-env.sh
+export PATH=$PATH:/usr/local/nvidia/bin
+B=build/tensor_cudabackend.test
+BT=${BENCHTIME:-50x}
+if [ ! -f "$ASYNCTP_KERNELS" ] || [ -n "$(find cuda/kernels -name '*.cu*' -newer "$ASYNCTP_KERNELS" | head -1)" ]; then
+  t0=$(date +%s)
+  timeout 200 bash cuda/kernels/build.sh > "$OUT/nvcc.log" 2>&1 || { echo "kernels image (nvcc): FAIL"; tail -30 "$OUT/nvcc.log"; exit 1; }
+  echo "kernels image (nvcc): ok, $(($(date +%s) - t0)) s"
+fi
+t0=$(date +%s)
+if timeout 120 "$B" -test.v -test.count=1 -test.run '^(TestEngine|TestGroupedEngine)' > "$OUT/tests.log" 2>&1; then
+  echo "engine tests: ok, $(($(date +%s) - t0)) s, $(grep -c '^--- PASS' "$OUT/tests.log") passed, $(grep -c -- '--- SKIP' "$OUT/tests.log") skipped"
+else
+  echo "engine tests: FAIL"; grep -E -- '--- FAIL|Error|error' "$OUT/tests.log" | head -20
+fi
+for b in 'Engine$' 'EngineHooks$' 'GroupedEngine$'; do
+  timeout 240 "$B" -test.run '^$' -test.bench "^Benchmark$b" -test.benchtime "$BT" > "$OUT/bench-${b%\$}.log" 2>&1 ||
+    echo "Benchmark$b: FAIL or timeout (see bench-${b%\$}.log)"
+  grep -E '^Benchmark' "$OUT/bench-${b%\$}.log" | sed -E 's/-[0-9]+ +[0-9]+ +[0-9]+ ns\/op//; s/ +/ /g'
+done
