@@ -7,7 +7,8 @@
 #      hooks, timeouts, refusals, bad offsets);
 #   3. BenchmarkEngine (NT/NN/TN on the TP and gpt2-124m shapes, cuBLASLt in
 #      the same sub-benchmark), BenchmarkEngineHooks (the cost of fusion) and
-#      BenchmarkGroupedEngine, BENCHTIME iterations each (default 50x).
+#      BenchmarkGroupedEngine, BENCHTIME iterations each (default 50x);
+#      BENCHES picks them (default "Engine EngineHooks GroupedEngine").
 # Each step has its own timeout; a table of the ratios is printed last.
 # Needs build/tensor_cudabackend.test (scripts/build-gpu-artifacts.sh).
 set -uo pipefail
@@ -29,8 +30,8 @@ if timeout 120 "$B" -test.v -test.count=1 -test.run '^(TestEngine|TestGroupedEng
 else
   echo "engine tests: FAIL"; grep -E -- '--- FAIL|Error|error' "$OUT/tests.log" | head -20
 fi
-for b in 'Engine$' 'EngineHooks$' 'GroupedEngine$'; do
-  timeout 240 "$B" -test.run '^$' -test.bench "^Benchmark$b" -test.benchtime "$BT" > "$OUT/bench-${b%\$}.log" 2>&1 ||
-    echo "Benchmark$b: FAIL or timeout (see bench-${b%\$}.log)"
-  grep -E '^Benchmark' "$OUT/bench-${b%\$}.log" | sed -E 's/-[0-9]+ +[0-9]+ +[0-9]+ ns\/op//; s/ +/ /g'
+for b in ${BENCHES:-Engine EngineHooks GroupedEngine}; do
+  timeout 240 "$B" -test.run '^$' -test.bench "^Benchmark$b\$" -test.benchtime "$BT" > "$OUT/bench-$b.log" 2>&1 ||
+    echo "Benchmark$b: FAIL or timeout (see bench-$b.log)"
+  grep -E '^Benchmark' "$OUT/bench-$b.log" | sed -E 's/-[0-9]+ +[0-9]+ +[0-9]+ ns\/op//; s/ +/ /g'
 done

@@ -17,7 +17,14 @@
 //   nn: dx = dy·W (B MN-major)      tn: dW += dyᵀ·x (both MN-major)
 //   tt: A MN-major, B K-major (for completeness)
 //
-// Launch: grid (min(tiles, SMs)), block 384, dynamic shared memory
+// Split-K (ksplit > 1, only without the hooks): the K range is cut into
+// ksplit slices of ⌈K/64 / ksplit⌉ k-blocks, each (tile, slice) is a work
+// unit, and each stores its fp32 product alpha·A·B to its slice of partial
+// (ksplit × M × N floats); gemm_splitk_reduce_<out> then adds the slices in
+// a fixed order and beta·C. For outputs of few tiles with a long K (weight
+// gradients: a 768 × 768 dW is 18 tiles for 132 SMs).
+//
+// Launch: grid (min(tiles · ksplit, SMs)), block 384, dynamic shared memory
 // GEMM90_SMEM bytes (needs cuFuncSetAttribute: > 48 KiB). M, N, K > 0 and
 // multiples of 8 (16-byte rows for TMA); A, B, C 16-byte aligned.
 //
@@ -407,7 +414,7 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
                                           long long wait_timeout_ns,
                                           unsigned long long* sig_flags, int sig_mode,
                                           unsigned long long sig_value, long long watchdog_ns,
-                                          int* err) {
+                                          int* err, int ksplit, float* partial) {
 #if defined(ATP_GEMM90_BODY)
     extern __shared__ __align__(1024) unsigned char gemm90_smem[];
     const uint32_t raw = smem_u32(gemm90_smem);
@@ -420,6 +427,11 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
     const int num_m = (M + BM - 1) / BM, num_n = (N + BN - 1) / BN;
     const int tiles = num_m * num_n;
     const int kblocks = (K + BK - 1) / BK;
+    // Split-K (ksplit > 1, no hooks): work unit u is K slice u / tiles of
+    // tile u % tiles, k-blocks [kb0, kb1); its fp32 product goes to slice
+    // u / tiles of partial (ksplit × M × N) and gemm_splitk_reduce sums them.
+    const int units = tiles * ksplit;
+    const int kper = (kblocks + ksplit - 1) / ksplit;
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
@@ -443,11 +455,12 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
         tma_prefetch(tma_b);
         int it = 0;
         bool aborted = false; // a flag wait timed out: feed the ring without data
-        for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        for (int u = blockIdx.x; u < units; u += gridDim.x) {
             int mb, nb;
-            tile_of(t, num_m, num_n, group_m, m_rot, mb, nb);
+            tile_of(u % tiles, num_m, num_n, group_m, m_rot, mb, nb);
             const int m0 = mb * BM, n0 = nb * BN;
-            for (int kb = 0; kb < kblocks; kb++, it++) {
+            const int kb0 = (u / tiles) * kper, kb1 = min(kblocks, kb0 + kper);
+            for (int kb = kb0; kb < kb1; kb++, it++) {
                 const int s = it % STAGES;
                 const uint32_t ph = (it / STAGES) & 1;
                 mbar_wait(bars + 8 * (STAGES + s), ph ^ 1, watchdog_ns);
@@ -510,12 +523,14 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
 #pragma unroll
     for (int i = 0; i < 128; i++) acc[i] = 0.f;
     int it = 0;
-    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+    for (int u = blockIdx.x; u < units; u += gridDim.x) {
         int mb, nb;
-        tile_of(t, num_m, num_n, group_m, m_rot, mb, nb);
+        tile_of(u % tiles, num_m, num_n, group_m, m_rot, mb, nb);
         const int m0 = mb * BM, n0 = nb * BN;
+        const int split = u / tiles;
+        const int kb0 = split * kper, kb1 = min(kblocks, kb0 + kper);
         int prev = 0;
-        for (int kb = 0; kb < kblocks; kb++, it++) {
+        for (int kb = kb0; kb < kb1; kb++, it++) {
             const int s = it % STAGES;
             const uint32_t ph = (it / STAGES) & 1;
             mbar_wait(bars + 8 * s, ph, watchdog_ns);
@@ -524,19 +539,24 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
 #pragma unroll
             for (int k = 0; k < BK / 16; k++)
                 wgmma_m64n256k16<TA, TB>(acc, slice_desc<TA>(sa, k), slice_desc<TB>(sb, k),
-                                         (kb > 0 || k > 0) ? 1 : 0);
+                                         (kb > kb0 || k > 0) ? 1 : 0);
             wgmma_commit();
             // The group before this one is complete: its stage can be refilled.
             wgmma_wait<1>();
-            if (kb > 0 && lane == 0) mbar_arrive(bars + 8 * (STAGES + prev));
+            if (kb > kb0 && lane == 0) mbar_arrive(bars + 8 * (STAGES + prev));
             prev = s;
         }
         wgmma_wait<0>();
-        if (lane == 0) mbar_arrive(bars + 8 * (STAGES + prev));
+        if (kb1 > kb0 && lane == 0) mbar_arrive(bars + 8 * (STAGES + prev));
 
         // ---- epilogue: through the warp's staging area (store_slice) ----
-        store_slice<OutT>(acc, stage_all + (4 * cw + warp) * EPI_WARP_FLOATS, c, N,
-                          m0 + 64 * cw + 16 * warp, M, n0, N, alpha, beta, true, lane);
+        float* const stage = stage_all + (4 * cw + warp) * EPI_WARP_FLOATS;
+        const int row0 = m0 + 64 * cw + 16 * warp;
+        if (ksplit > 1) // an empty last slice (kb1 = kb0) stores zeros
+            store_slice<float>(acc, stage, partial + (long long)split * M * N, N, row0, M, n0, N,
+                               alpha, 0.f, kb1 > kb0, lane);
+        else
+            store_slice<OutT>(acc, stage, c, N, row0, M, n0, N, alpha, beta, true, lane);
         if (sig_flags != nullptr) {
             // The barrier orders every consumer thread's stores before
             // thread 128's release, and a release is cumulative: one
@@ -570,11 +590,11 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
         float alpha, float beta, int group_m, int m_rot, const unsigned long long* wait_flags,   \
         int wait_rows, unsigned long long wait_target, long long wait_timeout_ns,                \
         unsigned long long* sig_flags, int sig_mode, unsigned long long sig_value,               \
-        long long watchdog_ns, int* err) {                                                       \
+        long long watchdog_ns, int* err, int ksplit, float* partial) {                           \
         atp::gemm90::gemm_body<TA, TB, OutT>(tma_a, tma_b, c, M, N, K, alpha, beta, group_m,     \
                                              m_rot, wait_flags, wait_rows, wait_target,          \
                                              wait_timeout_ns, sig_flags, sig_mode, sig_value,    \
-                                             watchdog_ns, err);                                  \
+                                             watchdog_ns, err, ksplit, partial);                 \
     }
 
 GEMM90_KERNEL(gemm_sm90_nt_bf16, 0, 0, bf16)
@@ -585,5 +605,40 @@ GEMM90_KERNEL(gemm_sm90_tn_bf16, 1, 1, bf16)
 GEMM90_KERNEL(gemm_sm90_tn_f32, 1, 1, float)
 GEMM90_KERNEL(gemm_sm90_tt_bf16, 1, 0, bf16)
 GEMM90_KERNEL(gemm_sm90_tt_f32, 1, 0, float)
+
+// gemm_splitk_reduce_<out>: c = Σ_s partial[s] + beta·c over the n4 float4
+// groups of an (M, N) output (M·N a multiple of 4), the slices added in
+// order s = 0, 1, …: the same bits every run. Any architecture.
+template <typename OutT>
+__device__ __forceinline__ void splitk_reduce(const float* partial, int splits, long long n4, OutT* c,
+                                              float beta) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n4;
+         i += (long long)gridDim.x * blockDim.x) {
+        float4 v = reinterpret_cast<const float4*>(partial)[i];
+        for (int s = 1; s < splits; s++) {
+            const float4 p = reinterpret_cast<const float4*>(partial + s * 4 * n4)[i];
+            v.x += p.x;
+            v.y += p.y;
+            v.z += p.z;
+            v.w += p.w;
+        }
+        if (beta != 0.f) {
+            const float4 o = atp::gemm90::Out<OutT>::load4(c + 4 * i);
+            v.x += beta * o.x;
+            v.y += beta * o.y;
+            v.z += beta * o.z;
+            v.w += beta * o.w;
+        }
+        atp::gemm90::Out<OutT>::store4(c + 4 * i, v);
+    }
+}
+extern "C" __global__ void gemm_splitk_reduce_bf16(const float* partial, int splits, long long n4,
+                                                   bf16* c, float beta) {
+    splitk_reduce<bf16>(partial, splits, n4, c, beta);
+}
+extern "C" __global__ void gemm_splitk_reduce_f32(const float* partial, int splits, long long n4,
+                                                  float* c, float beta) {
+    splitk_reduce<float>(partial, splits, n4, c, beta);
+}
 
 #endif // !ASYNCTP_EMU

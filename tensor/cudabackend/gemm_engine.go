@@ -183,6 +183,39 @@ type GEMMOptions struct {
 	// A tuning and measuring knob: a grid above the SMs the process really
 	// has runs in two waves.
 	Grid int
+	// SplitK cuts the K range into this many slices, each a work unit of
+	// its own whose fp32 product goes to a workspace, summed in a fixed
+	// order by a second kernel (the same bits every run). 0: the engine
+	// chooses (engineSplitK: only for outputs of fewer tiles than SMs with
+	// a long K, e.g. weight gradients); 1: no split. Not with Wait or
+	// Signal (their flags count tiles of C as they are stored).
+	SplitK int
+}
+
+// engineMaxSplitK bounds GEMMOptions.SplitK (the workspace is SplitK × M ×
+// N floats).
+const engineMaxSplitK = 32
+
+// engineSplitK is the engine's own choice of K slices for an output of
+// tiles tiles and kblocks k-blocks of 64 on sms SMs: the slice count of
+// least estimated time, in units of one k-block of one tile (~0.8 µs on
+// the H200), ceil(tiles·S / sms) waves of ⌈kblocks/S⌉ + 3 (a tile's ramp
+// and epilogue), plus, when split, the workspace (each tile-slice's fp32
+// product written and read back: ~0.09 units at 3.5 TB/s) and the
+// reduction's launch (~5). 1 when nothing is won: enough tiles to fill the
+// SMs, or too short a K for slices of ≥ 4 k-blocks.
+func engineSplitK(tiles, kblocks, sms int) int {
+	best, bestT := 1, 0.0
+	for s := 1; s <= engineMaxSplitK && kblocks >= 4*s; s++ {
+		t := float64(ceilDiv(tiles*s, sms) * (ceilDiv(kblocks, s) + 3))
+		if s > 1 {
+			t += 0.09*float64(tiles*s) + 5
+		}
+		if s == 1 || t < bestT {
+			best, bestT = s, t
+		}
+	}
+	return best
 }
 
 // ErrGEMMWaitTimeout is wrapped by the error of an engine call whose flag
@@ -305,7 +338,7 @@ func engineShape(c, a, bm *tensor.Tensor, transA, transB bool) (m, n, k int, err
 }
 
 // checkOptions checks the hooks against the call's sizes.
-func checkOptions(o GEMMOptions, m int) error {
+func checkOptions(o GEMMOptions, m, k int) error {
 	if o.GroupM < 0 {
 		return fmt.Errorf("GroupM = %d, expected ≥ 0", o.GroupM)
 	}
@@ -327,6 +360,14 @@ func checkOptions(o GEMMOptions, m int) error {
 	}
 	if s := o.Signal; s != nil && (s.Flags == 0 || s.Flags%8 != 0) {
 		return fmt.Errorf("Signal.Flags = %#x, expected an 8-byte aligned device address", s.Flags)
+	}
+	switch kb := ceilDiv(k, 64); {
+	case o.SplitK < 0 || o.SplitK > engineMaxSplitK:
+		return fmt.Errorf("SplitK = %d, expected 0 (the engine chooses) to %d", o.SplitK, engineMaxSplitK)
+	case o.SplitK > kb:
+		return fmt.Errorf("SplitK = %d, expected at most the %d k-blocks of 64 in K = %d", o.SplitK, kb, k)
+	case o.SplitK > 1 && (o.Wait != nil || o.Signal != nil):
+		return fmt.Errorf("SplitK = %d with a Wait or Signal hook, expected 0 or 1 (the hooks count tiles of C as they are stored)", o.SplitK)
 	}
 	return nil
 }
@@ -367,7 +408,7 @@ func (b *Backend) EngineMatMul(c, a, bm *tensor.Tensor, transA, transB bool, alp
 	}
 	m, n, k, err := engineShape(c, a, bm, transA, transB)
 	if err == nil {
-		err = checkOptions(o, m)
+		err = checkOptions(o, m, k)
 	}
 	if err != nil {
 		b.fail(fmt.Errorf("cuda: %s: %w", op, err))
@@ -479,15 +520,41 @@ func (b *Backend) engineLaunch(op string, e engineCall) {
 			}
 			avail -= b.reserveOf(avail, asked)
 		}
-		grid := min(tiles, max(avail, 1))
-		if o.Grid > 0 {
-			grid = min(tiles, o.Grid)
+		split := o.SplitK
+		if split == 0 {
+			split = 1
+			if o.Wait == nil && o.Signal == nil {
+				split = engineSplitK(tiles, ceilDiv(e.k, 64), max(avail, 1))
+			}
 		}
-		return cd.launchRaw(engineKernel(e.transA, e.transB, e.c.DType()), grid, engineThreads, engineSmem,
+		units := tiles * split
+		grid := min(units, max(avail, 1))
+		if o.Grid > 0 {
+			grid = min(units, o.Grid)
+		}
+		var partial gpu.Ptr
+		if split > 1 {
+			p, size, err := b.scratch(tensor.Float32, split*e.m*e.n)
+			if err != nil {
+				return err
+			}
+			defer b.putScratch(p, size) // after the reduction is queued: stream order
+			partial = p
+		}
+		if err := cd.launchRaw(engineKernel(e.transA, e.transB, e.c.DType()), grid, engineThreads, engineSmem,
 			ma.Arg(), mb.Arg(), cuda.DevicePtr(DevicePtr(e.c)),
 			int32(e.m), int32(e.n), int32(e.k), e.alpha, e.beta, int32(groupM), int32(rot),
 			cuda.DevicePtr(waitFlags), waitRows, waitTarget, waitNs,
-			cuda.DevicePtr(sigFlags), sigMode, sigVal, watchdog.Nanoseconds(), cuda.DevicePtr(flag))
+			cuda.DevicePtr(sigFlags), sigMode, sigVal, watchdog.Nanoseconds(), cuda.DevicePtr(flag),
+			int32(split), cuda.DevicePtr(partial)); err != nil {
+			return err
+		}
+		if split == 1 {
+			return nil
+		}
+		n4 := e.m * e.n / 4 // N is a multiple of 8
+		return d.Launch("gemm_splitk_reduce"+sfx(e.c.DType()), gpu.D1(min(ceilDiv(n4, threads256), 4*max(avail, 1))),
+			gpu.D1(threads256), 0, partial, int32(split), int64(n4), ptr(e.c), e.beta)
 	})
 }
 

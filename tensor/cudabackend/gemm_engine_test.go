@@ -171,6 +171,65 @@ func TestEngineConformance(t *testing.T) {
 	}
 }
 
+// TestEngineSplitK checks the split-K path against the CPU for every layout,
+// both output dtypes and beta 0 / 1: explicit slice counts, including one
+// whose last slice is empty (K = 1024 is 16 k-blocks; 5 slices of 4), a K
+// that is no multiple of 64 with edge tiles, and the same bits on a second
+// run (the slices are added in a fixed order).
+func TestEngineSplitK(t *testing.T) {
+	g := openEngine(t)
+	seed := uint64(900)
+	for _, sc := range []struct {
+		m, n, k int
+		splits  []int
+	}{
+		{384, 768, 1024, []int{2, 3, 5}},
+		{136, 264, 2000, []int{7}},
+	} {
+		for _, l := range engineLayouts {
+			for _, out := range []tensor.DType{tensor.BFloat16, tensor.Float32} {
+				for _, ab := range [][2]float32{{1, 0}, {0.5, 1}} {
+					for _, split := range sc.splits {
+						e := engineCase{m: sc.m, n: sc.n, k: sc.k, transA: l[0], transB: l[1], out: out, alpha: ab[0], beta: ab[1]}
+						name := fmt.Sprintf("%v/split=%d", e, split)
+						seed++
+						a, b, c, want := engineInputs(t, g, e, seed)
+						c0 := testutil.Download(g, c)
+						var first []float64
+						for run := range 2 {
+							if run == 1 { // the same C as the first run started from
+								g.Free(c)
+								c = testutil.Upload(g, out, c0, e.m, e.n)
+							}
+							if err := g.EngineMatMul(c, a, b, e.transA, e.transB, e.alpha, e.beta, GEMMOptions{SplitK: split}); err != nil {
+								t.Fatalf("%s: %v", name, err)
+							}
+							if err := g.Sync(); err != nil {
+								t.Fatalf("%s: %v", name, err)
+							}
+							got := testutil.Download(g, c)
+							if run == 0 {
+								checkElems(t, name, got, want, e.n, engineTol(out))
+								first = got
+							} else {
+								for i := range got {
+									if math.Float64bits(got[i]) != math.Float64bits(first[i]) {
+										t.Errorf("%s: run 2 differs from run 1 at element %d: %v, %v", name, i, got[i], first[i])
+										break
+									}
+								}
+							}
+						}
+						g.Free(a)
+						g.Free(b)
+						g.Free(c)
+					}
+				}
+			}
+		}
+	}
+}
+
 // TestEngineTileOrder checks that the raster group and the rotation change
 // the order only: every setting gives the same bits.
 func TestEngineTileOrder(t *testing.T) {
@@ -395,6 +454,18 @@ func benchEngineShape(b *testing.B, be *Backend, m, n, k int) {
 			b.ReportMetric(flops*float64(b.N)/te, "engine-TFLOP/s")
 			b.ReportMetric(flops*float64(b.N)/tl, "cublaslt-TFLOP/s")
 			b.ReportMetric(tl/te, "ratio")
+			sms, _ := be.EngineSMs()
+			kdim := f.a.Dim(1) // a is (M, K), or (K, M) with transA
+			if f.transA {
+				kdim = f.a.Dim(0)
+			}
+			tiles := ceilDiv(f.c.Dim(0), EngineTileM) * ceilDiv(f.c.Dim(1), EngineTileN)
+			if split := engineSplitK(tiles, ceilDiv(kdim, 64), sms); split > 1 {
+				// The engine chose split-K: the same call without it, beside.
+				one := func() { be.EngineMatMul(f.c, f.a, f.bm, f.transA, f.transB, 1, f.beta, GEMMOptions{SplitK: 1}) }
+				b.ReportMetric(float64(split), "splitk")
+				b.ReportMetric(flops*float64(b.N)/timeOps(b, be, one), "nosplit-TFLOP/s")
+			}
 		})
 	}
 	for _, t := range []*tensor.Tensor{x, w, dy, y, dx, dw} {

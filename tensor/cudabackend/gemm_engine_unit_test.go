@@ -49,13 +49,20 @@ func TestEngineShapeChecks(t *testing.T) {
 		{"Wait.ChunkRows = 0, expected > 0", GEMMOptions{Wait: &GEMMWait{Flags: flags, Timeout: time.Second}}},
 		{"Wait.Timeout = 0s, expected > 0", GEMMOptions{Wait: &GEMMWait{Flags: flags, ChunkRows: 8}}},
 		{"Signal.Flags = 0x4, expected an 8-byte aligned", GEMMOptions{Signal: &GEMMSignal{Flags: 4}}},
+		{"SplitK = -1, expected 0 (the engine chooses) to 32", GEMMOptions{SplitK: -1}},
+		{"SplitK = 33, expected 0 (the engine chooses) to 32", GEMMOptions{SplitK: 33}},
+		{"SplitK = 9, expected at most the 8 k-blocks of 64 in K = 512", GEMMOptions{SplitK: 9}},
+		{"SplitK = 2 with a Wait or Signal hook", GEMMOptions{SplitK: 2, Signal: &GEMMSignal{Flags: 8}}},
 	} {
-		if err := checkOptions(tc.o, 64); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if err := checkOptions(tc.o, 64, 512); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("got %v, want an error containing %q", err, tc.want)
 		}
 	}
-	if err := checkOptions(GEMMOptions{RotateRows: 63, GroupM: 4, Wait: &GEMMWait{Flags: flags, ChunkRows: 8, Timeout: time.Second}}, 64); err != nil {
+	if err := checkOptions(GEMMOptions{RotateRows: 63, GroupM: 4, Wait: &GEMMWait{Flags: flags, ChunkRows: 8, Timeout: time.Second}}, 64, 512); err != nil {
 		t.Errorf("valid options refused: %v", err)
+	}
+	if err := checkOptions(GEMMOptions{SplitK: 8}, 64, 512); err != nil {
+		t.Errorf("valid split refused: %v", err)
 	}
 	for _, tc := range []struct {
 		tA, tB bool
@@ -107,5 +114,33 @@ func TestEngineGridShare(t *testing.T) {
 	}
 	if n, err := parseReserve("12"); err != nil || n != 12 {
 		t.Errorf("parseReserve(12) = %d, %v", n, err)
+	}
+}
+
+// TestEngineSplitKChoice checks engineSplitK on the H200's 132 SMs: no
+// split where the tiles fill the SMs or K is short, a split for the weight
+// gradients of gpt2-124m (few output tiles, K = 16384 rows), and slices of
+// at least 4 k-blocks.
+func TestEngineSplitKChoice(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		tiles, kblocks   int
+		wantMin, wantMax int
+	}{
+		{"many tiles (gpt2 qkv forward, 1152)", 1152, 12, 1, 1},
+		{"one wave of tiles, long K (TP 16384x1536x8192 fwd, 768)", 768, 128, 1, 1},
+		{"short K (3 k-blocks)", 4, 3, 1, 1},
+		{"dW 768x768 (18 tiles), K 16384", 18, 256, 4, 7},
+		{"dW 2304x768 (54 tiles), K 16384", 54, 256, 2, 2},
+		{"one tile, K 512 (8 k-blocks): not worth a second launch", 1, 8, 1, 1},
+		{"one tile, K 4096 (64 k-blocks)", 1, 64, 8, 16},
+	} {
+		got := engineSplitK(tc.tiles, tc.kblocks, 132)
+		if got < tc.wantMin || got > tc.wantMax {
+			t.Errorf("%s: engineSplitK(%d, %d, 132) = %d, want %d to %d", tc.name, tc.tiles, tc.kblocks, got, tc.wantMin, tc.wantMax)
+		}
+		if got > 1 && tc.kblocks < 4*got {
+			t.Errorf("%s: %d slices of %d k-blocks: fewer than 4 per slice", tc.name, got, tc.kblocks)
+		}
 	}
 }

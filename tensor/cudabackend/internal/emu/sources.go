@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "fd4340e0dcff0f5c7491f2b90dc08c4759f81ecc81b9f7a9714d03f9d7a3dd1f"
+const SourcesSum = "b94738c3694b9878c95e9c847def8af27e3aca818021ef5559c533289d3fa287"
