@@ -93,6 +93,14 @@ constexpr int EPI_BYTES = 8 * EPI_WARP_FLOATS * 4; // 16 KiB
 // every 1024 bytes and wgmma assumes it starts there), the epilogue's
 // staging area, then 2·STAGES mbarriers and the abort word.
 constexpr int SMEM_BYTES = 1024 + STAGES * STAGE_BYTES + EPI_BYTES + 2 * STAGES * 8 + 16;
+// The TMA-store kernels (…_bf16_ts, see store_tile_tma): 3 stages, and the
+// whole bf16 tile (128 × 256, 64 KiB, four 128-byte-swizzled (64, 64) boxes
+// per consumer warpgroup) staged for cp.async.bulk.tensor stores after the
+// store_slice area.
+constexpr int TS_STAGES = 3;
+constexpr int CTILE_BYTES = BM * BN * 2;
+constexpr int TS_SMEM_BYTES = 1024 + TS_STAGES * STAGE_BYTES + EPI_BYTES + CTILE_BYTES + 2 * TS_STAGES * 8 + 16;
+static_assert(TS_SMEM_BYTES <= 227 * 1024, "the TMA-store kernels' ring and tile must fit an SM");
 static_assert(SMEM_BYTES <= 227 * 1024, "the ring must fit the 227 KiB of an SM");
 static_assert(BOX_MN_BYTES * (BN / 64) == B_BYTES && BOX_MN_BYTES * (BM / 64) == A_BYTES,
               "MN-major boxes tile the stage");
@@ -297,6 +305,37 @@ __device__ __forceinline__ void consumer_bar() {
     asm volatile("bar.sync 1, 256;" ::: "memory"); // the two consumer warpgroups
 }
 
+// wg_bar: consumer warpgroup cw's 128 threads (named barriers 2 and 3).
+__device__ __forceinline__ void wg_bar(int cw) {
+    asm volatile("bar.sync %0, 128;" ::"r"(2 + cw) : "memory");
+}
+
+// ---- TMA stores (the …_ts kernels' epilogue) -----------------------------------
+
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
+    asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+// This thread's generic-proxy writes to shared memory, made visible to the
+// async proxy (TMA stores, wgmma operand reads).
+__device__ __forceinline__ void fence_proxy_async_shared() {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+// tma_store_2d writes the box at src to element coordinates (c0 inner, c1
+// outer) of the tensor map; what falls outside the tensor is not written.
+__device__ __forceinline__ void tma_store_2d(const TmaDesc& d, uint32_t src, int c0, int c1) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
+                     reinterpret_cast<uint64_t>(&d)),
+                 "r"(src), "r"(c0), "r"(c1)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+// The committed stores have read their shared memory (it may be rewritten).
+__device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+// The committed stores are complete.
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+
 #endif // ATP_GEMM90_BODY
 
 // The tile order: tile index t → (m-block, n-block). Grouped raster: group_m
@@ -403,10 +442,47 @@ __device__ __forceinline__ void store_slice(const float (&acc)[128], float* stag
         }
     }
 }
+
+// store_tile_tma: the epilogue of the …_ts kernels (bf16 C, beta = 0, no
+// signal, no split). Consumer warpgroup cw writes its 64 × 256 rows of
+// alpha·acc, rounded to bf16, into its 32 KiB of the tile area at cbase as
+// four (64 columns, 64 rows) boxes with the 128-byte swizzle (row r of a box
+// at 128·r, its 16-byte chunk q at position q XOR r mod 8: a warp's 4-byte
+// writes of one fragment register pair fall in 32 distinct banks), then one
+// thread stores the boxes with cp.async.bulk.tensor (edges clipped by TMA)
+// and the warpgroup goes on to its next tile while they drain: the stores
+// overlap the next main loop, where store_slice's wait for its own stores'
+// issue. Before it rewrites the area, the thread waits until the previous
+// tile's stores have read it (long done by then).
+__device__ __forceinline__ void store_tile_tma(const float (&acc)[128], const TmaDesc& tma_c, uint32_t cbase,
+                                               int cw, int warp, int lane, int m0, int n0, int M, int N,
+                                               float alpha, bool issuer) {
+    if (issuer) bulk_wait_read();
+    wg_bar(cw);
+#pragma unroll
+    for (int j = 0; j < 32; j++) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = 16 * warp + (lane >> 2) + 8 * h;
+            const uint32_t off = (j >> 3) * 8192 + r * 128 + (((j & 7) ^ (r & 7)) << 4) + (lane & 3) * 4;
+            st_shared_u32(cbase + off, pack_bf16x2(alpha * acc[4 * j + 2 * h], alpha * acc[4 * j + 2 * h + 1]));
+        }
+    }
+    fence_proxy_async_shared();
+    wg_bar(cw);
+    if (issuer && m0 + 64 * cw < M) {
+#pragma unroll
+        for (int b = 0; b < 4; b++)
+            if (n0 + 64 * b < N) tma_store_2d(tma_c, cbase + b * 8192, n0 + 64 * b, m0 + 64 * cw);
+        bulk_commit();
+    }
+}
 #endif // ATP_GEMM90_BODY
 
-template <int TA, int TB, typename OutT>
-__device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& tma_b, OutT* c,
+// NST: the ring's stages (STAGES, or TS_STAGES with TS); TS: the kernel
+// has the tile area and tma_c (store_tile_tma) for the calls it suits.
+template <int TA, int TB, typename OutT, int NST, bool TS>
+__device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& tma_b, const TmaDesc* tma_c, OutT* c,
                                           int M, int N, int K, float alpha, float beta,
                                           int group_m, int m_rot,
                                           const unsigned long long* wait_flags, int wait_rows,
@@ -419,10 +495,12 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
     extern __shared__ __align__(1024) unsigned char gemm90_smem[];
     const uint32_t raw = smem_u32(gemm90_smem);
     const uint32_t ring = (raw + 1023u) & ~1023u;
-    float* const stage_all = reinterpret_cast<float*>(gemm90_smem + (ring - raw) + STAGES * STAGE_BYTES);
-    const uint32_t bars = ring + STAGES * STAGE_BYTES + EPI_BYTES; // full[s] at +8s, empty[s] at +8(STAGES+s)
+    static_assert(!TS || sizeof(OutT) == 2, "the TMA-store epilogue writes bf16");
+    float* const stage_all = reinterpret_cast<float*>(gemm90_smem + (ring - raw) + NST * STAGE_BYTES);
+    const uint32_t ctile = ring + NST * STAGE_BYTES + EPI_BYTES; // TS: 1024-aligned (the swizzle's span)
+    const uint32_t bars = ctile + (TS ? CTILE_BYTES : 0); // full[s] at +8s, empty[s] at +8(NST+s)
     volatile int* abort_word =
-        reinterpret_cast<volatile int*>(gemm90_smem + (bars - raw) + 2 * STAGES * 8);
+        reinterpret_cast<volatile int*>(gemm90_smem + (bars - raw) + 2 * NST * 8);
 
     const int num_m = (M + BM - 1) / BM, num_n = (N + BN - 1) / BN;
     const int tiles = num_m * num_n;
@@ -434,9 +512,9 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
     const int kper = (kblocks + ksplit - 1) / ksplit;
 
     if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; s++) {
-            mbar_init(bars + 8 * s, 1);                  // full: the producer's expect_tx
-            mbar_init(bars + 8 * (STAGES + s), 2 * 4);  // empty: one arrive per consumer warp
+        for (int s = 0; s < NST; s++) {
+            mbar_init(bars + 8 * s, 1);               // full: the producer's expect_tx
+            mbar_init(bars + 8 * (NST + s), 2 * 4);  // empty: one arrive per consumer warp
         }
         *abort_word = 0;
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -461,9 +539,9 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
             const int m0 = mb * BM, n0 = nb * BN;
             const int kb0 = (u / tiles) * kper, kb1 = min(kblocks, kb0 + kper);
             for (int kb = kb0; kb < kb1; kb++, it++) {
-                const int s = it % STAGES;
-                const uint32_t ph = (it / STAGES) & 1;
-                mbar_wait(bars + 8 * (STAGES + s), ph ^ 1, watchdog_ns);
+                const int s = it % NST;
+                const uint32_t ph = (it / NST) & 1;
+                mbar_wait(bars + 8 * (NST + s), ph ^ 1, watchdog_ns);
                 const uint32_t full = bars + 8 * s;
                 if (kb == 0 && wait_flags != nullptr && !aborted) {
                     const int last = min(m0 + BM, M) - 1;
@@ -522,6 +600,10 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
     float acc[128];
 #pragma unroll
     for (int i = 0; i < 128; i++) acc[i] = 0.f;
+    // The TMA-store epilogue where it applies (uniform: kernel arguments);
+    // the signal needs the tile's stores complete, beta needs C read first.
+    const bool use_tma = TS && beta == 0.f && sig_flags == nullptr && ksplit == 1;
+    const bool issuer = (threadIdx.x & 127) == 0; // one thread per consumer warpgroup
     int it = 0;
     for (int u = blockIdx.x; u < units; u += gridDim.x) {
         int mb, nb;
@@ -531,8 +613,8 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
         const int kb0 = split * kper, kb1 = min(kblocks, kb0 + kper);
         int prev = 0;
         for (int kb = kb0; kb < kb1; kb++, it++) {
-            const int s = it % STAGES;
-            const uint32_t ph = (it / STAGES) & 1;
+            const int s = it % NST;
+            const uint32_t ph = (it / NST) & 1;
             mbar_wait(bars + 8 * s, ph, watchdog_ns);
             const uint32_t sa = ring + s * STAGE_BYTES + cw * (64 * 128), sb = ring + s * STAGE_BYTES + A_BYTES;
             wgmma_fence();
@@ -543,11 +625,11 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
             wgmma_commit();
             // The group before this one is complete: its stage can be refilled.
             wgmma_wait<1>();
-            if (kb > kb0 && lane == 0) mbar_arrive(bars + 8 * (STAGES + prev));
+            if (kb > kb0 && lane == 0) mbar_arrive(bars + 8 * (NST + prev));
             prev = s;
         }
         wgmma_wait<0>();
-        if (kb1 > kb0 && lane == 0) mbar_arrive(bars + 8 * (STAGES + prev));
+        if (kb1 > kb0 && lane == 0) mbar_arrive(bars + 8 * (NST + prev));
 
         // ---- epilogue: through the warp's staging area (store_slice) ----
         float* const stage = stage_all + (4 * cw + warp) * EPI_WARP_FLOATS;
@@ -555,6 +637,9 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
         if (ksplit > 1) // an empty last slice (kb1 = kb0) stores zeros
             store_slice<float>(acc, stage, partial + (long long)split * M * N, N, row0, M, n0, N,
                                alpha, 0.f, kb1 > kb0, lane);
+        else if (TS && use_tma)
+            store_tile_tma(acc, *tma_c, ctile + cw * (CTILE_BYTES / 2), cw, warp, lane, m0, n0, M, N, alpha,
+                           issuer);
         else
             store_slice<OutT>(acc, stage, c, N, row0, M, n0, N, alpha, beta, true, lane);
         if (sig_flags != nullptr) {
@@ -572,6 +657,7 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
             }
         }
     }
+    if (TS && use_tma && issuer) bulk_wait(); // no store in flight when the CTA ends
 #else
     // Not sm_90a: no wgmma, TMA or setmaxnreg. Say so instead of computing.
     if (threadIdx.x == 0 && blockIdx.x == 0) report_error(err, -1);
@@ -591,10 +677,27 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
         int wait_rows, unsigned long long wait_target, long long wait_timeout_ns,                \
         unsigned long long* sig_flags, int sig_mode, unsigned long long sig_value,               \
         long long watchdog_ns, int* err, int ksplit, float* partial) {                           \
-        atp::gemm90::gemm_body<TA, TB, OutT>(tma_a, tma_b, c, M, N, K, alpha, beta, group_m,     \
-                                             m_rot, wait_flags, wait_rows, wait_target,          \
-                                             wait_timeout_ns, sig_flags, sig_mode, sig_value,    \
-                                             watchdog_ns, err, ksplit, partial);                 \
+        atp::gemm90::gemm_body<TA, TB, OutT, atp::gemm90::STAGES, false>(                        \
+            tma_a, tma_b, nullptr, c, M, N, K, alpha, beta, group_m, m_rot, wait_flags,          \
+            wait_rows, wait_target, wait_timeout_ns, sig_flags, sig_mode, sig_value,             \
+            watchdog_ns, err, ksplit, partial);                                                  \
+    }
+// The TMA-store kernels (bf16 C): a tensor map of C after those of A and B,
+// TS_STAGES stages, dynamic shared memory TS_SMEM_BYTES. Calls that do not
+// suit the TMA store (beta ≠ 0, a signal, split-K) take store_slice here too.
+#define GEMM90_TS_KERNEL(name, TA, TB)                                                            \
+    extern "C" __global__ void __launch_bounds__(atp::gemm90::THREADS, 1) name(                  \
+        const __grid_constant__ atp::gemm90::TmaDesc tma_a,                                      \
+        const __grid_constant__ atp::gemm90::TmaDesc tma_b,                                      \
+        const __grid_constant__ atp::gemm90::TmaDesc tma_c, bf16* c, int M, int N, int K,        \
+        float alpha, float beta, int group_m, int m_rot, const unsigned long long* wait_flags,   \
+        int wait_rows, unsigned long long wait_target, long long wait_timeout_ns,                \
+        unsigned long long* sig_flags, int sig_mode, unsigned long long sig_value,               \
+        long long watchdog_ns, int* err, int ksplit, float* partial) {                           \
+        atp::gemm90::gemm_body<TA, TB, bf16, atp::gemm90::TS_STAGES, true>(                      \
+            tma_a, tma_b, &tma_c, c, M, N, K, alpha, beta, group_m, m_rot, wait_flags,           \
+            wait_rows, wait_target, wait_timeout_ns, sig_flags, sig_mode, sig_value,             \
+            watchdog_ns, err, ksplit, partial);                                                  \
     }
 
 GEMM90_KERNEL(gemm_sm90_nt_bf16, 0, 0, bf16)
@@ -605,6 +708,10 @@ GEMM90_KERNEL(gemm_sm90_tn_bf16, 1, 1, bf16)
 GEMM90_KERNEL(gemm_sm90_tn_f32, 1, 1, float)
 GEMM90_KERNEL(gemm_sm90_tt_bf16, 1, 0, bf16)
 GEMM90_KERNEL(gemm_sm90_tt_f32, 1, 0, float)
+GEMM90_TS_KERNEL(gemm_sm90_nt_bf16_ts, 0, 0)
+GEMM90_TS_KERNEL(gemm_sm90_nn_bf16_ts, 0, 1)
+GEMM90_TS_KERNEL(gemm_sm90_tn_bf16_ts, 1, 1)
+GEMM90_TS_KERNEL(gemm_sm90_tt_bf16_ts, 1, 0)
 
 // gemm_splitk_reduce_<out>: c = Σ_s partial[s] + beta·c over the n4 float4
 // groups of an (M, N) output (M·N a multiple of 4), the slices added in

@@ -104,11 +104,8 @@ __device__ __forceinline__ void st_shared_zero16(uint32_t addr) {
     asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(addr), "r"(0) : "memory");
 }
 
-// Make this thread's generic-proxy writes to shared memory visible to the
+// fence_proxy_async_shared (gemm_sm90.cu) makes the zeroes visible to the
 // async proxy (the wgmma operand reads).
-__device__ __forceinline__ void fence_proxy_async_shared() {
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
 
 // The shared memory of a grouped kernel: the engine's ring (1024-aligned),
 // its 2·STAGES mbarriers and abort word, then the group tables.

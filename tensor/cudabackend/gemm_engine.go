@@ -55,6 +55,14 @@ const (
 	// stages of 48 KiB + the epilogue's staging (8 warps × 2 KiB) + 8
 	// mbarriers + the abort word.
 	engineSmem = 1024 + 4*48*1024 + 8*2048 + 8*8 + 16
+	// engineSmemTS is TS_SMEM_BYTES, the TMA-store kernels' (…_bf16_ts): 3
+	// stages, the staging, the 64 KiB bf16 tile, 6 mbarriers, the abort word.
+	engineSmemTS = 1024 + 3*48*1024 + 8*2048 + 64*1024 + 6*8 + 16
+	// engineTMAStoreMaxK is the longest K for which EngineStoreAuto takes
+	// the TMA-store kernels: their epilogue overlaps the next tile's main
+	// loop, which matters where the main loop is short, and they have one
+	// stage fewer, which matters where it is long.
+	engineTMAStoreMaxK = 2048
 	// engineGroupM is the default raster group: 8 m-blocks (1024 rows of
 	// A) sweep all n-blocks before the next 8, so B's tiles are read from L2
 	// by up to 8 CTAs.
@@ -190,7 +198,28 @@ type GEMMOptions struct {
 	// a long K, e.g. weight gradients); 1: no split. Not with Wait or
 	// Signal (their flags count tiles of C as they are stored).
 	SplitK int
+	// Store picks the epilogue: EngineStoreAuto (the TMA store for a bf16
+	// C with beta = 0, no Signal, no split and K ≤ 2048; else staged),
+	// EngineStoreStaged or EngineStoreTMA (bf16 C only; a call it does not
+	// suit — beta ≠ 0, a Signal, split-K — stores staged in that kernel).
+	Store EngineStore
 }
+
+// EngineStore is the engine's epilogue (GEMMOptions.Store).
+type EngineStore int
+
+const (
+	// EngineStoreAuto lets the engine choose.
+	EngineStoreAuto EngineStore = iota
+	// EngineStoreStaged: the consumer warps store C through a small
+	// shared-memory staging area themselves, then start the next tile (4
+	// pipeline stages).
+	EngineStoreStaged
+	// EngineStoreTMA: the warps write the whole bf16 tile to shared memory
+	// and one thread stores it with TMA while they start the next tile (3
+	// pipeline stages; the …_bf16_ts kernels).
+	EngineStoreTMA
+)
 
 // engineMaxSplitK bounds GEMMOptions.SplitK (the workspace is SplitK × M ×
 // N floats).
@@ -361,6 +390,9 @@ func checkOptions(o GEMMOptions, m, k int) error {
 	if s := o.Signal; s != nil && (s.Flags == 0 || s.Flags%8 != 0) {
 		return fmt.Errorf("Signal.Flags = %#x, expected an 8-byte aligned device address", s.Flags)
 	}
+	if o.Store < EngineStoreAuto || o.Store > EngineStoreTMA {
+		return fmt.Errorf("Store = %d, expected EngineStoreAuto, EngineStoreStaged or EngineStoreTMA", o.Store)
+	}
 	switch kb := ceilDiv(k, 64); {
 	case o.SplitK < 0 || o.SplitK > engineMaxSplitK:
 		return fmt.Errorf("SplitK = %d, expected 0 (the engine chooses) to %d", o.SplitK, engineMaxSplitK)
@@ -409,6 +441,9 @@ func (b *Backend) EngineMatMul(c, a, bm *tensor.Tensor, transA, transB bool, alp
 	m, n, k, err := engineShape(c, a, bm, transA, transB)
 	if err == nil {
 		err = checkOptions(o, m, k)
+	}
+	if err == nil && o.Store == EngineStoreTMA && c.DType() != tensor.BFloat16 {
+		err = fmt.Errorf("Store = EngineStoreTMA with a %v c, expected bf16 (the TMA-store kernels write bf16)", c.DType())
 	}
 	if err != nil {
 		b.fail(fmt.Errorf("cuda: %s: %w", op, err))
@@ -541,12 +576,30 @@ func (b *Backend) engineLaunch(op string, e engineCall) {
 			defer b.putScratch(p, size) // after the reduction is queued: stream order
 			partial = p
 		}
-		if err := cd.launchRaw(engineKernel(e.transA, e.transB, e.c.DType()), grid, engineThreads, engineSmem,
-			ma.Arg(), mb.Arg(), cuda.DevicePtr(DevicePtr(e.c)),
+		args := []any{ma.Arg(), mb.Arg()}
+		kernel, smem := engineKernel(e.transA, e.transB, e.c.DType()), engineSmem
+		if engineTMAStore(o.Store, e, split) {
+			mc, err := cuda.EncodeTiled(cuda.TiledTensorMap{
+				DType:   cuda.TensorMapBFloat16,
+				Addr:    cuda.DevicePtr(DevicePtr(e.c)),
+				Dims:    []uint64{uint64(e.n), uint64(e.m)},
+				Strides: []uint64{uint64(e.n) * 2},
+				Box:     []uint32{64, 64}, // store_tile_tma's boxes
+				Swizzle: cuda.Swizzle128B,
+				L2:      cuda.L2Promotion256B,
+			})
+			if err != nil {
+				return fmt.Errorf("tensor map of c %v: %w", e.c.Shape(), err)
+			}
+			args = append(args, mc.Arg())
+			kernel, smem = kernel+"_ts", engineSmemTS
+		}
+		args = append(args, cuda.DevicePtr(DevicePtr(e.c)),
 			int32(e.m), int32(e.n), int32(e.k), e.alpha, e.beta, int32(groupM), int32(rot),
 			cuda.DevicePtr(waitFlags), waitRows, waitTarget, waitNs,
 			cuda.DevicePtr(sigFlags), sigMode, sigVal, watchdog.Nanoseconds(), cuda.DevicePtr(flag),
-			int32(split), cuda.DevicePtr(partial)); err != nil {
+			int32(split), cuda.DevicePtr(partial))
+		if err := cd.launchRaw(kernel, grid, engineThreads, smem, args...); err != nil {
 			return err
 		}
 		if split == 1 {
@@ -556,6 +609,19 @@ func (b *Backend) engineLaunch(op string, e engineCall) {
 		return d.Launch("gemm_splitk_reduce"+sfx(e.c.DType()), gpu.D1(min(ceilDiv(n4, threads256), 4*max(avail, 1))),
 			gpu.D1(threads256), 0, partial, int32(split), int64(n4), ptr(e.c), e.beta)
 	})
+}
+
+// engineTMAStore reports whether a call runs on the TMA-store kernels
+// (…_bf16_ts): asked, or chosen (EngineStoreAuto) where the TMA store
+// itself applies and K is short.
+func engineTMAStore(s EngineStore, e engineCall, split int) bool {
+	switch {
+	case e.c.DType() != tensor.BFloat16 || s == EngineStoreStaged:
+		return false
+	case s == EngineStoreTMA:
+		return true
+	}
+	return e.beta == 0 && e.opt.Signal == nil && split == 1 && e.k <= engineTMAStoreMaxK
 }
 
 // engineExplain turns the kernel's error word into the call's error: -1 is a

@@ -230,6 +230,49 @@ func TestEngineSplitK(t *testing.T) {
 	}
 }
 
+// TestEngineStore checks both epilogues against the CPU on every layout
+// with a bf16 C: the staged one and the TMA store (beta 0: the TMA path;
+// beta 1: the TMA-store kernel's staged fallback), on shapes with edge tiles
+// in M and N (TMA clips the boxes), a K above the automatic choice's bound,
+// and M of no multiple of 8 for a K-major A.
+func TestEngineStore(t *testing.T) {
+	g := openEngine(t)
+	seed := uint64(1900)
+	for _, sh := range [][3]int{{136, 264, 200}, {1001, 520, 72}, {5, 24, 8}, {264, 776, 4160}} {
+		for _, l := range engineLayouts {
+			if sh[0]%8 != 0 && l[0] {
+				continue
+			}
+			for _, st := range []EngineStore{EngineStoreStaged, EngineStoreTMA} {
+				for _, ab := range [][2]float32{{1, 0}, {0.5, 1}} {
+					e := engineCase{m: sh[0], n: sh[1], k: sh[2], transA: l[0], transB: l[1], out: tensor.BFloat16, alpha: ab[0], beta: ab[1]}
+					name := fmt.Sprintf("%v/store=%d", e, st)
+					seed++
+					a, b, c, want := engineInputs(t, g, e, seed)
+					if err := g.EngineMatMul(c, a, b, e.transA, e.transB, e.alpha, e.beta, GEMMOptions{Store: st, SplitK: 1}); err != nil {
+						t.Fatalf("%s: %v", name, err)
+					}
+					if err := g.Sync(); err != nil {
+						t.Fatalf("%s: %v", name, err)
+					}
+					checkElems(t, name, testutil.Download(g, c), want, e.n, engineTol(e.out))
+					g.Free(a)
+					g.Free(b)
+					g.Free(c)
+				}
+			}
+		}
+	}
+	// An f32 C has no TMA-store kernel: refused, saying why.
+	a := g.Zeros(tensor.BFloat16, 128, 64)
+	w := g.Zeros(tensor.BFloat16, 256, 64)
+	c := g.Zeros(tensor.Float32, 128, 256)
+	err := g.EngineMatMul(c, a, w, false, true, 1, 0, GEMMOptions{Store: EngineStoreTMA})
+	if err == nil || !strings.Contains(err.Error(), "expected bf16") {
+		t.Errorf("Store = EngineStoreTMA with an f32 c: got %v, want a refusal naming bf16", err)
+	}
+}
+
 // TestEngineTileOrder checks that the raster group and the rotation change
 // the order only: every setting gives the same bits.
 func TestEngineTileOrder(t *testing.T) {
@@ -454,6 +497,17 @@ func benchEngineShape(b *testing.B, be *Backend, m, n, k int) {
 			b.ReportMetric(flops*float64(b.N)/te, "engine-TFLOP/s")
 			b.ReportMetric(flops*float64(b.N)/tl, "cublaslt-TFLOP/s")
 			b.ReportMetric(tl/te, "ratio")
+			if f.beta == 0 { // both epilogues, the same call without split
+				for _, st := range []struct {
+					name  string
+					store EngineStore
+				}{{"staged", EngineStoreStaged}, {"tma", EngineStoreTMA}} {
+					op := func() {
+						be.EngineMatMul(f.c, f.a, f.bm, f.transA, f.transB, 1, 0, GEMMOptions{Store: st.store, SplitK: 1})
+					}
+					b.ReportMetric(flops*float64(b.N)/timeOps(b, be, op), st.name+"-TFLOP/s")
+				}
+			}
 			sms, _ := be.EngineSMs()
 			kdim := f.a.Dim(1) // a is (M, K), or (K, M) with transA
 			if f.transA {

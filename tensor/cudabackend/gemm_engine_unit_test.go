@@ -49,6 +49,7 @@ func TestEngineShapeChecks(t *testing.T) {
 		{"Wait.ChunkRows = 0, expected > 0", GEMMOptions{Wait: &GEMMWait{Flags: flags, Timeout: time.Second}}},
 		{"Wait.Timeout = 0s, expected > 0", GEMMOptions{Wait: &GEMMWait{Flags: flags, ChunkRows: 8}}},
 		{"Signal.Flags = 0x4, expected an 8-byte aligned", GEMMOptions{Signal: &GEMMSignal{Flags: 4}}},
+		{"Store = 3, expected EngineStoreAuto", GEMMOptions{Store: 3}},
 		{"SplitK = -1, expected 0 (the engine chooses) to 32", GEMMOptions{SplitK: -1}},
 		{"SplitK = 33, expected 0 (the engine chooses) to 32", GEMMOptions{SplitK: 33}},
 		{"SplitK = 9, expected at most the 8 k-blocks of 64 in K = 512", GEMMOptions{SplitK: 9}},

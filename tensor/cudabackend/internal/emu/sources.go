@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "b94738c3694b9878c95e9c847def8af27e3aca818021ef5559c533289d3fa287"
+const SourcesSum = "26dc6315ebe72e46336b3e8ad2f7945143f77ecd43e3c1cdad3268718966202b"
