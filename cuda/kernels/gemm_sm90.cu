@@ -16,6 +16,8 @@
 //   nt: y = x·Wᵀ (both K-major: the native wgmma case)
 //   nn: dx = dy·W (B MN-major)      tn: dW += dyᵀ·x (both MN-major)
 //   tt: A MN-major, B K-major (for completeness)
+// and gemm_sm90_<la><lb>_bf16_ts, the same with a TMA-store epilogue (a
+// third tensor map, of C; 3 stages; TS_SMEM_BYTES; see store_tile_tma).
 //
 // Split-K (ksplit > 1, only without the hooks): the K range is cut into
 // ksplit slices of ⌈K/64 / ksplit⌉ k-blocks, each (tile, slice) is a work

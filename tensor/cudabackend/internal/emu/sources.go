@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "26dc6315ebe72e46336b3e8ad2f7945143f77ecd43e3c1cdad3268718966202b"
+const SourcesSum = "647f93004b92f8487f0438a479f023c4dff4016dd43bb81db4481a39db2bd126"
