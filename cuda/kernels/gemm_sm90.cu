@@ -671,18 +671,21 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
 
 // One kernel per operand layout and output dtype (the transposes are
 // immediates of the wgmma instruction).
+// The parameters after C, and their names, shared by both kernel families.
+#define GEMM90_PARAMS                                                                            \
+    int M, int N, int K, float alpha, float beta, int group_m, int m_rot,                        \
+        const unsigned long long *wait_flags, int wait_rows, unsigned long long wait_target,     \
+        long long wait_timeout_ns, unsigned long long *sig_flags, int sig_mode,                  \
+        unsigned long long sig_value, long long watchdog_ns, int *err, int ksplit, float *partial
+#define GEMM90_ARGS                                                                              \
+    M, N, K, alpha, beta, group_m, m_rot, wait_flags, wait_rows, wait_target, wait_timeout_ns,   \
+        sig_flags, sig_mode, sig_value, watchdog_ns, err, ksplit, partial
 #define GEMM90_KERNEL(name, TA, TB, OutT)                                                        \
     extern "C" __global__ void __launch_bounds__(atp::gemm90::THREADS, 1) name(                  \
         const __grid_constant__ atp::gemm90::TmaDesc tma_a,                                      \
-        const __grid_constant__ atp::gemm90::TmaDesc tma_b, OutT* c, int M, int N, int K,        \
-        float alpha, float beta, int group_m, int m_rot, const unsigned long long* wait_flags,   \
-        int wait_rows, unsigned long long wait_target, long long wait_timeout_ns,                \
-        unsigned long long* sig_flags, int sig_mode, unsigned long long sig_value,               \
-        long long watchdog_ns, int* err, int ksplit, float* partial) {                           \
-        atp::gemm90::gemm_body<TA, TB, OutT, atp::gemm90::STAGES, false>(                        \
-            tma_a, tma_b, nullptr, c, M, N, K, alpha, beta, group_m, m_rot, wait_flags,          \
-            wait_rows, wait_target, wait_timeout_ns, sig_flags, sig_mode, sig_value,             \
-            watchdog_ns, err, ksplit, partial);                                                  \
+        const __grid_constant__ atp::gemm90::TmaDesc tma_b, OutT* c, GEMM90_PARAMS) {            \
+        atp::gemm90::gemm_body<TA, TB, OutT, atp::gemm90::STAGES, false>(tma_a, tma_b, nullptr, \
+                                                                         c, GEMM90_ARGS);       \
     }
 // The TMA-store kernels (bf16 C): a tensor map of C after those of A and B,
 // TS_STAGES stages, dynamic shared memory TS_SMEM_BYTES. Calls that do not
@@ -691,15 +694,9 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
     extern "C" __global__ void __launch_bounds__(atp::gemm90::THREADS, 1) name(                  \
         const __grid_constant__ atp::gemm90::TmaDesc tma_a,                                      \
         const __grid_constant__ atp::gemm90::TmaDesc tma_b,                                      \
-        const __grid_constant__ atp::gemm90::TmaDesc tma_c, bf16* c, int M, int N, int K,        \
-        float alpha, float beta, int group_m, int m_rot, const unsigned long long* wait_flags,   \
-        int wait_rows, unsigned long long wait_target, long long wait_timeout_ns,                \
-        unsigned long long* sig_flags, int sig_mode, unsigned long long sig_value,               \
-        long long watchdog_ns, int* err, int ksplit, float* partial) {                           \
-        atp::gemm90::gemm_body<TA, TB, bf16, atp::gemm90::TS_STAGES, true>(                      \
-            tma_a, tma_b, &tma_c, c, M, N, K, alpha, beta, group_m, m_rot, wait_flags,           \
-            wait_rows, wait_target, wait_timeout_ns, sig_flags, sig_mode, sig_value,             \
-            watchdog_ns, err, ksplit, partial);                                                  \
+        const __grid_constant__ atp::gemm90::TmaDesc tma_c, bf16* c, GEMM90_PARAMS) {            \
+        atp::gemm90::gemm_body<TA, TB, bf16, atp::gemm90::TS_STAGES, true>(tma_a, tma_b, &tma_c, \
+                                                                           c, GEMM90_ARGS);     \
     }
 
 GEMM90_KERNEL(gemm_sm90_nt_bf16, 0, 0, bf16)

@@ -126,6 +126,23 @@ func engineTol(out tensor.DType) float64 {
 // (dx = dy·W), TN (dW = dyᵀ·x) and TT.
 var engineLayouts = [][2]bool{{false, true}, {false, false}, {true, false}, {true, true}}
 
+// checkEngineCase runs one engine case on fresh random operands with run
+// (c, a, b: the call under test) and compares C with the CPU reference.
+func checkEngineCase(t *testing.T, g *Backend, e engineCase, seed uint64, name string, run func(c, a, b *tensor.Tensor) error) {
+	t.Helper()
+	a, b, c, want := engineInputs(t, g, e, seed)
+	if err := run(c, a, b); err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	if err := g.Sync(); err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	checkElems(t, name, testutil.Download(g, c), want, e.n, engineTol(e.out))
+	g.Free(a)
+	g.Free(b)
+	g.Free(c)
+}
+
 // TestEngineConformance checks the engine against the CPU for every layout,
 // bf16 and f32 outputs, beta 0 (over a NaN-poisoned C) and 1, on shapes with
 // edge tiles in M, N and K (tiles of 128 × 256, K steps of 64). bf16 outputs
@@ -149,22 +166,16 @@ func TestEngineConformance(t *testing.T) {
 				for _, ab := range [][2]float32{{1, 0}, {0.5, 1}} {
 					e := engineCase{m: s[0], n: s[1], k: s[2], transA: l[0], transB: l[1], out: out, alpha: ab[0], beta: ab[1]}
 					seed++
-					a, b, c, want := engineInputs(t, g, e, seed)
-					if out == tensor.BFloat16 {
+					checkEngineCase(t, g, e, seed, e.String(), func(c, a, b *tensor.Tensor) error {
+						if out != tensor.BFloat16 {
+							return g.EngineMatMul(c, a, b, e.transA, e.transB, e.alpha, e.beta, GEMMOptions{})
+						}
 						if !g.useEngine(c, a, b, e.transA, e.transB, 1) {
 							t.Fatalf("%v: MatMul would not take the engine", e)
 						}
 						g.MatMul(c, a, b, e.transA, e.transB, e.alpha, e.beta)
-					} else if err := g.EngineMatMul(c, a, b, e.transA, e.transB, e.alpha, e.beta, GEMMOptions{}); err != nil {
-						t.Fatalf("%v: %v", e, err)
-					}
-					if err := g.Sync(); err != nil {
-						t.Fatalf("%v: %v", e, err)
-					}
-					checkElems(t, e.String(), testutil.Download(g, c), want, e.n, engineTol(out))
-					g.Free(a)
-					g.Free(b)
-					g.Free(c)
+						return nil
+					})
 				}
 			}
 		}
@@ -246,19 +257,10 @@ func TestEngineStore(t *testing.T) {
 			for _, st := range []EngineStore{EngineStoreStaged, EngineStoreTMA} {
 				for _, ab := range [][2]float32{{1, 0}, {0.5, 1}} {
 					e := engineCase{m: sh[0], n: sh[1], k: sh[2], transA: l[0], transB: l[1], out: tensor.BFloat16, alpha: ab[0], beta: ab[1]}
-					name := fmt.Sprintf("%v/store=%d", e, st)
 					seed++
-					a, b, c, want := engineInputs(t, g, e, seed)
-					if err := g.EngineMatMul(c, a, b, e.transA, e.transB, e.alpha, e.beta, GEMMOptions{Store: st, SplitK: 1}); err != nil {
-						t.Fatalf("%s: %v", name, err)
-					}
-					if err := g.Sync(); err != nil {
-						t.Fatalf("%s: %v", name, err)
-					}
-					checkElems(t, name, testutil.Download(g, c), want, e.n, engineTol(e.out))
-					g.Free(a)
-					g.Free(b)
-					g.Free(c)
+					checkEngineCase(t, g, e, seed, fmt.Sprintf("%v/store=%d", e, st), func(c, a, b *tensor.Tensor) error {
+						return g.EngineMatMul(c, a, b, e.transA, e.transB, e.alpha, e.beta, GEMMOptions{Store: st, SplitK: 1})
+					})
 				}
 			}
 		}

@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "647f93004b92f8487f0438a479f023c4dff4016dd43bb81db4481a39db2bd126"
+const SourcesSum = "84fa7c9f96a8dcdf8e149dae810aaf7753c985e4a0e882e9b5e62dcfd0d018f0"
