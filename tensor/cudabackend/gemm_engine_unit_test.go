@@ -145,3 +145,43 @@ func TestEngineSplitKChoice(t *testing.T) {
 		}
 	}
 }
+
+// TestEngineTMAStoreChoice checks which calls take the TMA-store kernels:
+// asked for with a bf16 C, or chosen for a bf16 C with beta 0, no signal,
+// no split and K ≤ engineTMAStoreMaxK; never an f32 C or a staged request.
+func TestEngineTMAStoreChoice(t *testing.T) {
+	host := func(dt tensor.DType) *tensor.Tensor {
+		buf, err := tensor.NewHostBuffer(dt, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		x, err := tensor.New(buf, 0, 8, 8)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return x
+	}
+	bf, f32 := host(tensor.BFloat16), host(tensor.Float32)
+	sig := &GEMMSignal{Flags: 8}
+	for _, tc := range []struct {
+		name  string
+		store EngineStore
+		e     engineCall
+		split int
+		want  bool
+	}{
+		{"auto, short K", EngineStoreAuto, engineCall{c: bf, k: 768}, 1, true},
+		{"auto, K at the bound", EngineStoreAuto, engineCall{c: bf, k: engineTMAStoreMaxK}, 1, true},
+		{"auto, long K", EngineStoreAuto, engineCall{c: bf, k: engineTMAStoreMaxK + 8}, 1, false},
+		{"auto, beta 1", EngineStoreAuto, engineCall{c: bf, k: 768, beta: 1}, 1, false},
+		{"auto, a signal", EngineStoreAuto, engineCall{c: bf, k: 768, opt: GEMMOptions{Signal: sig}}, 1, false},
+		{"auto, split", EngineStoreAuto, engineCall{c: bf, k: 768}, 2, false},
+		{"auto, f32 C", EngineStoreAuto, engineCall{c: f32, k: 768}, 1, false},
+		{"asked, long K and beta 1", EngineStoreTMA, engineCall{c: bf, k: 8192, beta: 1}, 1, true},
+		{"staged asked", EngineStoreStaged, engineCall{c: bf, k: 768}, 1, false},
+	} {
+		if got := engineTMAStore(tc.store, tc.e, tc.split); got != tc.want {
+			t.Errorf("%s: engineTMAStore = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
