@@ -19,7 +19,7 @@ mkdir -p "$OUT"
 export PATH=$PATH:/usr/local/nvidia/bin
 B=build/tensor_cudabackend.test
 BT=${BENCHTIME:-50x}
-if [ ! -f "$ASYNCTP_KERNELS" ] || [ -n "$(find cuda/kernels -name '*.cu*' -newer "$ASYNCTP_KERNELS" | head -1)" ]; then
+if kernels_stale; then
   t0=$(date +%s)
   timeout 200 bash cuda/kernels/build.sh > "$OUT/nvcc.log" 2>&1 || { echo "kernels image (nvcc): FAIL"; tail -30 "$OUT/nvcc.log"; exit 1; }
   echo "kernels image (nvcc): ok, $(($(date +%s) - t0)) s"

@@ -37,10 +37,7 @@ if [ ! -x "$TEST" ]; then
 fi
 
 # 0. the images.
-stale=0
-if [ ! -f "$ASYNCTP_KERNELS" ]; then stale=1
-elif [ -n "$(find cuda/kernels -name '*.cu*' -newer "$ASYNCTP_KERNELS" | head -1)" ]; then stale=1; fi
-if [ $stale -eq 1 ]; then
+if kernels_stale; then
   t0=$(date +%s)
   if OUT_DIR=$(dirname "$ASYNCTP_KERNELS") timeout "$BUILD_TIMEOUT" bash cuda/kernels/build.sh > "$OUT/nvcc.log" 2>&1; then
     row "kernels image (nvcc)" ok "$(($(date +%s)-t0)) s"

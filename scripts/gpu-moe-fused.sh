@@ -52,8 +52,7 @@ step() {
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 if [ ! -x "$T" ]; then row "$T" FAIL "missing: run scripts/build-gpu-artifacts.sh on the dev machine"; exit 1; fi
-newer=$(find cuda/kernels -name '*.cu' -newer "$ASYNCTP_KERNELS" 2>/dev/null | head -1)
-if [ ! -f "$ASYNCTP_KERNELS" ] || [ -n "$newer" ]; then
+if kernels_stale; then
   step "kernels image (nvcc)" 90 nvcc.log bash cuda/kernels/build.sh || { tail -30 "$OUT/nvcc.log"; exit 1; }
 fi
 if [ ! -f "$ASYNCTP_LIBNVSHMEM" ]; then

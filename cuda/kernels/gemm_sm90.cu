@@ -639,7 +639,7 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
         if (ksplit > 1) // an empty last slice (kb1 = kb0) stores zeros
             store_slice<float>(acc, stage, partial + (long long)split * M * N, N, row0, M, n0, N,
                                alpha, 0.f, kb1 > kb0, lane);
-        else if (TS && use_tma)
+        else if (use_tma)
             store_tile_tma(acc, *tma_c, ctile + cw * (CTILE_BYTES / 2), cw, warp, lane, m0, n0, M, N, alpha,
                            issuer);
         else
@@ -659,7 +659,7 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
             }
         }
     }
-    if (TS && use_tma && issuer) bulk_wait(); // no store in flight when the CTA ends
+    if (use_tma && issuer) bulk_wait(); // no store in flight when the CTA ends
 #else
     // Not sm_90a: no wgmma, TMA or setmaxnreg. Say so instead of computing.
     if (threadIdx.x == 0 && blockIdx.x == 0) report_error(err, -1);

@@ -555,15 +555,10 @@ func (b *Backend) engineLaunch(op string, e engineCall) {
 			}
 			avail -= b.reserveOf(avail, asked)
 		}
-		split := o.SplitK
-		if split == 0 {
-			split = 1
-			if o.Wait == nil && o.Signal == nil {
-				split = engineSplitK(tiles, ceilDiv(e.k, 64), max(avail, 1))
-			}
-		}
+		avail = max(avail, 1)
+		split := e.splitK(avail)
 		units := tiles * split
-		grid := min(units, max(avail, 1))
+		grid := min(units, avail)
 		if o.Grid > 0 {
 			grid = min(units, o.Grid)
 		}
@@ -578,7 +573,7 @@ func (b *Backend) engineLaunch(op string, e engineCall) {
 		}
 		args := []any{ma.Arg(), mb.Arg()}
 		kernel, smem := engineKernel(e.transA, e.transB, e.c.DType()), engineSmem
-		if engineTMAStore(o.Store, e, split) {
+		if e.tmaStore(split) {
 			mc, err := cuda.EncodeTiled(cuda.TiledTensorMap{
 				DType:   cuda.TensorMapBFloat16,
 				Addr:    cuda.DevicePtr(DevicePtr(e.c)),
@@ -606,16 +601,29 @@ func (b *Backend) engineLaunch(op string, e engineCall) {
 			return nil
 		}
 		n4 := e.m * e.n / 4 // N is a multiple of 8
-		return d.Launch("gemm_splitk_reduce"+sfx(e.c.DType()), gpu.D1(min(ceilDiv(n4, threads256), 4*max(avail, 1))),
+		return d.Launch("gemm_splitk_reduce"+sfx(e.c.DType()), gpu.D1(min(ceilDiv(n4, threads256), 4*avail)),
 			gpu.D1(threads256), 0, partial, int32(split), int64(n4), ptr(e.c), e.beta)
 	})
 }
 
-// engineTMAStore reports whether a call runs on the TMA-store kernels
-// (…_bf16_ts): asked, or chosen (EngineStoreAuto) where the TMA store
-// itself applies and K is short.
-func engineTMAStore(s EngineStore, e engineCall, split int) bool {
+// splitK is the call's K slices on sms SMs: asked (GEMMOptions.SplitK),
+// else the engine's choice (engineSplitK), 1 with a hook (the hooks count
+// tiles of C as they are stored).
+func (e engineCall) splitK(sms int) int {
 	switch {
+	case e.opt.SplitK != 0:
+		return e.opt.SplitK
+	case e.opt.Wait != nil || e.opt.Signal != nil:
+		return 1
+	}
+	return engineSplitK(ceilDiv(e.m, EngineTileM)*ceilDiv(e.n, EngineTileN), ceilDiv(e.k, 64), sms)
+}
+
+// tmaStore reports whether a call of split K slices runs on the TMA-store
+// kernels (…_bf16_ts): asked (GEMMOptions.Store), or chosen
+// (EngineStoreAuto) where the TMA store itself applies and K is short.
+func (e engineCall) tmaStore(split int) bool {
+	switch s := e.opt.Store; {
 	case e.c.DType() != tensor.BFloat16 || s == EngineStoreStaged:
 		return false
 	case s == EngineStoreTMA:

@@ -511,12 +511,11 @@ func benchEngineShape(b *testing.B, be *Backend, m, n, k int) {
 				}
 			}
 			sms, _ := be.EngineSMs()
-			kdim := f.a.Dim(1) // a is (M, K), or (K, M) with transA
-			if f.transA {
-				kdim = f.a.Dim(0)
+			cm, cn, ck, err := engineShape(f.c, f.a, f.bm, f.transA, f.transB)
+			if err != nil {
+				b.Fatal(err)
 			}
-			tiles := ceilDiv(f.c.Dim(0), EngineTileM) * ceilDiv(f.c.Dim(1), EngineTileN)
-			if split := engineSplitK(tiles, ceilDiv(kdim, 64), sms); split > 1 {
+			if split := (engineCall{m: cm, n: cn, k: ck}).splitK(sms); split > 1 {
 				// The engine chose split-K: the same call without it, beside.
 				one := func() { be.EngineMatMul(f.c, f.a, f.bm, f.transA, f.transB, 1, f.beta, GEMMOptions{SplitK: 1}) }
 				b.ReportMetric(float64(split), "splitk")

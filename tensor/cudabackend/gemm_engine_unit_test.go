@@ -180,8 +180,9 @@ func TestEngineTMAStoreChoice(t *testing.T) {
 		{"asked, long K and beta 1", EngineStoreTMA, engineCall{c: bf, k: 8192, beta: 1}, 1, true},
 		{"staged asked", EngineStoreStaged, engineCall{c: bf, k: 768}, 1, false},
 	} {
-		if got := engineTMAStore(tc.store, tc.e, tc.split); got != tc.want {
-			t.Errorf("%s: engineTMAStore = %v, want %v", tc.name, got, tc.want)
+		tc.e.opt.Store = tc.store
+		if got := tc.e.tmaStore(tc.split); got != tc.want {
+			t.Errorf("%s: tmaStore = %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }

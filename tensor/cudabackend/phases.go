@@ -107,20 +107,22 @@ func (p *PhaseTimes) Stop() ([]Phase, error) {
 }
 
 func (p *PhaseTimes) totals() ([]Phase, error) {
+	n := len(p.names)
+	var span func(i int) (time.Duration, error) // mark i to mark i+1
+	switch {
+	case len(p.evs) == n:
+		span = func(i int) (time.Duration, error) { return cuda.Elapsed(p.evs[i], p.evs[i+1]) }
+	case len(p.host) == n:
+		span = func(i int) (time.Duration, error) { return p.host[i+1].Sub(p.host[i]), nil }
+	default:
+		return nil, fmt.Errorf("%d marks with %d events and %d host times, expected one of them per mark (a mark failed?)", n, len(p.evs), len(p.host))
+	}
 	at := map[string]int{}
 	var out []Phase
-	n := len(p.names)
 	for i := 0; i+1 < n; i++ {
-		var d time.Duration
-		if len(p.evs) == n {
-			var err error
-			if d, err = cuda.Elapsed(p.evs[i], p.evs[i+1]); err != nil {
-				return nil, err
-			}
-		} else if len(p.host) == n {
-			d = p.host[i+1].Sub(p.host[i])
-		} else {
-			return nil, fmt.Errorf("%d marks with %d events and %d host times, expected one of them per mark (a mark failed?)", n, len(p.evs), len(p.host))
+		d, err := span(i)
+		if err != nil {
+			return nil, err
 		}
 		j, ok := at[p.names[i]]
 		if !ok {

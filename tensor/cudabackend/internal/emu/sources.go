@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "84fa7c9f96a8dcdf8e149dae810aaf7753c985e4a0e882e9b5e62dcfd0d018f0"
+const SourcesSum = "e5a4b58d206eaf0af9549eaaf14b6aa635aa6ad5a3081bd8c1d9172503831a5d"
