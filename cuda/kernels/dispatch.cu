@@ -223,7 +223,8 @@ KERNEL void ep_wait_one(unsigned long long* words, int idx, long long target, lo
 // (ep_recv's and ep_scale_recv's claims, want).
 KERNEL void ep_claim(const unsigned long long* words, int P, long long target, int only, int* claims, int who) {
     if (threadIdx.x != 0) return;
-    for (int s = only >= 0 ? only : 0; s < (only >= 0 ? only + 1 : P); s++) {
+    const int lo = only >= 0 ? only : 0, hi = only >= 0 ? only + 1 : P;
+    for (int s = lo; s < hi; s++) {
         if (only < 0 && ep_load_acquire(words + s) < (u64)target) continue;
         atomicCAS(claims + s, 0, who);
     }
