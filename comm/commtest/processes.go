@@ -5,10 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -47,10 +50,24 @@ func (p Process) Code() int {
 	return 0
 }
 
+// EnvWrap is a command that RunProcesses puts in front of every child,
+// split at spaces, {rank} replaced by the child's rank: as mpirun runs
+// `compute-sanitizer ./app` per rank, e.g.
+// ASYNCTP_PE_WRAP="compute-sanitizer --tool memcheck --log-file /tmp/san-{rank}.txt".
+// A tool around the whole test binary would instead watch the parent too,
+// and its children through one tool process.
+const EnvWrap = "ASYNCTP_PE_WRAP"
+
+// EnvLogDir is a folder where RunProcesses also writes each child's output
+// as it comes (<job>-rank<r>.log): what a child printed is kept even when
+// the parent is killed before it can report it.
+const EnvLogDir = "ASYNCTP_PE_LOG_DIR"
+
 // RunProcesses starts p.N children that meet through comm/rendezvous at a
 // store on 127.0.0.1 (a free port) and waits for all of them (at most
 // p.Timeout). Failing to start one fails tb at once; the outcomes, by rank,
-// are for the caller to judge.
+// are for the caller to judge. $ASYNCTP_PE_WRAP and $ASYNCTP_PE_LOG_DIR
+// (EnvWrap, EnvLogDir) wrap the children in a tool and keep their output.
 func RunProcesses(tb testing.TB, p Processes) []Process {
 	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0") // a free port for the store
@@ -65,9 +82,19 @@ func RunProcesses(tb testing.TB, p Processes) []Process {
 	n := p.N
 	cmds := make([]*exec.Cmd, n)
 	outs := make([]*bytes.Buffer, n)
+	wrap := strings.Fields(os.Getenv(EnvWrap))
+	logDir := os.Getenv(EnvLogDir)
 	for r := range n {
-		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^"+p.Test+"$", "-test.count=1", "-test.v",
-			"-test.timeout="+p.Timeout.String())
+		args := []string{os.Args[0], "-test.run=^" + p.Test + "$", "-test.count=1", "-test.v",
+			"-test.timeout=" + p.Timeout.String()}
+		if len(wrap) > 0 {
+			w := make([]string, len(wrap))
+			for i, f := range wrap {
+				w[i] = strings.ReplaceAll(f, "{rank}", strconv.Itoa(r))
+			}
+			args = append(w, args...)
+		}
+		cmd := exec.CommandContext(ctx, args[0], args[1:]...)
 		cmd.Env = append(os.Environ(),
 			"ASYNCTP_RANK="+strconv.Itoa(r), "ASYNCTP_WORLD_SIZE="+strconv.Itoa(n),
 			"ASYNCTP_LOCAL_RANK="+strconv.Itoa(r), "ASYNCTP_LOCAL_WORLD_SIZE="+strconv.Itoa(n),
@@ -76,7 +103,16 @@ func RunProcesses(tb testing.TB, p Processes) []Process {
 			cmd.Env = append(cmd.Env, p.Env(r)...)
 		}
 		outs[r] = new(bytes.Buffer)
-		cmd.Stdout, cmd.Stderr = outs[r], outs[r]
+		var out io.Writer = outs[r]
+		if logDir != "" {
+			f, err := os.Create(filepath.Join(logDir, fmt.Sprintf("%s-rank%d.log", job, r)))
+			if err != nil {
+				tb.Fatalf("%s: %v", EnvLogDir, err)
+			}
+			defer f.Close()
+			out = io.MultiWriter(outs[r], f)
+		}
+		cmd.Stdout, cmd.Stderr = out, out
 		if err := cmd.Start(); err != nil {
 			tb.Fatalf("starting rank %d: %v", r, err)
 		}
