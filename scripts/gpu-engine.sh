@@ -25,7 +25,7 @@ if kernels_stale; then
   echo "kernels image (nvcc): ok, $(($(date +%s) - t0)) s"
 fi
 t0=$(date +%s)
-if timeout 120 "$B" -test.v -test.count=1 -test.run '^(TestEngine|TestGroupedEngine)' > "$OUT/tests.log" 2>&1; then
+if timeout ${TEST_TIMEOUT:-240} "$B" -test.v -test.count=1 -test.run '^(TestEngine|TestGroupedEngine)' > "$OUT/tests.log" 2>&1; then
   echo "engine tests: ok, $(($(date +%s) - t0)) s, $(grep -c '^--- PASS' "$OUT/tests.log") passed, $(grep -c -- '--- SKIP' "$OUT/tests.log") skipped"
 else
   echo "engine tests: FAIL"; grep -E -- '--- FAIL|Error|error' "$OUT/tests.log" | head -20

@@ -17,14 +17,23 @@
 //   nn: dx = dy·W (B MN-major)      tn: dW += dyᵀ·x (both MN-major)
 //   tt: A MN-major, B K-major (for completeness)
 // and gemm_sm90_<la><lb>_bf16_ts, the same with a TMA-store epilogue (a
-// third tensor map, of C; 3 stages; TS_SMEM_BYTES; see store_tile_tma).
+// third tensor map, of C; 3 stages; TS_SMEM_BYTES; see store_tile_tma),
+// and gemm_sm90_<la><lb>_bf16_tsc, those for beta ≠ 0: the tile of C is
+// loaded by TMA during the main loop (load_c_tma). Two families, not one,
+// because the load's code in the main loop and epilogue cost the beta = 0
+// calls ~10 % at short K (2026-12-02: ptxas spilled, nt 0.99–1.08 → 0.87–0.95
+// of cuBLASLt).
 //
 // Split-K (ksplit > 1, only without the hooks): the K range is cut into
 // ksplit slices of ⌈K/64 / ksplit⌉ k-blocks, each (tile, slice) is a work
 // unit, and each stores its fp32 product alpha·A·B to its slice of partial
 // (ksplit × M × N floats); gemm_splitk_reduce_<out> then adds the slices in
 // a fixed order and beta·C. For outputs of few tiles with a long K (weight
-// gradients: a 768 × 768 dW is 18 tiles for 132 SMs).
+// gradients: a 768 × 768 dW is 18 tiles for 132 SMs). (A reduction by the
+// last unit of each tile instead, without the second kernel, was measured
+// on 2026-12-02 and is 1.2–2 × slower on those shapes: the reduction of a
+// tile then runs on one SM, at ~30 GB/s, where the kernel spreads it over
+// all of them; see BENCHMARKS.md.)
 //
 // Launch: grid (min(tiles · ksplit, SMs)), block 384, dynamic shared memory
 // GEMM90_SMEM bytes (needs cuFuncSetAttribute: > 48 KiB). M, N, K > 0 and
@@ -101,7 +110,10 @@ constexpr int SMEM_BYTES = 1024 + STAGES * STAGE_BYTES + EPI_BYTES + 2 * STAGES 
 // store_slice area.
 constexpr int TS_STAGES = 3;
 constexpr int CTILE_BYTES = BM * BN * 2;
-constexpr int TS_SMEM_BYTES = 1024 + TS_STAGES * STAGE_BYTES + EPI_BYTES + CTILE_BYTES + 2 * TS_STAGES * 8 + 16;
+// After the ring's mbarriers and the abort word (16 bytes), two more
+// mbarriers: cfull[cw], the TMA load of consumer warpgroup cw's half of C
+// (beta ≠ 0).
+constexpr int TS_SMEM_BYTES = 1024 + TS_STAGES * STAGE_BYTES + EPI_BYTES + CTILE_BYTES + 2 * TS_STAGES * 8 + 16 + 16;
 static_assert(TS_SMEM_BYTES <= 227 * 1024, "the TMA-store kernels' ring and tile must fit an SM");
 static_assert(SMEM_BYTES <= 227 * 1024, "the ring must fit the 227 KiB of an SM");
 static_assert(BOX_MN_BYTES * (BN / 64) == B_BYTES && BOX_MN_BYTES * (BM / 64) == A_BYTES,
@@ -317,6 +329,11 @@ __device__ __forceinline__ void wg_bar(int cw) {
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
     asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
 }
+__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr) {
+    uint32_t v;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+    return v;
+}
 // This thread's generic-proxy writes to shared memory, made visible to the
 // async proxy (TMA stores, wgmma operand reads).
 __device__ __forceinline__ void fence_proxy_async_shared() {
@@ -383,6 +400,14 @@ template <> struct Out<bf16> {
     }
 };
 
+// add_beta_c is v + beta·c per element with one rounding (an fma), the
+// arithmetic of every epilogue and reduction of the engine: whichever path
+// stores a tile, the bits are the same.
+__device__ __forceinline__ float4 add_beta_c(float4 v, float beta, float4 c) {
+    return make_float4(__fmaf_rn(beta, c.x, v.x), __fmaf_rn(beta, c.y, v.y), __fmaf_rn(beta, c.z, v.z),
+                       __fmaf_rn(beta, c.w, v.w));
+}
+
 #if defined(ATP_GEMM90_BODY)
 // store_slice: the epilogue of one consumer warp, its 16 rows × 256 columns
 // of the tile: c[row][col] = alpha·acc + beta·c[row][col] (has = false: the
@@ -432,22 +457,33 @@ __device__ __forceinline__ void store_slice(const float (&acc)[128], float* stag
             const int row = row0 + r, col = col0 + EPI_COLS * ch + 4 * k4;
             if (row < row_end && col < col_end) { // col_end is a multiple of 8: all 4 in
                 OutT* p = c + (long long)row * ldc + col;
-                if (beta != 0.f) {
-                    const float4 o = Out<OutT>::load4(p);
-                    v.x += beta * o.x;
-                    v.y += beta * o.y;
-                    v.z += beta * o.z;
-                    v.w += beta * o.w;
-                }
+                if (beta != 0.f) v = add_beta_c(v, beta, Out<OutT>::load4(p));
                 Out<OutT>::store4(p, v);
             }
         }
     }
 }
 
-// store_tile_tma: the epilogue of the …_ts kernels (bf16 C, beta = 0, no
-// signal, no split). Consumer warpgroup cw writes its 64 × 256 rows of
-// alpha·acc, rounded to bf16, into its 32 KiB of the tile area at cbase as
+// load_c_tma: issued by the warpgroup's issuer thread during the main loop
+// of a tile when beta ≠ 0: once the previous tile's stores have read the
+// area, the boxes of C that store_tile_tma will write are loaded into it
+// (the same (64, 64) boxes and swizzle), completing on cfull. Boxes wholly
+// outside C are not loaded (their area is never stored either).
+__device__ __forceinline__ void load_c_tma(const TmaDesc& tma_c, uint32_t cbase, uint32_t cfull, int cw,
+                                           int m0, int n0, int M, int N) {
+    bulk_wait_read();
+    int boxes = 0;
+    if (m0 + 64 * cw < M)
+        for (int b = 0; b < 4; b++) boxes += n0 + 64 * b < N;
+    mbar_expect_tx(cfull, boxes * 8192);
+    for (int b = 0; b < boxes; b++) tma_load_2d(tma_c, cbase + b * 8192, cfull, n0 + 64 * b, m0 + 64 * cw);
+}
+
+// store_tile_tma: the epilogue of the …_ts kernels (bf16 C, no signal, no
+// split). Consumer warpgroup cw writes its 64 × 256 rows of alpha·acc
+// (LC, the …_tsc kernels, with_c: + beta·C, C loaded by load_c_tma, waited
+// for on cfull with parity cphase), rounded to bf16, into its 32 KiB of the tile
+// area at cbase as
 // four (64 columns, 64 rows) boxes with the 128-byte swizzle (row r of a box
 // at 128·r, its 16-byte chunk q at position q XOR r mod 8: a warp's 4-byte
 // writes of one fragment register pair fall in 32 distinct banks), then one
@@ -456,10 +492,16 @@ __device__ __forceinline__ void store_slice(const float (&acc)[128], float* stag
 // overlap the next main loop, where store_slice's wait for its own stores'
 // issue. Before it rewrites the area, the thread waits until the previous
 // tile's stores have read it (long done by then).
+template <bool LC>
 __device__ __forceinline__ void store_tile_tma(const float (&acc)[128], const TmaDesc& tma_c, uint32_t cbase,
                                                int cw, int warp, int lane, int m0, int n0, int M, int N,
-                                               float alpha, bool issuer) {
-    if (issuer) bulk_wait_read();
+                                               float alpha, float beta, bool with_c, uint32_t cfull,
+                                               uint32_t cphase, long long watchdog_ns, bool issuer) {
+    if (LC && with_c) {
+        mbar_wait(cfull, cphase, watchdog_ns); // C is in the area (load_c_tma)
+    } else if (issuer) {
+        bulk_wait_read();
+    }
     wg_bar(cw);
 #pragma unroll
     for (int j = 0; j < 32; j++) {
@@ -467,7 +509,13 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc)[128], const Tm
         for (int h = 0; h < 2; h++) {
             const int r = 16 * warp + (lane >> 2) + 8 * h;
             const uint32_t off = (j >> 3) * 8192 + r * 128 + (((j & 7) ^ (r & 7)) << 4) + (lane & 3) * 4;
-            st_shared_u32(cbase + off, pack_bf16x2(alpha * acc[4 * j + 2 * h], alpha * acc[4 * j + 2 * h + 1]));
+            float v0 = alpha * acc[4 * j + 2 * h], v1 = alpha * acc[4 * j + 2 * h + 1];
+            if (LC && with_c) { // store_slice's arithmetic (the fma is explicit: the same bits)
+                const uint32_t o = ld_shared_u32(cbase + off);
+                v0 = __fmaf_rn(beta, bf16lo(o), v0);
+                v1 = __fmaf_rn(beta, __uint_as_float(o & 0xffff0000u), v1);
+            }
+            st_shared_u32(cbase + off, pack_bf16x2(v0, v1));
         }
     }
     fence_proxy_async_shared();
@@ -479,11 +527,13 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc)[128], const Tm
         bulk_commit();
     }
 }
+
 #endif // ATP_GEMM90_BODY
 
 // NST: the ring's stages (STAGES, or TS_STAGES with TS); TS: the kernel
-// has the tile area and tma_c (store_tile_tma) for the calls it suits.
-template <int TA, int TB, typename OutT, int NST, bool TS>
+// has the tile area and tma_c (store_tile_tma) for the calls it suits; LC
+// (with TS): it loads C there for beta ≠ 0 (load_c_tma).
+template <int TA, int TB, typename OutT, int NST, bool TS, bool LC>
 __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& tma_b, const TmaDesc* tma_c, OutT* c,
                                           int M, int N, int K, float alpha, float beta,
                                           int group_m, int m_rot,
@@ -503,6 +553,7 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
     const uint32_t bars = ctile + (TS ? CTILE_BYTES : 0); // full[s] at +8s, empty[s] at +8(NST+s)
     volatile int* abort_word =
         reinterpret_cast<volatile int*>(gemm90_smem + (bars - raw) + 2 * NST * 8);
+    const uint32_t cfull = bars + 2 * NST * 8 + 16; // TS: cfull[cw] at +8·cw
 
     const int num_m = (M + BM - 1) / BM, num_n = (N + BN - 1) / BN;
     const int tiles = num_m * num_n;
@@ -517,6 +568,10 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
         for (int s = 0; s < NST; s++) {
             mbar_init(bars + 8 * s, 1);               // full: the producer's expect_tx
             mbar_init(bars + 8 * (NST + s), 2 * 4);  // empty: one arrive per consumer warp
+        }
+        if (LC) {
+            mbar_init(cfull, 1); // the issuer's expect_tx (load_c_tma)
+            mbar_init(cfull + 8, 1);
         }
         *abort_word = 0;
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -603,9 +658,14 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
 #pragma unroll
     for (int i = 0; i < 128; i++) acc[i] = 0.f;
     // The TMA-store epilogue where it applies (uniform: kernel arguments);
-    // the signal needs the tile's stores complete, beta needs C read first.
-    const bool use_tma = TS && beta == 0.f && sig_flags == nullptr && ksplit == 1;
+    // the signal needs the tile's stores complete, beta needs C read first
+    // (LC: the issuer loads the tile of C into the area during the main
+    // loop, load_c_tma, and the epilogue adds it from there), split-K stores
+    // fp32.
+    const bool use_tma = TS && (LC || beta == 0.f) && sig_flags == nullptr && ksplit == 1;
+    const bool load_c = LC && use_tma && beta != 0.f;
     const bool issuer = (threadIdx.x & 127) == 0; // one thread per consumer warpgroup
+    uint32_t cphase = 0; // cfull[cw]'s parity
     int it = 0;
     for (int u = blockIdx.x; u < units; u += gridDim.x) {
         int mb, nb;
@@ -628,6 +688,9 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
             // The group before this one is complete: its stage can be refilled.
             wgmma_wait<1>();
             if (kb > kb0 && lane == 0) mbar_arrive(bars + 8 * (NST + prev));
+            // The tile's C, while this k-block's wgmma runs.
+            if (LC && load_c && kb == kb0 && issuer)
+                load_c_tma(*tma_c, ctile + cw * (CTILE_BYTES / 2), cfull + 8 * cw, cw, m0, n0, M, N);
             prev = s;
         }
         wgmma_wait<0>();
@@ -636,13 +699,15 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
         // ---- epilogue: through the warp's staging area (store_slice) ----
         float* const stage = stage_all + (4 * cw + warp) * EPI_WARP_FLOATS;
         const int row0 = m0 + 64 * cw + 16 * warp;
-        if (ksplit > 1) // an empty last slice (kb1 = kb0) stores zeros
+        if (ksplit > 1) { // an empty last slice (kb1 = kb0) stores zeros
             store_slice<float>(acc, stage, partial + (long long)split * M * N, N, row0, M, n0, N,
                                alpha, 0.f, kb1 > kb0, lane);
-        else if (use_tma)
-            store_tile_tma(acc, *tma_c, ctile + cw * (CTILE_BYTES / 2), cw, warp, lane, m0, n0, M, N, alpha,
-                           issuer);
-        else
+        } else if (use_tma) {
+            store_tile_tma<LC>(acc, *tma_c, ctile + cw * (CTILE_BYTES / 2), cw, warp, lane, m0, n0, M, N, alpha,
+                               beta, load_c,
+                               cfull + 8 * cw, cphase, watchdog_ns, issuer);
+            cphase ^= load_c ? 1u : 0u;
+        } else
             store_slice<OutT>(acc, stage, c, N, row0, M, n0, N, alpha, beta, true, lane);
         if (sig_flags != nullptr) {
             // The barrier orders every consumer thread's stores before
@@ -684,19 +749,22 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
     extern "C" __global__ void __launch_bounds__(atp::gemm90::THREADS, 1) name(                  \
         const __grid_constant__ atp::gemm90::TmaDesc tma_a,                                      \
         const __grid_constant__ atp::gemm90::TmaDesc tma_b, OutT* c, GEMM90_PARAMS) {            \
-        atp::gemm90::gemm_body<TA, TB, OutT, atp::gemm90::STAGES, false>(tma_a, tma_b, nullptr, \
-                                                                         c, GEMM90_ARGS);       \
+        atp::gemm90::gemm_body<TA, TB, OutT, atp::gemm90::STAGES, false, false>(tma_a, tma_b,   \
+                                                                                nullptr, c,     \
+                                                                                GEMM90_ARGS);   \
     }
 // The TMA-store kernels (bf16 C): a tensor map of C after those of A and B,
-// TS_STAGES stages, dynamic shared memory TS_SMEM_BYTES. Calls that do not
-// suit the TMA store (beta ≠ 0, a signal, split-K) take store_slice here too.
-#define GEMM90_TS_KERNEL(name, TA, TB)                                                            \
+// TS_STAGES stages, dynamic shared memory TS_SMEM_BYTES. LC: the …_tsc
+// family (C loaded for beta ≠ 0). Calls that do not suit the TMA store (a
+// signal, split-K; beta ≠ 0 without LC) take store_slice here too.
+#define GEMM90_TS_KERNEL(name, TA, TB, LC)                                                        \
     extern "C" __global__ void __launch_bounds__(atp::gemm90::THREADS, 1) name(                  \
         const __grid_constant__ atp::gemm90::TmaDesc tma_a,                                      \
         const __grid_constant__ atp::gemm90::TmaDesc tma_b,                                      \
         const __grid_constant__ atp::gemm90::TmaDesc tma_c, bf16* c, GEMM90_PARAMS) {            \
-        atp::gemm90::gemm_body<TA, TB, bf16, atp::gemm90::TS_STAGES, true>(tma_a, tma_b, &tma_c, \
-                                                                           c, GEMM90_ARGS);     \
+        atp::gemm90::gemm_body<TA, TB, bf16, atp::gemm90::TS_STAGES, true, LC>(tma_a, tma_b,     \
+                                                                               &tma_c, c,       \
+                                                                               GEMM90_ARGS);    \
     }
 
 GEMM90_KERNEL(gemm_sm90_nt_bf16, 0, 0, bf16)
@@ -707,10 +775,14 @@ GEMM90_KERNEL(gemm_sm90_tn_bf16, 1, 1, bf16)
 GEMM90_KERNEL(gemm_sm90_tn_f32, 1, 1, float)
 GEMM90_KERNEL(gemm_sm90_tt_bf16, 1, 0, bf16)
 GEMM90_KERNEL(gemm_sm90_tt_f32, 1, 0, float)
-GEMM90_TS_KERNEL(gemm_sm90_nt_bf16_ts, 0, 0)
-GEMM90_TS_KERNEL(gemm_sm90_nn_bf16_ts, 0, 1)
-GEMM90_TS_KERNEL(gemm_sm90_tn_bf16_ts, 1, 1)
-GEMM90_TS_KERNEL(gemm_sm90_tt_bf16_ts, 1, 0)
+GEMM90_TS_KERNEL(gemm_sm90_nt_bf16_ts, 0, 0, false)
+GEMM90_TS_KERNEL(gemm_sm90_nn_bf16_ts, 0, 1, false)
+GEMM90_TS_KERNEL(gemm_sm90_tn_bf16_ts, 1, 1, false)
+GEMM90_TS_KERNEL(gemm_sm90_tt_bf16_ts, 1, 0, false)
+GEMM90_TS_KERNEL(gemm_sm90_nt_bf16_tsc, 0, 0, true)
+GEMM90_TS_KERNEL(gemm_sm90_nn_bf16_tsc, 0, 1, true)
+GEMM90_TS_KERNEL(gemm_sm90_tn_bf16_tsc, 1, 1, true)
+GEMM90_TS_KERNEL(gemm_sm90_tt_bf16_tsc, 1, 0, true)
 
 // gemm_splitk_reduce_<out>: c = Σ_s partial[s] + beta·c over the n4 float4
 // groups of an (M, N) output (M·N a multiple of 4), the slices added in
@@ -728,13 +800,7 @@ __device__ __forceinline__ void splitk_reduce(const float* partial, int splits, 
             v.z += p.z;
             v.w += p.w;
         }
-        if (beta != 0.f) {
-            const float4 o = atp::gemm90::Out<OutT>::load4(c + 4 * i);
-            v.x += beta * o.x;
-            v.y += beta * o.y;
-            v.z += beta * o.z;
-            v.w += beta * o.w;
-        }
+        if (beta != 0.f) v = atp::gemm90::add_beta_c(v, beta, atp::gemm90::Out<OutT>::load4(c + 4 * i));
         atp::gemm90::Out<OutT>::store4(c + 4 * i, v);
     }
 }

@@ -56,8 +56,9 @@ const (
 	// mbarriers + the abort word.
 	engineSmem = 1024 + 4*48*1024 + 8*2048 + 8*8 + 16
 	// engineSmemTS is TS_SMEM_BYTES, the TMA-store kernels' (…_bf16_ts): 3
-	// stages, the staging, the 64 KiB bf16 tile, 6 mbarriers, the abort word.
-	engineSmemTS = 1024 + 3*48*1024 + 8*2048 + 64*1024 + 6*8 + 16
+	// stages, the staging, the 64 KiB bf16 tile, 6 mbarriers, the abort word,
+	// the 2 mbarriers of C's loads.
+	engineSmemTS = 1024 + 3*48*1024 + 8*2048 + 64*1024 + 6*8 + 16 + 2*8
 	// engineTMAStoreMaxK is the longest K for which EngineStoreAuto takes
 	// the TMA-store kernels: their epilogue overlaps the next tile's main
 	// loop, which matters where the main loop is short, and they have one
@@ -199,9 +200,10 @@ type GEMMOptions struct {
 	// Signal (their flags count tiles of C as they are stored).
 	SplitK int
 	// Store picks the epilogue: EngineStoreAuto (the TMA store for a bf16
-	// C with beta = 0, no Signal, no split and K ≤ 2048; else staged),
-	// EngineStoreStaged or EngineStoreTMA (bf16 C only; a call it does not
-	// suit — beta ≠ 0, a Signal, split-K — stores staged in that kernel).
+	// C with no Signal and no split, where K ≤ 2048 or beta ≠ 0; else
+	// staged), EngineStoreStaged or EngineStoreTMA (bf16 C only; a call it
+	// does not suit — a Signal, split-K — stores staged in that kernel).
+	// Both give the same bits.
 	Store EngineStore
 }
 
@@ -217,7 +219,8 @@ const (
 	EngineStoreStaged
 	// EngineStoreTMA: the warps write the whole bf16 tile to shared memory
 	// and one thread stores it with TMA while they start the next tile (3
-	// pipeline stages; the …_bf16_ts kernels).
+	// pipeline stages; the …_bf16_ts kernels; with beta ≠ 0 the …_bf16_tsc
+	// kernels, which load the tile of C there by TMA during the main loop).
 	EngineStoreTMA
 )
 
@@ -588,6 +591,9 @@ func (b *Backend) engineLaunch(op string, e engineCall) {
 			}
 			args = append(args, mc.Arg())
 			kernel, smem = kernel+"_ts", engineSmemTS
+			if e.beta != 0 {
+				kernel += "c" // …_tsc: C loaded by TMA during the main loop
+			}
 		}
 		args = append(args, cuda.DevicePtr(DevicePtr(e.c)),
 			int32(e.m), int32(e.n), int32(e.k), e.alpha, e.beta, int32(groupM), int32(rot),
@@ -621,7 +627,8 @@ func (e engineCall) splitK(sms int) int {
 
 // tmaStore reports whether a call of split K slices runs on the TMA-store
 // kernels (…_bf16_ts): asked (GEMMOptions.Store), or chosen
-// (EngineStoreAuto) where the TMA store itself applies and K is short.
+// (EngineStoreAuto) where the TMA store itself applies and K is short or
+// C is read (beta ≠ 0).
 func (e engineCall) tmaStore(split int) bool {
 	switch s := e.opt.Store; {
 	case e.c.DType() != tensor.BFloat16 || s == EngineStoreStaged:
@@ -629,7 +636,9 @@ func (e engineCall) tmaStore(split int) bool {
 	case s == EngineStoreTMA:
 		return true
 	}
-	return e.beta == 0 && e.opt.Signal == nil && split == 1 && e.k <= engineTMAStoreMaxK
+	// With beta ≠ 0 the TMA-store kernels also load C during the main loop,
+	// where the staged epilogue reads it while the tensor cores idle.
+	return e.opt.Signal == nil && split == 1 && (e.beta != 0 || e.k <= engineTMAStoreMaxK)
 }
 
 // engineExplain turns the kernel's error word into the call's error: -1 is a

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -206,29 +208,32 @@ func TestEngineSplitK(t *testing.T) {
 						seed++
 						a, b, c, want := engineInputs(t, g, e, seed)
 						c0 := testutil.Download(g, c)
+						// The same bits whichever unit of a tile counts last:
+						// a second run, a grid of 3 CTAs (each takes many
+						// units, in another order), and for a bf16 C the
+						// TMA-store kernel's split path.
+						runs := []GEMMOptions{{SplitK: split}, {SplitK: split}, {SplitK: split, Grid: 3}}
+						if out == tensor.BFloat16 {
+							runs = append(runs, GEMMOptions{SplitK: split, Store: EngineStoreTMA})
+						}
 						var first []float64
-						for run := range 2 {
-							if run == 1 { // the same C as the first run started from
+						for run, o := range runs {
+							if run > 0 { // the same C as the first run started from
 								g.Free(c)
 								c = testutil.Upload(g, out, c0, e.m, e.n)
 							}
-							if err := g.EngineMatMul(c, a, b, e.transA, e.transB, e.alpha, e.beta, GEMMOptions{SplitK: split}); err != nil {
-								t.Fatalf("%s: %v", name, err)
+							if err := g.EngineMatMul(c, a, b, e.transA, e.transB, e.alpha, e.beta, o); err != nil {
+								t.Fatalf("%s %+v: %v", name, o, err)
 							}
 							if err := g.Sync(); err != nil {
-								t.Fatalf("%s: %v", name, err)
+								t.Fatalf("%s %+v: %v", name, o, err)
 							}
 							got := testutil.Download(g, c)
 							if run == 0 {
 								checkElems(t, name, got, want, e.n, engineTol(out))
 								first = got
-							} else {
-								for i := range got {
-									if math.Float64bits(got[i]) != math.Float64bits(first[i]) {
-										t.Errorf("%s: run 2 differs from run 1 at element %d: %v, %v", name, i, got[i], first[i])
-										break
-									}
-								}
+							} else if i := firstBitDiff(got, first); i >= 0 {
+								t.Errorf("%s: run %d (%+v) differs from run 1 at element %d: %v, %v", name, run+1, o, i, got[i], first[i])
 							}
 						}
 						g.Free(a)
@@ -242,25 +247,41 @@ func TestEngineSplitK(t *testing.T) {
 }
 
 // TestEngineStore checks both epilogues against the CPU on every layout
-// with a bf16 C: the staged one and the TMA store (beta 0: the TMA path;
-// beta 1: the TMA-store kernel's staged fallback), on shapes with edge tiles
-// in M and N (TMA clips the boxes), a K above the automatic choice's bound,
-// and M of no multiple of 8 for a K-major A.
+// with a bf16 C, and against each other bit for bit: the staged one and the
+// TMA store (beta ≠ 0: C loaded by TMA during the main loop), on shapes
+// with edge tiles in M and N (TMA clips the boxes), a K above the automatic
+// choice's bound, and M of no multiple of 8 for a K-major A.
 func TestEngineStore(t *testing.T) {
 	g := openEngine(t)
 	seed := uint64(1900)
-	for _, sh := range [][3]int{{136, 264, 200}, {1001, 520, 72}, {5, 24, 8}, {264, 776, 4160}} {
+	for _, sh := range [][3]int{{136, 264, 200}, {1001, 520, 72}, {5, 24, 8}, {264, 776, 4160}, {520, 1032, 136}} {
 		for _, l := range engineLayouts {
 			if sh[0]%8 != 0 && l[0] {
 				continue
 			}
-			for _, st := range []EngineStore{EngineStoreStaged, EngineStoreTMA} {
-				for _, ab := range [][2]float32{{1, 0}, {0.5, 1}} {
-					e := engineCase{m: sh[0], n: sh[1], k: sh[2], transA: l[0], transB: l[1], out: tensor.BFloat16, alpha: ab[0], beta: ab[1]}
-					seed++
-					checkEngineCase(t, g, e, seed, fmt.Sprintf("%v/store=%d", e, st), func(c, a, b *tensor.Tensor) error {
-						return g.EngineMatMul(c, a, b, e.transA, e.transB, e.alpha, e.beta, GEMMOptions{Store: st, SplitK: 1})
-					})
+			for _, ab := range [][2]float32{{1, 0}, {0.5, 1}, {0.75, -0.375}} {
+				e := engineCase{m: sh[0], n: sh[1], k: sh[2], transA: l[0], transB: l[1], out: tensor.BFloat16, alpha: ab[0], beta: ab[1]}
+				seed++
+				var staged []float64
+				for _, st := range []EngineStore{EngineStoreStaged, EngineStoreTMA} {
+					name := fmt.Sprintf("%v/store=%d", e, st)
+					a, b, c, want := engineInputs(t, g, e, seed) // the same inputs for both
+					if err := g.EngineMatMul(c, a, b, e.transA, e.transB, e.alpha, e.beta, GEMMOptions{Store: st, SplitK: 1}); err != nil {
+						t.Fatalf("%s: %v", name, err)
+					}
+					if err := g.Sync(); err != nil {
+						t.Fatalf("%s: %v", name, err)
+					}
+					got := testutil.Download(g, c)
+					checkElems(t, name, got, want, e.n, engineTol(e.out))
+					if staged == nil {
+						staged = got
+					} else if i := firstBitDiff(got, staged); i >= 0 {
+						t.Errorf("%s: element %d is %v, %v with the staged epilogue", name, i, got[i], staged[i])
+					}
+					g.Free(a)
+					g.Free(b)
+					g.Free(c)
 				}
 			}
 		}
@@ -273,6 +294,17 @@ func TestEngineStore(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "expected bf16") {
 		t.Errorf("Store = EngineStoreTMA with an f32 c: got %v, want a refusal naming bf16", err)
 	}
+}
+
+// firstBitDiff is the first index where got and want differ in bits, -1
+// when none does.
+func firstBitDiff(got, want []float64) int {
+	for i := range got {
+		if math.Float64bits(got[i]) != math.Float64bits(want[i]) {
+			return i
+		}
+	}
+	return -1
 }
 
 // TestEngineTileOrder checks that the raster group and the rotation change
@@ -499,13 +531,13 @@ func benchEngineShape(b *testing.B, be *Backend, m, n, k int) {
 			b.ReportMetric(flops*float64(b.N)/te, "engine-TFLOP/s")
 			b.ReportMetric(flops*float64(b.N)/tl, "cublaslt-TFLOP/s")
 			b.ReportMetric(tl/te, "ratio")
-			if f.beta == 0 { // both epilogues, the same call without split
+			{ // both epilogues, the same call without split
 				for _, st := range []struct {
 					name  string
 					store EngineStore
 				}{{"staged", EngineStoreStaged}, {"tma", EngineStoreTMA}} {
 					op := func() {
-						be.EngineMatMul(f.c, f.a, f.bm, f.transA, f.transB, 1, 0, GEMMOptions{Store: st.store, SplitK: 1})
+						be.EngineMatMul(f.c, f.a, f.bm, f.transA, f.transB, 1, f.beta, GEMMOptions{Store: st.store, SplitK: 1})
 					}
 					b.ReportMetric(flops*float64(b.N)/timeOps(b, be, op), st.name+"-TFLOP/s")
 				}
@@ -520,6 +552,16 @@ func benchEngineShape(b *testing.B, be *Backend, m, n, k int) {
 				one := func() { be.EngineMatMul(f.c, f.a, f.bm, f.transA, f.transB, 1, f.beta, GEMMOptions{SplitK: 1}) }
 				b.ReportMetric(float64(split), "splitk")
 				b.ReportMetric(flops*float64(b.N)/timeOps(b, be, one), "nosplit-TFLOP/s")
+			}
+			// $ASYNCTP_BENCH_SPLITS (e.g. "2,4,8"): the same call at each of
+			// these slice counts, to fit engineSplitK's model.
+			for _, word := range strings.Split(os.Getenv("ASYNCTP_BENCH_SPLITS"), ",") {
+				s, err := strconv.Atoi(strings.TrimSpace(word))
+				if err != nil || s < 2 || ceilDiv(ck, 64) < 4*s {
+					continue
+				}
+				op := func() { be.EngineMatMul(f.c, f.a, f.bm, f.transA, f.transB, 1, f.beta, GEMMOptions{SplitK: s}) }
+				b.ReportMetric(flops*float64(b.N)/timeOps(b, be, op), fmt.Sprintf("split%d-TFLOP/s", s))
 			}
 		})
 	}

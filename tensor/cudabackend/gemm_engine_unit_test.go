@@ -147,8 +147,9 @@ func TestEngineSplitKChoice(t *testing.T) {
 }
 
 // TestEngineTMAStoreChoice checks which calls take the TMA-store kernels:
-// asked for with a bf16 C, or chosen for a bf16 C with beta 0, no signal,
-// no split and K ≤ engineTMAStoreMaxK; never an f32 C or a staged request.
+// asked for with a bf16 C, or chosen for a bf16 C with no signal, no split
+// and K ≤ engineTMAStoreMaxK or beta ≠ 0; never an f32 C or a staged
+// request.
 func TestEngineTMAStoreChoice(t *testing.T) {
 	host := func(dt tensor.DType) *tensor.Tensor {
 		buf, err := tensor.NewHostBuffer(dt, 64)
@@ -173,7 +174,9 @@ func TestEngineTMAStoreChoice(t *testing.T) {
 		{"auto, short K", EngineStoreAuto, engineCall{c: bf, k: 768}, 1, true},
 		{"auto, K at the bound", EngineStoreAuto, engineCall{c: bf, k: engineTMAStoreMaxK}, 1, true},
 		{"auto, long K", EngineStoreAuto, engineCall{c: bf, k: engineTMAStoreMaxK + 8}, 1, false},
-		{"auto, beta 1", EngineStoreAuto, engineCall{c: bf, k: 768, beta: 1}, 1, false},
+		{"auto, beta 1", EngineStoreAuto, engineCall{c: bf, k: 768, beta: 1}, 1, true},
+		{"auto, beta 1, long K", EngineStoreAuto, engineCall{c: bf, k: 8192, beta: 1}, 1, true},
+		{"auto, beta 1, split", EngineStoreAuto, engineCall{c: bf, k: 8192, beta: 1}, 4, false},
 		{"auto, a signal", EngineStoreAuto, engineCall{c: bf, k: 768, opt: GEMMOptions{Signal: sig}}, 1, false},
 		{"auto, split", EngineStoreAuto, engineCall{c: bf, k: 768}, 2, false},
 		{"auto, f32 C", EngineStoreAuto, engineCall{c: f32, k: 768}, 1, false},

@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "2e088f6df837696c3c3c37b52eafb9c43e4d2b77a514fc323583714e9bc5fb58"
+const SourcesSum = "b09e8dfaf8104b826ea44f4f039967502406d3dda5720cb682fdd89349715c11"
