@@ -118,6 +118,16 @@ static_assert(TS_SMEM_BYTES <= 227 * 1024, "the TMA-store kernels' ring and tile
 static_assert(SMEM_BYTES <= 227 * 1024, "the ring must fit the 227 KiB of an SM");
 static_assert(BOX_MN_BYTES * (BN / 64) == B_BYTES && BOX_MN_BYTES * (BM / 64) == A_BYTES,
               "MN-major boxes tile the stage");
+// Tiles of 128 × 192 (TBN = 192, the …_n192 kernels: tn only, no hooks, no
+// TMA store): for the weight gradients whose outputs have a few tiles too
+// many or too few for the SMs at 256 columns (gpt2's gate,up dW, 4096 ×
+// 768, is 96 tiles of 256 columns on 132 SMs and 128 of 192). The stage is
+// 40 KiB (a multiple of 1024); the accumulators 96 per thread.
+constexpr int N192 = 192;
+template <int TBN> __host__ __device__ constexpr int stage_bytes() { return A_BYTES + TBN * BK * 2; }
+template <int TBN> __host__ __device__ constexpr int smem_bytes() { return 1024 + STAGES * stage_bytes<TBN>() + EPI_BYTES + 2 * STAGES * 8 + 16; }
+static_assert(stage_bytes<BN>() == STAGE_BYTES && smem_bytes<BN>() == SMEM_BYTES, "one layout formula");
+static_assert(stage_bytes<N192>() % 1024 == 0 && smem_bytes<N192>() <= 227 * 1024, "the 192-column ring fits");
 
 // A CUtensorMap (cuda.h): 128 opaque bytes, 64-byte aligned. Declared here
 // so that the file needs no cuda.h (CUDA 11.8 has none with it).
@@ -129,6 +139,7 @@ struct alignas(64) TmaDesc {
 } // namespace atp
 
 #define GEMM90_SMEM atp::gemm90::SMEM_BYTES
+#define GEMM90_SMEM_N192 atp::gemm90::smem_bytes<atp::gemm90::N192>()
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define ATP_GEMM90_BODY 1
@@ -293,6 +304,45 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t da, u
         : "l"(da), "l"(db), "r"(accumulate), "n"(TA), "n"(TB));
 }
 
+// The same with B 16 × 192 (96 accumulators per thread, the same layout).
+template <int TA, int TB>
+__device__ __forceinline__ void wgmma_m64n192k16(float (&d)[96], uint64_t da, uint64_t db,
+                                                 int accumulate) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %98, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+        "}, %96, %97, p, 1, 1, %99, %100;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+        : "l"(da), "l"(db), "r"(accumulate), "n"(TA), "n"(TB));
+}
+
+// wgmma_k16 is the m64nTBNk16 instruction of a tile of TBN columns.
+template <int TA, int TB, int TBN>
+__device__ __forceinline__ void wgmma_k16(float (&d)[TBN / 2], uint64_t da, uint64_t db, int accumulate) {
+    if constexpr (TBN == BN) wgmma_m64n256k16<TA, TB>(d, da, db, accumulate);
+    else wgmma_m64n192k16<TA, TB>(d, da, db, accumulate);
+}
+
 // ---- the hooks' memory operations ------------------------------------------------
 
 __device__ __forceinline__ unsigned long long ld_acquire_sys(const unsigned long long* p) {
@@ -428,14 +478,15 @@ __device__ __forceinline__ float4 add_beta_c(float4 v, float beta, float4 c) {
 // spreads the float2 writes of a half-warp (rows r..r+3, columns 8j..8j+7 of
 // 4 groups) over the 32 banks, and the float4 reads (8 lanes: one row's 8
 // chunks) are conflict-free under any per-row chunk permutation.
-template <typename OutT>
-__device__ __forceinline__ void store_slice(const float (&acc)[128], float* stage, OutT* c,
+// TBN: the tile's columns (the warp's accumulators, TBN / 2).
+template <typename OutT, int TBN = BN>
+__device__ __forceinline__ void store_slice(const float (&acc)[TBN / 2], float* stage, OutT* c,
                                             long long ldc, int row0, int row_end, int col0,
                                             int col_end, float alpha, float beta, bool has,
                                             int lane) {
     const int qr = lane >> 2, qc = 2 * (lane & 3);
 #pragma unroll
-    for (int ch = 0; ch < 256 / EPI_COLS; ch++) {
+    for (int ch = 0; ch < TBN / EPI_COLS; ch++) {
         if (col0 + EPI_COLS * ch >= col_end) break; // warp-uniform: the rest is past N
         __syncwarp(); // the previous chunk's reads are done
 #pragma unroll
@@ -532,8 +583,9 @@ __device__ __forceinline__ void store_tile_tma(const float (&acc)[128], const Tm
 
 // NST: the ring's stages (STAGES, or TS_STAGES with TS); TS: the kernel
 // has the tile area and tma_c (store_tile_tma) for the calls it suits; LC
-// (with TS): it loads C there for beta ≠ 0 (load_c_tma).
-template <int TA, int TB, typename OutT, int NST, bool TS, bool LC>
+// (with TS): it loads C there for beta ≠ 0 (load_c_tma); TBN: the tile's
+// columns (BN, or N192 without TS).
+template <int TA, int TB, typename OutT, int NST, bool TS, bool LC, int TBN = BN>
 __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& tma_b, const TmaDesc* tma_c, OutT* c,
                                           int M, int N, int K, float alpha, float beta,
                                           int group_m, int m_rot,
@@ -548,14 +600,16 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
     const uint32_t raw = smem_u32(gemm90_smem);
     const uint32_t ring = (raw + 1023u) & ~1023u;
     static_assert(!TS || sizeof(OutT) == 2, "the TMA-store epilogue writes bf16");
-    float* const stage_all = reinterpret_cast<float*>(gemm90_smem + (ring - raw) + NST * STAGE_BYTES);
-    const uint32_t ctile = ring + NST * STAGE_BYTES + EPI_BYTES; // TS: 1024-aligned (the swizzle's span)
+    static_assert(TBN == BN || (TBN == N192 && !TS), "tiles of 256 columns, or of 192 without the TMA store");
+    constexpr int SB = stage_bytes<TBN>(); // a stage: A, then B
+    float* const stage_all = reinterpret_cast<float*>(gemm90_smem + (ring - raw) + NST * SB);
+    const uint32_t ctile = ring + NST * SB + EPI_BYTES; // TS: 1024-aligned (the swizzle's span)
     const uint32_t bars = ctile + (TS ? CTILE_BYTES : 0); // full[s] at +8s, empty[s] at +8(NST+s)
     volatile int* abort_word =
         reinterpret_cast<volatile int*>(gemm90_smem + (bars - raw) + 2 * NST * 8);
     const uint32_t cfull = bars + 2 * NST * 8 + 16; // TS: cfull[cw] at +8·cw
 
-    const int num_m = (M + BM - 1) / BM, num_n = (N + BN - 1) / BN;
+    const int num_m = (M + BM - 1) / BM, num_n = (N + TBN - 1) / TBN;
     const int tiles = num_m * num_n;
     const int kblocks = (K + BK - 1) / BK;
     // Split-K (ksplit > 1, no hooks): work unit u is K slice u / tiles of
@@ -593,7 +647,7 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
         for (int u = blockIdx.x; u < units; u += gridDim.x) {
             int mb, nb;
             tile_of(u % tiles, num_m, num_n, group_m, m_rot, mb, nb);
-            const int m0 = mb * BM, n0 = nb * BN;
+            const int m0 = mb * BM, n0 = nb * TBN;
             const int kb0 = (u / tiles) * kper, kb1 = min(kblocks, kb0 + kper);
             for (int kb = kb0; kb < kb1; kb++, it++) {
                 const int s = it % NST;
@@ -629,8 +683,8 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
                     mbar_arrive(full);
                     continue;
                 }
-                mbar_expect_tx(full, STAGE_BYTES);
-                const uint32_t sa = ring + s * STAGE_BYTES, sb = sa + A_BYTES;
+                mbar_expect_tx(full, SB);
+                const uint32_t sa = ring + s * SB, sb = sa + A_BYTES;
                 const int k0 = kb * BK;
                 if (TA) { // (64 M, 64 K) boxes
                     tma_load_2d(tma_a, sa, full, m0, k0);
@@ -640,9 +694,9 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
                 }
                 if (TB) { // (64 N, 64 K) boxes
 #pragma unroll
-                    for (int i = 0; i < BN / 64; i++)
+                    for (int i = 0; i < TBN / 64; i++)
                         tma_load_2d(tma_b, sb + i * BOX_MN_BYTES, full, n0 + 64 * i, k0);
-                } else { // one (64 K, 256 N) box
+                } else { // one (64 K, TBN N) box
                     tma_load_2d(tma_b, sb, full, k0, n0);
                 }
             }
@@ -654,9 +708,9 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     const int cw = wg - 1;                 // rows [64·cw, 64·cw + 64) of the tile
     const int warp = (threadIdx.x / 32) & 3, lane = threadIdx.x & 31;
-    float acc[128];
+    float acc[TBN / 2];
 #pragma unroll
-    for (int i = 0; i < 128; i++) acc[i] = 0.f;
+    for (int i = 0; i < TBN / 2; i++) acc[i] = 0.f;
     // The TMA-store epilogue where it applies (uniform: kernel arguments);
     // the signal needs the tile's stores complete, beta needs C read first
     // (LC: the issuer loads the tile of C into the area during the main
@@ -670,7 +724,7 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
     for (int u = blockIdx.x; u < units; u += gridDim.x) {
         int mb, nb;
         tile_of(u % tiles, num_m, num_n, group_m, m_rot, mb, nb);
-        const int m0 = mb * BM, n0 = nb * BN;
+        const int m0 = mb * BM, n0 = nb * TBN;
         const int split = u / tiles;
         const int kb0 = split * kper, kb1 = min(kblocks, kb0 + kper);
         int prev = 0;
@@ -678,12 +732,12 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
             const int s = it % NST;
             const uint32_t ph = (it / NST) & 1;
             mbar_wait(bars + 8 * s, ph, watchdog_ns);
-            const uint32_t sa = ring + s * STAGE_BYTES + cw * (64 * 128), sb = ring + s * STAGE_BYTES + A_BYTES;
+            const uint32_t sa = ring + s * SB + cw * (64 * 128), sb = ring + s * SB + A_BYTES;
             wgmma_fence();
 #pragma unroll
             for (int k = 0; k < BK / 16; k++)
-                wgmma_m64n256k16<TA, TB>(acc, slice_desc<TA>(sa, k), slice_desc<TB>(sb, k),
-                                         (kb > kb0 || k > 0) ? 1 : 0);
+                wgmma_k16<TA, TB, TBN>(acc, slice_desc<TA>(sa, k), slice_desc<TB>(sb, k),
+                                       (kb > kb0 || k > 0) ? 1 : 0);
             wgmma_commit();
             // The group before this one is complete: its stage can be refilled.
             wgmma_wait<1>();
@@ -700,15 +754,16 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
         float* const stage = stage_all + (4 * cw + warp) * EPI_WARP_FLOATS;
         const int row0 = m0 + 64 * cw + 16 * warp;
         if (ksplit > 1) { // an empty last slice (kb1 = kb0) stores zeros
-            store_slice<float>(acc, stage, partial + (long long)split * M * N, N, row0, M, n0, N,
+            store_slice<float, TBN>(acc, stage, partial + (long long)split * M * N, N, row0, M, n0, N,
                                alpha, 0.f, kb1 > kb0, lane);
         } else if (use_tma) {
-            store_tile_tma<LC>(acc, *tma_c, ctile + cw * (CTILE_BYTES / 2), cw, warp, lane, m0, n0, M, N, alpha,
-                               beta, load_c,
-                               cfull + 8 * cw, cphase, watchdog_ns, issuer);
-            cphase ^= load_c ? 1u : 0u;
+            if constexpr (TS) { // (tiles of BN columns: store_tile_tma's accumulators)
+                store_tile_tma<LC>(acc, *tma_c, ctile + cw * (CTILE_BYTES / 2), cw, warp, lane, m0, n0, M, N,
+                                   alpha, beta, load_c, cfull + 8 * cw, cphase, watchdog_ns, issuer);
+                cphase ^= load_c ? 1u : 0u;
+            }
         } else
-            store_slice<OutT>(acc, stage, c, N, row0, M, n0, N, alpha, beta, true, lane);
+            store_slice<OutT, TBN>(acc, stage, c, N, row0, M, n0, N, alpha, beta, true, lane);
         if (sig_flags != nullptr) {
             // The barrier orders every consumer thread's stores before
             // thread 128's release, and a release is cumulative: one
@@ -775,6 +830,17 @@ GEMM90_KERNEL(gemm_sm90_tn_bf16, 1, 1, bf16)
 GEMM90_KERNEL(gemm_sm90_tn_f32, 1, 1, float)
 GEMM90_KERNEL(gemm_sm90_tt_bf16, 1, 0, bf16)
 GEMM90_KERNEL(gemm_sm90_tt_f32, 1, 0, float)
+// Tiles of 128 × 192 for the weight-gradient layout (see N192), dynamic
+// shared memory smem_bytes<N192>() (GEMM90_SMEM_N192).
+#define GEMM90_N192_KERNEL(name, TA, TB, OutT)                                                   \
+    extern "C" __global__ void __launch_bounds__(atp::gemm90::THREADS, 1) name(                  \
+        const __grid_constant__ atp::gemm90::TmaDesc tma_a,                                      \
+        const __grid_constant__ atp::gemm90::TmaDesc tma_b, OutT* c, GEMM90_PARAMS) {            \
+        atp::gemm90::gemm_body<TA, TB, OutT, atp::gemm90::STAGES, false, false, atp::gemm90::N192>( \
+            tma_a, tma_b, nullptr, c, GEMM90_ARGS);                                              \
+    }
+GEMM90_N192_KERNEL(gemm_sm90_tn_bf16_n192, 1, 1, bf16)
+GEMM90_N192_KERNEL(gemm_sm90_tn_f32_n192, 1, 1, float)
 GEMM90_TS_KERNEL(gemm_sm90_nt_bf16_ts, 0, 0, false)
 GEMM90_TS_KERNEL(gemm_sm90_nn_bf16_ts, 0, 1, false)
 GEMM90_TS_KERNEL(gemm_sm90_tn_bf16_ts, 1, 1, false)

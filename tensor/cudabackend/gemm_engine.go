@@ -55,6 +55,12 @@ const (
 	// stages of 48 KiB + the epilogue's staging (8 warps × 2 KiB) + 8
 	// mbarriers + the abort word.
 	engineSmem = 1024 + 4*48*1024 + 8*2048 + 8*8 + 16
+	// engineSmemN192 is GEMM90_SMEM_N192, the …_n192 kernels': stages of
+	// 40 KiB (tiles of 128 × 192).
+	engineSmemN192 = 1024 + 4*40*1024 + 8*2048 + 8*8 + 16
+	// engineTileN192 is the narrower tile of the …_n192 kernels (the
+	// weight-gradient layout only, without hooks or the TMA store).
+	engineTileN192 = 192
 	// engineSmemTS is TS_SMEM_BYTES, the TMA-store kernels' (…_bf16_ts): 3
 	// stages, the staging, the 64 KiB bf16 tile, 6 mbarriers, the abort word,
 	// the 2 mbarriers of C's loads.
@@ -205,6 +211,13 @@ type GEMMOptions struct {
 	// does not suit — a Signal, split-K — stores staged in that kernel).
 	// Both give the same bits.
 	Store EngineStore
+	// TileN is the tile's columns: 0 lets the engine choose (EngineTileN,
+	// or 192 for the weight-gradient layout — transA, not transB — where
+	// its wave model says so: outputs of a few tiles too many or too few
+	// for the SMs), EngineTileN, or 192 (that layout only, without Wait,
+	// Signal or Store = EngineStoreTMA). A different tile sums K in the
+	// same order: the same bits.
+	TileN int
 }
 
 // EngineStore is the engine's epilogue (GEMMOptions.Store).
@@ -237,17 +250,41 @@ const engineMaxSplitK = 32
 // reduction's launch (~5). 1 when nothing is won: enough tiles to fill the
 // SMs, or too short a K for slices of ≥ 4 k-blocks.
 func engineSplitK(tiles, kblocks, sms int) int {
+	s, _ := engineSplitKWidth(tiles, kblocks, sms, 1)
+	return s
+}
+
+// engineSplitKWidth is engineSplitK for tiles of width × 256 columns (a
+// k-block of such a tile costs width units): the slice count and its
+// estimated time.
+func engineSplitKWidth(tiles, kblocks, sms int, width float64) (int, float64) {
 	best, bestT := 1, 0.0
 	for s := 1; s <= engineMaxSplitK && kblocks >= 4*s; s++ {
-		t := float64(ceilDiv(tiles*s, sms) * (ceilDiv(kblocks, s) + 3))
+		t := float64(ceilDiv(tiles*s, sms)) * (float64(ceilDiv(kblocks, s))*width + 3)
 		if s > 1 {
-			t += 0.09*float64(tiles*s) + 5
+			t += 0.09*float64(tiles*s)*width + 5
 		}
 		if s == 1 || t < bestT {
 			best, bestT = s, t
 		}
 	}
-	return best
+	return best, bestT
+}
+
+// engineTileChoice is the engine's own choice between tiles of 256 and
+// 192 columns for an (m, n) output of kblocks k-blocks on sms SMs, where
+// both are possible: 192 (and its slices) when the wave model
+// (engineSplitKWidth) puts it at least 3 % ahead — the outputs whose tile
+// count at 256 columns fits the SMs badly (gpt2's gate,up dW: 96 tiles of
+// 256 on 132 SMs, 128 of 192).
+func engineTileChoice(m, n, kblocks, sms int) (tileN, split int) {
+	numM := ceilDiv(m, EngineTileM)
+	s256, t256 := engineSplitKWidth(numM*ceilDiv(n, EngineTileN), kblocks, sms, 1)
+	s192, t192 := engineSplitKWidth(numM*ceilDiv(n, engineTileN192), kblocks, sms, float64(engineTileN192)/EngineTileN)
+	if t192 < 0.97*t256 {
+		return engineTileN192, s192
+	}
+	return EngineTileN, s256
 }
 
 // ErrGEMMWaitTimeout is wrapped by the error of an engine call whose flag
@@ -370,7 +407,7 @@ func engineShape(c, a, bm *tensor.Tensor, transA, transB bool) (m, n, k int, err
 }
 
 // checkOptions checks the hooks against the call's sizes.
-func checkOptions(o GEMMOptions, m, k int) error {
+func checkOptions(o GEMMOptions, m, k int, transA, transB bool) error {
 	if o.GroupM < 0 {
 		return fmt.Errorf("GroupM = %d, expected ≥ 0", o.GroupM)
 	}
@@ -395,6 +432,16 @@ func checkOptions(o GEMMOptions, m, k int) error {
 	}
 	if o.Store < EngineStoreAuto || o.Store > EngineStoreTMA {
 		return fmt.Errorf("Store = %d, expected EngineStoreAuto, EngineStoreStaged or EngineStoreTMA", o.Store)
+	}
+	switch o.TileN {
+	case 0, EngineTileN:
+	case engineTileN192:
+		if !transA || transB || o.Wait != nil || o.Signal != nil || o.Store == EngineStoreTMA {
+			return fmt.Errorf("TileN = 192 with transA %v, transB %v, Wait %v, Signal %v, Store %d: expected the weight-gradient layout (transA, not transB) without hooks or the TMA store (the …_n192 kernels)",
+				transA, transB, o.Wait != nil, o.Signal != nil, o.Store)
+		}
+	default:
+		return fmt.Errorf("TileN = %d, expected 0 (the engine chooses), %d or %d", o.TileN, EngineTileN, engineTileN192)
 	}
 	switch kb := ceilDiv(k, 64); {
 	case o.SplitK < 0 || o.SplitK > engineMaxSplitK:
@@ -443,7 +490,7 @@ func (b *Backend) EngineMatMul(c, a, bm *tensor.Tensor, transA, transB bool, alp
 	}
 	m, n, k, err := engineShape(c, a, bm, transA, transB)
 	if err == nil {
-		err = checkOptions(o, m, k)
+		err = checkOptions(o, m, k, transA, transB)
 	}
 	if err == nil && o.Store == EngineStoreTMA && c.DType() != tensor.BFloat16 {
 		err = fmt.Errorf("Store = EngineStoreTMA with a %v c, expected bf16 (the TMA-store kernels write bf16)", c.DType())
@@ -499,8 +546,6 @@ func operandMap(p uint64, rows, cols int, kMajor bool, tileRows int) (cuda.Tenso
 
 // engineLaunch queues a checked call. op names it in errors.
 func (b *Backend) engineLaunch(op string, e engineCall) {
-	numM, numN := ceilDiv(e.m, EngineTileM), ceilDiv(e.n, EngineTileN)
-	tiles := numM * numN
 	o := e.opt
 	groupM := o.GroupM
 	if groupM == 0 {
@@ -539,14 +584,6 @@ func (b *Backend) engineLaunch(op string, e engineCall) {
 		if e.transB {
 			br, bc = e.n, e.k
 		}
-		ma, err := operandMap(DevicePtr(e.a), ar, ac, !e.transA, EngineTileM)
-		if err != nil {
-			return fmt.Errorf("tensor map of a %v: %w", e.a.Shape(), err)
-		}
-		mb, err := operandMap(DevicePtr(e.b), br, bc, e.transB, EngineTileN)
-		if err != nil {
-			return fmt.Errorf("tensor map of b %v: %w", e.b.Shape(), err)
-		}
 		flag := b.flagPtr(flagGEMM, engineExplain(op, e, o.Wait))
 		avail := cd.engineSMs
 		if o.Wait != nil || o.Signal != nil {
@@ -559,8 +596,16 @@ func (b *Backend) engineLaunch(op string, e engineCall) {
 			avail -= b.reserveOf(avail, asked)
 		}
 		avail = max(avail, 1)
-		split := e.splitK(avail)
-		units := tiles * split
+		tileN, split := e.tiling(avail)
+		units := ceilDiv(e.m, EngineTileM) * ceilDiv(e.n, tileN) * split
+		ma, err := operandMap(DevicePtr(e.a), ar, ac, !e.transA, EngineTileM)
+		if err != nil {
+			return fmt.Errorf("tensor map of a %v: %w", e.a.Shape(), err)
+		}
+		mb, err := operandMap(DevicePtr(e.b), br, bc, e.transB, tileN)
+		if err != nil {
+			return fmt.Errorf("tensor map of b %v: %w", e.b.Shape(), err)
+		}
 		grid := min(units, avail)
 		if o.Grid > 0 {
 			grid = min(units, o.Grid)
@@ -576,7 +621,9 @@ func (b *Backend) engineLaunch(op string, e engineCall) {
 		}
 		args := []any{ma.Arg(), mb.Arg()}
 		kernel, smem := engineKernel(e.transA, e.transB, e.c.DType()), engineSmem
-		if e.tmaStore(split) {
+		if tileN == engineTileN192 {
+			kernel, smem = kernel+"_n192", engineSmemN192
+		} else if e.tmaStore(split) {
 			mc, err := cuda.EncodeTiled(cuda.TiledTensorMap{
 				DType:   cuda.TensorMapBFloat16,
 				Addr:    cuda.DevicePtr(DevicePtr(e.c)),
@@ -612,17 +659,28 @@ func (b *Backend) engineLaunch(op string, e engineCall) {
 	})
 }
 
-// splitK is the call's K slices on sms SMs: asked (GEMMOptions.SplitK),
-// else the engine's choice (engineSplitK), 1 with a hook (the hooks count
-// tiles of C as they are stored).
-func (e engineCall) splitK(sms int) int {
-	switch {
-	case e.opt.SplitK != 0:
-		return e.opt.SplitK
-	case e.opt.Wait != nil || e.opt.Signal != nil:
-		return 1
+// tiling is the call's tile columns and K slices on sms SMs: asked
+// (GEMMOptions.TileN, SplitK), else the engine's choice — 256 columns and
+// one slice with a hook (the hooks count tiles of C as they are stored);
+// engineTileChoice where the …_n192 kernels apply (the weight-gradient
+// layout, no TMA store asked); else engineSplitK.
+func (e engineCall) tiling(sms int) (tileN, split int) {
+	o := e.opt
+	if o.Wait != nil || o.Signal != nil {
+		return EngineTileN, max(o.SplitK, 1)
 	}
-	return engineSplitK(ceilDiv(e.m, EngineTileM)*ceilDiv(e.n, EngineTileN), ceilDiv(e.k, 64), sms)
+	kb := ceilDiv(e.k, 64)
+	tileN = o.TileN
+	if tileN == 0 && o.SplitK == 0 && e.transA && !e.transB && o.Store != EngineStoreTMA {
+		return engineTileChoice(e.m, e.n, kb, sms)
+	}
+	if tileN == 0 {
+		tileN = EngineTileN
+	}
+	if split = o.SplitK; split == 0 {
+		split, _ = engineSplitKWidth(ceilDiv(e.m, EngineTileM)*ceilDiv(e.n, tileN), kb, sms, float64(tileN)/EngineTileN)
+	}
+	return tileN, split
 }
 
 // tmaStore reports whether a call of split K slices runs on the TMA-store

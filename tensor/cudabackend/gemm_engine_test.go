@@ -246,6 +246,50 @@ func TestEngineSplitK(t *testing.T) {
 	}
 }
 
+// TestEngineTileN192 checks the …_n192 kernels (tiles of 128 × 192, the
+// weight-gradient layout) against the CPU, bf16 and f32 C, beta 0 (over a
+// poisoned C) and 1, edge tiles in M, N and K, with and without split-K,
+// and against tiles of 256 columns with the same split bit for bit (each
+// element's K sum runs in the same order).
+func TestEngineTileN192(t *testing.T) {
+	g := openEngine(t)
+	seed := uint64(2600)
+	for _, sh := range [][3]int{{384, 776, 1024}, {136, 200, 2000}, {264, 192, 64}, {8, 8, 8}} {
+		for _, out := range []tensor.DType{tensor.BFloat16, tensor.Float32} {
+			for _, ab := range [][2]float32{{1, 0}, {0.5, 1}} {
+				for _, split := range []int{1, 2, 3} {
+					if split > ceilDiv(sh[2], 64) {
+						continue
+					}
+					e := engineCase{m: sh[0], n: sh[1], k: sh[2], transA: true, transB: false, out: out, alpha: ab[0], beta: ab[1]}
+					seed++
+					var wide []float64
+					for _, tn := range []int{EngineTileN, engineTileN192} {
+						name := fmt.Sprintf("%v/split=%d/tilen=%d", e, split, tn)
+						a, b, c, want := engineInputs(t, g, e, seed) // the same inputs for both
+						if err := g.EngineMatMul(c, a, b, e.transA, e.transB, e.alpha, e.beta, GEMMOptions{TileN: tn, SplitK: split}); err != nil {
+							t.Fatalf("%s: %v", name, err)
+						}
+						if err := g.Sync(); err != nil {
+							t.Fatalf("%s: %v", name, err)
+						}
+						got := testutil.Download(g, c)
+						checkElems(t, name, got, want, e.n, engineTol(out))
+						if wide == nil {
+							wide = got
+						} else if i := firstBitDiff(got, wide); i >= 0 {
+							t.Errorf("%s: element %d is %v, %v with tiles of 256 columns", name, i, got[i], wide[i])
+						}
+						g.Free(a)
+						g.Free(b)
+						g.Free(c)
+					}
+				}
+			}
+		}
+	}
+}
+
 // TestEngineStore checks both epilogues against the CPU on every layout
 // with a bf16 C, and against each other bit for bit: the staged one and the
 // TMA store (beta ≠ 0: C loaded by TMA during the main loop), on shapes
@@ -547,11 +591,20 @@ func benchEngineShape(b *testing.B, be *Backend, m, n, k int) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			if split := (engineCall{m: cm, n: cn, k: ck}).splitK(sms); split > 1 {
-				// The engine chose split-K: the same call without it, beside.
+			tileN, split := (engineCall{m: cm, n: cn, k: ck, transA: f.transA, transB: f.transB}).tiling(sms)
+			b.ReportMetric(float64(tileN), "tilen")
+			if split > 1 || tileN != EngineTileN {
+				// The engine chose split-K or narrower tiles: the call
+				// with neither, beside.
 				one := func() { be.EngineMatMul(f.c, f.a, f.bm, f.transA, f.transB, 1, f.beta, GEMMOptions{SplitK: 1}) }
 				b.ReportMetric(float64(split), "splitk")
 				b.ReportMetric(flops*float64(b.N)/timeOps(b, be, one), "nosplit-TFLOP/s")
+			}
+			if f.transA && !f.transB { // the weight gradient: each tile width with its own split
+				for _, tn := range []int{EngineTileN, engineTileN192} {
+					op := func() { be.EngineMatMul(f.c, f.a, f.bm, f.transA, f.transB, 1, f.beta, GEMMOptions{TileN: tn}) }
+					b.ReportMetric(flops*float64(b.N)/timeOps(b, be, op), fmt.Sprintf("n%d-TFLOP/s", tn))
+				}
 			}
 			// $ASYNCTP_BENCH_SPLITS (e.g. "2,4,8"): the same call at each of
 			// these slice counts, to fit engineSplitK's model.

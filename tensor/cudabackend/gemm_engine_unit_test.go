@@ -41,29 +41,37 @@ func TestEngineShapeChecks(t *testing.T) {
 	}
 	flags := uint64(1 << 20)
 	for _, tc := range []struct {
-		want string
-		o    GEMMOptions
+		want   string
+		o      GEMMOptions
+		tA, tB bool // the layout
 	}{
-		{"RotateRows = -1", GEMMOptions{RotateRows: -1}},
-		{"Grid = -3, expected ≥ 0", GEMMOptions{Grid: -3}},
-		{"Wait.ChunkRows = 0, expected > 0", GEMMOptions{Wait: &GEMMWait{Flags: flags, Timeout: time.Second}}},
-		{"Wait.Timeout = 0s, expected > 0", GEMMOptions{Wait: &GEMMWait{Flags: flags, ChunkRows: 8}}},
-		{"Signal.Flags = 0x4, expected an 8-byte aligned", GEMMOptions{Signal: &GEMMSignal{Flags: 4}}},
-		{"Store = 3, expected EngineStoreAuto", GEMMOptions{Store: 3}},
-		{"SplitK = -1, expected 0 (the engine chooses) to 32", GEMMOptions{SplitK: -1}},
-		{"SplitK = 33, expected 0 (the engine chooses) to 32", GEMMOptions{SplitK: 33}},
-		{"SplitK = 9, expected at most the 8 k-blocks of 64 in K = 512", GEMMOptions{SplitK: 9}},
-		{"SplitK = 2 with a Wait or Signal hook", GEMMOptions{SplitK: 2, Signal: &GEMMSignal{Flags: 8}}},
+		{"RotateRows = -1", GEMMOptions{RotateRows: -1}, false, false},
+		{"Grid = -3, expected ≥ 0", GEMMOptions{Grid: -3}, false, false},
+		{"Wait.ChunkRows = 0, expected > 0", GEMMOptions{Wait: &GEMMWait{Flags: flags, Timeout: time.Second}}, false, false},
+		{"Wait.Timeout = 0s, expected > 0", GEMMOptions{Wait: &GEMMWait{Flags: flags, ChunkRows: 8}}, false, false},
+		{"Signal.Flags = 0x4, expected an 8-byte aligned", GEMMOptions{Signal: &GEMMSignal{Flags: 4}}, false, false},
+		{"Store = 3, expected EngineStoreAuto", GEMMOptions{Store: 3}, false, false},
+		{"SplitK = -1, expected 0 (the engine chooses) to 32", GEMMOptions{SplitK: -1}, false, false},
+		{"SplitK = 33, expected 0 (the engine chooses) to 32", GEMMOptions{SplitK: 33}, false, false},
+		{"SplitK = 9, expected at most the 8 k-blocks of 64 in K = 512", GEMMOptions{SplitK: 9}, false, false},
+		{"SplitK = 2 with a Wait or Signal hook", GEMMOptions{SplitK: 2, Signal: &GEMMSignal{Flags: 8}}, false, false},
+		{"TileN = 128, expected 0 (the engine chooses), 256 or 192", GEMMOptions{TileN: 128}, true, false},
+		{"TileN = 192 with transA false, transB true", GEMMOptions{TileN: 192}, false, true},
+		{"TileN = 192 with transA true, transB false, Wait false, Signal true", GEMMOptions{TileN: 192, Signal: &GEMMSignal{Flags: 8}}, true, false},
+		{"TileN = 192 with transA true, transB false, Wait false, Signal false, Store 2", GEMMOptions{TileN: 192, Store: EngineStoreTMA}, true, false},
 	} {
-		if err := checkOptions(tc.o, 64, 512); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if err := checkOptions(tc.o, 64, 512, tc.tA, tc.tB); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("got %v, want an error containing %q", err, tc.want)
 		}
 	}
-	if err := checkOptions(GEMMOptions{RotateRows: 63, GroupM: 4, Wait: &GEMMWait{Flags: flags, ChunkRows: 8, Timeout: time.Second}}, 64, 512); err != nil {
+	if err := checkOptions(GEMMOptions{RotateRows: 63, GroupM: 4, Wait: &GEMMWait{Flags: flags, ChunkRows: 8, Timeout: time.Second}}, 64, 512, false, false); err != nil {
 		t.Errorf("valid options refused: %v", err)
 	}
-	if err := checkOptions(GEMMOptions{SplitK: 8}, 64, 512); err != nil {
+	if err := checkOptions(GEMMOptions{SplitK: 8}, 64, 512, false, false); err != nil {
 		t.Errorf("valid split refused: %v", err)
+	}
+	if err := checkOptions(GEMMOptions{TileN: 192, SplitK: 2}, 64, 512, true, false); err != nil {
+		t.Errorf("valid 192-column tiles refused: %v", err)
 	}
 	for _, tc := range []struct {
 		tA, tB bool
@@ -186,6 +194,48 @@ func TestEngineTMAStoreChoice(t *testing.T) {
 		tc.e.opt.Store = tc.store
 		if got := tc.e.tmaStore(tc.split); got != tc.want {
 			t.Errorf("%s: tmaStore = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestEngineTileChoice checks the choice between tiles of 256 and 192
+// columns on the H200's 132 SMs for gpt2-124m's weight gradients (K = 16384
+// rows, 256 k-blocks) and TP ones, and that a call's own TileN, SplitK or
+// hooks decide instead.
+func TestEngineTileChoice(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		m, n             int
+		wantTile         int
+		wantMin, wantMax int // the slices
+	}{
+		{"gate,up dW 4096x768: 96 tiles of 256, 128 of 192", 4096, 768, 192, 1, 1},
+		{"down dW 768x2048: 48 tiles of 256, 66 of 192", 768, 2048, 192, 2, 2},
+		{"qkv dW 2304x768", 2304, 768, 256, 2, 2},
+		{"o dW 768x768", 768, 768, 256, 4, 7},
+		{"head dW 50304x768: many tiles", 50304, 768, 256, 1, 1},
+		{"TP dW 1536x8192", 1536, 8192, 256, 1, 1},
+	} {
+		tile, split := engineTileChoice(tc.m, tc.n, 256, 132)
+		if tile != tc.wantTile || split < tc.wantMin || split > tc.wantMax {
+			t.Errorf("%s: engineTileChoice = %d columns, %d slices; want %d, %d to %d", tc.name, tile, split, tc.wantTile, tc.wantMin, tc.wantMax)
+		}
+	}
+	gateUp := engineCall{m: 4096, n: 768, k: 16384, transA: true}
+	for _, tc := range []struct {
+		name        string
+		e           engineCall
+		tile, split int
+	}{
+		{"the weight gradient, auto", gateUp, 192, 1},
+		{"another layout (nt)", engineCall{m: 4096, n: 768, k: 16384, transB: true}, 256, 4},
+		{"TileN asked", engineCall{m: 4096, n: 768, k: 16384, transA: true, opt: GEMMOptions{TileN: 256}}, 256, 4},
+		{"SplitK asked", engineCall{m: 4096, n: 768, k: 16384, transA: true, opt: GEMMOptions{SplitK: 2}}, 256, 2},
+		{"the TMA store asked", engineCall{m: 4096, n: 768, k: 16384, transA: true, opt: GEMMOptions{Store: EngineStoreTMA}}, 256, 4},
+		{"a hook", engineCall{m: 4096, n: 768, k: 16384, transA: true, opt: GEMMOptions{Signal: &GEMMSignal{Flags: 8}}}, 256, 1},
+	} {
+		if tile, split := tc.e.tiling(132); tile != tc.tile || split != tc.split {
+			t.Errorf("%s: tiling = %d columns, %d slices; want %d, %d", tc.name, tile, split, tc.tile, tc.split)
 		}
 	}
 }

@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "b09e8dfaf8104b826ea44f4f039967502406d3dda5720cb682fdd89349715c11"
+const SourcesSum = "08a33ba7e0298c954ced7f861600b79eabbbf8d6627d89676ce250c5887e5ef2"
