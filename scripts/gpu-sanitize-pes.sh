@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (one H200), from the repository root, with build/
+# carried from the dev machine (bash scripts/build-gpu-artifacts.sh; the
+# kernels image and libasynctp_nvshmem.so built there by the other GPU
+# scripts, or carried): compute-sanitizer over the fused kernels on NVSHMEM
+# PEs that share the GPU under MPS, each PE under its own tool process —
+# $ASYNCTP_PE_WRAP (comm/commtest) puts the tool in front of every child PE,
+# as `mpirun -np 2 compute-sanitizer ./app` would; a tool around the whole
+# test binary instead (--target-processes all) never got the PEs through
+# NVSHMEM's start-up here. Steps (each within the time left of BUDGET s):
+#   memcheck, racecheck and synccheck over the fused TP site suite (pull
+#   and put transfers), memcheck over its determinism test (10 runs) and
+#   over the fused MoE expert path (TestFusedGPU).
+# Each PE's tool log and output stay in $OUT/sanitize-pes/<step>/.
+# PES (default 2) PEs per run.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-build/out}/sanitize-pes
+PES=${PES:-2}
+mkdir -p "$OUT"
+. scripts/gpu-env.sh
+export PATH=$PATH:/usr/local/nvidia/bin
+. scripts/mps.sh
+for f in "$ASYNCTP_KERNELS" "$ASYNCTP_LIBNVSHMEM" build/overlap_peercopy.test build/parallel_ep_peerep.test; do
+  [ -f "$f" ] || { echo "missing $f (the kernels and libasynctp_nvshmem.so: scripts/gpu-fused-put.sh builds them; the tests: scripts/build-gpu-artifacts.sh)"; exit 1; }
+done
+kernels_stale && { echo "the kernels image is older than a kernel source: rebuild it first (bash cuda/kernels/build.sh)"; exit 1; }
+end=$(( $(date +%s) + ${BUDGET:-470} ))
+fails=0
+san() { # step tool test-binary test-regexp [env...]
+  local name=$1 tool=$2 bin=$3 re=$4; shift 4
+  local left=$(( end - $(date +%s) ))
+  if [ $left -lt 40 ]; then echo "== $name: skipped (no time left of the budget)"; return; fi
+  local lim=$(( left < 200 ? left : 200 )) d="$OUT/$name" t0
+  mkdir -p "$d"; t0=$(date +%s)
+  mps_start > /dev/null || { echo "== $name: MPS did not start"; fails=$((fails+1)); return; }
+  env ASYNCTP_OVERLAP_PES="$PES" ASYNCTP_OVERLAP_TIMEOUT=$((lim-10))s ASYNCTP_PE_LOG_DIR="$d" \
+    ASYNCTP_PE_WRAP="compute-sanitizer --tool $tool --error-exitcode 3 --log-file $d/$tool-rank{rank}.txt" "$@" \
+    timeout -k 5 $lim "$bin" -test.v -test.count=1 -test.timeout=${lim}s -test.run "$re" > "$d/test.log" 2>&1
+  local rc=$?
+  echo "== $name ($tool, $PES PEs): rc=$rc, $(( $(date +%s) - t0 )) s, $(grep -E -- '^--- (PASS|FAIL)' "$d/test.log" | tr '\n' ' ')"
+  for f in "$d"/$tool-rank*.txt; do echo "   $(basename "$f"): $(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY' "$f" | tr '\n' ' ')"; done
+  if [ $rc -ne 0 ]; then
+    fails=$((fails+1))
+    grep -hE 'FAIL|rank [0-9]+: ' "$d/test.log" | head -5
+    grep -hE 'Invalid|Race|hazard|Barrier|  at ' "$d"/$tool-rank*.txt | head -10
+  fi
+  mps_quit
+}
+san suite-memcheck memcheck build/overlap_peercopy.test '^TestSuiteGPU$' ASYNCTP_OVERLAP_STRATEGIES=fused-pull,fused-put
+san suite-racecheck racecheck build/overlap_peercopy.test '^TestSuiteGPU$' ASYNCTP_OVERLAP_STRATEGIES=fused-pull,fused-put
+san suite-synccheck synccheck build/overlap_peercopy.test '^TestSuiteGPU$' ASYNCTP_OVERLAP_STRATEGIES=fused-pull,fused-put
+san determinism-memcheck memcheck build/overlap_peercopy.test '^TestFusedDeterminismGPU$'
+san moe-fused-memcheck memcheck build/parallel_ep_peerep.test '^TestFusedGPU$'
+exit $fails
