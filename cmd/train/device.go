@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cpu"
@@ -19,7 +20,7 @@ var devices = []string{"auto", "cpu", "cuda"}
 // note says which it chose and why. grouped is --grouped-gemm (grouped.go);
 // more are further options of a CUDA backend (WithMemLedger).
 func openBackend(device, grouped string, more ...cudabackend.Option) (b tensor.Backend, dt tensor.DType, note string, err error) {
-	opts, extra, err := cudaOptions(grouped)
+	opts, extra, set, err := cudaOptions(grouped)
 	if err != nil {
 		return nil, 0, "", err
 	}
@@ -33,8 +34,8 @@ func openBackend(device, grouped string, more ...cudabackend.Option) (b tensor.B
 	}
 	switch device {
 	case "cpu":
-		if extra != "" {
-			return nil, 0, "", fmt.Errorf("--device cpu: %s=%s is a CUDA setting, expected it unset on the CPU", envAttention, os.Getenv(envAttention))
+		if set != "" {
+			return nil, 0, "", fmt.Errorf("--device cpu: %s is a CUDA setting, expected it unset on the CPU", set)
 		}
 		c := cpu.New()
 		return onCPU(c, fmt.Sprintf("cpu (%d threads)", c.Threads()))
@@ -49,8 +50,8 @@ func openBackend(device, grouped string, more ...cudabackend.Option) (b tensor.B
 		if gerr == nil {
 			return g, tensor.BFloat16, "cuda:0 " + g.DeviceName() + ", bf16 with fp32 master weights (auto)" + extra, nil
 		}
-		if extra != "" {
-			return nil, 0, "", fmt.Errorf("--device auto found no usable GPU (%v), and %s=%s is a CUDA setting", gerr, envAttention, os.Getenv(envAttention))
+		if set != "" {
+			return nil, 0, "", fmt.Errorf("--device auto found no usable GPU (%v), and %s is a CUDA setting", gerr, set)
 		}
 		c := cpu.New()
 		return onCPU(c, fmt.Sprintf("cpu (%d threads; auto: no usable GPU: %v)", c.Threads(), gerr))
@@ -63,18 +64,36 @@ func openBackend(device, grouped string, more ...cudabackend.Option) (b tensor.B
 // adds into dq: faster, not bit-reproducible; cudabackend.AttentionFA2Atomic).
 const envAttention = "ASYNCTP_ATTENTION"
 
+// envGEMM picks the CUDA backend's 2-D bf16 GEMMs: unset or "cublaslt"
+// (the default) or "asynctp" (our engine, cuda/kernels/gemm_sm90.cu, where
+// it applies, else cuBLASLt; cudabackend.WithGEMMEngine).
+const envGEMM = "ASYNCTP_GEMM"
+
 // cudaOptions are the CUDA backend's options from the environment and
-// --grouped-gemm (grouped), and the words the device line adds for the
-// environment's.
-func cudaOptions(grouped string) ([]cudabackend.Option, string, error) {
-	opts := groupedCUDA(grouped)
+// --grouped-gemm (grouped), the words the device line adds for the
+// environment's, and those settings as NAME=value (empty: none set).
+func cudaOptions(grouped string) (opts []cudabackend.Option, extra, set string, err error) {
+	opts = groupedCUDA(grouped)
+	var sets []string
 	switch v := os.Getenv(envAttention); v {
 	case "":
-		return opts, "", nil
 	case "onepass":
-		return append(opts, cudabackend.WithAttention(cudabackend.AttentionFA2Atomic)),
-			"; attention backward: one pass, atomic dq (not bit-reproducible)", nil
+		opts = append(opts, cudabackend.WithAttention(cudabackend.AttentionFA2Atomic))
+		extra += "; attention backward: one pass, atomic dq (not bit-reproducible)"
+		sets = append(sets, envAttention+"="+v)
 	default:
-		return nil, "", fmt.Errorf("%s=%q: expected onepass, or unset for the deterministic default", envAttention, v)
+		return nil, "", "", fmt.Errorf("%s=%q: expected onepass, or unset for the deterministic default", envAttention, v)
 	}
+	switch v := os.Getenv(envGEMM); v {
+	case "":
+	case cudabackend.GEMMCublasLt:
+		sets = append(sets, envGEMM+"="+v)
+	case cudabackend.GEMMAsyncTP:
+		opts = append(opts, cudabackend.WithGEMMEngine(cudabackend.GEMMAsyncTP))
+		extra += "; GEMMs: the asynctp engine where it applies, else cuBLASLt"
+		sets = append(sets, envGEMM+"="+v)
+	default:
+		return nil, "", "", fmt.Errorf("%s=%q: expected %s or %s (or unset: %s)", envGEMM, v, cudabackend.GEMMCublasLt, cudabackend.GEMMAsyncTP, cudabackend.GEMMCublasLt)
+	}
+	return opts, extra, strings.Join(sets, " "), nil
 }

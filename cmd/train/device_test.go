@@ -17,7 +17,24 @@ func TestAttentionEnv(t *testing.T) {
 		t.Errorf("an unknown value: %v, want a refusal naming onepass", err)
 	}
 	t.Setenv(envAttention, "")
-	if opts, extra, err := cudaOptions(GroupedAuto); err != nil || opts != nil || extra != "" {
-		t.Errorf("unset: %v %q %v, want the default", opts, extra, err)
+	if opts, extra, set, err := cudaOptions(GroupedAuto); err != nil || opts != nil || extra != "" || set != "" {
+		t.Errorf("unset: %v %q %q %v, want the default", opts, extra, set, err)
+	}
+}
+
+// ASYNCTP_GEMM likewise: a CUDA setting, and an unknown value is refused
+// naming both engines.
+func TestGEMMEnv(t *testing.T) {
+	t.Setenv(envAttention, "")
+	t.Setenv(envGEMM, "asynctp")
+	if _, _, _, err := openBackend("cpu", GroupedAuto); err == nil || !strings.Contains(err.Error(), "ASYNCTP_GEMM=asynctp is a CUDA setting") {
+		t.Errorf("asynctp on the CPU: %v, want a refusal", err)
+	}
+	if opts, extra, set, err := cudaOptions(GroupedAuto); err != nil || len(opts) != 1 || !strings.Contains(extra, "asynctp engine") || set != "ASYNCTP_GEMM=asynctp" {
+		t.Errorf("asynctp: %d options, %q, %q, %v; want the engine's option and note", len(opts), extra, set, err)
+	}
+	t.Setenv(envGEMM, "cutlass")
+	if _, _, _, err := openBackend("cuda", GroupedAuto); err == nil || !strings.Contains(err.Error(), "expected cublaslt or asynctp") {
+		t.Errorf("an unknown value: %v, want a refusal naming both", err)
 	}
 }

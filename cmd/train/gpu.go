@@ -71,7 +71,7 @@ func openNCCL(ctx context.Context, cfg Config, env rankEnv) (*transport, error) 
 		return nil, fmt.Errorf("--comm nccl: %d ranks on this node but %d GPU(s): NCCL refuses two ranks on one GPU (\"Duplicate GPU detected\"); use --comm nvshmem, whose ranks may share a GPU, or at most %d ranks per node",
 			info.LocalWorldSize, n, n)
 	}
-	opts, _, err := cudaOptions(cfg.GroupedGEMM)
+	opts, _, _, err := cudaOptions(cfg.GroupedGEMM)
 	if err != nil {
 		return nil, err
 	}

@@ -23,7 +23,7 @@ func TestGroupedGEMMFlag(t *testing.T) {
 		if cfg.GroupedGEMM != mode {
 			t.Errorf("--grouped-gemm %s: config has %q", mode, cfg.GroupedGEMM)
 		}
-		opts, _, err := cudaOptions(cfg.GroupedGEMM)
+		opts, _, _, err := cudaOptions(cfg.GroupedGEMM)
 		if want := map[string]int{GroupedAuto: 0, GroupedOn: 1, GroupedOff: 1}[mode]; err != nil || len(opts) != want {
 			t.Errorf("--grouped-gemm %s: %d CUDA options (%v), want %d", mode, len(opts), err, want)
 		}

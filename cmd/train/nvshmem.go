@@ -48,7 +48,7 @@ func openNVSHMEM(ctx context.Context, cfg Config, env rankEnv) (*transport, erro
 	if err != nil {
 		return nil, fmt.Errorf("--comm nvshmem: %w", err)
 	}
-	opts, _, err := cudaOptions(cfg.GroupedGEMM)
+	opts, _, _, err := cudaOptions(cfg.GroupedGEMM)
 	if err != nil {
 		return nil, err
 	}
