@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "08a33ba7e0298c954ced7f861600b79eabbbf8d6627d89676ce250c5887e5ef2"
+const SourcesSum = "b87c4a6a32b2b7343239c476ceebb183025efddc6391ec8a7aebec8d44ecd151"
