@@ -8,7 +8,10 @@
 #   3. BenchmarkEngine (NT/NN/TN on the TP and gpt2-124m shapes, cuBLASLt in
 #      the same sub-benchmark), BenchmarkEngineHooks (the cost of fusion) and
 #      BenchmarkGroupedEngine, BENCHTIME iterations each (default 50x);
-#      BENCHES picks them (default "Engine EngineHooks GroupedEngine").
+#      BENCHES picks them (default "Engine EngineHooks GroupedEngine");
+#      ASYNCTP_BENCH_SPLITS="2,4,8" adds BenchmarkEngine's rows at those
+#      split-K slice counts (to fit the engine's wave model).
+# TEST_TIMEOUT (240 s) bounds step 2.
 # Each step has its own timeout; a table of the ratios is printed last.
 # Needs build/tensor_cudabackend.test (scripts/build-gpu-artifacts.sh).
 set -uo pipefail

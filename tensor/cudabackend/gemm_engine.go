@@ -242,22 +242,16 @@ const (
 const engineMaxSplitK = 32
 
 // engineSplitK is the engine's own choice of K slices for an output of
-// tiles tiles and kblocks k-blocks of 64 on sms SMs: the slice count of
-// least estimated time, in units of one k-block of one tile (~0.8 µs on
-// the H200), ceil(tiles·S / sms) waves of ⌈kblocks/S⌉ + 3 (a tile's ramp
-// and epilogue), plus, when split, the workspace (each tile-slice's fp32
-// product written and read back: ~0.09 units at 3.5 TB/s) and the
-// reduction's launch (~5). 1 when nothing is won: enough tiles to fill the
-// SMs, or too short a K for slices of ≥ 4 k-blocks.
-func engineSplitK(tiles, kblocks, sms int) int {
-	s, _ := engineSplitKWidth(tiles, kblocks, sms, 1)
-	return s
-}
-
-// engineSplitKWidth is engineSplitK for tiles of width × 256 columns (a
-// k-block of such a tile costs width units): the slice count and its
-// estimated time.
-func engineSplitKWidth(tiles, kblocks, sms int, width float64) (int, float64) {
+// tiles tiles of width × 256 columns and kblocks k-blocks of 64 on sms SMs,
+// and its estimated time: the slice count S of least time, in units of one
+// k-block of one 256-column tile (~0.8 µs on the H200; a k-block of a
+// narrower tile costs width units), ceil(tiles·S / sms) waves of
+// ⌈kblocks/S⌉·width + 3 (a tile's ramp and epilogue), plus, when split, the
+// workspace (each tile-slice's fp32 product written and read back: ~0.09
+// units at 3.5 TB/s, times width) and the reduction's launch (~5). 1 when
+// nothing is won: enough tiles to fill the SMs, or too short a K for slices
+// of ≥ 4 k-blocks.
+func engineSplitK(tiles, kblocks, sms int, width float64) (int, float64) {
 	best, bestT := 1, 0.0
 	for s := 1; s <= engineMaxSplitK && kblocks >= 4*s; s++ {
 		t := float64(ceilDiv(tiles*s, sms)) * (float64(ceilDiv(kblocks, s))*width + 3)
@@ -274,13 +268,13 @@ func engineSplitKWidth(tiles, kblocks, sms int, width float64) (int, float64) {
 // engineTileChoice is the engine's own choice between tiles of 256 and
 // 192 columns for an (m, n) output of kblocks k-blocks on sms SMs, where
 // both are possible: 192 (and its slices) when the wave model
-// (engineSplitKWidth) puts it at least 3 % ahead — the outputs whose tile
+// (engineSplitK) puts it at least 3 % ahead — the outputs whose tile
 // count at 256 columns fits the SMs badly (gpt2's gate,up dW: 96 tiles of
 // 256 on 132 SMs, 128 of 192).
 func engineTileChoice(m, n, kblocks, sms int) (tileN, split int) {
 	numM := ceilDiv(m, EngineTileM)
-	s256, t256 := engineSplitKWidth(numM*ceilDiv(n, EngineTileN), kblocks, sms, 1)
-	s192, t192 := engineSplitKWidth(numM*ceilDiv(n, engineTileN192), kblocks, sms, float64(engineTileN192)/EngineTileN)
+	s256, t256 := engineSplitK(numM*ceilDiv(n, EngineTileN), kblocks, sms, 1)
+	s192, t192 := engineSplitK(numM*ceilDiv(n, engineTileN192), kblocks, sms, float64(engineTileN192)/EngineTileN)
 	if t192 < 0.97*t256 {
 		return engineTileN192, s192
 	}
@@ -678,7 +672,7 @@ func (e engineCall) tiling(sms int) (tileN, split int) {
 		tileN = EngineTileN
 	}
 	if split = o.SplitK; split == 0 {
-		split, _ = engineSplitKWidth(ceilDiv(e.m, EngineTileM)*ceilDiv(e.n, tileN), kb, sms, float64(tileN)/EngineTileN)
+		split, _ = engineSplitK(ceilDiv(e.m, EngineTileM)*ceilDiv(e.n, tileN), kb, sms, float64(tileN)/EngineTileN)
 	}
 	return tileN, split
 }

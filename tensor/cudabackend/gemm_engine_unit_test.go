@@ -144,9 +144,9 @@ func TestEngineSplitKChoice(t *testing.T) {
 		{"one tile, K 512 (8 k-blocks): not worth a second launch", 1, 8, 1, 1},
 		{"one tile, K 4096 (64 k-blocks)", 1, 64, 8, 16},
 	} {
-		got := engineSplitK(tc.tiles, tc.kblocks, 132)
+		got, _ := engineSplitK(tc.tiles, tc.kblocks, 132, 1)
 		if got < tc.wantMin || got > tc.wantMax {
-			t.Errorf("%s: engineSplitK(%d, %d, 132) = %d, want %d to %d", tc.name, tc.tiles, tc.kblocks, got, tc.wantMin, tc.wantMax)
+			t.Errorf("%s: engineSplitK(%d, %d, 132, 1) = %d, want %d to %d", tc.name, tc.tiles, tc.kblocks, got, tc.wantMin, tc.wantMax)
 		}
 		if got > 1 && tc.kblocks < 4*got {
 			t.Errorf("%s: %d slices of %d k-blocks: fewer than 4 per slice", tc.name, got, tc.kblocks)
