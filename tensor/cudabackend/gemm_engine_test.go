@@ -128,9 +128,11 @@ func engineTol(out tensor.DType) float64 {
 // (dx = dy·W), TN (dW = dyᵀ·x) and TT.
 var engineLayouts = [][2]bool{{false, true}, {false, false}, {true, false}, {true, true}}
 
-// checkEngineCase runs one engine case on fresh random operands with run
-// (c, a, b: the call under test) and compares C with the CPU reference.
-func checkEngineCase(t *testing.T, g *Backend, e engineCase, seed uint64, name string, run func(c, a, b *tensor.Tensor) error) {
+// checkEngineCase runs one engine case on fresh random operands of seed
+// with run (c, a, b: the call under test), compares C with the CPU
+// reference and returns it (the same seed: the same inputs, for bit
+// comparisons between two forms of a call).
+func checkEngineCase(t *testing.T, g *Backend, e engineCase, seed uint64, name string, run func(c, a, b *tensor.Tensor) error) []float64 {
 	t.Helper()
 	a, b, c, want := engineInputs(t, g, e, seed)
 	if err := run(c, a, b); err != nil {
@@ -139,10 +141,19 @@ func checkEngineCase(t *testing.T, g *Backend, e engineCase, seed uint64, name s
 	if err := g.Sync(); err != nil {
 		t.Fatalf("%s: %v", name, err)
 	}
-	checkElems(t, name, testutil.Download(g, c), want, e.n, engineTol(e.out))
+	got := testutil.Download(g, c)
+	checkElems(t, name, got, want, e.n, engineTol(e.out))
 	g.Free(a)
 	g.Free(b)
 	g.Free(c)
+	return got
+}
+
+// engineOpts is a run of checkEngineCase: EngineMatMul with o.
+func engineOpts(g *Backend, e engineCase, o GEMMOptions) func(c, a, b *tensor.Tensor) error {
+	return func(c, a, b *tensor.Tensor) error {
+		return g.EngineMatMul(c, a, b, e.transA, e.transB, e.alpha, e.beta, o)
+	}
 }
 
 // TestEngineConformance checks the engine against the CPU for every layout,
@@ -263,26 +274,11 @@ func TestEngineTileN192(t *testing.T) {
 					}
 					e := engineCase{m: sh[0], n: sh[1], k: sh[2], transA: true, transB: false, out: out, alpha: ab[0], beta: ab[1]}
 					seed++
-					var wide []float64
-					for _, tn := range []int{EngineTileN, engineTileN192} {
-						name := fmt.Sprintf("%v/split=%d/tilen=%d", e, split, tn)
-						a, b, c, want := engineInputs(t, g, e, seed) // the same inputs for both
-						if err := g.EngineMatMul(c, a, b, e.transA, e.transB, e.alpha, e.beta, GEMMOptions{TileN: tn, SplitK: split}); err != nil {
-							t.Fatalf("%s: %v", name, err)
-						}
-						if err := g.Sync(); err != nil {
-							t.Fatalf("%s: %v", name, err)
-						}
-						got := testutil.Download(g, c)
-						checkElems(t, name, got, want, e.n, engineTol(out))
-						if wide == nil {
-							wide = got
-						} else if i := firstBitDiff(got, wide); i >= 0 {
-							t.Errorf("%s: element %d is %v, %v with tiles of 256 columns", name, i, got[i], wide[i])
-						}
-						g.Free(a)
-						g.Free(b)
-						g.Free(c)
+					name := fmt.Sprintf("%v/split=%d", e, split)
+					wide := checkEngineCase(t, g, e, seed, name+"/tilen=256", engineOpts(g, e, GEMMOptions{TileN: EngineTileN, SplitK: split}))
+					got := checkEngineCase(t, g, e, seed, name+"/tilen=192", engineOpts(g, e, GEMMOptions{TileN: engineTileN192, SplitK: split}))
+					if i := firstBitDiff(got, wide); i >= 0 {
+						t.Errorf("%s/tilen=192: element %d is %v, %v with tiles of 256 columns", name, i, got[i], wide[i])
 					}
 				}
 			}
@@ -306,26 +302,10 @@ func TestEngineStore(t *testing.T) {
 			for _, ab := range [][2]float32{{1, 0}, {0.5, 1}, {0.75, -0.375}} {
 				e := engineCase{m: sh[0], n: sh[1], k: sh[2], transA: l[0], transB: l[1], out: tensor.BFloat16, alpha: ab[0], beta: ab[1]}
 				seed++
-				var staged []float64
-				for _, st := range []EngineStore{EngineStoreStaged, EngineStoreTMA} {
-					name := fmt.Sprintf("%v/store=%d", e, st)
-					a, b, c, want := engineInputs(t, g, e, seed) // the same inputs for both
-					if err := g.EngineMatMul(c, a, b, e.transA, e.transB, e.alpha, e.beta, GEMMOptions{Store: st, SplitK: 1}); err != nil {
-						t.Fatalf("%s: %v", name, err)
-					}
-					if err := g.Sync(); err != nil {
-						t.Fatalf("%s: %v", name, err)
-					}
-					got := testutil.Download(g, c)
-					checkElems(t, name, got, want, e.n, engineTol(e.out))
-					if staged == nil {
-						staged = got
-					} else if i := firstBitDiff(got, staged); i >= 0 {
-						t.Errorf("%s: element %d is %v, %v with the staged epilogue", name, i, got[i], staged[i])
-					}
-					g.Free(a)
-					g.Free(b)
-					g.Free(c)
+				staged := checkEngineCase(t, g, e, seed, fmt.Sprintf("%v/staged", e), engineOpts(g, e, GEMMOptions{Store: EngineStoreStaged, SplitK: 1}))
+				got := checkEngineCase(t, g, e, seed, fmt.Sprintf("%v/tma", e), engineOpts(g, e, GEMMOptions{Store: EngineStoreTMA, SplitK: 1}))
+				if i := firstBitDiff(got, staged); i >= 0 {
+					t.Errorf("%v/tma: element %d is %v, %v with the staged epilogue", e, i, got[i], staged[i])
 				}
 			}
 		}
