@@ -7,7 +7,7 @@
 #  2. the profile issue 14's next step needs before any change to the
 #     attention kernels: ncu over the gpt2 shape's FA2 forward, backward dq
 #     and backward dk,dv kernels (speed of light, warp stalls, occupancy,
-#     memory), one launch each, on BenchmarkAttention's gpt2 row;
+#     memory), the first five launches of BenchmarkAttention's gpt2 bwd row;
 #  3. the one cell of the engine below 0.90 of cuBLASLt, qkv's weight
 #     gradient, at 100 iterations beside its neighbours.
 # Needs build/tensor_cudabackend.test from scripts/build-gpu-artifacts.sh;
@@ -42,8 +42,8 @@ row "  passed" "" "$(grep -c '^--- PASS' "$OUT/engine-tests.log")"
 # warm-up); --clock-control none keeps the clocks as found.
 run "ncu: FA2 attention, gpt2 shape (fwd, bwd dq, bwd dk,dv)" 240 attention-ncu.log -- \
   ncu --clock-control none --section SpeedOfLight --section WarpStateStats --section Occupancy \
-    --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis -k 'regex:attn_(fwd|bwd)' -c 4 \
-    "$B" -test.run '^$' -test.bench 'BenchmarkAttention/fa2/gpt2/.*' -test.benchtime 1x
+    --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis -k 'regex:attn_(fwd|bwd)' -c 5 \
+    "$B" -test.run '^$' -test.bench 'BenchmarkAttention/fa2/gpt2/.*/bwd' -test.benchtime 1x
 grep -E '^  [a-z_]+attn|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per Thread|Warp Cycles Per Issued|Stall|Issue Slots Busy|L1/TEX Hit|Bank' \
   "$OUT/attention-ncu.log" | cut -c1-160 > "$OUT/attention-ncu.txt"
 row "  attention profile" "" "$(wc -l < "$OUT/attention-ncu.txt") lines in attention-ncu.txt"
