@@ -12,6 +12,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/tensor"
@@ -412,4 +413,43 @@ func TestRunAsyncLoss(t *testing.T) {
 	m.nanAt = 3
 	_, err = Run(context.Background(), b, m, loaderFor(t, cfg), cfg, WithOutput(&bytes.Buffer{}))
 	mustContain(t, err, "loss is NaN at step 3")
+}
+
+// sleepyModel makes every Forward take at least nap.
+type sleepyModel struct {
+	Model
+	nap time.Duration
+}
+
+func (m sleepyModel) Forward(ids, targets *tensor.Tensor) (float64, error) {
+	time.Sleep(m.nap)
+	return m.Model.Forward(ids, targets)
+}
+
+// TestRunStepTimeOnHost: on a backend that works on the host (the CPU), a
+// step's recorded time covers its own work, at validation and checkpoint
+// steps too (read back at once, right after the step before): with every
+// forward sleeping 20 ms, no step may claim more than tokens / 20 ms. (It
+// bounds the accounting from below, so a slow machine cannot fail it.)
+func TestRunStepTimeOnHost(t *testing.T) {
+	cfg := smallConfig(t.TempDir(), 9)
+	cfg.CheckpointEvery = 4
+	b := newCPU()
+	const nap = 20 * time.Millisecond
+	val := mustLoader(t, corpus(500), LoaderConfig{Batch: 2, Seq: 16, Vocab: 256, Sequential: true})
+	var steps []StepMetrics
+	_, err := Run(context.Background(), b, sleepyModel{newBigram(t, b, 256, tensor.Float32, 1), nap}, loaderFor(t, cfg), cfg,
+		WithOutput(&bytes.Buffer{}), WithValidation(val, 3, 1), WithStepHook(func(s StepMetrics) { steps = append(steps, s) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	most := float64(cfg.Batch*cfg.Seq) / nap.Seconds()
+	if len(steps) != cfg.Steps {
+		t.Fatalf("%d steps recorded, want %d", len(steps), cfg.Steps)
+	}
+	for _, s := range steps {
+		if s.TokensPerSec > most {
+			t.Errorf("step %d: %.0f tokens/s, more than the %.0f its 20 ms forward allows", s.Step, s.TokensPerSec, most)
+		}
+	}
 }

@@ -30,9 +30,16 @@ type runner struct {
 	start       time.Time     // when this run started
 	trainTime   time.Duration // time spent in steps by this run
 
-	pend     *pendingStep   // the step queued but not read back yet
-	lastDone time.Time      // when the last step was read back (or the run, a checkpoint, a validation ended)
-	normSq   *tensor.Tensor // Σ g² of the step, on the device
+	pend     *pendingStep // the step queued but not read back yet
+	lastDone time.Time    // when the last step was read back (or the run, a checkpoint, a validation ended)
+	// hostSteps: the backend has no asynchronous reads (tensor.AsyncReader:
+	// the CPU), so a step's work is done when queue returns, and a step's
+	// time is queue's own. (Timed from read-back to read-back instead, with
+	// steps queued one ahead, each step got the next one's compute, and the
+	// step read back at once for a validation or checkpoint got ~0: 6.5 M
+	// tokens/s printed at every validation of README's first command.)
+	hostSteps bool
+	normSq    *tensor.Tensor // Σ g² of the step, on the device
 }
 
 // elapsed is the wall time of the whole training so far, over resumes.
@@ -78,9 +85,14 @@ func (r *runner) run() (Result, error) {
 	}
 	r.start = time.Now()
 	r.lastDone = r.start
+	_, async := r.b.(tensor.AsyncReader)
+	r.hostSteps = !async
 	for step := r.res.StartStep + 1; step <= cfg.Steps; step++ {
 		pos := r.data.Position()
 		p, err := r.queue(step)
+		if p != nil {
+			p.issued = time.Now()
+		}
 		if err != nil {
 			if errors.Is(err, tensor.ErrInterrupted) && r.ctx.Err() != nil {
 				return r.res, r.interrupted(step, pos, err)
@@ -128,6 +140,7 @@ type pendingStep struct {
 	step   int
 	lr     float64
 	queued time.Time               // when the step began
+	issued time.Time               // when queue returned (a host backend's step is done then)
 	loss   func() (float64, error) // waits for the loss read-back
 	normSq tensor.HostRead         // Σ g², nil when norm is known
 	norm   float64
@@ -226,7 +239,8 @@ func (r *runner) stepOnHost(p *pendingStep) error {
 // on the device, and no checkpoint holds it), then records its metrics,
 // validates when due and calls the step hook. The step's time runs from
 // the end of the step before (or its own start, if later) to now: with
-// steps queued one ahead, that is the device's time per step.
+// steps queued one ahead, that is the device's time per step. On a backend
+// that works on the host (hostSteps) it is queue's time.
 func (r *runner) flush() error {
 	p := r.pend
 	if p == nil {
@@ -256,7 +270,10 @@ func (r *runner) flush() error {
 	}
 	now := time.Now()
 	dt := now.Sub(p.queued)
-	if r.lastDone.After(p.queued) {
+	switch {
+	case r.hostSteps:
+		dt = p.issued.Sub(p.queued)
+	case r.lastDone.After(p.queued):
 		dt = now.Sub(r.lastDone)
 	}
 	r.lastDone = now
