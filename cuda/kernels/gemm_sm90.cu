@@ -262,6 +262,11 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
 
+// The accumulator operands of the wgmma instructions below, eight at a time.
+#define ATP_ACC8(i)                                                                              \
+    "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]),  \
+        "+f"(d[i + 6]), "+f"(d[i + 7])
+
 // d (64 × 256 per warpgroup, fp32) += A (64 × 16) · B (16 × 256), or = with
 // accumulate 0. TA / TB: A / B MN-major (imm-trans-a / imm-trans-b).
 // Accumulator layout (thread t of the warpgroup, warp w = t/32, lane l):
@@ -285,22 +290,8 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t da, u
         "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
         "}, %128, %129, p, 1, 1, %131, %132;\n"
         "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : ATP_ACC8(0), ATP_ACC8(8), ATP_ACC8(16), ATP_ACC8(24), ATP_ACC8(32), ATP_ACC8(40), ATP_ACC8(48), ATP_ACC8(56),
+          ATP_ACC8(64), ATP_ACC8(72), ATP_ACC8(80), ATP_ACC8(88), ATP_ACC8(96), ATP_ACC8(104), ATP_ACC8(112), ATP_ACC8(120)
         : "l"(da), "l"(db), "r"(accumulate), "n"(TA), "n"(TB));
 }
 
@@ -321,18 +312,8 @@ __device__ __forceinline__ void wgmma_m64n192k16(float (&d)[96], uint64_t da, ui
         "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
         "}, %96, %97, p, 1, 1, %99, %100;\n"
         "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+        : ATP_ACC8(0), ATP_ACC8(8), ATP_ACC8(16), ATP_ACC8(24), ATP_ACC8(32), ATP_ACC8(40), ATP_ACC8(48), ATP_ACC8(56),
+          ATP_ACC8(64), ATP_ACC8(72), ATP_ACC8(80), ATP_ACC8(88)
         : "l"(da), "l"(db), "r"(accumulate), "n"(TA), "n"(TB));
 }
 
@@ -743,7 +724,7 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
             wgmma_wait<1>();
             if (kb > kb0 && lane == 0) mbar_arrive(bars + 8 * (NST + prev));
             // The tile's C, while this k-block's wgmma runs.
-            if (LC && load_c && kb == kb0 && issuer)
+            if (load_c && kb == kb0 && issuer)
                 load_c_tma(*tma_c, ctile + cw * (CTILE_BYTES / 2), cfull + 8 * cw, cw, m0, n0, M, N);
             prev = s;
         }
@@ -800,13 +781,14 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
 #define GEMM90_ARGS                                                                              \
     M, N, K, alpha, beta, group_m, m_rot, wait_flags, wait_rows, wait_target, wait_timeout_ns,   \
         sig_flags, sig_mode, sig_value, watchdog_ns, err, ksplit, partial
-#define GEMM90_KERNEL(name, TA, TB, OutT)                                                        \
+// TBN: the tile's columns (BN; N192 for the …_n192 kernels, dynamic shared
+// memory smem_bytes<N192>(), GEMM90_SMEM_N192).
+#define GEMM90_KERNEL(name, TA, TB, OutT, TBN)                                                   \
     extern "C" __global__ void __launch_bounds__(atp::gemm90::THREADS, 1) name(                  \
         const __grid_constant__ atp::gemm90::TmaDesc tma_a,                                      \
         const __grid_constant__ atp::gemm90::TmaDesc tma_b, OutT* c, GEMM90_PARAMS) {            \
-        atp::gemm90::gemm_body<TA, TB, OutT, atp::gemm90::STAGES, false, false>(tma_a, tma_b,   \
-                                                                                nullptr, c,     \
-                                                                                GEMM90_ARGS);   \
+        atp::gemm90::gemm_body<TA, TB, OutT, atp::gemm90::STAGES, false, false, TBN>(           \
+            tma_a, tma_b, nullptr, c, GEMM90_ARGS);                                              \
     }
 // The TMA-store kernels (bf16 C): a tensor map of C after those of A and B,
 // TS_STAGES stages, dynamic shared memory TS_SMEM_BYTES. LC: the …_tsc
@@ -822,25 +804,17 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
                                                                                GEMM90_ARGS);    \
     }
 
-GEMM90_KERNEL(gemm_sm90_nt_bf16, 0, 0, bf16)
-GEMM90_KERNEL(gemm_sm90_nt_f32, 0, 0, float)
-GEMM90_KERNEL(gemm_sm90_nn_bf16, 0, 1, bf16)
-GEMM90_KERNEL(gemm_sm90_nn_f32, 0, 1, float)
-GEMM90_KERNEL(gemm_sm90_tn_bf16, 1, 1, bf16)
-GEMM90_KERNEL(gemm_sm90_tn_f32, 1, 1, float)
-GEMM90_KERNEL(gemm_sm90_tt_bf16, 1, 0, bf16)
-GEMM90_KERNEL(gemm_sm90_tt_f32, 1, 0, float)
-// Tiles of 128 × 192 for the weight-gradient layout (see N192), dynamic
-// shared memory smem_bytes<N192>() (GEMM90_SMEM_N192).
-#define GEMM90_N192_KERNEL(name, TA, TB, OutT)                                                   \
-    extern "C" __global__ void __launch_bounds__(atp::gemm90::THREADS, 1) name(                  \
-        const __grid_constant__ atp::gemm90::TmaDesc tma_a,                                      \
-        const __grid_constant__ atp::gemm90::TmaDesc tma_b, OutT* c, GEMM90_PARAMS) {            \
-        atp::gemm90::gemm_body<TA, TB, OutT, atp::gemm90::STAGES, false, false, atp::gemm90::N192>( \
-            tma_a, tma_b, nullptr, c, GEMM90_ARGS);                                              \
-    }
-GEMM90_N192_KERNEL(gemm_sm90_tn_bf16_n192, 1, 1, bf16)
-GEMM90_N192_KERNEL(gemm_sm90_tn_f32_n192, 1, 1, float)
+GEMM90_KERNEL(gemm_sm90_nt_bf16, 0, 0, bf16, atp::gemm90::BN)
+GEMM90_KERNEL(gemm_sm90_nt_f32, 0, 0, float, atp::gemm90::BN)
+GEMM90_KERNEL(gemm_sm90_nn_bf16, 0, 1, bf16, atp::gemm90::BN)
+GEMM90_KERNEL(gemm_sm90_nn_f32, 0, 1, float, atp::gemm90::BN)
+GEMM90_KERNEL(gemm_sm90_tn_bf16, 1, 1, bf16, atp::gemm90::BN)
+GEMM90_KERNEL(gemm_sm90_tn_f32, 1, 1, float, atp::gemm90::BN)
+GEMM90_KERNEL(gemm_sm90_tt_bf16, 1, 0, bf16, atp::gemm90::BN)
+GEMM90_KERNEL(gemm_sm90_tt_f32, 1, 0, float, atp::gemm90::BN)
+// Tiles of 128 × 192 for the weight-gradient layout (see N192).
+GEMM90_KERNEL(gemm_sm90_tn_bf16_n192, 1, 1, bf16, atp::gemm90::N192)
+GEMM90_KERNEL(gemm_sm90_tn_f32_n192, 1, 1, float, atp::gemm90::N192)
 GEMM90_TS_KERNEL(gemm_sm90_nt_bf16_ts, 0, 0, false)
 GEMM90_TS_KERNEL(gemm_sm90_nn_bf16_ts, 0, 1, false)
 GEMM90_TS_KERNEL(gemm_sm90_tn_bf16_ts, 1, 1, false)

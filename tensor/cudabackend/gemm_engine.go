@@ -660,8 +660,8 @@ func (b *Backend) engineLaunch(op string, e engineCall) {
 // layout, no TMA store asked); else engineSplitK.
 func (e engineCall) tiling(sms int) (tileN, split int) {
 	o := e.opt
-	if o.Wait != nil || o.Signal != nil {
-		return EngineTileN, max(o.SplitK, 1)
+	if o.Wait != nil || o.Signal != nil { // checkOptions refuses a split with them
+		return EngineTileN, 1
 	}
 	kb := ceilDiv(e.k, 64)
 	tileN = o.TileN

@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "b87c4a6a32b2b7343239c476ceebb183025efddc6391ec8a7aebec8d44ecd151"
+const SourcesSum = "3379545f657246023e120dd8b9abf42dc45753822e699e088eeb544286d94900"
