@@ -60,8 +60,10 @@ func openBackend(device, grouped string, more ...cudabackend.Option) (b tensor.B
 }
 
 // envAttention picks the CUDA attention backward: unset (the default, the
-// deterministic two-pass kernels) or "onepass" (one pass with fp32 atomic
-// adds into dq: faster, not bit-reproducible; cudabackend.AttentionFA2Atomic).
+// deterministic two-pass kernels), "onepass" (one pass with fp32 atomic
+// adds into dq: faster, not bit-reproducible; cudabackend.AttentionFA2Atomic)
+// or "wgmma" (the two passes on Hopper's wgmma, sm_90 only;
+// cudabackend.AttentionWGMMA).
 const envAttention = "ASYNCTP_ATTENTION"
 
 // envGEMM picks the CUDA backend's 2-D bf16 GEMMs: unset or "cublaslt"
@@ -81,8 +83,12 @@ func cudaOptions(grouped string) (opts []cudabackend.Option, extra, set string, 
 		opts = append(opts, cudabackend.WithAttention(cudabackend.AttentionFA2Atomic))
 		extra += "; attention backward: one pass, atomic dq (not bit-reproducible)"
 		sets = append(sets, envAttention+"="+v)
+	case "wgmma":
+		opts = append(opts, cudabackend.WithAttention(cudabackend.AttentionWGMMA))
+		extra += "; attention backward: wgmma (sm_90)"
+		sets = append(sets, envAttention+"="+v)
 	default:
-		return nil, "", "", fmt.Errorf("%s=%q: expected onepass, or unset for the deterministic default", envAttention, v)
+		return nil, "", "", fmt.Errorf("%s=%q: expected onepass or wgmma, or unset for the deterministic default", envAttention, v)
 	}
 	switch v := os.Getenv(envGEMM); v {
 	case "":

@@ -13,8 +13,12 @@ func TestAttentionEnv(t *testing.T) {
 		t.Errorf("onepass on the CPU: %v, want a refusal", err)
 	}
 	t.Setenv(envAttention, "fast")
-	if _, _, _, err := openBackend("cuda", GroupedAuto); err == nil || !strings.Contains(err.Error(), `expected onepass`) {
-		t.Errorf("an unknown value: %v, want a refusal naming onepass", err)
+	if _, _, _, err := openBackend("cuda", GroupedAuto); err == nil || !strings.Contains(err.Error(), `expected onepass or wgmma`) {
+		t.Errorf("an unknown value: %v, want a refusal naming onepass and wgmma", err)
+	}
+	t.Setenv(envAttention, "wgmma")
+	if opts, extra, set, err := cudaOptions(GroupedAuto); err != nil || len(opts) != 1 || !strings.Contains(extra, "wgmma") || set != "ASYNCTP_ATTENTION=wgmma" {
+		t.Errorf("wgmma: %d options, %q, %q, %v; want the wgmma backward's option and note", len(opts), extra, set, err)
 	}
 	t.Setenv(envAttention, "")
 	if opts, extra, set, err := cudaOptions(GroupedAuto); err != nil || opts != nil || extra != "" || set != "" {

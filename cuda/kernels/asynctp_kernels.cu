@@ -14,6 +14,7 @@
 #include "attention_tc.cu"
 #include "attention_fa2.cu"
 #include "attention_onepass.cu"
+#include "attention_wg.cu"
 #include "packed.cu"
 #include "gemm_sm90.cu"
 #include "grouped_sm90.cu"

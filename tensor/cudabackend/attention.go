@@ -140,6 +140,10 @@ func (b *Backend) Attention(out, lse, q, k, v *tensor.Tensor, scale float32) {
 		return
 	}
 	if b.useTensorCores(q.DType(), d) && tcAligned(out, q, k, v) {
+		if b.useWG() {
+			b.attentionWG(out, lse, q, k, v, scale, nb, nt, nh, d, nh*d, nh*d)
+			return
+		}
 		if b.useFA2() {
 			b.attentionFA2(out, lse, q, k, v, scale, nb, nt, nh, d, nh*d, nh*d)
 			return
@@ -156,8 +160,10 @@ func (b *Backend) Attention(out, lse, q, k, v *tensor.Tensor, scale float32) {
 // then one pass over key tiles that accumulates dk and dv in registers, and
 // one over query tiles for dq (the probabilities are recomputed from lse in
 // each), with no atomics.
-// WithAttention(AttentionFA2Atomic) takes the one-pass
-// backward instead (dq summed with atomics: not bit-reproducible).
+// On sm_90 the default (AttentionAuto) runs those passes on wgmma
+// (AttentionWGMMA), elsewhere on mma.sync (AttentionFA2).
+// WithAttention(AttentionFA2Atomic) takes the one-pass backward instead (dq
+// summed with atomics: not bit-reproducible).
 func (b *Backend) AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse *tensor.Tensor, scale float32) {
 	c := b.check("AttentionBackward")
 	nb, nt, nh, d := opcheck.AttentionBackward(c, dq, dk, dv, dout, q, k, v, out, lse)
@@ -166,6 +172,10 @@ func (b *Backend) AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse *tensor.
 		return
 	}
 	if b.useTensorCores(q.DType(), d) && tcAligned(dq, dk, dv, dout, q, k, v, out) {
+		if b.useWG() {
+			b.attentionBackwardWG(dq, dk, dv, dout, q, k, v, out, lse, scale, nb, nt, nh, d, nh*d, nh*d, nh*d)
+			return
+		}
 		if b.useOnePass() {
 			b.attentionBackwardOnePass(dq, dk, dv, dout, q, k, v, out, lse, scale, nb, nt, nh, d, nh*d, nh*d, nh*d)
 			return
@@ -205,5 +215,5 @@ func (b *Backend) AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse *tensor.
 // useTensorCores says whether the tensor-core attention kernels run.
 func (b *Backend) useTensorCores(dt tensor.DType, d int) bool {
 	a := b.cfg.attention
-	return (a == AttentionAuto || a == AttentionTC1 || a == AttentionFA2Atomic) && dt == tensor.BFloat16 && (d == 64 || d == 128) && b.hasTC
+	return (a == AttentionAuto || a == AttentionTC1 || a == AttentionFA2Atomic || a == AttentionWGMMA || a == AttentionFA2) && dt == tensor.BFloat16 && (d == 64 || d == 128) && b.hasTC
 }

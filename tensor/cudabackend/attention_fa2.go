@@ -64,7 +64,8 @@ func fa2SmemDkdv(d int) int { s := fa2Step(d); return (2*fa2Rows+4*s)*(d+8)*2 + 
 
 // useFA2 says whether the second-generation kernels run for this call.
 func (b *Backend) useFA2() bool {
-	return b.hasFA2 && (b.cfg.attention == AttentionAuto || b.cfg.attention == AttentionFA2Atomic)
+	a := b.cfg.attention
+	return b.hasFA2 && (a == AttentionAuto || a == AttentionFA2Atomic || a == AttentionWGMMA || a == AttentionFA2)
 }
 
 // attentionFA2 launches the forward; q, k, v rows are sqkv elements apart,

@@ -118,6 +118,49 @@ func runAttentionShapes(t *testing.T, open opener, opts ...Option) {
 	}
 }
 
+// runAttentionSameBits runs attention forward and backward with the FA2
+// kernels (mma.sync) and the wgmma ones on the same random bf16 inputs and
+// requires the same bits: both sum each product over 16-wide k slices in
+// the same order, tile by tile in the same order, and share the softmax
+// code, so nothing but the instruction differs. (The CPU comparison of
+// runAttentionShapes checks both against float64.)
+func runAttentionSameBits(t *testing.T, open opener) {
+	for _, s := range [][4]int{{2, 300, 3, 64}, {1, 200, 2, 128}, {1, 1024, 2, 64}, {2, 65, 1, 128}} {
+		t.Run(fmt.Sprintf("%v", s), func(t *testing.T) {
+			nb, nt, nh, d := s[0], s[1], s[2], s[3]
+			scale := float32(1 / math.Sqrt(float64(d)))
+			run := func(opt AttentionImpl) [][]float64 {
+				b := open(t, WithAttention(opt))
+				if opt == AttentionWGMMA && !b.useWG() {
+					t.Fatalf("the wgmma kernels do not run on %s", b.DeviceName())
+				}
+				rng := testutil.Rng(uint64(nt*10 + d))
+				q, k, v, dout := randPair(t, b, rng, tensor.BFloat16, s[:]...), randPair(t, b, rng, tensor.BFloat16, s[:]...),
+					randPair(t, b, rng, tensor.BFloat16, s[:]...), randPair(t, b, rng, tensor.BFloat16, s[:]...)
+				b.Scale(q.dev, q.dev, 3)
+				out, lse := b.Zeros(tensor.BFloat16, s[:]...), b.Zeros(tensor.Float32, nb, nh, nt)
+				b.Attention(out, lse, q.dev, k.dev, v.dev, scale)
+				dq, dk, dv := b.Zeros(tensor.BFloat16, s[:]...), b.Zeros(tensor.BFloat16, s[:]...), b.Zeros(tensor.BFloat16, s[:]...)
+				b.AttentionBackward(dq, dk, dv, dout.dev, q.dev, k.dev, v.dev, out, lse, scale)
+				return [][]float64{values(t, b, out), values(t, b, lse), values(t, b, dq), values(t, b, dk), values(t, b, dv)}
+			}
+			fa2, wg := run(AttentionFA2), run(AttentionWGMMA)
+			for i, name := range []string{"out", "lse", "dq", "dk", "dv"} {
+				diff, worst := 0, 0.0
+				for j := range fa2[i] {
+					if math.Float64bits(fa2[i][j]) != math.Float64bits(wg[i][j]) {
+						diff++
+						worst = math.Max(worst, math.Abs(fa2[i][j]-wg[i][j]))
+					}
+				}
+				if diff > 0 {
+					t.Errorf("%s: %d of %d elements differ between FA2 and wgmma (largest difference %.3g)", name, diff, len(fa2[i]), worst)
+				}
+			}
+		})
+	}
+}
+
 // TestAttentionShapesFA2Atomic runs the shapes on the GPU with the one-pass
 // backward (dq summed with atomics).
 func TestAttentionShapesFA2Atomic(t *testing.T) {

@@ -28,6 +28,7 @@ type Backend struct {
 	rope    map[ropeKey]gpu.Ptr
 	hasTC   bool               // the image has the tensor-core attention kernels
 	hasFA2  bool               // the image has the second-generation ones (attention_fa2.cu)
+	hasWG   bool               // and the wgmma backward runs here (attention_wg.cu)
 	pol     opcheck.Policy     // what its ops accept, with the shared checks (check.go)
 	fork    *cuda.Event        // StreamWait's event, re-recorded by each call (streams.go)
 	eng     engineState        // whether the GEMM engine runs here (gemm_engine.go)
@@ -123,8 +124,10 @@ func WithKernels(path string) Option { return func(c *config) { c.kernels = path
 type AttentionImpl int
 
 const (
-	// AttentionAuto uses the tensor-core kernels (bf16, head dim 64 or
-	// 128) where they apply and the CUDA-core kernels elsewhere.
+	// AttentionAuto uses the fastest deterministic tensor-core kernels
+	// that run here (bf16, head dim 64 or 128: attention_wg.cu's on an
+	// sm_90 GPU, AttentionWGMMA; attention_fa2.cu's elsewhere,
+	// AttentionFA2) where they apply and the CUDA-core kernels elsewhere.
 	AttentionAuto AttentionImpl = iota
 	// AttentionSIMT always uses the CUDA-core kernels (any head dim ≤ 128,
 	// bf16 and f32): slower, simplest, the reference for the others.
@@ -199,6 +202,7 @@ func newBackend(d gpu.Device, index int, cfg config) (*Backend, error) {
 	b.flags = p
 	b.hasTC = d.HasKernel(tcKernelProbe)
 	b.hasFA2 = d.HasKernel(fa2KernelProbe)
+	b.hasWG = wgDevice(d)
 	return b, nil
 }
 

@@ -39,7 +39,32 @@ func TestRoPEShapes(t *testing.T) { runRoPEShapes(t, openGPU) }
 func TestAttentionShapesFwdW8(t *testing.T) {
 	fa2FwdD64Warps = 8
 	defer func() { fa2FwdD64Warps = 4 }()
-	runAttentionShapes(t, openGPU)
+	runAttentionShapes(t, openGPU, WithAttention(AttentionFA2))
+}
+
+// TestAttentionShapesFA2: the FA2 kernels (mma.sync), which the default
+// replaces with the wgmma ones on sm_90.
+func TestAttentionShapesFA2(t *testing.T) {
+	runAttentionShapes(t, openGPU, WithAttention(AttentionFA2))
+}
+
+// TestAttentionWG: on an sm_90 GPU the default attention is the wgmma
+// kernels' (so TestAttentionShapes, TestConformance and TestDeterminism
+// test them there), with FA2's bits (runAttentionSameBits).
+func TestAttentionWG(t *testing.T) {
+	b := openGPU(t)
+	cd := b.dev.(*cudaDevice)
+	dev, err := cuda.GetDevice(cd.ordinal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if major, minor, err := dev.ComputeCapability(); err != nil || major != 9 || minor != 0 {
+		t.Skipf("the wgmma attention kernels need an sm_90 GPU; %s is sm_%d%d (%v)", b.DeviceName(), major, minor, err)
+	}
+	if !b.useWG() {
+		t.Fatalf("the default attention on %s is not the wgmma kernels' (hasWG %v: does the image have sm_90a code?)", b.DeviceName(), b.hasWG)
+	}
+	runAttentionSameBits(t, openGPU)
 }
 
 func TestAttentionShapesTC1(t *testing.T) {

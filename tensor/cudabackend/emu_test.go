@@ -52,7 +52,7 @@ func TestEmuRoPEShapes(t *testing.T) { runRoPEShapes(t, openEmu) }
 func TestEmuAttentionShapesFwdW8(t *testing.T) {
 	fa2FwdD64Warps = 8
 	defer func() { fa2FwdD64Warps = 4 }()
-	runAttentionShapes(t, openEmu)
+	runAttentionShapes(t, openEmu, WithAttention(AttentionFA2))
 }
 
 func TestEmuAttentionShapesTC1(t *testing.T) {
@@ -63,6 +63,16 @@ func TestEmuAttentionShapesTC1(t *testing.T) {
 func TestEmuAttentionShapesFA2Atomic(t *testing.T) {
 	runAttentionShapes(t, openEmu, WithAttention(AttentionFA2Atomic))
 }
+
+// TestEmuAttentionShapesFA2: the FA2 kernels (TestEmuAttentionShapes runs
+// the default, the wgmma ones: their fragment layouts, descriptors and
+// swizzle as wgmma.cuh emulates them).
+func TestEmuAttentionShapesFA2(t *testing.T) {
+	runAttentionShapes(t, openEmu, WithAttention(AttentionFA2))
+}
+
+// TestEmuAttentionSameBits: the wgmma kernels give the FA2 kernels' bits.
+func TestEmuAttentionSameBits(t *testing.T) { runAttentionSameBits(t, openEmu) }
 
 func TestEmuRoutingPlan(t *testing.T) { runRoutingPlan(t, openEmu) }
 
@@ -130,8 +140,8 @@ func TestEmuStream(t *testing.T) {
 	}
 }
 
-// TestEmuHasFA2: the emulated image has the second-generation attention
-// kernels, so the shape tests above run them.
+// TestEmuHasFA2: the emulated image has the second-generation and the
+// wgmma attention kernels, and each option picks its own.
 func TestEmuHasFA2(t *testing.T) {
 	if b := openEmu(t); !b.hasFA2 || !b.useFA2() {
 		t.Fatalf("hasFA2 = %v, useFA2 = %v on the emulator", b.hasFA2, b.useFA2())
@@ -145,51 +155,83 @@ func TestEmuHasFA2(t *testing.T) {
 	if b := openEmu(t, WithAttention(AttentionFA2Atomic)); !b.useFA2() || !b.useOnePass() {
 		t.Fatal("AttentionFA2Atomic does not pick the FA2 forward and the one-pass backward")
 	}
+	if b := openEmu(t); !b.hasWG || !b.useWG() || b.useOnePass() {
+		t.Fatal("the default backend does not pick the wgmma kernels on the emulator")
+	}
+	for _, a := range []AttentionImpl{AttentionFA2, AttentionFA2Atomic, AttentionTC1, AttentionSIMT} {
+		if b := openEmu(t, WithAttention(a)); b.useWG() {
+			t.Fatalf("WithAttention(%d) picks the wgmma kernels", a)
+		}
+	}
+	if b := openEmu(t, WithAttention(AttentionFA2)); !b.useFA2() || b.useOnePass() {
+		t.Fatal("AttentionFA2 does not pick the FA2 kernels both ways")
+	}
 }
 
-// TestEmuOnePassStrides runs the one-pass backward on q, k, v that are
-// column slices of one packed (B, T, 3·H·D) projection and writes dq, dk, dv
-// into slices of one packed gradient (the row strides of the fused
-// projection), against the deterministic two-pass backward on the same
-// inputs with contiguous outputs; the packed gradient starts as NaN, so an
-// element left unwritten fails.
-func TestEmuOnePassStrides(t *testing.T) {
-	for _, s := range [][4]int{{2, 200, 3, 64}, {1, 150, 2, 128}, {1, 1, 2, 64}} {
-		t.Run(fmt.Sprintf("%v", s), func(t *testing.T) {
-			nb, nt, nh, d := s[0], s[1], s[2], s[3]
-			hd := nh * d
-			b := openEmu(t, WithAttention(AttentionFA2Atomic))
-			rng := testutil.Rng(uint64(nt + d))
-			qkv := b.Zeros(tensor.BFloat16, nb, nt, 3*hd)
-			b.Upload(qkv, testutil.Rand(rng, tensor.BFloat16, nb, nt, 3*hd))
-			view := func(x *tensor.Tensor, part int) *tensor.Tensor {
-				v, err := x.View(part*hd, nb, nt, nh, d)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return v
-			}
-			q, k, v := view(qkv, 0), view(qkv, 1), view(qkv, 2)
-			scale := float32(1 / math.Sqrt(float64(d)))
-			out, lse := b.Zeros(tensor.BFloat16, nb, nt, nh, d), b.Zeros(tensor.Float32, nb, nh, nt)
-			b.attentionFA2(out, lse, q, k, v, scale, nb, nt, nh, d, 3*hd, hd)
-			dout := b.Zeros(tensor.BFloat16, nb, nt, nh, d)
-			b.Upload(dout, testutil.Rand(rng, tensor.BFloat16, nb, nt, nh, d))
+// TestEmuBackwardStrides runs the one-pass and the wgmma backward (and the
+// wgmma forward) on q, k,
+// v that are column slices of one packed (B, T, 3·H·D) projection and
+// writes dq, dk, dv into slices of one packed gradient (the row strides of
+// the fused projection), against the deterministic two-pass FA2 backward on
+// the same inputs with contiguous outputs; the packed gradient starts as
+// NaN, so an element left unwritten fails.
+func TestEmuBackwardStrides(t *testing.T) {
+	for _, impl := range []struct {
+		name string
+		opt  AttentionImpl
+		run  backwardFunc
+	}{{"onepass", AttentionFA2Atomic, (*Backend).attentionBackwardOnePass}, {"wg", AttentionWGMMA, (*Backend).attentionBackwardWG}} {
+		for _, s := range [][4]int{{2, 200, 3, 64}, {1, 150, 2, 128}, {1, 1, 2, 64}} {
+			t.Run(fmt.Sprintf("%s/%v", impl.name, s), func(t *testing.T) {
+				testBackwardStrides(t, s, impl.opt, impl.run)
+			})
+		}
+	}
+}
 
-			dqkv := b.Zeros(tensor.BFloat16, nb, nt, 3*hd)
-			b.Fill(dqkv, math.NaN())
-			b.attentionBackwardOnePass(view(dqkv, 0), view(dqkv, 1), view(dqkv, 2), dout, q, k, v, out, lse, scale, nb, nt, nh, d, 3*hd, hd, 3*hd)
-			want := [3]*tensor.Tensor{b.Zeros(tensor.BFloat16, nb, nt, nh, d), b.Zeros(tensor.BFloat16, nb, nt, nh, d), b.Zeros(tensor.BFloat16, nb, nt, nh, d)}
-			b.attentionBackwardFA2(want[0], want[1], want[2], dout, q, k, v, out, lse, scale, nb, nt, nh, d, 3*hd, hd, hd)
-			got := values(t, b, dqkv)
-			for part, name := range []string{"dq", "dk", "dv"} {
-				w := values(t, b, want[part])
-				g := make([]float64, len(w))
-				for r := range nb * nt {
-					copy(g[r*hd:(r+1)*hd], got[r*3*hd+part*hd:])
-				}
-				closeTo(t, name, g, w, 2e-3)
-			}
-		})
+// backwardFunc is an attention backward with explicit row strides.
+type backwardFunc func(b *Backend, dq, dk, dv, dout, q, k, v, out, lse *tensor.Tensor, scale float32, nb, nt, nh, d, sqkv, so, sd int)
+
+func testBackwardStrides(t *testing.T, s [4]int, opt AttentionImpl, run backwardFunc) {
+	nb, nt, nh, d := s[0], s[1], s[2], s[3]
+	hd := nh * d
+	b := openEmu(t, WithAttention(opt))
+	rng := testutil.Rng(uint64(nt + d))
+	qkv := b.Zeros(tensor.BFloat16, nb, nt, 3*hd)
+	b.Upload(qkv, testutil.Rand(rng, tensor.BFloat16, nb, nt, 3*hd))
+	view := func(x *tensor.Tensor, part int) *tensor.Tensor {
+		v, err := x.View(part*hd, nb, nt, nh, d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	q, k, v := view(qkv, 0), view(qkv, 1), view(qkv, 2)
+	scale := float32(1 / math.Sqrt(float64(d)))
+	out, lse := b.Zeros(tensor.BFloat16, nb, nt, nh, d), b.Zeros(tensor.Float32, nb, nh, nt)
+	b.attentionFA2(out, lse, q, k, v, scale, nb, nt, nh, d, 3*hd, hd)
+	if opt == AttentionWGMMA { // the wgmma forward, packed, against FA2's
+		out2, lse2 := b.Zeros(tensor.BFloat16, nb, nt, nh, d), b.Zeros(tensor.Float32, nb, nh, nt)
+		b.Fill(out2, math.NaN())
+		b.attentionWG(out2, lse2, q, k, v, scale, nb, nt, nh, d, 3*hd, hd)
+		closeTo(t, "out", values(t, b, out2), values(t, b, out), 2e-3)
+		closeTo(t, "lse", values(t, b, lse2), values(t, b, lse), 2e-3)
+	}
+	dout := b.Zeros(tensor.BFloat16, nb, nt, nh, d)
+	b.Upload(dout, testutil.Rand(rng, tensor.BFloat16, nb, nt, nh, d))
+
+	dqkv := b.Zeros(tensor.BFloat16, nb, nt, 3*hd)
+	b.Fill(dqkv, math.NaN())
+	run(b, view(dqkv, 0), view(dqkv, 1), view(dqkv, 2), dout, q, k, v, out, lse, scale, nb, nt, nh, d, 3*hd, hd, 3*hd)
+	want := [3]*tensor.Tensor{b.Zeros(tensor.BFloat16, nb, nt, nh, d), b.Zeros(tensor.BFloat16, nb, nt, nh, d), b.Zeros(tensor.BFloat16, nb, nt, nh, d)}
+	b.attentionBackwardFA2(want[0], want[1], want[2], dout, q, k, v, out, lse, scale, nb, nt, nh, d, 3*hd, hd, hd)
+	got := values(t, b, dqkv)
+	for part, name := range []string{"dq", "dk", "dv"} {
+		w := values(t, b, want[part])
+		g := make([]float64, len(w))
+		for r := range nb * nt {
+			copy(g[r*hd:(r+1)*hd], got[r*3*hd+part*hd:])
+		}
+		closeTo(t, name, g, w, 2e-3)
 	}
 }

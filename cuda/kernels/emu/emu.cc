@@ -196,6 +196,7 @@ void __syncwarp(unsigned) {
 }
 
 void* emu_dynamic_smem() { return S.dyn.data(); }
+size_t emu_dynamic_smem_size() { return S.dyn.size(); }
 
 int emu_lane() { return S.cur & 31; }
 

@@ -111,6 +111,7 @@ template <typename T> inline T __ldg(const T* p) { return *p; }
 void __syncthreads();
 void __syncwarp(unsigned mask = 0xffffffffu);
 void* emu_dynamic_smem();
+size_t emu_dynamic_smem_size(); // bytes, as launched
 int emu_lane();
 // emu_warp_allgather: every lane of the warp contributes `bytes` from in; out
 // receives 32 slots of `bytes` (lane order). A warp-wide barrier: every

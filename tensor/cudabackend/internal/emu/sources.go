@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "3379545f657246023e120dd8b9abf42dc45753822e699e088eeb544286d94900"
+const SourcesSum = "0996af2e04eeda9496a7b2d88f99051b94ef08f06e3c01f92bc8b062d0ed848f"

@@ -1,0 +1,504 @@
+// attention_wg.cu: causal attention on Hopper's warpgroup MMA (wgmma,
+// sm_90a; wgmma.cuh) for D = 64 and 128: a forward, and the deterministic
+// backward in attention_fa2.cu's two launches (dq with delta first, then dk
+// and dv). Arguments and results are those of attention_fa2.cu's kernels;
+// the products run on wgmma instead of mma.sync. Why: the profile of the FA2
+// backward at gpt2's shape (2026-12-02, ncu) found it latency-bound — one
+// block of 8 warps per SM (registers and shared memory), 2 warps per
+// scheduler, 6.2–6.7 cycles between a warp's instructions, the tensor pipe
+// ~31 % busy. wgmma is asynchronous and multiplies a 64-row operand per
+// instruction, so one warpgroup keeps the tensor cores busy with far fewer
+// instructions (FlashAttention-3's argument).
+//
+// Scheme (every kernel): a block is one warpgroup (128 threads) owning 64
+// rows (ROWS: queries in the forward and dq, keys in dk/dv), warp w rows
+// 16w…16w + 15 as in FA2, so the softmax code and the fragment layouts are
+// FA2's (wgmma.cuh). The streamed tiles are double buffered with cp.async
+// into the 128-byte-swizzled layout wgmma reads (wg_load), one barrier per
+// tile as in FA2 (wait, fence to the async proxy, barrier, queue the next
+// tile). Per tile: the score product(s) in one wgmma group (the backward's
+// two together), wait; the softmax in registers; the output product(s) (A
+// = the bf16 probabilities or dS from registers, B MN-major from the
+// streamed or held tile) in a second group, wait. No atomics: each output
+// element is written once.
+//
+//   fwd (attn_fwd_wg_dD_bf16): key tiles of 64 up to the diagonal, FA2's
+//       online softmax; S = Q·Kᵀ (Q fragments in registers), O += P·V.
+//   dq  (attn_bwd_dq_wg_dD_bf16): delta = Σ dout·out of the block's rows
+//       (written for dk/dv), then key tiles of BN = 64 up to the diagonal:
+//       S = Q·Kᵀ, dP = dO·Vᵀ, dS = P∘(dP − delta), dQ += dS·K. D = 64: Q, dO
+//       fragments in registers (A of the score products); D = 128: Q, dO
+//       by descriptor (fewer registers).
+//   dkdv (attn_bwd_dkdv_wg_dD_bf16): query tiles of BM (64 for D = 64, 32
+//       for D = 128) from the diagonal on: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ,
+//       dV += Pᵀ·dO, dK += dSᵀ·Q. D = 64: K, V fragments in registers.
+//
+// Shared memory (1024 bytes of alignment slack, then the tiles):
+//   fwd:  1024 + (64 + 4·64)·D·2 bytes: 41984 (D = 64), 82944 (D = 128)
+//   dq:   1024 + (2·64 + 4·BN)·D·2 bytes: 50176 (D = 64), 99328 (D = 128)
+//   dkdv: 1024 + (2·64 + 4·BM)·D·2 + 16·BM: 51200 (D = 64), 67072 (D = 128)
+// grid (ceil(T/64), B·H), block 128.
+#include "wgmma.cuh"
+
+namespace atp {
+namespace wgattn {
+
+using namespace wg;
+
+constexpr int NTHR = 128; // one warpgroup
+constexpr int ROWS = 64;  // the rows each block owns
+
+#if defined(ATP_WG_BODY)
+
+// wg_load queues cp.async copies of rows [r0, r0 + R) of one (b, h) slice
+// (base: element (b, 0, h, 0), rows rs elements apart) into the swizzled
+// R-row tile dst; rows ≥ T are zero-filled.
+template <int R, int D>
+__device__ __forceinline__ void wg_load(bf16* dst, const bf16* base, int rs, int r0, int T) {
+    constexpr int CPR = D / 8, N = R * CPR;
+    static_assert(N % NTHR == 0, "whole rounds of copies");
+#pragma unroll
+    for (int c0 = 0; c0 < N; c0 += NTHR) {
+        int c = c0 + (int)threadIdx.x, r = c / CPR, ch = c % CPR, t = r0 + r;
+        bool valid = t < T;
+        cp_async16(dst + wg_off<R>(r, ch), base + (long long)(valid ? t : 0) * rs + ch * 8, valid);
+    }
+}
+
+// wg_smem: the dynamic shared memory from its first 1024-byte boundary (the
+// launch adds 1024 bytes for it).
+__device__ __forceinline__ bf16* wg_smem() {
+    ATP_DYN_SMEM(unsigned char, raw);
+    uint32_t pad = (1024u - (smem_u32(raw) & 1023u)) & 1023u;
+    return reinterpret_cast<bf16*>(raw + pad);
+}
+
+// wg_tile_ready: the copies of the current tile have landed, are visible to
+// wgmma, and every thread is done with the other buffer.
+__device__ __forceinline__ void wg_tile_ready() {
+    cp_async_wait<0>();
+    fence_proxy_async_shared();
+    __syncthreads();
+}
+
+#endif // ATP_WG_BODY
+
+// ---------------------------------------------------------------------------
+// Forward: out and lse, key tiles of 64 up to the diagonal with FA2's online
+// softmax: S = Q·Kᵀ (Q fragments in registers), O += P·V (V MN-major).
+template <int D>
+__device__ void attn_fwd_wg_impl(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T,
+                                 int H, int sqkv, int so, float scale) {
+#if defined(ATP_WG_BODY)
+    constexpr int BM = ROWS, BN = 64, KS = D / 16, NT = BN / 8, DT = D / 8;
+    bf16* Qs = wg_smem();        // BM × D
+    bf16* Ks = Qs + BM * D;      // 2 × BN × D
+    bf16* Vs = Ks + 2 * BN * D;  // 2 × BN × D
+    int bh = blockIdx.y, b = bh / H, h = bh - b * H;
+    int q0 = (gridDim.x - 1 - blockIdx.x) * BM; // longest first
+    const bf16* qb = q + (long long)b * T * sqkv + h * D;
+    const bf16* kb = k + (long long)b * T * sqkv + h * D;
+    const bf16* vb = v + (long long)b * T * sqkv + h * D;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    int kend = q0 + BM < T ? q0 + BM : T;
+    int nkt = (kend + BN - 1) / BN;
+    int wr0 = q0 + warp * 16; // the warp's first row
+
+    wg_load<BM, D>(Qs, qb, sqkv, q0, T);
+    wg_load<BN, D>(Ks, kb, sqkv, 0, T);
+    wg_load<BN, D>(Vs, vb, sqkv, 0, T);
+    cp_async_commit();
+
+    const float sl2 = scale * kTcLog2e;
+    uint32_t qf[KS][4];
+    float o[DT][4], s[NT][4];
+    fa2_zero(o);
+    fa2_zero(s);
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f; // m: running max of raw scores (scale > 0)
+
+    for (int it = 0; it < nkt; it++) {
+        int buf = it & 1;
+        wg_tile_ready();
+        if (it + 1 < nkt) {
+            wg_load<BN, D>(Ks + (buf ^ 1) * BN * D, kb, sqkv, (it + 1) * BN, T);
+            wg_load<BN, D>(Vs + (buf ^ 1) * BN * D, vb, sqkv, (it + 1) * BN, T);
+            cp_async_commit();
+        }
+        if (it == 0) {
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++) wg_frag_a<BM>(qf[kk], Qs, warp * 16, kk * 16);
+        }
+        int k0 = it * BN;
+        const uint32_t ka = smem_u32(Ks + buf * BN * D), va = smem_u32(Vs + buf * BN * D);
+
+        // S = Q·Kᵀ (64 queries × BN keys)
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++) wgmma_rs<BN, 0>(s, qf[kk], kmajor<BN>(ka, kk), kk);
+        wgmma_commit();
+        wgmma_wait<0>();
+        if (k0 + BN - 1 > wr0) { // the tile crosses the diagonal of some row of the warp
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int key = k0 + j * 8 + 2 * tq + (e & 1);
+                    int row = wr0 + g + (e >> 1) * 8;
+                    if (key > row) s[j][e] = -INFINITY;
+                }
+        }
+        // Online softmax (as attention_fa2.cu). A warp whose rows all come
+        // before the tile sees only −∞ here: its max stays (finite: key 0 of
+        // tile 0 is visible to every row), its probabilities are 0.
+        float mx0 = m0, mx1 = m1;
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
+        }
+        mx0 = quad_max(mx0);
+        mx1 = quad_max(mx1);
+        float c0 = fa2_exp2((m0 - mx0) * sl2), c1 = fa2_exp2((m1 - mx1) * sl2);
+        m0 = mx0;
+        m1 = mx1;
+        float ms0 = mx0 * sl2, ms1 = mx1 * sl2;
+        float rs0 = 0.0f, rs1 = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            s[j][0] = fa2_exp2(fmaf(s[j][0], sl2, -ms0));
+            s[j][1] = fa2_exp2(fmaf(s[j][1], sl2, -ms0));
+            s[j][2] = fa2_exp2(fmaf(s[j][2], sl2, -ms1));
+            s[j][3] = fa2_exp2(fmaf(s[j][3], sl2, -ms1));
+            rs0 += s[j][0] + s[j][1];
+            rs1 += s[j][2] + s[j][3];
+        }
+        l0 = l0 * c0 + rs0;
+        l1 = l1 * c1 + rs1;
+#pragma unroll
+        for (int j = 0; j < DT; j++) {
+            o[j][0] *= c0;
+            o[j][1] *= c0;
+            o[j][2] *= c1;
+            o[j][3] *= c1;
+        }
+        // O += P·V
+        uint32_t pa[BN / 16][4];
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ks++) acc_to_a(pa[ks], s[2 * ks], s[2 * ks + 1]);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ks++) wgmma_rs<D, 1>(o, pa[ks], mnmajor<BN>(va, ks), 1);
+        wgmma_commit();
+        wgmma_wait<0>();
+    }
+    bf16* ob = out + (long long)b * T * so + h * D;
+    float* lrow = lse + (long long)bh * T;
+    float ls0 = quad_add(l0), ls1 = quad_add(l1);
+    fa2_store<D>(ob, so, wr0, T, o, 1.0f / ls0, 1.0f / ls1);
+    if (tq == 0) {
+        if (wr0 + g < T) lrow[wr0 + g] = (m0 * sl2 + log2f(ls0)) * kTcLn2;
+        if (wr0 + g + 8 < T) lrow[wr0 + g + 8] = (m1 * sl2 + log2f(ls1)) * kTcLn2;
+    }
+#elif defined(__CUDA_ARCH__)
+    __trap(); // needs sm_90a
+#endif
+}
+
+// ---------------------------------------------------------------------------
+// Backward: delta and dq. QREG: Q and dO fragments in registers.
+template <int D, int BN, bool QREG>
+__device__ void attn_bwd_dq_wg_impl(bf16* dq, float* delta, const bf16* q, const bf16* k, const bf16* v,
+                                    const bf16* out, const bf16* dout, const float* lse, int B, int T, int H,
+                                    int sqkv, int so, int sd, float scale) {
+#if defined(ATP_WG_BODY)
+    constexpr int BM = ROWS, KS = D / 16, NK = BN / 8, DT = D / 8;
+    bf16* Qs = wg_smem();        // BM × D
+    bf16* Gs = Qs + BM * D;      // BM × D (dout)
+    bf16* Ks = Gs + BM * D;      // 2 × BN × D
+    bf16* Vs = Ks + 2 * BN * D;  // 2 × BN × D
+    int bh = blockIdx.y, b = bh / H, h = bh - b * H;
+    int q0 = (gridDim.x - 1 - blockIdx.x) * BM; // longest first
+    const bf16* qb = q + (long long)b * T * sqkv + h * D;
+    const bf16* kb = k + (long long)b * T * sqkv + h * D;
+    const bf16* vb = v + (long long)b * T * sqkv + h * D;
+    const bf16* gb = dout + (long long)b * T * so + h * D;
+    const bf16* ob = out + (long long)b * T * so + h * D;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    int kend = q0 + BM < T ? q0 + BM : T;
+    int nkt = (kend + BN - 1) / BN;
+    int wr0 = q0 + warp * 16;
+
+    wg_load<BM, D>(Qs, qb, sqkv, q0, T);
+    wg_load<BM, D>(Gs, gb, so, q0, T);
+    wg_load<BN, D>(Ks, kb, sqkv, 0, T);
+    wg_load<BN, D>(Vs, vb, sqkv, 0, T);
+    cp_async_commit();
+
+    // delta = Σ_d dout·out for the warp's 16 rows (as attention_fa2.cu):
+    // two lanes per row, from global memory while the tiles load.
+    float dsum;
+    {
+        int r = wr0 + (lane >> 1), half = lane & 1;
+        float acc = 0.0f;
+        if (r < T) {
+            const bf16* grow = gb + (long long)r * so + half * (D / 2);
+            const bf16* orow = ob + (long long)r * so + half * (D / 2);
+#pragma unroll
+            for (int c = 0; c < D / 16; c++) {
+                uint4 gv = *reinterpret_cast<const uint4*>(grow + c * 8);
+                uint4 ov = *reinterpret_cast<const uint4*>(orow + c * 8);
+                acc += bf16lo(gv.x) * bf16lo(ov.x) + bf16hi(gv.x) * bf16hi(ov.x);
+                acc += bf16lo(gv.y) * bf16lo(ov.y) + bf16hi(gv.y) * bf16hi(ov.y);
+                acc += bf16lo(gv.z) * bf16lo(ov.z) + bf16hi(gv.z) * bf16hi(ov.z);
+                acc += bf16lo(gv.w) * bf16lo(ov.w) + bf16hi(gv.w) * bf16hi(ov.w);
+            }
+        }
+        acc += __shfl_xor_sync(ATP_FULL_MASK, acc, 1);
+        if (r < T && half == 0) delta[(long long)bh * T + r] = acc;
+        dsum = acc;
+    }
+    float D0 = __shfl_sync(ATP_FULL_MASK, dsum, 2 * g), D1 = __shfl_sync(ATP_FULL_MASK, dsum, 2 * (g + 8));
+
+    const float sl2 = scale * kTcLog2e;
+    int row0 = wr0 + g, row1 = row0 + 8;
+    const float* lse_bh = lse + (long long)bh * T;
+    float L0 = row0 < T ? lse_bh[row0] * kTcLog2e : 0.0f, L1 = row1 < T ? lse_bh[row1] * kTcLog2e : 0.0f;
+    uint32_t qf[QREG ? KS : 1][4], gf[QREG ? KS : 1][4];
+    float dqa[DT][4], s[NK][4], dp[NK][4];
+    fa2_zero(dqa);
+    fa2_zero(s);
+    fa2_zero(dp);
+    const uint32_t qa = smem_u32(Qs), ga = smem_u32(Gs);
+
+    for (int it = 0; it < nkt; it++) {
+        int buf = it & 1;
+        wg_tile_ready();
+        if (it + 1 < nkt) {
+            wg_load<BN, D>(Ks + (buf ^ 1) * BN * D, kb, sqkv, (it + 1) * BN, T);
+            wg_load<BN, D>(Vs + (buf ^ 1) * BN * D, vb, sqkv, (it + 1) * BN, T);
+            cp_async_commit();
+        }
+        if (QREG && it == 0) {
+#pragma unroll
+            for (int kk = 0; kk < (QREG ? KS : 1); kk++) {
+                wg_frag_a<BM>(qf[kk], Qs, warp * 16, kk * 16);
+                wg_frag_a<BM>(gf[kk], Gs, warp * 16, kk * 16);
+            }
+        }
+        int k0 = it * BN;
+        const uint32_t ka = smem_u32(Ks + buf * BN * D), va = smem_u32(Vs + buf * BN * D);
+
+        // S = Q·Kᵀ, dP = dO·Vᵀ (64 queries × BN keys)
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++) {
+            if constexpr (QREG) {
+                wgmma_rs<BN, 0>(s, qf[kk], kmajor<BN>(ka, kk), kk);
+                wgmma_rs<BN, 0>(dp, gf[kk], kmajor<BN>(va, kk), kk);
+            } else {
+                wgmma_ss<BN, 0>(s, kmajor<BM>(qa, kk), kmajor<BN>(ka, kk), kk);
+                wgmma_ss<BN, 0>(dp, kmajor<BM>(ga, kk), kmajor<BN>(va, kk), kk);
+            }
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+
+        // P = exp(S − lse), dS = P∘(dP − delta); masked on the diagonal only
+        bool diag = k0 + BN - 1 > wr0;
+#pragma unroll
+        for (int j = 0; j < NK; j++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float p = fa2_exp2(fmaf(s[j][e], sl2, -(e < 2 ? L0 : L1)));
+                if (diag) {
+                    int key = k0 + j * 8 + 2 * tq + (e & 1);
+                    if (key > (e < 2 ? row0 : row1)) p = 0.0f;
+                }
+                dp[j][e] = p * (dp[j][e] - (e < 2 ? D0 : D1));
+            }
+        }
+        // dQ += dS·K (K MN-major: its rows are the product's K)
+        uint32_t dsa[BN / 16][4];
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ks++) acc_to_a(dsa[ks], dp[2 * ks], dp[2 * ks + 1]);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ks++) wgmma_rs<D, 1>(dqa, dsa[ks], mnmajor<BN>(ka, ks), 1);
+        wgmma_commit();
+        wgmma_wait<0>();
+    }
+    fa2_store<D>(dq + (long long)b * T * sd + h * D, sd, wr0, T, dqa, scale, scale);
+#elif defined(__CUDA_ARCH__)
+    __trap(); // needs sm_90a
+#endif
+}
+
+// ---------------------------------------------------------------------------
+// Backward: dk, dv. KREG: K and V fragments in registers.
+template <int D, int BM, bool KREG>
+__device__ void attn_bwd_dkdv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v,
+                                      const bf16* dout, const float* lse, const float* delta, int B, int T, int H,
+                                      int sqkv, int so, int sd, float scale) {
+#if defined(ATP_WG_BODY)
+    constexpr int BN = ROWS, KS = D / 16, NQ = BM / 8, DT = D / 8;
+    static_assert(BM <= NTHR, "one thread per staged lse/delta");
+    bf16* Ks = wg_smem();        // BN × D
+    bf16* Vs = Ks + BN * D;      // BN × D
+    bf16* Qs = Vs + BN * D;      // 2 × BM × D
+    bf16* Gs = Qs + 2 * BM * D;  // 2 × BM × D (dout)
+    float* Ls = reinterpret_cast<float*>(Gs + 2 * BM * D); // 2 × BM: lse·log2(e), +inf past T
+    float* Ds = Ls + 2 * BM;                                // 2 × BM: delta, 0 past T
+    int bh = blockIdx.y, b = bh / H, h = bh - b * H;
+    int k0 = blockIdx.x * BN; // block 0 has the most query tiles and starts first
+    const bf16* qb = q + (long long)b * T * sqkv + h * D;
+    const bf16* kb = k + (long long)b * T * sqkv + h * D;
+    const bf16* vb = v + (long long)b * T * sqkv + h * D;
+    const bf16* gb = dout + (long long)b * T * so + h * D;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    const float* lse_bh = lse + (long long)bh * T;
+    const float* delta_bh = delta + (long long)bh * T;
+    int nqt = (T - k0 + BM - 1) / BM; // query tiles from the diagonal on (k0 < T)
+    int kw = k0 + warp * 16;          // the warp's first key
+    int tid = threadIdx.x;
+
+    wg_load<BN, D>(Ks, kb, sqkv, k0, T);
+    wg_load<BN, D>(Vs, vb, sqkv, k0, T);
+    wg_load<BM, D>(Qs, qb, sqkv, k0, T);
+    wg_load<BM, D>(Gs, gb, so, k0, T);
+    cp_async_commit();
+    if (tid < BM) {
+        int qi = k0 + tid;
+        Ls[tid] = qi < T ? lse_bh[qi] * kTcLog2e : INFINITY;
+        Ds[tid] = qi < T ? delta_bh[qi] : 0.0f;
+    }
+
+    const float sl2 = scale * kTcLog2e;
+    int key0 = kw + g, key1 = key0 + 8;
+    uint32_t kf[KREG ? KS : 1][4], vf[KREG ? KS : 1][4];
+    float dka[DT][4], dva[DT][4], st[NQ][4], dpt[NQ][4];
+    fa2_zero(dka);
+    fa2_zero(dva);
+    fa2_zero(st);
+    fa2_zero(dpt);
+    const uint32_t ka = smem_u32(Ks), va = smem_u32(Vs);
+
+    for (int it = 0; it < nqt; it++) {
+        int buf = it & 1;
+        int qs = k0 + it * BM;
+        wg_tile_ready();
+        float lnext = 0.0f, dnext = 0.0f;
+        bool more = it + 1 < nqt;
+        if (more) {
+            wg_load<BM, D>(Qs + (buf ^ 1) * BM * D, qb, sqkv, qs + BM, T);
+            wg_load<BM, D>(Gs + (buf ^ 1) * BM * D, gb, so, qs + BM, T);
+            cp_async_commit();
+            if (tid < BM) {
+                int qi = qs + BM + tid;
+                lnext = qi < T ? lse_bh[qi] * kTcLog2e : INFINITY;
+                dnext = qi < T ? delta_bh[qi] : 0.0f;
+            }
+        }
+        if (KREG && it == 0) {
+#pragma unroll
+            for (int kk = 0; kk < (KREG ? KS : 1); kk++) {
+                wg_frag_a<BN>(kf[kk], Ks, warp * 16, kk * 16);
+                wg_frag_a<BN>(vf[kk], Vs, warp * 16, kk * 16);
+            }
+        }
+        const uint32_t qa = smem_u32(Qs + buf * BM * D), ga = smem_u32(Gs + buf * BM * D);
+        const float* Lt = Ls + buf * BM;
+        const float* Dt = Ds + buf * BM;
+
+        // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (64 keys × BM queries)
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++) {
+            if constexpr (KREG) {
+                wgmma_rs<BM, 0>(st, kf[kk], kmajor<BM>(qa, kk), kk);
+                wgmma_rs<BM, 0>(dpt, vf[kk], kmajor<BM>(ga, kk), kk);
+            } else {
+                wgmma_ss<BM, 0>(st, kmajor<BN>(ka, kk), kmajor<BM>(qa, kk), kk);
+                wgmma_ss<BM, 0>(dpt, kmajor<BN>(va, kk), kmajor<BM>(ga, kk), kk);
+            }
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+
+        // Pᵀ = exp(Sᵀ − lse), dSᵀ = Pᵀ∘(dPᵀ − delta); masked on the diagonal only
+        bool diag = qs < kw + 15;
+#pragma unroll
+        for (int j = 0; j < NQ; j++) {
+            float2 lv = *reinterpret_cast<const float2*>(Lt + j * 8 + 2 * tq);
+            float2 dv2 = *reinterpret_cast<const float2*>(Dt + j * 8 + 2 * tq);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float p = fa2_exp2(fmaf(st[j][e], sl2, -((e & 1) ? lv.y : lv.x)));
+                if (diag) {
+                    int qi = qs + j * 8 + 2 * tq + (e & 1);
+                    if (qi < (e < 2 ? key0 : key1)) p = 0.0f;
+                }
+                st[j][e] = p;
+                dpt[j][e] = p * (dpt[j][e] - ((e & 1) ? dv2.y : dv2.x));
+            }
+        }
+        // dV += Pᵀ·dO, dK += dSᵀ·Q (dO and Q MN-major: their rows are the K)
+        uint32_t pa[BM / 16][4], dsa[BM / 16][4];
+#pragma unroll
+        for (int ks = 0; ks < BM / 16; ks++) {
+            acc_to_a(pa[ks], st[2 * ks], st[2 * ks + 1]);
+            acc_to_a(dsa[ks], dpt[2 * ks], dpt[2 * ks + 1]);
+        }
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < BM / 16; ks++) {
+            wgmma_rs<D, 1>(dva, pa[ks], mnmajor<BM>(ga, ks), 1);
+            wgmma_rs<D, 1>(dka, dsa[ks], mnmajor<BM>(qa, ks), 1);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        // The other buffer's lse/delta: read last in tile it − 1 (done by
+        // every thread: the barrier above), read next after the next barrier.
+        if (more && tid < BM) {
+            Ls[(buf ^ 1) * BM + tid] = lnext;
+            Ds[(buf ^ 1) * BM + tid] = dnext;
+        }
+    }
+    fa2_store<D>(dk + (long long)b * T * sd + h * D, sd, kw, T, dka, scale, scale);
+    fa2_store<D>(dv + (long long)b * T * sd + h * D, sd, kw, T, dva, 1.0f, 1.0f);
+#elif defined(__CUDA_ARCH__)
+    __trap(); // needs sm_90a
+#endif
+}
+
+} // namespace wgattn
+} // namespace atp
+
+using namespace atp;
+
+// out (row stride so), lse (B, H, T); q, k, v (sqkv): attn_fwd_fa2's
+// arguments. grid (ceil(T/64), B·H), block 128, shared memory as above.
+KERNEL_LB(128) attn_fwd_wg_d64_bf16(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T, int H, int sqkv, int so, float scale) {
+    wgattn::attn_fwd_wg_impl<64>(out, lse, q, k, v, B, T, H, sqkv, so, scale);
+}
+KERNEL_LB(128) attn_fwd_wg_d128_bf16(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T, int H, int sqkv, int so, float scale) {
+    wgattn::attn_fwd_wg_impl<128>(out, lse, q, k, v, B, T, H, sqkv, so, scale);
+}
+
+// dq (row stride sd), delta (B, H, T) written; q, k, v (sqkv), out, dout
+// (so), lse: attn_bwd_dq_fa2's arguments. grid (ceil(T/64), B·H), block 128,
+// shared memory as above.
+KERNEL_LB(128) attn_bwd_dq_wg_d64_bf16(bf16* dq, float* delta, const bf16* q, const bf16* k, const bf16* v, const bf16* out, const bf16* dout, const float* lse, int B, int T, int H, int sqkv, int so, int sd, float scale) {
+    wgattn::attn_bwd_dq_wg_impl<64, 64, true>(dq, delta, q, k, v, out, dout, lse, B, T, H, sqkv, so, sd, scale);
+}
+KERNEL_LB(128) attn_bwd_dq_wg_d128_bf16(bf16* dq, float* delta, const bf16* q, const bf16* k, const bf16* v, const bf16* out, const bf16* dout, const float* lse, int B, int T, int H, int sqkv, int so, int sd, float scale) {
+    wgattn::attn_bwd_dq_wg_impl<128, 64, false>(dq, delta, q, k, v, out, dout, lse, B, T, H, sqkv, so, sd, scale);
+}
+
+// dk, dv (row stride sd); q, k, v (sqkv), dout (so), lse, delta (from the dq
+// kernel): attn_bwd_dkdv_fa2's arguments. grid (ceil(T/64), B·H), block 128.
+KERNEL_LB(128) attn_bwd_dkdv_wg_d64_bf16(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse, const float* delta, int B, int T, int H, int sqkv, int so, int sd, float scale) {
+    wgattn::attn_bwd_dkdv_wg_impl<64, 64, true>(dk, dv, q, k, v, dout, lse, delta, B, T, H, sqkv, so, sd, scale);
+}
+KERNEL_LB(128) attn_bwd_dkdv_wg_d128_bf16(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse, const float* delta, int B, int T, int H, int sqkv, int so, int sd, float scale) {
+    wgattn::attn_bwd_dkdv_wg_impl<128, 32, false>(dk, dv, q, k, v, dout, lse, delta, B, T, H, sqkv, so, sd, scale);
+}
