@@ -80,10 +80,11 @@
 // (Float64 included); Copy converts between BFloat16 and Float32 on the
 // device (rounding to nearest even).
 //
-// Attention: any head dim D ≤ 128, in two implementations: CUDA-core
-// kernels (bf16 and f32, any D) and tensor-core kernels (mma.sync, bf16,
-// D = 64 or 128, 16-byte aligned tensors), chosen automatically
-// (WithAttention forces the former).
+// Attention: any head dim D ≤ 128: CUDA-core kernels (bf16 and f32, any
+// D) and tensor-core kernels (bf16, D = 64 or 128, 16-byte aligned
+// tensors) — on an sm_90 GPU on wgmma (AttentionWGMMA), elsewhere on
+// mma.sync (AttentionFA2), with the same bits — chosen automatically;
+// WithAttention picks one.
 //
 // MoE: Backend implements tensor.MoEOps (TopK, GatherRows, CombineRows,
 // LogSumExp and their backwards), and RoutingPlan computes a routing plan on
