@@ -132,11 +132,13 @@ __device__ void attn_fwd_wg_impl(bf16* out, float* lse, const bf16* q, const bf1
         const uint32_t ka = smem_u32(Ks + buf * BN * D), va = smem_u32(Vs + buf * BN * D);
 
         // S = Q·Kᵀ (64 queries × BN keys)
+        wg_keep(s);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < KS; kk++) wgmma_rs<BN, 0>(s, qf[kk], kmajor<BN>(ka, kk), kk);
         wgmma_commit();
         wgmma_wait<0>();
+        wg_keep(s);
         if (k0 + BN - 1 > wr0) { // the tile crosses the diagonal of some row of the warp
 #pragma unroll
             for (int j = 0; j < NT; j++)
@@ -185,11 +187,15 @@ __device__ void attn_fwd_wg_impl(bf16* out, float* lse, const bf16* q, const bf1
         uint32_t pa[BN / 16][4];
 #pragma unroll
         for (int ks = 0; ks < BN / 16; ks++) acc_to_a(pa[ks], s[2 * ks], s[2 * ks + 1]);
+        wg_keep(o);
+        wg_keep(pa);
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < BN / 16; ks++) wgmma_rs<D, 1>(o, pa[ks], mnmajor<BN>(va, ks), 1);
         wgmma_commit();
         wgmma_wait<0>();
+        wg_keep(o);
+        wg_keep(pa);
     }
     bf16* ob = out + (long long)b * T * so + h * D;
     float* lrow = lse + (long long)bh * T;
@@ -289,6 +295,8 @@ __device__ void attn_bwd_dq_wg_impl(bf16* dq, float* delta, const bf16* q, const
         const uint32_t ka = smem_u32(Ks + buf * BN * D), va = smem_u32(Vs + buf * BN * D);
 
         // S = Q·Kᵀ, dP = dO·Vᵀ (64 queries × BN keys)
+        wg_keep(s);
+        wg_keep(dp);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < KS; kk++) {
@@ -302,6 +310,8 @@ __device__ void attn_bwd_dq_wg_impl(bf16* dq, float* delta, const bf16* q, const
         }
         wgmma_commit();
         wgmma_wait<0>();
+        wg_keep(s);
+        wg_keep(dp);
 
         // P = exp(S − lse), dS = P∘(dP − delta); masked on the diagonal only
         bool diag = k0 + BN - 1 > wr0;
@@ -321,11 +331,15 @@ __device__ void attn_bwd_dq_wg_impl(bf16* dq, float* delta, const bf16* q, const
         uint32_t dsa[BN / 16][4];
 #pragma unroll
         for (int ks = 0; ks < BN / 16; ks++) acc_to_a(dsa[ks], dp[2 * ks], dp[2 * ks + 1]);
+        wg_keep(dqa);
+        wg_keep(dsa);
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < BN / 16; ks++) wgmma_rs<D, 1>(dqa, dsa[ks], mnmajor<BN>(ka, ks), 1);
         wgmma_commit();
         wgmma_wait<0>();
+        wg_keep(dqa);
+        wg_keep(dsa);
     }
     fa2_store<D>(dq + (long long)b * T * sd + h * D, sd, wr0, T, dqa, scale, scale);
 #elif defined(__CUDA_ARCH__)
@@ -410,6 +424,8 @@ __device__ void attn_bwd_dkdv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const b
         const float* Dt = Ds + buf * BM;
 
         // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (64 keys × BM queries)
+        wg_keep(st);
+        wg_keep(dpt);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < KS; kk++) {
@@ -423,6 +439,8 @@ __device__ void attn_bwd_dkdv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const b
         }
         wgmma_commit();
         wgmma_wait<0>();
+        wg_keep(st);
+        wg_keep(dpt);
 
         // Pᵀ = exp(Sᵀ − lse), dSᵀ = Pᵀ∘(dPᵀ − delta); masked on the diagonal only
         bool diag = qs < kw + 15;
@@ -448,6 +466,10 @@ __device__ void attn_bwd_dkdv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const b
             acc_to_a(pa[ks], st[2 * ks], st[2 * ks + 1]);
             acc_to_a(dsa[ks], dpt[2 * ks], dpt[2 * ks + 1]);
         }
+        wg_keep(dva);
+        wg_keep(dka);
+        wg_keep(pa);
+        wg_keep(dsa);
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < BM / 16; ks++) {
@@ -456,6 +478,10 @@ __device__ void attn_bwd_dkdv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const b
         }
         wgmma_commit();
         wgmma_wait<0>();
+        wg_keep(dva);
+        wg_keep(dka);
+        wg_keep(pa);
+        wg_keep(dsa);
         // The other buffer's lse/delta: read last in tile it − 1 (done by
         // every thread: the barrier above), read next after the next barrier.
         if (more && tid < BM) {

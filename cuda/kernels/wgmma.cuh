@@ -95,6 +95,7 @@ inline void wgmma_fence() {}
 inline void wgmma_commit() {}
 template <int N> inline void wgmma_wait() {}
 inline void fence_proxy_async_shared() {}
+template <int N, typename T> inline void wg_keep(T (&)[N][4]) {}
 
 // emu_desc_elem: element (k, n) of the operand a descriptor describes —
 // K-major (mn false): row n, column k; MN-major: K row k, column n — read
@@ -168,6 +169,29 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
 // made visible to the async proxy (wgmma's operand reads).
 __device__ __forceinline__ void fence_proxy_async_shared() {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// wg_keep is a compiler barrier on registers (CUTLASS's
+// warpgroup_fence_operand): the compiler may not move this thread's reads
+// or writes of x across it. wgmma runs asynchronously, but to the compiler
+// its asm statement has produced its outputs when it returns, and
+// wgmma_fence / wgmma_wait name no registers; so every wgmma group is
+// bracketed by wg_keep of the registers it touches — before wgmma_fence for
+// the accumulators and A fragments (their writes land before the fence, as
+// wgmma requires) and after wgmma_wait for the same (no read of a result
+// before the wait, no reuse of an A register while the group may still read
+// it).
+template <int N> __device__ __forceinline__ void wg_keep(float (&x)[N][4]) {
+#pragma unroll
+    for (int j = 0; j < N; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+f"(x[j][e])::"memory");
+}
+template <int N> __device__ __forceinline__ void wg_keep(uint32_t (&x)[N][4]) {
+#pragma unroll
+    for (int j = 0; j < N; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+r"(x[j][e])::"memory");
 }
 
 // Accumulator operands, four per column block j.
