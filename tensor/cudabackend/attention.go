@@ -140,10 +140,6 @@ func (b *Backend) Attention(out, lse, q, k, v *tensor.Tensor, scale float32) {
 		return
 	}
 	if b.useTensorCores(q.DType(), d) && tcAligned(out, q, k, v) {
-		if b.useWG() {
-			b.attentionWG(out, lse, q, k, v, scale, nb, nt, nh, d, nh*d, nh*d)
-			return
-		}
 		if b.useFA2() {
 			b.attentionFA2(out, lse, q, k, v, scale, nb, nt, nh, d, nh*d, nh*d)
 			return
@@ -160,8 +156,8 @@ func (b *Backend) Attention(out, lse, q, k, v *tensor.Tensor, scale float32) {
 // then one pass over key tiles that accumulates dk and dv in registers, and
 // one over query tiles for dq (the probabilities are recomputed from lse in
 // each), with no atomics.
-// On sm_90 the default (AttentionAuto) runs those passes on wgmma
-// (AttentionWGMMA), elsewhere on mma.sync (AttentionFA2).
+// On sm_90 the default (AttentionAuto) runs the tensor-core backward's
+// passes on wgmma (AttentionWGMMA), elsewhere on mma.sync (AttentionFA2).
 // WithAttention(AttentionFA2Atomic) takes the one-pass backward instead (dq
 // summed with atomics: not bit-reproducible).
 func (b *Backend) AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse *tensor.Tensor, scale float32) {

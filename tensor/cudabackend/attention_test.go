@@ -119,11 +119,11 @@ func runAttentionShapes(t *testing.T, open opener, opts ...Option) {
 }
 
 // runAttentionSameBits runs attention forward and backward with the FA2
-// kernels (mma.sync) and the wgmma ones on the same random bf16 inputs and
-// requires the same bits: both sum each product over 16-wide k slices in
-// the same order, tile by tile in the same order, and share the softmax
-// code, so nothing but the instruction differs. (The CPU comparison of
-// runAttentionShapes checks both against float64.)
+// kernels (mma.sync) and with the wgmma backward on the same random bf16
+// inputs and requires the same bits: both sum each product over 16-wide k
+// slices in the same order, tile by tile in the same order, and share the
+// softmax code, so nothing but the instruction differs. (The CPU comparison
+// of runAttentionShapes checks both against float64.)
 func runAttentionSameBits(t *testing.T, open opener) {
 	for _, s := range [][4]int{{2, 300, 3, 64}, {1, 200, 2, 128}, {1, 1024, 2, 64}, {2, 65, 1, 128}} {
 		t.Run(fmt.Sprintf("%v", s), func(t *testing.T) {

@@ -8,13 +8,13 @@ import (
 	"github.com/asynctp/asynctp/tensor/cudabackend/internal/gpu"
 )
 
-// AttentionWGMMA uses the kernels on Hopper's warpgroup MMA
-// (cuda/kernels/attention_wg.cu): a forward, and a backward in FA2's two
-// deterministic launches (dq with delta, then dk and dv; no atomics,
-// bit-reproducible), on wgmma instead of mma.sync. It needs an sm_90 GPU
-// and an image with sm_90a code (or the emulator); elsewhere, and where the
-// tensor-core kernels do not apply, it falls back like AttentionFA2.
-// AttentionAuto takes it where it runs.
+// AttentionWGMMA uses the second-generation forward (attention_fa2.cu) and
+// the backward on Hopper's warpgroup MMA (cuda/kernels/attention_wg.cu):
+// FA2's two deterministic launches (dq with delta, then dk and dv; no
+// atomics, bit-reproducible) with FA2's bits, on wgmma instead of mma.sync.
+// It needs an sm_90 GPU and an image with sm_90a code (or the emulator);
+// elsewhere, and where the tensor-core kernels do not apply, it falls back
+// like AttentionFA2. AttentionAuto takes it where it runs.
 const AttentionWGMMA = AttentionFA2Atomic + 1
 
 // AttentionFA2 uses the second-generation kernels (attention_fa2.cu,
@@ -37,10 +37,6 @@ func wgStepDkdv(d int) int {
 	}
 	return 64
 }
-
-// wgSmemFwd: the alignment, Q (64 rows), two buffers each of K and V (64
-// rows).
-func wgSmemFwd(d int) int { return 1024 + (wgRows+4*64)*d*2 }
 
 // wgSmemDq: 1024 bytes to align the tiles, Q and dO (64 rows), two buffers
 // each of K and V (64 rows); rows of D bf16.
@@ -68,18 +64,10 @@ func wgDevice(d gpu.Device) bool {
 	return err == nil && major == 9 && minor == 0
 }
 
-// useWG says whether the attention takes the wgmma kernels.
+// useWG says whether the backward takes the wgmma kernels.
 func (b *Backend) useWG() bool {
 	a := b.cfg.attention
 	return b.hasWG && (a == AttentionAuto || a == AttentionWGMMA)
-}
-
-// attentionWG launches the forward; strides as attentionFA2.
-func (b *Backend) attentionWG(out, lse, q, k, v *tensor.Tensor, scale float32, nb, nt, nh, d, sqkv, so int) {
-	grid := gpu.D2(ceilDiv(nt, wgRows), nb*nh)
-	b.launch("Attention", fmt.Sprintf("attn_fwd_wg_d%d_bf16", d), grid, gpu.D1(128), wgSmemFwd(d),
-		ptr(out), ptr(lse), ptr(q), ptr(k), ptr(v), int32(nb), int32(nt), int32(nh),
-		int32(sqkv), int32(so), scale)
 }
 
 // attentionBackwardWG launches dq (with delta) and then dk, dv on the wgmma

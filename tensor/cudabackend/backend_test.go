@@ -48,9 +48,9 @@ func TestAttentionShapesFA2(t *testing.T) {
 	runAttentionShapes(t, openGPU, WithAttention(AttentionFA2))
 }
 
-// TestAttentionWG: on an sm_90 GPU the default attention is the wgmma
-// kernels' (so TestAttentionShapes, TestConformance and TestDeterminism
-// test them there), with FA2's bits (runAttentionSameBits).
+// TestAttentionWG: on an sm_90 GPU the default attention backward is the
+// wgmma kernels' (so TestAttentionShapes, TestConformance and
+// TestDeterminism test them there), with FA2's bits (runAttentionSameBits).
 func TestAttentionWG(t *testing.T) {
 	b := openGPU(t)
 	cd := b.dev.(*cudaDevice)
@@ -62,7 +62,7 @@ func TestAttentionWG(t *testing.T) {
 		t.Skipf("the wgmma attention kernels need an sm_90 GPU; %s is sm_%d%d (%v)", b.DeviceName(), major, minor, err)
 	}
 	if !b.useWG() {
-		t.Fatalf("the default attention on %s is not the wgmma kernels' (hasWG %v: does the image have sm_90a code?)", b.DeviceName(), b.hasWG)
+		t.Fatalf("the default attention backward on %s is not the wgmma kernels' (hasWG %v: does the image have sm_90a code?)", b.DeviceName(), b.hasWG)
 	}
 	runAttentionSameBits(t, openGPU)
 }

@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "0996af2e04eeda9496a7b2d88f99051b94ef08f06e3c01f92bc8b062d0ed848f"
+const SourcesSum = "a32b3a10a4043ffd6f4c6e4538a1c0172f9ac79ee4d3a5378b6470aa670598b0"
