@@ -1,17 +1,16 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (one H200), from the repo root: BENCHMARKS.md's
-# "Pending on the GPU" list of 2026-12-02 (fifth) in one call, each step with
-# its own timeout (≈ 4 minutes with the kernels to build, ≈ 2.5 without):
-#  1. the engine's GPU tests after the review moved the bit-for-bit ones
-#     (TestEngineStore, TestEngineTileN192) onto checkEngineCase;
-#  2. the profile issue 14's next step needs before any change to the
-#     attention kernels: ncu over the gpt2 shape's FA2 forward, backward dq
-#     and backward dk,dv kernels (speed of light, warp stalls, occupancy,
-#     memory), the first five launches of BenchmarkAttention's gpt2 bwd row;
-#  3. the one cell of the engine below 0.90 of cuBLASLt, qkv's weight
-#     gradient, at 100 iterations beside its neighbours.
-# Needs build/tensor_cudabackend.test from scripts/build-gpu-artifacts.sh;
-# builds the kernels image with nvcc when missing or stale.
+# "Pending on the GPU" list of 2026-12-02 (sixth) in one call, each step with
+# its own timeout (≈ 6 minutes with the kernels to build):
+#  1. the attention backward, wgmma (the default on sm_90) against FA2's
+#     mma.sync kernels, in one bench run (the rows of call 5 were both the
+#     wgmma backward: the bench's rename had not reached its binary);
+#  2. gpt2-124m with each (ASYNCTP_ATTENTION=fa2 is new);
+#  3. the step profile per op family after the wgmma backward, gpt2-124m and
+#     llama-1b (ncu kernel durations, scripts/gpu-profile.sh).
+# Needs build/tensor_cudabackend.test and build/train from
+# scripts/build-gpu-artifacts.sh; builds the kernels image with nvcc when
+# missing or stale.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build/out}/pending
@@ -22,7 +21,9 @@ ROW_FMT='%-60s %-7s %s'
 . scripts/mps.sh # rows (no MPS here: one process)
 trap 'echo; echo "== summary (logs in $OUT)"; printf "%s\n" "${rows[@]}"' EXIT
 B=./build/tensor_cudabackend.test
-[ -x "$B" ] || { row "$B" FAIL "missing: scripts/build-gpu-artifacts.sh on the dev machine"; exit 1; }
+for f in "$B" ./build/train; do
+  [ -x "$f" ] || { row "$f" FAIL "missing: scripts/build-gpu-artifacts.sh on the dev machine"; exit 1; }
+done
 if kernels_stale; then
   t0=$(date +%s)
   if timeout 200 bash cuda/kernels/build.sh > "$OUT/nvcc.log" 2>&1; then row "kernels image (nvcc)" ok "$(($(date +%s) - t0)) s"
@@ -35,19 +36,21 @@ run() {
   if timeout -k 5 "$secs" "$@" > "$OUT/$log" 2>&1; then row "$name" ok "$(($(date +%s) - t0)) s"
   else row "$name" FAIL "see $log"; grep -E -- '--- FAIL|differs|is .* with' "$OUT/$log" | head -5 | cut -c1-200; fi
 }
-run "engine tests (TestEngine*, TestGroupedEngine*)" 240 engine-tests.log -- \
-  "$B" -test.v -test.count=1 -test.run '^(TestEngine|TestGroupedEngine)'
-row "  passed" "" "$(grep -c '^--- PASS' "$OUT/engine-tests.log")"
-# The attention kernels under ncu: the first launch of each (the benchmark's
-# warm-up); --clock-control none keeps the clocks as found.
-run "ncu: FA2 attention, gpt2 shape (fwd, bwd dq, bwd dk,dv)" 240 attention-ncu.log -- \
-  ncu --clock-control none --section SpeedOfLight --section WarpStateStats --section Occupancy \
-    --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis -k 'regex:attn_(fwd|bwd)' -c 5 \
-    "$B" -test.run '^$' -test.bench 'BenchmarkAttention/fa2/gpt2/.*/bwd' -test.benchtime 1x
-grep -E '^  [a-z_]+attn|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per Thread|Warp Cycles Per Issued|Stall|Issue Slots Busy|L1/TEX Hit|Bank' \
-  "$OUT/attention-ncu.log" | cut -c1-160 > "$OUT/attention-ncu.txt"
-row "  attention profile" "" "$(wc -l < "$OUT/attention-ncu.txt") lines in attention-ncu.txt"
-head -60 "$OUT/attention-ncu.txt"
-run "engine bench, gpt2 rows, 100 iterations" 120 engine-gpt2.log -- \
-  "$B" -test.run '^$' -test.bench 'BenchmarkEngine$/gpt2/' -test.benchtime 100x
-grep '^Benchmark' "$OUT/engine-gpt2.log" | awk '{n=$1; sub("BenchmarkEngine/","",n); sub("-[0-9]+$","",n); line=n; for(i=2;i<=NF;i++){ if($(i+1) ~ /^(ratio|tilen|splitk)$/) line=line" "$(i+1)"="$i} print line}'
+run "attention tests (TestAttentionWG, TestAttentionShapes*)" 120 attention-tests.log -- \
+  "$B" -test.v -test.count=1 -test.run '^(TestAttentionWG|TestAttentionShapes|TestAttentionShapesFA2)$'
+run "attention backward bench, wg against fa2" 120 attention-bench.log -- \
+  "$B" -test.run '^$' -test.bench 'BenchmarkAttention/(wg|fa2)$/.*/.*/bwd' -test.benchtime 20x
+grep '^Benchmark' "$OUT/attention-bench.log" | awk '{print $1, $3, $4, $5, $6}'
+for a in "" fa2 "" fa2; do
+  tag=${a:-default}
+  run "gpt2-124m, 20 steps, attention $tag" 120 "gpt2-$tag.log" -- \
+    env ASYNCTP_ATTENTION="$a" ./build/train --model gpt2-124m --device cuda --batch 16 --steps 20 --checkpoint-every 0 --log-every 10 \
+    --val-fraction 0 --out "$OUT/gpt2-$tag"
+  python3 -c 'import json,statistics,sys; r=[json.loads(l) for l in open(sys.argv[1])][5:]; print(sys.argv[2], round(statistics.median(x["tokens_per_s"] for x in r)), "tokens/s")' \
+    "$OUT/gpt2-$tag/metrics.jsonl" "$tag" 2>/dev/null
+  rm -rf "$OUT/gpt2-$tag"
+done
+run "step profile, gpt2-124m" 200 profile-gpt2.log -- env OUT="$OUT" NCU=1 TORCH=0 STEPS=8 bash scripts/gpu-profile.sh
+grep -A12 '^ours, one step' "$OUT/profile-gpt2.log"
+run "step profile, llama-1b" 240 profile-llama.log -- env OUT="$OUT" PRESET=llama-1b BATCH=8 NCU=1 TORCH=0 STEPS=8 bash scripts/gpu-profile.sh
+grep -A12 '^ours, one step' "$OUT/profile-llama.log"

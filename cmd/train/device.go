@@ -59,11 +59,13 @@ func openBackend(device, grouped string, more ...cudabackend.Option) (b tensor.B
 	return nil, 0, "", fmt.Errorf("unknown device %q, expected one of %v", device, devices)
 }
 
-// envAttention picks the CUDA attention backward: unset (the default, the
-// deterministic two-pass kernels), "onepass" (one pass with fp32 atomic
-// adds into dq: faster, not bit-reproducible; cudabackend.AttentionFA2Atomic)
-// or "wgmma" (the two passes on Hopper's wgmma, sm_90 only;
-// cudabackend.AttentionWGMMA).
+// envAttention picks the CUDA attention kernels: unset (the default: the
+// FA2 forward, and the deterministic two-pass backward on wgmma on sm_90,
+// on mma.sync elsewhere), "wgmma" (cudabackend.AttentionWGMMA: sm_90 only),
+// "fa2" (attention_fa2.cu's mma.sync kernels both ways,
+// cudabackend.AttentionFA2), or "onepass" (the FA2 forward and a one-pass
+// backward with fp32 atomic adds into dq: not bit-reproducible;
+// cudabackend.AttentionFA2Atomic).
 const envAttention = "ASYNCTP_ATTENTION"
 
 // envGEMM picks the CUDA backend's 2-D bf16 GEMMs: unset or "cublaslt"
@@ -87,8 +89,12 @@ func cudaOptions(grouped string) (opts []cudabackend.Option, extra, set string, 
 		opts = append(opts, cudabackend.WithAttention(cudabackend.AttentionWGMMA))
 		extra += "; attention backward: wgmma (sm_90)"
 		sets = append(sets, envAttention+"="+v)
+	case "fa2":
+		opts = append(opts, cudabackend.WithAttention(cudabackend.AttentionFA2))
+		extra += "; attention: FA2 (mma.sync) both ways"
+		sets = append(sets, envAttention+"="+v)
 	default:
-		return nil, "", "", fmt.Errorf("%s=%q: expected onepass or wgmma, or unset for the deterministic default", envAttention, v)
+		return nil, "", "", fmt.Errorf("%s=%q: expected onepass, wgmma or fa2, or unset for the default", envAttention, v)
 	}
 	switch v := os.Getenv(envGEMM); v {
 	case "":

@@ -13,8 +13,12 @@ func TestAttentionEnv(t *testing.T) {
 		t.Errorf("onepass on the CPU: %v, want a refusal", err)
 	}
 	t.Setenv(envAttention, "fast")
-	if _, _, _, err := openBackend("cuda", GroupedAuto); err == nil || !strings.Contains(err.Error(), `expected onepass or wgmma`) {
-		t.Errorf("an unknown value: %v, want a refusal naming onepass and wgmma", err)
+	if _, _, _, err := openBackend("cuda", GroupedAuto); err == nil || !strings.Contains(err.Error(), `expected onepass, wgmma or fa2`) {
+		t.Errorf("an unknown value: %v, want a refusal naming onepass, wgmma and fa2", err)
+	}
+	t.Setenv(envAttention, "fa2")
+	if opts, extra, set, err := cudaOptions(GroupedAuto); err != nil || len(opts) != 1 || !strings.Contains(extra, "FA2") || set != "ASYNCTP_ATTENTION=fa2" {
+		t.Errorf("fa2: %d options, %q, %q, %v; want the FA2 kernels' option and note", len(opts), extra, set, err)
 	}
 	t.Setenv(envAttention, "wgmma")
 	if opts, extra, set, err := cudaOptions(GroupedAuto); err != nil || len(opts) != 1 || !strings.Contains(extra, "wgmma") || set != "ASYNCTP_ATTENTION=wgmma" {

@@ -44,10 +44,11 @@ func timeIt(b *testing.B, be *Backend, work float64, unit string, op func()) {
 // BenchmarkAttention times the causal attention forward and backward on
 // the shapes of the presets (gpt2-124m: B 16, T 1024, H 12, D 64; the
 // 1B-class preset: B 8, T 2048, H 16, D 128) with each implementation:
-// fa2 (the default, attention_fa2.cu), fa2w8 (its D = 64 forward with 8
-// warps × 16 rows), fa2onepass (the fa2 forward with the one-pass backward
-// of attention_onepass.cu, dq by atomics: AttentionFA2Atomic), fa2wg (the
-// fa2 forward with the wgmma backward of attention_wg.cu), tc1
+// wg (the default on sm_90: the fa2 forward with the wgmma backward of
+// attention_wg.cu, AttentionWGMMA), fa2 (attention_fa2.cu both ways,
+// AttentionFA2), fa2w8 (its D = 64 forward with 8 warps × 16 rows),
+// fa2onepass (the fa2 forward with the one-pass backward of
+// attention_onepass.cu, dq by atomics: AttentionFA2Atomic), tc1
 // (attention_tc.cu), simt. FLOPs
 // are the causal ones: 2 GEMMs of half the T×T scores forward, 5 backward.
 //
@@ -61,7 +62,7 @@ func BenchmarkAttention(b *testing.B) {
 		name string
 		opt  AttentionImpl
 		w8   bool // the D = 64 forward with 8 warps
-	}{{"fa2", AttentionAuto, false}, {"fa2w8", AttentionAuto, true}, {"fa2onepass", AttentionFA2Atomic, false}, {"fa2wg", AttentionWGMMA, false}, {"tc1", AttentionTC1, false}, {"simt", AttentionSIMT, false}} {
+	}{{"wg", AttentionWGMMA, false}, {"fa2", AttentionFA2, false}, {"fa2w8", AttentionFA2, true}, {"fa2onepass", AttentionFA2Atomic, false}, {"tc1", AttentionTC1, false}, {"simt", AttentionSIMT, false}} {
 		for _, sh := range shapes {
 			nb, nt, nh, d := sh.nb, sh.nt, sh.nh, sh.d
 			if impl.w8 && d != 64 {
