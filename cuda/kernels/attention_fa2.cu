@@ -108,6 +108,82 @@ __device__ __forceinline__ void fa2_zero(float (&a)[N][4]) {
     for (int j = 0; j < N; j++) a[j][0] = a[j][1] = a[j][2] = a[j][3] = 0.0f;
 }
 
+// fa2_row_delta: delta = Σ_d dout·out for the warp's 16 rows [wr0, wr0 +
+// 16) of slice bh = (b, h) (gb, ob: element (b, 0, h, 0), rows so elements
+// apart): two lanes per row, D/2 elements each, from global memory; written
+// to delta (B, H, T) for rows < T; returns the row delta of lane l's pair
+// (row wr0 + l/2).
+template <int D>
+__device__ __forceinline__ float fa2_row_delta(float* delta, const bf16* gb, const bf16* ob, int so, int bh, int wr0,
+                                               int T) {
+    int lane = threadIdx.x & 31;
+    int r = wr0 + (lane >> 1), half = lane & 1;
+    float acc = 0.0f;
+    if (r < T) {
+        const bf16* grow = gb + (long long)r * so + half * (D / 2);
+        const bf16* orow = ob + (long long)r * so + half * (D / 2);
+#pragma unroll
+        for (int c = 0; c < D / 16; c++) {
+            uint4 gv = *reinterpret_cast<const uint4*>(grow + c * 8);
+            uint4 ov = *reinterpret_cast<const uint4*>(orow + c * 8);
+            acc += bf16lo(gv.x) * bf16lo(ov.x) + bf16hi(gv.x) * bf16hi(ov.x);
+            acc += bf16lo(gv.y) * bf16lo(ov.y) + bf16hi(gv.y) * bf16hi(ov.y);
+            acc += bf16lo(gv.z) * bf16lo(ov.z) + bf16hi(gv.z) * bf16hi(ov.z);
+            acc += bf16lo(gv.w) * bf16lo(ov.w) + bf16hi(gv.w) * bf16hi(ov.w);
+        }
+    }
+    acc += __shfl_xor_sync(ATP_FULL_MASK, acc, 1);
+    if (r < T && half == 0) delta[(long long)bh * T + r] = acc;
+    return acc;
+}
+
+// fa2_dq_ds: the dq pass's P = exp(S − lse) and dS = P∘(dP − delta), in
+// place of dp, for a warp's 16 query rows (row0, row1 = row0 + 8; L0, L1 =
+// their lse·log2 e, D0, D1 their delta) × NK·8 keys from k0; keys > row are
+// masked when diag (the tile crosses the warp's diagonal).
+template <int NK>
+__device__ __forceinline__ void fa2_dq_ds(const float (&s)[NK][4], float (&dp)[NK][4], float sl2, float L0,
+                                          float L1, float D0, float D1, bool diag, int k0, int row0, int row1) {
+    int tq = threadIdx.x & 3;
+#pragma unroll
+    for (int j = 0; j < NK; j++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float p = fa2_exp2(fmaf(s[j][e], sl2, -(e < 2 ? L0 : L1)));
+            if (diag) {
+                int key = k0 + j * 8 + 2 * tq + (e & 1);
+                if (key > (e < 2 ? row0 : row1)) p = 0.0f;
+            }
+            dp[j][e] = p * (dp[j][e] - (e < 2 ? D0 : D1));
+        }
+    }
+}
+
+// fa2_dkdv_ds: the dk/dv pass's Pᵀ = exp(Sᵀ − lse) into st and dSᵀ =
+// Pᵀ∘(dPᵀ − delta) into dpt, for a warp's 16 key rows (key0, key1 = key0 +
+// 8) × NQ·8 queries from qs, whose lse·log2 e and delta are Lt[i], Dt[i]
+// (shared memory, i = query − qs); queries < key are masked when diag.
+template <int NQ>
+__device__ __forceinline__ void fa2_dkdv_ds(float (&st)[NQ][4], float (&dpt)[NQ][4], const float* Lt,
+                                            const float* Dt, float sl2, bool diag, int qs, int key0, int key1) {
+    int tq = threadIdx.x & 3;
+#pragma unroll
+    for (int j = 0; j < NQ; j++) {
+        float2 lv = *reinterpret_cast<const float2*>(Lt + j * 8 + 2 * tq);
+        float2 dv2 = *reinterpret_cast<const float2*>(Dt + j * 8 + 2 * tq);
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float p = fa2_exp2(fmaf(st[j][e], sl2, -((e & 1) ? lv.y : lv.x)));
+            if (diag) {
+                int qi = qs + j * 8 + 2 * tq + (e & 1);
+                if (qi < (e < 2 ? key0 : key1)) p = 0.0f;
+            }
+            st[j][e] = p;
+            dpt[j][e] = p * (dpt[j][e] - ((e & 1) ? dv2.y : dv2.x));
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Forward.
 template <int D, int MT, int NW>
@@ -291,29 +367,8 @@ __device__ void attn_bwd_dq_fa2_impl(bf16* dq, float* delta, const bf16* q, cons
     fa2_load<BN, D, NTHR>(Vs, vb, sqkv, 0, T);
     cp_async_commit();
 
-    // delta = Σ_d dout·out for the warp's 16 rows: two lanes per row, D/2
-    // elements each, read from global memory while the tiles load.
-    float dsum;
-    {
-        int r = wr0 + (lane >> 1), half = lane & 1;
-        float acc = 0.0f;
-        if (r < T) {
-            const bf16* grow = gb + (long long)r * so + half * (D / 2);
-            const bf16* orow = ob + (long long)r * so + half * (D / 2);
-#pragma unroll
-            for (int c = 0; c < D / 16; c++) {
-                uint4 gv = *reinterpret_cast<const uint4*>(grow + c * 8);
-                uint4 ov = *reinterpret_cast<const uint4*>(orow + c * 8);
-                acc += bf16lo(gv.x) * bf16lo(ov.x) + bf16hi(gv.x) * bf16hi(ov.x);
-                acc += bf16lo(gv.y) * bf16lo(ov.y) + bf16hi(gv.y) * bf16hi(ov.y);
-                acc += bf16lo(gv.z) * bf16lo(ov.z) + bf16hi(gv.z) * bf16hi(ov.z);
-                acc += bf16lo(gv.w) * bf16lo(ov.w) + bf16hi(gv.w) * bf16hi(ov.w);
-            }
-        }
-        acc += __shfl_xor_sync(ATP_FULL_MASK, acc, 1);
-        if (r < T && half == 0) delta[(long long)bh * T + r] = acc;
-        dsum = acc;
-    }
+    // delta of the warp's rows, read from global memory while the tiles load.
+    float dsum = fa2_row_delta<D>(delta, gb, ob, so, bh, wr0, T);
     float D0 = __shfl_sync(ATP_FULL_MASK, dsum, 2 * g), D1 = __shfl_sync(ATP_FULL_MASK, dsum, 2 * (g + 8));
 
     const float sl2 = scale * kTcLog2e;
@@ -363,19 +418,7 @@ __device__ void attn_bwd_dq_fa2_impl(bf16* dq, float* delta, const bf16* q, cons
             }
         }
         // P = exp(S − lse), dS = P∘(dP − delta); masked on the diagonal only
-        bool diag = k0 + BN - 1 > wr0;
-#pragma unroll
-        for (int j = 0; j < NK; j++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float p = fa2_exp2(fmaf(s[j][e], sl2, -(e < 2 ? L0 : L1)));
-                if (diag) {
-                    int key = k0 + j * 8 + 2 * tq + (e & 1);
-                    if (key > (e < 2 ? row0 : row1)) p = 0.0f;
-                }
-                dp[j][e] = p * (dp[j][e] - (e < 2 ? D0 : D1));
-            }
-        }
+        fa2_dq_ds(s, dp, sl2, L0, L1, D0, D1, k0 + BN - 1 > wr0, k0, row0, row1);
         // dQ += dS·K
 #pragma unroll
         for (int ks = 0; ks < BN / 16; ks++) {
@@ -499,22 +542,7 @@ __device__ void attn_bwd_dkdv_fa2_impl(bf16* dk, bf16* dv, const bf16* q, const 
                 }
             }
             // Pᵀ = exp(Sᵀ − lse), dSᵀ = Pᵀ∘(dPᵀ − delta); masked on the diagonal only
-            bool diag = qs < kw + 15;
-#pragma unroll
-            for (int j = 0; j < NQ; j++) {
-                float2 lv = *reinterpret_cast<const float2*>(Lt + j * 8 + 2 * tq);
-                float2 dv2 = *reinterpret_cast<const float2*>(Dt + j * 8 + 2 * tq);
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float p = fa2_exp2(fmaf(st[j][e], sl2, -((e & 1) ? lv.y : lv.x)));
-                    if (diag) {
-                        int qi = qs + j * 8 + 2 * tq + (e & 1);
-                        if (qi < (e < 2 ? key0 : key1)) p = 0.0f;
-                    }
-                    st[j][e] = p;
-                    dpt[j][e] = p * (dpt[j][e] - ((e & 1) ? dv2.y : dv2.x));
-                }
-            }
+            fa2_dkdv_ds(st, dpt, Lt, Dt, sl2, qs < kw + 15, qs, key0, key1);
             // dV += Pᵀ·dO, dK += dSᵀ·Q
 #pragma unroll
             for (int ks = 0; ks < BM / 16; ks++) {

@@ -175,22 +175,7 @@ __device__ void attn_bwd_onepass_impl(bf16* dk, bf16* dv, float* dqacc, const bf
                 }
             }
             // Pᵀ = exp(Sᵀ − lse), dSᵀ = Pᵀ∘(dPᵀ − delta); masked on the diagonal only
-            bool diag = qs < kw + 15;
-#pragma unroll
-            for (int j = 0; j < NQ; j++) {
-                float2 lv = *reinterpret_cast<const float2*>(Lt + j * 8 + 2 * tq);
-                float2 dv2 = *reinterpret_cast<const float2*>(Dt + j * 8 + 2 * tq);
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float p = fa2_exp2(fmaf(st[j][e], sl2, -((e & 1) ? lv.y : lv.x)));
-                    if (diag) {
-                        int qi = qs + j * 8 + 2 * tq + (e & 1);
-                        if (qi < (e < 2 ? key0 : key1)) p = 0.0f;
-                    }
-                    st[j][e] = p;
-                    dpt[j][e] = p * (dpt[j][e] - ((e & 1) ? dv2.y : dv2.x));
-                }
-            }
+            fa2_dkdv_ds(st, dpt, Lt, Dt, sl2, qs < kw + 15, qs, key0, key1);
             // dSᵀ → shared (rows: the warp's keys; columns: the tile's queries)
             bf16* srow = Ss + (warp * 16 + g) * LDS + 2 * tq;
 #pragma unroll

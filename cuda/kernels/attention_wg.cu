@@ -117,29 +117,8 @@ __device__ void attn_bwd_dq_wg_impl(bf16* dq, float* delta, const bf16* q, const
     wg_load<BN, D>(Vs, vb, sqkv, 0, T);
     cp_async_commit();
 
-    // delta = Σ_d dout·out for the warp's 16 rows (as attention_fa2.cu):
-    // two lanes per row, from global memory while the tiles load.
-    float dsum;
-    {
-        int r = wr0 + (lane >> 1), half = lane & 1;
-        float acc = 0.0f;
-        if (r < T) {
-            const bf16* grow = gb + (long long)r * so + half * (D / 2);
-            const bf16* orow = ob + (long long)r * so + half * (D / 2);
-#pragma unroll
-            for (int c = 0; c < D / 16; c++) {
-                uint4 gv = *reinterpret_cast<const uint4*>(grow + c * 8);
-                uint4 ov = *reinterpret_cast<const uint4*>(orow + c * 8);
-                acc += bf16lo(gv.x) * bf16lo(ov.x) + bf16hi(gv.x) * bf16hi(ov.x);
-                acc += bf16lo(gv.y) * bf16lo(ov.y) + bf16hi(gv.y) * bf16hi(ov.y);
-                acc += bf16lo(gv.z) * bf16lo(ov.z) + bf16hi(gv.z) * bf16hi(ov.z);
-                acc += bf16lo(gv.w) * bf16lo(ov.w) + bf16hi(gv.w) * bf16hi(ov.w);
-            }
-        }
-        acc += __shfl_xor_sync(ATP_FULL_MASK, acc, 1);
-        if (r < T && half == 0) delta[(long long)bh * T + r] = acc;
-        dsum = acc;
-    }
+    // delta of the warp's rows, read from global memory while the tiles load.
+    float dsum = fa2_row_delta<D>(delta, gb, ob, so, bh, wr0, T);
     float D0 = __shfl_sync(ATP_FULL_MASK, dsum, 2 * g), D1 = __shfl_sync(ATP_FULL_MASK, dsum, 2 * (g + 8));
 
     const float sl2 = scale * kTcLog2e;
@@ -191,19 +170,7 @@ __device__ void attn_bwd_dq_wg_impl(bf16* dq, float* delta, const bf16* q, const
         wg_keep(dp);
 
         // P = exp(S − lse), dS = P∘(dP − delta); masked on the diagonal only
-        bool diag = k0 + BN - 1 > wr0;
-#pragma unroll
-        for (int j = 0; j < NK; j++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float p = fa2_exp2(fmaf(s[j][e], sl2, -(e < 2 ? L0 : L1)));
-                if (diag) {
-                    int key = k0 + j * 8 + 2 * tq + (e & 1);
-                    if (key > (e < 2 ? row0 : row1)) p = 0.0f;
-                }
-                dp[j][e] = p * (dp[j][e] - (e < 2 ? D0 : D1));
-            }
-        }
+        fa2_dq_ds(s, dp, sl2, L0, L1, D0, D1, k0 + BN - 1 > wr0, k0, row0, row1);
         // dQ += dS·K (K MN-major: its rows are the product's K)
         uint32_t dsa[BN / 16][4];
 #pragma unroll
@@ -320,22 +287,7 @@ __device__ void attn_bwd_dkdv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const b
         wg_keep(dpt);
 
         // Pᵀ = exp(Sᵀ − lse), dSᵀ = Pᵀ∘(dPᵀ − delta); masked on the diagonal only
-        bool diag = qs < kw + 15;
-#pragma unroll
-        for (int j = 0; j < NQ; j++) {
-            float2 lv = *reinterpret_cast<const float2*>(Lt + j * 8 + 2 * tq);
-            float2 dv2 = *reinterpret_cast<const float2*>(Dt + j * 8 + 2 * tq);
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float p = fa2_exp2(fmaf(st[j][e], sl2, -((e & 1) ? lv.y : lv.x)));
-                if (diag) {
-                    int qi = qs + j * 8 + 2 * tq + (e & 1);
-                    if (qi < (e < 2 ? key0 : key1)) p = 0.0f;
-                }
-                st[j][e] = p;
-                dpt[j][e] = p * (dpt[j][e] - ((e & 1) ? dv2.y : dv2.x));
-            }
-        }
+        fa2_dkdv_ds(st, dpt, Lt, Dt, sl2, qs < kw + 15, qs, key0, key1);
         // dV += Pᵀ·dO, dK += dSᵀ·Q (dO and Q MN-major: their rows are the K)
         uint32_t pa[BM / 16][4], dsa[BM / 16][4];
 #pragma unroll

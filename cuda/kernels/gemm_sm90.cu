@@ -85,6 +85,7 @@
 // mbarrier or wgmma (the Go side refuses the engine there).
 #if !defined(ASYNCTP_EMU)
 #include "common.cuh"
+#include "wgmma.cuh"
 
 namespace atp {
 namespace gemm90 {
@@ -150,9 +151,13 @@ namespace gemm90 {
 
 #if defined(ATP_GEMM90_BODY)
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+// The wgmma primitives of wgmma.cuh (the same instructions).
+using wg::desc;
+using wg::fence_proxy_async_shared;
+using wg::smem_u32;
+using wg::wgmma_commit;
+using wg::wgmma_fence;
+using wg::wgmma_wait;
 
 // ---- mbarrier ----------------------------------------------------------------
 
@@ -223,10 +228,11 @@ __device__ __forceinline__ void tma_load_2d(const TmaDesc& d, uint32_t dst, uint
 
 // ---- wgmma -------------------------------------------------------------------------
 
-// desc is the shared memory matrix descriptor of wgmma (PTX ISA, "Matrix
-// Descriptor Format"): bits 0-13 start address >> 4, 16-29 leading byte
-// offset >> 4, 32-45 stride byte offset >> 4, 49-51 base offset (0: every
-// tile starts 1024-byte aligned), 62-63 swizzle mode (1 = 128-byte swizzle).
+// The operands' shared memory descriptors (desc, wgmma.cuh: PTX ISA,
+// "Matrix Descriptor Format": bits 0-13 start address >> 4, 16-29 leading
+// byte offset >> 4, 32-45 stride byte offset >> 4, 49-51 base offset (0:
+// every tile starts 1024-byte aligned), 62-63 swizzle mode (1 = 128-byte
+// swizzle)).
 //
 // K-major operand, 128-byte swizzle (a TMA box (64 K, R rows)): row r of the
 // tile is 128 bytes at r·128, 16-byte chunks XOR-swizzled by r mod 8. The
@@ -241,25 +247,10 @@ __device__ __forceinline__ void tma_load_2d(const TmaDesc& d, uint32_t dst, uint
 // ((8,n),(8,k)):((1,LBO),(8,SBO)): LBO = the distance between 64-element
 // MN atoms (the next box: 8192), SBO = the distance between groups of 8 K
 // rows (1024). The k-th 16-deep K slice starts 16·128 = 2048·k bytes in.
-__device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16) |
-           ((uint64_t)((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
-}
-
 // The descriptor of 16-deep K slice k of an operand tile at addr.
 template <bool MN> __device__ __forceinline__ uint64_t slice_desc(uint32_t addr, int k) {
     if (MN) return desc(addr + 2048u * k, BOX_MN_BYTES, 1024);
     return desc(addr + 32u * k, 16, 1024);
-}
-
-__device__ __forceinline__ void wgmma_fence() {
-    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() {
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-template <int N> __device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
 
 // The accumulator operands of the wgmma instructions below, eight at a time.
@@ -364,11 +355,6 @@ __device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr) {
     uint32_t v;
     asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
     return v;
-}
-// This thread's generic-proxy writes to shared memory, made visible to the
-// async proxy (TMA stores, wgmma operand reads).
-__device__ __forceinline__ void fence_proxy_async_shared() {
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 // tma_store_2d writes the box at src to element coordinates (c0 inner, c1
 // outer) of the tensor map; what falls outside the tensor is not written.

@@ -6,7 +6,8 @@
 //
 // ATP_WG_BODY is defined where the kernels' bodies are built: sm_90a device
 // code and the emulator. Elsewhere (compute_90 PTX, the host pass) a kernel
-// that needs wgmma traps (the Go side launches it only on sm_90).
+// that needs wgmma traps (the Go side launches it only on sm_90). The GEMM
+// engine (gemm_sm90.cu) uses the same primitives (desc, fences, waits).
 //
 // The tile layout (wg_off): R rows × D bf16 columns (D a multiple of 64) as
 // D/64 boxes of R × 64, box b at b·R·128 bytes; row r of a box is 128 bytes
@@ -166,7 +167,7 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
 // This thread's generic-proxy writes to shared memory (cp.async included),
-// made visible to the async proxy (wgmma's operand reads).
+// made visible to the async proxy (TMA stores, wgmma's operand reads).
 __device__ __forceinline__ void fence_proxy_async_shared() {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }

@@ -1,6 +1,7 @@
 #!/bin/sh
 # A syntax pass over the GPU-only code of the kernels, for machines without
-# nvcc: g++ -fsyntax-only over gemm_sm90.cu, grouped_sm90.cu and dispatch.cu
+# nvcc: g++ -fsyntax-only over gemm_sm90.cu, grouped_sm90.cu, dispatch.cu and
+# attention_wg.cu (with the attention files it builds on)
 # with the sm_90a branches enabled (__CUDA_ARCH__ 900, the engine's body) and
 # the emulator's header standing in for CUDA's, plus stubs for the few
 # intrinsics it lacks. It catches C++ errors (a shadowed parameter, a wrong
@@ -38,6 +39,9 @@ using std::min;
 #include "gemm_sm90.cu"
 #include "grouped_sm90.cu"
 #include "dispatch.cu"
+#include "attention_tc.cu"
+#include "attention_fa2.cu"
+#include "attention_wg.cu"
 CC
 g++ -std=c++17 -fsyntax-only -Wno-unknown-pragmas -I. -x c++ "$tmp/check.cc"
-echo "syntax.sh: gemm_sm90.cu, grouped_sm90.cu, dispatch.cu: no C++ errors (PTX not checked)"
+echo "syntax.sh: gemm_sm90.cu, grouped_sm90.cu, dispatch.cu, attention_wg.cu: no C++ errors (PTX not checked)"

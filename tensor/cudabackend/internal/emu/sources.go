@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "a32b3a10a4043ffd6f4c6e4538a1c0172f9ac79ee4d3a5378b6470aa670598b0"
+const SourcesSum = "ba4e67e7f36270ae5985854b62f2db40e6c226727e1f322c2b121df6fd92d540"
