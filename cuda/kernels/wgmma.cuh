@@ -2,7 +2,8 @@
 // that keep their operand tiles in shared memory in the 128-byte-swizzled
 // layout and may take A from registers (attention_wg.cu), with a CPU
 // emulation of the same semantics (ASYNCTP_EMU), so those kernels run in
-// the emulator too. bf16 inputs, fp32 accumulators.
+// the emulator too — asynchrony included: a result lands at the wait that
+// retires its group (emu.h). bf16 inputs, fp32 accumulators.
 //
 // ATP_WG_BODY is defined where the kernels' bodies are built: sm_90a device
 // code and the emulator. Elsewhere (compute_90 PTX, the host pass) a kernel
@@ -92,9 +93,11 @@ template <int R> __device__ __forceinline__ uint64_t mnmajor(uint32_t addr, int 
 
 #if defined(ASYNCTP_EMU)
 
+// wgmma's asynchrony as the emulator models it (emu.h): results land at
+// the wait that retires their group, NaN until then.
 inline void wgmma_fence() {}
-inline void wgmma_commit() {}
-template <int N> inline void wgmma_wait() {}
+inline void wgmma_commit() { emu_wg_commit(); }
+template <int N> inline void wgmma_wait() { emu_wg_wait(N); }
 inline void fence_proxy_async_shared() {}
 template <int N, typename T> inline void wg_keep(T (&)[N][4]) {}
 
@@ -125,16 +128,24 @@ inline float emu_desc_elem(uint64_t d, bool mn, int k, int n) {
 
 // emu_wgmma: d (this thread's part of 64 × N) = (accumulate ? d : 0) + A·B,
 // A(row, k) and B(k, n) as the callers give them; row is the warpgroup row.
+// The operands are read at issue; the result is pending until its wait
+// (emu_wg_issue; a (nullable): the A registers, which must not change
+// before then). d's input is the latest pending result for d if there is
+// one (a chained wgmma of the same group), else its registers.
 template <int N, typename FA, typename FB>
-inline void emu_wgmma(float (&d)[N / 8][4], FA A, FB Bm, int accumulate) {
+inline void emu_wgmma(float (&d)[N / 8][4], FA A, FB Bm, int accumulate, const uint32_t* a) {
     int t = (int)threadIdx.x & 127, w = t >> 5, l = t & 31, g = l >> 2, q = l & 3;
+    const float* prev = emu_wg_pending(&d[0][0]);
+    float r[N / 2];
     for (int j = 0; j < N / 8; j++)
         for (int e = 0; e < 4; e++) {
             int row = 16 * w + g + 8 * (e >> 1), n = 8 * j + 2 * q + (e & 1);
             float acc = 0.0f;
             for (int k = 0; k < 16; k++) acc += A(row, k) * Bm(k, n);
-            d[j][e] = (accumulate ? d[j][e] : 0.0f) + acc;
+            float in = prev ? prev[4 * j + e] : d[j][e];
+            r[4 * j + e] = (accumulate ? in : 0.0f) + acc;
         }
+    emu_wg_issue(&d[0][0], N / 2, r, a);
 }
 
 // wgmma_rs: d += A·B, A (64 × 16) in registers, B (16 × N) by descriptor,
@@ -149,14 +160,14 @@ inline void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t db, 
         int r = row & 15, reg = (r < 8 ? 0 : 1) + (k < 8 ? 0 : 2);
         return emu_bf16(all[(r & 7) * 4 + ((k & 7) >> 1)].a[reg], k & 1);
     };
-    emu_wgmma<N>(d, A, [&](int k, int n) { return emu_desc_elem(db, TB != 0, k, n); }, accumulate);
+    emu_wgmma<N>(d, A, [&](int k, int n) { return emu_desc_elem(db, TB != 0, k, n); }, accumulate, &a[0]);
 }
 
 // wgmma_ss: d += A·B, A (64 × 16) K-major by descriptor, B as wgmma_rs.
 template <int N, int TB> inline void wgmma_ss(float (&d)[N / 8][4], uint64_t da, uint64_t db, int accumulate) {
     emu_wgmma<N>(
         d, [&](int row, int k) { return emu_desc_elem(da, false, k, row); },
-        [&](int k, int n) { return emu_desc_elem(db, TB != 0, k, n); }, accumulate);
+        [&](int k, int n) { return emu_desc_elem(db, TB != 0, k, n); }, accumulate, nullptr);
 }
 
 #else // sm_90a

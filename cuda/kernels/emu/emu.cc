@@ -200,6 +200,62 @@ size_t emu_dynamic_smem_size() { return S.dyn.size(); }
 
 int emu_lane() { return S.cur & 31; }
 
+// ---- wgmma's asynchrony (see emu.h) ------------------------------------------
+namespace {
+struct WgPending {
+    float* d;
+    std::vector<float> result;
+    const uint32_t* a;
+    uint32_t a_was[4];
+    long group; // -1: not committed yet
+};
+struct WgThread {
+    std::vector<WgPending> pending;
+    long groups = 0; // committed groups so far
+};
+std::vector<WgThread> g_wg; // one per thread of the running block
+} // namespace
+
+void emu_wg_issue(float* d, int n, const float* result, const uint32_t* a) {
+    WgThread& t = g_wg[(size_t)S.cur];
+    WgPending p{d, std::vector<float>(result, result + n), a, {0, 0, 0, 0}, -1};
+    if (a) std::memcpy(p.a_was, a, sizeof p.a_was);
+    t.pending.push_back(std::move(p));
+    for (int i = 0; i < n; i++) d[i] = NAN;
+}
+
+const float* emu_wg_pending(const float* d) {
+    WgThread& t = g_wg[(size_t)S.cur];
+    for (size_t i = t.pending.size(); i-- > 0;)
+        if (t.pending[i].d == d) return t.pending[i].result.data();
+    return nullptr;
+}
+
+void emu_wg_commit() {
+    WgThread& t = g_wg[(size_t)S.cur];
+    bool any = false;
+    for (auto& p : t.pending)
+        if (p.group < 0) p.group = t.groups, any = true;
+    if (any) t.groups++;
+}
+
+void emu_wg_wait(int n) {
+    WgThread& t = g_wg[(size_t)S.cur];
+    std::vector<WgPending> keep;
+    for (auto& p : t.pending) {
+        if (p.group < 0 || p.group >= t.groups - n) {
+            keep.push_back(std::move(p));
+            continue;
+        }
+        if (p.a && std::memcmp(p.a, p.a_was, sizeof p.a_was) != 0) {
+            std::fprintf(stderr, "emu: thread %d rewrote a wgmma's A registers before the wait that retires it\n", S.cur);
+            std::abort();
+        }
+        std::copy(p.result.begin(), p.result.end(), p.d);
+    }
+    t.pending.swap(keep);
+}
+
 void emu_warp_allgather(const void* in, void* out, size_t bytes) {
     if (bytes > kSlot) {
         std::fprintf(stderr, "emu: warp exchange of %zu bytes (max %zu)\n", bytes, kSlot);
@@ -262,6 +318,7 @@ int emu_launch(const char* name, unsigned gx, unsigned gy, unsigned gz, unsigned
     S.th.resize(S.n);
     while ((int)S.stacks.size() < S.n) S.stacks.push_back(static_cast<char*>(std::malloc(kStack)));
     S.slots.assign((size_t)S.n * kSlot, 0);
+    g_wg.assign((size_t)S.n, WgThread{});
     S.dyn.assign(smem > 0 ? smem : 16, 0xff); // garbage, as on the GPU
     int i = 0;
     for (unsigned z = 0; z < bz; z++)
@@ -277,6 +334,8 @@ int emu_launch(const char* name, unsigned gx, unsigned gy, unsigned gz, unsigned
                 blockIdx = dim3{x, y, z};
                 std::fill(S.dyn.begin(), S.dyn.end(), 0xff);
                 if (!run_block()) return fail(S.err);
+                for (auto& t : g_wg)
+                    if (!t.pending.empty()) return fail("a thread ended with a wgmma group it never waited for");
             }
     return 0;
 }

@@ -118,6 +118,19 @@ int emu_lane();
 // active lane of the warp must call it.
 void emu_warp_allgather(const void* in, void* out, size_t bytes);
 
+// The asynchrony of wgmma (wgmma.cuh), per emulated thread: a wgmma's
+// result is computed at issue but lands in its accumulators only at the
+// wgmma_wait that retires its group; until then they read as NaN, and its A
+// registers (a, nullable) must keep their values (checked at the wait). So a
+// kernel that reads a result before its wait, or rewrites an A fragment the
+// hardware may still be reading, fails in the emulator as on the GPU.
+// emu_wg_pending returns the latest pending result for d (what a chained
+// wgmma of the same group accumulates onto), or null.
+void emu_wg_issue(float* d, int n, const float* result, const uint32_t* a);
+const float* emu_wg_pending(const float* d);
+void emu_wg_commit();
+void emu_wg_wait(int n);
+
 template <typename T> inline T emu_shfl(T v, int src) {
     T all[32];
     emu_warp_allgather(&v, all, sizeof(T));

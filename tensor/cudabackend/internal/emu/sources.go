@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "ba4e67e7f36270ae5985854b62f2db40e6c226727e1f322c2b121df6fd92d540"
+const SourcesSum = "210cce15a6fd1eac7d2daeda216ed7d8776ec154673116ef6cb8fde8080c7854"
