@@ -108,6 +108,14 @@ __device__ __forceinline__ void fa2_zero(float (&a)[N][4]) {
     for (int j = 0; j < N; j++) a[j][0] = a[j][1] = a[j][2] = a[j][3] = 0.0f;
 }
 
+// fa2_lse_delta: query qi's lse·log2 e and delta; +∞ and 0 past T (its
+// probabilities are then 0).
+__device__ __forceinline__ void fa2_lse_delta(float& l, float& d, const float* lse_bh, const float* delta_bh, int qi,
+                                              int T) {
+    l = qi < T ? lse_bh[qi] * kTcLog2e : INFINITY;
+    d = qi < T ? delta_bh[qi] : 0.0f;
+}
+
 // fa2_row_delta: delta = Σ_d dout·out for the warp's 16 rows [wr0, wr0 +
 // 16) of slice bh = (b, h) (gb, ob: element (b, 0, h, 0), rows so elements
 // apart): two lanes per row, D/2 elements each, from global memory; written
@@ -472,8 +480,7 @@ __device__ void attn_bwd_dkdv_fa2_impl(bf16* dk, bf16* dv, const bf16* q, const 
     cp_async_commit();
     if (tid < BM) {
         int qi = k0 + tid;
-        Ls[tid] = qi < T ? lse_bh[qi] * kTcLog2e : INFINITY;
-        Ds[tid] = qi < T ? delta_bh[qi] : 0.0f;
+        fa2_lse_delta(Ls[tid], Ds[tid], lse_bh, delta_bh, qi, T);
     }
 
     const float sl2 = scale * kTcLog2e;
@@ -496,8 +503,7 @@ __device__ void attn_bwd_dkdv_fa2_impl(bf16* dk, bf16* dv, const bf16* q, const 
             cp_async_commit();
             if (tid < BM) {
                 int qi = qs + BM + tid;
-                lnext = qi < T ? lse_bh[qi] * kTcLog2e : INFINITY;
-                dnext = qi < T ? delta_bh[qi] : 0.0f;
+                fa2_lse_delta(lnext, dnext, lse_bh, delta_bh, qi, T);
             }
         }
         if (HOLD && it == 0) {

@@ -226,8 +226,7 @@ __device__ void attn_bwd_dkdv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const b
     cp_async_commit();
     if (tid < BM) {
         int qi = k0 + tid;
-        Ls[tid] = qi < T ? lse_bh[qi] * kTcLog2e : INFINITY;
-        Ds[tid] = qi < T ? delta_bh[qi] : 0.0f;
+        fa2_lse_delta(Ls[tid], Ds[tid], lse_bh, delta_bh, qi, T);
     }
 
     const float sl2 = scale * kTcLog2e;
@@ -252,8 +251,7 @@ __device__ void attn_bwd_dkdv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const b
             cp_async_commit();
             if (tid < BM) {
                 int qi = qs + BM + tid;
-                lnext = qi < T ? lse_bh[qi] * kTcLog2e : INFINITY;
-                dnext = qi < T ? delta_bh[qi] : 0.0f;
+                fa2_lse_delta(lnext, dnext, lse_bh, delta_bh, qi, T);
             }
         }
         if (KREG && it == 0) {
