@@ -253,60 +253,10 @@ template <bool MN> __device__ __forceinline__ uint64_t slice_desc(uint32_t addr,
     return desc(addr + 32u * k, 16, 1024);
 }
 
-// The accumulator operands of the wgmma instructions below, eight at a time.
-#define ATP_ACC8(i)                                                                              \
-    "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]),  \
-        "+f"(d[i + 6]), "+f"(d[i + 7])
-
-// d (64 × 256 per warpgroup, fp32) += A (64 × 16) · B (16 × 256), or = with
-// accumulate 0. TA / TB: A / B MN-major (imm-trans-a / imm-trans-b).
-// Accumulator layout (thread t of the warpgroup, warp w = t/32, lane l):
-// d[r] is row 16·w + l/4 + 8·((r/2) mod 2), column 8·(r/4) + 2·(l mod 4) +
-// (r mod 2).
-template <int TA, int TB>
-__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t da, uint64_t db,
-                                                 int accumulate) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %130, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-        "}, %128, %129, p, 1, 1, %131, %132;\n"
-        "}\n"
-        : ATP_ACC8(0), ATP_ACC8(8), ATP_ACC8(16), ATP_ACC8(24), ATP_ACC8(32), ATP_ACC8(40), ATP_ACC8(48), ATP_ACC8(56),
-          ATP_ACC8(64), ATP_ACC8(72), ATP_ACC8(80), ATP_ACC8(88), ATP_ACC8(96), ATP_ACC8(104), ATP_ACC8(112), ATP_ACC8(120)
-        : "l"(da), "l"(db), "r"(accumulate), "n"(TA), "n"(TB));
-}
-
-// The same with B 16 × 192 (96 accumulators per thread, the same layout).
-template <int TA, int TB>
-__device__ __forceinline__ void wgmma_m64n192k16(float (&d)[96], uint64_t da, uint64_t db,
-                                                 int accumulate) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %98, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
-        "}, %96, %97, p, 1, 1, %99, %100;\n"
-        "}\n"
-        : ATP_ACC8(0), ATP_ACC8(8), ATP_ACC8(16), ATP_ACC8(24), ATP_ACC8(32), ATP_ACC8(40), ATP_ACC8(48), ATP_ACC8(56),
-          ATP_ACC8(64), ATP_ACC8(72), ATP_ACC8(80), ATP_ACC8(88)
-        : "l"(da), "l"(db), "r"(accumulate), "n"(TA), "n"(TB));
-}
+// The engine's wgmma instructions (m64n256k16, m64n192k16: A and B by
+// descriptor, flat accumulator arrays) live in wgmma.cuh with the others.
+using wg::wgmma_m64n192k16;
+using wg::wgmma_m64n256k16;
 
 // wgmma_k16 is the m64nTBNk16 instruction of a tile of TBN columns.
 template <int TA, int TB, int TBN>

@@ -104,7 +104,7 @@ __device__ __forceinline__ void st_shared_zero16(uint32_t addr) {
     asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(addr), "r"(0) : "memory");
 }
 
-// fence_proxy_async_shared (gemm_sm90.cu) makes the zeroes visible to the
+// fence_proxy_async_shared (wgmma.cuh) makes the zeroes visible to the
 // async proxy (the wgmma operand reads).
 
 // The shared memory of a grouped kernel: the engine's ring (1024-aligned),

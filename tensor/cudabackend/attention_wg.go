@@ -29,8 +29,11 @@ const wgKernelProbe = "attn_bwd_dq_wg_d64_bf16"
 // wgRows is the rows (queries or keys) each block of the wgmma kernels owns.
 const wgRows = 64
 
+// wgStepDq is the key tile the dq kernel streams (its BN).
+const wgStepDq = 64
+
 // wgStepDkdv is the query tile the dk/dv kernel streams: 64 for D = 64, 32
-// for D = 128 (registers); the dq kernel streams key tiles of 64.
+// for D = 128 (registers).
 func wgStepDkdv(d int) int {
 	if d == 128 {
 		return 32
@@ -40,7 +43,7 @@ func wgStepDkdv(d int) int {
 
 // wgSmemDq: 1024 bytes to align the tiles, Q and dO (64 rows), two buffers
 // each of K and V (64 rows); rows of D bf16.
-func wgSmemDq(d int) int { return 1024 + (2*wgRows+4*64)*d*2 }
+func wgSmemDq(d int) int { return 1024 + (2*wgRows+4*wgStepDq)*d*2 }
 
 // wgSmemDkdv: the alignment, K and V (64 rows), two buffers each of Q and
 // dO (step rows) and of lse and delta (step floats each).

@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "c7a551aa4a1bdc49f13d7dc9f01bb50b45820b2a41f15f0b104db6b476d4d84e"
+const SourcesSum = "7566876892b8ed88b336ccc9892336d78f91f6b8d6a4aadb14e938b782773163"
