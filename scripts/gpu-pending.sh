@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (one H200), from the repo root: BENCHMARKS.md's
 # "Pending on the GPU" list of 2026-12-02 (sixth) in one call, each step with
-# its own timeout (≈ 6 minutes with the kernels to build):
+# its own timeout (≈ 6–7 minutes with the kernels to build):
+#  0. the engine's and the attention kernels' GPU tests after the review
+#     (the engine's wgmma instructions moved to wgmma.cuh; the backward
+#     kernels share their delta, P/dS and lse/delta code; PTX unchanged or
+#     reordered, never run there);
 #  1. the attention backward, wgmma (the default on sm_90) against FA2's
 #     mma.sync kernels, in one bench run (the rows of call 5 were both the
 #     wgmma backward: the bench's rename had not reached its binary);
@@ -36,6 +40,9 @@ run() {
   if timeout -k 5 "$secs" "$@" > "$OUT/$log" 2>&1; then row "$name" ok "$(($(date +%s) - t0)) s"
   else row "$name" FAIL "see $log"; grep -E -- '--- FAIL|differs|is .* with' "$OUT/$log" | head -5 | cut -c1-200; fi
 }
+run "engine tests after the wgmma move (TestEngine*, TestGroupedEngine*)" 240 engine-tests.log -- \
+  "$B" -test.v -test.count=1 -test.run '^(TestEngine|TestGroupedEngine)'
+row "  passed" "" "$(grep -c '^--- PASS' "$OUT/engine-tests.log")"
 run "attention tests (TestAttentionWG, TestAttentionShapes*)" 120 attention-tests.log -- \
   "$B" -test.v -test.count=1 -test.run '^(TestAttentionWG|TestAttentionShapes|TestAttentionShapesFA2)$'
 run "attention backward bench, wg against fa2" 120 attention-bench.log -- \
