@@ -99,6 +99,14 @@ func TestRunNoHostReadsPerStep(t *testing.T) {
 			math.Float64bits(r.GradNorm) != math.Float64bits(s.GradNorm) || r.GradNorm <= 0 {
 			t.Errorf("metrics record %d: step %d loss %v grad_norm %v, want step %d loss %v grad_norm %v", i, r.Step, r.Loss, r.GradNorm, i+1, sync.Losses[i], s.GradNorm)
 		}
+		// queue_ms: the host's time to queue the step, recorded only where
+		// the steps run behind the host.
+		if q, ok := r.Extra["queue_ms"].(float64); !ok || !(q > 0) {
+			t.Errorf("metrics record %d: queue_ms %v (%T), want a time > 0 on a backend that runs behind the host", i, r.Extra["queue_ms"], r.Extra["queue_ms"])
+		}
+		if q, ok := s.Extra["queue_ms"]; ok {
+			t.Errorf("metrics record %d of the synchronous run: queue_ms %v, want none (its step time is the queue time)", i, q)
+		}
 	}
 }
 

@@ -289,6 +289,12 @@ func (r *runner) flush() error {
 	if f := r.model.FLOPsPerToken(); f > 0 {
 		m.Extra["flops_per_s"] = f * tps
 	}
+	if !r.hostSteps {
+		// The host's time to queue the step (data, forward, backward,
+		// update) while the device ran the one before: when it nears the
+		// step's time, the host, not the device, sets the pace.
+		m.Extra["queue_ms"] = float64(p.issued.Sub(p.queued).Microseconds()) / 1e3
+	}
 	for k, v := range p.extra {
 		m.Extra[k] = v
 	}

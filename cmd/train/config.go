@@ -52,10 +52,11 @@ type Config struct {
 	// into (--dump-routing, routing.go); empty: none.
 	DumpRouting string `json:"dump_routing,omitempty"`
 
-	explicit  map[string]bool // the fields the file and the flags give (explicitFields)
-	overwrite bool            // --overwrite
-	memReport bool            // --memory-report
-	adopted   bool            // prepare has taken the model of the resume or --init-from
+	explicit   map[string]bool // the fields the file and the flags give (explicitFields)
+	overwrite  bool            // --overwrite
+	memReport  bool            // --memory-report
+	cpuProfile string          // --cpu-profile
+	adopted    bool            // prepare has taken the model of the resume or --init-from
 }
 
 // presets are named starting points. tiny trains on two CPU cores in about a
@@ -144,6 +145,7 @@ type flagValues struct {
 	autotune                                             bool
 	groupedGEMM, dumpRouting, fusedTransfer              string
 	memoryReport                                         bool
+	cpuProfile                                           string
 	run                                                  runFlags
 }
 
@@ -192,6 +194,7 @@ func newFlagSet(fv *flagValues) *flag.FlagSet {
 	fs.StringVar(&fv.groupedGEMM, "grouped-gemm", GroupedAuto, "the MoE layers' expert GEMMs: auto (the backend's preference), on (the backend's grouped GEMM: with --overlap pipelined on --comm nvshmem GPUs the step reads no counts on the host), off (one GEMM per expert)")
 	fs.StringVar(&fv.fusedTransfer, "fused-transfer", "", "how the fused strategy's all-gathers land the peers' shards: pull (copy-engine pulls from the peers' symmetric memory, the default) or put (a few CTAs of each peer store its shard into this rank's symmetric buffer); default $"+peercopy.TransferEnv+", else pull; needs --overlap fused or auto on --comm nvshmem GPUs")
 	fs.StringVar(&fv.dumpRouting, "dump-routing", "", "write every step's routing (each token's top-k experts per MoE layer, in the global token order) into `dir`, one file per rank; compare two runs with: train routing-diff DIR1 DIR2")
+	fs.StringVar(&fv.cpuProfile, "cpu-profile", "", "write a Go CPU profile of the run (go tool pprof) to `file`, which must not exist; with several processes each rank writes file.rankN")
 	fs.BoolVar(&fv.memoryReport, "memory-report", false, "on the CUDA backend (one process): attribute the allocator's blocks to their call sites and print at the end what held memory at the peak (by category and by site)")
 	addRunFlags(fs, &fv.run)
 	return fs
@@ -370,6 +373,7 @@ func applyFlags(cfg *Config, fv *flagValues, set map[string]bool) {
 		cfg.FusedTransfer = fv.fusedTransfer
 	}
 	cfg.memReport = fv.memoryReport
+	cfg.cpuProfile = fv.cpuProfile
 	applyRunFlags(cfg, &fv.run, set)
 }
 

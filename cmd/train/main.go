@@ -112,6 +112,13 @@ func run(ctx context.Context, args []string) error {
 	if err := checkOverlap(cfg); err != nil {
 		return err
 	}
+	if cfg.cpuProfile != "" && !(cfg.Parallel.NProc > 0 && !org.launched) { // --nproc's launcher itself trains nothing
+		stop, err := startCPUProfile(cfg.cpuProfile, info.Rank, info.WorldSize)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	if holdsLock(org, info.Rank) {
 		release, err := claimOutDir(cfg)
 		if err != nil {
