@@ -37,7 +37,7 @@ recs = [json.loads(l) for l in open(sys.argv[1])][5:]
 tps = sorted(r["tokens_per_s"] for r in recs)[len(recs) // 2]
 fps = sorted(r.get("flops_per_s", 0) for r in recs)[len(recs) // 2]
 print(json.dumps({"impl": "asynctp", "preset": sys.argv[2], "tokens_per_s": round(tps), "mfu": round(fps / 989e12, 4),
-                  "step_ms": round(1e3 * tok / tps, 2)}))
+                  "step_ms": round(1e3 * tok / tps, 2), "queue_ms": sorted(r.get("queue_ms", 0) for r in recs)[len(recs) // 2]}))
 PY
 rm -rf "$OUT/run" # its final checkpoint (15 GB at llama-1b); metrics were read above
 if [ "${NCU:-1}" = 1 ]; then

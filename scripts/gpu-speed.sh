@@ -31,7 +31,8 @@ fps = statistics.median(r.get("flops_per_s", 0) for r in recs)
 mem = re.search(r"memory: peak ([0-9.]+) GiB", log)
 print(json.dumps({"impl": "asynctp", "preset": preset, "round": int(rnd), "tokens_per_s": round(tps),
                   "mfu": round(fps / 989e12, 4), "step_ms": round(1e3 * b * t / tps, 2),
-                  "peak_reserved_gib": float(mem.group(1)) if mem else None}), flush=True)
+                  "peak_reserved_gib": float(mem.group(1)) if mem else None,
+                  "queue_ms": round(statistics.median(r.get("queue_ms", 0) for r in recs), 2)}), flush=True)
 PY
   rm -rf "$dir" # the final checkpoint (15 GB at llama-1b); the log stays
 }

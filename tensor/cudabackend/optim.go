@@ -39,7 +39,7 @@ func (b *Backend) AdamW(p, g, m, v, master *tensor.Tensor, hp tensor.AdamW) {
 	bc2 := float32(1 - math.Pow(float64(hp.Beta2), float64(hp.Step)))
 	n := p.Numel()
 	name := "adamw" + sfx(p.DType()) + sfx(g.DType())
-	b.launch("AdamW", name, b.gridStride(n, 1), gpu.D1(threads256), 0,
+	b.launch("AdamW", name, b.gridStride(n, 4), gpu.D1(threads256), 0,
 		ptr(p), ptr(g), ptr(m), ptr(v), ptr(master), int64(n),
 		hp.LR, hp.Beta1, hp.Beta2, hp.Eps, hp.WeightDecay, bc1, bc2, gs, normSq, hp.Clip)
 }

@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "7566876892b8ed88b336ccc9892336d78f91f6b8d6a4aadb14e938b782773163"
+const SourcesSum = "3fb55dfe4ae89e4d9a2d8a87cfc354087f52ccab300ccfc5092f050ef91647f9"
