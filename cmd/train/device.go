@@ -87,7 +87,7 @@ func cudaOptions(grouped string) (opts []cudabackend.Option, extra, set string, 
 		sets = append(sets, envAttention+"="+v)
 	case "wgmma":
 		opts = append(opts, cudabackend.WithAttention(cudabackend.AttentionWGMMA))
-		extra += "; attention backward: wgmma (sm_90)"
+		extra += "; attention: wgmma backward, and forward at D = 128 (sm_90)"
 		sets = append(sets, envAttention+"="+v)
 	case "fa2":
 		opts = append(opts, cudabackend.WithAttention(cudabackend.AttentionFA2))

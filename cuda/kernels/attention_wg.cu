@@ -1,34 +1,39 @@
-// attention_wg.cu: the causal attention backward on Hopper's warpgroup MMA
-// (wgmma, sm_90a; wgmma.cuh) for D = 64 and 128, deterministic, in
-// attention_fa2.cu's two launches (dq with delta first, then dk and dv).
-// Arguments and results are those of attention_fa2.cu's kernels (the same
-// bits, TestAttentionWG); the products run on wgmma instead of mma.sync.
-// Why: the profile of the FA2 backward at gpt2's shape (2026-12-02, ncu)
-// found it latency-bound — one block of 8 warps per SM (registers and
-// shared memory), 2 warps per scheduler, 6.2–6.7 cycles between a warp's
-// instructions, the tensor pipe ~31 % busy. wgmma is asynchronous and
-// multiplies a 64-row operand per instruction, so one warpgroup keeps the
-// tensor cores busy with far fewer instructions (FlashAttention-3's
-// argument).
+// attention_wg.cu: causal attention on Hopper's warpgroup MMA (wgmma,
+// sm_90a; wgmma.cuh): the deterministic backward for D = 64 and 128, in
+// attention_fa2.cu's two launches (dq with delta first, then dk and dv),
+// and the forward for D = 128. Arguments and results are those of
+// attention_fa2.cu's kernels (the same bits, TestAttentionWG); the products
+// run on wgmma instead of mma.sync. Why: the profile of the FA2 backward at
+// gpt2's shape (2026-12-02, ncu) found it latency-bound — one block of 8
+// warps per SM (registers and shared memory), 2 warps per scheduler,
+// 6.2–6.7 cycles between a warp's instructions, the tensor pipe ~31 % busy.
+// wgmma is asynchronous and multiplies a 64-row operand per instruction, so
+// one warpgroup keeps the tensor cores busy with far fewer instructions
+// (FlashAttention-3's argument).
 //
-// Scheme (both kernels): a block is one warpgroup (128 threads) owning 64
-// rows (ROWS: queries in dq, keys in dk/dv), warp w rows 16w…16w + 15 as in
-// FA2, so the softmax code and the fragment layouts are FA2's (wgmma.cuh).
-// The streamed tiles are double buffered with cp.async into the
-// 128-byte-swizzled layout wgmma reads (wg_load), one barrier per tile as in
-// FA2 (wait, fence to the async proxy, barrier, queue the next tile). Per
-// tile: the two score products in one wgmma group, wait; the
+// Scheme (every kernel): a block is one warpgroup (128 threads) owning 64
+// rows (ROWS: queries in the forward and dq, keys in dk/dv), warp w rows
+// 16w…16w + 15 as in FA2, so the softmax code and the fragment layouts are
+// FA2's (wgmma.cuh). The streamed tiles are double buffered with cp.async
+// into the 128-byte-swizzled layout wgmma reads (wg_load), one barrier per
+// tile as in FA2 (wait, fence to the async proxy, barrier, queue the next
+// tile). Per tile: the score product(s) in one wgmma group, wait; the
 // softmax in registers; the output product(s) (A = the bf16 probabilities
 // or dS from registers, B MN-major from the streamed or held tile) in a
 // second group, wait. No atomics: each output element is written once.
 //
-// A forward on the same scheme was written and dropped (2026-12-02): its
-// D = 128 kernel gave FA2's bits on the GPU, but its D = 64 kernel failed
-// the GPU shape tests whenever a block streamed more than one key tile with
-// several valid rows (T = 70, 200, 300), while the emulator passed them all
-// and bracketing every group with wg_keep changed no bit; the cause was not
-// found (commit 972fa98 has the kernel).
-//
+//   fwd (attn_fwd_wg_d128_bf16): key tiles of 64 up to the diagonal, FA2's
+//       online softmax; S = Q·Kᵀ (Q fragments in registers), O += P·V.
+//       D = 128 only: the same template at D = 64 fails the GPU shape tests
+//       whenever a block streams more than one key tile with several valid
+//       rows (T = 70, 200, 300, 1024: out off by 0.03–0.5), while the
+//       emulator passes it. Not the cause (2026-12-02, GPU): the ordering
+//       of O's rescale against wgmma (wg_keep brackets changed no bit), nor
+//       the rescaled O feeding wgmma as accumulator (P·V into an
+//       accumulator of its own, added by the threads, failed with the same
+//       figures to every digit): the error is in S, the softmax or P·V's
+//       operands, not in how O accumulates. Commit 972fa98 and this
+//       file's history have the D = 64 kernels.
 //   dq  (attn_bwd_dq_wg_dD_bf16): delta = Σ dout·out of the block's rows
 //       (written for dk/dv), then key tiles of BN = 64 up to the diagonal:
 //       S = Q·Kᵀ, dP = dO·Vᵀ, dS = P∘(dP − delta), dQ += dS·K. D = 64: Q, dO
@@ -39,6 +44,7 @@
 //       dV += Pᵀ·dO, dK += dSᵀ·Q. D = 64: K, V fragments in registers.
 //
 // Shared memory (1024 bytes of alignment slack, then the tiles):
+//   fwd:  1024 + (64 + 4·64)·D·2 bytes: 82944 (D = 128)
 //   dq:   1024 + (2·64 + 4·BN)·D·2 bytes: 50176 (D = 64), 99328 (D = 128)
 //   dkdv: 1024 + (2·64 + 4·BM)·D·2 + 16·BM: 51200 (D = 64), 67072 (D = 128)
 // grid (ceil(T/64), B·H), block 128.
@@ -86,6 +92,134 @@ __device__ __forceinline__ void wg_tile_ready() {
 }
 
 #endif // ATP_WG_BODY
+
+// ---------------------------------------------------------------------------
+// Forward: out and lse, key tiles of 64 up to the diagonal with FA2's online
+// softmax: S = Q·Kᵀ (Q fragments in registers), O += P·V (V MN-major).
+template <int D>
+__device__ void attn_fwd_wg_impl(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T,
+                                 int H, int sqkv, int so, float scale) {
+#if defined(ATP_WG_BODY)
+    constexpr int BM = ROWS, BN = 64, KS = D / 16, NT = BN / 8, DT = D / 8;
+    bf16* Qs = wg_smem();        // BM × D
+    bf16* Ks = Qs + BM * D;      // 2 × BN × D
+    bf16* Vs = Ks + 2 * BN * D;  // 2 × BN × D
+    int bh = blockIdx.y, b = bh / H, h = bh - b * H;
+    int q0 = (gridDim.x - 1 - blockIdx.x) * BM; // longest first
+    const bf16* qb = q + (long long)b * T * sqkv + h * D;
+    const bf16* kb = k + (long long)b * T * sqkv + h * D;
+    const bf16* vb = v + (long long)b * T * sqkv + h * D;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    int kend = q0 + BM < T ? q0 + BM : T;
+    int nkt = (kend + BN - 1) / BN;
+    int wr0 = q0 + warp * 16; // the warp's first row
+
+    wg_load<BM, D>(Qs, qb, sqkv, q0, T);
+    wg_load<BN, D>(Ks, kb, sqkv, 0, T);
+    wg_load<BN, D>(Vs, vb, sqkv, 0, T);
+    cp_async_commit();
+
+    const float sl2 = scale * kTcLog2e;
+    uint32_t qf[KS][4];
+    float o[DT][4], s[NT][4];
+    fa2_zero(o);
+    fa2_zero(s);
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f; // m: running max of raw scores (scale > 0)
+
+    for (int it = 0; it < nkt; it++) {
+        int buf = it & 1;
+        wg_tile_ready();
+        if (it + 1 < nkt) {
+            wg_load<BN, D>(Ks + (buf ^ 1) * BN * D, kb, sqkv, (it + 1) * BN, T);
+            wg_load<BN, D>(Vs + (buf ^ 1) * BN * D, vb, sqkv, (it + 1) * BN, T);
+            cp_async_commit();
+        }
+        if (it == 0) {
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++) wg_frag_a<BM>(qf[kk], Qs, warp * 16, kk * 16);
+        }
+        int k0 = it * BN;
+        const uint32_t ka = smem_u32(Ks + buf * BN * D), va = smem_u32(Vs + buf * BN * D);
+
+        // S = Q·Kᵀ (64 queries × BN keys)
+        wg_keep(s);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++) wgmma_rs<BN, 0>(s, qf[kk], kmajor<BN>(ka, kk), kk);
+        wgmma_commit();
+        wgmma_wait<0>();
+        wg_keep(s);
+        if (k0 + BN - 1 > wr0) { // the tile crosses the diagonal of some row of the warp
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int key = k0 + j * 8 + 2 * tq + (e & 1);
+                    int row = wr0 + g + (e >> 1) * 8;
+                    if (key > row) s[j][e] = -INFINITY;
+                }
+        }
+        // Online softmax (as attention_fa2.cu). A warp whose rows all come
+        // before the tile sees only −∞ here: its max stays (finite: key 0 of
+        // tile 0 is visible to every row), its probabilities are 0.
+        float mx0 = m0, mx1 = m1;
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
+        }
+        mx0 = quad_max(mx0);
+        mx1 = quad_max(mx1);
+        float c0 = fa2_exp2((m0 - mx0) * sl2), c1 = fa2_exp2((m1 - mx1) * sl2);
+        m0 = mx0;
+        m1 = mx1;
+        float ms0 = mx0 * sl2, ms1 = mx1 * sl2;
+        float rs0 = 0.0f, rs1 = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            s[j][0] = fa2_exp2(fmaf(s[j][0], sl2, -ms0));
+            s[j][1] = fa2_exp2(fmaf(s[j][1], sl2, -ms0));
+            s[j][2] = fa2_exp2(fmaf(s[j][2], sl2, -ms1));
+            s[j][3] = fa2_exp2(fmaf(s[j][3], sl2, -ms1));
+            rs0 += s[j][0] + s[j][1];
+            rs1 += s[j][2] + s[j][3];
+        }
+        l0 = l0 * c0 + rs0;
+        l1 = l1 * c1 + rs1;
+#pragma unroll
+        for (int j = 0; j < DT; j++) {
+            o[j][0] *= c0;
+            o[j][1] *= c0;
+            o[j][2] *= c1;
+            o[j][3] *= c1;
+        }
+        // O += P·V
+        uint32_t pa[BN / 16][4];
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ks++) acc_to_a(pa[ks], s[2 * ks], s[2 * ks + 1]);
+        wg_keep(o);
+        wg_keep(pa);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ks++) wgmma_rs<D, 1>(o, pa[ks], mnmajor<BN>(va, ks), 1);
+        wgmma_commit();
+        wgmma_wait<0>();
+        wg_keep(o);
+        wg_keep(pa);
+    }
+    bf16* ob = out + (long long)b * T * so + h * D;
+    float* lrow = lse + (long long)bh * T;
+    float ls0 = quad_add(l0), ls1 = quad_add(l1);
+    fa2_store<D>(ob, so, wr0, T, o, 1.0f / ls0, 1.0f / ls1);
+    if (tq == 0) {
+        if (wr0 + g < T) lrow[wr0 + g] = (m0 * sl2 + log2f(ls0)) * kTcLn2;
+        if (wr0 + g + 8 < T) lrow[wr0 + g + 8] = (m1 * sl2 + log2f(ls1)) * kTcLn2;
+    }
+#elif defined(__CUDA_ARCH__)
+    __trap(); // needs sm_90a
+#endif
+}
+
 
 // ---------------------------------------------------------------------------
 // Backward: delta and dq. QREG: Q and dO fragments in registers.
@@ -328,6 +462,12 @@ __device__ void attn_bwd_dkdv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const b
 
 using namespace atp;
 
+// out (B, T, H, D), lse (B·H, T); q, k, v rows sqkv apart, out rows so apart:
+// attn_fwd_fa2's arguments. grid (ceil(T/64), B·H), block 128, shared
+// memory 1024 + (64 + 4·64)·D·2 bytes. D = 128 only (see the top).
+KERNEL_LB(128) attn_fwd_wg_d128_bf16(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T, int H, int sqkv, int so, float scale) {
+    wgattn::attn_fwd_wg_impl<128>(out, lse, q, k, v, B, T, H, sqkv, so, scale);
+}
 // dq (row stride sd), delta (B, H, T) written; q, k, v (sqkv), out, dout
 // (so), lse: attn_bwd_dq_fa2's arguments. grid (ceil(T/64), B·H), block 128,
 // shared memory as above.

@@ -4,15 +4,19 @@
 
 namespace atp {
 
-// adamw_elem: one element's update (both paths below run this same code, so
-// an element's bits do not depend on which path took it).
-__device__ __forceinline__ void adamw_elem(float gr, float& m, float& v, float& w, float lr, float b1, float b2,
-                                           float eps, float wd, float bc1, float bc2) {
-    m = b1 * m + (1.0f - b1) * gr;
-    v = b2 * v + (1.0f - b2) * gr * gr;
+// adamw_elem: one element's update from its raw gradient g. Both paths
+// below run this code, and every product and sum is rounded where written
+// (no contraction left to the compiler, which fused differently in the two
+// paths on the GPU), so an element's bits do not depend on the path.
+__device__ __forceinline__ void adamw_elem(float g, float grad_scale, float& m, float& v, float& w, float lr,
+                                           float b1, float b2, float eps, float wd, float bc1, float bc2) {
+    float gr = __fmul_rn(g, grad_scale);
+    m = __fmaf_rn(b1, m, __fmul_rn(1.0f - b1, gr));
+    v = __fmaf_rn(b2, v, __fmul_rn(__fmul_rn(1.0f - b2, gr), gr));
     float mhat = m / bc1;
     float vhat = v / bc2;
-    w -= lr * (mhat / (sqrtf(vhat) + eps) + wd * w);
+    float step = __fmaf_rn(wd, w, mhat / __fadd_rn(sqrtf(vhat), eps));
+    w = __fmaf_rn(-lr, step, w);
 }
 
 // load4/store4: four consecutive elements as one 16-byte (fp32) or 8-byte
@@ -77,17 +81,16 @@ __device__ void adamw_impl(TP* p, const TG* g, float* m, float* v, float* master
         if (master != nullptr) load4(master + i, w);
         else load4(p + i, w);
 #pragma unroll
-        for (int e = 0; e < 4; e++) adamw_elem(gr[e] * grad_scale, mi[e], vi[e], w[e], lr, b1, b2, eps, wd, bc1, bc2);
+        for (int e = 0; e < 4; e++) adamw_elem(gr[e], grad_scale, mi[e], vi[e], w[e], lr, b1, b2, eps, wd, bc1, bc2);
         store4(m + i, mi);
         store4(v + i, vi);
         if (master != nullptr) store4(master + i, w);
         store4(p + i, w);
     }
     for (long long i = 4 * n4 + grid_thread(); i < n; i += grid_threads()) {
-        float gr = f32(g[i]) * grad_scale;
         float mi = m[i], vi = v[i];
         float w = master != nullptr ? master[i] : f32(p[i]);
-        adamw_elem(gr, mi, vi, w, lr, b1, b2, eps, wd, bc1, bc2);
+        adamw_elem(f32(g[i]), grad_scale, mi, vi, w, lr, b1, b2, eps, wd, bc1, bc2);
         m[i] = mi;
         v[i] = vi;
         if (master != nullptr) master[i] = w;

@@ -140,6 +140,10 @@ func (b *Backend) Attention(out, lse, q, k, v *tensor.Tensor, scale float32) {
 		return
 	}
 	if b.useTensorCores(q.DType(), d) && tcAligned(out, q, k, v) {
+		if b.useWGFwd(d) {
+			b.attentionWG(out, lse, q, k, v, scale, nb, nt, nh, d, nh*d, nh*d)
+			return
+		}
 		if b.useFA2() {
 			b.attentionFA2(out, lse, q, k, v, scale, nb, nt, nh, d, nh*d, nh*d)
 			return

@@ -8,10 +8,12 @@ import (
 	"github.com/asynctp/asynctp/tensor/cudabackend/internal/gpu"
 )
 
-// AttentionWGMMA uses the second-generation forward (attention_fa2.cu) and
-// the backward on Hopper's warpgroup MMA (cuda/kernels/attention_wg.cu):
-// FA2's two deterministic launches (dq with delta, then dk and dv; no
-// atomics, bit-reproducible) with FA2's bits, on wgmma instead of mma.sync.
+// AttentionWGMMA uses the kernels on Hopper's warpgroup MMA
+// (cuda/kernels/attention_wg.cu) with FA2's bits: the backward in FA2's two
+// deterministic launches (dq with delta, then dk and dv; no atomics,
+// bit-reproducible), and the forward at D = 128, on wgmma instead of
+// mma.sync; the forward at D = 64 stays FA2's (attention_fa2.cu: the wgmma
+// one failed on the GPU, see attention_wg.cu).
 // It needs an sm_90 GPU and an image with sm_90a code (or the emulator);
 // elsewhere, and where the tensor-core kernels do not apply, it falls back
 // like AttentionFA2. AttentionAuto takes it where it runs.
@@ -71,6 +73,22 @@ func wgDevice(d gpu.Device) bool {
 func (b *Backend) useWG() bool {
 	a := b.cfg.attention
 	return b.hasWG && (a == AttentionAuto || a == AttentionWGMMA)
+}
+
+// useWGFwd says whether the forward at head dim d takes the wgmma kernel
+// (D = 128 only).
+func (b *Backend) useWGFwd(d int) bool { return d == 128 && b.useWG() }
+
+// wgSmemFwd: the alignment, Q (64 rows), two buffers each of K and V (64
+// rows); rows of D bf16.
+func wgSmemFwd(d int) int { return 1024 + (wgRows+4*64)*d*2 }
+
+// attentionWG launches the wgmma forward (attn_fwd_wg_d128_bf16); strides
+// as attentionFA2.
+func (b *Backend) attentionWG(out, lse, q, k, v *tensor.Tensor, scale float32, nb, nt, nh, d, sqkv, so int) {
+	grid := gpu.D2(ceilDiv(nt, wgRows), nb*nh)
+	b.launch("Attention", fmt.Sprintf("attn_fwd_wg_d%d_bf16", d), grid, gpu.D1(128), wgSmemFwd(d),
+		ptr(out), ptr(lse), ptr(q), ptr(k), ptr(v), int32(nb), int32(nt), int32(nh), int32(sqkv), int32(so), scale)
 }
 
 // attentionBackwardWG launches dq (with delta) and then dk, dv on the wgmma

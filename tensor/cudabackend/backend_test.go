@@ -48,9 +48,10 @@ func TestAttentionShapesFA2(t *testing.T) {
 	runAttentionShapes(t, openGPU, WithAttention(AttentionFA2))
 }
 
-// TestAttentionWG: on an sm_90 GPU the default attention backward is the
-// wgmma kernels' (so TestAttentionShapes, TestConformance and
-// TestDeterminism test them there), with FA2's bits (runAttentionSameBits).
+// TestAttentionWG: on an sm_90 GPU the default attention backward, and the
+// forward at D = 128, are the wgmma kernels' (so TestAttentionShapes,
+// TestConformance and TestDeterminism test them there), with FA2's bits
+// (runAttentionSameBits).
 func TestAttentionWG(t *testing.T) {
 	b := openGPU(t)
 	cd := b.dev.(*cudaDevice)
@@ -63,6 +64,9 @@ func TestAttentionWG(t *testing.T) {
 	}
 	if !b.useWG() {
 		t.Fatalf("the default attention backward on %s is not the wgmma kernels' (hasWG %v: does the image have sm_90a code?)", b.DeviceName(), b.hasWG)
+	}
+	if !b.useWGFwd(128) || b.useWGFwd(64) {
+		t.Fatalf("the default forward on %s: wgmma at D = 128 %v, at D = 64 %v; want D = 128 only", b.DeviceName(), b.useWGFwd(128), b.useWGFwd(64))
 	}
 	runAttentionSameBits(t, openGPU)
 }

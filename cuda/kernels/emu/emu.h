@@ -58,6 +58,7 @@ inline uint2 make_uint2(unsigned x, unsigned y) { return uint2{x, y}; }
 // The rounding intrinsics: one IEEE operation each (round to nearest).
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
 
 extern dim3 threadIdx, blockIdx, blockDim, gridDim;
 

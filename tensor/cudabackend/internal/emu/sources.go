@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "3fb55dfe4ae89e4d9a2d8a87cfc354087f52ccab300ccfc5092f050ef91647f9"
+const SourcesSum = "eed0130a2aba9a324f0a7cd8ed45de3718b19c29465b10fc70645059b3a30de6"
