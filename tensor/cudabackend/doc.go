@@ -82,8 +82,9 @@
 //
 // Attention: any head dim D ≤ 128: CUDA-core kernels (bf16 and f32, any
 // D) and tensor-core kernels (bf16, D = 64 or 128, 16-byte aligned
-// tensors) — on an sm_90 GPU on wgmma (AttentionWGMMA), elsewhere on
-// mma.sync (AttentionFA2), with the same bits — chosen automatically;
+// tensors) — on an sm_90 GPU the backward and the D = 128 forward on wgmma
+// (AttentionWGMMA), elsewhere on mma.sync (AttentionFA2), with the same
+// bits — chosen automatically;
 // WithAttention picks one.
 //
 // MoE: Backend implements tensor.MoEOps (TopK, GatherRows, CombineRows,
