@@ -108,6 +108,48 @@ __device__ __forceinline__ void fa2_zero(float (&a)[N][4]) {
     for (int j = 0; j < N; j++) a[j][0] = a[j][1] = a[j][2] = a[j][3] = 0.0f;
 }
 
+// fa2_online_softmax: one key tile's step of the online softmax for a
+// warp's two row halves (rows g and g + 8 of its 16): the running maxima m
+// (of raw scores), the sums l and the output accumulators o are rescaled to
+// the tile's new maxima, and s (raw scores, −∞ where masked) becomes the
+// tile's unnormalised probabilities. sl2 = scale·log2 e. The caller
+// guarantees a finite max (key 0 of tile 0 is visible to every row).
+template <int NT, int DT>
+__device__ __forceinline__ void fa2_online_softmax(float (&s)[NT][4], float (&o)[DT][4], float& m0, float& m1,
+                                                   float& l0, float& l1, float sl2) {
+    float mx0 = m0, mx1 = m1;
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
+        mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
+    }
+    mx0 = quad_max(mx0);
+    mx1 = quad_max(mx1);
+    float c0 = fa2_exp2((m0 - mx0) * sl2), c1 = fa2_exp2((m1 - mx1) * sl2);
+    m0 = mx0;
+    m1 = mx1;
+    float ms0 = mx0 * sl2, ms1 = mx1 * sl2;
+    float rs0 = 0.0f, rs1 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        s[j][0] = fa2_exp2(fmaf(s[j][0], sl2, -ms0));
+        s[j][1] = fa2_exp2(fmaf(s[j][1], sl2, -ms0));
+        s[j][2] = fa2_exp2(fmaf(s[j][2], sl2, -ms1));
+        s[j][3] = fa2_exp2(fmaf(s[j][3], sl2, -ms1));
+        rs0 += s[j][0] + s[j][1];
+        rs1 += s[j][2] + s[j][3];
+    }
+    l0 = l0 * c0 + rs0;
+    l1 = l1 * c1 + rs1;
+#pragma unroll
+    for (int j = 0; j < DT; j++) {
+        o[j][0] *= c0;
+        o[j][1] *= c0;
+        o[j][2] *= c1;
+        o[j][3] *= c1;
+    }
+}
+
 // fa2_lse_delta: query qi's lse·log2 e and delta; +∞ and 0 past T (its
 // probabilities are then 0).
 __device__ __forceinline__ void fa2_lse_delta(float& l, float& d, const float* lse_bh, const float* delta_bh, int qi,
@@ -278,41 +320,9 @@ __device__ void attn_fwd_fa2_impl(bf16* out, float* lse, const bf16* q, const bf
                         if (key > row) s[mt][j][e] = -INFINITY;
                     }
         }
-        // Online softmax.
+        // Online softmax (finite maxima: key 0 of tile 0 is visible to every row).
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-            float mx0 = m[mt][0], mx1 = m[mt][1];
-#pragma unroll
-            for (int j = 0; j < NT; j++) {
-                mx0 = fmaxf(mx0, fmaxf(s[mt][j][0], s[mt][j][1]));
-                mx1 = fmaxf(mx1, fmaxf(s[mt][j][2], s[mt][j][3]));
-            }
-            mx0 = quad_max(mx0); // finite: key 0 (tile 0) is visible to every row
-            mx1 = quad_max(mx1);
-            float c0 = fa2_exp2((m[mt][0] - mx0) * sl2), c1 = fa2_exp2((m[mt][1] - mx1) * sl2);
-            m[mt][0] = mx0;
-            m[mt][1] = mx1;
-            float ms0 = mx0 * sl2, ms1 = mx1 * sl2;
-            float rs0 = 0.0f, rs1 = 0.0f;
-#pragma unroll
-            for (int j = 0; j < NT; j++) {
-                s[mt][j][0] = fa2_exp2(fmaf(s[mt][j][0], sl2, -ms0));
-                s[mt][j][1] = fa2_exp2(fmaf(s[mt][j][1], sl2, -ms0));
-                s[mt][j][2] = fa2_exp2(fmaf(s[mt][j][2], sl2, -ms1));
-                s[mt][j][3] = fa2_exp2(fmaf(s[mt][j][3], sl2, -ms1));
-                rs0 += s[mt][j][0] + s[mt][j][1];
-                rs1 += s[mt][j][2] + s[mt][j][3];
-            }
-            l[mt][0] = l[mt][0] * c0 + rs0;
-            l[mt][1] = l[mt][1] * c1 + rs1;
-#pragma unroll
-            for (int j = 0; j < DT; j++) {
-                o[mt][j][0] *= c0;
-                o[mt][j][1] *= c0;
-                o[mt][j][2] *= c1;
-                o[mt][j][3] *= c1;
-            }
-        }
+        for (int mt = 0; mt < MT; mt++) fa2_online_softmax(s[mt], o[mt], m[mt][0], m[mt][1], l[mt][0], l[mt][1], sl2);
         // O += P·V
 #pragma unroll
         for (int ks = 0; ks < BN / 16; ks++) {

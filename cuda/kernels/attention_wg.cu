@@ -159,40 +159,10 @@ __device__ void attn_fwd_wg_impl(bf16* out, float* lse, const bf16* q, const bf1
                     if (key > row) s[j][e] = -INFINITY;
                 }
         }
-        // Online softmax (as attention_fa2.cu). A warp whose rows all come
+        // Online softmax (attention_fa2.cu's). A warp whose rows all come
         // before the tile sees only −∞ here: its max stays (finite: key 0 of
         // tile 0 is visible to every row), its probabilities are 0.
-        float mx0 = m0, mx1 = m1;
-#pragma unroll
-        for (int j = 0; j < NT; j++) {
-            mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
-            mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
-        }
-        mx0 = quad_max(mx0);
-        mx1 = quad_max(mx1);
-        float c0 = fa2_exp2((m0 - mx0) * sl2), c1 = fa2_exp2((m1 - mx1) * sl2);
-        m0 = mx0;
-        m1 = mx1;
-        float ms0 = mx0 * sl2, ms1 = mx1 * sl2;
-        float rs0 = 0.0f, rs1 = 0.0f;
-#pragma unroll
-        for (int j = 0; j < NT; j++) {
-            s[j][0] = fa2_exp2(fmaf(s[j][0], sl2, -ms0));
-            s[j][1] = fa2_exp2(fmaf(s[j][1], sl2, -ms0));
-            s[j][2] = fa2_exp2(fmaf(s[j][2], sl2, -ms1));
-            s[j][3] = fa2_exp2(fmaf(s[j][3], sl2, -ms1));
-            rs0 += s[j][0] + s[j][1];
-            rs1 += s[j][2] + s[j][3];
-        }
-        l0 = l0 * c0 + rs0;
-        l1 = l1 * c1 + rs1;
-#pragma unroll
-        for (int j = 0; j < DT; j++) {
-            o[j][0] *= c0;
-            o[j][1] *= c0;
-            o[j][2] *= c1;
-            o[j][3] *= c1;
-        }
+        fa2_online_softmax(s, o, m0, m1, l0, l1, sl2);
         // O += P·V
         uint32_t pa[BN / 16][4];
 #pragma unroll

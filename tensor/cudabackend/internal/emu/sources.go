@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "eed0130a2aba9a324f0a7cd8ed45de3718b19c29465b10fc70645059b3a30de6"
+const SourcesSum = "ce323483d709b45ae296f88925d59a7b6218b4cedeacebc50b2c46b6ec7666ea"
