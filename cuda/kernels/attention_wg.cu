@@ -142,6 +142,10 @@ __device__ void attn_fwd_wg_impl(bf16* out, float* lse, const bf16* q, const bf1
         const uint32_t ka = smem_u32(Ks + buf * BN * D), va = smem_u32(Vs + buf * BN * D);
 
         // S = Q·Kᵀ (64 queries × BN keys)
+        // The forward's two groups are written out, not wg_group: through
+        // wg_group its compute_90 PTX reorders two independent register
+        // initialisations, and this GPU-tested kernel keeps its code until a
+        // GPU run (its D = 64 sibling fails for a cause not found).
         wg_keep(s);
         wgmma_fence();
 #pragma unroll
@@ -255,23 +259,20 @@ __device__ void attn_bwd_dq_wg_impl(bf16* dq, float* delta, const bf16* q, const
         const uint32_t ka = smem_u32(Ks + buf * BN * D), va = smem_u32(Vs + buf * BN * D);
 
         // S = Q·Kᵀ, dP = dO·Vᵀ (64 queries × BN keys)
-        wg_keep(s);
-        wg_keep(dp);
-        wgmma_fence();
+        wg_group(
+            [&] {
 #pragma unroll
-        for (int kk = 0; kk < KS; kk++) {
-            if constexpr (QREG) {
-                wgmma_rs<BN, 0>(s, qf[kk], kmajor<BN>(ka, kk), kk);
-                wgmma_rs<BN, 0>(dp, gf[kk], kmajor<BN>(va, kk), kk);
-            } else {
-                wgmma_ss<BN, 0>(s, kmajor<BM>(qa, kk), kmajor<BN>(ka, kk), kk);
-                wgmma_ss<BN, 0>(dp, kmajor<BM>(ga, kk), kmajor<BN>(va, kk), kk);
-            }
-        }
-        wgmma_commit();
-        wgmma_wait<0>();
-        wg_keep(s);
-        wg_keep(dp);
+                for (int kk = 0; kk < KS; kk++) {
+                    if constexpr (QREG) {
+                        wgmma_rs<BN, 0>(s, qf[kk], kmajor<BN>(ka, kk), kk);
+                        wgmma_rs<BN, 0>(dp, gf[kk], kmajor<BN>(va, kk), kk);
+                    } else {
+                        wgmma_ss<BN, 0>(s, kmajor<BM>(qa, kk), kmajor<BN>(ka, kk), kk);
+                        wgmma_ss<BN, 0>(dp, kmajor<BM>(ga, kk), kmajor<BN>(va, kk), kk);
+                    }
+                }
+            },
+            s, dp);
 
         // P = exp(S − lse), dS = P∘(dP − delta); masked on the diagonal only
         fa2_dq_ds(s, dp, sl2, L0, L1, D0, D1, k0 + BN - 1 > wr0, k0, row0, row1);
@@ -279,15 +280,12 @@ __device__ void attn_bwd_dq_wg_impl(bf16* dq, float* delta, const bf16* q, const
         uint32_t dsa[BN / 16][4];
 #pragma unroll
         for (int ks = 0; ks < BN / 16; ks++) acc_to_a(dsa[ks], dp[2 * ks], dp[2 * ks + 1]);
-        wg_keep(dqa);
-        wg_keep(dsa);
-        wgmma_fence();
+        wg_group(
+            [&] {
 #pragma unroll
-        for (int ks = 0; ks < BN / 16; ks++) wgmma_rs<D, 1>(dqa, dsa[ks], mnmajor<BN>(ka, ks), 1);
-        wgmma_commit();
-        wgmma_wait<0>();
-        wg_keep(dqa);
-        wg_keep(dsa);
+                for (int ks = 0; ks < BN / 16; ks++) wgmma_rs<D, 1>(dqa, dsa[ks], mnmajor<BN>(ka, ks), 1);
+            },
+            dqa, dsa);
     }
     fa2_store<D>(dq + (long long)b * T * sd + h * D, sd, wr0, T, dqa, scale, scale);
 #elif defined(__CUDA_ARCH__)
@@ -370,23 +368,20 @@ __device__ void attn_bwd_dkdv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const b
         const float* Dt = Ds + buf * BM;
 
         // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (64 keys × BM queries)
-        wg_keep(st);
-        wg_keep(dpt);
-        wgmma_fence();
+        wg_group(
+            [&] {
 #pragma unroll
-        for (int kk = 0; kk < KS; kk++) {
-            if constexpr (KREG) {
-                wgmma_rs<BM, 0>(st, kf[kk], kmajor<BM>(qa, kk), kk);
-                wgmma_rs<BM, 0>(dpt, vf[kk], kmajor<BM>(ga, kk), kk);
-            } else {
-                wgmma_ss<BM, 0>(st, kmajor<BN>(ka, kk), kmajor<BM>(qa, kk), kk);
-                wgmma_ss<BM, 0>(dpt, kmajor<BN>(va, kk), kmajor<BM>(ga, kk), kk);
-            }
-        }
-        wgmma_commit();
-        wgmma_wait<0>();
-        wg_keep(st);
-        wg_keep(dpt);
+                for (int kk = 0; kk < KS; kk++) {
+                    if constexpr (KREG) {
+                        wgmma_rs<BM, 0>(st, kf[kk], kmajor<BM>(qa, kk), kk);
+                        wgmma_rs<BM, 0>(dpt, vf[kk], kmajor<BM>(ga, kk), kk);
+                    } else {
+                        wgmma_ss<BM, 0>(st, kmajor<BN>(ka, kk), kmajor<BM>(qa, kk), kk);
+                        wgmma_ss<BM, 0>(dpt, kmajor<BN>(va, kk), kmajor<BM>(ga, kk), kk);
+                    }
+                }
+            },
+            st, dpt);
 
         // Pᵀ = exp(Sᵀ − lse), dSᵀ = Pᵀ∘(dPᵀ − delta); masked on the diagonal only
         fa2_dkdv_ds(st, dpt, Lt, Dt, sl2, qs < kw + 15, qs, key0, key1);
@@ -397,22 +392,15 @@ __device__ void attn_bwd_dkdv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const b
             acc_to_a(pa[ks], st[2 * ks], st[2 * ks + 1]);
             acc_to_a(dsa[ks], dpt[2 * ks], dpt[2 * ks + 1]);
         }
-        wg_keep(dva);
-        wg_keep(dka);
-        wg_keep(pa);
-        wg_keep(dsa);
-        wgmma_fence();
+        wg_group(
+            [&] {
 #pragma unroll
-        for (int ks = 0; ks < BM / 16; ks++) {
-            wgmma_rs<D, 1>(dva, pa[ks], mnmajor<BM>(ga, ks), 1);
-            wgmma_rs<D, 1>(dka, dsa[ks], mnmajor<BM>(qa, ks), 1);
-        }
-        wgmma_commit();
-        wgmma_wait<0>();
-        wg_keep(dva);
-        wg_keep(dka);
-        wg_keep(pa);
-        wg_keep(dsa);
+                for (int ks = 0; ks < BM / 16; ks++) {
+                    wgmma_rs<D, 1>(dva, pa[ks], mnmajor<BM>(ga, ks), 1);
+                    wgmma_rs<D, 1>(dka, dsa[ks], mnmajor<BM>(qa, ks), 1);
+                }
+            },
+            dva, dka, pa, dsa);
         // The other buffer's lse/delta: read last in tile it − 1 (done by
         // every thread: the barrier above), read next after the next barrier.
         if (more && tid < BM) {

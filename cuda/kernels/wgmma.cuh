@@ -192,7 +192,7 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
 // the accumulators and A fragments (their writes land before the fence, as
 // wgmma requires) and after wgmma_wait for the same (no read of a result
 // before the wait, no reuse of an A register while the group may still read
-// it).
+// it). wg_group, below, issues a group with those brackets.
 template <int N> __device__ __forceinline__ void wg_keep(float (&x)[N][4]) {
 #pragma unroll
     for (int j = 0; j < N; j++)
@@ -330,6 +330,20 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t da, uint
 }
 
 #endif // ASYNCTP_EMU
+
+// wg_group issues one wgmma group (issue: its wgmma_rs / wgmma_ss calls)
+// and waits for it, with wg_keep on the registers the group touches (regs:
+// its accumulators and register A fragments) before the fence and after the
+// wait: the ordering every group needs (see wg_keep), in one place.
+template <typename Issue, typename... Regs>
+__device__ __forceinline__ void wg_group(Issue&& issue, Regs&... regs) {
+    (wg_keep(regs), ...);
+    wgmma_fence();
+    issue();
+    wgmma_commit();
+    wgmma_wait<0>();
+    (wg_keep(regs), ...);
+}
 #endif // ATP_WG_BODY
 
 } // namespace wg

@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "ce323483d709b45ae296f88925d59a7b6218b4cedeacebc50b2c46b6ec7666ea"
+const SourcesSum = "5957652d7e19748977d2fee57716e2d563165bf08f1080d5a50bca3b958a7f29"
