@@ -81,19 +81,36 @@ func (b *Backend) attentionFA2(out, lse, q, k, v *tensor.Tensor, scale float32, 
 // attentionBackwardFA2 launches dq (with delta) and then dk, dv; strides as
 // attentionFA2, and sd for dq, dk, dv.
 func (b *Backend) attentionBackwardFA2(dq, dk, dv, dout, q, k, v, out, lse *tensor.Tensor, scale float32, nb, nt, nh, d, sqkv, so, sd int) {
-	grid := gpu.D2(ceilDiv(nt, fa2Rows), nb*nh)
+	b.attentionBackwardTwoPass(twoPass{"fa2", fa2Rows, 256, fa2SmemDq(d), fa2SmemDkdv(d)},
+		dq, dk, dv, dout, q, k, v, out, lse, scale, nb, nt, nh, d, sqkv, so, sd)
+}
+
+// twoPass is a family of the deterministic two-launch backward
+// (attn_bwd_dq_<name>_dD_bf16 with delta, then attn_bwd_dkdv_<name>_dD_bf16:
+// the FA2 kernels, and the wgmma ones with the same arguments): the rows
+// each block owns, the block's threads, and each launch's shared memory.
+type twoPass struct {
+	name             string
+	rows, threads    int
+	smemDq, smemDkdv int
+}
+
+// attentionBackwardTwoPass launches p's dq (with delta into a scratch
+// buffer) and then its dk, dv; strides as attentionBackwardFA2.
+func (b *Backend) attentionBackwardTwoPass(p twoPass, dq, dk, dv, dout, q, k, v, out, lse *tensor.Tensor, scale float32, nb, nt, nh, d, sqkv, so, sd int) {
+	grid := gpu.D2(ceilDiv(nt, p.rows), nb*nh)
 	b.do("AttentionBackward", func(dev gpu.Device) error {
 		delta, size, err := b.scratch(tensor.Float32, nb*nt*nh)
 		if err != nil {
 			return err
 		}
 		defer b.putScratch(delta, size)
-		if err := dev.Launch(fmt.Sprintf("attn_bwd_dq_fa2_d%d_bf16", d), grid, gpu.D1(256), fa2SmemDq(d),
+		if err := dev.Launch(fmt.Sprintf("attn_bwd_dq_%s_d%d_bf16", p.name, d), grid, gpu.D1(p.threads), p.smemDq,
 			ptr(dq), delta, ptr(q), ptr(k), ptr(v), ptr(out), ptr(dout), ptr(lse),
 			int32(nb), int32(nt), int32(nh), int32(sqkv), int32(so), int32(sd), scale); err != nil {
 			return err
 		}
-		return dev.Launch(fmt.Sprintf("attn_bwd_dkdv_fa2_d%d_bf16", d), grid, gpu.D1(256), fa2SmemDkdv(d),
+		return dev.Launch(fmt.Sprintf("attn_bwd_dkdv_%s_d%d_bf16", p.name, d), grid, gpu.D1(p.threads), p.smemDkdv,
 			ptr(dk), ptr(dv), ptr(q), ptr(k), ptr(v), ptr(dout), ptr(lse), delta,
 			int32(nb), int32(nt), int32(nh), int32(sqkv), int32(so), int32(sd), scale)
 	})

@@ -94,20 +94,6 @@ func (b *Backend) attentionWG(out, lse, q, k, v *tensor.Tensor, scale float32, n
 // attentionBackwardWG launches dq (with delta) and then dk, dv on the wgmma
 // kernels; strides as attentionBackwardFA2.
 func (b *Backend) attentionBackwardWG(dq, dk, dv, dout, q, k, v, out, lse *tensor.Tensor, scale float32, nb, nt, nh, d, sqkv, so, sd int) {
-	grid := gpu.D2(ceilDiv(nt, wgRows), nb*nh)
-	b.do("AttentionBackward", func(dev gpu.Device) error {
-		delta, size, err := b.scratch(tensor.Float32, nb*nt*nh)
-		if err != nil {
-			return err
-		}
-		defer b.putScratch(delta, size)
-		if err := dev.Launch(fmt.Sprintf("attn_bwd_dq_wg_d%d_bf16", d), grid, gpu.D1(128), wgSmemDq(d),
-			ptr(dq), delta, ptr(q), ptr(k), ptr(v), ptr(out), ptr(dout), ptr(lse),
-			int32(nb), int32(nt), int32(nh), int32(sqkv), int32(so), int32(sd), scale); err != nil {
-			return err
-		}
-		return dev.Launch(fmt.Sprintf("attn_bwd_dkdv_wg_d%d_bf16", d), grid, gpu.D1(128), wgSmemDkdv(d),
-			ptr(dk), ptr(dv), ptr(q), ptr(k), ptr(v), ptr(dout), ptr(lse), delta,
-			int32(nb), int32(nt), int32(nh), int32(sqkv), int32(so), int32(sd), scale)
-	})
+	b.attentionBackwardTwoPass(twoPass{"wg", wgRows, 128, wgSmemDq(d), wgSmemDkdv(d)},
+		dq, dk, dv, dout, q, k, v, out, lse, scale, nb, nt, nh, d, sqkv, so, sd)
 }
