@@ -59,9 +59,10 @@ func openBackend(device, grouped string, more ...cudabackend.Option) (b tensor.B
 	return nil, 0, "", fmt.Errorf("unknown device %q, expected one of %v", device, devices)
 }
 
-// envAttention picks the CUDA attention kernels: unset (the default: the
-// FA2 forward, and the deterministic two-pass backward on wgmma on sm_90,
-// on mma.sync elsewhere), "wgmma" (cudabackend.AttentionWGMMA: sm_90 only),
+// envAttention picks the CUDA attention kernels: unset (the default: on
+// sm_90 the deterministic two-pass backward and the D = 128 forward on
+// wgmma, the D = 64 forward FA2's; mma.sync elsewhere), "wgmma"
+// (cudabackend.AttentionWGMMA: sm_90 only),
 // "fa2" (attention_fa2.cu's mma.sync kernels both ways,
 // cudabackend.AttentionFA2), or "onepass" (the FA2 forward and a one-pass
 // backward with fp32 atomic adds into dq: not bit-reproducible;

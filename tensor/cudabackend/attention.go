@@ -131,7 +131,8 @@ func attnGrid(nb, nt, nh int) gpu.Dim3 { return gpu.D2(ceilDiv(nt, 32), nb*nh) }
 // Attention is causal multi-head attention, fused (flash style: no T×T
 // scores in memory): out = softmax(scale·q·kᵀ, causal)·v, and lse (B, H, T)
 // fp32 = log-sum-exp of each row of scores, for the backward. q, k, v, out
-// (B, T, H, D) with D ≤ 128.
+// (B, T, H, D) with D ≤ 128. On sm_90 the default takes the wgmma forward
+// at D = 128 (AttentionWGMMA) and FA2's at D = 64, with the same bits.
 func (b *Backend) Attention(out, lse, q, k, v *tensor.Tensor, scale float32) {
 	c := b.check("Attention")
 	nb, nt, nh, d := opcheck.Attention(c, out, lse, q, k, v)
