@@ -170,9 +170,14 @@ func TestGPTMoEOverfit(t *testing.T) {
 			if !(loss < 0.35*first) {
 				t.Errorf("loss fell from %v to %v only", first, loss)
 			}
+			// E·Σ_e f_e·P_e is 1 when balanced but not bounded below by 1
+			// (f from the top-k choices, P from the probabilities): a
+			// balanced router sits within rounding noise of the run either
+			// side of 1 (blocks.1 ends at 1 + 1e-5 or 1 − 3e-5 as the aux
+			// gradient's last bits change).
 			for _, s := range st {
-				if !(s.LoadBalance >= 1-1e-6 && s.LoadBalance < 2) {
-					t.Errorf("%s: load balance %v, want in [1, 2)", s.Name, s.LoadBalance)
+				if !(s.LoadBalance >= 1-1e-3 && s.LoadBalance < 2) {
+					t.Errorf("%s: load balance %v, want in [0.999, 2)", s.Name, s.LoadBalance)
 				}
 			}
 		})

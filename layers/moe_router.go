@@ -83,15 +83,15 @@ type Router struct {
 	// DeviceStats: (2E+1) RouterDType [routed per expert | Σ p | Σ lse²],
 	// the one-hot of the choices and its ones.
 	dstats, onehot, ones *tensor.Tensor
-	zInv                 *tensor.Tensor // (1, 1) 1/T on the device (SetGlobalDevice); nil: zGrad
-	zGradC               float64        // SetGlobalDevice's ∂(ZLossCoef·z)/∂lse[n] = zGradC·zInv·lse[n]
+	zInv                 *tensor.Tensor // (1, 1) 1/T on the device (SetGlobalDevice's, or a view of hostG)
+	zGradC               float64        // ∂(ZLossCoef·z)/∂lse[n] = zGradC·zInv·lse[n]
 	auxTmp               *tensor.Tensor // (E, 1)
 
 	// Set by SetGlobal.
 	global         bool
 	balance, zloss float64        // raw losses over the union of the tokens
-	zGrad          float64        // ∂(ZLossCoef·z)/∂lse[n] = zGrad·lse[n]
 	auxGrad        *tensor.Tensor // (E) ∂(AuxLossCoef·balance)/∂p[n, e]
+	hostG          *tensor.Tensor // (E+1) RouterDType: SetGlobal's routed counts and 1/T, uploaded
 
 	// Backward scratch.
 	dprobs, dlogits, dz *tensor.Tensor // (N, E) RouterDType
@@ -268,26 +268,15 @@ func (r *Router) SetGlobalDevice(g, invT *tensor.Tensor) error {
 	if r.n == 0 {
 		return errors.New(r.what() + ": SetGlobalDevice without a successful Forward")
 	}
-	E, K, rdt := r.Experts, r.TopK, RouterDType(r.W.W.DType())
+	E, rdt := r.Experts, RouterDType(r.W.W.DType())
 	if g == nil || g.DType() != rdt || g.Numel() != 2*E+1 || invT == nil || invT.DType() != rdt || !invT.Shape().Equal(tensor.Shape{1, 1}) {
 		return fmt.Errorf("%s: global statistics %v and 1/T %v, expected %v(%d) and %v(1, 1)", r.what(), g, invT, rdt, 2*E+1, rdt)
 	}
-	scale := r.AuxGradScale
-	if scale == 0 {
-		scale = 1
+	routed, err := g.View(0, E, 1)
+	if err != nil {
+		return err
 	}
-	if r.AuxLossCoef != 0 {
-		// ∂/∂p[n, e] = scale·coef·E·f_e/T = (scale·coef·E/K)·routed_e·(1/T)².
-		routed, err := g.View(0, E, 1)
-		if err != nil {
-			return err
-		}
-		r.auxGrad = Ensure(r.b, r.auxGrad, rdt, E)
-		r.auxTmp = Ensure(r.b, r.auxTmp, rdt, E, 1)
-		r.b.MatMul(r.auxTmp, routed, invT, false, false, 1, 0)
-		r.b.MatMul(Reshape(r.auxGrad, E, 1), r.auxTmp, invT, false, false, float32(scale*r.AuxLossCoef*float64(E)/float64(K)), 0)
-	}
-	r.zInv, r.zGradC = invT, scale*r.ZLossCoef*2
+	r.prepareGrads(routed, invT)
 	r.balance, r.zloss = math.NaN(), math.NaN()
 	r.global = true
 	return Sticky(r.b, r.what(), "forward")
@@ -336,30 +325,61 @@ func (r *Router) SetGlobal(g LoadStats) error {
 	if g.Tokens < r.n || len(g.Routed) != E || len(g.ProbSums) != E {
 		return fmt.Errorf("%s: global statistics of %d tokens, %d counts, %d sums; expected ≥ %d tokens and %d experts", r.what(), g.Tokens, len(g.Routed), len(g.ProbSums), r.n, E)
 	}
-	T := float64(g.Tokens)
-	var balance float64
-	grad := make([]float64, E)
+	r.balance, r.zloss = lossesOf(g, E, K)
+	// The gradients from the same device ops as SetGlobalDevice's, on the
+	// counts and 1/T uploaded: the host-count step (the collective expert
+	// path) and the device step (the pipelined and fused paths) give the
+	// router the same bits. 1/T is rounded to RouterDType as the device
+	// step's softmax of its token mask gives it (1/S in that dtype, S = T
+	// exactly).
+	rdt := RouterDType(r.W.W.DType())
+	vals := make([]float64, E+1)
+	for e, n := range g.Routed {
+		vals[e] = float64(n)
+	}
+	vals[E] = 1 / float64(g.Tokens)
+	if rdt == tensor.Float32 {
+		vals[E] = float64(float32(1) / float32(g.Tokens))
+	}
+	r.hostG = Ensure(r.b, r.hostG, rdt, E+1)
+	h, err := tensor.FromFloat64(vals, E+1)
+	if err != nil {
+		return fmt.Errorf("%s: %w", r.what(), err)
+	}
+	r.b.Upload(r.hostG, h)
+	routed, err := r.hostG.View(0, E, 1)
+	if err != nil {
+		return err
+	}
+	invT, err := r.hostG.View(E, 1, 1)
+	if err != nil {
+		return err
+	}
+	r.prepareGrads(routed, invT)
+	r.global = true
+	return Sticky(r.b, r.what(), "forward")
+}
+
+// prepareGrads prepares the auxiliary losses' gradients from the group's
+// routed counts routed (E, 1) and 1/T invT (1, 1), RouterDType tensors on
+// the device, with the same ops on either step (SetGlobal, SetGlobalDevice):
+// ∂(AuxLossCoef·balance)/∂p[n, e] = scale·coef·E·f_e/T =
+// (scale·coef·E/K)·routed_e·(1/T)², two GEMMs; ∂(ZLossCoef·z)/∂lse[n] =
+// zGradC·(1/T)·lse[n], one GEMM in Backward. invT must stay unchanged until
+// Backward.
+func (r *Router) prepareGrads(routed, invT *tensor.Tensor) {
+	E, K, rdt := r.Experts, r.TopK, RouterDType(r.W.W.DType())
 	scale := r.AuxGradScale
 	if scale == 0 {
 		scale = 1
 	}
-	for e := range E {
-		f := float64(g.Routed[e]) / (T * float64(K))
-		balance += f * g.ProbSums[e] / T
-		grad[e] = scale * r.AuxLossCoef * float64(E) * f / T
-	}
-	r.balance = float64(E) * balance
-	r.zloss = g.LSESquares / T
-	r.zGrad = scale * r.ZLossCoef * 2 / T
 	if r.AuxLossCoef != 0 {
-		rdt := RouterDType(r.W.W.DType())
 		r.auxGrad = Ensure(r.b, r.auxGrad, rdt, E)
-		h, _ := tensor.FromFloat64(grad, E)
-		r.b.Upload(r.auxGrad, h)
+		r.auxTmp = Ensure(r.b, r.auxTmp, rdt, E, 1)
+		r.b.MatMul(r.auxTmp, routed, invT, false, false, 1, 0)
+		r.b.MatMul(Reshape(r.auxGrad, E, 1), r.auxTmp, invT, false, false, float32(scale*r.AuxLossCoef*float64(E)/float64(K)), 0)
 	}
-	r.zInv = nil
-	r.global = true
-	return Sticky(r.b, r.what(), "forward")
+	r.zInv, r.zGradC = invT, scale*r.ZLossCoef*2
 }
 
 // Losses returns the raw load-balancing loss and z-loss of the last step
@@ -407,11 +427,7 @@ func (r *Router) Backward(dx, dweights *tensor.Tensor, accumulate bool) error {
 	if r.ZLossCoef != 0 {
 		r.dz = Ensure(r.b, r.dz, rdt, n, E)
 		r.dlse = Ensure(r.b, r.dlse, StatDType(rdt), n)
-		if r.zInv != nil { // SetGlobalDevice: zGradC·(1/T)·lse
-			r.b.MatMul(Reshape(r.dlse, n, 1), Reshape(r.lse, n, 1), r.zInv, false, false, float32(r.zGradC), 0)
-		} else {
-			r.b.Scale(r.dlse, r.lse, float32(r.zGrad))
-		}
+		r.b.MatMul(Reshape(r.dlse, n, 1), Reshape(r.lse, n, 1), r.zInv, false, false, float32(r.zGradC), 0) // zGradC·(1/T)·lse
 		r.ops.LogSumExpBackward(r.dz, r.dlse, r.logits, r.lse)
 		r.b.Add(r.dlogits, r.dlogits, r.dz)
 	}

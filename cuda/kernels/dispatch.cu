@@ -420,8 +420,8 @@ __device__ __forceinline__ void ep_write_header(const int* cnt, const int* rows_
 // (the receivers refuse the step). Combine backward (wts_peers set): x is
 // ∂out, sent with the K routing weights (f32), and, when dweights is set,
 // block n also writes dweights[n·K + j] = ⟨∂out[n], ybuf[n·K + j]⟩ for the
-// kept slots (0 for dropped ones): ybuf still holds the combine's expert
-// outputs. Nothing when status[0] is set.
+// kept slots (0 for dropped ones; a warp per slot, in CombineRowsBackward's
+// order): ybuf still holds the combine's expert outputs. Nothing when status[0] is set.
 template <typename T>
 __device__ void ep_send_impl(const T* x, const int* idx, const int* rk, const int* send_row, const int* cnt,
                              const int* rows_to, int N, int K, int E, int P, int L, int C, int Mt, int me,
@@ -453,16 +453,19 @@ __device__ void ep_send_impl(const T* x, const int* idx, const int* rk, const in
         }
     }
     if (dweights != nullptr) {
-        __shared__ float scratch[32];
-        for (int j = 0; j < K; j++) {
+        // One warp per slot, each dot in combine_rows_bwd_impl's order (the
+        // lanes' vectorised strides, then warp_sum): the collective
+        // dispatcher's CombineBackward gives the same bits.
+        int lane = threadIdx.x & 31;
+        for (int j = threadIdx.x >> 5; j < K; j += blockDim.x >> 5) {
             int p = pos[n * K + j];
-            float acc = 0.0f;
+            float dot = 0.0f;
             if (p >= 0) {
-                const T* yr = ybuf + (long long)p * C;
-                for (int c = threadIdx.x; c < C; c += blockDim.x) acc += f32(xr[c]) * f32(yr[c]);
+                const T* ins[2] = {xr, ybuf + (long long)p * C};
+                vvisit<T, 2>(ins, C, lane, 32, [&](long long, const float (&v)[2]) { dot += v[0] * v[1]; });
             }
-            float s = block_sum(acc, scratch); // fixed order: deterministic
-            if (threadIdx.x == 0) dweights[n * K + j] = cvt<T>(p >= 0 ? s : 0.0f);
+            dot = warp_sum(dot);
+            if (lane == 0) dweights[n * K + j] = cvt<T>(p >= 0 ? dot : 0.0f);
         }
     }
 }

@@ -120,6 +120,20 @@
 // expanded), and each home drops the same slots from its combine: the rule
 // of layers.RoutingPlan and the collective path, computed on the device.
 //
+// # The collective path's bits
+//
+// The MoE layer's device step over this path (pipelined or fused) gives
+// the collective dispatcher's host-count step bit for bit, forward and
+// backward, when both run the grouped GEMM (TestEmuDeviceStepBitsMatchCollective):
+// the expert rows are in the same order (local expert, source rank, token
+// order) at the same offsets, so every grouped GEMM — the weight gradients'
+// sums over rows included — adds the same products in the same order; the
+// combine and the dispatch backward are the backend's CombineRows over the
+// same slots; the send kernel's dweights reduce each dot product in
+// CombineRowsBackward's order (a warp per slot), and the router's
+// auxiliary gradients come from the same device ops on either step
+// (layers.Router.SetGlobal and SetGlobalDevice).
+//
 // # Host synchronisation
 //
 // cudabackend.ExpertDispatch reads nothing on the host. ep.ExpertPath's
