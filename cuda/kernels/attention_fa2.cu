@@ -108,15 +108,16 @@ __device__ __forceinline__ void fa2_zero(float (&a)[N][4]) {
     for (int j = 0; j < N; j++) a[j][0] = a[j][1] = a[j][2] = a[j][3] = 0.0f;
 }
 
-// fa2_online_softmax: one key tile's step of the online softmax for a
-// warp's two row halves (rows g and g + 8 of its 16): the running maxima m
-// (of raw scores), the sums l and the output accumulators o are rescaled to
-// the tile's new maxima, and s (raw scores, −∞ where masked) becomes the
-// tile's unnormalised probabilities. sl2 = scale·log2 e. The caller
+// fa2_online_softmax_p: one key tile's step of the online softmax for a
+// warp's two row halves (rows g and g + 8 of its 16), all but the rescale
+// of the output: the running maxima m (of raw scores) and the sums l move
+// to the tile's new maxima, s (raw scores, −∞ where masked) becomes the
+// tile's unnormalised probabilities, and c0, c1 are the factors the output
+// accumulators must be rescaled by. sl2 = scale·log2 e. The caller
 // guarantees a finite max (key 0 of tile 0 is visible to every row).
-template <int NT, int DT>
-__device__ __forceinline__ void fa2_online_softmax(float (&s)[NT][4], float (&o)[DT][4], float& m0, float& m1,
-                                                   float& l0, float& l1, float sl2) {
+template <int NT>
+__device__ __forceinline__ void fa2_online_softmax_p(float (&s)[NT][4], float& m0, float& m1, float& l0, float& l1,
+                                                     float sl2, float& c0, float& c1) {
     float mx0 = m0, mx1 = m1;
 #pragma unroll
     for (int j = 0; j < NT; j++) {
@@ -125,7 +126,8 @@ __device__ __forceinline__ void fa2_online_softmax(float (&s)[NT][4], float (&o)
     }
     mx0 = quad_max(mx0);
     mx1 = quad_max(mx1);
-    float c0 = fa2_exp2((m0 - mx0) * sl2), c1 = fa2_exp2((m1 - mx1) * sl2);
+    c0 = fa2_exp2((m0 - mx0) * sl2);
+    c1 = fa2_exp2((m1 - mx1) * sl2);
     m0 = mx0;
     m1 = mx1;
     float ms0 = mx0 * sl2, ms1 = mx1 * sl2;
@@ -141,6 +143,10 @@ __device__ __forceinline__ void fa2_online_softmax(float (&s)[NT][4], float (&o)
     }
     l0 = l0 * c0 + rs0;
     l1 = l1 * c1 + rs1;
+}
+
+// fa2_rescale: the output accumulators' rows g by c0, rows g + 8 by c1.
+template <int DT> __device__ __forceinline__ void fa2_rescale(float (&o)[DT][4], float c0, float c1) {
 #pragma unroll
     for (int j = 0; j < DT; j++) {
         o[j][0] *= c0;
@@ -148,6 +154,15 @@ __device__ __forceinline__ void fa2_online_softmax(float (&s)[NT][4], float (&o)
         o[j][2] *= c1;
         o[j][3] *= c1;
     }
+}
+
+// fa2_online_softmax: fa2_online_softmax_p, then the rescale of o.
+template <int NT, int DT>
+__device__ __forceinline__ void fa2_online_softmax(float (&s)[NT][4], float (&o)[DT][4], float& m0, float& m1,
+                                                   float& l0, float& l1, float sl2) {
+    float c0, c1;
+    fa2_online_softmax_p(s, m0, m1, l0, l1, sl2, c0, c1);
+    fa2_rescale(o, c0, c1);
 }
 
 // fa2_lse_delta: query qi's lse·log2 e and delta; +∞ and 0 past T (its

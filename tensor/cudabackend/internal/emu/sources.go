@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "5957652d7e19748977d2fee57716e2d563165bf08f1080d5a50bca3b958a7f29"
+const SourcesSum = "e8894cd53293d9ae965296d975ebe445cefde10ede143fb4a40f06eca83ed2bc"
