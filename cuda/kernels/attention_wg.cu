@@ -40,20 +40,15 @@
 //       (written for dk/dv), then key tiles of BN = 64 up to the diagonal:
 //       S = Q·Kᵀ, dP = dO·Vᵀ, dS = P∘(dP − delta), dQ += dS·K. D = 64: Q, dO
 //       fragments in registers (A of the score products); D = 128: Q, dO
-//       by descriptor (fewer registers). Software-pipelined: tile it − 1's
-//       dQ product runs while the threads form tile it's dS (K triple
-//       buffered).
+//       by descriptor (fewer registers).
 //   dkdv (attn_bwd_dkdv_wg_dD_bf16): query tiles of BM (64 for D = 64, 32
 //       for D = 128) from the diagonal on: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ,
 //       dV += Pᵀ·dO, dK += dSᵀ·Q. D = 64: K, V fragments in registers.
-//       Software-pipelined: tile it − 1's dV, dK products run while the
-//       threads form tile it's Pᵀ, dSᵀ (Q, dO triple buffered).
 //
 // Shared memory (1024 bytes of alignment slack, then the tiles):
 //   fwd:  1024 + (64 + 5·64)·D·2 bytes: 99328 (D = 128)
-//   dq:   1024 + (2·64 + 5·BN)·D·2 bytes: 58368 (D = 64), 115712 (D = 128:
-//         two blocks fill an SM's 228 KiB with their 1 KiB reserves)
-//   dkdv: 1024 + (2·64 + 6·BM)·D·2 + 16·BM: 67584 (D = 64), 83456 (D = 128)
+//   dq:   1024 + (2·64 + 4·BN)·D·2 bytes: 50176 (D = 64), 99328 (D = 128)
+//   dkdv: 1024 + (2·64 + 4·BM)·D·2 + 16·BM: 51200 (D = 64), 67072 (D = 128)
 // grid (ceil(T/64), B·H), block 128.
 #include "wgmma.cuh"
 
@@ -230,8 +225,8 @@ __device__ void attn_bwd_dq_wg_impl(bf16* dq, float* delta, const bf16* q, const
     constexpr int BM = ROWS, KS = D / 16, NK = BN / 8, DT = D / 8;
     bf16* Qs = wg_smem();        // BM × D
     bf16* Gs = Qs + BM * D;      // BM × D (dout)
-    bf16* Ks = Gs + BM * D;      // 3 × BN × D
-    bf16* Vs = Ks + 3 * BN * D;  // 2 × BN × D
+    bf16* Ks = Gs + BM * D;      // 2 × BN × D
+    bf16* Vs = Ks + 2 * BN * D;  // 2 × BN × D
     int bh = blockIdx.y, b = bh / H, h = bh - b * H;
     int q0 = (gridDim.x - 1 - blockIdx.x) * BM; // longest first
     const bf16* qb = q + (long long)b * T * sqkv + h * D;
@@ -259,23 +254,18 @@ __device__ void attn_bwd_dq_wg_impl(bf16* dq, float* delta, const bf16* q, const
     const float* lse_bh = lse + (long long)bh * T;
     float L0 = row0 < T ? lse_bh[row0] * kTcLog2e : 0.0f, L1 = row1 < T ? lse_bh[row1] * kTcLog2e : 0.0f;
     uint32_t qf[QREG ? KS : 1][4], gf[QREG ? KS : 1][4];
-    uint32_t dsa[BN / 16][4] = {}; // tile it − 1's dS (A of dQ)
     float dqa[DT][4], s[NK][4], dp[NK][4];
     fa2_zero(dqa);
     fa2_zero(s);
     fa2_zero(dp);
     const uint32_t qa = smem_u32(Qs), ga = smem_u32(Gs);
-    uint32_t kp = 0; // tile it − 1's K
 
-    // Software-pipelined as the dk/dv kernel: tile it's S, dP, then tile
-    // it − 1's dQ += dS·K behind them; the threads form tile it's dS while
-    // the tensor cores run dQ. K is triple buffered (tile it + 1 loads where
-    // tile it − 2's dQ read), V double (where tile it − 1's dP read).
     for (int it = 0; it < nkt; it++) {
+        int buf = it & 1;
         wg_tile_ready();
         if (it + 1 < nkt) {
-            wg_load<BN, D>(Ks + ((it + 1) % 3) * BN * D, kb, sqkv, (it + 1) * BN, T);
-            wg_load<BN, D>(Vs + ((it + 1) & 1) * BN * D, vb, sqkv, (it + 1) * BN, T);
+            wg_load<BN, D>(Ks + (buf ^ 1) * BN * D, kb, sqkv, (it + 1) * BN, T);
+            wg_load<BN, D>(Vs + (buf ^ 1) * BN * D, vb, sqkv, (it + 1) * BN, T);
             cp_async_commit();
         }
         if (QREG && it == 0) {
@@ -286,56 +276,37 @@ __device__ void attn_bwd_dq_wg_impl(bf16* dq, float* delta, const bf16* q, const
             }
         }
         int k0 = it * BN;
-        const uint32_t ka = smem_u32(Ks + (it % 3) * BN * D), va = smem_u32(Vs + (it & 1) * BN * D);
+        const uint32_t ka = smem_u32(Ks + buf * BN * D), va = smem_u32(Vs + buf * BN * D);
 
-        // S = Q·Kᵀ, dP = dO·Vᵀ (64 queries × BN keys), then tile it − 1's dQ
-        wg_keep(s);
-        wg_keep(dp);
-        wg_keep(dqa);
-        wg_keep(dsa);
-        wgmma_fence();
+        // S = Q·Kᵀ, dP = dO·Vᵀ (64 queries × BN keys)
+        wg_group(
+            [&] {
 #pragma unroll
-        for (int kk = 0; kk < KS; kk++) {
-            if constexpr (QREG) {
-                wgmma_rs<BN, 0>(s, qf[kk], kmajor<BN>(ka, kk), kk);
-                wgmma_rs<BN, 0>(dp, gf[kk], kmajor<BN>(va, kk), kk);
-            } else {
-                wgmma_ss<BN, 0>(s, kmajor<BM>(qa, kk), kmajor<BN>(ka, kk), kk);
-                wgmma_ss<BN, 0>(dp, kmajor<BM>(ga, kk), kmajor<BN>(va, kk), kk);
-            }
-        }
-        wgmma_commit();
-        if (it > 0) {
-            // dQ += dS·K (K MN-major: its rows are the product's K)
-#pragma unroll
-            for (int ks = 0; ks < BN / 16; ks++) wgmma_rs<D, 1>(dqa, dsa[ks], mnmajor<BN>(kp, ks), 1);
-            wgmma_commit();
-            wgmma_wait<1>(); // S, dP (groups retire in order)
-        } else {
-            wgmma_wait<0>();
-        }
-        wg_keep(s);
-        wg_keep(dp);
+                for (int kk = 0; kk < KS; kk++) {
+                    if constexpr (QREG) {
+                        wgmma_rs<BN, 0>(s, qf[kk], kmajor<BN>(ka, kk), kk);
+                        wgmma_rs<BN, 0>(dp, gf[kk], kmajor<BN>(va, kk), kk);
+                    } else {
+                        wgmma_ss<BN, 0>(s, kmajor<BM>(qa, kk), kmajor<BN>(ka, kk), kk);
+                        wgmma_ss<BN, 0>(dp, kmajor<BM>(ga, kk), kmajor<BN>(va, kk), kk);
+                    }
+                }
+            },
+            s, dp);
 
         // P = exp(S − lse), dS = P∘(dP − delta); masked on the diagonal only
         fa2_dq_ds(s, dp, sl2, L0, L1, D0, D1, k0 + BN - 1 > wr0, k0, row0, row1);
-        wgmma_wait<0>(); // tile it − 1's dQ: dsa and its K buffer are free
-        wg_keep(dqa);
-        wg_keep(dsa);
+        // dQ += dS·K (K MN-major: its rows are the product's K)
+        uint32_t dsa[BN / 16][4];
 #pragma unroll
         for (int ks = 0; ks < BN / 16; ks++) acc_to_a(dsa[ks], dp[2 * ks], dp[2 * ks + 1]);
-        kp = ka;
-    }
-    // The last tile's dQ.
-    wg_keep(dqa);
-    wg_keep(dsa);
-    wgmma_fence();
+        wg_group(
+            [&] {
 #pragma unroll
-    for (int ks = 0; ks < BN / 16; ks++) wgmma_rs<D, 1>(dqa, dsa[ks], mnmajor<BN>(kp, ks), 1);
-    wgmma_commit();
-    wgmma_wait<0>();
-    wg_keep(dqa);
-    wg_keep(dsa);
+                for (int ks = 0; ks < BN / 16; ks++) wgmma_rs<D, 1>(dqa, dsa[ks], mnmajor<BN>(ka, ks), 1);
+            },
+            dqa, dsa);
+    }
     fa2_store<D>(dq + (long long)b * T * sd + h * D, sd, wr0, T, dqa, scale, scale);
 #elif defined(__CUDA_ARCH__)
     __trap(); // needs sm_90a
@@ -353,9 +324,9 @@ __device__ void attn_bwd_dkdv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const b
     static_assert(BM <= NTHR, "one thread per staged lse/delta");
     bf16* Ks = wg_smem();        // BN × D
     bf16* Vs = Ks + BN * D;      // BN × D
-    bf16* Qs = Vs + BN * D;      // 3 × BM × D
-    bf16* Gs = Qs + 3 * BM * D;  // 3 × BM × D (dout)
-    float* Ls = reinterpret_cast<float*>(Gs + 3 * BM * D); // 2 × BM: lse·log2(e), +inf past T
+    bf16* Qs = Vs + BN * D;      // 2 × BM × D
+    bf16* Gs = Qs + 2 * BM * D;  // 2 × BM × D (dout)
+    float* Ls = reinterpret_cast<float*>(Gs + 2 * BM * D); // 2 × BM: lse·log2(e), +inf past T
     float* Ds = Ls + 2 * BM;                                // 2 × BM: delta, 0 past T
     int bh = blockIdx.y, b = bh / H, h = bh - b * H;
     int k0 = blockIdx.x * BN; // block 0 has the most query tiles and starts first
@@ -384,42 +355,21 @@ __device__ void attn_bwd_dkdv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const b
     int key0 = kw + g, key1 = key0 + 8;
     uint32_t kf[KREG ? KS : 1][4], vf[KREG ? KS : 1][4];
     float dka[DT][4], dva[DT][4], st[NQ][4], dpt[NQ][4];
-    uint32_t pa[BM / 16][4] = {}, dsa[BM / 16][4] = {}; // tile it − 1's Pᵀ and dSᵀ (A of dV, dK)
     fa2_zero(dka);
     fa2_zero(dva);
     fa2_zero(st);
     fa2_zero(dpt);
     const uint32_t ka = smem_u32(Ks), va = smem_u32(Vs);
-    uint32_t qp = 0, gp = 0; // tile it − 1's Q and dO
 
-    // dV += Pᵀ·dO, dK += dSᵀ·Q of the tile whose Q, dO are at qt, gt (dO
-    // and Q MN-major: their rows are the K); issued, not waited.
-    auto issue_dvdk = [&](uint32_t qt, uint32_t gt) {
-#pragma unroll
-        for (int ks = 0; ks < BM / 16; ks++) {
-            wgmma_rs<D, 1>(dva, pa[ks], mnmajor<BM>(gt, ks), 1);
-            wgmma_rs<D, 1>(dka, dsa[ks], mnmajor<BM>(qt, ks), 1);
-        }
-        wgmma_commit();
-    };
-
-    // Software-pipelined (FlashAttention-3's intra-warpgroup overlap): tile
-    // it's score products are issued, then tile it − 1's dV, dK products
-    // behind them; the threads form tile it's Pᵀ, dSᵀ while the tensor cores
-    // run dV, dK. Each accumulator sees the same products in the same order
-    // as unpipelined, so the bits are FA2's. Q and dO are triple buffered:
-    // tile it + 1 loads into the buffer of tile it − 2, whose products every
-    // thread retired (wgmma_wait<0>) before this iteration's barrier.
     for (int it = 0; it < nqt; it++) {
-        int buf = it % 3, lbuf = it & 1;
+        int buf = it & 1;
         int qs = k0 + it * BM;
         wg_tile_ready();
         float lnext = 0.0f, dnext = 0.0f;
         bool more = it + 1 < nqt;
         if (more) {
-            int nb = (it + 1) % 3;
-            wg_load<BM, D>(Qs + nb * BM * D, qb, sqkv, qs + BM, T);
-            wg_load<BM, D>(Gs + nb * BM * D, gb, so, qs + BM, T);
+            wg_load<BM, D>(Qs + (buf ^ 1) * BM * D, qb, sqkv, qs + BM, T);
+            wg_load<BM, D>(Gs + (buf ^ 1) * BM * D, gb, so, qs + BM, T);
             cp_async_commit();
             if (tid < BM) {
                 int qi = qs + BM + tid;
@@ -434,70 +384,50 @@ __device__ void attn_bwd_dkdv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const b
             }
         }
         const uint32_t qa = smem_u32(Qs + buf * BM * D), ga = smem_u32(Gs + buf * BM * D);
-        const float* Lt = Ls + lbuf * BM;
-        const float* Dt = Ds + lbuf * BM;
+        const float* Lt = Ls + buf * BM;
+        const float* Dt = Ds + buf * BM;
 
-        // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (64 keys × BM queries), then tile it − 1's dV, dK
-        wg_keep(st);
-        wg_keep(dpt);
-        wg_keep(dva);
-        wg_keep(dka);
-        wg_keep(pa);
-        wg_keep(dsa);
-        wgmma_fence();
+        // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (64 keys × BM queries)
+        wg_group(
+            [&] {
 #pragma unroll
-        for (int kk = 0; kk < KS; kk++) {
-            if constexpr (KREG) {
-                wgmma_rs<BM, 0>(st, kf[kk], kmajor<BM>(qa, kk), kk);
-                wgmma_rs<BM, 0>(dpt, vf[kk], kmajor<BM>(ga, kk), kk);
-            } else {
-                wgmma_ss<BM, 0>(st, kmajor<BN>(ka, kk), kmajor<BM>(qa, kk), kk);
-                wgmma_ss<BM, 0>(dpt, kmajor<BN>(va, kk), kmajor<BM>(ga, kk), kk);
-            }
-        }
-        wgmma_commit();
-        if (it > 0) {
-            issue_dvdk(qp, gp);
-            wgmma_wait<1>(); // the score products (groups retire in order)
-        } else {
-            wgmma_wait<0>();
-        }
-        wg_keep(st);
-        wg_keep(dpt);
+                for (int kk = 0; kk < KS; kk++) {
+                    if constexpr (KREG) {
+                        wgmma_rs<BM, 0>(st, kf[kk], kmajor<BM>(qa, kk), kk);
+                        wgmma_rs<BM, 0>(dpt, vf[kk], kmajor<BM>(ga, kk), kk);
+                    } else {
+                        wgmma_ss<BM, 0>(st, kmajor<BN>(ka, kk), kmajor<BM>(qa, kk), kk);
+                        wgmma_ss<BM, 0>(dpt, kmajor<BN>(va, kk), kmajor<BM>(ga, kk), kk);
+                    }
+                }
+            },
+            st, dpt);
 
         // Pᵀ = exp(Sᵀ − lse), dSᵀ = Pᵀ∘(dPᵀ − delta); masked on the diagonal only
         fa2_dkdv_ds(st, dpt, Lt, Dt, sl2, qs < kw + 15, qs, key0, key1);
-        wgmma_wait<0>(); // tile it − 1's dV, dK: pa, dsa and its buffer are free
-        wg_keep(dva);
-        wg_keep(dka);
-        wg_keep(pa);
-        wg_keep(dsa);
+        // dV += Pᵀ·dO, dK += dSᵀ·Q (dO and Q MN-major: their rows are the K)
+        uint32_t pa[BM / 16][4], dsa[BM / 16][4];
 #pragma unroll
         for (int ks = 0; ks < BM / 16; ks++) {
             acc_to_a(pa[ks], st[2 * ks], st[2 * ks + 1]);
             acc_to_a(dsa[ks], dpt[2 * ks], dpt[2 * ks + 1]);
         }
-        qp = qa;
-        gp = ga;
+        wg_group(
+            [&] {
+#pragma unroll
+                for (int ks = 0; ks < BM / 16; ks++) {
+                    wgmma_rs<D, 1>(dva, pa[ks], mnmajor<BM>(ga, ks), 1);
+                    wgmma_rs<D, 1>(dka, dsa[ks], mnmajor<BM>(qa, ks), 1);
+                }
+            },
+            dva, dka, pa, dsa);
         // The other buffer's lse/delta: read last in tile it − 1 (done by
         // every thread: the barrier above), read next after the next barrier.
         if (more && tid < BM) {
-            Ls[(lbuf ^ 1) * BM + tid] = lnext;
-            Ds[(lbuf ^ 1) * BM + tid] = dnext;
+            Ls[(buf ^ 1) * BM + tid] = lnext;
+            Ds[(buf ^ 1) * BM + tid] = dnext;
         }
     }
-    // The last tile's dV, dK.
-    wg_keep(dva);
-    wg_keep(dka);
-    wg_keep(pa);
-    wg_keep(dsa);
-    wgmma_fence();
-    issue_dvdk(qp, gp);
-    wgmma_wait<0>();
-    wg_keep(dva);
-    wg_keep(dka);
-    wg_keep(pa);
-    wg_keep(dsa);
     fa2_store<D>(dk + (long long)b * T * sd + h * D, sd, kw, T, dka, scale, scale);
     fa2_store<D>(dv + (long long)b * T * sd + h * D, sd, kw, T, dva, 1.0f, 1.0f);
 #elif defined(__CUDA_ARCH__)

@@ -43,15 +43,13 @@ func wgStepDkdv(d int) int {
 	return 64
 }
 
-// wgSmemDq: 1024 bytes to align the tiles, Q and dO (64 rows), three
-// buffers of K and two of V (64 rows each: the kernel is
-// software-pipelined); rows of D bf16.
-func wgSmemDq(d int) int { return 1024 + (2*wgRows+5*wgStepDq)*d*2 }
+// wgSmemDq: 1024 bytes to align the tiles, Q and dO (64 rows), two buffers
+// each of K and V (64 rows); rows of D bf16.
+func wgSmemDq(d int) int { return 1024 + (2*wgRows+4*wgStepDq)*d*2 }
 
-// wgSmemDkdv: the alignment, K and V (64 rows), three buffers each of Q
-// and dO (step rows: the kernel is software-pipelined), two of lse and
-// delta (step floats each).
-func wgSmemDkdv(d int) int { s := wgStepDkdv(d); return 1024 + (2*wgRows+6*s)*d*2 + 16*s }
+// wgSmemDkdv: the alignment, K and V (64 rows), two buffers each of Q and
+// dO (step rows) and of lse and delta (step floats each).
+func wgSmemDkdv(d int) int { s := wgStepDkdv(d); return 1024 + (2*wgRows+4*s)*d*2 + 16*s }
 
 // wgDevice says whether d runs the wgmma kernels: the emulator does; a GPU
 // must be sm_90 (the image's sm_90a code).

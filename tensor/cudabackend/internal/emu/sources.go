@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "e8894cd53293d9ae965296d975ebe445cefde10ede143fb4a40f06eca83ed2bc"
+const SourcesSum = "048308321ed3e753252a4bccf0de896b8327bd1dc18cc8bdb2f6e7058e20dd4b"
