@@ -44,6 +44,11 @@
 //   dkdv (attn_bwd_dkdv_wg_dD_bf16): query tiles of BM (64 for D = 64, 32
 //       for D = 128) from the diagonal on: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ,
 //       dV += Pᵀ·dO, dK += dSᵀ·Q. D = 64: K, V fragments in registers.
+//   The backward kernels are not pipelined as the forward is: that form
+//   (bd9f5d9: tile it − 1's output products behind tile it's score
+//   products) gave the same bits but no speed on the GPU (2026-12-02: 1b
+//   1.239 against 1.236 ms, gpt2 297 against 286 µs; dk/dv at 245–252
+//   registers).
 //
 // Shared memory (1024 bytes of alignment slack, then the tiles):
 //   fwd:  1024 + (64 + 5·64)·D·2 bytes: 99328 (D = 128)

@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "048308321ed3e753252a4bccf0de896b8327bd1dc18cc8bdb2f6e7058e20dd4b"
+const SourcesSum = "8d1d63a34cb27d5fc9d8bf924e208905273de38865c0ba255a60b541d4685adc"
