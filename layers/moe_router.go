@@ -332,6 +332,10 @@ func (r *Router) SetGlobal(g LoadStats) error {
 	// router the same bits. 1/T is rounded to RouterDType as the device
 	// step's softmax of its token mask gives it (1/S in that dtype, S = T
 	// exactly).
+	if r.AuxLossCoef == 0 && r.ZLossCoef == 0 {
+		r.global = true
+		return Sticky(r.b, r.what(), "forward") // no gradient to prepare
+	}
 	rdt := RouterDType(r.W.W.DType())
 	vals := make([]float64, E+1)
 	for e, n := range g.Routed {
