@@ -5,19 +5,14 @@ package peerep
 import (
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"slices"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/asynctp/asynctp/comm"
-	"github.com/asynctp/asynctp/comm/local"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/parallel/ep"
 	"github.com/asynctp/asynctp/tensor"
-	"github.com/asynctp/asynctp/tensor/cudabackend"
 )
 
 // devComm is symComm whose all-gathers and all-to-alls of device tensors
@@ -82,53 +77,9 @@ func (c *devComm) AllToAllV(dst, src *tensor.Tensor, sendCounts, recvCounts []in
 func bitsRun(t *testing.T, P int, cfg layers.MoEConfig, dt tensor.DType, tokens []int, maxTok, steps int,
 	st func(bar *barrier) overlap.Strategy) []moeResult {
 	t.Helper()
-	C := cfg.Dim
-	res := make([]moeResult, P)
-	var mu sync.Mutex
-	reg := &registry{addrs: map[int][]uint64{}}
-	bar := newBarrier(P)
-	err := local.Run(P, func(world comm.Comm) error {
-		b, err := cudabackend.NewEmulated(cudabackend.WithGroupedGEMM(true))
-		if err != nil {
-			return err
-		}
-		defer b.Close()
-		c := &devComm{&symComm{Comm: world, b: b, reg: reg, mine: map[uint64]int{}}}
-		opts := []ep.Option{ep.WithMaxTokens(maxTok), ep.WithStream(b.Stream()), ep.WithAuxGradScale(float64(P))}
-		if st != nil {
-			opts = append(opts, ep.WithOverlap(overlap.Single(st(bar))))
-		}
-		ps := layers.NewParamSet(23)
-		m, err := ep.New(b, c, ps, "moe", cfg, opts...)
-		if err != nil {
-			return err
-		}
-		if err := ps.Materialize(b, dt); err != nil {
-			return err
-		}
-		if m.DeviceStep() != (st != nil) {
-			return fmt.Errorf("expert path %T: device step %v", m.Dispatch, m.DeviceStep())
-		}
-		r := c.Rank()
-		rng := rand.New(rand.NewPCG(uint64(r)+5, 77))
-		var x, dout []float64
-		for range tokens[r] * C {
-			x = append(x, rng.NormFloat64())
-			dout = append(dout, rng.NormFloat64())
-		}
-		out, err := moeSteps(b, m, ps, dt, x, dout, tokens[r], C, steps, func() {}, func() {})
-		if err != nil {
-			return fmt.Errorf("rank %d: %w", r, err)
-		}
-		mu.Lock()
-		res[r] = out
-		mu.Unlock()
-		return nil
-	}, local.WithTimeout(180*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return res
+	return moeRun(t, P, cfg, dt, tokens, maxTok, steps, moeRunOpts{st: st, params: 23, rng: [2]uint64{5, 77},
+		wrap:  func(c *symComm) comm.Comm { return &devComm{c} },
+		extra: []ep.Option{ep.WithAuxGradScale(float64(P))}})
 }
 
 // TestEmuDeviceStepBitsMatchCollective: the pipelined path's device step

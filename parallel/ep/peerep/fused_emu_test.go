@@ -28,6 +28,24 @@ import (
 func fusedRun(t *testing.T, P int, cfg layers.MoEConfig, dt tensor.DType, tokens []int, maxTok, steps int,
 	st func(bar *barrier) overlap.Strategy, check func(rank int, b *cudabackend.Backend, m *ep.MoE) error) []moeResult {
 	t.Helper()
+	return moeRun(t, P, cfg, dt, tokens, maxTok, steps, moeRunOpts{st: st, check: check, params: 21, rng: [2]uint64{41, 9}})
+}
+
+// moeRunOpts: what moeRun's ranks differ in.
+type moeRunOpts struct {
+	st     func(bar *barrier) overlap.Strategy // the expert path's strategy; nil: the collective dispatcher
+	check  func(rank int, b *cudabackend.Backend, m *ep.MoE) error
+	wrap   func(c *symComm) comm.Comm // the rank's communicator around its symComm; nil: the symComm
+	extra  []ep.Option                // after WithMaxTokens and WithStream
+	params uint64                     // the parameter set's seed
+	rng    [2]uint64                  // the inputs' seeds (rank r: rng[0] + r, rng[1])
+}
+
+// moeRun runs steps of the EP MoE layer on P emulated ranks with the
+// grouped GEMM on and returns each rank's results. With a strategy the
+// layer must take its device step, without one the host-count step.
+func moeRun(t *testing.T, P int, cfg layers.MoEConfig, dt tensor.DType, tokens []int, maxTok, steps int, o moeRunOpts) []moeResult {
+	t.Helper()
 	C := cfg.Dim
 	res := make([]moeResult, P)
 	var mu sync.Mutex
@@ -39,18 +57,28 @@ func fusedRun(t *testing.T, P int, cfg layers.MoEConfig, dt tensor.DType, tokens
 			return err
 		}
 		defer b.Close()
-		c := &symComm{Comm: world, b: b, reg: reg, mine: map[uint64]int{}}
-		ps := layers.NewParamSet(21)
-		m, err := ep.New(b, c, ps, "moe", cfg, ep.WithMaxTokens(maxTok), ep.WithStream(b.Stream()),
-			ep.WithOverlap(overlap.Single(st(bar))))
+		sc := &symComm{Comm: world, b: b, reg: reg, mine: map[uint64]int{}}
+		var c comm.Comm = sc
+		if o.wrap != nil {
+			c = o.wrap(sc)
+		}
+		opts := append([]ep.Option{ep.WithMaxTokens(maxTok), ep.WithStream(b.Stream())}, o.extra...)
+		if o.st != nil {
+			opts = append(opts, ep.WithOverlap(overlap.Single(o.st(bar))))
+		}
+		ps := layers.NewParamSet(o.params)
+		m, err := ep.New(b, c, ps, "moe", cfg, opts...)
 		if err != nil {
 			return err
 		}
 		if err := ps.Materialize(b, dt); err != nil {
 			return err
 		}
+		if m.DeviceStep() != (o.st != nil) {
+			return fmt.Errorf("expert path %T: device step %v, want %v", m.Dispatch, m.DeviceStep(), o.st != nil)
+		}
 		r := c.Rank()
-		rng := rand.New(rand.NewPCG(uint64(r)+41, 9))
+		rng := rand.New(rand.NewPCG(uint64(r)+o.rng[0], o.rng[1]))
 		var x, dout []float64
 		for range tokens[r] * C {
 			x = append(x, rng.NormFloat64())
@@ -60,8 +88,8 @@ func fusedRun(t *testing.T, P int, cfg layers.MoEConfig, dt tensor.DType, tokens
 		if err != nil {
 			return fmt.Errorf("rank %d: %w", r, err)
 		}
-		if check != nil {
-			if err := check(r, b, m); err != nil {
+		if o.check != nil {
+			if err := o.check(r, b, m); err != nil {
 				return fmt.Errorf("rank %d: %w", r, err)
 			}
 		}
