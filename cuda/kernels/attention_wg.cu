@@ -26,16 +26,15 @@
 //       online softmax; S = Q·Kᵀ (Q fragments in registers), O += P·V.
 //       Software-pipelined: tile it − 1's P·V runs while the threads run
 //       tile it's softmax (K double, V triple buffered).
-//       D = 128 only: the same template at D = 64 fails the GPU shape tests
-//       whenever a block streams more than one key tile with several valid
-//       rows (T = 70, 200, 300, 1024: out off by 0.03–0.5), while the
-//       emulator passes it. Not the cause (2026-12-02, GPU): the ordering
-//       of O's rescale against wgmma (wg_keep brackets changed no bit), nor
-//       the rescaled O feeding wgmma as accumulator (P·V into an
-//       accumulator of its own, added by the threads, failed with the same
-//       figures to every digit): the error is in S, the softmax or P·V's
-//       operands, not in how O accumulates. Commit 972fa98 and this
-//       file's history have the D = 64 kernels.
+//       The default at D = 128 only. Unpipelined, the same template at
+//       D = 64 failed the GPU shape tests whenever a block streamed more
+//       than one key tile (T = 70, 200, 300, 1024: out off by 0.03–0.5;
+//       only the rows past the first tile wrong), while the emulator passed
+//       it; neither O's rescale order nor its accumulator was the cause
+//       (commit 972fa98 and this file's history have those kernels). The
+//       pipelined form at D = 64 (attn_fwd_wg_d64 / wgq_d64, below, an
+//       experiment) gives FA2's out bits on the GPU; its lse differs in the
+//       last bit in a few rows, so it is not the default yet.
 //   dq  (attn_bwd_dq_wg_dD_bf16): delta = Σ dout·out of the block's rows
 //       (written for dk/dv), then key tiles of BN = 64 up to the diagonal:
 //       S = Q·Kᵀ, dP = dO·Vᵀ, dS = P∘(dP − delta), dQ += dS·K. D = 64: Q, dO
@@ -102,8 +101,9 @@ __device__ __forceinline__ void wg_tile_ready() {
 
 // ---------------------------------------------------------------------------
 // Forward: out and lse, key tiles of 64 up to the diagonal with FA2's online
-// softmax: S = Q·Kᵀ (Q fragments in registers), O += P·V (V MN-major).
-template <int D>
+// softmax: S = Q·Kᵀ (Q fragments in registers, or by descriptor when
+// QDESC), O += P·V (V MN-major).
+template <int D, bool QDESC = false>
 __device__ void attn_fwd_wg_impl(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T,
                                  int H, int sqkv, int so, float scale) {
 #if defined(ATP_WG_BODY)
@@ -127,7 +127,7 @@ __device__ void attn_fwd_wg_impl(bf16* out, float* lse, const bf16* q, const bf1
     cp_async_commit();
 
     const float sl2 = scale * kTcLog2e;
-    uint32_t qf[KS][4];
+    uint32_t qf[QDESC ? 1 : KS][4];
     uint32_t pa[BN / 16][4] = {}; // tile it − 1's probabilities (A of P·V)
     float o[DT][4], s[NT][4];
     fa2_zero(o);
@@ -149,9 +149,9 @@ __device__ void attn_fwd_wg_impl(bf16* out, float* lse, const bf16* q, const bf1
             wg_load<BN, D>(Vs + ((it + 1) % 3) * BN * D, vb, sqkv, (it + 1) * BN, T);
             cp_async_commit();
         }
-        if (it == 0) {
+        if (!QDESC && it == 0) {
 #pragma unroll
-            for (int kk = 0; kk < KS; kk++) wg_frag_a<BM>(qf[kk], Qs, warp * 16, kk * 16);
+            for (int kk = 0; kk < (QDESC ? 1 : KS); kk++) wg_frag_a<BM>(qf[kk], Qs, warp * 16, kk * 16);
         }
         int k0 = it * BN;
         const uint32_t ka = smem_u32(Ks + (it & 1) * BN * D), va = smem_u32(Vs + (it % 3) * BN * D);
@@ -162,7 +162,12 @@ __device__ void attn_fwd_wg_impl(bf16* out, float* lse, const bf16* q, const bf1
         wg_keep(pa);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < KS; kk++) wgmma_rs<BN, 0>(s, qf[kk], kmajor<BN>(ka, kk), kk);
+        for (int kk = 0; kk < KS; kk++) {
+            if constexpr (QDESC)
+                wgmma_ss<BN, 0>(s, kmajor<BM>(smem_u32(Qs), kk), kmajor<BN>(ka, kk), kk);
+            else
+                wgmma_rs<BN, 0>(s, qf[kk], kmajor<BN>(ka, kk), kk);
+        }
         wgmma_commit();
         if (it > 0) {
 #pragma unroll
@@ -450,6 +455,18 @@ using namespace atp;
 // memory 1024 + (64 + 5·64)·D·2 bytes. D = 128 only (see the top).
 KERNEL_LB(128) attn_fwd_wg_d128_bf16(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T, int H, int sqkv, int so, float scale) {
     wgattn::attn_fwd_wg_impl<128>(out, lse, q, k, v, B, T, H, sqkv, so, scale);
+}
+// Experiments (2026-12-02, launched only when a test or benchmark sets
+// wgFwdD64): the pipelined forward at D = 64, Q fragments in registers (wg)
+// or Q by descriptor (wgq). Unlike the unpipelined D = 64 kernel (the top),
+// they give FA2's out bits on the GPU; lse differs in the last bit in 2–5 %
+// of the rows, and the bench has them at 99.9 and 97.5 µs against FA2's
+// 122.5 at gpt2's shape.
+KERNEL_LB(128) attn_fwd_wg_d64_bf16(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T, int H, int sqkv, int so, float scale) {
+    wgattn::attn_fwd_wg_impl<64>(out, lse, q, k, v, B, T, H, sqkv, so, scale);
+}
+KERNEL_LB(128) attn_fwd_wgq_d64_bf16(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T, int H, int sqkv, int so, float scale) {
+    wgattn::attn_fwd_wg_impl<64, true>(out, lse, q, k, v, B, T, H, sqkv, so, scale);
 }
 // dq (row stride sd), delta (B, H, T) written; q, k, v (sqkv), out, dout
 // (so), lse: attn_bwd_dq_fa2's arguments. grid (ceil(T/64), B·H), block 128,

@@ -125,7 +125,32 @@ func runAttentionShapes(t *testing.T, open opener, opts ...Option) {
 // softmax code, so nothing but the instruction differs. (The CPU comparison
 // of runAttentionShapes checks both against float64.)
 func runAttentionSameBits(t *testing.T, open opener) {
-	for _, s := range [][4]int{{2, 300, 3, 64}, {1, 200, 2, 128}, {1, 1024, 2, 64}, {2, 65, 1, 128}} {
+	runAttentionSameBitsAt(t, open, [][4]int{{2, 300, 3, 64}, {1, 200, 2, 128}, {1, 1024, 2, 64}, {2, 65, 1, 128}})
+}
+
+// runAttentionWGFwdD64 runs the experimental D = 64 wgmma forwards
+// (wgFwdD64) against FA2's bits at the shapes their predecessors failed on
+// the GPU: one key tile (T ≤ 64), several, partial tiles. The emulator runs
+// it (TestEmuAttentionWGFwdD64). On the H200 (2026-12-02) out had FA2's
+// bits and lse differed in the last bit in 2–5 % of the rows (so dq, dk,
+// dv in a few elements), both variants alike: the lse expression
+// (m·sl2 + log2 l) is rounded differently in the two kernels (an FMA
+// contracted in one, probably). Its GPU test comes back with the fix:
+// the lse written with explicit rounding in both (BENCHMARKS.md, pending).
+func runAttentionWGFwdD64(t *testing.T, open opener) {
+	for _, variant := range []string{"wg", "wgq"} {
+		t.Run(variant, func(t *testing.T) {
+			wgFwdD64 = variant
+			defer func() { wgFwdD64 = "" }()
+			runAttentionSameBitsAt(t, open, [][4]int{{2, 64, 2, 64}, {2, 70, 3, 64}, {1, 200, 2, 64}, {1, 300, 1, 64}, {1, 1024, 2, 64}})
+		})
+	}
+}
+
+// runAttentionSameBitsAt: FA2 and the wgmma kernels give the same bits
+// (out, lse, dq, dk, dv) at shapes (B, T, H, D).
+func runAttentionSameBitsAt(t *testing.T, open opener, shapes [][4]int) {
+	for _, s := range shapes {
 		t.Run(fmt.Sprintf("%v", s), func(t *testing.T) {
 			nb, nt, nh, d := s[0], s[1], s[2], s[3]
 			scale := float32(1 / math.Sqrt(float64(d)))

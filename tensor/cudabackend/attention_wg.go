@@ -76,8 +76,23 @@ func (b *Backend) useWG() bool {
 }
 
 // useWGFwd says whether the forward at head dim d takes the wgmma kernel
-// (D = 128 only).
-func (b *Backend) useWGFwd(d int) bool { return d == 128 && b.useWG() }
+// (D = 128; D = 64 only when a test sets wgFwdD64).
+func (b *Backend) useWGFwd(d int) bool { return (d == 128 || d == 64 && wgFwdD64 != "") && b.useWG() }
+
+// wgFwdD64 is the experimental D = 64 wgmma forward a test or benchmark
+// runs ("wg": Q fragments in registers, "wgq": Q by descriptor;
+// attention_wg.cu); "": FA2's forward, the default. On the H200 both are
+// 1.23–1.26 × FA2's forward at gpt2's shape and give its out bits, but
+// lse differs from FA2's in the last bit in a few rows (runAttentionWGFwdD64).
+var wgFwdD64 = ""
+
+// wgFwdKernel is the wgmma forward's kernel at head dim d.
+func wgFwdKernel(d int) string {
+	if d == 64 {
+		return fmt.Sprintf("attn_fwd_%s_d64_bf16", wgFwdD64)
+	}
+	return fmt.Sprintf("attn_fwd_wg_d%d_bf16", d)
+}
 
 // wgSmemFwd: the alignment, Q (64 rows), two buffers of K and three of V
 // (64 rows each: the kernel is software-pipelined); rows of D bf16.
@@ -87,7 +102,7 @@ func wgSmemFwd(d int) int { return 1024 + (wgRows+5*64)*d*2 }
 // as attentionFA2.
 func (b *Backend) attentionWG(out, lse, q, k, v *tensor.Tensor, scale float32, nb, nt, nh, d, sqkv, so int) {
 	grid := gpu.D2(ceilDiv(nt, wgRows), nb*nh)
-	b.launch("Attention", fmt.Sprintf("attn_fwd_wg_d%d_bf16", d), grid, gpu.D1(128), wgSmemFwd(d),
+	b.launch("Attention", wgFwdKernel(d), grid, gpu.D1(128), wgSmemFwd(d),
 		ptr(out), ptr(lse), ptr(q), ptr(k), ptr(v), int32(nb), int32(nt), int32(nh), int32(sqkv), int32(so), scale)
 }
 

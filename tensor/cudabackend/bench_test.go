@@ -59,19 +59,26 @@ func BenchmarkAttention(b *testing.B) {
 		nb, nt, nh, d int
 	}{{"gpt2", 16, 1024, 12, 64}, {"1b", 8, 2048, 16, 128}}
 	for _, impl := range []struct {
-		name string
-		opt  AttentionImpl
-		w8   bool // the D = 64 forward with 8 warps
-	}{{"wg", AttentionWGMMA, false}, {"fa2", AttentionFA2, false}, {"fa2w8", AttentionFA2, true}, {"fa2onepass", AttentionFA2Atomic, false}, {"tc1", AttentionTC1, false}, {"simt", AttentionSIMT, false}} {
+		name  string
+		opt   AttentionImpl
+		w8    bool   // the D = 64 forward with 8 warps
+		fwd64 string // the experimental D = 64 wgmma forward (wgFwdD64)
+	}{{"wg", AttentionWGMMA, false, ""}, {"wgd64", AttentionWGMMA, false, "wg"}, {"wgqd64", AttentionWGMMA, false, "wgq"},
+		{"fa2", AttentionFA2, false, ""}, {"fa2w8", AttentionFA2, true, ""}, {"fa2onepass", AttentionFA2Atomic, false, ""},
+		{"tc1", AttentionTC1, false, ""}, {"simt", AttentionSIMT, false, ""}} {
 		for _, sh := range shapes {
 			nb, nt, nh, d := sh.nb, sh.nt, sh.nh, sh.d
-			if impl.w8 && d != 64 {
+			if (impl.w8 || impl.fwd64 != "") && d != 64 {
 				continue
 			}
 			b.Run(fmt.Sprintf("%s/%s/B=%d,T=%d,H=%d,D=%d", impl.name, sh.name, nb, nt, nh, d), func(b *testing.B) {
 				if impl.w8 {
 					fa2FwdD64Warps = 8
 					defer func() { fa2FwdD64Warps = 4 }()
+				}
+				if impl.fwd64 != "" {
+					wgFwdD64 = impl.fwd64
+					defer func() { wgFwdD64 = "" }()
 				}
 				be := openGPU(b, WithAttention(impl.opt))
 				q, k, v := benchRand(b, be, tensor.BFloat16, nb, nt, nh, d), benchRand(b, be, tensor.BFloat16, nb, nt, nh, d), benchRand(b, be, tensor.BFloat16, nb, nt, nh, d)

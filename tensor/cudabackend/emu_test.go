@@ -74,6 +74,10 @@ func TestEmuAttentionShapesFA2(t *testing.T) {
 // TestEmuAttentionSameBits: the wgmma kernels give the FA2 kernels' bits.
 func TestEmuAttentionSameBits(t *testing.T) { runAttentionSameBits(t, openEmu) }
 
+// TestEmuAttentionWGFwdD64: the experimental D = 64 wgmma forwards give
+// FA2's bits in the emulator.
+func TestEmuAttentionWGFwdD64(t *testing.T) { runAttentionWGFwdD64(t, openEmu) }
+
 func TestEmuRoutingPlan(t *testing.T) { runRoutingPlan(t, openEmu) }
 
 func TestEmuGPT(t *testing.T) { runGPT(t, openEmu) }

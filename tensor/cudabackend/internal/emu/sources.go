@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "8d1d63a34cb27d5fc9d8bf924e208905273de38865c0ba255a60b541d4685adc"
+const SourcesSum = "53c5354424f655c1befaadf6f4e0523244d75e13154719208d33bd0e3be4ac1c"
