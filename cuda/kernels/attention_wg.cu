@@ -50,7 +50,7 @@
 //   registers).
 //
 // Shared memory (1024 bytes of alignment slack, then the tiles):
-//   fwd:  1024 + (64 + 5·64)·D·2 bytes: 99328 (D = 128)
+//   fwd:  1024 + (64 + 5·64)·D·2 bytes: 99328 (D = 128), 50176 (D = 64)
 //   dq:   1024 + (2·64 + 4·BN)·D·2 bytes: 50176 (D = 64), 99328 (D = 128)
 //   dkdv: 1024 + (2·64 + 4·BM)·D·2 + 16·BM: 51200 (D = 64), 67072 (D = 128)
 // grid (ceil(T/64), B·H), block 128.

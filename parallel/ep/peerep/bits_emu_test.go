@@ -26,16 +26,18 @@ func (c *devComm) host(t *tensor.Tensor) (*tensor.Tensor, error) {
 	return h, c.b.Sync()
 }
 
-func (c *devComm) AllGather(dst, src *tensor.Tensor, s comm.Stream) (comm.Work, error) {
-	if src.Device().Kind == tensor.CPU {
-		return c.Comm.AllGather(dst, src, s)
-	}
+// viaHost runs op on host copies of src and dst (dst's contents included:
+// an all-to-all writes only its received rows) and uploads dst.
+func (c *devComm) viaHost(dst, src *tensor.Tensor, op func(hd, hs *tensor.Tensor) (comm.Work, error)) (comm.Work, error) {
 	hs, err := c.host(src)
 	if err != nil {
 		return nil, err
 	}
-	hd := tensor.MustHost(dst.DType(), dst.Shape()...)
-	w, err := c.Comm.AllGather(hd, hs, nil)
+	hd, err := c.host(dst)
+	if err != nil {
+		return nil, err
+	}
+	w, err := op(hd, hs)
 	if err == nil {
 		err = w.Wait(nil)
 	}
@@ -46,27 +48,20 @@ func (c *devComm) AllGather(dst, src *tensor.Tensor, s comm.Stream) (comm.Work, 
 	return comm.Done, c.b.Err()
 }
 
+func (c *devComm) AllGather(dst, src *tensor.Tensor, s comm.Stream) (comm.Work, error) {
+	if src.Device().Kind == tensor.CPU {
+		return c.Comm.AllGather(dst, src, s)
+	}
+	return c.viaHost(dst, src, func(hd, hs *tensor.Tensor) (comm.Work, error) { return c.Comm.AllGather(hd, hs, nil) })
+}
+
 func (c *devComm) AllToAllV(dst, src *tensor.Tensor, sendCounts, recvCounts []int, s comm.Stream) (comm.Work, error) {
 	if src.Device().Kind == tensor.CPU {
 		return c.Comm.AllToAllV(dst, src, sendCounts, recvCounts, s)
 	}
-	hs, err := c.host(src)
-	if err != nil {
-		return nil, err
-	}
-	hd, err := c.host(dst)
-	if err != nil {
-		return nil, err
-	}
-	w, err := c.Comm.AllToAllV(hd, hs, sendCounts, recvCounts, nil)
-	if err == nil {
-		err = w.Wait(nil)
-	}
-	if err != nil {
-		return nil, err
-	}
-	c.b.Upload(dst, hd)
-	return comm.Done, c.b.Err()
+	return c.viaHost(dst, src, func(hd, hs *tensor.Tensor) (comm.Work, error) {
+		return c.Comm.AllToAllV(hd, hs, sendCounts, recvCounts, nil)
+	})
 }
 
 // bitsRun runs steps of the EP MoE layer on P emulated ranks with the

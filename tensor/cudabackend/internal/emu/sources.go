@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "53c5354424f655c1befaadf6f4e0523244d75e13154719208d33bd0e3be4ac1c"
+const SourcesSum = "256436153adc128c8e2ef3172d94c29d7f1d1bdf59502299270b6fdc99948bed"
