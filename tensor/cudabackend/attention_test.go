@@ -133,10 +133,9 @@ func runAttentionSameBits(t *testing.T, open opener) {
 // the GPU: one key tile (T ≤ 64), several, partial tiles. The emulator runs
 // it (TestEmuAttentionWGFwdD64). On the H200 (2026-12-02) out had FA2's
 // bits and lse differed in the last bit in 2–5 % of the rows (so dq, dk,
-// dv in a few elements), both variants alike: the lse expression
-// (m·sl2 + log2 l) is rounded differently in the two kernels (an FMA
-// contracted in one, probably). Its GPU test comes back with the fix:
-// the lse written with explicit rounding in both (BENCHMARKS.md, pending).
+// dv in a few elements), both variants alike, even at T = 64; the cause
+// is not found (BENCHMARKS.md, pending). Its GPU test comes back with the
+// fix.
 func runAttentionWGFwdD64(t *testing.T, open opener) {
 	for _, variant := range []string{"wg", "wgq"} {
 		t.Run(variant, func(t *testing.T) {
