@@ -3,7 +3,8 @@
 // layout and may take A from registers (attention_wg.cu), with a CPU
 // emulation of the same semantics (ASYNCTP_EMU), so those kernels run in
 // the emulator too — asynchrony included: a result lands at the wait that
-// retires its group (emu.h). bf16 inputs, fp32 accumulators.
+// retires its group, and the shared memory it read must be unchanged then
+// (emu.h). bf16 inputs, fp32 accumulators.
 //
 // ATP_WG_BODY is defined where the kernels' bodies are built: sm_90a device
 // code and the emulator. Elsewhere (compute_90 PTX, the host pass) a kernel
@@ -126,6 +127,26 @@ inline float emu_desc_elem(uint64_t d, bool mn, int k, int n) {
     return __uint_as_float((uint32_t)bits << 16);
 }
 
+// emu_operand_sum: a checksum (FNV-1a) of the shared-memory operands of a
+// wgmma: args[0] B's descriptor, args[1] whether B is MN-major, args[2] N,
+// args[3] A's descriptor (0: A in registers). emu_wgmma passes it to
+// emu_wg_issue for lane 0 of each warp (the hardware's wgmma is per warp
+// quarter of the warpgroup; one check per warp is enough).
+inline uint64_t emu_operand_sum(const uint64_t* args) {
+    uint64_t h = 1469598103934665603ull;
+    auto mix = [&](float v) {
+        uint32_t b;
+        std::memcpy(&b, &v, 4);
+        h = (h ^ b) * 1099511628211ull;
+    };
+    for (int k = 0; k < 16; k++)
+        for (int n = 0; n < (int)args[2]; n++) mix(emu_desc_elem(args[0], args[1] != 0, k, n));
+    if (args[3] != 0)
+        for (int row = 0; row < 64; row++)
+            for (int k = 0; k < 16; k++) mix(emu_desc_elem(args[3], false, k, row));
+    return h;
+}
+
 // emu_wgmma: d (this thread's part of 64 × N) = (accumulate ? d : 0) + A·B,
 // A(row, k) and B(k, n) as the callers give them; row is the warpgroup row.
 // The operands are read at issue; the result is pending until its wait
@@ -133,7 +154,7 @@ inline float emu_desc_elem(uint64_t d, bool mn, int k, int n) {
 // before then). d's input is the latest pending result for d if there is
 // one (a chained wgmma of the same group), else its registers.
 template <int N, typename FA, typename FB>
-inline void emu_wgmma(float (&d)[N / 8][4], FA A, FB Bm, int accumulate, const uint32_t* a) {
+inline void emu_wgmma(float (&d)[N / 8][4], FA A, FB Bm, int accumulate, const uint32_t* a, const uint64_t (&sum_args)[4]) {
     int t = (int)threadIdx.x & 127, w = t >> 5, l = t & 31, g = l >> 2, q = l & 3;
     const float* prev = emu_wg_pending(&d[0][0]);
     float r[N / 2];
@@ -145,7 +166,9 @@ inline void emu_wgmma(float (&d)[N / 8][4], FA A, FB Bm, int accumulate, const u
             float in = prev ? prev[4 * j + e] : d[j][e];
             r[4 * j + e] = (accumulate ? in : 0.0f) + acc;
         }
-    emu_wg_issue(&d[0][0], N / 2, r, a);
+    bool check = (threadIdx.x & 31) == 0;
+    emu_wg_issue(&d[0][0], N / 2, r, a, check ? emu_operand_sum : nullptr, sum_args,
+                 check ? emu_operand_sum(sum_args) : 0);
 }
 
 // wgmma_rs: d += A·B, A (64 × 16) in registers, B (16 × N) by descriptor,
@@ -160,14 +183,16 @@ inline void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t db, 
         int r = row & 15, reg = (r < 8 ? 0 : 1) + (k < 8 ? 0 : 2);
         return emu_bf16(all[(r & 7) * 4 + ((k & 7) >> 1)].a[reg], k & 1);
     };
-    emu_wgmma<N>(d, A, [&](int k, int n) { return emu_desc_elem(db, TB != 0, k, n); }, accumulate, &a[0]);
+    const uint64_t args[4] = {db, TB != 0, (uint64_t)N, 0};
+    emu_wgmma<N>(d, A, [&](int k, int n) { return emu_desc_elem(db, TB != 0, k, n); }, accumulate, &a[0], args);
 }
 
 // wgmma_ss: d += A·B, A (64 × 16) K-major by descriptor, B as wgmma_rs.
 template <int N, int TB> inline void wgmma_ss(float (&d)[N / 8][4], uint64_t da, uint64_t db, int accumulate) {
+    const uint64_t args[4] = {db, TB != 0, (uint64_t)N, da};
     emu_wgmma<N>(
         d, [&](int row, int k) { return emu_desc_elem(da, false, k, row); },
-        [&](int k, int n) { return emu_desc_elem(db, TB != 0, k, n); }, accumulate, nullptr);
+        [&](int k, int n) { return emu_desc_elem(db, TB != 0, k, n); }, accumulate, nullptr, args);
 }
 
 #else // sm_90a

@@ -208,6 +208,9 @@ struct WgPending {
     const uint32_t* a;
     uint32_t a_was[4];
     long group; // -1: not committed yet
+    uint64_t (*smem_sum)(const uint64_t*); // null: no check
+    uint64_t sum_args[4];
+    uint64_t sum;
 };
 struct WgThread {
     std::vector<WgPending> pending;
@@ -216,10 +219,12 @@ struct WgThread {
 std::vector<WgThread> g_wg; // one per thread of the running block
 } // namespace
 
-void emu_wg_issue(float* d, int n, const float* result, const uint32_t* a) {
+void emu_wg_issue(float* d, int n, const float* result, const uint32_t* a, uint64_t (*smem_sum)(const uint64_t*),
+                  const uint64_t* sum_args, uint64_t sum) {
     WgThread& t = g_wg[(size_t)S.cur];
-    WgPending p{d, std::vector<float>(result, result + n), a, {0, 0, 0, 0}, -1};
+    WgPending p{d, std::vector<float>(result, result + n), a, {0, 0, 0, 0}, -1, smem_sum, {0, 0, 0, 0}, sum};
     if (a) std::memcpy(p.a_was, a, sizeof p.a_was);
+    if (smem_sum) std::memcpy(p.sum_args, sum_args, sizeof p.sum_args);
     t.pending.push_back(std::move(p));
     for (int i = 0; i < n; i++) d[i] = NAN;
 }
@@ -249,6 +254,12 @@ void emu_wg_wait(int n) {
         }
         if (p.a && std::memcmp(p.a, p.a_was, sizeof p.a_was) != 0) {
             std::fprintf(stderr, "emu: thread %d rewrote a wgmma's A registers before the wait that retires it\n", S.cur);
+            std::abort();
+        }
+        if (p.smem_sum && p.smem_sum(p.sum_args) != p.sum) {
+            std::fprintf(stderr,
+                         "emu: thread %d: the shared memory a wgmma reads changed before the wait that retires it\n",
+                         S.cur);
             std::abort();
         }
         std::copy(p.result.begin(), p.result.end(), p.d);

@@ -126,8 +126,14 @@ void emu_warp_allgather(const void* in, void* out, size_t bytes);
 // kernel that reads a result before its wait, or rewrites an A fragment the
 // hardware may still be reading, fails in the emulator as on the GPU.
 // emu_wg_pending returns the latest pending result for d (what a chained
-// wgmma of the same group accumulates onto), or null.
-void emu_wg_issue(float* d, int n, const float* result, const uint32_t* a);
+// wgmma of the same group accumulates onto), or null. smem_sum (nullable)
+// recomputes a checksum of the shared memory the wgmma read, whose value
+// at issue is sum: at the wait that retires it the two must agree, so a
+// kernel that overwrites an operand tile (a cp.async of the next tile into
+// a buffer still being read) before every warp retired the wgmma reading
+// it fails in the emulator too, wherever the threads' order exposes it.
+void emu_wg_issue(float* d, int n, const float* result, const uint32_t* a, uint64_t (*smem_sum)(const uint64_t*),
+                  const uint64_t* sum_args, uint64_t sum);
 const float* emu_wg_pending(const float* d);
 void emu_wg_commit();
 void emu_wg_wait(int n);

@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "256436153adc128c8e2ef3172d94c29d7f1d1bdf59502299270b6fdc99948bed"
+const SourcesSum = "fd7a8c1a899b2764a208200be9da72cb7f5a4335b4b6af8544c53e41bfebd56f"
