@@ -145,24 +145,13 @@ __device__ __forceinline__ void fa2_online_softmax_p(float (&s)[NT][4], float& m
     l1 = l1 * c1 + rs1;
 }
 
-// fa2_rescale: the output accumulators' rows g by c0, rows g + 8 by c1.
-template <int DT> __device__ __forceinline__ void fa2_rescale(float (&o)[DT][4], float c0, float c1) {
-#pragma unroll
-    for (int j = 0; j < DT; j++) {
-        o[j][0] *= c0;
-        o[j][1] *= c0;
-        o[j][2] *= c1;
-        o[j][3] *= c1;
-    }
-}
-
 // fa2_online_softmax: fa2_online_softmax_p, then the rescale of o.
 template <int NT, int DT>
 __device__ __forceinline__ void fa2_online_softmax(float (&s)[NT][4], float (&o)[DT][4], float& m0, float& m1,
                                                    float& l0, float& l1, float sl2) {
     float c0, c1;
     fa2_online_softmax_p(s, m0, m1, l0, l1, sl2, c0, c1);
-    fa2_rescale(o, c0, c1);
+    acc_scale_rows(o, c0, c1);
 }
 
 // fa2_lse_delta: query qi's lse·log2 e and delta; +∞ and 0 past T (its

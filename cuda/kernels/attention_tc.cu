@@ -91,6 +91,18 @@ __device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&c0)[4],
     a[3] = pack_bf16x2(c1[2], c1[3]);
 }
 
+// acc_scale_rows scales a warp's accumulators of D/8 n-tiles by row: rows
+// g by c0, rows g + 8 by c1 (the online softmax's rescale of O).
+template <int DT> __device__ __forceinline__ void acc_scale_rows(float (&o)[DT][4], float c0, float c1) {
+#pragma unroll
+    for (int j = 0; j < DT; j++) {
+        o[j][0] *= c0;
+        o[j][1] *= c0;
+        o[j][2] *= c1;
+        o[j][3] *= c1;
+    }
+}
+
 __device__ __forceinline__ float quad_max(float v) {
     v = fmaxf(v, __shfl_xor_sync(ATP_FULL_MASK, v, 1));
     return fmaxf(v, __shfl_xor_sync(ATP_FULL_MASK, v, 2));
@@ -216,13 +228,7 @@ __device__ void attn_fwd_tc_impl(bf16* out, float* lse, const bf16* q, const bf1
         }
         l0 = l0 * c0 + rs0;
         l1 = l1 * c1 + rs1;
-#pragma unroll
-        for (int j = 0; j < DT; j++) {
-            o[j][0] *= c0;
-            o[j][1] *= c0;
-            o[j][2] *= c1;
-            o[j][3] *= c1;
-        }
+        acc_scale_rows(o, c0, c1);
         // O += P·V
 #pragma unroll
         for (int ks = 0; ks < BN / 16; ks++) {

@@ -196,7 +196,7 @@ __device__ void attn_fwd_wg_impl(bf16* out, float* lse, const bf16* q, const bf1
         wgmma_wait<0>(); // tile it − 1's P·V: O, pa and its V buffer are free
         wg_keep(o);
         wg_keep(pa);
-        fa2_rescale(o, c0, c1);
+        acc_scale_rows(o, c0, c1);
 #pragma unroll
         for (int ks = 0; ks < BN / 16; ks++) acc_to_a(pa[ks], s[2 * ks], s[2 * ks + 1]);
         vp = va;

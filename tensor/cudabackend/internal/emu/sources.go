@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "fd7a8c1a899b2764a208200be9da72cb7f5a4335b4b6af8544c53e41bfebd56f"
+const SourcesSum = "ec3139fd13f564e95a4e35c75c8bda5b2a3e6dcbb3664f29f47658e0ba039f8c"
