@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (one H200), from the repo root: BENCHMARKS.md's
-# "Pending on the GPU" list of 2026-12-02 (seventh) that fits one call
-# (≈ 5–6 minutes with the kernels to build):
-#  0. the attention tests (the D = 128 wgmma forward is the default on sm_90);
-#  1. the attention bench, forward and backward, wgmma against FA2;
-#  2. the step profile per op family after the wgmma forward and the wide
-#     AdamW, llama-1b and gpt2-124m (ncu kernel durations, scripts/gpu-profile.sh).
-# The acceptance rounds against PyTorch (both presets alternated twice, eager
-# included) are a call of their own:
+# "Pending on the GPU" list of 2026-12-02 (eighth) that fits one call
+# (≈ 4–5 minutes with the kernels and libasynctp_nvshmem.so to build):
+#  0. every tensor/cudabackend test on the final kernels (acc_scale_rows,
+#     the emulator-only operand check: PTX byte-identical to the GPU-run
+#     tree, so this is a regression run);
+#  1. the attention bench, wgmma (and the experimental D = 64 forwards,
+#     wgd64 / wgqd64) against FA2, forward and backward;
+#  2. compute-sanitizer memcheck over the fused MoE expert path on 2 PEs
+#     under MPS (ep_send's warp-per-slot dweights have not run under it).
+# The D = 64 forward's lse difference needs a debug run of m and l first
+# (BENCHMARKS.md); the acceptance rounds against PyTorch are a call of
+# their own:
 #   STEPS=20 TORCH_STEPS=10 ROUNDS=2 PRESETS="gpt2-124m llama-1b" \
 #     FIRST_MODES=eager,compile TORCH_TIMEOUT=250 bash scripts/gpu-speed.sh
-# Needs build/tensor_cudabackend.test and build/train from
-# scripts/build-gpu-artifacts.sh; builds the kernels image with nvcc when
-# missing or stale.
+# Needs build/ from scripts/build-gpu-artifacts.sh; builds the kernels
+# image with nvcc when missing or stale.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build/out}/pending
@@ -38,12 +41,15 @@ run() {
   if timeout -k 5 "$secs" "$@" > "$OUT/$log" 2>&1; then row "$name" ok "$(($(date +%s) - t0)) s"
   else row "$name" FAIL "see $log"; grep -E -- '--- FAIL|differs|is .* with' "$OUT/$log" | head -5 | cut -c1-200; fi
 }
-run "attention tests (TestAttentionWG, TestAttentionShapes*)" 120 attention-tests.log -- \
-  "$B" -test.v -test.count=1 -test.run '^(TestAttentionWG|TestAttentionShapes|TestAttentionShapesFA2|TestDeterminism)$'
-run "attention bench, wg against fa2" 120 attention-bench.log -- \
-  "$B" -test.run '^$' -test.bench 'BenchmarkAttention/(wg|fa2)/.*/.*/(fwd|bwd)$' -test.benchtime 20x
+if [ ! -f "$ASYNCTP_LIBNVSHMEM" ]; then
+  t0=$(date +%s)
+  if timeout 120 bash cuda/nvshmem/build.sh > "$OUT/nvshmem-build.log" 2>&1; then row "libasynctp_nvshmem.so (nvcc)" ok "$(($(date +%s) - t0)) s"
+  else row "libasynctp_nvshmem.so (nvcc)" FAIL "see nvshmem-build.log"; fi
+fi
+run "tensor/cudabackend, every test" 200 backend-tests.log -- "$B" -test.count=1 -test.timeout=190s
+run "attention bench, wg (and D = 64 experiments) against fa2" 120 attention-bench.log -- \
+  "$B" -test.run '^$' -test.bench 'BenchmarkAttention/(wg|wgd64|wgqd64|fa2)/.*/.*/(fwd|bwd)$' -test.benchtime 20x
 grep '^Benchmark' "$OUT/attention-bench.log" | awk '{print $1, $3, $4, $5, $6}'
-run "step profile, llama-1b" 240 profile-llama.log -- env OUT="$OUT" PRESET=llama-1b BATCH=8 NCU=1 TORCH=0 STEPS=8 bash scripts/gpu-profile.sh
-grep -A12 '^ours, one step' "$OUT/profile-llama.log"
-run "step profile, gpt2-124m" 200 profile-gpt2.log -- env OUT="$OUT" NCU=1 TORCH=0 STEPS=8 bash scripts/gpu-profile.sh
-grep -A12 '^ours, one step' "$OUT/profile-gpt2.log"
+run "memcheck over the fused MoE expert path, 2 PEs (MPS)" 200 sanitize.log -- \
+  env OUT="$OUT" BUDGET=180 STEPS=moe-fused bash scripts/gpu-sanitize-pes.sh
+grep -E '^== moe-fused|rank[0-9]' "$OUT/sanitize.log" | head -6

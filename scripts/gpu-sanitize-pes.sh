@@ -12,7 +12,8 @@
 #   and put transfers), memcheck over its determinism test (10 runs) and
 #   over the fused MoE expert path (TestFusedGPU).
 # Each PE's tool log and output stay in $OUT/sanitize-pes/<step>/.
-# PES (default 2) PEs per run.
+# PES (default 2) PEs per run; STEPS (a regexp, default all) the steps to run,
+# by name (e.g. STEPS=moe-fused).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build/out}/sanitize-pes
@@ -29,6 +30,7 @@ end=$(( $(date +%s) + ${BUDGET:-470} ))
 fails=0
 san() { # step tool test-binary test-regexp [env...]
   local name=$1 tool=$2 bin=$3 re=$4; shift 4
+  [[ "$name" =~ ${STEPS:-.} ]] || return 0
   local left=$(( end - $(date +%s) ))
   if [ $left -lt 40 ]; then echo "== $name: skipped (no time left of the budget)"; return; fi
   local lim=$(( left < 200 ? left : 200 )) d="$OUT/$name" t0
