@@ -13,7 +13,7 @@ import (
 // deterministic launches (dq with delta, then dk and dv; no atomics,
 // bit-reproducible), and the forward at D = 128, on wgmma instead of
 // mma.sync; the forward at D = 64 stays FA2's (attention_fa2.cu: the wgmma
-// one failed on the GPU, see attention_wg.cu).
+// one there is an experiment, wgFwdD64, whose lse is not yet FA2's bits).
 // It needs an sm_90 GPU and an image with sm_90a code (or the emulator);
 // elsewhere, and where the tensor-core kernels do not apply, it falls back
 // like AttentionFA2. AttentionAuto takes it where it runs.
@@ -98,8 +98,8 @@ func wgFwdKernel(d int) string {
 // (64 rows each: the kernel is software-pipelined); rows of D bf16.
 func wgSmemFwd(d int) int { return 1024 + (wgRows+5*64)*d*2 }
 
-// attentionWG launches the wgmma forward (attn_fwd_wg_d128_bf16); strides
-// as attentionFA2.
+// attentionWG launches the wgmma forward (wgFwdKernel); strides as
+// attentionFA2.
 func (b *Backend) attentionWG(out, lse, q, k, v *tensor.Tensor, scale float32, nb, nt, nh, d, sqkv, so int) {
 	grid := gpu.D2(ceilDiv(nt, wgRows), nb*nh)
 	b.launch("Attention", wgFwdKernel(d), grid, gpu.D1(128), wgSmemFwd(d),
