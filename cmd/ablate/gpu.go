@@ -16,12 +16,9 @@ import (
 	"time"
 
 	"github.com/asynctp/asynctp/ablate"
-	"github.com/asynctp/asynctp/comm"
-	"github.com/asynctp/asynctp/comm/nccl"
-	"github.com/asynctp/asynctp/comm/nvshmem"
 	"github.com/asynctp/asynctp/comm/rendezvous"
-	"github.com/asynctp/asynctp/comm/tcp"
 	"github.com/asynctp/asynctp/cuda"
+	"github.com/asynctp/asynctp/launch"
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/overlap/peercopy"
 	"github.com/asynctp/asynctp/tensor"
@@ -41,9 +38,6 @@ const (
 	reportLine = "ablate-transport "    // rank 0's NVSHMEM transport report
 )
 
-// childVars keep NVLink multicast off in every child (as cmd/train does).
-var childVars = []string{"NCCL_NVLS_ENABLE=0", "NVSHMEM_DISABLE_NVLS=1", "TORCH_SYMM_MEM_DISABLE_MULTICAST=1"}
-
 type gpuInfo struct {
 	count int
 	name  string // GPU 0's name, "cpu" without one
@@ -54,13 +48,13 @@ type gpuInfo struct {
 // kernels image) and fills the environment's GPU library versions.
 func probeGPU(env *ablate.Env) gpuInfo {
 	g := gpuInfo{name: "cpu"}
-	if l, err := nccl.Load(); err == nil {
-		env.NCCL = l.String()
+	if l, err := launch.Library(launch.NCCL); err == nil {
+		env.NCCL = l
 	} else {
 		env.NCCL = "none: " + err.Error()
 	}
-	if l, err := nvshmem.Load(); err == nil {
-		env.NVSHMEM = l.String()
+	if l, err := launch.Library(launch.NVSHMEM); err == nil {
+		env.NVSHMEM = l
 	} else {
 		env.NVSHMEM = "none: " + err.Error()
 	}
@@ -108,15 +102,11 @@ type batchFile struct {
 func runProcs(ctx context.Context, transport string, world int, cells []ablate.Cell, m ablate.Matrix, o options, g gpuInfo,
 	env *ablate.Env, done func(ablate.Result)) ([]ablate.Result, error) {
 	switch transport {
-	case "nvshmem":
-		if _, err := nvshmem.Load(); err != nil {
+	case launch.NVSHMEM, launch.NCCL:
+		if _, err := launch.Library(transport); err != nil {
 			return nil, err
 		}
-	case "nccl":
-		if _, err := nccl.Load(); err != nil {
-			return nil, err
-		}
-	case "tcp":
+	case launch.TCP:
 	default:
 		return nil, fmt.Errorf("transport %q: expected tcp, nvshmem or nccl for a batch of processes", transport)
 	}
@@ -156,7 +146,7 @@ func runProcs(ctx context.Context, transport string, world int, cells []ablate.C
 		if transport != "tcp" && g.count > 0 {
 			cmd.Env = append(cmd.Env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="+strconv.Itoa(100/max(1, (world+g.count-1)/g.count)))
 		}
-		cmd.Env = append(cmd.Env, childVars...)
+		cmd.Env = append(cmd.Env, launch.ChildVars...) // NVLink multicast off, as cmd/train's ranks have it
 		tails[r] = new(bytes.Buffer)
 		cmd.Stderr = tails[r]
 		out, err := cmd.StdoutPipe()
@@ -247,62 +237,37 @@ func childRun() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	store, closeStore, err := rendezvous.Join(ctx, info, rendezvous.Options{})
+	o := launch.Options{Transport: bf.Transport, Timeout: timeout,
+		CPU: func(int, int) (tensor.Backend, error) { return cpu.New(cpu.WithThreads(1)), nil }}
+	w, err := launch.Open(ctx, info, o)
 	if err != nil {
 		return err
 	}
-	defer closeStore()
-	if bf.Transport == "tcp" {
-		return tcpRank(ctx, bf, info, store, timeout)
+	defer w.Close()
+	if bf.Transport == launch.TCP {
+		// A single-threaded CPU rank, as the goroutine ranks of local are.
+		r := &ablate.Rank{Group: w.Comm, Backend: w.Backend, Timer: ablate.WallTimer{Backend: w.Backend}, Strategies: cpuStrategies(),
+			Seed: bf.Seed, Warmup: bf.Warmup, Reps: bf.Reps}
+		return runRank(ctx, r, bf, info, w.Store)
 	}
-	if err := cuda.Init(); err != nil {
-		return err
-	}
-	n, err := cuda.DeviceCount()
-	if err != nil || n == 0 {
-		return fmt.Errorf("no CUDA device (%v)", err)
-	}
-	dev := info.LocalRank % n
-	b, err := cudabackend.New(dev)
-	if err != nil {
-		return err
-	}
-	defer b.Close()
-	s := b.Stream()
-	if s == nil {
-		return fmt.Errorf("the CUDA backend has no stream: expected one to order the collectives on")
+	b, ok := w.Backend.(*cudabackend.Backend)
+	if !ok || w.Stream == nil {
+		return fmt.Errorf("transport %s: backend %T without a stream: expected the CUDA backend and its stream to order the collectives on", bf.Transport, w.Backend)
 	}
 	// The fused strategy is in every GPU batch: where it cannot run (nccl,
 	// f32, a site kind without a fused form, a GPU without the engine) its
 	// Supports says why, and the cell is listed with that reason.
 	strategies := map[string]overlap.Strategy{ablate.Collective: overlap.Collective{}, ablate.Pipelined: overlap.Pipelined{},
 		ablate.Fused: peercopy.Fused{Transfer: bf.FusedTransfer}}
-	var g comm.Comm
-	switch bf.Transport {
-	case "nvshmem":
-		w, err := nvshmem.New(ctx, store, info.Rank, info.WorldSize, dev, nvshmem.WithTimeout(timeout))
-		if err != nil {
-			return err
-		}
-		defer w.Close()
-		g = w
+	if bf.Transport == launch.NVSHMEM {
 		strategies[ablate.PipelinedPeerCopy] = peercopy.Pipelined{}
-		if info.Rank == 0 {
-			fmt.Println(reportLine + strings.ReplaceAll(w.Report().String(), "\n", "\\n"))
-		}
-	case "nccl":
-		c, err := nccl.New(ctx, store, info.Rank, info.WorldSize, dev, nccl.WithTimeout(timeout))
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		g = c
-	default:
-		return fmt.Errorf("transport %q: expected nvshmem or nccl", bf.Transport)
 	}
-	r := &ablate.Rank{Group: g, Backend: b, Stream: s, Timer: eventTimer{b}, Strategies: strategies, Seed: bf.Seed, Warmup: bf.Warmup, Reps: bf.Reps,
+	if info.Rank == 0 && w.Report != "" {
+		fmt.Println(reportLine + strings.ReplaceAll(w.Report, "\n", "\\n"))
+	}
+	r := &ablate.Rank{Group: w.Comm, Backend: b, Stream: w.Stream, Timer: eventTimer{b}, Strategies: strategies, Seed: bf.Seed, Warmup: bf.Warmup, Reps: bf.Reps,
 		Engine: engineMatMul(b)}
-	return runRank(ctx, r, bf, info, store)
+	return runRank(ctx, r, bf, info, w.Store)
 }
 
 // engineMatMul is the fused strategy's GEMM engine (no hooks) as an
@@ -338,20 +303,6 @@ func runRank(ctx context.Context, r *ablate.Rank, bf batchFile, info rendezvous.
 		err = e
 	}
 	return err
-}
-
-// tcpRank is one CPU rank of a tcp batch: a single-threaded CPU backend
-// (as the goroutine ranks have) over comm/tcp.
-func tcpRank(ctx context.Context, bf batchFile, info rendezvous.Info, store *rendezvous.Client, timeout time.Duration) error {
-	c, err := tcp.New(ctx, store, info.Rank, info.WorldSize, tcp.WithTimeout(timeout))
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	b := cpu.New(cpu.WithThreads(1))
-	r := &ablate.Rank{Group: c, Backend: b, Timer: ablate.WallTimer{Backend: b}, Strategies: cpuStrategies(),
-		Seed: bf.Seed, Warmup: bf.Warmup, Reps: bf.Reps}
-	return runRank(ctx, r, bf, info, store)
 }
 
 // eventTimer times with CUDA events on the backend's stream.

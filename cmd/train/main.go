@@ -3,8 +3,9 @@
 //
 // A parallel layout (--tp, --dp, --ep) runs its ranks as goroutines of this
 // process (--comm local, parallel.go) or as processes (--comm tcp, nccl,
-// nvshmem; rank.go): started by --nproc's own launcher (launch.go), or by
+// nvshmem; rank.go): started by --nproc's own launcher (launch.Spawn), or by
 // torchrun, srun or mpirun, whose variables make this process one rank.
+// Package launch opens every rank's world (transport, backend, grid).
 package main
 
 import (

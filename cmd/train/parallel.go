@@ -1,20 +1,17 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"path/filepath"
 	"runtime"
-	"runtime/debug"
-	"slices"
 	"time"
 
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/comm/hostreduce"
-	"github.com/asynctp/asynctp/comm/local"
 	"github.com/asynctp/asynctp/hf"
+	"github.com/asynctp/asynctp/launch"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/parallel/model"
 	"github.com/asynctp/asynctp/tensor"
@@ -56,10 +53,14 @@ func runParallel(ctx context.Context, cfg Config) error {
 		cfg.Preset, mc.Layers, mc.Dim, mc.Heads, mc.Vocab, mc.Seq, float64(paramCount(mc))/1e6)
 	fmt.Printf("data: %s, %d tokens; batch %d x %d, %d steps\n", probe.Name(), probe.Tokens(), cfg.Train.Batch, cfg.Train.Seq, cfg.Train.Steps)
 
+	o, err := worldOptions(cfg)
+	if err != nil {
+		return err
+	}
 	var res train.Result
-	err = launch(W, time.Duration(p.CommTimeout), func(c comm.Comm) error {
-		r, err := runRank(ctx, c, cfg, ds, threads)
-		if c.Rank() == 0 {
+	err = launch.Goroutines(W, o, func(w *launch.World) error {
+		r, err := trainRank(ctx, w, cfg, ds, nil)
+		if w.Info.Rank == 0 {
 			res = r
 		}
 		return err
@@ -72,27 +73,17 @@ func runParallel(ctx context.Context, cfg Config) error {
 	return nil
 }
 
-// runRank is one goroutine rank of a parallel run.
-func runRank(ctx context.Context, c comm.Comm, cfg Config, ds *train.Dataset, threads int) (train.Result, error) {
-	b, err := cpuGrouped(newRankBackend(c.Rank(), threads), cfg.GroupedGEMM)
-	if err != nil {
-		return train.Result{}, err
-	}
-	return trainRank(ctx, c, cfg, ds, b, nil, tensor.Float32, nil)
-}
-
-// trainRank trains rank c.Rank() of the world c: its comm.Grid, its part of
-// the model on b in dtype dt, and train.RunSharded, with the interrupt agreement
-// (and then hook, when not nil) after every step. s is b's stream, on which
-// every collective of the model and of the agreement is ordered (nil on
-// the CPU).
-func trainRank(ctx context.Context, c comm.Comm, cfg Config, ds *train.Dataset, b tensor.Backend, s comm.Stream, dt tensor.DType, hook func(train.StepMetrics)) (train.Result, error) {
+// trainRank trains the rank of w: its part of the model on its backend in
+// its dtype, over its grid, and train.RunSharded, with the interrupt
+// agreement (and then hook, when not nil) after every step. Every
+// collective of the model and of the agreement is ordered on w.Stream
+// (nil on the CPU).
+func trainRank(ctx context.Context, w *launch.World, cfg Config, ds *train.Dataset, hook func(train.StepMetrics)) (train.Result, error) {
 	p := cfg.Parallel
-	g, err := comm.NewGrid(c, p.DP, p.TP, p.EP)
-	if err != nil {
-		return train.Result{}, err
+	c, g, b, s, dt := w.Comm, w.Grid, w.Backend, w.Stream, w.DType
+	if g == nil {
+		return train.Result{}, fmt.Errorf("rank %d: a world without a grid, expected dp %d × tp %d, ep %d", c.Rank(), p.DP, p.TP, p.EP)
 	}
-	defer g.Close()
 	extra := gpuOverlap(cfg, c, b)
 	tune, err := tuning(cfg, b, dt, c, pipelinedOf(extra))
 	if err != nil {
@@ -185,85 +176,6 @@ func (s *stopAgreement) hook(train.StepMetrics) {
 			cause = fmt.Errorf("another rank was interrupted: %w", context.Canceled)
 		}
 		s.cancel(cause)
-	}
-}
-
-// launch runs fn on each rank of a new local world of n ranks with the
-// collective deadline timeout, one goroutine per rank, and returns the
-// ranks' errors joined, root causes first. A rank that fails aborts the
-// world, so the others stop at their next collective with an error naming
-// it; a rank that stalls makes the others fail at the deadline, naming it.
-// Once a rank has failed, launch waits at most timeout for the rest: a rank
-// still running then is reported as stalled (and left behind).
-func launch(n int, timeout time.Duration, fn func(c comm.Comm) error) error {
-	ranks := local.NewWorld(n, local.WithTimeout(timeout))
-	type result struct {
-		rank int
-		err  error
-	}
-	done := make(chan result, n)
-	for r, c := range ranks {
-		go func() {
-			var err error
-			defer func() {
-				if p := recover(); p != nil {
-					err = fmt.Errorf("rank %d panicked: %v\n%s", r, p, debug.Stack())
-					abort(c, err)
-				}
-				done <- result{r, err}
-			}()
-			if err = fn(c); err != nil {
-				err = fmt.Errorf("rank %d: %w", r, err)
-				abort(c, err)
-			}
-		}()
-	}
-	errs := make([]error, n)
-	returned := make([]bool, n)
-	var deadline <-chan time.Time
-	for left := n; left > 0; {
-		select {
-		case res := <-done:
-			returned[res.rank], errs[res.rank] = true, res.err
-			left--
-			if res.err != nil && deadline == nil {
-				deadline = time.After(timeout)
-			}
-		case <-deadline:
-			for r := range n {
-				if !returned[r] {
-					errs[r] = fmt.Errorf("rank %d: stalled: still running %v after the first failure (the collective deadline, --comm-timeout)", r, timeout)
-				}
-			}
-			left = 0
-		}
-	}
-	for r, c := range ranks {
-		if returned[r] {
-			c.Close()
-		}
-	}
-	// Root causes first: stalled ranks and the ranks' own failures, then
-	// the deadlines that name a missing rank, then the ranks that were only
-	// woken by an abort or a closed peer.
-	rank := func(err error) int {
-		switch {
-		case err == nil:
-			return 3
-		case errors.Is(err, comm.ErrAborted), errors.Is(err, comm.ErrClosed):
-			return 2
-		case errors.Is(err, comm.ErrTimeout):
-			return 1
-		}
-		return 0
-	}
-	slices.SortStableFunc(errs, func(a, b error) int { return cmp.Compare(rank(a), rank(b)) })
-	return errors.Join(errs...)
-}
-
-func abort(c comm.Comm, err error) {
-	if a, ok := c.(comm.Aborter); ok {
-		a.Abort(err)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/asynctp/asynctp/launch"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/train"
 )
@@ -269,5 +270,5 @@ func holdsLock(l origin, rank int) bool {
 	if !l.launched {
 		return true
 	}
-	return os.Getenv(envStore) != "launcher" && rank == 0
+	return os.Getenv(launch.EnvStore) != "launcher" && rank == 0
 }

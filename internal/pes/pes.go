@@ -9,10 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/comm/commtest"
 	"github.com/asynctp/asynctp/comm/nvshmem"
 	"github.com/asynctp/asynctp/comm/rendezvous"
 	"github.com/asynctp/asynctp/cuda"
+	"github.com/asynctp/asynctp/launch"
 	"github.com/asynctp/asynctp/tensor/cudabackend"
 )
 
@@ -93,13 +95,13 @@ func Run(t *testing.T, j Job, n int) []string {
 }
 
 // PE is one child's place: its rank in a world of Size, the rendezvous
-// store, the NVSHMEM world and the CUDA backend.
+// store, the NVSHMEM world and the CUDA backend (opened by launch.Open).
 type PE struct {
 	Rank, Size int
 	Store      *rendezvous.Client
-	closeStore func() error
-	World      *nvshmem.Comm
+	World      comm.Comm
 	B          *cudabackend.Backend
+	w          *launch.World
 }
 
 // Join makes this child a PE (its rank from the environment Run sets).
@@ -111,23 +113,14 @@ func JoinWith(t *testing.T, opts ...cudabackend.Option) *PE {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dev, _ := strconv.Atoi(os.Getenv("ASYNCTP_TEST_DEVICE"))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	store, closeStore, err := rendezvous.Join(ctx, info, rendezvous.Options{})
+	w, err := launch.Open(ctx, info, launch.Options{Transport: launch.NVSHMEM, Timeout: 2 * time.Minute, CUDA: opts})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := cudabackend.New(dev, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := nvshmem.New(ctx, store, info.Rank, info.WorldSize, dev, nvshmem.WithTimeout(2*time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	fmt.Fprintf(os.Stderr, "rank %d: world of %d up: %v\n", info.Rank, info.WorldSize, w.Report())
-	return &PE{Rank: info.Rank, Size: info.WorldSize, Store: store, closeStore: closeStore, World: w, B: b}
+	fmt.Fprintf(os.Stderr, "rank %d: world of %d up: %v\n", info.Rank, info.WorldSize, w.Report)
+	return &PE{Rank: info.Rank, Size: info.WorldSize, Store: w.Store, World: w.Comm, B: w.Backend.(*cudabackend.Backend), w: w}
 }
 
 // Close leaves the world, meets the others at the store and closes.
@@ -140,8 +133,7 @@ func (p *PE) Close(t *testing.T) {
 	if err := p.Store.Barrier(ctx, "done", p.Size); err != nil {
 		t.Errorf("rank %d: %v", p.Rank, err)
 	}
-	p.closeStore()
-	p.B.Close()
+	p.w.Close()
 }
 
 // ExitAfterFailure ends a child whose world cannot close cleanly (a test

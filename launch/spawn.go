@@ -1,4 +1,4 @@
-package main
+package launch
 
 import (
 	"bytes"
@@ -20,21 +20,39 @@ import (
 	"github.com/asynctp/asynctp/comm/rendezvous"
 )
 
-// killAfter is how long the launcher waits after SIGTERM before SIGKILL.
-const killAfter = 5 * time.Second
+// KillAfter is how long Spawn waits after SIGTERM before SIGKILL.
+const KillAfter = 5 * time.Second
 
-// stopGrace is how long, after a rank fails or the launcher is
-// interrupted, the launcher lets the other ranks notice and exit on their
-// own before it stops them (SIGTERM, then SIGKILL): the collective
-// deadline, between 5 and 30 seconds.
-func stopGrace(p ParallelConfig) time.Duration {
-	return min(max(time.Duration(p.CommTimeout), 5*time.Second), 30*time.Second)
+// StopGrace is how long, after a rank fails or the launcher is
+// interrupted, Spawn lets the other ranks notice and exit on their own
+// before it stops them (SIGTERM, then SIGKILL): the collective deadline
+// timeout, between 5 and 30 seconds.
+func StopGrace(timeout time.Duration) time.Duration {
+	return min(max(timeout, 5*time.Second), 30*time.Second)
 }
 
-// childVars are set in every rank's environment, whatever the launcher's
+// ChildVars are set in every rank's environment, whatever the launcher's
 // own: NVLink multicast stays off (NCCL's NVLS, NVSHMEM's, PyTorch's
 // symmetric memory's), since it can take a host's GPUs out of service.
-var childVars = []string{"NCCL_NVLS_ENABLE=0", "NVSHMEM_DISABLE_NVLS=1", "TORCH_SYMM_MEM_DISABLE_MULTICAST=1"}
+var ChildVars = []string{"NCCL_NVLS_ENABLE=0", "NVSHMEM_DISABLE_NVLS=1", "TORCH_SYMM_MEM_DISABLE_MULTICAST=1"}
+
+// SpawnConfig is what Spawn starts.
+type SpawnConfig struct {
+	// N processes of Command (the executable and its arguments).
+	N       int
+	Command []string
+	// Transport is the ranks' (for the start line and Preflight).
+	Transport string
+	// Timeout is the ranks' collective deadline (StopGrace).
+	Timeout time.Duration
+	// Stdout and Stderr receive the ranks' output (os.Stdout, os.Stderr
+	// when nil): rank 0's as it is, the others' lines prefixed "[rank k] ".
+	Stdout, Stderr io.Writer
+	// Second carries the second and later interrupts of the launcher: each
+	// is passed on to the ranks (which stop at once). The first is ctx's
+	// cancellation.
+	Second <-chan os.Signal
+}
 
 // rankProc is one process started by the launcher.
 type rankProc struct {
@@ -47,26 +65,33 @@ type rankProc struct {
 	stop  string // how the launcher stopped it, if it did
 }
 
-// launchLocal is --nproc N: it hosts the job's store on 127.0.0.1, starts N
-// processes of this command with the same arguments, rank r with
+// Spawn is --nproc N's launcher: it hosts the job's store on 127.0.0.1,
+// starts N processes of c.Command, rank r with
 // ASYNCTP_RANK=r (see rendezvous.FromEnv) and ASYNCTP_STORE=launcher, and
 // waits for them. Rank 0's output passes through; the others' lines are
 // prefixed "[rank k] ". When a rank fails or dies, the others are given
 // stopGrace to notice it (their transport names the lost rank) and exit;
 // those still running then are stopped (SIGTERM, then SIGKILL after
-// killAfter). An interrupt of the launcher is passed on as SIGTERM (the
+// KillAfter). An interrupt of the launcher is passed on as SIGTERM (the
 // ranks stop at the same step and write a checkpoint). The error names the
 // rank that failed first and how, then what became of the others.
-func launchLocal(ctx context.Context, cfg Config, args []string) error {
-	p := cfg.Parallel
-	n := p.NProc
-	if err := preflight(p.Comm, n); err != nil {
+func Spawn(ctx context.Context, c SpawnConfig) error {
+	n := c.N
+	if n < 1 || len(c.Command) == 0 {
+		return fmt.Errorf("--nproc %d of %q: expected at least one process of a command", n, c.Command)
+	}
+	if err := Preflight(c.Transport, n); err != nil {
 		return err
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		return fmt.Errorf("--nproc: finding this executable: %w", err)
+	stdout, stderr := c.Stdout, c.Stderr
+	if stdout == nil {
+		stdout = os.Stdout
 	}
+	if stderr == nil {
+		stderr = os.Stderr
+	}
+	grace := StopGrace(c.Timeout)
+	exe, args := c.Command[0], c.Command[1:]
 	var id [6]byte
 	rand.Read(id[:])
 	job := "train-" + hex.EncodeToString(id[:])
@@ -77,7 +102,7 @@ func launchLocal(ctx context.Context, cfg Config, args []string) error {
 	defer srv.Close()
 	srv.SetWorld(n)
 	_, port, _ := net.SplitHostPort(srv.Addr())
-	fmt.Printf("launcher: %d processes of %s, --comm %s, store %s, job %s\n", n, exe, p.Comm, srv.Addr(), job)
+	fmt.Fprintf(stdout, "launcher: %d processes of %s, --comm %s, store %s, job %s\n", n, exe, c.Transport, srv.Addr(), job)
 
 	var outMu sync.Mutex // the ranks' lines, whole
 	var pids []string
@@ -90,16 +115,16 @@ func launchLocal(ctx context.Context, cfg Config, args []string) error {
 			"ASYNCTP_RANK="+strconv.Itoa(r), "ASYNCTP_WORLD_SIZE="+strconv.Itoa(n),
 			"ASYNCTP_LOCAL_RANK="+strconv.Itoa(r), "ASYNCTP_LOCAL_WORLD_SIZE="+strconv.Itoa(n),
 			"ASYNCTP_MASTER_ADDR=127.0.0.1", "ASYNCTP_MASTER_PORT="+port, "ASYNCTP_JOB_ID="+job,
-			envStore+"=launcher")
-		cmd.Env = append(cmd.Env, childVars...)
+			EnvStore+"=launcher")
+		cmd.Env = append(cmd.Env, ChildVars...)
 		pr := &rankProc{rank: r, cmd: cmd, last: &lastLine{}}
 		if r == 0 {
-			cmd.Stdout = os.Stdout
-			cmd.Stderr = io.MultiWriter(os.Stderr, pr.last)
+			cmd.Stdout = stdout
+			cmd.Stderr = io.MultiWriter(stderr, pr.last)
 		} else {
 			prefix := fmt.Sprintf("[rank %d] ", r)
-			cmd.Stdout = &prefixWriter{prefix: prefix, dst: os.Stdout, mu: &outMu}
-			cmd.Stderr = io.MultiWriter(&prefixWriter{prefix: prefix, dst: os.Stderr, mu: &outMu}, pr.last)
+			cmd.Stdout = &prefixWriter{prefix: prefix, dst: stdout, mu: &outMu}
+			cmd.Stderr = io.MultiWriter(&prefixWriter{prefix: prefix, dst: stderr, mu: &outMu}, pr.last)
 		}
 		setProcAttr(cmd)
 		if err := cmd.Start(); err != nil {
@@ -118,11 +143,9 @@ func launchLocal(ctx context.Context, cfg Config, args []string) error {
 		}()
 	}
 
-	fmt.Printf("launcher: ranks 0 to %d are pids %s\n", n-1, strings.Join(pids, " "))
-	forwardSecond.Store(true)
-	defer forwardSecond.Store(false)
+	fmt.Fprintf(stdout, "launcher: ranks 0 to %d are pids %s\n", n-1, strings.Join(pids, " "))
 	var first *rankProc // the first rank to fail
-	var grace, kill <-chan time.Time
+	var graceC, kill <-chan time.Time
 	interrupted := false
 	signalAll := func(sig syscall.Signal, how string) {
 		for _, q := range procs {
@@ -140,28 +163,28 @@ func launchLocal(ctx context.Context, cfg Config, args []string) error {
 			if pr.err != nil && first == nil && !interrupted {
 				first = pr
 				if left > 0 {
-					fmt.Fprintf(os.Stderr, "launcher: rank %d %s; the other ranks have %v to stop\n", pr.rank, describeExit(pr.err), stopGrace(p))
-					grace = time.After(stopGrace(p))
+					fmt.Fprintf(stderr, "launcher: rank %d %s; the other ranks have %v to stop\n", pr.rank, describeExit(pr.err), grace)
+					graceC = time.After(grace)
 				}
 			}
 		case <-ctx.Done():
 			if !interrupted {
 				interrupted = true
 				signalAll(syscall.SIGTERM, "passed on the interrupt (SIGTERM)")
-				grace = time.After(stopGrace(p))
+				graceC = time.After(grace)
 			}
-		case <-secondSignal:
+		case <-c.Second:
 			// The ranks had the first as SIGTERM: a second makes them stop at once.
 			signalAll(syscall.SIGTERM, "passed on the second interrupt (SIGTERM): stopped at once")
 			interrupted = true
-			kill = time.After(killAfter)
-		case <-grace:
-			grace = nil
-			signalAll(syscall.SIGTERM, fmt.Sprintf("stopped by the launcher (SIGTERM) %v after the first failure", stopGrace(p)))
-			kill = time.After(killAfter)
+			kill = time.After(KillAfter)
+		case <-graceC:
+			graceC = nil
+			signalAll(syscall.SIGTERM, fmt.Sprintf("stopped by the launcher (SIGTERM) %v after the first failure", grace))
+			kill = time.After(KillAfter)
 		case <-kill:
 			kill = nil
-			signalAll(syscall.SIGKILL, fmt.Sprintf("killed by the launcher (SIGKILL) %v after SIGTERM", killAfter))
+			signalAll(syscall.SIGKILL, fmt.Sprintf("killed by the launcher (SIGKILL) %v after SIGTERM", KillAfter))
 		}
 	}
 	if first == nil && !interrupted {

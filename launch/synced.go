@@ -1,101 +1,17 @@
-package main
+package launch
 
 import (
-	"context"
-	"fmt"
-	"os"
-	"time"
-
 	"github.com/asynctp/asynctp/comm"
-	"github.com/asynctp/asynctp/comm/nccl"
-	"github.com/asynctp/asynctp/comm/rendezvous"
-	"github.com/asynctp/asynctp/cuda"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cudabackend"
 )
 
-// The GPU process ranks: each on GPU local_rank % (GPUs of its node), with
-// the CUDA backend (bf16, fp32 master weights) and an NCCL or NVSHMEM world.
-
-// preflight loads the library of a GPU transport in the launcher, so that a
-// missing one fails the launch once, before any process starts, with the
-// transport's error (the library and the variable that overrides its path);
-// for NCCL it also refuses more ranks than GPUs.
-func preflight(c string, nproc int) error {
-	switch c {
-	case CommNCCL:
-		if _, err := nccl.Load(); err != nil {
-			return err
-		}
-		if err := cuda.Init(); err != nil {
-			return fmt.Errorf("--comm nccl: %w", err)
-		}
-		if n, err := cuda.DeviceCount(); err == nil && nproc > n {
-			return fmt.Errorf("--comm nccl: --nproc %d ranks but %d GPU(s): NCCL refuses two ranks on one GPU (\"Duplicate GPU detected\"); use --comm nvshmem, whose ranks may share a GPU, or --nproc %d or fewer", nproc, n, n)
-		}
-	case CommNVSHMEM:
-		return preflightNVSHMEM()
-	}
-	return nil
-}
-
-// gpuFor picks the GPU of a rank and returns the number of GPUs of the node.
-func gpuFor(info rendezvous.Info) (device, count int, err error) {
-	if err := cuda.Init(); err != nil {
-		return 0, 0, err
-	}
-	n, err := cuda.DeviceCount()
-	if err != nil {
-		return 0, 0, err
-	}
-	if n < 1 {
-		return 0, 0, fmt.Errorf("no CUDA device")
-	}
-	return info.LocalRank % n, n, nil
-}
-
-// openNCCL: one GPU per rank. The library is loaded first, so that a
-// missing one is the first error, as the transport words it; two ranks on
-// one GPU are refused before NCCL would ("Duplicate GPU detected").
-func openNCCL(ctx context.Context, cfg Config, env rankEnv) (*transport, error) {
-	lib, err := nccl.Load()
-	if err != nil {
-		return nil, err
-	}
-	info := env.info
-	dev, n, err := gpuFor(info)
-	if err != nil {
-		return nil, fmt.Errorf("--comm nccl: %w", err)
-	}
-	if info.LocalWorldSize > n {
-		return nil, fmt.Errorf("--comm nccl: %d ranks on this node but %d GPU(s): NCCL refuses two ranks on one GPU (\"Duplicate GPU detected\"); use --comm nvshmem, whose ranks may share a GPU, or at most %d ranks per node",
-			info.LocalWorldSize, n, n)
-	}
-	opts, _, _, err := cudaOptions(cfg.GroupedGEMM)
-	if err != nil {
-		return nil, err
-	}
-	b, err := cudabackend.New(dev, opts...)
-	if err != nil {
-		return nil, fmt.Errorf("--device cuda: %w", err)
-	}
-	c, err := nccl.New(ctx, env.store, info.Rank, info.WorldSize, dev, nccl.WithTimeout(time.Duration(cfg.Parallel.CommTimeout)))
-	if err != nil {
-		b.Close()
-		return nil, err
-	}
-	world, stream, how := gpuWorld(c, b)
-	return &transport{world: world, stream: stream, b: b, dt: tensor.BFloat16,
-		close: func() { c.Close(); b.Close() },
-		note:  fmt.Sprintf("%s, bf16 with fp32 master weights; %d ranks as processes over %v; %s", b.DeviceName(), info.WorldSize, lib, how)}, nil
-}
-
-// envSyncCollectives=1 makes the GPU ranks synchronise every collective on
+// EnvSyncCollectives=1 makes the GPU ranks synchronise every collective on
 // the host (syncedComm) instead of ordering it on the backend's stream: a
 // debugging aid, to tell a stream-ordering bug from a transport's (the
 // losses must not change, only the speed, which drops by an order of
 // magnitude or more).
-const envSyncCollectives = "ASYNCTP_SYNC_COLLECTIVES"
+const EnvSyncCollectives = "ASYNCTP_SYNC_COLLECTIVES"
 
 // gpuWorld is the world of a GPU rank over the transport c and the stream
 // its model passes to every collective (model.Options.Stream): c itself
@@ -104,9 +20,9 @@ const envSyncCollectives = "ASYNCTP_SYNC_COLLECTIVES"
 // backend's stream), with no host synchronisation; or, with
 // ASYNCTP_SYNC_COLLECTIVES=1, c behind syncedComm and no stream. how says
 // which, for the log.
-func gpuWorld(c comm.Comm, b *cudabackend.Backend) (world comm.Comm, stream comm.Stream, how string) {
-	if os.Getenv(envSyncCollectives) == "1" {
-		return &syncedComm{Comm: c, b: b}, nil, "collectives synchronised on the host (" + envSyncCollectives + "=1)"
+func gpuWorld(c comm.Comm, b *cudabackend.Backend, getenv func(string) string) (world comm.Comm, stream comm.Stream, how string) {
+	if getenv(EnvSyncCollectives) == "1" {
+		return &syncedComm{Comm: c, b: b}, nil, "collectives synchronised on the host (" + EnvSyncCollectives + "=1)"
 	}
 	// A *cuda.Stream: comm/nccl takes it as is, comm/nvshmem by its Handle.
 	s := b.Stream()
