@@ -7,11 +7,11 @@ import (
 
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/optim"
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/parallel/model"
 	ptp "github.com/asynctp/asynctp/parallel/tp"
 	"github.com/asynctp/asynctp/tensor"
-	"github.com/asynctp/asynctp/train"
 )
 
 // The layer cells: one TP block forward + backward (parallel/tp), one MoE
@@ -19,7 +19,7 @@ import (
 // parallel/ep MoE, whose expert path stays collective while the TP sites
 // take the cell's strategy), and one training step of the sharded model
 // (parallel/model: forward, backward, gradient reduction, then
-// train.AdamW's update). Each strategy builds its own layer from the same
+// optim.AdamW's update). Each strategy builds its own layer from the same
 // seed; the collective's outputs are checked against the unsharded layers
 // (layers.Block, layers.GPT + AdamW on one rank, same seed, same inputs, on
 // the same backend and dtype), every other strategy against the
@@ -73,7 +73,7 @@ func layerTolerance(dt tensor.DType) float64 {
 
 // The step's optimizer: AdamW at a fixed rate.
 var (
-	stepAdam = train.AdamWConfig{Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1}
+	stepAdam = optim.AdamWConfig{Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1}
 	stepLR   = 1e-3
 )
 
@@ -113,7 +113,7 @@ type layerInst struct {
 	ps      *layers.ParamSet
 	blk     model.Block
 	m       *model.Model
-	opt     *train.AdamW
+	opt     *optim.AdamW
 	shards  []ptp.Shard
 	out, dx *tensor.Tensor
 	step    int
@@ -194,7 +194,7 @@ func (l *layerCase) reference() error {
 		if err := m.Backward(); err != nil {
 			return err
 		}
-		opt, err := train.NewAdamW(b, m.Params(), stepAdam)
+		opt, err := optim.NewAdamWWithConfig(b, m.Params(), stepAdam)
 		if err != nil {
 			return err
 		}
@@ -293,7 +293,7 @@ func (l *layerCase) site(s overlap.Strategy) (func() error, func() error, error)
 		}
 		if err == nil && l.op == OpTrainStep {
 			in.ps, in.shards = in.m.Params(), in.m.Shards()
-			in.opt, err = train.NewAdamW(l.b, in.ps, stepAdam)
+			in.opt, err = optim.NewAdamWWithConfig(l.b, in.ps, stepAdam)
 		}
 	}
 	if err != nil {

@@ -18,7 +18,7 @@ const (
 	OpMoEDispatchCombine  Op = "moe-dispatch-combine"  // parallel/ep: layout, dispatch, combine
 	OpMoELayer            Op = "moe-layer"             // parallel/model's MoE block: TP attention, parallel/ep MoE (forward + backward)
 	OpTPBlock             Op = "tp-block"              // parallel/tp Block (forward + backward)
-	OpTrainStep           Op = "train-step"            // parallel/model + train.AdamW: forward, backward, gradient reduction, update
+	OpTrainStep           Op = "train-step"            // parallel/model + optim.AdamW: forward, backward, gradient reduction, update
 )
 
 // Ops lists every op, in report order.

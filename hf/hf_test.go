@@ -1,7 +1,6 @@
 package hf
 
 import (
-	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -39,18 +38,6 @@ func TestParamsMatchGPT(t *testing.T) {
 				t.Errorf("param %d: %+v, layers.GPT has %+v", i, want[i], got[i])
 			}
 		}
-	}
-}
-
-// F16 decoding against values whose bits are known.
-func TestHalf(t *testing.T) {
-	for h, want := range map[uint16]float32{0x3c00: 1, 0xc000: -2, 0x3555: 0.33325195, 0x0001: 5.9604645e-08, 0x7bff: 65504, 0x8000: float32(math.Copysign(0, -1))} {
-		if got := halfToFloat32(h); got != want || math.Signbit(float64(got)) != math.Signbit(float64(want)) {
-			t.Errorf("half %#04x = %v, want %v", h, got, want)
-		}
-	}
-	if !math.IsInf(float64(halfToFloat32(0x7c00)), 1) || !math.IsNaN(float64(halfToFloat32(0x7e00))) {
-		t.Error("half inf or nan")
 	}
 }
 

@@ -1,22 +1,20 @@
 package hf
 
 import (
-	"bufio"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
-	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
 
+	"github.com/asynctp/asynctp/internal/atomicfile"
 	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/safetensors"
 	"github.com/asynctp/asynctp/tensor"
-	"github.com/asynctp/asynctp/train"
 )
 
 // The weight files of a model directory.
@@ -35,89 +33,21 @@ type entry struct {
 // readSafetensors reads every tensor of a safetensors file as float32
 // (F32, F16, BF16 or F64).
 func readSafetensors(path string, into map[string]*entry) error {
-	data, err := os.ReadFile(path)
+	f, err := safetensors.ReadFile(path)
 	if err != nil {
 		return fmt.Errorf("hf: %w", err)
 	}
-	if len(data) < 8 {
-		return fmt.Errorf("hf: %s: %d bytes, too short for a safetensors file", path, len(data))
-	}
-	n := binary.LittleEndian.Uint64(data)
-	if n > uint64(len(data)-8) || n > train.MaxSafetensorsHeader {
-		return fmt.Errorf("hf: %s: header length %d, but the file has %d bytes after it", path, n, len(data)-8)
-	}
-	var hdr map[string]json.RawMessage
-	if err := json.Unmarshal(data[8:8+n], &hdr); err != nil {
-		return fmt.Errorf("hf: %s: header: %w", path, err)
-	}
-	body := data[8+n:]
-	for name, raw := range hdr {
-		if name == "__metadata__" {
-			continue
-		}
-		var e struct {
-			DType   string   `json:"dtype"`
-			Shape   []int    `json:"shape"`
-			Offsets []uint64 `json:"data_offsets"`
-		}
-		if err := json.Unmarshal(raw, &e); err != nil || len(e.Offsets) != 2 {
-			return fmt.Errorf("hf: %s: tensor %q: bad header entry %s", path, name, raw)
-		}
-		numel := 1
-		for _, d := range e.Shape {
-			if d < 0 {
-				return fmt.Errorf("hf: %s: tensor %q has shape %v", path, name, e.Shape)
-			}
-			numel *= d
-		}
-		size := map[string]int{"F32": 4, "F16": 2, "BF16": 2, "F64": 8}[e.DType]
-		if size == 0 {
-			return fmt.Errorf("hf: %s: tensor %q is %s, expected F32, F16, BF16 or F64", path, name, e.DType)
-		}
-		lo, hi := e.Offsets[0], e.Offsets[1]
-		if lo > hi || hi > uint64(len(body)) || hi-lo != uint64(numel*size) {
-			return fmt.Errorf("hf: %s: tensor %q: offsets [%d, %d) for %d × %d bytes in a data section of %d", path, name, lo, hi, numel, size, len(body))
-		}
-		b := body[lo:hi]
-		vals := make([]float32, numel)
-		for i := range vals {
-			switch e.DType {
-			case "F32":
-				vals[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
-			case "F64":
-				vals[i] = float32(math.Float64frombits(binary.LittleEndian.Uint64(b[8*i:])))
-			case "BF16":
-				vals[i] = tensor.BF16ToFloat32(binary.LittleEndian.Uint16(b[2*i:]))
-			case "F16":
-				vals[i] = halfToFloat32(binary.LittleEndian.Uint16(b[2*i:]))
-			}
+	for _, name := range f.Names() {
+		vals, err := f.Entries[name].Float32s()
+		if err != nil {
+			return fmt.Errorf("hf: %s: %w", path, err)
 		}
 		if _, dup := into[name]; dup {
 			return fmt.Errorf("hf: tensor %q is in two weight files (%s, %s)", name, into[name].file, path)
 		}
-		into[name] = &entry{file: filepath.Base(path), shape: e.Shape, vals: vals}
+		into[name] = &entry{file: filepath.Base(path), shape: f.Entries[name].Shape, vals: vals}
 	}
 	return nil
-}
-
-// halfToFloat32 decodes an IEEE 754 half-precision value.
-func halfToFloat32(h uint16) float32 {
-	sign := uint32(h>>15) << 31
-	exp := uint32(h>>10) & 0x1f
-	frac := uint32(h) & 0x3ff
-	switch {
-	case exp == 0x1f:
-		return math.Float32frombits(sign | 0xff<<23 | frac<<13)
-	case exp == 0 && frac == 0:
-		return math.Float32frombits(sign)
-	case exp == 0: // subnormal
-		f := float32(frac) / 1024 / 16384
-		if sign != 0 {
-			return -f
-		}
-		return f
-	}
-	return math.Float32frombits(sign | (exp+112)<<23 | frac<<13)
 }
 
 // readAll reads every tensor of the model in dir: model.safetensors, or the
@@ -254,7 +184,7 @@ func WriteDir(dir string, m layers.GPTConfig, full map[string]*tensor.Tensor, ex
 			c[k] = v
 		}
 	}
-	var nts []train.NamedTensor
+	var nts []safetensors.Named
 	for _, p := range Params(m) {
 		t, ok := full[p.Name]
 		if !ok || !slices.Equal([]int(t.Shape()), p.Shape) {
@@ -265,7 +195,7 @@ func WriteDir(dir string, m layers.GPTConfig, full map[string]*tensor.Tensor, ex
 			return fmt.Errorf("hf: parameter %s: %w", p.Name, err)
 		}
 		if !p.Expert {
-			nts = append(nts, train.NamedTensor{Name: hfName(p), Tensor: t})
+			nts = append(nts, safetensors.Named{Name: hfName(p), Tensor: t})
 			continue
 		}
 		per := p.Shape[1] * p.Shape[2]
@@ -274,7 +204,7 @@ func WriteDir(dir string, m layers.GPTConfig, full map[string]*tensor.Tensor, ex
 			if err != nil {
 				return err
 			}
-			nts = append(nts, train.NamedTensor{Name: fmt.Sprintf(hfName(p), e), Tensor: et})
+			nts = append(nts, safetensors.Named{Name: fmt.Sprintf(hfName(p), e), Tensor: et})
 		}
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -284,23 +214,11 @@ func WriteDir(dir string, m layers.GPTConfig, full map[string]*tensor.Tensor, ex
 	if err != nil {
 		return err
 	}
-	if err := train.WriteFileAtomic(filepath.Join(dir, ConfigFile), append(js, '\n')); err != nil {
-		return err
+	if err := atomicfile.WriteFile(filepath.Join(dir, ConfigFile), append(js, '\n')); err != nil {
+		return fmt.Errorf("hf: writing %s: %w", filepath.Join(dir, ConfigFile), err)
 	}
-	f, err := os.OpenFile(filepath.Join(dir, WeightsFile), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
+	if err := safetensors.WriteFile(filepath.Join(dir, WeightsFile), nts, map[string]string{"format": "pt"}); err != nil {
 		return fmt.Errorf("hf: %w", err)
-	}
-	bw := bufio.NewWriterSize(f, 1<<20)
-	err = train.WriteSafetensors(bw, nts, map[string]string{"format": "pt"})
-	if err == nil {
-		err = bw.Flush()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("hf: writing %s: %w", filepath.Join(dir, WeightsFile), err)
 	}
 	return nil
 }

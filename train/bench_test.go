@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/optim"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cpu"
 	"github.com/asynctp/asynctp/train"
@@ -27,7 +28,7 @@ func BenchmarkTrainStep(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			opt, err := train.NewAdamW(be, m.Params(), train.AdamWConfig{Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1})
+			opt, err := optim.NewAdamWWithConfig(be, m.Params(), optim.AdamWConfig{Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -59,7 +60,7 @@ func BenchmarkTrainStep(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				if err := opt.Step(i+1, 1e-3, train.ClipScale(norm, 1)); err != nil {
+				if err := opt.Step(i+1, 1e-3, optim.ClipScale(norm, 1)); err != nil {
 					b.Fatal(err)
 				}
 			}

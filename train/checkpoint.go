@@ -15,6 +15,9 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/asynctp/asynctp/internal/atomicfile"
+	"github.com/asynctp/asynctp/optim"
+	"github.com/asynctp/asynctp/safetensors"
 	"github.com/asynctp/asynctp/tensor"
 )
 
@@ -40,7 +43,7 @@ func checkpointStep(name string) (int, bool) {
 // into place, so a crash leaves either the old or the new checkpoint, never
 // a half-written one. st.FormatVersion, st.ModelDType and st.Files are
 // filled in here. It returns the checkpoint's path.
-func SaveCheckpoint(outDir string, b tensor.Backend, opt *AdamW, st State) (string, error) {
+func SaveCheckpoint(outDir string, b tensor.Backend, opt *optim.AdamW, st State) (string, error) {
 	name := CheckpointName(st.Step)
 	if err := os.MkdirAll(outDir, dirMode); err != nil {
 		return "", fmt.Errorf("train: checkpoint %s: %w", name, err)
@@ -61,15 +64,15 @@ func SaveCheckpoint(outDir string, b tensor.Backend, opt *AdamW, st State) (stri
 		return "", fmt.Errorf("train: checkpoint %s: %w", name, err)
 	}
 	st.FormatVersion = FormatVersion
-	st.ModelDType = opt.w.DType().String()
+	st.ModelDType = opt.ParamDType().String()
 	st.Files = map[string]string{}
 	for _, f := range []struct {
 		name    string
-		tensors []NamedTensor
+		tensors []safetensors.Named
 	}{{ModelFile, params}, {OptimFile, moments}} {
 		meta := map[string]string{"format": "asynctp", "step": strconv.Itoa(st.Step)}
 		sum, err := writeFileSync(filepath.Join(tmp, f.name), func(w io.Writer) error {
-			return WriteSafetensors(w, f.tensors, meta)
+			return safetensors.Write(w, f.tensors, meta)
 		})
 		if err != nil {
 			return "", fmt.Errorf("train: checkpoint %s/%s: %w", name, f.name, err)
@@ -121,14 +124,14 @@ func SaveCheckpoint(outDir string, b tensor.Backend, opt *AdamW, st State) (stri
 
 // checkpointTensors downloads the parameters (the fp32 master copy when
 // there is one) and the moments into host tensors, named for the files.
-func checkpointTensors(b tensor.Backend, opt *AdamW) (params, moments []NamedTensor, err error) {
+func checkpointTensors(b tensor.Backend, opt *optim.AdamW) (params, moments []safetensors.Named, err error) {
 	moms, err := opt.Moments()
 	if err != nil {
 		return nil, nil, err
 	}
-	for i, p := range opt.ps.Params() {
+	for i, p := range opt.Params().Params() {
 		src := p.W
-		if mv, err := opt.masterView(p); err != nil {
+		if mv, err := opt.MasterView(p); err != nil {
 			return nil, nil, err
 		} else if mv != nil {
 			src = mv
@@ -137,7 +140,7 @@ func checkpointTensors(b tensor.Backend, opt *AdamW) (params, moments []NamedTen
 		if err != nil {
 			return nil, nil, fmt.Errorf("parameter %q: %w", p.Name, err)
 		}
-		params = append(params, NamedTensor{p.Name, pt})
+		params = append(params, safetensors.Named{Name: p.Name, Tensor: pt})
 		mt, err := download(b, moms[i].M)
 		if err != nil {
 			return nil, nil, fmt.Errorf("moment m of %q: %w", p.Name, err)
@@ -146,7 +149,7 @@ func checkpointTensors(b tensor.Backend, opt *AdamW) (params, moments []NamedTen
 		if err != nil {
 			return nil, nil, fmt.Errorf("moment v of %q: %w", p.Name, err)
 		}
-		moments = append(moments, NamedTensor{"m." + p.Name, mt}, NamedTensor{"v." + p.Name, vt})
+		moments = append(moments, safetensors.Named{Name: "m." + p.Name, Tensor: mt}, safetensors.Named{Name: "v." + p.Name, Tensor: vt})
 	}
 	return params, moments, nil
 }
@@ -203,7 +206,7 @@ func syncDir(dir string) error {
 // writeLatest points outDir/latest at the checkpoint called name (temp file,
 // fsync, rename, fsync of the directory).
 func writeLatest(outDir, name string) error {
-	f, err := createTemp(outDir, ".tmp-latest-")
+	f, err := atomicfile.CreateTemp(outDir, ".tmp-latest-")
 	if err != nil {
 		return fmt.Errorf("train: updating %s: %w", LatestFile, err)
 	}

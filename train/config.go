@@ -3,6 +3,8 @@ package train
 import (
 	"fmt"
 	"math"
+
+	"github.com/asynctp/asynctp/optim"
 )
 
 // Config holds the knobs of a training run. The zero value of a field means
@@ -41,6 +43,17 @@ type Config struct {
 	KeepCheckpoints int    `json:"keep_checkpoints"` // keep the newest K checkpoints; 0 keeps all
 	OutDir          string `json:"out_dir"`          // checkpoints, metrics.jsonl, loss.png
 	Resume          string `json:"resume"`           // a checkpoint dir, or an out dir (then its latest)
+}
+
+// AdamW is the optimizer's part of the config.
+func (c Config) AdamW() optim.AdamWConfig {
+	return optim.AdamWConfig{Beta1: c.Beta1, Beta2: c.Beta2, Eps: c.Eps, WeightDecay: c.WeightDecay}
+}
+
+// Schedule is the learning-rate schedule of the run: a linear warm-up to LR
+// over Warmup steps, then a half cosine down to MinLR at step Steps.
+func (c Config) Schedule() optim.WarmupCosine {
+	return optim.WarmupCosine{Peak: c.LR, Min: c.MinLR, Warmup: c.Warmup, Steps: c.Steps}
 }
 
 // DefaultConfig is a full set of sensible defaults (GPT-2-like AdamW).

@@ -1,11 +1,14 @@
-// Package train runs the training loop of asynctp: the AdamW optimizer over a
-// model's flat parameter buffer, the learning-rate schedule, the data loader,
-// checkpoints, and metrics.
+// Package train runs the training loop of asynctp's token models: the data
+// loader, the loop (Run, RunSharded), checkpoints, metrics, the loss plot
+// and the progress bar. The optimizer and the learning-rate schedule it
+// runs are package optim's, the file format of its checkpoints package
+// safetensors'; a program with its own loop imports those, not train.
 //
-// One step is: ZeroGrad, Forward, Backward, the global gradient norm's Σ g²
-// into a device scalar (SumSquaresTo), then AdamW clipping by that scalar on
-// the device (tensor.AdamW's NormSq: the clip factor is computed by the
-// update itself, and a non-finite norm skips the update), then metrics.
+// One step is: ZeroGrad, Forward, Backward, then the optimizer's ClipStep
+// (optim.AdamW): the global gradient norm's Σ g² into a device scalar, then
+// AdamW clipping by that scalar on the device (tensor.AdamW's NormSq: the
+// clip factor is computed by the update itself, and a non-finite norm skips
+// the update), then metrics.
 // A model with AsyncLoss (layers.GPT, parallel/model.Model) runs
 // ForwardAsync instead of Forward; with LossReader too, its loss and the
 // gradient norm are read back asynchronously (tensor.ReadAsync) and taken
@@ -15,8 +18,8 @@
 // one step late; a step that is checkpointed or validated, and the last,
 // is read back at once, and a non-finite loss or norm stops the run naming
 // its step before any later checkpoint is written. Models with only a host
-// GradSumSquarer (no DeviceGradSumSquarer) keep the synchronous path.
-
+// GradSumSquarer (no optim.DeviceGradSumSquarer) keep the synchronous path.
+//
 // Everything that decides the numbers of a step is a pure function of the
 // saved state: the parameters, the AdamW moments, the step (learning rate and
 // bias correction) and the data position (epoch, index). So a run of N steps

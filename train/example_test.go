@@ -13,10 +13,10 @@ import (
 	"github.com/asynctp/asynctp/train"
 )
 
-func ExampleLearningRate() {
+func ExampleConfig_Schedule() {
 	cfg := train.Config{Steps: 100, LR: 1e-3, MinLR: 1e-4, Warmup: 10}
 	for _, step := range []int{1, 10, 55, 100} {
-		fmt.Printf("step %3d: lr %.2e\n", step, train.LearningRate(step, cfg))
+		fmt.Printf("step %3d: lr %.2e\n", step, cfg.Schedule().LR(step))
 	}
 	// Output:
 	// step   1: lr 1.00e-04

@@ -21,23 +21,21 @@ const (
 	dirMode  = 0o755
 )
 
+// clip is b as a string, trimmed and cut to n bytes (for error messages
+// that quote a file's content).
+func clip(b []byte, n int) string {
+	s := strings.TrimSpace(string(b))
+	if len(s) > n {
+		return s[:n] + "..."
+	}
+	return s
+}
+
 // tempName is dir/prefix followed by random hex digits.
 func tempName(dir, prefix string) string {
 	var b [6]byte
 	rand.Read(b[:])
 	return filepath.Join(dir, prefix+hex.EncodeToString(b[:]))
-}
-
-// createTemp creates a new file dir/prefix<random> with fileMode.
-func createTemp(dir, prefix string) (*os.File, error) {
-	for range 100 {
-		f, err := os.OpenFile(tempName(dir, prefix), os.O_RDWR|os.O_CREATE|os.O_EXCL, fileMode)
-		if errors.Is(err, fs.ErrExist) {
-			continue
-		}
-		return f, err
-	}
-	return nil, fmt.Errorf("creating a temporary file %s* in %s: too many attempts", prefix, dir)
 }
 
 // mkdirTemp creates a new directory dir/prefix<random> with dirMode.

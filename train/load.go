@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/asynctp/asynctp/optim"
+	"github.com/asynctp/asynctp/safetensors"
 	"github.com/asynctp/asynctp/tensor"
 )
 
@@ -16,16 +18,16 @@ import (
 // version and fields, each file's sha256, each file's structure, and every
 // tensor's presence, dtype and shape against the model (a tensor the model
 // does not have is an error too).
-func LoadCheckpoint(dir string, b tensor.Backend, opt *AdamW) (*State, error) {
+func LoadCheckpoint(dir string, b tensor.Backend, opt *optim.AdamW) (*State, error) {
 	label := filepath.Base(dir)
 	st, err := ReadState(filepath.Join(dir, StateFile))
 	if err != nil {
 		return nil, fmt.Errorf("train: checkpoint %s: %w", label, err)
 	}
-	if want := opt.w.DType().String(); st.ModelDType != want {
+	if want := opt.ParamDType().String(); st.ModelDType != want {
 		return nil, fmt.Errorf("train: checkpoint %s holds %s parameters, but the model's are %s", label, st.ModelDType, want)
 	}
-	files := map[string]*Safetensors{}
+	files := map[string]*safetensors.File{}
 	for _, f := range []string{ModelFile, OptimFile} {
 		name := label + "/" + f
 		// Bound what is read by what the model can need.
@@ -33,7 +35,7 @@ func LoadCheckpoint(dir string, b tensor.Backend, opt *AdamW) (*State, error) {
 		if err != nil {
 			return nil, fmt.Errorf("train: checkpoint %s: %w", name, err)
 		}
-		if limit := expectedBytes(opt, f) + 8 + MaxSafetensorsHeader; fi.Size() > limit {
+		if limit := expectedBytes(opt, f) + 8 + safetensors.MaxHeader; fi.Size() > limit {
 			return nil, fmt.Errorf("train: checkpoint %s is %d bytes, more than the %d this model's tensors can take", name, fi.Size(), limit)
 		}
 		data, err := os.ReadFile(filepath.Join(dir, f))
@@ -44,7 +46,7 @@ func LoadCheckpoint(dir string, b tensor.Backend, opt *AdamW) (*State, error) {
 		if got := hex.EncodeToString(sum[:]); got != st.Files[f] {
 			return nil, fmt.Errorf("train: checkpoint %s is corrupted: sha256 %s, expected %s (from %s)", name, got, st.Files[f], StateFile)
 		}
-		sf, err := ReadSafetensors(data)
+		sf, err := safetensors.Read(data)
 		if err != nil {
 			return nil, fmt.Errorf("train: checkpoint %s: %w", name, err)
 		}
@@ -56,7 +58,7 @@ func LoadCheckpoint(dir string, b tensor.Backend, opt *AdamW) (*State, error) {
 		dst, src *tensor.Tensor
 	}
 	var ups []upload
-	take := func(file string, sf *Safetensors, seen map[string]bool, name string, dst *tensor.Tensor, dt tensor.DType) error {
+	take := func(file string, sf *safetensors.File, seen map[string]bool, name string, dst *tensor.Tensor, dt tensor.DType) error {
 		e, ok := sf.Entries[name]
 		if !ok {
 			return fmt.Errorf("train: checkpoint %s/%s has no tensor %q, which the model needs", label, file, name)
@@ -80,9 +82,9 @@ func LoadCheckpoint(dir string, b tensor.Backend, opt *AdamW) (*State, error) {
 		return nil, err
 	}
 	seenModel, seenOptim := map[string]bool{}, map[string]bool{}
-	for i, p := range opt.ps.Params() {
+	for i, p := range opt.Params().Params() {
 		dst := p.W
-		mv, err := opt.masterView(p)
+		mv, err := opt.MasterView(p)
 		if err != nil {
 			return nil, err
 		}
@@ -113,23 +115,24 @@ func LoadCheckpoint(dir string, b tensor.Backend, opt *AdamW) (*State, error) {
 	for _, u := range ups {
 		b.Upload(u.dst, u.src)
 	}
-	if opt.master != nil {
-		b.Copy(opt.w, opt.master)
+	err = opt.SyncParams()
+	if err == nil {
+		err = b.Err()
 	}
-	if err := b.Err(); err != nil {
+	if err != nil {
 		return nil, fmt.Errorf("train: loading checkpoint %s: %w", label, err)
 	}
 	return st, nil
 }
 
 // expectedBytes is the size of the tensor data of file f for opt's model.
-func expectedBytes(opt *AdamW, f string) int64 {
-	n := int64(opt.w.Numel())
+func expectedBytes(opt *optim.AdamW, f string) int64 {
+	n := int64(opt.Params().Numel())
 	if f == OptimFile {
-		return 2 * n * int64(opt.m.DType().Size())
+		return 2 * n * int64(opt.MomentDType().Size())
 	}
-	if opt.master != nil {
-		return n * int64(opt.master.DType().Size())
+	if m := opt.Master(); m != nil {
+		return n * int64(m.DType().Size())
 	}
-	return n * int64(opt.w.DType().Size())
+	return n * int64(opt.ParamDType().Size())
 }

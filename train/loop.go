@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/optim"
 	"github.com/asynctp/asynctp/tensor"
 )
 
@@ -185,7 +186,7 @@ func Run(ctx context.Context, b tensor.Backend, model Model, data *Loader, cfg C
 	if ps == nil {
 		return Result{}, errors.New("train: the model has no parameter set")
 	}
-	opt, err := NewAdamW(b, ps, AdamWConfig{Beta1: cfg.Beta1, Beta2: cfg.Beta2, Eps: cfg.Eps, WeightDecay: cfg.WeightDecay})
+	opt, err := optim.NewAdamWWithConfig(b, ps, cfg.AdamW())
 	if err != nil {
 		return Result{}, err
 	}

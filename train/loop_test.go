@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/optim"
 	"github.com/asynctp/asynctp/tensor"
 )
 
@@ -62,7 +63,7 @@ func TestRunLearnsAndRecords(t *testing.T) {
 		t.Fatalf("metrics.jsonl: %d records, %v", len(recs), err)
 	}
 	for i, r := range recs {
-		if r.Step != i+1 || r.Loss != res.Losses[i] || r.LR != LearningRate(i+1, cfg) || !(r.GradNorm > 0) || !(r.TokensPerSec > 0) || !(r.ElapsedS > 0) {
+		if r.Step != i+1 || r.Loss != res.Losses[i] || r.LR != cfg.Schedule().LR(i+1) || !(r.GradNorm > 0) || !(r.TokensPerSec > 0) || !(r.ElapsedS > 0) {
 			t.Fatalf("record %d: %+v", i, r)
 		}
 		if r.Extra["aux_loss"] != float64(i+1)/10 || r.Extra["flops_per_s"] == nil {
@@ -214,7 +215,7 @@ func TestRunStopsOnNaN(t *testing.T) {
 			}
 			// The good checkpoint still loads.
 			m2 := newBigram(t, b, 256, tensor.Float32, 2)
-			opt2, _ := NewAdamW(b, m2.Params(), AdamWConfig{})
+			opt2, _ := optim.NewAdamW(b, m2.Params())
 			if _, err := LoadCheckpoint(good, b, opt2); err != nil {
 				t.Errorf("last good checkpoint does not load: %v", err)
 			}

@@ -18,6 +18,8 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
+
+	"github.com/asynctp/asynctp/internal/atomicfile"
 )
 
 // File names of the metrics in the out dir.
@@ -204,27 +206,7 @@ func WriteLossPlot(path string, records []StepMetrics) error {
 // writeFileAtomic writes path through a temporary file in the same
 // directory and a rename, so readers see the old or the new file.
 func writeFileAtomic(path string, fill func(io.Writer) error) error {
-	f, err := createTemp(filepath.Dir(path), ".tmp-"+filepath.Base(path)+"-")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	bw := bufio.NewWriter(f)
-	err = fill(bw)
-	if err == nil {
-		err = bw.Flush()
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
+	if err := atomicfile.Write(path, fill); err != nil {
 		return fmt.Errorf("train: writing %s: %w", path, err)
 	}
 	return nil

@@ -8,6 +8,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/asynctp/asynctp/optim"
 	"github.com/asynctp/asynctp/tensor"
 )
 
@@ -19,7 +20,7 @@ type runner struct {
 	data     *Loader
 	cfg      Config
 	o        runOptions
-	opt      *AdamW
+	opt      *optim.AdamW
 	modelCfg json.RawMessage
 	layout   json.RawMessage
 	sink     *metricsSink
@@ -39,7 +40,6 @@ type runner struct {
 	// step read back at once for a validation or checkpoint got ~0: 6.5 M
 	// tokens/s printed at every validation of README's first command.)
 	hostSteps bool
-	normSq    *tensor.Tensor // Σ g² of the step, on the device
 }
 
 // elapsed is the wall time of the whole training so far, over resumes.
@@ -150,16 +150,17 @@ type pendingStep struct {
 
 // queue runs one training step up to the update without reading anything
 // back to the host where the model and the backend allow it: the forward
-// and backward (ForwardAsync), Σ g² into a device scalar
-// (DeviceGradSumSquarer, or the flat gradient's SumSquaresTo), and AdamW
-// clipping by that scalar on the device (StepClipped, which skips the
-// update when the norm is not finite, so a NaN never reaches the weights).
+// and backward (ForwardAsync), then the optimizer's ClipStep: Σ g² into a
+// device scalar (the model's, an optim.DeviceGradSumSquarer, or the flat
+// gradient's) and AdamW clipping by that scalar on the device (which skips
+// the update when the norm is not finite, so a NaN never reaches the
+// weights).
 // The loss and Σ g² are queued for reading (LossReader, tensor.ReadAsync);
 // flush reads them. A model without those interfaces is read at once, as
 // before (Forward's loss, GradSumSquarer's norm).
 func (r *runner) queue(step int) (*pendingStep, error) {
 	b, cfg := r.b, r.cfg
-	p := &pendingStep{step: step, queued: time.Now(), lr: LearningRate(step, cfg)}
+	p := &pendingStep{step: step, queued: time.Now(), lr: cfg.Schedule().LR(step)}
 	ids, targets, err := r.data.Next()
 	if err != nil {
 		return nil, fmt.Errorf("train: step %d: data: %w", step, err)
@@ -186,28 +187,15 @@ func (r *runner) queue(step int) (*pendingStep, error) {
 		p.late = r.o.lateExtra(step)
 	}
 	_, hostNorm := r.model.(GradSumSquarer)
-	_, devNorm := r.model.(DeviceGradSumSquarer)
-	if hostNorm && !devNorm {
+	devNorm, _ := r.model.(optim.DeviceGradSumSquarer)
+	if hostNorm && devNorm == nil {
 		// The norm only on the host: read the loss first (a NaN loss
 		// stops the step before the update), then the norm.
 		return p, r.stepOnHost(p)
 	}
-	if r.normSq == nil {
-		r.normSq = b.Zeros(r.opt.MomentDType(), 1)
-	}
-	b.Fill(r.normSq, 0)
-	if d, ok := r.model.(DeviceGradSumSquarer); ok {
-		err = d.GradSumSquaresTo(r.normSq)
-	} else {
-		err = r.opt.GradSumSquaresTo(r.normSq)
-	}
-	if err != nil {
+	if p.normSq, err = r.opt.ClipStep(step, p.lr, cfg.GradClip, devNorm); err != nil {
 		return nil, fmt.Errorf("train: step %d: %w", step, err)
 	}
-	if err := r.opt.StepClipped(step, p.lr, r.normSq, cfg.GradClip); err != nil {
-		return nil, err
-	}
-	p.normSq = tensor.ReadAsync(b, r.normSq)
 	if err := b.Err(); err != nil {
 		return nil, fmt.Errorf("train: step %d: %w", step, err)
 	}
@@ -231,7 +219,7 @@ func (r *runner) stepOnHost(p *pendingStep) error {
 	if !finite(p.norm) {
 		return r.diverged("gradient norm", p.norm, p.step)
 	}
-	return r.opt.Step(p.step, p.lr, ClipScale(p.norm, r.cfg.GradClip))
+	return r.opt.Step(p.step, p.lr, optim.ClipScale(p.norm, r.cfg.GradClip))
 }
 
 // flush reads back the pending step (if any): its loss and gradient norm,
@@ -385,14 +373,6 @@ func (r *runner) forwardBackward(ids, targets *tensor.Tensor, step int) (func() 
 		return nil, r.diverged("loss", loss, step)
 	}
 	return func() (float64, error) { return loss, nil }, nil
-}
-
-// DeviceGradSumSquarer is an optional interface of a GradSumSquarer
-// (parallel/model.Model): GradSumSquaresTo adds the same sum to dst, a
-// one-element tensor of the optimizer's moment dtype, on the device, so the
-// step clips without a host read.
-type DeviceGradSumSquarer interface {
-	GradSumSquaresTo(dst *tensor.Tensor) error
 }
 
 // GradSumSquarer is an optional interface of a Model whose parameters are

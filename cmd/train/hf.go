@@ -13,6 +13,7 @@ import (
 	"github.com/asynctp/asynctp/hf"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/parallel/model"
+	"github.com/asynctp/asynctp/safetensors"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cpu"
 	"github.com/asynctp/asynctp/train"
@@ -224,7 +225,7 @@ func consolidateRun(dir string) (layers.GPTConfig, map[string]*tensor.Tensor, []
 		if got := hex.EncodeToString(sum[:]); got != states[i].Files[train.ModelFile] {
 			return mc, nil, nil, fmt.Errorf("%s/%s is corrupted: sha256 %s, expected %s", ck, train.ModelFile, got, states[i].Files[train.ModelFile])
 		}
-		sf, err := train.ReadSafetensors(data)
+		sf, err := safetensors.Read(data)
 		if err != nil {
 			return mc, nil, nil, fmt.Errorf("%s/%s: %w", ck, train.ModelFile, err)
 		}
@@ -435,12 +436,7 @@ func runLogits(args []string) error {
 	b.Download(logits, g.Logits())
 	ce := loss - g.AuxLoss()
 	lt, _ := tensor.FromFloat32([]float32{float32(ce)}, 1)
-	f, err := os.Create(*out)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	if err := train.WriteSafetensors(f, []train.NamedTensor{{Name: "logits", Tensor: logits}, {Name: "ids", Tensor: idT}, {Name: "loss", Tensor: lt}}, map[string]string{"format": "pt"}); err != nil {
+	if err := safetensors.WriteFile(*out, []safetensors.Named{{Name: "logits", Tensor: logits}, {Name: "ids", Tensor: idT}, {Name: "loss", Tensor: lt}}, map[string]string{"format": "pt"}); err != nil {
 		return err
 	}
 	fmt.Printf("logits: %s on %d × %d tokens of %s: loss %.6f → %s\n", *from, *B, *T, *data, ce, *out)

@@ -20,6 +20,7 @@ import (
 	"testing"
 
 	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/safetensors"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cpu"
 	"github.com/asynctp/asynctp/train"
@@ -61,9 +62,9 @@ func writeHFModel(t *testing.T, experts, kv int, tied bool) hfModel {
 		mc.Experts, mc.TopK, mc.MoEEvery = experts, 2, 1
 	}
 	ours := map[string]*tensor.Tensor{}
-	var file []train.NamedTensor
+	var file []safetensors.Named
 	put := func(hfName, our string, t *tensor.Tensor) {
-		file = append(file, train.NamedTensor{Name: hfName, Tensor: t})
+		file = append(file, safetensors.Named{Name: hfName, Tensor: t})
 		if our != "" {
 			ours[our] = t
 		}
@@ -117,7 +118,7 @@ func writeHFModel(t *testing.T, experts, kv int, tied bool) hfModel {
 	js, _ := json.Marshal(cfg)
 	os.WriteFile(filepath.Join(dir, "config.json"), js, 0o644)
 	f, _ := os.Create(filepath.Join(dir, "model.safetensors"))
-	if err := train.WriteSafetensors(f, file, map[string]string{"format": "pt"}); err != nil {
+	if err := safetensors.Write(f, file, map[string]string{"format": "pt"}); err != nil {
 		t.Fatal(err)
 	}
 	f.Close()
@@ -232,7 +233,7 @@ func readST(t *testing.T, path string) map[string][]float32 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sf, err := train.ReadSafetensors(data)
+	sf, err := safetensors.Read(data)
 	if err != nil {
 		t.Fatal(err)
 	}

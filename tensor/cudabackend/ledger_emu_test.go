@@ -11,8 +11,8 @@ import (
 
 	"github.com/asynctp/asynctp/internal/testutil"
 	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/optim"
 	"github.com/asynctp/asynctp/tensor"
-	"github.com/asynctp/asynctp/train"
 )
 
 // ledgerRun trains a bf16 GPT of cfg for steps steps of batch × seq tokens
@@ -25,7 +25,7 @@ func ledgerRun(t testing.TB, cfg layers.GPTConfig, batch, seq, steps int) (MemRe
 	if err != nil {
 		t.Fatal(err)
 	}
-	opt, err := train.NewAdamW(b, m.Params(), train.AdamWConfig{Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1})
+	opt, err := optim.NewAdamWWithConfig(b, m.Params(), optim.AdamWConfig{Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package train
+package safetensors
 
 import (
 	"bytes"
@@ -7,68 +7,64 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
+	"slices"
 	"sort"
 	"strings"
 
+	"github.com/asynctp/asynctp/internal/atomicfile"
 	"github.com/asynctp/asynctp/tensor"
 )
 
-// The safetensors format: an 8-byte little-endian header length N, N bytes
-// of JSON header {name: {"dtype", "shape", "data_offsets": [begin, end]},
-// "__metadata__": {string: string}}, then the data section, to which the
-// offsets are relative. Tensors are little-endian, row-major, and together
-// they cover the data section exactly, without overlap or holes.
-
-// MaxSafetensorsHeader bounds the JSON header a reader accepts (100 MB, the
-// limit of the reference implementation).
-const MaxSafetensorsHeader = 100 << 20
+// MaxHeader bounds the JSON header a reader accepts (100 MB, the limit of
+// the reference implementation).
+const MaxHeader = 100 << 20
 
 const metadataKey = "__metadata__"
 
-// NamedTensor is a host tensor with its name in a safetensors file.
-type NamedTensor struct {
-	Name   string
-	Tensor *tensor.Tensor
+// Named is a host tensor with its name in a file.
+type Named struct {
+	Name   string         // unique in the file, not "__metadata__"
+	Tensor *tensor.Tensor // a host tensor of a dtype with a format name (F32, F64, BF16, I32)
 }
 
-// SafetensorsEntry describes one tensor of a parsed file. Data aliases the
-// file's bytes.
-type SafetensorsEntry struct {
-	Name   string
+// Entry describes one tensor of a parsed file.
+type Entry struct {
+	Name string
+	// DType is the tensor's dtype, or tensor.Invalid for a format that has
+	// no dtype here (F16: read it with Float32s).
 	DType  tensor.DType
-	Shape  tensor.Shape
-	Offset uint64 // where Data starts in the data section
-	Data   []byte
+	Format string       // the dtype's name in the file: "F32", "F64", "BF16", "F16" or "I32"
+	Shape  tensor.Shape // row-major
+	Offset uint64       // where Data starts in the data section
+	Data   []byte       // the tensor's bytes, little-endian; they alias the file's
 }
 
-// Safetensors is a parsed file: its metadata and its tensors by name.
-type Safetensors struct {
-	Metadata map[string]string
-	Entries  map[string]*SafetensorsEntry
+// File is a parsed file: its metadata and its tensors by name.
+type File struct {
+	Metadata map[string]string // the "__metadata__" object (empty when absent)
+	Entries  map[string]*Entry // every tensor, by name
 }
 
-// stDType maps our dtypes to safetensors names and back.
-var stDTypes = []struct {
+type format struct {
 	name string
 	dt   tensor.DType
-}{{"F32", tensor.Float32}, {"F64", tensor.Float64}, {"BF16", tensor.BFloat16}, {"I32", tensor.Int32}}
+	size int
+}
 
-func stName(dt tensor.DType) (string, bool) {
-	for _, d := range stDTypes {
-		if d.dt == dt {
-			return d.name, true
+// formats are the element types this package reads: their names in a
+// file, our dtype (tensor.Invalid for F16, which is read as float32 only:
+// Entry.Float32s) and their size in bytes.
+var formats = []format{{"F32", tensor.Float32, 4}, {"F64", tensor.Float64, 8}, {"BF16", tensor.BFloat16, 2}, {"I32", tensor.Int32, 4}, {"F16", tensor.Invalid, 2}}
+
+// formatOf is the name of dt in a file.
+func formatOf(dt tensor.DType) (string, bool) {
+	for _, f := range formats {
+		if f.dt == dt && dt != tensor.Invalid {
+			return f.name, true
 		}
 	}
 	return "", false
-}
-
-func stDType(name string) (tensor.DType, bool) {
-	for _, d := range stDTypes {
-		if d.name == name {
-			return d.dt, true
-		}
-	}
-	return tensor.Invalid, false
 }
 
 type stHeaderEntry struct {
@@ -77,9 +73,10 @@ type stHeaderEntry struct {
 	DataOffsets []uint64 `json:"data_offsets"`
 }
 
-// WriteSafetensors writes host tensors, in the order given, with optional
-// metadata. Names must be unique and not "__metadata__".
-func WriteSafetensors(w io.Writer, tensors []NamedTensor, metadata map[string]string) error {
+// Write writes host tensors in the safetensors format, in the order given,
+// with optional metadata. Names must be unique and not "__metadata__". The
+// data section starts 8-byte aligned (the header is padded with spaces).
+func Write(w io.Writer, tensors []Named, metadata map[string]string) error {
 	header := make(map[string]any, len(tensors)+1)
 	if len(metadata) > 0 {
 		header[metadataKey] = metadata
@@ -87,17 +84,17 @@ func WriteSafetensors(w io.Writer, tensors []NamedTensor, metadata map[string]st
 	var off uint64
 	for _, nt := range tensors {
 		if nt.Name == "" || nt.Name == metadataKey {
-			return fmt.Errorf("train: safetensors: invalid tensor name %q", nt.Name)
+			return fmt.Errorf("safetensors: invalid tensor name %q", nt.Name)
 		}
 		if _, dup := header[nt.Name]; dup {
-			return fmt.Errorf("train: safetensors: tensor name %q appears twice", nt.Name)
+			return fmt.Errorf("safetensors: tensor name %q appears twice", nt.Name)
 		}
 		if nt.Tensor == nil {
-			return fmt.Errorf("train: safetensors: tensor %q is nil", nt.Name)
+			return fmt.Errorf("safetensors: tensor %q is nil", nt.Name)
 		}
-		name, ok := stName(nt.Tensor.DType())
+		name, ok := formatOf(nt.Tensor.DType())
 		if !ok {
-			return fmt.Errorf("train: safetensors: tensor %q has dtype %v, which has no safetensors name", nt.Name, nt.Tensor.DType())
+			return fmt.Errorf("safetensors: tensor %q has dtype %v, which has no safetensors name", nt.Name, nt.Tensor.DType())
 		}
 		shape := make([]int64, len(nt.Tensor.Shape()))
 		for i, d := range nt.Tensor.Shape() {
@@ -109,7 +106,7 @@ func WriteSafetensors(w io.Writer, tensors []NamedTensor, metadata map[string]st
 	}
 	hj, err := json.Marshal(header)
 	if err != nil {
-		return fmt.Errorf("train: safetensors header: %w", err)
+		return fmt.Errorf("safetensors: header: %w", err)
 	}
 	// Pad with spaces so the data section starts 8-byte aligned.
 	if pad := (8 - len(hj)%8) % 8; pad > 0 {
@@ -126,7 +123,7 @@ func WriteSafetensors(w io.Writer, tensors []NamedTensor, metadata map[string]st
 	for _, nt := range tensors {
 		b, err := tensorBytes(nt.Tensor)
 		if err != nil {
-			return fmt.Errorf("train: safetensors tensor %q: %w", nt.Name, err)
+			return fmt.Errorf("safetensors: tensor %q: %w", nt.Name, err)
 		}
 		if _, err := w.Write(b); err != nil {
 			return err
@@ -177,11 +174,11 @@ func tensorBytes(t *tensor.Tensor) ([]byte, error) {
 	return out, nil
 }
 
-// ReadSafetensors parses a whole safetensors file held in data. It checks
+// Read parses a whole safetensors file held in data. It checks
 // the header length against the file, the header JSON, every dtype, shape
 // and offset, and that the tensors tile the data section exactly. It never
 // allocates more than a small multiple of len(data).
-func ReadSafetensors(data []byte) (*Safetensors, error) {
+func Read(data []byte) (*File, error) {
 	if len(data) < 8 {
 		return nil, fmt.Errorf("truncated: %d bytes, but a safetensors file starts with an 8-byte header length", len(data))
 	}
@@ -189,8 +186,8 @@ func ReadSafetensors(data []byte) (*Safetensors, error) {
 	if hlen > uint64(len(data)-8) {
 		return nil, fmt.Errorf("header length %d is beyond the file (%d bytes after the length field): truncated or not a safetensors file", hlen, len(data)-8)
 	}
-	if hlen > MaxSafetensorsHeader {
-		return nil, fmt.Errorf("header length %d exceeds the limit of %d bytes", hlen, MaxSafetensorsHeader)
+	if hlen > MaxHeader {
+		return nil, fmt.Errorf("header length %d exceeds the limit of %d bytes", hlen, MaxHeader)
 	}
 	hdr := data[8 : 8+hlen]
 	body := data[8+hlen:]
@@ -202,7 +199,7 @@ func ReadSafetensors(data []byte) (*Safetensors, error) {
 	if _, err := dec.Token(); err != nil { // '{'
 		return nil, fmt.Errorf("bad header JSON: %v", err)
 	}
-	st := &Safetensors{Metadata: map[string]string{}, Entries: map[string]*SafetensorsEntry{}}
+	st := &File{Metadata: map[string]string{}, Entries: map[string]*Entry{}}
 	type span struct {
 		begin, end uint64
 		name       string
@@ -242,10 +239,11 @@ func ReadSafetensors(data []byte) (*Safetensors, error) {
 		if err := dec.Decode(&he); err != nil {
 			return nil, fmt.Errorf("bad header JSON: tensor %q: %v", key, err)
 		}
-		dt, ok := stDType(he.DType)
-		if !ok {
-			return nil, fmt.Errorf("tensor %q has unknown dtype %q (this reader handles F32, F64, BF16 and I32)", key, he.DType)
+		fi := slices.IndexFunc(formats, func(f format) bool { return f.name == he.DType })
+		if fi < 0 {
+			return nil, fmt.Errorf("tensor %q has unknown dtype %q (this reader handles F32, F64, BF16, F16 and I32)", key, he.DType)
 		}
+		dt, size := formats[fi].dt, formats[fi].size
 		if len(he.DataOffsets) != 2 {
 			return nil, fmt.Errorf("tensor %q: data_offsets has %d values, want [begin, end]", key, len(he.DataOffsets))
 		}
@@ -271,13 +269,13 @@ func ReadSafetensors(data []byte) (*Safetensors, error) {
 			}
 			shape[i] = int(d)
 		}
-		if want := numel * uint64(dt.Size()); want != end-begin {
+		if want := numel * uint64(size); want != end-begin {
 			if numel >= limit {
 				return nil, fmt.Errorf("tensor %q: shape %v holds more elements than the file has bytes", key, he.Shape)
 			}
 			return nil, fmt.Errorf("tensor %q: shape %v of %s needs %d bytes, but data_offsets [%d, %d] hold %d", key, he.Shape, he.DType, want, begin, end, end-begin)
 		}
-		st.Entries[key] = &SafetensorsEntry{Name: key, DType: dt, Shape: shape, Offset: begin, Data: body[begin:end:end]}
+		st.Entries[key] = &Entry{Name: key, DType: dt, Format: he.DType, Shape: shape, Offset: begin, Data: body[begin:end:end]}
 		spans = append(spans, span{begin, end, key})
 	}
 	if _, err := dec.Token(); err != nil { // '}'
@@ -309,7 +307,7 @@ func ReadSafetensors(data []byte) (*Safetensors, error) {
 }
 
 // Names lists the tensor names in data order.
-func (s *Safetensors) Names() []string {
+func (s *File) Names() []string {
 	names := make([]string, 0, len(s.Entries))
 	for n := range s.Entries {
 		names = append(names, n)
@@ -324,8 +322,12 @@ func (s *Safetensors) Names() []string {
 	return names
 }
 
-// Tensor decodes entry into a new host tensor.
-func (e *SafetensorsEntry) Tensor() (*tensor.Tensor, error) {
+// Tensor decodes the entry into a new host tensor of its dtype (an F16
+// entry has none: Float32s reads it).
+func (e *Entry) Tensor() (*tensor.Tensor, error) {
+	if e.DType == tensor.Invalid {
+		return nil, fmt.Errorf("tensor %q is %s, which has no dtype here (read it with Float32s)", e.Name, e.Format)
+	}
 	t, err := tensor.Host(e.DType, e.Shape...)
 	if err != nil {
 		return nil, fmt.Errorf("tensor %q: %w", e.Name, err)
@@ -365,4 +367,85 @@ func clip(b []byte, n int) string {
 		return s[:n] + "..."
 	}
 	return s
+}
+
+// Float32s decodes a floating-point entry (F32, F64, BF16 or F16) into
+// float32 values, row-major: how a model's weights are read whatever the
+// precision they were saved in.
+func (e *Entry) Float32s() ([]float32, error) {
+	var size int
+	switch e.Format {
+	case "F32", "I32":
+		size = 4
+	case "F64":
+		size = 8
+	case "BF16", "F16":
+		size = 2
+	}
+	if e.Format == "I32" || size == 0 {
+		return nil, fmt.Errorf("tensor %q is %s, expected a floating-point format (F32, F64, BF16 or F16)", e.Name, e.Format)
+	}
+	n := e.Shape.Numel()
+	if len(e.Data) != n*size {
+		return nil, fmt.Errorf("tensor %q: %d bytes for shape %v of %s", e.Name, len(e.Data), e.Shape, e.Format)
+	}
+	d := e.Data
+	out := make([]float32, n)
+	for i := range out {
+		switch e.Format {
+		case "F32":
+			out[i] = math.Float32frombits(binary.LittleEndian.Uint32(d[4*i:]))
+		case "F64":
+			out[i] = float32(math.Float64frombits(binary.LittleEndian.Uint64(d[8*i:])))
+		case "BF16":
+			out[i] = tensor.BF16ToFloat32(binary.LittleEndian.Uint16(d[2*i:]))
+		case "F16":
+			out[i] = halfToFloat32(binary.LittleEndian.Uint16(d[2*i:]))
+		}
+	}
+	return out, nil
+}
+
+// halfToFloat32 decodes an IEEE 754 half-precision value.
+func halfToFloat32(h uint16) float32 {
+	sign := uint32(h>>15) << 31
+	exp := uint32(h>>10) & 0x1f
+	frac := uint32(h) & 0x3ff
+	switch {
+	case exp == 0x1f:
+		return math.Float32frombits(sign | 0xff<<23 | frac<<13)
+	case exp == 0 && frac == 0:
+		return math.Float32frombits(sign)
+	case exp == 0: // subnormal
+		f := float32(frac) / 1024 / 16384
+		if sign != 0 {
+			return -f
+		}
+		return f
+	}
+	return math.Float32frombits(sign | (exp+112)<<23 | frac<<13)
+}
+
+// ReadFile reads and parses the safetensors file at path (Read).
+func ReadFile(path string) (*File, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("safetensors: %w", err)
+	}
+	f, err := Read(data)
+	if err != nil {
+		return nil, fmt.Errorf("safetensors: %s: %w", path, err)
+	}
+	return f, nil
+}
+
+// WriteFile writes tensors and metadata (Write) to path through a
+// temporary file of the same directory, fsynced and renamed into place, so
+// a reader sees the old file or the new one, never a part, and a failed
+// write leaves path as it was. The file's mode is 0644 less the umask.
+func WriteFile(path string, tensors []Named, metadata map[string]string) error {
+	if err := atomicfile.Write(path, func(w io.Writer) error { return Write(w, tensors, metadata) }); err != nil {
+		return fmt.Errorf("safetensors: writing %s: %w", path, err)
+	}
+	return nil
 }
