@@ -55,6 +55,7 @@ type Config struct {
 	explicit   map[string]bool // the fields the file and the flags give (explicitFields)
 	overwrite  bool            // --overwrite
 	memReport  bool            // --memory-report
+	verbose    bool            // --verbose
 	cpuProfile string          // --cpu-profile
 	adopted    bool            // prepare has taken the model of the resume or --init-from
 }
@@ -144,7 +145,7 @@ type flagValues struct {
 	autotuneCache                                        string
 	autotune                                             bool
 	groupedGEMM, dumpRouting, fusedTransfer              string
-	memoryReport                                         bool
+	memoryReport, verbose                                bool
 	cpuProfile                                           string
 	run                                                  runFlags
 }
@@ -196,6 +197,7 @@ func newFlagSet(fv *flagValues) *flag.FlagSet {
 	fs.StringVar(&fv.dumpRouting, "dump-routing", "", "write every step's routing (each token's top-k experts per MoE layer, in the global token order) into `dir`, one file per rank; compare two runs with: train routing-diff DIR1 DIR2")
 	fs.StringVar(&fv.cpuProfile, "cpu-profile", "", "write a Go CPU profile of the run (go tool pprof) to `file`, which must not exist; with several processes each rank writes file.rankN")
 	fs.BoolVar(&fv.memoryReport, "memory-report", false, "on the CUDA backend (one process): attribute the allocator's blocks to their call sites and print at the end what held memory at the peak (by category and by site)")
+	fs.BoolVar(&fv.verbose, "verbose", false, "print the detail behind the device line (why no GPU was found)")
 	addRunFlags(fs, &fv.run)
 	return fs
 }
@@ -258,11 +260,23 @@ func loadConfigIn(args []string, l origin) (Config, error) {
 			return Config{}, fmt.Errorf("config %s: %w", fv.config, err)
 		}
 		cfg.Preset = name
+		named, err := explicitFields(file, nil)
+		if err != nil {
+			return Config{}, fmt.Errorf("config %s: %w", fv.config, err)
+		}
+		if err := checkSeq(&cfg, named, fv.config); err != nil {
+			return Config{}, err
+		}
 	}
 	applyFlags(&cfg, &fv, set)
 	var err error
 	if cfg.explicit, err = explicitFields(file, set); err != nil {
 		return Config{}, fmt.Errorf("config %s: %w", fv.config, err)
+	}
+	preset := mk()
+	preset.Model = preset.Model.WithDefaults()
+	if err := cfg.checkTakesEffect(set, &preset, fv.config); err != nil {
+		return Config{}, err
 	}
 	cfg.Train.Seq = cfg.Model.Seq // one sequence length: the model's
 	if p := &cfg.Parallel; p.World == 0 && p.DP == 0 {
@@ -373,6 +387,7 @@ func applyFlags(cfg *Config, fv *flagValues, set map[string]bool) {
 		cfg.FusedTransfer = fv.fusedTransfer
 	}
 	cfg.memReport = fv.memoryReport
+	cfg.verbose = fv.verbose
 	cfg.cpuProfile = fv.cpuProfile
 	applyRunFlags(cfg, &fv.run, set)
 }
@@ -418,5 +433,23 @@ func (c *Config) validate(l origin) error {
 			return err
 		}
 	}
-	return c.resolveComm(l)
+	if err := c.resolveComm(l); err != nil {
+		return err
+	}
+	return c.checkMemReport(l)
+}
+
+// checkMemReport refuses --memory-report where it would do nothing: the
+// ledger is the CUDA allocator's, kept by the one-rank, one-process run.
+func (c *Config) checkMemReport(l origin) error {
+	if !c.memReport {
+		return nil
+	}
+	if c.Device == "cpu" {
+		return fmt.Errorf("--memory-report: expected --device cuda or auto (it reports the CUDA allocator's blocks), found --device cpu")
+	}
+	if p := c.Parallel; l.launched || p.NProc > 0 || p.Processes() || !p.Single() {
+		return fmt.Errorf("--memory-report: expected a run of one rank in one process, found %s over --comm %s", p, p.Comm)
+	}
+	return nil
 }

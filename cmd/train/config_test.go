@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -107,5 +108,70 @@ func TestMemoryReportFlag(t *testing.T) {
 		if cfg.memReport != tc.want {
 			t.Errorf("loadConfig(%q): memReport %v, want %v", tc.args, cfg.memReport, tc.want)
 		}
+	}
+	// Where it would do nothing, it is refused before any work.
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--memory-report", "--device", "cpu"}, "found --device cpu"},
+		{[]string{"--memory-report", "--tp", "2"}, "expected a run of one rank in one process"},
+		{[]string{"--memory-report", "--nproc", "2"}, "--memory-report: expected"},
+	} {
+		if _, err := loadConfig(tc.args); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("loadConfig(%q): %v, want an error containing %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+// A field given explicitly that the run cannot use is refused, naming it:
+// train.seq (the sequences are the model's), the MoE fields on a dense
+// model, the evaluation's fields with nothing held out. The config.json a
+// run writes names every field, so it must still load, with any flag
+// over it.
+func TestConfigFieldsWithoutEffect(t *testing.T) {
+	for _, tc := range []struct {
+		body string
+		args []string
+		want string
+	}{
+		{`{"train": {"seq": 32}}`, nil, "train.seq 32 cannot take effect"},
+		{`{"model": {"seq": 128}, "train": {"seq": 64}}`, nil, "model.seq 128"},
+		{`{"model": {"top_k": 4}}`, nil, "model.top_k 4 cannot take effect"},
+		{`{"model": {"aux_loss_coef": 0.5}}`, nil, "model.aux_loss_coef"},
+		{`{"train": {"val_fraction": 0, "eval_every": 7}}`, nil, "train.eval_every 7"},
+		{`{}`, []string{"--topk", "2"}, "--topk 2 cannot take effect"},
+		{`{}`, []string{"--capacity-factor", "1.5"}, "--capacity-factor"},
+		{`{}`, []string{"--val-fraction", "0", "--eval-batches", "3"}, "--eval-batches 3"},
+	} {
+		_, err := loadConfig(append([]string{"--config", writeConfig(t, tc.body)}, tc.args...))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s %q: %v, want an error containing %q", tc.body, tc.args, err, tc.want)
+		}
+	}
+	// Used where they take effect.
+	for _, tc := range []struct {
+		body string
+		args []string
+	}{
+		{`{"model": {"seq": 32}, "train": {"seq": 32}}`, nil},
+		{`{"model": {"seq": 32}, "train": {"seq": 32}}`, []string{"--seq", "16"}},
+		{`{"model": {"experts": 4, "top_k": 1}}`, nil},
+		{`{}`, []string{"--experts", "4", "--topk", "1", "--aux-loss-coef", "0.1"}},
+		{`{}`, []string{"--model", "tiny-moe", "--topk", "1"}},
+		{`{"train": {"eval_every": 7}}`, nil},
+		{`{"train": {"val_fraction": 0, "eval_every": 20, "eval_batches": 4}}`, nil}, // the preset's values, as config.json repeats them
+	} {
+		if _, err := loadConfig(append([]string{"--config", writeConfig(t, tc.body)}, tc.args...)); err != nil {
+			t.Errorf("%s %q: %v, want it accepted", tc.body, tc.args, err)
+		}
+	}
+	// A run's own config.json loads back.
+	d := t.TempDir()
+	if err := run(context.Background(), small(d, "--val-fraction", "0")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := loadConfig([]string{"--config", filepath.Join(d, "config.json"), "--out", t.TempDir(), "--seq", "8"}); err != nil {
+		t.Fatalf("the run's config.json with --seq 8: %v", err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/asynctp/asynctp/cuda"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cpu"
 	"github.com/asynctp/asynctp/tensor/cudabackend"
@@ -19,44 +20,58 @@ var devices = []string{"auto", "cpu", "cuda"}
 // takes GPU 0 when a GPU and the kernels image are present, else the CPU;
 // note says which it chose and why. grouped is --grouped-gemm (grouped.go);
 // more are further options of a CUDA backend (WithMemLedger).
-func openBackend(device, grouped string, more ...cudabackend.Option) (b tensor.Backend, dt tensor.DType, note string, err error) {
+func openBackend(device, grouped string, more ...cudabackend.Option) (b tensor.Backend, dt tensor.DType, note deviceNote, err error) {
 	opts, extra, set, err := cudaOptions(grouped)
 	if err != nil {
-		return nil, 0, "", err
+		return nil, 0, deviceNote{}, err
 	}
 	opts = append(opts, more...)
-	onCPU := func(c *cpu.Backend, note string) (tensor.Backend, tensor.DType, string, error) {
+	onCPU := func(c *cpu.Backend, note deviceNote) (tensor.Backend, tensor.DType, deviceNote, error) {
 		b, err := cpuGrouped(c, grouped)
 		if err != nil {
-			return nil, 0, "", err
+			return nil, 0, deviceNote{}, err
 		}
 		return b, tensor.Float32, note, nil
 	}
 	switch device {
 	case "cpu":
 		if set != "" {
-			return nil, 0, "", fmt.Errorf("--device cpu: %s is a CUDA setting, expected it unset on the CPU", set)
+			return nil, 0, deviceNote{}, fmt.Errorf("--device cpu: %s is a CUDA setting, expected it unset on the CPU", set)
 		}
 		c := cpu.New()
-		return onCPU(c, fmt.Sprintf("cpu (%d threads)", c.Threads()))
+		return onCPU(c, deviceNote{line: fmt.Sprintf("cpu (%d threads)", c.Threads())})
 	case "cuda":
 		g, err := cudabackend.New(0, opts...)
 		if err != nil {
-			return nil, 0, "", fmt.Errorf("--device cuda: %w", err)
+			return nil, 0, deviceNote{}, fmt.Errorf("--device cuda: %w", err)
 		}
-		return g, tensor.BFloat16, "cuda:0 " + g.DeviceName() + ", bf16 with fp32 master weights" + extra, nil
+		return g, tensor.BFloat16, deviceNote{line: "cuda:0 " + g.DeviceName() + ", bf16 with fp32 master weights" + extra}, nil
 	case "auto":
 		g, gerr := cudabackend.New(0, opts...)
 		if gerr == nil {
-			return g, tensor.BFloat16, "cuda:0 " + g.DeviceName() + ", bf16 with fp32 master weights (auto)" + extra, nil
+			return g, tensor.BFloat16, deviceNote{line: "cuda:0 " + g.DeviceName() + ", bf16 with fp32 master weights (auto)" + extra}, nil
 		}
 		if set != "" {
-			return nil, 0, "", fmt.Errorf("--device auto found no usable GPU (%v), and %s is a CUDA setting", gerr, set)
+			return nil, 0, deviceNote{}, fmt.Errorf("--device auto found no usable GPU (%v), and %s is a CUDA setting", gerr, set)
 		}
 		c := cpu.New()
-		return onCPU(c, fmt.Sprintf("cpu (%d threads; auto: no usable GPU: %v)", c.Threads(), gerr))
+		if n, err := cuda.DeviceCount(); err == nil && n > 0 {
+			// A GPU is there but cannot be used (no kernels image, an old
+			// driver): that is worth fixing, so the reason is on the line.
+			return onCPU(c, deviceNote{line: fmt.Sprintf("a GPU is present but not usable (%v): training on the CPU (%d threads)", gerr, c.Threads())})
+		}
+		return onCPU(c, deviceNote{line: fmt.Sprintf("no GPU found: training on the CPU (%d threads)", c.Threads()), why: gerr.Error()})
 	}
-	return nil, 0, "", fmt.Errorf("unknown device %q, expected one of %v", device, devices)
+	return nil, 0, deviceNote{}, fmt.Errorf("unknown device %q, expected one of %v", device, devices)
+}
+
+// deviceNote is what the run prints about its device: one line, and for a
+// machine without a GPU the detail of why none was found (the loader's or
+// the driver's error), printed only with --verbose: on a machine meant to
+// have no GPU it is noise.
+type deviceNote struct {
+	line string
+	why  string
 }
 
 // envAttention picks the CUDA attention kernels: unset (the default: on

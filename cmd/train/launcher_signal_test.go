@@ -14,9 +14,9 @@ import (
 )
 
 // --nproc's launcher passes both signals on: the first stops the ranks
-// after their step, a second stops them at once; the launcher exits
-// non-zero saying so, and every rank's last complete checkpoint stays
-// readable.
+// after their step, a second stops them at once; the launcher exits 130
+// (SIGINT's conventional status) saying so, and every rank's last
+// complete checkpoint stays readable.
 func TestLauncherPassesSecondSignal(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts two rank processes with steps of seconds")
@@ -48,6 +48,9 @@ func TestLauncherPassesSecondSignal(t *testing.T) {
 	t.Logf("launcher exited %v after the second SIGINT: %v", took.Round(time.Millisecond), err)
 	if err == nil || took > 10*time.Second {
 		t.Fatalf("the launcher after a second SIGINT: %v after %v, want a non-zero exit within seconds:\n%s", err, took, out.String())
+	}
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 130 {
+		t.Errorf("the launcher stopped by SIGINT: %v, want exit status 130 (128 + 2)", err)
 	}
 	if !strings.Contains(out.String(), "passed on the second interrupt") {
 		t.Errorf("the launcher's summary does not say it passed the second interrupt on:\n%s", out.String())

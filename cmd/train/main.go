@@ -41,9 +41,33 @@ func main() {
 			msg = "train: " + msg
 		}
 		fmt.Fprintln(os.Stderr, msg)
-		os.Exit(1)
+		os.Exit(exitStatus(err))
 	}
 }
+
+// exitStatus is the status of a run that ended with err: 128 + the signal's
+// number for a run a signal stopped (130 for SIGINT, 143 for SIGTERM, as a
+// shell reports a process the signal killed), so that a script or a
+// launcher tells an interrupted run from a failed one; 1 for any other
+// error.
+func exitStatus(err error) int {
+	if s, ok := stoppedBy.Load().(syscall.Signal); ok && errors.Is(err, context.Canceled) {
+		return signalStatus(s)
+	}
+	return 1
+}
+
+// signalStatus is the conventional exit status of a process stopped by s.
+func signalStatus(s os.Signal) int {
+	if n, ok := s.(syscall.Signal); ok {
+		return 128 + int(n)
+	}
+	return 1
+}
+
+// stoppedBy is the first SIGINT or SIGTERM the process received (a
+// syscall.Signal), unset before one.
+var stoppedBy atomic.Value
 
 // dispatch runs a subcommand (export, logits) or a training run.
 func dispatch(ctx context.Context, args []string) error {
@@ -70,15 +94,19 @@ var (
 
 // stopOnSignals returns a context that the first SIGINT or SIGTERM cancels
 // (the run stops after the current step, or inside a long one, with a
-// checkpoint); a second one exits at once with status 130, leaving the
-// last complete checkpoint (they are written under a temporary name and
-// renamed into place).
+// checkpoint, and the process exits 130 or 143: exitStatus); a second one
+// exits at once with the second signal's status, leaving the last complete
+// checkpoint (they are written under a temporary name and renamed into
+// place).
 func stopOnSignals() context.Context {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	go func() {
 		s := <-sigs
+		if n, ok := s.(syscall.Signal); ok {
+			stoppedBy.Store(n)
+		}
 		fmt.Fprintf(os.Stderr, "train: %v: stopping with a checkpoint after the current step (or inside it); a second signal stops at once\n", s)
 		cancel(fmt.Errorf("interrupted by %v: %w", s, context.Canceled))
 		for s := range sigs {
@@ -87,7 +115,7 @@ func stopOnSignals() context.Context {
 				continue
 			}
 			fmt.Fprintf(os.Stderr, "train: a second %v: stopping at once; the last complete checkpoint stays as it is\n", s)
-			os.Exit(130)
+			os.Exit(signalStatus(s))
 		}
 	}()
 	return ctx
@@ -145,7 +173,13 @@ func run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Println("device:", note)
+	fmt.Println("device:", note.line)
+	if cfg.verbose && note.why != "" {
+		fmt.Println("device: no GPU because:", note.why)
+	}
+	if _, ok := b.(*cudabackend.Backend); cfg.memReport && !ok {
+		return fmt.Errorf("--memory-report: expected the CUDA backend (it reports the GPU allocator's blocks), found %s: %s", b.Name(), note.line)
+	}
 
 	ds, err := openDataset(cfg)
 	if err != nil {
@@ -230,8 +264,15 @@ func dataAndOptions(cfg Config, ds *train.Dataset, rank0 bool) (*train.Loader, [
 		lc := loaderConfig(cfg)
 		lc.Sequential = true
 		val, err := train.NewLoader(valSet, lc)
-		if err != nil {
-			return nil, nil, fmt.Errorf("the held-out split (--val-fraction %g): %w; give a larger --val-fraction, or 0 for none", t.ValFraction, err)
+		switch n, need := len(valSet.Tokens), t.Seq+1; {
+		case err != nil && 2*need > len(ds.Tokens):
+			return nil, nil, fmt.Errorf("%s has %d tokens, too few to hold out a window of seq+1 = %d for validation and keep one to train on: give --val-fraction 0",
+				ds.Name, len(ds.Tokens), need)
+		case err != nil && n < need:
+			return nil, nil, fmt.Errorf("the held-out split (the last %g of %s) has %d tokens, fewer than one window of seq+1 = %d: give --val-fraction %.2g or more, or 0 for none",
+				t.ValFraction, ds.Name, n, need, math.Ceil(100*float64(need)/float64(len(ds.Tokens)))/100)
+		case err != nil:
+			return nil, nil, fmt.Errorf("the held-out split (the last %g of the data, --val-fraction): %w", t.ValFraction, err)
 		}
 		opts = append(opts, train.WithValidation(val, t.EvalEvery, t.EvalBatches))
 	}

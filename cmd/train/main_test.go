@@ -266,9 +266,26 @@ func TestDeviceCudaWithoutGPUFailsClearly(t *testing.T) {
 	if code == 0 || !strings.Contains(out, "--device cuda") {
 		t.Fatalf("exit %d, output:\n%s", code, out)
 	}
-	// auto falls back to the CPU and says why.
+	// auto falls back to the CPU with one calm line; --verbose adds why.
 	out, code = runMain(t, small(t.TempDir(), "--device", "auto", "--steps", "1", "--warmup", "0")...)
-	if code != 0 || !strings.Contains(out, "device: cpu") || !strings.Contains(out, "auto: no usable GPU") {
-		t.Fatalf("--device auto without a GPU: exit %d, output:\n%s", code, out)
+	if code != 0 || !strings.Contains(out, "device: no GPU found: training on the CPU") || strings.Contains(out, "cannot load") {
+		t.Fatalf("--device auto without a GPU: exit %d, want one line \"no GPU found: training on the CPU\" and no loader error; output:\n%s", code, out)
+	}
+	out, code = runMain(t, small(t.TempDir(), "--device", "auto", "--steps", "1", "--warmup", "0", "--verbose")...)
+	if code != 0 || !strings.Contains(out, "device: no GPU because: ") {
+		t.Fatalf("--device auto --verbose without a GPU: exit %d, want the reason; output:\n%s", code, out)
+	}
+	// --memory-report reports the CUDA allocator: on the CPU it is refused.
+	out, code = runMain(t, small(t.TempDir(), "--device", "auto", "--memory-report")...)
+	if code != 1 || !strings.Contains(out, "--memory-report: expected the CUDA backend") {
+		t.Fatalf("--memory-report without a GPU: exit %d, want 1 and the refusal; output:\n%s", code, out)
+	}
+}
+
+// -help lists the flags and exits 0, as asking for help is no failure.
+func TestHelpExitsZero(t *testing.T) {
+	out, code := runMain(t, "-help")
+	if code != 0 || !strings.Contains(out, "-steps") || !strings.Contains(out, "-verbose") {
+		t.Fatalf("-help: exit %d, want 0 and the flags listed:\n%s", code, out)
 	}
 }

@@ -242,8 +242,8 @@ func TestExplicitValues(t *testing.T) {
 }
 
 // 4. A signal in the middle of a long step stops the run within about a
-// second with the previous step's checkpoint; a second signal stops at
-// once.
+// second with the previous step's checkpoint, exiting 143 for SIGTERM; a
+// second signal stops at once, exiting 130 for SIGINT.
 func TestSignalStopsLongStep(t *testing.T) {
 	d := t.TempDir()
 	args := []string{"--layers", "1", "--dim", "32", "--heads", "2", "--seq", "8192", "--batch", "1", "--steps", "4",
@@ -275,6 +275,9 @@ func TestSignalStopsLongStep(t *testing.T) {
 	t.Logf("stopped %v after SIGTERM", late.Round(time.Millisecond))
 	if err == nil || late > 3*time.Second || !strings.Contains(out.String(), "stopped in step 2") {
 		t.Fatalf("SIGTERM in step 2: %v after %v:\n%s", err, late, out)
+	}
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 143 {
+		t.Fatalf("a run stopped by SIGTERM: %v, want exit status 143 (128 + 15)", err)
 	}
 	if ck, _ := train.LatestCheckpoint(d); filepath.Base(ck) != "step-000001" {
 		t.Fatalf("latest checkpoint %s, want step-000001", ck)
@@ -332,5 +335,48 @@ func TestValidationCurve(t *testing.T) {
 	}
 	if out, code := runMain(t, small(t.TempDir(), "--val-fraction", "0.00001")...); code == 0 || !strings.Contains(out, "held-out split") {
 		t.Errorf("a held-out split too small for one window: exit %d\n%s", code, out)
+	}
+}
+
+// The held-out split's errors name their cause: a tail too short for one
+// window says how large a fraction would hold one; an id beyond the
+// vocabulary in the tail is named as such, with no advice about the
+// fraction (a larger one would not help).
+func TestValidationSplitErrors(t *testing.T) {
+	text := filepath.Join(t.TempDir(), "short.txt")
+	if err := os.WriteFile(text, []byte(strings.Repeat("a short text. ", 72)), 0o644); err != nil { // 1008 tokens
+		t.Fatal(err)
+	}
+	out, code := runMain(t, small(t.TempDir(), "--data", text, "--val-fraction", "0.01")...) // 10 tokens held out
+	if code != 1 || !strings.Contains(out, "fewer than one window of seq+1 = 17") || !strings.Contains(out, "give --val-fraction 0.02 or more") {
+		t.Errorf("a held-out tail of 10 tokens: exit %d, want the window size and the fraction that holds one:\n%s", code, out)
+	}
+	if _, code := runMain(t, small(t.TempDir(), "--data", text, "--val-fraction", "0.02", "--steps", "1", "--warmup", "0")...); code != 0 {
+		t.Errorf("--val-fraction 0.02, as the hint says: exit %d", code)
+	}
+	tiny := filepath.Join(t.TempDir(), "tiny.txt")
+	if err := os.WriteFile(tiny, []byte("twenty bytes of text"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, code := runMain(t, small(t.TempDir(), "--data", tiny)...); code != 1 || !strings.Contains(out, "give --val-fraction 0") {
+		t.Errorf("data too short to hold a window out: exit %d:\n%s", code, out)
+	}
+	// uint16 ids below 256 but for the last 20, which are 300: only the
+	// held-out tail has ids beyond the tiny model's vocabulary.
+	b := make([]byte, 2*2000)
+	for i := range 2000 {
+		v := uint16(i % 200)
+		if i >= 1980 {
+			v = 300
+		}
+		b[2*i], b[2*i+1] = byte(v), byte(v>>8)
+	}
+	bin := filepath.Join(t.TempDir(), "tokens.bin")
+	if err := os.WriteFile(bin, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, code = runMain(t, small(t.TempDir(), "--data", bin, "--val-fraction", "0.1")...)
+	if code != 1 || !strings.Contains(out, "token id 300") || strings.Contains(out, "larger --val-fraction") || strings.Contains(out, "give --val-fraction") {
+		t.Errorf("an id beyond the vocabulary in the held-out tail: exit %d, want the id named and no advice about the fraction:\n%s", code, out)
 	}
 }

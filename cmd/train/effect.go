@@ -1,0 +1,72 @@
+package main
+
+import "fmt"
+
+// noEffect is a config field that some runs cannot use: given for such a
+// run it is refused, naming it, rather than silently ignored.
+type noEffect struct {
+	key, flag string                 // the field ("section.json_name") and its flag
+	idle      func(c *Config) bool   // whether the run cannot use it
+	value     func(c *Config) any    // the field's value
+	why       func(c *Config) string // why it cannot take effect
+}
+
+var noEffects = []noEffect{
+	moeOnly("model.top_k", "topk", func(c *Config) any { return c.Model.TopK }),
+	moeOnly("model.moe_every", "moe-every", func(c *Config) any { return c.Model.MoEEvery }),
+	moeOnly("model.capacity_factor", "capacity-factor", func(c *Config) any { return c.Model.CapacityFactor }),
+	moeOnly("model.aux_loss_coef", "aux-loss-coef", func(c *Config) any { return c.Model.AuxLossCoef }),
+	moeOnly("model.z_loss_coef", "z-loss-coef", func(c *Config) any { return c.Model.ZLossCoef }),
+	evalOnly("train.eval_every", "eval-every", func(c *Config) any { return c.Train.EvalEvery }),
+	evalOnly("train.eval_batches", "eval-batches", func(c *Config) any { return c.Train.EvalBatches }),
+}
+
+// moeOnly is a field only an MoE model uses. A run that resumes or starts
+// from a model directory takes the model from there (prepare), so the
+// check waits for that model only when there is none.
+func moeOnly(key, flag string, value func(c *Config) any) noEffect {
+	return noEffect{key: key, flag: flag, value: value,
+		idle: func(c *Config) bool { return c.Model.Experts == 0 && c.Train.Resume == "" && c.InitFrom == "" },
+		why: func(*Config) string {
+			return "the model is dense (model.experts 0, --experts): give --experts N for an MoE model, or leave it out"
+		}}
+}
+
+// evalOnly is a field only the evaluation on the held-out split uses.
+func evalOnly(key, flag string, value func(c *Config) any) noEffect {
+	return noEffect{key: key, flag: flag, value: value,
+		idle: func(c *Config) bool { return c.Train.ValFraction == 0 },
+		why: func(*Config) string {
+			return "nothing is held out (train.val_fraction 0, --val-fraction): give a fraction, or leave it out"
+		}}
+}
+
+// checkTakesEffect refuses a field given explicitly that the run cannot
+// use: by a flag (flags), or by the file with a value other than the
+// preset's (preset): a file may repeat the preset's value, as the
+// config.json a run writes does for every field.
+func (c *Config) checkTakesEffect(flags map[string]bool, preset *Config, file string) error {
+	for _, f := range noEffects {
+		if !f.idle(c) {
+			continue
+		}
+		switch {
+		case flags[f.flag]:
+			return fmt.Errorf("--%s %v cannot take effect: %s", f.flag, f.value(c), f.why(c))
+		case c.explicit[f.key] && f.value(c) != f.value(preset):
+			return fmt.Errorf("config %s: %s %v cannot take effect: %s", file, f.key, f.value(c), f.why(c))
+		}
+	}
+	return nil
+}
+
+// checkSeq refuses a train.seq in the file (fileCfg, before the flags)
+// that differs from the model's sequence length: the run's sequences are
+// always the model's (model.seq, --seq).
+func checkSeq(fileCfg *Config, named map[string]bool, file string) error {
+	if named["train.seq"] && fileCfg.Train.Seq != fileCfg.Model.Seq {
+		return fmt.Errorf("config %s: train.seq %d cannot take effect: the sequences are the model's, model.seq %d (--seq); set model.seq, or leave train.seq out",
+			file, fileCfg.Train.Seq, fileCfg.Model.Seq)
+	}
+	return nil
+}
