@@ -160,6 +160,22 @@ func ReadMetrics(path string) ([]StepMetrics, error) {
 // WriteLossPlot draws loss against step (and val_loss where the records
 // have it) as a PNG, written to a temporary file and renamed to path.
 func WriteLossPlot(path string, records []StepMetrics) error {
+	p, err := lossPlot(records)
+	if err != nil {
+		return err
+	}
+	wt, err := p.WriterTo(8*vg.Inch, 5*vg.Inch, "png")
+	if err != nil {
+		return fmt.Errorf("train: loss plot: %w", err)
+	}
+	return writeFileAtomic(path, func(w io.Writer) error {
+		_, err := wt.WriteTo(w)
+		return err
+	})
+}
+
+// lossPlot is WriteLossPlot's plot.
+func lossPlot(records []StepMetrics) (*plot.Plot, error) {
 	var trainXY, valXY plotter.XYs
 	for _, r := range records {
 		if !math.IsNaN(r.Loss) && !math.IsInf(r.Loss, 0) {
@@ -172,13 +188,21 @@ func WriteLossPlot(path string, records []StepMetrics) error {
 	p := plot.New()
 	p.Title.Text = "training loss"
 	p.X.Label.Text = "step"
+	p.X.Tick.Marker = plot.TickerFunc(stepTicks)
 	p.Y.Label.Text = "loss"
+	if positive(trainXY) && positive(valXY) {
+		p.Y.Label.Text = "loss (log scale)"
+		p.Y.Scale = plot.LogScale{}
+		p.Y.Tick.Marker = plot.TickerFunc(lossTicks)
+	} else {
+		p.Y.Tick.Marker = plot.TickerFunc(linearTicks)
+	}
 	p.Add(plotter.NewGrid())
 	p.Legend.Top = true // a falling loss leaves the top right empty
 	if len(trainXY) > 0 {
 		l, err := plotter.NewLine(trainXY)
 		if err != nil {
-			return fmt.Errorf("train: loss plot: %w", err)
+			return nil, fmt.Errorf("train: loss plot: %w", err)
 		}
 		p.Add(l)
 		p.Legend.Add("train", l)
@@ -186,21 +210,25 @@ func WriteLossPlot(path string, records []StepMetrics) error {
 	if len(valXY) > 0 {
 		l, pts, err := plotter.NewLinePoints(valXY)
 		if err != nil {
-			return fmt.Errorf("train: loss plot: %w", err)
+			return nil, fmt.Errorf("train: loss plot: %w", err)
 		}
 		l.Color = plotutil.Color(1)
 		pts.Color = plotutil.Color(1)
 		p.Add(l, pts)
 		p.Legend.Add("validation", l, pts)
 	}
-	wt, err := p.WriterTo(8*vg.Inch, 5*vg.Inch, "png")
-	if err != nil {
-		return fmt.Errorf("train: loss plot: %w", err)
+	return p, nil
+}
+
+// positive reports whether every y of xys is above zero (a log scale's
+// domain).
+func positive(xys plotter.XYs) bool {
+	for _, p := range xys {
+		if !(p.Y > 0) {
+			return false
+		}
 	}
-	return writeFileAtomic(path, func(w io.Writer) error {
-		_, err := wt.WriteTo(w)
-		return err
-	})
+	return true
 }
 
 // writeFileAtomic writes path through a temporary file in the same
