@@ -23,6 +23,33 @@ import (
 //     SwiGLU, GELU, Copy of the same dtype), never elsewhere.
 //   - Float ops accept Float32 and Float64 on the CPU; a GPU backend uses
 //     BFloat16 storage with fp32 accumulation. Index tensors are Int32.
+//
+// Float64 is the project's exactness oracle: a Float64 run on the CPU
+// computes in float64 throughout, except for the scalars the interfaces
+// take as float32, which reach it rounded to float32. An outside float64
+// reference reproduces such a run by rounding the same values the same way
+// (v → float64(float32(v))):
+//   - MatMul's and the grouped GEMMs' (GroupedMatMul, GroupedMatMulTN)
+//     alpha and beta: the MoE router's auxiliary-loss gradient,
+//     float32(scale·aux_loss_coef·E/K), and its z-loss gradient,
+//     float32(2·scale·z_loss_coef) (layers/moe_router.go); the others pass
+//     0 and 1.
+//   - Scale's s and Axpy's alpha (the callers pass 1 today).
+//   - RMSNorm's and AddRMSNorm's eps: the model's norm_eps, a float32
+//     already in layers.GPTConfig.
+//   - Attention's and AttentionBackward's scale: float32(1/sqrt(head_dim)),
+//     exact only where head_dim is a power of 4.
+//   - CrossEntropy's gradScale: float32(1/targets), the mean over the
+//     batch's targets, exact only where their count is a power of two.
+//   - AdamW's hyper-parameters: LR (the schedule's value at each step),
+//     Beta1, Beta2 (their bias corrections 1−β^t are computed from the
+//     rounded values), Eps, WeightDecay; Clip, the clipping threshold; and
+//     the clipping factor: ClipFactor(Σ g², clip) computed in float64 (from
+//     the rounded Clip where the op reads NormSq) and rounded to float32
+//     as GradScale, by the host or by the op.
+//
+// RoPE's theta and Fill's value are float64 and reach it unrounded; the
+// moments and the master weights of a Float64 AdamW are Float64 too.
 type Backend interface {
 	// Name says which backend this is ("cpu", "cuda").
 	Name() string
