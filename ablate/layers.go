@@ -10,6 +10,7 @@ import (
 	"github.com/asynctp/asynctp/optim"
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/parallel/model"
+	"github.com/asynctp/asynctp/parallel/shard"
 	ptp "github.com/asynctp/asynctp/parallel/tp"
 	"github.com/asynctp/asynctp/tensor"
 )
@@ -114,7 +115,7 @@ type layerInst struct {
 	blk     model.Block
 	m       *model.Model
 	opt     *optim.AdamW
-	shards  []ptp.Shard
+	shards  []shard.Shard
 	out, dx *tensor.Tensor
 	step    int
 	loss    float64
@@ -384,7 +385,7 @@ func (l *layerCase) hostOutputs() ([][]float64, error) {
 
 // grad is a block shard's gradient, summed over the group where each rank
 // holds a partial one (the step's model has reduced its own).
-func (l *layerCase) grad(s ptp.Shard) ([]float64, error) {
+func (l *layerCase) grad(s shard.Shard) ([]float64, error) {
 	if !s.PartialGrad || l.P == 1 || l.cur.blk == nil {
 		return download(l.b, s.Param.G)
 	}

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/parallel/shard"
 	"github.com/asynctp/asynctp/tensor"
 )
 
@@ -21,59 +22,38 @@ type Placement struct {
 var Single = Placement{TP: 1, EP: 1}
 
 // part says which slice of the full parameter p a rank at pl whose tensor
-// has shape local holds: [lo, lo+local[dim]) along dim, or all of it when
-// dim is -1. Expert weights are split along their first dimension over
-// EP; the other split parameters over TP, along the one dimension where
-// the shapes differ.
-func part(p Param, local []int, pl Placement) (dim, lo int, err error) {
+// has shape local holds. Expert weights are split along their first
+// dimension over EP; the other split parameters over TP, along the one
+// dimension where the shapes differ.
+func part(p Param, local []int, pl Placement) (shard.Slice, error) {
+	full := tensor.Shape(p.Shape).Clone()
 	if len(local) != len(p.Shape) {
-		return 0, 0, fmt.Errorf("hf: %s has shape %v, expected a part of %v", p.Name, local, p.Shape)
+		return shard.Slice{}, fmt.Errorf("hf: %s has shape %v, expected a part of %v", p.Name, local, p.Shape)
 	}
 	if slices.Equal(local, p.Shape) {
-		return -1, 0, nil
+		return shard.Slice{Full: full, Dim: -1}, nil
 	}
 	if p.Expert {
 		if !slices.Equal(local[1:], p.Shape[1:]) || local[0]*pl.EP != p.Shape[0] {
-			return 0, 0, fmt.Errorf("hf: %s has shape %v, expected %d/%d experts of %v (EP %d)", p.Name, local, p.Shape[0], pl.EP, p.Shape, pl.EP)
+			return shard.Slice{}, fmt.Errorf("hf: %s has shape %v, expected %d/%d experts of %v (EP %d)", p.Name, local, p.Shape[0], pl.EP, p.Shape, pl.EP)
 		}
-		return 0, pl.EPRank * local[0], nil
+		lo := pl.EPRank * local[0]
+		return shard.Slice{Full: full, Dim: 0, Lo: lo, Hi: lo + local[0]}, nil
 	}
-	dim = -1
+	dim := -1
 	for d := range local {
 		if local[d] != p.Shape[d] {
 			if dim >= 0 {
-				return 0, 0, fmt.Errorf("hf: %s has shape %v, which differs from the full %v in more than one dimension", p.Name, local, p.Shape)
+				return shard.Slice{}, fmt.Errorf("hf: %s has shape %v, which differs from the full %v in more than one dimension", p.Name, local, p.Shape)
 			}
 			dim = d
 		}
 	}
 	if local[dim]*pl.TP != p.Shape[dim] {
-		return 0, 0, fmt.Errorf("hf: %s has shape %v, expected 1/%d of %v along dimension %d (TP %d)", p.Name, local, pl.TP, p.Shape, dim, pl.TP)
+		return shard.Slice{}, fmt.Errorf("hf: %s has shape %v, expected 1/%d of %v along dimension %d (TP %d)", p.Name, local, pl.TP, p.Shape, dim, pl.TP)
 	}
-	return dim, pl.TPRank * local[dim], nil
-}
-
-// copySlice copies between a full tensor's values (shape full) and a
-// part's (the same shape but n along dim, from lo): toFull copies the
-// part in, else out.
-func copySlice(fullV, partV []float32, full []int, dim, lo, n int, toFull bool) {
-	outer, inner := 1, 1
-	for _, d := range full[:dim] {
-		outer *= d
-	}
-	for _, d := range full[dim+1:] {
-		inner *= d
-	}
-	F := full[dim]
-	for o := range outer {
-		f := fullV[(o*F+lo)*inner : (o*F+lo+n)*inner]
-		p := partV[o*n*inner : (o+1)*n*inner]
-		if toFull {
-			copy(f, p)
-		} else {
-			copy(p, f)
-		}
-	}
+	lo := pl.TPRank * local[dim]
+	return shard.Slice{Full: full, Dim: dim, Lo: lo, Hi: lo + local[dim]}, nil
 }
 
 // RankWeights are the parameters one rank holds (by our names, its
@@ -84,52 +64,32 @@ type RankWeights struct {
 }
 
 // Consolidate merges the ranks' shards into the full parameters of m, as
-// float32 host tensors by name. Every element of every parameter must be
-// held by some rank; where several ranks hold the same part (DP replicas,
-// the replicated parameters) the lowest rank's is taken. A name no rank
-// holds, or one the model does not have, is an error.
+// float32 host tensors by name (shard.Merge). Every element of every
+// parameter must be held by some rank; where several ranks hold the same
+// part (DP replicas, the replicated parameters) the lowest rank's is
+// taken. A name no rank holds, or one the model does not have, is an
+// error.
 func Consolidate(m layers.GPTConfig, ranks []RankWeights) (map[string]*tensor.Tensor, error) {
 	params := Params(m)
 	known := map[string]bool{}
-	out := map[string]*tensor.Tensor{}
+	var pieces []shard.Piece
 	for _, p := range params {
 		known[p.Name] = true
-		full := make([]float32, tensor.Shape(p.Shape).Numel())
-		covered := map[[2]int]bool{} // (dim, lo) parts already in
-		have := 0
 		for r, rw := range ranks {
 			t, ok := rw.Tensors[p.Name]
 			if !ok {
 				return nil, fmt.Errorf("hf: rank %d holds no %s", r, p.Name)
 			}
-			dim, lo, err := part(p, t.Shape(), rw.Placement)
+			sl, err := part(p, t.Shape(), rw.Placement)
 			if err != nil {
 				return nil, fmt.Errorf("rank %d: %w", r, err)
 			}
-			if covered[[2]int{dim, lo}] {
-				continue
-			}
-			covered[[2]int{dim, lo}] = true
 			v, err := toF32(t)
 			if err != nil {
 				return nil, fmt.Errorf("hf: rank %d: %s: %w", r, p.Name, err)
 			}
-			if dim < 0 {
-				copy(full, v.F32())
-				have = len(full)
-				continue
-			}
-			copySlice(full, v.F32(), p.Shape, dim, lo, t.Shape()[dim], true)
-			have += t.Numel()
+			pieces = append(pieces, shard.Piece{Name: p.Name, Slice: sl, Tensor: v})
 		}
-		if have != len(full) {
-			return nil, fmt.Errorf("hf: the ranks hold %d of the %d values of %s %v: a rank's checkpoint is missing", have, len(full), p.Name, p.Shape)
-		}
-		t, err := tensor.FromFloat32(full, p.Shape...)
-		if err != nil {
-			return nil, err
-		}
-		out[p.Name] = t
 	}
 	for r, rw := range ranks {
 		for n := range rw.Tensors {
@@ -138,11 +98,15 @@ func Consolidate(m layers.GPTConfig, ranks []RankWeights) (map[string]*tensor.Te
 			}
 		}
 	}
+	out, err := shard.Merge(pieces)
+	if err != nil {
+		return nil, fmt.Errorf("hf: %w", err)
+	}
 	return out, nil
 }
 
 // Shard cuts the part a rank at pl holds, of shape local, out of the full
-// parameter named name of m, as a float32 host tensor.
+// parameter named name of m, as a float32 host tensor (shard.Cut).
 func Shard(m layers.GPTConfig, name string, full *tensor.Tensor, local []int, pl Placement) (*tensor.Tensor, error) {
 	var p Param
 	for _, q := range Params(m) {
@@ -156,7 +120,7 @@ func Shard(m layers.GPTConfig, name string, full *tensor.Tensor, local []int, pl
 	if !slices.Equal([]int(full.Shape()), p.Shape) {
 		return nil, fmt.Errorf("hf: %s has shape %v, expected %v", name, full.Shape(), p.Shape)
 	}
-	dim, lo, err := part(p, local, pl)
+	sl, err := part(p, local, pl)
 	if err != nil {
 		return nil, err
 	}
@@ -164,12 +128,10 @@ func Shard(m layers.GPTConfig, name string, full *tensor.Tensor, local []int, pl
 	if err != nil {
 		return nil, err
 	}
-	if dim < 0 {
+	if sl.Whole() {
 		return f, nil
 	}
-	v := make([]float32, tensor.Shape(local).Numel())
-	copySlice(f.F32(), v, p.Shape, dim, lo, local[dim], false)
-	return tensor.FromFloat32(v, local...)
+	return shard.Cut(f, sl)
 }
 
 // IsExpert reports whether our parameter name is a stacked expert weight.

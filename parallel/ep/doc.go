@@ -98,9 +98,10 @@
 //
 // # Gradient reduction in a larger grid (for the sharded model)
 //
-// ParamInfos (or ReplicatedParams and ExpertParams) tells them apart:
+// Shards (or ReplicatedParams and ExpertParams) tells them apart, and
+// parallel/grads reduces them by it:
 //
-//   - The router weight (Replicated) is replicated on every rank; its
+//   - The router weight (replicated) is replicated on every rank; its
 //     gradient covers the rank's own tokens. Reduce it like a dense weight
 //     whose copies saw different tokens: every rank that holds a copy and
 //     saw other tokens, the EP group included. With TP = 1 that is
@@ -109,7 +110,7 @@
 //     parallelism, or a split of the replicated tokens before the layer),
 //     the DP and the TP groups (as for the norm weights under sequence
 //     parallelism) — the token group.
-//   - The expert weights (ExpertShard) already hold the gradient of every
+//   - The expert weights (split over EP) already hold the gradient of every
 //     token of the EP group routed to them. Reduce them over the ranks that
 //     hold the same experts in other EP groups (comm.Grid's EDP group),
 //     never over the EP group.

@@ -13,6 +13,7 @@ import (
 	"github.com/asynctp/asynctp/internal/testutil"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/parallel/ep"
+	"github.com/asynctp/asynctp/parallel/shard"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cpu"
 )
@@ -354,20 +355,25 @@ func sum(v []int) int {
 	return s
 }
 
-func TestParamInfos(t *testing.T) {
+func TestShards(t *testing.T) {
 	err := local.Run(2, func(c comm.Comm) error {
 		b, ps := cpu.New(), layers.NewParamSet(1)
 		m, err := ep.New(b, c, ps, "blocks.0.moe", baseCfg)
 		if err != nil {
 			return err
 		}
-		infos := m.ParamInfos()
-		if len(infos) != 4 || infos[0].Kind != ep.Replicated || infos[0].Param.Name != "blocks.0.moe.router.weight" {
+		infos := m.Shards()
+		if len(infos) != 4 || !infos[0].Replicated() || infos[0].Param.Name != "blocks.0.moe.router.weight" {
 			return fmt.Errorf("infos %+v", infos)
+		}
+		for _, in := range infos {
+			if err := in.Check(); err != nil {
+				return err
+			}
 		}
 		for _, in := range infos[1:] {
 			lo := 4 * c.Rank()
-			if in.Kind != ep.ExpertShard || in.Lo != lo || in.Hi != lo+4 || in.Full[0] != 8 || in.Param.Shape()[0] != 4 {
+			if in.Over != shard.EP || in.Dim != 0 || in.Lo != lo || in.Hi != lo+4 || in.Full[0] != 8 || in.Param.Shape()[0] != 4 {
 				return fmt.Errorf("expert info %+v (shape %v)", in, in.Param.Shape())
 			}
 		}

@@ -9,6 +9,7 @@ import (
 	"github.com/asynctp/asynctp/comm/hostreduce"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/overlap"
+	"github.com/asynctp/asynctp/parallel/shard"
 	"github.com/asynctp/asynctp/tensor"
 )
 
@@ -55,39 +56,6 @@ func WithOverlap(ch *overlap.Chooser) Option { return func(o *options) { o.overl
 // tokens per rank and step, and refuses a step with more (0: the buffers
 // grow to the largest step seen).
 func WithMaxTokens(n int) Option { return func(o *options) { o.maxTokens = n } }
-
-// ParamKind says how a parameter of the EP layer is laid out over the EP
-// group, and so how its gradient must be reduced.
-type ParamKind uint8
-
-const (
-	// Replicated: every rank of the EP group holds the whole parameter (the
-	// router). Its gradient on each rank covers that rank's tokens only:
-	// sum it over every rank that holds a copy and saw other tokens (the EP
-	// group and the data-parallel replicas), as for a dense weight.
-	Replicated ParamKind = iota
-	// ExpertShard: the rank holds experts [Lo, Hi) of the stacked expert
-	// weight (dimension 0). Its gradient already covers the tokens of the
-	// whole EP group; sum it over the ranks that hold the same experts in
-	// other EP groups (comm.Grid's EDP group), never over the EP group.
-	ExpertShard
-)
-
-func (k ParamKind) String() string {
-	if k == ExpertShard {
-		return "expert-shard"
-	}
-	return "replicated"
-}
-
-// ParamInfo describes one parameter of the EP layer against the parameter
-// of the same name in the unsharded model (layers.MoE).
-type ParamInfo struct {
-	Param  *layers.Param
-	Kind   ParamKind
-	Full   tensor.Shape // the unsharded shape
-	Lo, Hi int          // the experts this rank holds (ExpertShard); 0, Full[0] when replicated
-}
 
 // MoE is the expert-parallel mixture-of-experts layer: the router
 // replicated on every rank of the EP group, the experts spread over it.
@@ -171,17 +139,24 @@ func (m *MoE) ReplicatedParams() []*layers.Param { return []*layers.Param{m.Rout
 // ExpertParams returns this rank's expert weights.
 func (m *MoE) ExpertParams() []*layers.Param { return m.Experts.Params() }
 
-// ParamInfos describes every parameter: its kind and its place in the
-// unsharded parameter.
-func (m *MoE) ParamInfos() []ParamInfo {
+// Shards describes every parameter against the parameter of the same
+// name in the unsharded layer (layers.MoE): the router weight replicated
+// (its gradient covers this rank's tokens: reduce it like a dense weight's,
+// over every rank that holds a copy and saw other tokens), the expert
+// weights as the experts [Lo, Hi) of dimension 0, split over the EP group
+// (their gradient covers every token of the group routed to them: reduce
+// them over the ranks that hold the same experts in other EP groups,
+// comm.Grid's EDP group, never over the EP group). parallel/grads reduces
+// by these descriptions.
+func (m *MoE) Shards() []shard.Shard {
 	E := m.cfg.Experts
-	infos := []ParamInfo{{Param: m.Router.W, Kind: Replicated, Full: m.Router.W.Shape().Clone(), Lo: 0, Hi: E}}
+	out := []shard.Shard{shard.Replicated(m.Router.W, false)}
 	for _, p := range m.Experts.Params() {
 		full := p.Shape().Clone()
 		full[0] = E
-		infos = append(infos, ParamInfo{Param: p, Kind: ExpertShard, Full: full, Lo: m.Experts.First, Hi: m.Experts.First + m.Experts.Count})
+		out = append(out, shard.Shard{Param: p, Full: full, Over: shard.EP, Dim: 0, Lo: m.Experts.First, Hi: m.Experts.First + m.Experts.Count})
 	}
-	return infos
+	return out
 }
 
 func (m *MoE) what() string {

@@ -8,6 +8,8 @@ import (
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/overlap"
+	"github.com/asynctp/asynctp/parallel/grads"
+	"github.com/asynctp/asynctp/parallel/shard"
 	"github.com/asynctp/asynctp/parallel/tp"
 	"github.com/asynctp/asynctp/tensor"
 )
@@ -56,11 +58,10 @@ type Model struct {
 	grid    *comm.Grid
 	par     tp.Parallel
 	ps      *layers.ParamSet
-	shards  []tp.Shard
+	shards  []shard.Shard
 	experts []*layers.Param // the MoE blocks' expert weights (split over EP)
-	plan    gradPlan
-	ssParts [3]*tensor.Tensor // GradSumSquaresTo's per-kind sums (TP-sharded, replicated, expert), kept across steps
-	dec     *layers.Decoder   // the assembly of the parts above
+	red     *grads.Reducer  // the gradient reduction and norm, by the shards
+	dec     *layers.Decoder // the assembly of the parts above
 }
 
 // New builds this rank's part of the model described by cfg on b, with
@@ -134,8 +135,7 @@ func New(b tensor.Backend, grid *comm.Grid, cfg layers.GPTConfig, opts Options, 
 	if m.Norm, err = layers.NewRMSNorm(b, m.ps, "final_norm", cfg.Dim, cfg.NormEps); err != nil {
 		return nil, err
 	}
-	m.shards = append(m.shards, tp.Shard{Param: m.Norm.W, Full: m.Norm.W.Shape().Clone(), Dim: -1, Hi: cfg.Dim,
-		PartialGrad: opts.SequenceParallel && grid.TP > 1})
+	m.shards = append(m.shards, shard.Replicated(m.Norm.W, opts.SequenceParallel && grid.TP > 1))
 	if cfg.TiedEmbeddings {
 		m.Head, err = tp.NewColumnParallelLinearFromParams(b, m.par, "lm_head", m.Embed.W, nil, cfg.Vocab, false)
 	} else {
@@ -169,8 +169,8 @@ func New(b tensor.Backend, grid *comm.Grid, cfg layers.GPTConfig, opts Options, 
 	if err := m.ps.Materialize(b, dt); err != nil {
 		return nil, err
 	}
-	if m.plan, err = newGradPlan(m.ps, m.shards, m.experts); err != nil {
-		return nil, err
+	if m.red, err = grads.NewReducer(b, m.ps, m.shards, grads.GridGroups(grid, opts.Stream)); err != nil {
+		return nil, fmt.Errorf("model: %w", err)
 	}
 	return m, nil
 }
@@ -226,7 +226,7 @@ func (m *Model) Params() *layers.ParamSet { return m.ps }
 // parameter of the same name in layers.GPT. The expert weights of the MoE
 // blocks are described as the slice [Lo, Hi) of dimension 0 (the experts
 // this rank holds in its EP group); ExpertParams lists them.
-func (m *Model) Shards() []tp.Shard { return append([]tp.Shard(nil), m.shards...) }
+func (m *Model) Shards() []shard.Shard { return append([]shard.Shard(nil), m.shards...) }
 
 // ExpertParams returns this rank's expert weights (split over the EP
 // group; their gradients are reduced over the EDP group), in block order.
@@ -351,16 +351,8 @@ func (m *Model) Backward() error {
 	if err := m.dec.Backward(); err != nil {
 		return err // the decoder has called m.fail where it applies
 	}
-	if err := m.reduceGrads(); err != nil {
+	if err := m.red.Reduce(); err != nil {
 		return m.fail(err)
-	}
-	return nil
-}
-
-// sticky wraps the backend's sticky error.
-func sticky(b tensor.Backend, pass string) error {
-	if err := b.Err(); err != nil {
-		return fmt.Errorf("model: %s: %w", pass, err)
 	}
 	return nil
 }

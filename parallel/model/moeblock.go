@@ -7,6 +7,7 @@ import (
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/parallel/ep"
+	"github.com/asynctp/asynctp/parallel/shard"
 	"github.com/asynctp/asynctp/parallel/tp"
 	"github.com/asynctp/asynctp/tensor"
 )
@@ -21,7 +22,7 @@ type Block interface {
 	// gradients, from dout.
 	Backward(dx, dout *tensor.Tensor) error
 	// Shards describes the block's parameters.
-	Shards() []tp.Shard
+	Shards() []shard.Shard
 }
 
 // MoEBlock is the shared layers.Block with an MoE layer: a tp.Block
@@ -95,13 +96,11 @@ func (f *moeFFN) StatsAsync() func() (layers.MoEStats, error) { return f.moe.Sta
 // experts as the slice [Lo, Hi) of dimension 0 of the stacked expert
 // weights (split over the EP group, not the TP group: see
 // Model.ExpertParams).
-func (f *moeFFN) Shards() []tp.Shard {
-	var s []tp.Shard
-	for _, in := range f.moe.ParamInfos() {
-		if in.Kind == ep.Replicated {
-			s = append(s, tp.Shard{Param: in.Param, Full: in.Full, Dim: -1, Hi: in.Full[0], PartialGrad: f.par.Size() > 1})
-		} else {
-			s = append(s, tp.Shard{Param: in.Param, Full: in.Full, Dim: 0, Lo: in.Lo, Hi: in.Hi})
+func (f *moeFFN) Shards() []shard.Shard {
+	s := f.moe.Shards()
+	for i := range s {
+		if s[i].Replicated() {
+			s[i].PartialGrad = f.par.Size() > 1
 		}
 	}
 	return s

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/parallel/shard"
 	"github.com/asynctp/asynctp/tensor"
 )
 
@@ -82,8 +83,8 @@ func (a *Attention) Params() []*layers.Param {
 }
 
 // Shards describes the parameters of the layer.
-func (a *Attention) Shards() []Shard {
-	var s []Shard
+func (a *Attention) Shards() []shard.Shard {
+	var s []shard.Shard
 	for _, l := range []*ColumnParallelLinear{a.Wq, a.Wk, a.Wv} {
 		s = append(s, l.Shards()...)
 	}

@@ -2,6 +2,7 @@ package tp
 
 import (
 	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/parallel/shard"
 	"github.com/asynctp/asynctp/tensor"
 )
 
@@ -10,7 +11,7 @@ import (
 // or another layer (the sharded model's mixture of experts).
 type FeedForward interface {
 	layers.FeedForward
-	Shards() []Shard
+	Shards() []shard.Shard
 }
 
 // Block is layers.Block with tensor-parallel parts: the attention and the
@@ -83,11 +84,11 @@ func NewBlockWith(b tensor.Backend, ps *layers.ParamSet, par Parallel, name stri
 }
 
 // Shards describes the block's parameters.
-func (blk *Block) Shards() []Shard {
+func (blk *Block) Shards() []shard.Shard {
 	sp := blk.par.SequenceParallel && blk.par.Size() > 1
-	s := []Shard{replicated(blk.Norm1.W, sp)}
+	s := []shard.Shard{shard.Replicated(blk.Norm1.W, sp)}
 	s = append(s, blk.Attn.Shards()...)
-	s = append(s, replicated(blk.Norm2.W, sp))
+	s = append(s, shard.Replicated(blk.Norm2.W, sp))
 	return append(s, blk.ffn.Shards()...)
 }
 

@@ -62,7 +62,7 @@
 // Under SP the residual stream, the norms and the embedding's output are
 // split along the tokens, so their activations take 1/P of the memory; the
 // norm weights' gradients then cover only a rank's tokens and must be summed
-// over the TP group (Shard.PartialGrad) — parallel/model does that with the
+// over the TP group (shard.Shard.PartialGrad) — parallel/model does that with the
 // data-parallel reduction.
 //
 // The layers follow the conventions of package layers: Forward(out, x)

@@ -5,6 +5,7 @@ import (
 
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/overlap"
+	"github.com/asynctp/asynctp/parallel/shard"
 	"github.com/asynctp/asynctp/tensor"
 )
 
@@ -28,7 +29,7 @@ type VocabParallelEmbedding struct {
 
 	b      tensor.Backend
 	par    Parallel
-	shards []Shard
+	shards []shard.Shard
 	n      int            // tokens N of the last Forward; 0 before a successful one
 	m      int            // how many of them have an id in this rank's range
 	all    bool           // every id was in range (always so with P = 1): no scatter needed
@@ -60,14 +61,14 @@ func NewVocabParallelEmbedding(b tensor.Backend, ps *layers.ParamSet, par Parall
 		return nil, err
 	}
 	return &VocabParallelEmbedding{Name: name, Vocab: vocab, Dim: dim, LocalVocab: hi - lo, Lo: lo, W: w,
-		b: b, par: par, shards: []Shard{ws}}, nil
+		b: b, par: par, shards: []shard.Shard{ws}}, nil
 }
 
 // Params returns the table shard.
 func (e *VocabParallelEmbedding) Params() []*layers.Param { return []*layers.Param{e.W} }
 
 // Shards describes the table shard.
-func (e *VocabParallelEmbedding) Shards() []Shard { return e.shards }
+func (e *VocabParallelEmbedding) Shards() []shard.Shard { return e.shards }
 
 func (e *VocabParallelEmbedding) what() string { return "tp: vocab-parallel embedding " + e.Name }
 

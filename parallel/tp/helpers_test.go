@@ -9,6 +9,7 @@ import (
 	"github.com/asynctp/asynctp/comm/local"
 	"github.com/asynctp/asynctp/internal/testutil"
 	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/parallel/shard"
 	"github.com/asynctp/asynctp/parallel/tp"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cpu"
@@ -104,7 +105,7 @@ func refOf(b tensor.Backend, ps *layers.ParamSet) refParams {
 // a rank's shards with the reference. Shards with partial gradients are
 // compared in sum: partial collects them by name, to be checked after all
 // ranks are done (see checkPartial).
-func checkShards(b tensor.Backend, ref refParams, shards []tp.Shard, tol float64, partial *partialSums, rank int) error {
+func checkShards(b tensor.Backend, ref refParams, shards []shard.Shard, tol float64, partial *partialSums, rank int) error {
 	for _, s := range shards {
 		rv, ok := ref[s.Param.Name]
 		if !ok {

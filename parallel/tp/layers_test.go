@@ -6,6 +6,7 @@ import (
 
 	"github.com/asynctp/asynctp/internal/testutil"
 	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/parallel/shard"
 	"github.com/asynctp/asynctp/parallel/tp"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cpu"
@@ -31,7 +32,7 @@ type rowLayer interface {
 // tpLayer is the TP version of a rowLayer.
 type tpLayer interface {
 	rowLayer
-	Shards() []tp.Shard
+	Shards() []shard.Shard
 }
 
 // seqLayer is a TP layer that takes the batch and sequence sizes
@@ -39,7 +40,7 @@ type tpLayer interface {
 type seqLayer interface {
 	Forward(out, x *tensor.Tensor, batch, seq int) error
 	Backward(dx, dout *tensor.Tensor) error
-	Shards() []tp.Shard
+	Shards() []shard.Shard
 }
 
 // batched runs a seqLayer on rows of B sequences of T tokens.

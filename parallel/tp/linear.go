@@ -5,6 +5,7 @@ import (
 
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/overlap"
+	"github.com/asynctp/asynctp/parallel/shard"
 	"github.com/asynctp/asynctp/tensor"
 )
 
@@ -36,7 +37,7 @@ type ColumnParallelLinear struct {
 
 	b      tensor.Backend
 	par    Parallel
-	shards []Shard
+	shards []shard.Shard
 	e      *entry
 	yl     *tensor.Tensor // (N, Out/P) local output when GatherOutput (owned)
 	dyl    *tensor.Tensor // (N, Out/P) local output gradient when GatherOutput (owned)
@@ -50,10 +51,10 @@ func NewColumnParallelLinear(b tensor.Backend, ps *layers.ParamSet, par Parallel
 	if err != nil {
 		return nil, err
 	}
-	shards := []Shard{ws}
+	shards := []shard.Shard{ws}
 	var bias *layers.Param
 	if cfg.Bias {
-		var bs Shard
+		var bs shard.Shard
 		if bias, bs, err = addShard(ps, name+".bias", []int{cfg.Out}, 0, ws.Lo, ws.Hi, false, layers.Constant(0)); err != nil {
 			return nil, err
 		}
@@ -110,7 +111,7 @@ func (l *ColumnParallelLinear) Params() []*layers.Param {
 }
 
 // Shards describes the parameters this layer registered.
-func (l *ColumnParallelLinear) Shards() []Shard { return l.shards }
+func (l *ColumnParallelLinear) Shards() []shard.Shard { return l.shards }
 
 func (l *ColumnParallelLinear) what() string { return "tp: column-parallel linear " + l.Name }
 
@@ -220,7 +221,7 @@ type RowParallelLinear struct {
 
 	b      tensor.Backend
 	par    Parallel
-	shards []Shard
+	shards []shard.Shard
 	mmrs   overlap.MatmulReduceScatter // SP: the exit site
 	mmar   overlap.MatmulAllReduce     // without SP: the exit site
 	n      int                         // tokens N of the last Forward; 0 before a successful one
@@ -236,7 +237,7 @@ func NewRowParallelLinear(b tensor.Backend, ps *layers.ParamSet, par Parallel, n
 		return nil, err
 	}
 	l := &RowParallelLinear{Name: name, In: cfg.In, Out: cfg.Out, LocalIn: ws.Hi - ws.Lo, Lo: ws.Lo, W: w, b: b, par: par,
-		shards: []Shard{ws}}
+		shards: []shard.Shard{ws}}
 	sp := par.spec(b, name, l.LocalIn, cfg.Out)
 	if par.SequenceParallel {
 		l.mmrs, err = par.chooser().MatmulReduceScatter(sp)
@@ -250,7 +251,7 @@ func NewRowParallelLinear(b tensor.Backend, ps *layers.ParamSet, par Parallel, n
 		if l.Bias, err = ps.Add(name+".bias", []int{cfg.Out}, false, layers.Constant(0)); err != nil {
 			return nil, err
 		}
-		l.shards = append(l.shards, replicated(l.Bias, par.SequenceParallel))
+		l.shards = append(l.shards, shard.Replicated(l.Bias, par.SequenceParallel))
 	}
 	return l, nil
 }
@@ -264,7 +265,7 @@ func (l *RowParallelLinear) Params() []*layers.Param {
 }
 
 // Shards describes the parameters of the layer.
-func (l *RowParallelLinear) Shards() []Shard { return l.shards }
+func (l *RowParallelLinear) Shards() []shard.Shard { return l.shards }
 
 func (l *RowParallelLinear) what() string { return "tp: row-parallel linear " + l.Name }
 
@@ -348,15 +349,15 @@ func (l *RowParallelLinear) Backward(dx, dy *tensor.Tensor) error {
 // in, Out = out features and registers this rank's shard of its weight
 // (Out, In) in ps, split along dim: 0, the output features (column
 // parallel), or 1, the input features (row parallel).
-func addLinearWeight(b tensor.Backend, ps *layers.ParamSet, par Parallel, what, name string, in, out, dim int, std float64) (*layers.Param, Shard, error) {
+func addLinearWeight(b tensor.Backend, ps *layers.ParamSet, par Parallel, what, name string, in, out, dim int, std float64) (*layers.Param, shard.Shard, error) {
 	if b == nil || ps == nil {
-		return nil, Shard{}, fmt.Errorf("%s: nil backend or parameter set", what)
+		return nil, shard.Shard{}, fmt.Errorf("%s: nil backend or parameter set", what)
 	}
 	if err := par.check(what); err != nil {
-		return nil, Shard{}, err
+		return nil, shard.Shard{}, err
 	}
 	if in <= 0 || out <= 0 {
-		return nil, Shard{}, fmt.Errorf("%s: In = %d, Out = %d, expected positive sizes", what, in, out)
+		return nil, shard.Shard{}, fmt.Errorf("%s: In = %d, Out = %d, expected positive sizes", what, in, out)
 	}
 	dimName, n := "Out", out
 	if dim == 1 {
@@ -364,7 +365,7 @@ func addLinearWeight(b tensor.Backend, ps *layers.ParamSet, par Parallel, what, 
 	}
 	lo, hi, err := par.split(what, dimName, n)
 	if err != nil {
-		return nil, Shard{}, err
+		return nil, shard.Shard{}, err
 	}
 	return addShard(ps, name+".weight", []int{out, in}, dim, lo, hi, true, layers.Normal(std))
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/parallel/shard"
 	"github.com/asynctp/asynctp/tensor"
 )
 
@@ -65,9 +66,9 @@ func (m *MLP) Params() []*layers.Param {
 }
 
 // Shards describes the parameters of the layer.
-func (m *MLP) Shards() []Shard {
-	var s []Shard
-	for _, part := range [][]Shard{m.Gate.Shards(), m.Up.Shards(), m.Down.Shards()} {
+func (m *MLP) Shards() []shard.Shard {
+	var s []shard.Shard
+	for _, part := range [][]shard.Shard{m.Gate.Shards(), m.Up.Shards(), m.Down.Shards()} {
 		s = append(s, part...)
 	}
 	return s

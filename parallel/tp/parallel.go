@@ -7,6 +7,7 @@ import (
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/overlap"
+	"github.com/asynctp/asynctp/parallel/shard"
 	"github.com/asynctp/asynctp/tensor"
 )
 
@@ -76,49 +77,24 @@ func (p Parallel) split(what, dimName string, n int) (lo, hi int, err error) {
 	return p.Rank() * w, (p.Rank() + 1) * w, nil
 }
 
-// Shard says how a parameter of a TP layer relates to the parameter of the
-// same name in the unsharded model (layers.GPT): this rank holds the slice
-// [Lo, Hi) of dimension Dim of the full tensor, or, with Dim = -1, all of it
-// (replicated on every rank of the TP group).
-type Shard struct {
-	Param *layers.Param
-	Full  tensor.Shape // the unsharded shape
-	Dim   int          // the split dimension, or -1 for a replicated parameter
-	Lo    int          // this rank's range along Dim (0 and Full[0] when replicated)
-	Hi    int
-	// PartialGrad marks a replicated parameter whose gradient on each TP
-	// rank covers only that rank's tokens (norm weights and row-parallel
-	// biases under sequence parallelism): the gradients must be summed over
-	// the TP group before the optimizer step.
-	PartialGrad bool
-}
-
-// Replicated reports whether every TP rank holds the whole parameter.
-func (s Shard) Replicated() bool { return s.Dim < 0 }
-
 // addShard registers the shard [lo, hi) along dim of the full parameter
 // name, initialised with exactly the values the unsharded model gives that
 // slice (layers.ShardInit).
-func addShard(ps *layers.ParamSet, name string, full []int, dim, lo, hi int, decay bool, init layers.InitFunc) (*layers.Param, Shard, error) {
+func addShard(ps *layers.ParamSet, name string, full []int, dim, lo, hi int, decay bool, init layers.InitFunc) (*layers.Param, shard.Shard, error) {
 	if init == nil {
 		init = layers.Constant(0)
 	}
 	si, err := layers.ShardInit(init, full, dim, lo, hi)
 	if err != nil {
-		return nil, Shard{}, fmt.Errorf("tp: parameter %q: %w", name, err)
+		return nil, shard.Shard{}, fmt.Errorf("tp: parameter %q: %w", name, err)
 	}
 	shape := tensor.Shape(full).Clone()
 	shape[dim] = hi - lo
 	p, err := ps.Add(name, shape, decay, si)
 	if err != nil {
-		return nil, Shard{}, err
+		return nil, shard.Shard{}, err
 	}
-	return p, Shard{Param: p, Full: tensor.Shape(full).Clone(), Dim: dim, Lo: lo, Hi: hi}, nil
-}
-
-// replicated describes a parameter every TP rank holds whole.
-func replicated(p *layers.Param, partial bool) Shard {
-	return Shard{Param: p, Full: p.Shape().Clone(), Dim: -1, Lo: 0, Hi: p.Shape()[0], PartialGrad: partial}
+	return p, shard.Shard{Param: p, Full: tensor.Shape(full).Clone(), Over: shard.TP, Dim: dim, Lo: lo, Hi: hi}, nil
 }
 
 // wait waits for a mapping's Work on the stream s.
