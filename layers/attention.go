@@ -202,6 +202,9 @@ func NewAttention(b tensor.Backend, ps *ParamSet, name string, cfg AttentionConf
 	if !(cfg.RopeTheta > 0) {
 		return nil, fmt.Errorf("layers: attention %q: RopeTheta = %v, expected > 0", name, cfg.RopeTheta)
 	}
+	if err := CheckStds(fmt.Sprintf("layers: attention %q: AttentionConfig", name), cfg.Std, cfg.OutStd); err != nil {
+		return nil, err
+	}
 	a := &Attention{Name: name, Dim: cfg.Dim, Heads: cfg.Heads, HeadDim: hd, Theta: cfg.RopeTheta, b: b,
 		core: NewAttentionCore(b, cfg.Heads, hd, cfg.RopeTheta)}
 	a.core.ws = ps.workspace(b)

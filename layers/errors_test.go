@@ -71,17 +71,17 @@ func TestGPTErrors(t *testing.T) {
 // errors, and leave the backend clean.
 func TestLayerErrors(t *testing.T) {
 	b, ps := newBackend(), NewParamSet(1)
-	lin, err := NewLinear(b, ps, "fc", LinearConfig{In: 4, Out: 3})
+	lin, err := NewLinear(b, ps, "fc", LinearConfig{In: 4, Out: 3, Std: 0.1})
 	noErr(t, b, err)
 	emb, err := NewEmbedding(b, ps, "emb", 5, 4, 0.1)
 	noErr(t, b, err)
 	norm, err := NewRMSNorm(b, ps, "norm", 4, 1e-5)
 	noErr(t, b, err)
-	attn, err := NewAttention(b, ps, "attn", AttentionConfig{Dim: 4, Heads: 2, RopeTheta: 1e4})
+	attn, err := NewAttention(b, ps, "attn", AttentionConfig{Dim: 4, Heads: 2, RopeTheta: 1e4, Std: 0.1, OutStd: 0.1})
 	noErr(t, b, err)
-	blk, err := NewBlock(b, ps, "blk", BlockConfig{Dim: 4, Heads: 1, FFN: 8, RopeTheta: 1e4})
+	blk, err := NewBlock(b, ps, "blk", BlockConfig{Dim: 4, Heads: 1, FFN: 8, RopeTheta: 1e4, Std: 0.1, OutStd: 0.1})
 	noErr(t, b, err)
-	mlp, err := NewMLP(b, ps, "mlp", MLPConfig{Dim: 4, Hidden: 6})
+	mlp, err := NewMLP(b, ps, "mlp", MLPConfig{Dim: 4, Hidden: 6, Std: 0.1, OutStd: 0.1})
 	noErr(t, b, err)
 	z := func(dt tensor.DType, shape ...int) *tensor.Tensor { return b.Zeros(dt, shape...) }
 	f32 := tensor.Float32

@@ -3,15 +3,38 @@ package layers
 import (
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/asynctp/asynctp/tensor"
 )
 
 // LinearConfig describes a Linear layer.
 type LinearConfig struct {
-	In, Out int
-	Bias    bool    // add a bias (initialised to 0, no weight decay)
-	Std     float64 // the weight is drawn from N(0, Std²)
+	In, Out int  // input and output features (the weight is (Out, In))
+	Bias    bool // add a bias (initialised to 0, no weight decay)
+	// Std is the standard deviation of the weight's initial values, drawn
+	// from N(0, Std²): finite and > 0 (0 is refused rather than read as
+	// zero weights).
+	Std float64
+	// Init, when set, initialises the weight instead (Std must then be 0):
+	// Constant(0) for zero weights, or any InitFunc.
+	Init InitFunc
+}
+
+// WeightInit is the initialisation of a weight described by std and
+// init, as LinearConfig describes it (what prefixes the fields' names in
+// errors: "layers: linear "fc": LinearConfig."): init when set (std must then be 0), else N(0, std²) with std
+// finite and > 0.
+func WeightInit(what string, std float64, init InitFunc) (InitFunc, error) {
+	switch {
+	case init != nil && std != 0:
+		return nil, fmt.Errorf("%sStd = %v and %sInit are both set, expected one of them", what, std, what)
+	case init != nil:
+		return init, nil
+	case !(std > 0) || math.IsInf(std, 0):
+		return nil, fmt.Errorf("%sStd = %v, expected a finite value > 0 (the weight is drawn from N(0, Std²); for zero weights set Init to layers.Constant(0))", what, std)
+	}
+	return Normal(std), nil
 }
 
 // Linear is y = x·Wᵀ (+ bias) over the last dimension of x.
@@ -25,6 +48,21 @@ type Linear struct {
 	x *tensor.Tensor // (N, In): the input of the last Forward (the caller's, viewed as rows)
 }
 
+// CheckStds checks the Std and OutStd of a layer's config (what names it):
+// the standard deviations of its input and output projections' initial
+// weights, both finite and > 0 (0 would give all-zero weights).
+func CheckStds(what string, std, outStd float64) error {
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"Std", std}, {"OutStd", outStd}} {
+		if !(f.v > 0) || math.IsInf(f.v, 0) {
+			return fmt.Errorf("%s.%s = %v, expected a finite value > 0 (the standard deviation of the initial weights; 0 would make them all zero)", what, f.name, f.v)
+		}
+	}
+	return nil
+}
+
 // NewLinear registers name+".weight" (and name+".bias") in ps.
 func NewLinear(b tensor.Backend, ps *ParamSet, name string, cfg LinearConfig) (*Linear, error) {
 	if b == nil || ps == nil {
@@ -33,7 +71,11 @@ func NewLinear(b tensor.Backend, ps *ParamSet, name string, cfg LinearConfig) (*
 	if cfg.In <= 0 || cfg.Out <= 0 {
 		return nil, fmt.Errorf("layers: linear %q: In = %d, Out = %d, expected positive sizes", name, cfg.In, cfg.Out)
 	}
-	w, err := ps.Add(name+".weight", []int{cfg.Out, cfg.In}, true, Normal(cfg.Std))
+	init, err := WeightInit(fmt.Sprintf("layers: linear %q: LinearConfig.", name), cfg.Std, cfg.Init)
+	if err != nil {
+		return nil, err
+	}
+	w, err := ps.Add(name+".weight", []int{cfg.Out, cfg.In}, true, init)
 	if err != nil {
 		return nil, err
 	}

@@ -135,6 +135,9 @@ func NewMLP(b tensor.Backend, ps *ParamSet, name string, cfg MLPConfig) (*MLP, e
 	if cfg.Dim <= 0 || cfg.Hidden <= 0 {
 		return nil, fmt.Errorf("layers: mlp %q: Dim = %d, Hidden = %d, expected positive sizes", name, cfg.Dim, cfg.Hidden)
 	}
+	if err := CheckStds(fmt.Sprintf("layers: mlp %q: MLPConfig", name), cfg.Std, cfg.OutStd); err != nil {
+		return nil, err
+	}
 	m := &MLP{Name: name, Dim: cfg.Dim, Hidden: cfg.Hidden, b: b, act: NewSwiGLUCore(b)}
 	m.act.ws = ps.workspace(b)
 	var err error

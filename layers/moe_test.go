@@ -253,7 +253,7 @@ func TestMoEOneExpertIsMLP(t *testing.T) {
 	c := newMoECase(t, tensor.Float64, 7, cfg, 8)
 	b := c.b
 	ps := NewParamSet(1)
-	mlp, err := NewMLP(b, ps, "mlp", MLPConfig{Dim: 6, Hidden: 5, Std: 0.1})
+	mlp, err := NewMLP(b, ps, "mlp", MLPConfig{Dim: 6, Hidden: 5, Std: 0.1, OutStd: 0.1})
 	noErr(t, b, err)
 	noErr(t, b, ps.Materialize(b, tensor.Float64))
 	for i, p := range c.m.Experts.Params() {

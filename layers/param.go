@@ -90,6 +90,7 @@ func (p *Param) Offset() int { return p.off }
 // materializes them as views of one flat weight buffer and one flat gradient
 // buffer. The flat order is: every parameter with Decay first, then the
 // others, each group in registration order; Params returns that order.
+// The zero value is an empty set of seed 0 (NewParamSet(0)).
 type ParamSet struct {
 	seed   uint64
 	params []*Param // registration order
@@ -120,6 +121,9 @@ func (s *ParamSet) Add(name string, shape []int, decay bool, init InitFunc) (*Pa
 	}
 	if _, dup := s.byName[name]; dup {
 		return nil, fmt.Errorf("layers: parameter %q registered twice", name)
+	}
+	if s.byName == nil {
+		s.byName = map[string]*Param{}
 	}
 	if len(shape) == 0 {
 		return nil, fmt.Errorf("layers: parameter %q has no dimensions", name)

@@ -2,6 +2,7 @@ package layers
 
 import (
 	"math"
+	"slices"
 	"strings"
 	"testing"
 
@@ -230,4 +231,59 @@ func TestShardInitErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantErr(t, "shard of the wrong size", ps.Materialize(b, tensor.Float32), "does its InitFunc fit the shape?")
+}
+
+// TestZeroParamSet: the zero value of ParamSet is a usable empty set of
+// seed 0: layers register in it, and it materializes to the values
+// NewParamSet(0) gives.
+func TestZeroParamSet(t *testing.T) {
+	b := newBackend()
+	var zero ParamSet
+	ref := NewParamSet(0)
+	for _, ps := range []*ParamSet{&zero, ref} {
+		if _, err := NewLinear(b, ps, "fc", LinearConfig{In: 3, Out: 2, Bias: true, Std: 0.5}); err != nil {
+			t.Fatal(err)
+		}
+		noErr(t, b, ps.Materialize(b, tensor.Float64))
+	}
+	if zero.Lookup("fc.weight") == nil || zero.Numel() != 8 {
+		t.Fatalf("the zero set holds %d values, fc.weight %v", zero.Numel(), zero.Lookup("fc.weight"))
+	}
+	got, _ := zero.Lookup("fc.weight").W.Float64s()
+	want, _ := ref.Lookup("fc.weight").W.Float64s()
+	for i := range want {
+		if got[i] != want[i] || got[i] == 0 {
+			t.Fatalf("zero set's fc.weight %v, NewParamSet(0)'s %v", got, want)
+		}
+	}
+}
+
+// TestStdZeroRefused: a weight of standard deviation 0 (the zero value of
+// the configs) is refused naming the field, as is one that is negative or
+// NaN or set together with Init; Init: Constant(0) asks for zero weights.
+func TestStdZeroRefused(t *testing.T) {
+	b, ps := newBackend(), NewParamSet(1)
+	_, err := NewLinear(b, ps, "fc", LinearConfig{In: 3, Out: 2})
+	wantErr(t, "Std 0", err, `linear "fc": LinearConfig.Std = 0, expected a finite value > 0`)
+	_, err = NewLinear(b, ps, "fc", LinearConfig{In: 3, Out: 2, Std: math.NaN()})
+	wantErr(t, "Std NaN", err, "LinearConfig.Std = NaN")
+	_, err = NewLinear(b, ps, "fc", LinearConfig{In: 3, Out: 2, Std: -1})
+	wantErr(t, "Std -1", err, "LinearConfig.Std = -1")
+	_, err = NewLinear(b, ps, "fc", LinearConfig{In: 3, Out: 2, Std: 0.1, Init: Constant(0)})
+	wantErr(t, "Std and Init", err, "LinearConfig.Std = 0.1 and")
+	_, err = NewMLP(b, ps, "mlp", MLPConfig{Dim: 4, Hidden: 6, Std: 0.1})
+	wantErr(t, "MLP OutStd 0", err, `mlp "mlp": MLPConfig.OutStd = 0`)
+	_, err = NewAttention(b, ps, "attn", AttentionConfig{Dim: 4, Heads: 2, RopeTheta: 1e4, OutStd: 0.1})
+	wantErr(t, "attention Std 0", err, `attention "attn": AttentionConfig.Std = 0`)
+	if ps.Numel() != 0 {
+		t.Errorf("refused layers registered %d values", ps.Numel())
+	}
+	_, err = NewBlock(b, NewParamSet(1), "blk", BlockConfig{Dim: 4, Heads: 2, FFN: 8, RopeTheta: 1e4})
+	wantErr(t, "block Std 0", err, "AttentionConfig.Std = 0")
+	lin, err := NewLinear(b, ps, "zero", LinearConfig{In: 3, Out: 2, Init: Constant(0)})
+	noErr(t, b, err)
+	noErr(t, b, ps.Materialize(b, tensor.Float32))
+	if v, _ := lin.W.W.Float64s(); len(v) != 6 || slices.Max(v) != 0 || slices.Min(v) != 0 {
+		t.Errorf("Init: Constant(0) gave %v, want zeros", v)
+	}
 }

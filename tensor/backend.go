@@ -2,6 +2,7 @@ package tensor
 
 import (
 	"errors"
+	"fmt"
 	"math"
 )
 
@@ -15,7 +16,8 @@ import (
 //     are sticky: the first failing op records an error that names the op and
 //     what it expected and found; every later op is then a no-op, and Err (or
 //     Sync) returns that first error. Callers check Err at the end of a step or
-//     layer, the way CUDA reports errors at synchronisation points.
+//     layer, the way CUDA reports errors at synchronisation points. ClearErr
+//     (ErrClearer) forgets an error that left the backend usable.
 //   - Gradients of parameters (dw, dbias, dtable) are accumulated (+=), so
 //     micro-batches can add into the same gradient buffer; gradients of inputs
 //     (dx, dq, dgate...) are overwritten. Residual sums are explicit Adds.
@@ -213,6 +215,30 @@ func ClipFactor(normSq, clip float64) float64 {
 		return 1
 	}
 	return min(1, clip/(math.Sqrt(normSq)+1e-6))
+}
+
+// ErrClearer is an optional capability of a backend whose sticky error can
+// be cleared (the CPU and CUDA backends have it): ClearErr forgets an
+// error that left the backend usable (a wrong argument, found before the
+// op wrote anything; a kernel's check of its data) and returns nil, or
+// returns an error saying why the backend must be replaced (a failure of
+// the device's driver, which may have lost its context). Either way the
+// tensors the failed op and the skipped ops after it would have written
+// are not what the program meant them to be: recompute or upload them.
+type ErrClearer interface {
+	ClearErr() error
+}
+
+// ClearErr clears b's sticky error through its ErrClearer. A backend
+// without one cannot be cleared: make a new one and upload the state.
+func ClearErr(b Backend) error {
+	if b.Err() == nil {
+		return nil
+	}
+	if c, ok := b.(ErrClearer); ok {
+		return c.ClearErr()
+	}
+	return fmt.Errorf("tensor: the %s backend cannot clear its error (no ClearErr): make a new backend and upload the state: %w", b.Name(), b.Err())
 }
 
 // AsyncReader is an optional capability of a backend whose ops run behind

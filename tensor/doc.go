@@ -10,5 +10,8 @@
 //
 // Backend ops report errors the way GPU runtimes do: the first failing op
 // records a sticky error and later ops do nothing, so a layer issues its ops
-// and checks Err once, instead of checking after every line.
+// and checks Err once, instead of checking after every line. After a
+// mistake the program can recover from (a wrong shape given to Upload),
+// ClearErr makes the backend usable again; after a failure of the device
+// it says so, and a new backend is needed.
 package tensor

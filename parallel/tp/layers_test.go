@@ -2,6 +2,7 @@ package tp_test
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/asynctp/asynctp/internal/testutil"
@@ -329,5 +330,35 @@ func TestVocabParallelCrossEntropyMatchesCrossEntropy(t *testing.T) {
 			}
 			return nil
 		})
+	})
+}
+
+// TestLinearStdRefused: the parallel linears refuse a weight of standard
+// deviation 0 naming their config's field, and take Init: Constant(0) for
+// zero weights.
+func TestLinearStdRefused(t *testing.T) {
+	onRanks(t, setup{p: 2, dt: tensor.Float32}, func(r int, par tp.Parallel, b tensor.Backend) error {
+		ps := layers.NewParamSet(seed)
+		_, err := tp.NewColumnParallelLinear(b, ps, par, "col", tp.ColumnConfig{In: 4, Out: 6})
+		if err == nil || !strings.Contains(err.Error(), "ColumnConfig.Std = 0") {
+			return fmt.Errorf("column-parallel linear of Std 0: %v, want an error naming ColumnConfig.Std", err)
+		}
+		_, err = tp.NewRowParallelLinear(b, ps, par, "row", tp.RowConfig{In: 6, Out: 4})
+		if err == nil || !strings.Contains(err.Error(), "RowConfig.Std = 0") {
+			return fmt.Errorf("row-parallel linear of Std 0: %v, want an error naming RowConfig.Std", err)
+		}
+		row, err := tp.NewRowParallelLinear(b, ps, par, "row", tp.RowConfig{In: 6, Out: 4, Init: layers.Constant(0)})
+		if err != nil {
+			return err
+		}
+		if err := ps.Materialize(b, tensor.Float32); err != nil {
+			return err
+		}
+		for _, v := range testutil.Download(b, row.W.W) {
+			if v != 0 {
+				return fmt.Errorf("Init: Constant(0) gave a weight of %v", v)
+			}
+		}
+		return nil
 	})
 }

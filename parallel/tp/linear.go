@@ -12,9 +12,14 @@ import (
 // ColumnConfig describes a column-parallel linear layer: y = x·Wᵀ (+ bias)
 // with W (Out, In) split by rows (output features) over the TP group.
 type ColumnConfig struct {
-	In, Out int     // the full (unsharded) sizes; P must divide Out
-	Bias    bool    // a bias split like the outputs (initialised to 0, no weight decay)
-	Std     float64 // the weight is drawn from N(0, Std²), as layers.Linear draws it
+	In, Out int  // the full (unsharded) sizes; P must divide Out
+	Bias    bool // a bias split like the outputs (initialised to 0, no weight decay)
+	// Std is the standard deviation of the full weight's initial values,
+	// drawn from N(0, Std²) as layers.Linear draws them: finite and > 0.
+	Std float64
+	// Init, when set, initialises the full weight instead (Std must then
+	// be 0): layers.Constant(0) for zero weights.
+	Init layers.InitFunc
 	// GatherOutput all-gathers the output along the last dim, so every rank
 	// gets y (N, Out) instead of its own columns (N, Out/P).
 	GatherOutput bool
@@ -47,7 +52,7 @@ type ColumnParallelLinear struct {
 // with this rank's shard of the values layers.NewLinear gives the full
 // parameters with the same seed.
 func NewColumnParallelLinear(b tensor.Backend, ps *layers.ParamSet, par Parallel, name string, cfg ColumnConfig) (*ColumnParallelLinear, error) {
-	w, ws, err := addLinearWeight(b, ps, par, "tp: column-parallel linear "+name, name, cfg.In, cfg.Out, 0, cfg.Std)
+	w, ws, err := addLinearWeight(b, ps, par, "tp: column-parallel linear "+name, "ColumnConfig", name, cfg.In, cfg.Out, 0, cfg.Std, cfg.Init)
 	if err != nil {
 		return nil, err
 	}
@@ -199,9 +204,14 @@ func (l *ColumnParallelLinear) Backward(dx, dy *tensor.Tensor) error {
 // RowConfig describes a row-parallel linear layer: y = x·Wᵀ (+ bias) with
 // W (Out, In) split by columns (input features) over the TP group.
 type RowConfig struct {
-	In, Out int     // the full (unsharded) sizes; P must divide In
-	Bias    bool    // a bias replicated on every rank, added after the reduction (0, no decay)
-	Std     float64 // the weight is drawn from N(0, Std²)
+	In, Out int  // the full (unsharded) sizes; P must divide In
+	Bias    bool // a bias replicated on every rank, added after the reduction (0, no decay)
+	// Std is the standard deviation of the full weight's initial values,
+	// drawn from N(0, Std²) as layers.Linear draws them: finite and > 0.
+	Std float64
+	// Init, when set, initialises the full weight instead (Std must then
+	// be 0): layers.Constant(0) for zero weights.
+	Init layers.InitFunc
 }
 
 // RowParallelLinear is layers.Linear with the weight's columns split over
@@ -232,7 +242,7 @@ type RowParallelLinear struct {
 // with this rank's shard of the values layers.NewLinear gives the full
 // parameters with the same seed.
 func NewRowParallelLinear(b tensor.Backend, ps *layers.ParamSet, par Parallel, name string, cfg RowConfig) (*RowParallelLinear, error) {
-	w, ws, err := addLinearWeight(b, ps, par, "tp: row-parallel linear "+name, name, cfg.In, cfg.Out, 1, cfg.Std)
+	w, ws, err := addLinearWeight(b, ps, par, "tp: row-parallel linear "+name, "RowConfig", name, cfg.In, cfg.Out, 1, cfg.Std, cfg.Init)
 	if err != nil {
 		return nil, err
 	}
@@ -348,8 +358,9 @@ func (l *RowParallelLinear) Backward(dx, dy *tensor.Tensor) error {
 // addLinearWeight checks the arguments of a parallel linear layer of In =
 // in, Out = out features and registers this rank's shard of its weight
 // (Out, In) in ps, split along dim: 0, the output features (column
-// parallel), or 1, the input features (row parallel).
-func addLinearWeight(b tensor.Backend, ps *layers.ParamSet, par Parallel, what, name string, in, out, dim int, std float64) (*layers.Param, shard.Shard, error) {
+// parallel), or 1, the input features (row parallel), initialised from std
+// or init (layers.WeightInit; config names the config type in errors).
+func addLinearWeight(b tensor.Backend, ps *layers.ParamSet, par Parallel, what, config, name string, in, out, dim int, std float64, init layers.InitFunc) (*layers.Param, shard.Shard, error) {
 	if b == nil || ps == nil {
 		return nil, shard.Shard{}, fmt.Errorf("%s: nil backend or parameter set", what)
 	}
@@ -367,5 +378,9 @@ func addLinearWeight(b tensor.Backend, ps *layers.ParamSet, par Parallel, what, 
 	if err != nil {
 		return nil, shard.Shard{}, err
 	}
-	return addShard(ps, name+".weight", []int{out, in}, dim, lo, hi, true, layers.Normal(std))
+	wi, err := layers.WeightInit(what+": "+config+".", std, init)
+	if err != nil {
+		return nil, shard.Shard{}, err
+	}
+	return addShard(ps, name+".weight", []int{out, in}, dim, lo, hi, true, wi)
 }

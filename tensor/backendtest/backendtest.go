@@ -73,6 +73,7 @@ func Tests() []Test {
 		{"SumSquares", TestSumSquares},
 		{"DeviceClip", TestDeviceClip},
 		{"Errors", TestErrors},
+		{"ClearErr", TestClearErr},
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/asynctp/asynctp/internal/testutil"
 	"github.com/asynctp/asynctp/tensor"
 )
 
@@ -138,5 +139,50 @@ func TestErrors(t *testing.T, b tensor.Backend, opts Options) {
 		if err2 := fresh.Err(); err2 == nil || err2.Error() != err.Error() {
 			t.Errorf("%s: after later ops the error is %v, want the first one, %v", tc.op, err2, err)
 		}
+	}
+}
+
+// TestClearErr: after a bad Upload (8 values into a tensor of 6) on a fresh
+// backend from opts.NewBackend, ClearErr (tensor.ErrClearer) clears the
+// error; the destination is as it was, and later ops run and give the
+// reference's values.
+func TestClearErr(t *testing.T, b tensor.Backend, opts Options) {
+	opts = opts.withDefaults()
+	if opts.NewBackend == nil {
+		t.Skip("Options.NewBackend is nil: the test needs a fresh backend")
+	}
+	fresh := opts.NewBackend()
+	if _, ok := fresh.(tensor.ErrClearer); !ok {
+		t.Skipf("the %s backend has no ClearErr (tensor.ErrClearer): its errors are cleared by making a new backend", fresh.Name())
+	}
+	rng := testutil.Rng(opts.Seed)
+	x := fresh.Zeros(opts.DType, 2, 3)
+	first := testutil.Rand(rng, tensor.Float64, 2, 3)
+	fresh.Upload(x, first)
+	fresh.Upload(x, testutil.Rand(rng, tensor.Float64, 4, 2)) // 8 values for 6
+	if fresh.Sync() == nil {
+		t.Fatal("Upload of a (4, 2) tensor into a (2, 3) one: no error")
+	}
+	if err := tensor.ClearErr(fresh); err != nil {
+		t.Fatalf("ClearErr after a bad Upload: %v", err)
+	}
+	if err := fresh.Err(); err != nil {
+		t.Fatalf("Err after ClearErr: %v", err)
+	}
+	y := fresh.Zeros(opts.DType, 2, 3)
+	second := testutil.Rand(rng, tensor.Float64, 2, 3)
+	fresh.Upload(y, second)
+	fresh.Add(y, y, x)
+	got := tensor.MustHost(tensor.Float64, 2, 3)
+	fresh.Download(got, y)
+	if err := fresh.Sync(); err != nil {
+		t.Fatalf("ops after ClearErr: %v", err)
+	}
+	want := make([]float64, 6)
+	for i := range want {
+		want[i] = first.F64()[i] + second.F64()[i]
+	}
+	if err := testutil.Within("x + y after ClearErr", got.F64(), want, opts.Tol); err != nil {
+		t.Error(err)
 	}
 }

@@ -23,6 +23,7 @@ type Backend struct {
 var (
 	_ tensor.Backend       = (*Backend)(nil)
 	_ tensor.Interruptible = (*Backend)(nil)
+	_ tensor.ErrClearer    = (*Backend)(nil)
 )
 
 // SetInterrupt has every op call stop first, and the long loops (attention,
@@ -96,6 +97,19 @@ func (b *Backend) Err() error {
 
 // Sync returns Err: the CPU runs every op to completion before returning.
 func (b *Backend) Sync() error { return b.Err() }
+
+// ClearErr forgets the recorded error so that the ops run again; it
+// always succeeds on the CPU, whose errors leave the backend intact (an
+// op's arguments are checked before it writes). The tensors the failed op
+// and the ops skipped after it would have written hold what they held
+// before: recompute or upload them. Call it while no other goroutine
+// queues ops on the backend.
+func (b *Backend) ClearErr() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.err = nil
+	return nil
+}
 
 // setErr records err if no error was recorded before.
 func (b *Backend) setErr(err error) {

@@ -37,9 +37,13 @@ type Backend struct {
 
 	errMu sync.Mutex
 	err   error
+	fatal bool // err came from the CUDA driver (or a closed backend): ClearErr refuses
 }
 
-var _ tensor.Backend = (*Backend)(nil)
+var (
+	_ tensor.Backend    = (*Backend)(nil)
+	_ tensor.ErrClearer = (*Backend)(nil)
+)
 
 type config struct {
 	kernels   string // image path; "" = FindKernels
@@ -309,6 +313,42 @@ func (b *Backend) setErr(err error) {
 	}
 }
 
+// setFatal records err, from the CUDA driver or a closed backend, unless
+// an error is already recorded; ClearErr cannot clear it.
+func (b *Backend) setFatal(err error) {
+	b.errMu.Lock()
+	defer b.errMu.Unlock()
+	if b.err == nil {
+		b.err, b.fatal = err, true
+	}
+}
+
+// ClearErr forgets the recorded error so that the ops run again, and
+// returns nil, when the error left the device intact: an op's arguments
+// found wrong before anything was queued (shapes, dtypes, an allocation
+// that did not fit), or a kernel's check of its data (an id outside the
+// table). The tensors the failed op and the ops skipped after it would
+// have written hold what they held before, or what the kernel wrote:
+// recompute or upload them. An error of the CUDA driver (the context may
+// be lost) or of a closed backend cannot be cleared: ClearErr then returns
+// an error wrapping it and the backend stays failed; make a new backend
+// (New) and upload the state again. Call it while no other goroutine
+// queues ops on the backend.
+func (b *Backend) ClearErr() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.errMu.Lock()
+	defer b.errMu.Unlock()
+	switch {
+	case b.err == nil:
+		return nil
+	case b.fatal || b.closed:
+		return fmt.Errorf("cuda: ClearErr: the error came from the CUDA driver or a closed backend, which may have lost its context; make a new backend and upload the state again: %w", b.err)
+	}
+	b.err = nil
+	return nil
+}
+
 // failed reports whether an error is recorded.
 func (b *Backend) failed() bool { return b.Err() != nil }
 
@@ -322,19 +362,19 @@ func (b *Backend) do(op string, fn func(d gpu.Device) error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
-		b.setErr(fmt.Errorf("cuda: %s: %w", op, errClosed))
+		b.setFatal(fmt.Errorf("cuda: %s: %w", op, errClosed))
 		return
 	}
 	if b.failed() && op != "Sync" {
 		return
 	}
 	if err := b.dev.Acquire(); err != nil {
-		b.setErr(fmt.Errorf("cuda: %s: %w", op, err))
+		b.setFatal(fmt.Errorf("cuda: %s: %w", op, err))
 		return
 	}
 	defer b.dev.Release()
 	if err := fn(b.dev); err != nil {
-		b.setErr(fmt.Errorf("cuda: %s: %w", op, err))
+		b.setFatal(fmt.Errorf("cuda: %s: %w", op, err))
 	}
 }
 
@@ -403,7 +443,7 @@ func (b *Backend) readFlags() {
 	}
 	var f [numFlags * 2]int32
 	if err := b.dev.CopyDtoH(unsafe.Pointer(&f[0]), b.flags, flagBytes); err != nil {
-		b.setErr(fmt.Errorf("cuda: reading kernel data checks: %w", err))
+		b.setFatal(fmt.Errorf("cuda: reading kernel data checks: %w", err))
 		return
 	}
 	for _, p := range b.pending {
@@ -415,7 +455,7 @@ func (b *Backend) readFlags() {
 	b.pending = b.pending[:0]
 	if f != ([numFlags * 2]int32{}) {
 		if err := b.dev.Memset8(b.flags, 0, flagBytes); err != nil {
-			b.setErr(fmt.Errorf("cuda: clearing kernel data checks: %w", err))
+			b.setFatal(fmt.Errorf("cuda: clearing kernel data checks: %w", err))
 		}
 	}
 }

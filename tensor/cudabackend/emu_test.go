@@ -231,3 +231,27 @@ func testBackwardStrides(t *testing.T, s [4]int, opt AttentionImpl, run backward
 		closeTo(t, name, g, w, 2e-3)
 	}
 }
+
+// TestEmuClearErrRefused: an error of a closed backend (as of the driver)
+// is not cleared: ClearErr says to make a new backend, and Err keeps it.
+func TestEmuClearErrRefused(t *testing.T) {
+	b, err := newBackend(emu.New(8), 0, config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b.Fill(b.Zeros(tensor.Float32, 4), 1)
+	before := b.Err()
+	if before == nil {
+		t.Fatal("an op on a closed backend recorded no error")
+	}
+	err = b.ClearErr()
+	if err == nil || !strings.Contains(err.Error(), "make a new backend") {
+		t.Fatalf("ClearErr on a closed backend: %v, want an error saying to make a new backend", err)
+	}
+	if b.Err() != before {
+		t.Errorf("after a refused ClearErr, Err is %v, want %v", b.Err(), before)
+	}
+}

@@ -75,7 +75,7 @@ func (r *asyncRead) Wait() ([]float64, error) {
 		// pinned buffer back.
 		if raw, werr = r.wait(); werr != nil {
 			werr = fmt.Errorf("cuda: ReadAsync: %w", werr)
-			b.setErr(werr)
+			b.setFatal(werr)
 			return
 		}
 		flags := raw[len(raw)-flagBytes:]
