@@ -139,21 +139,27 @@ type Backend interface {
 	// RoPEBackward: dx = the inverse rotation of dout (overwritten).
 	RoPEBackward(dx, dout *Tensor, theta float64)
 
-	// RoPEQKV is RoPE on packed projections: qkv (B, T, 3·H·D) holds
-	// [q | k | v] per token (one GEMM's output for the three); q and k
-	// (B, T, H, D) receive the rotated q and k, v the v part as it is.
+	// RoPEQKV is RoPE on packed projections: qkv (B, T, (H + 2·Hkv)·D)
+	// holds [q | k | v] per token (one GEMM's output for the three); q
+	// (B, T, H, D) and k (B, T, Hkv, D) receive the rotated q and k, v
+	// (B, T, Hkv, D) the v part as it is. Hkv divides H (Hkv = H without
+	// grouped-query attention).
 	RoPEQKV(q, k, v, qkv *Tensor, theta float64)
-	// RoPEQKVBackward: dqkv (B, T, 3·H·D, overwritten) = [RoPE⁻¹(dq) |
-	// RoPE⁻¹(dk) | dv] per token, the layout one GEMM takes back to dx and
-	// dW.
+	// RoPEQKVBackward: dqkv (B, T, (H + 2·Hkv)·D, overwritten) =
+	// [RoPE⁻¹(dq) | RoPE⁻¹(dk) | dv] per token, the layout one GEMM takes
+	// back to dx and dW.
 	RoPEQKVBackward(dqkv, dq, dk, dv *Tensor, theta float64)
 
-	// Attention is causal multi-head attention. q, k, v, out (B, T, H, D);
-	// lse (B, H, T) fp32 receives the log-sum-exp of each row of scores
-	// (scale·q·kᵀ), kept for the backward. Position t attends to [0, t].
+	// Attention is causal multi-head attention with grouped-query heads:
+	// q, out (B, T, H, D); k, v (B, T, Hkv, D) with Hkv dividing H, query
+	// head h reading key/value head h / (H/Hkv) (Hkv = H: multi-head
+	// attention); lse (B, H, T) fp32 receives the log-sum-exp of each row
+	// of scores (scale·q·kᵀ), kept for the backward. Position t attends to
+	// [0, t].
 	Attention(out, lse, q, k, v *Tensor, scale float32)
 	// AttentionBackward: dq, dk, dv (overwritten) from dout and the forward's
-	// q, k, v, out and lse.
+	// q, k, v, out and lse. dk and dv of a key/value head sum over the
+	// query heads of its group, in a fixed order (deterministic).
 	AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse *Tensor, scale float32)
 
 	// Embedding: out[n, :] = table[ids[n], :]. ids (N) int32, table (V, C),

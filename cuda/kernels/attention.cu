@@ -1,11 +1,13 @@
 // attention.cu: RoPE and causal multi-head attention (fused, flash style) on
 // CUDA cores, forward and backward, for any head dim D ≤ 128. The tensor-core
-// kernels for bf16 and D ∈ {64, 128} are in attention_tc.cu; these are the
-// general path (f32, odd head dims) and the reference the fast ones are
-// tested against.
+// kernels for bf16 and D ∈ {64, 128} are in attention_fa2.cu and
+// attention_wg.cu; these are the general path (f32, other head dims) and the
+// reference the fast ones are tested against.
 //
-// Layouts: q, k, v, out, dq, dk, dv (B, T, H, D), element
-// ((b·T + t)·H + h)·D + d; lse and delta (B, H, T) fp32, element
+// Layouts: q, out, dq, dout (B, T, H, D), element ((b·T + t)·H + h)·D + d;
+// k, v, dk, dv (B, T, HKV, D) likewise with HKV heads, HKV dividing H
+// (grouped-query attention: query head h reads key/value head h / (H/HKV);
+// HKV = H is multi-head attention); lse and delta (B, H, T) fp32, element
 // (b·H + h)·T + t. Scores are s = scale·q·kᵀ; position t attends to [0, t];
 // lse = log Σ exp(s) (natural log).
 //
@@ -18,9 +20,10 @@
 //
 // Backward, deterministic without atomics, in three launches:
 //   attn_bwd_delta: delta = Σ_d dout·out per row (one warp per row).
-//   attn_bwd_dkdv:  one block per (32 keys, b·H + h) walks the query tiles at
-//                   or after its keys, recomputes p = exp(s − lse), and
-//                   accumulates dk and dv in registers; each written once.
+//   attn_bwd_dkdv:  one block per (32 keys, b·HKV + kv head) walks the query
+//                   tiles at or after its keys of each query head of the
+//                   kv head's group in turn, recomputes p = exp(s − lse),
+//                   and accumulates dk and dv in registers; each written once.
 //   attn_bwd_dq:    one block per (32 queries, b·H + h) walks the key tiles at
 //                   or before its queries and accumulates dq in registers.
 // The probabilities are recomputed twice (once per pass) instead of adding
@@ -110,11 +113,11 @@ __device__ __forceinline__ void stage_rows(float* dst, const T* src, int b, int 
 
 // DPT: dims per thread, ≥ ceil(D / 4) (8, 16 or 32).
 template <typename T, int DPT>
-__device__ void attn_fwd_impl(T* out, float* lse, const T* q, const T* k, const T* v, int B, int Tn, int H, int D,
-                              float scale) {
+__device__ void attn_fwd_impl(T* out, float* lse, const T* q, const T* k, const T* v, int B, int Tn, int H, int HKV,
+                              int D, float scale) {
     __shared__ float Ks[kBC * kMaxD];
     __shared__ float Vs[kBC * kMaxD];
-    int bh = blockIdx.y, b = bh / H, h = bh - b * H;
+    int bh = blockIdx.y, b = bh / H, h = bh - b * H, hk = h / (H / HKV); // hk: h's key/value head
     int q0 = blockIdx.x * kBR;
     int tid = threadIdx.x, p = tid & 3;
     int r = q0 + (tid >> 2);
@@ -134,8 +137,8 @@ __device__ void attn_fwd_impl(T* out, float* lse, const T* q, const T* k, const 
     int kend = q0 + kBR < Tn ? q0 + kBR : Tn; // keys [0, kend) are needed by this block
     for (int k0 = 0; k0 < kend; k0 += kBC) {
         __syncthreads(); // the previous tile is consumed
-        stage_rows(Ks, k, b, h, k0, Tn, H, D);
-        stage_rows(Vs, v, b, h, k0, Tn, H, D);
+        stage_rows(Ks, k, b, hk, k0, Tn, HKV, D);
+        stage_rows(Vs, v, b, hk, k0, Tn, HKV, D);
         __syncthreads();
         float s[kBC];
         float mt = -INFINITY;
@@ -201,19 +204,19 @@ __device__ void attn_bwd_delta_impl(float* delta, const T* dout, const T* out, i
 
 template <typename T, int DPT>
 __device__ void attn_bwd_dkdv_impl(T* dk, T* dv, const T* q, const T* k, const T* v, const T* dout, const float* lse,
-                                   const float* delta, int B, int Tn, int H, int D, float scale) {
+                                   const float* delta, int B, int Tn, int H, int HKV, int D, float scale) {
     __shared__ float Qs[kBR * kMaxD];
     __shared__ float Gs[kBR * kMaxD];
     __shared__ float Ls[kBR], Ds[kBR];
-    int bh = blockIdx.y, b = bh / H, h = bh - b * H;
+    int bk = blockIdx.y, b = bk / HKV, hk = bk - b * HKV, G = H / HKV; // query heads hk·G … hk·G + G − 1
     int k0 = blockIdx.x * kBC;
     int tid = threadIdx.x, p = tid & 3;
     int kr = k0 + (tid >> 2);
     bool valid = kr < Tn;
     int kk = valid ? kr : Tn - 1;
     float kreg[DPT], vreg[DPT], dkacc[DPT], dvacc[DPT];
-    const T* krow = k + (((long long)b * Tn + kk) * H + h) * D;
-    const T* vrow = v + (((long long)b * Tn + kk) * H + h) * D;
+    const T* krow = k + (((long long)b * Tn + kk) * HKV + hk) * D;
+    const T* vrow = v + (((long long)b * Tn + kk) * HKV + hk) * D;
 #pragma unroll
     for (int i = 0; i < DPT; i++) {
         int d = p + 4 * i;
@@ -222,48 +225,50 @@ __device__ void attn_bwd_dkdv_impl(T* dk, T* dv, const T* q, const T* k, const T
         dkacc[i] = 0.0f;
         dvacc[i] = 0.0f;
     }
-    const float* lse_bh = lse + (long long)bh * Tn;
-    const float* delta_bh = delta + (long long)bh * Tn;
-    for (int q0 = (k0 / kBR) * kBR; q0 < Tn; q0 += kBR) {
-        __syncthreads();
-        stage_rows(Qs, q, b, h, q0, Tn, H, D);
-        stage_rows(Gs, dout, b, h, q0, Tn, H, D);
-        if (tid < kBR) {
-            int qi = q0 + tid;
-            Ls[tid] = qi < Tn ? lse_bh[qi] : 0.0f;
-            Ds[tid] = qi < Tn ? delta_bh[qi] : 0.0f;
-        }
-        __syncthreads();
-#pragma unroll 4
-        for (int j = 0; j < kBR; j++) {
-            int qi = q0 + j;
-            float sacc = 0.0f, dpacc = 0.0f;
-#pragma unroll
-            for (int i = 0; i < DPT; i++) {
-                int d = p + 4 * i;
-                if (d < D) {
-                    sacc += Qs[j * D + d] * kreg[i];
-                    dpacc += Gs[j * D + d] * vreg[i];
-                }
+    for (int h = hk * G; h < hk * G + G; h++) { // the group's query heads in order
+        const float* lse_bh = lse + ((long long)b * H + h) * Tn;
+        const float* delta_bh = delta + ((long long)b * H + h) * Tn;
+        for (int q0 = (k0 / kBR) * kBR; q0 < Tn; q0 += kBR) {
+            __syncthreads();
+            stage_rows(Qs, q, b, h, q0, Tn, H, D);
+            stage_rows(Gs, dout, b, h, q0, Tn, H, D);
+            if (tid < kBR) {
+                int qi = q0 + tid;
+                Ls[tid] = qi < Tn ? lse_bh[qi] : 0.0f;
+                Ds[tid] = qi < Tn ? delta_bh[qi] : 0.0f;
             }
-            sacc = quad_sum(sacc);
-            dpacc = quad_sum(dpacc);
-            bool live = qi < Tn && qi >= kk;
-            float pj = live ? expf(sacc * scale - Ls[j]) : 0.0f;
-            float ds = pj * (dpacc - Ds[j]);
+            __syncthreads();
+#pragma unroll 4
+            for (int j = 0; j < kBR; j++) {
+                int qi = q0 + j;
+                float sacc = 0.0f, dpacc = 0.0f;
 #pragma unroll
-            for (int i = 0; i < DPT; i++) {
-                int d = p + 4 * i;
-                if (d < D) {
-                    dvacc[i] += pj * Gs[j * D + d];
-                    dkacc[i] += ds * Qs[j * D + d];
+                for (int i = 0; i < DPT; i++) {
+                    int d = p + 4 * i;
+                    if (d < D) {
+                        sacc += Qs[j * D + d] * kreg[i];
+                        dpacc += Gs[j * D + d] * vreg[i];
+                    }
+                }
+                sacc = quad_sum(sacc);
+                dpacc = quad_sum(dpacc);
+                bool live = qi < Tn && qi >= kk;
+                float pj = live ? expf(sacc * scale - Ls[j]) : 0.0f;
+                float ds = pj * (dpacc - Ds[j]);
+#pragma unroll
+                for (int i = 0; i < DPT; i++) {
+                    int d = p + 4 * i;
+                    if (d < D) {
+                        dvacc[i] += pj * Gs[j * D + d];
+                        dkacc[i] += ds * Qs[j * D + d];
+                    }
                 }
             }
         }
     }
     if (!valid) return;
-    T* dkrow = dk + (((long long)b * Tn + kr) * H + h) * D;
-    T* dvrow = dv + (((long long)b * Tn + kr) * H + h) * D;
+    T* dkrow = dk + (((long long)b * Tn + kr) * HKV + hk) * D;
+    T* dvrow = dv + (((long long)b * Tn + kr) * HKV + hk) * D;
 #pragma unroll
     for (int i = 0; i < DPT; i++) {
         int d = p + 4 * i;
@@ -276,10 +281,10 @@ __device__ void attn_bwd_dkdv_impl(T* dk, T* dv, const T* q, const T* k, const T
 
 template <typename T, int DPT>
 __device__ void attn_bwd_dq_impl(T* dq, const T* q, const T* k, const T* v, const T* dout, const float* lse,
-                                 const float* delta, int B, int Tn, int H, int D, float scale) {
+                                 const float* delta, int B, int Tn, int H, int HKV, int D, float scale) {
     __shared__ float Ks[kBC * kMaxD];
     __shared__ float Vs[kBC * kMaxD];
-    int bh = blockIdx.y, b = bh / H, h = bh - b * H;
+    int bh = blockIdx.y, b = bh / H, h = bh - b * H, hk = h / (H / HKV); // hk: h's key/value head
     int q0 = blockIdx.x * kBR;
     int tid = threadIdx.x, p = tid & 3;
     int r = q0 + (tid >> 2);
@@ -300,8 +305,8 @@ __device__ void attn_bwd_dq_impl(T* dq, const T* q, const T* k, const T* v, cons
     int kend = q0 + kBR < Tn ? q0 + kBR : Tn;
     for (int k0 = 0; k0 < kend; k0 += kBC) {
         __syncthreads();
-        stage_rows(Ks, k, b, h, k0, Tn, H, D);
-        stage_rows(Vs, v, b, h, k0, Tn, H, D);
+        stage_rows(Ks, k, b, hk, k0, Tn, HKV, D);
+        stage_rows(Vs, v, b, hk, k0, Tn, HKV, D);
         __syncthreads();
 #pragma unroll 4
         for (int j = 0; j < kBC; j++) {
@@ -352,11 +357,12 @@ KERNEL void rope_f32(float* out, const float* x, const float* cs, int T, int H, 
 }
 
 // ---- forward: grid (ceil(T / 32), B·H), block 128 -----------------------------
-// out, q, k, v (B, T, H, D); lse (B, H, T) fp32. Suffix _dN: D ≤ N.
+// out, q (B, T, H, D); k, v (B, T, HKV, D); lse (B, H, T) fp32. Suffix _dN:
+// D ≤ N.
 #define ATP_ATTN_FWD(NAME, TY, DPT)                                                                               \
-    KERNEL void NAME(TY* out, float* lse, const TY* q, const TY* k, const TY* v, int B, int T, int H, int D,     \
-                     float scale) {                                                                              \
-        attn_fwd_impl<TY, DPT>(out, lse, q, k, v, B, T, H, D, scale);                                            \
+    KERNEL void NAME(TY* out, float* lse, const TY* q, const TY* k, const TY* v, int B, int T, int H, int HKV,   \
+                     int D, float scale) {                                                                       \
+        attn_fwd_impl<TY, DPT>(out, lse, q, k, v, B, T, H, HKV, D, scale);                                       \
     }
 ATP_ATTN_FWD(attn_fwd_d32_bf16, bf16, 8)
 ATP_ATTN_FWD(attn_fwd_d64_bf16, bf16, 16)
@@ -375,11 +381,11 @@ KERNEL void attn_bwd_delta_f32(float* delta, const float* dout, const float* out
     attn_bwd_delta_impl(delta, dout, out, B, T, H, D);
 }
 
-// ---- backward, 2: dk, dv; grid (ceil(T / 32), B·H), block 128 --------------------
+// ---- backward, 2: dk, dv (B, T, HKV, D); grid (ceil(T / 32), B·HKV), block 128 -----
 #define ATP_ATTN_DKDV(NAME, TY, DPT)                                                                              \
     KERNEL void NAME(TY* dk, TY* dv, const TY* q, const TY* k, const TY* v, const TY* dout, const float* lse,    \
-                     const float* delta, int B, int T, int H, int D, float scale) {                              \
-        attn_bwd_dkdv_impl<TY, DPT>(dk, dv, q, k, v, dout, lse, delta, B, T, H, D, scale);                       \
+                     const float* delta, int B, int T, int H, int HKV, int D, float scale) {                     \
+        attn_bwd_dkdv_impl<TY, DPT>(dk, dv, q, k, v, dout, lse, delta, B, T, H, HKV, D, scale);                  \
     }
 ATP_ATTN_DKDV(attn_bwd_dkdv_d32_bf16, bf16, 8)
 ATP_ATTN_DKDV(attn_bwd_dkdv_d64_bf16, bf16, 16)
@@ -392,8 +398,8 @@ ATP_ATTN_DKDV(attn_bwd_dkdv_d128_f32, float, 32)
 // ---- backward, 3: dq; grid (ceil(T / 32), B·H), block 128 -------------------------
 #define ATP_ATTN_DQ(NAME, TY, DPT)                                                                                \
     KERNEL void NAME(TY* dq, const TY* q, const TY* k, const TY* v, const TY* dout, const float* lse,            \
-                     const float* delta, int B, int T, int H, int D, float scale) {                              \
-        attn_bwd_dq_impl<TY, DPT>(dq, q, k, v, dout, lse, delta, B, T, H, D, scale);                             \
+                     const float* delta, int B, int T, int H, int HKV, int D, float scale) {                     \
+        attn_bwd_dq_impl<TY, DPT>(dq, q, k, v, dout, lse, delta, B, T, H, HKV, D, scale);                        \
     }
 ATP_ATTN_DQ(attn_bwd_dq_d32_bf16, bf16, 8)
 ATP_ATTN_DQ(attn_bwd_dq_d64_bf16, bf16, 16)

@@ -1,15 +1,18 @@
 // attention_fa2.cu: causal flash attention on tensor cores, second
 // generation (FlashAttention-2's choices on mma.sync m16n8k16, bf16 inputs,
 // fp32 accumulation), forward and a deterministic backward, for D = 64 and
-// 128. Replaces the kernels of attention_tc.cu (kept as a fallback and a
-// reference); uses its fragment helpers (frag_a, frag_b_rows, frag_b_cols,
-// acc_to_a, quad_max, quad_add), so it is included after it.
+// 128. Replaced the first generation (experimental/attention_tc.cu), whose
+// fragment helpers it uses (attention_mma.cuh: frag_a, frag_b_rows,
+// frag_b_cols, acc_to_a, quad_max, quad_add).
 //
 // Layout: as attention.cu, with explicit row strides (elements between
 // consecutive t of one (b, h)), so q, k, v can be column slices of one
 // fused projection output: element (b, t, h, d) of a tensor with row stride
-// s is at ((b·T + t)·s + h·D + d). Three strides: sqkv for q, k and v; so for
-// out and dout; sd for dq, dk and dv. lse and delta (B, H, T) fp32.
+// s is at ((b·T + t)·s + h·D + d). Grouped-query attention: q, out, dout, dq
+// have H heads, k, v, dk, dv HKV (dividing H); query head h reads key/value
+// head h / (H/HKV). Strides: sq for q; skv for k and v; so for out and dout;
+// sd for the output a backward kernel writes (dq, or dk and dv). lse and
+// delta (B, H, T) fp32.
 //
 // Common scheme:
 //   - 128-row tiles per block: the forward and dq kernels own 128 queries,
@@ -43,13 +46,17 @@
 //     then streams key tiles of BN (64 for D = 64, 32 for D = 128) up to the
 //     diagonal: S = Q·Kᵀ, dP = dO·Vᵀ, dS = P∘(dP − delta), dQ += dS·K.
 //     Shared (2·128 + 4·BN)·(D + 8)·2 bytes: 73728 (D = 64), 104448 (D = 128).
-//   attn_bwd_dkdv_fa2_dD_bf16: grid (ceil(T/128), B·H), block 256 (8 warps ×
-//     16 keys); streams query tiles of BM (64 for D = 64, 32 for D = 128)
-//     from the diagonal on: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, dV += Pᵀ·dO, dK += dSᵀ·Q.
+//   attn_bwd_dkdv_fa2_dD_bf16: grid (ceil(T/128), B·HKV), block 256 (8 warps
+//     × 16 keys); streams query tiles of BM (64 for D = 64, 32 for D = 128)
+//     from the diagonal on: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, dV += Pᵀ·dO, dK += dSᵀ·Q;
+//     under GQA the tiles of the H/HKV query heads of its key/value head one
+//     head after another (fa2_group_tile), into the same accumulators: the
+//     group's sum in a fixed order, no atomics.
 //     Runs after dq (it reads delta). Shared (2·128 + 4·BM)·(D + 8)·2 +
 //     16·BM bytes: 74752 (D = 64), 104960 (D = 128).
 #include "common.cuh"
 #include "mma.cuh"
+#include "attention_mma.cuh" // defines: frag_a, frag_b_rows, frag_b_cols, acc_to_a, acc_scale_rows, quad_max, quad_add, kTcLog2e
 
 namespace atp {
 
@@ -162,6 +169,29 @@ __device__ __forceinline__ void fa2_lse_delta(float& l, float& d, const float* l
     d = qi < T ? delta_bh[qi] : 0.0f;
 }
 
+// fa2_group_tile is tile i of a dk/dv block's stream of query tiles under
+// grouped-query attention: the block of key/value head hk of batch b runs
+// the nqt tiles (of BM queries, from its diagonal k0 on) of each query head
+// of its group, h0 = hk·(H/HKV) first: tile i is query tile i mod nqt of
+// head h0 + i / nqt. It gives that head's slices of q (qb) and dout (gb),
+// its lse and delta rows, and the tile's first query qs.
+struct fa2_tile {
+    const bf16* qb;
+    const bf16* gb;
+    const float* lse_bh;
+    const float* delta_bh;
+    int qs;
+};
+template <int D, int BM>
+__device__ __forceinline__ fa2_tile fa2_group_tile(const bf16* q, const bf16* dout, const float* lse,
+                                                   const float* delta, int b, int h0, int i, int nqt, int k0, int T,
+                                                   int H, int sq, int so) {
+    int h = h0 + i / nqt;
+    long long bh = (long long)b * H + h;
+    return {q + (long long)b * T * sq + h * D, dout + (long long)b * T * so + h * D, lse + bh * T, delta + bh * T,
+            k0 + i % nqt * BM};
+}
+
 // fa2_row_delta: delta = Σ_d dout·out for the warp's 16 rows [wr0, wr0 +
 // 16) of slice bh = (b, h) (gb, ob: element (b, 0, h, 0), rows so elements
 // apart): two lanes per row, D/2 elements each, from global memory; written
@@ -242,26 +272,26 @@ __device__ __forceinline__ void fa2_dkdv_ds(float (&st)[NQ][4], float (&dpt)[NQ]
 // Forward.
 template <int D, int MT, int NW>
 __device__ void attn_fwd_fa2_impl(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T,
-                                  int H, int sqkv, int so, float scale) {
+                                  int H, int HKV, int sq, int skv, int so, float scale) {
     constexpr int NTHR = 32 * NW, WR = 16 * MT, BM = WR * NW, BN = 64, LD = D + 8, KS = D / 16, NT = BN / 8,
                   DT = D / 8;
     ATP_DYN_SMEM(bf16, smem);
     bf16* Qs = smem;             // BM × LD
     bf16* Ks = Qs + BM * LD;     // 2 × BN × LD
     bf16* Vs = Ks + 2 * BN * LD; // 2 × BN × LD
-    int bh = blockIdx.y, b = bh / H, h = bh - b * H;
+    int bh = blockIdx.y, b = bh / H, h = bh - b * H, hk = h / (H / HKV); // hk: h's key/value head
     int q0 = (gridDim.x - 1 - blockIdx.x) * BM;
-    const bf16* qb = q + (long long)b * T * sqkv + h * D;
-    const bf16* kb = k + (long long)b * T * sqkv + h * D;
-    const bf16* vb = v + (long long)b * T * sqkv + h * D;
+    const bf16* qb = q + (long long)b * T * sq + h * D;
+    const bf16* kb = k + (long long)b * T * skv + hk * D;
+    const bf16* vb = v + (long long)b * T * skv + hk * D;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     int kend = q0 + BM < T ? q0 + BM : T;
     int nkt = (kend + BN - 1) / BN;
     int wr0 = q0 + warp * WR; // the warp's first row
 
-    fa2_load<BM, D, NTHR>(Qs, qb, sqkv, q0, T);
-    fa2_load<BN, D, NTHR>(Ks, kb, sqkv, 0, T);
-    fa2_load<BN, D, NTHR>(Vs, vb, sqkv, 0, T);
+    fa2_load<BM, D, NTHR>(Qs, qb, sq, q0, T);
+    fa2_load<BN, D, NTHR>(Ks, kb, skv, 0, T);
+    fa2_load<BN, D, NTHR>(Vs, vb, skv, 0, T);
     cp_async_commit();
 
     const float sl2 = scale * kTcLog2e;
@@ -280,8 +310,8 @@ __device__ void attn_fwd_fa2_impl(bf16* out, float* lse, const bf16* q, const bf
         cp_async_wait<0>();
         __syncthreads(); // tile it has landed; every warp is done with tile it − 1
         if (it + 1 < nkt) {
-            fa2_load<BN, D, NTHR>(Ks + (buf ^ 1) * BN * LD, kb, sqkv, (it + 1) * BN, T);
-            fa2_load<BN, D, NTHR>(Vs + (buf ^ 1) * BN * LD, vb, sqkv, (it + 1) * BN, T);
+            fa2_load<BN, D, NTHR>(Ks + (buf ^ 1) * BN * LD, kb, skv, (it + 1) * BN, T);
+            fa2_load<BN, D, NTHR>(Vs + (buf ^ 1) * BN * LD, vb, skv, (it + 1) * BN, T);
             cp_async_commit();
         }
         if (it == 0) {
@@ -364,18 +394,18 @@ __device__ void attn_fwd_fa2_impl(bf16* out, float* lse, const bf16* q, const bf
 template <int D, int BN>
 __device__ void attn_bwd_dq_fa2_impl(bf16* dq, float* delta, const bf16* q, const bf16* k, const bf16* v,
                                      const bf16* out, const bf16* dout, const float* lse, int B, int T, int H,
-                                     int sqkv, int so, int sd, float scale) {
+                                     int HKV, int sq, int skv, int so, int sd, float scale) {
     constexpr int NW = 8, NTHR = 32 * NW, BM = 16 * NW, LD = D + 8, KS = D / 16, NK = BN / 8, DT = D / 8;
     ATP_DYN_SMEM(bf16, smem);
     bf16* Qs = smem;             // BM × LD
     bf16* Gs = Qs + BM * LD;     // BM × LD (dout)
     bf16* Ks = Gs + BM * LD;     // 2 × BN × LD
     bf16* Vs = Ks + 2 * BN * LD; // 2 × BN × LD
-    int bh = blockIdx.y, b = bh / H, h = bh - b * H;
+    int bh = blockIdx.y, b = bh / H, h = bh - b * H, hk = h / (H / HKV); // hk: h's key/value head
     int q0 = (gridDim.x - 1 - blockIdx.x) * BM;
-    const bf16* qb = q + (long long)b * T * sqkv + h * D;
-    const bf16* kb = k + (long long)b * T * sqkv + h * D;
-    const bf16* vb = v + (long long)b * T * sqkv + h * D;
+    const bf16* qb = q + (long long)b * T * sq + h * D;
+    const bf16* kb = k + (long long)b * T * skv + hk * D;
+    const bf16* vb = v + (long long)b * T * skv + hk * D;
     const bf16* gb = dout + (long long)b * T * so + h * D;
     const bf16* ob = out + (long long)b * T * so + h * D;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
@@ -383,10 +413,10 @@ __device__ void attn_bwd_dq_fa2_impl(bf16* dq, float* delta, const bf16* q, cons
     int nkt = (kend + BN - 1) / BN;
     int wr0 = q0 + warp * 16;
 
-    fa2_load<BM, D, NTHR>(Qs, qb, sqkv, q0, T);
+    fa2_load<BM, D, NTHR>(Qs, qb, sq, q0, T);
     fa2_load<BM, D, NTHR>(Gs, gb, so, q0, T);
-    fa2_load<BN, D, NTHR>(Ks, kb, sqkv, 0, T);
-    fa2_load<BN, D, NTHR>(Vs, vb, sqkv, 0, T);
+    fa2_load<BN, D, NTHR>(Ks, kb, skv, 0, T);
+    fa2_load<BN, D, NTHR>(Vs, vb, skv, 0, T);
     cp_async_commit();
 
     // delta of the warp's rows, read from global memory while the tiles load.
@@ -406,8 +436,8 @@ __device__ void attn_bwd_dq_fa2_impl(bf16* dq, float* delta, const bf16* q, cons
         cp_async_wait<0>();
         __syncthreads();
         if (it + 1 < nkt) {
-            fa2_load<BN, D, NTHR>(Ks + (buf ^ 1) * BN * LD, kb, sqkv, (it + 1) * BN, T);
-            fa2_load<BN, D, NTHR>(Vs + (buf ^ 1) * BN * LD, vb, sqkv, (it + 1) * BN, T);
+            fa2_load<BN, D, NTHR>(Ks + (buf ^ 1) * BN * LD, kb, skv, (it + 1) * BN, T);
+            fa2_load<BN, D, NTHR>(Vs + (buf ^ 1) * BN * LD, vb, skv, (it + 1) * BN, T);
             cp_async_commit();
         }
         if (it == 0) {
@@ -464,7 +494,7 @@ __device__ void attn_bwd_dq_fa2_impl(bf16* dq, float* delta, const bf16* q, cons
 template <int D, int BM, bool HOLD>
 __device__ void attn_bwd_dkdv_fa2_impl(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v,
                                        const bf16* dout, const float* lse, const float* delta, int B, int T, int H,
-                                       int sqkv, int so, int sd, float scale) {
+                                       int HKV, int sq, int skv, int so, int sd, float scale) {
     constexpr int NW = 8, NTHR = 32 * NW, BN = 16 * NW, LD = D + 8, KS = D / 16, NQ = BM / 8, DT = D / 8;
     static_assert(BM <= NTHR, "one thread per staged lse/delta");
     ATP_DYN_SMEM(bf16, smem);
@@ -474,27 +504,25 @@ __device__ void attn_bwd_dkdv_fa2_impl(bf16* dk, bf16* dv, const bf16* q, const 
     bf16* Gs = Qs + 2 * BM * LD; // 2 × BM × LD (dout)
     float* Ls = reinterpret_cast<float*>(Gs + 2 * BM * LD); // 2 × BM: lse·log2(e), +inf past T
     float* Ds = Ls + 2 * BM;                                // 2 × BM: delta, 0 past T
-    int bh = blockIdx.y, b = bh / H, h = bh - b * H;
+    int bk = blockIdx.y, b = bk / HKV, hk = bk - b * HKV, h0 = hk * (H / HKV); // h0: the group's first query head
     int k0 = blockIdx.x * BN; // block 0 has the most query tiles and starts first
-    const bf16* qb = q + (long long)b * T * sqkv + h * D;
-    const bf16* kb = k + (long long)b * T * sqkv + h * D;
-    const bf16* vb = v + (long long)b * T * sqkv + h * D;
-    const bf16* gb = dout + (long long)b * T * so + h * D;
+    const bf16* kb = k + (long long)b * T * skv + hk * D;
+    const bf16* vb = v + (long long)b * T * skv + hk * D;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-    const float* lse_bh = lse + (long long)bh * T;
-    const float* delta_bh = delta + (long long)bh * T;
-    int nqt = (T - k0 + BM - 1) / BM; // query tiles from the diagonal on (k0 < T)
+    int nqt = (T - k0 + BM - 1) / BM; // query tiles from the diagonal on (k0 < T), per query head
+    int ntiles = H / HKV * nqt;       // the group's, head by head (fa2_group_tile)
     int kw = k0 + warp * 16;          // the warp's first key
     int tid = threadIdx.x;
 
-    fa2_load<BN, D, NTHR>(Ks, kb, sqkv, k0, T);
-    fa2_load<BN, D, NTHR>(Vs, vb, sqkv, k0, T);
-    fa2_load<BM, D, NTHR>(Qs, qb, sqkv, k0, T);
-    fa2_load<BM, D, NTHR>(Gs, gb, so, k0, T);
+    fa2_tile first = fa2_group_tile<D, BM>(q, dout, lse, delta, b, h0, 0, nqt, k0, T, H, sq, so);
+    fa2_load<BN, D, NTHR>(Ks, kb, skv, k0, T);
+    fa2_load<BN, D, NTHR>(Vs, vb, skv, k0, T);
+    fa2_load<BM, D, NTHR>(Qs, first.qb, sq, k0, T);
+    fa2_load<BM, D, NTHR>(Gs, first.gb, so, k0, T);
     cp_async_commit();
     if (tid < BM) {
         int qi = k0 + tid;
-        fa2_lse_delta(Ls[tid], Ds[tid], lse_bh, delta_bh, qi, T);
+        fa2_lse_delta(Ls[tid], Ds[tid], first.lse_bh, first.delta_bh, qi, T);
     }
 
     const float sl2 = scale * kTcLog2e;
@@ -504,20 +532,21 @@ __device__ void attn_bwd_dkdv_fa2_impl(bf16* dk, bf16* dv, const bf16* q, const 
     fa2_zero(dka);
     fa2_zero(dva);
 
-    for (int it = 0; it < nqt; it++) {
+    for (int it = 0; it < ntiles; it++) {
         int buf = it & 1;
-        int qs = k0 + it * BM;
+        int qs = k0 + it % nqt * BM; // fa2_group_tile's
         cp_async_wait<0>();
         __syncthreads();
         float lnext = 0.0f, dnext = 0.0f;
-        bool more = it + 1 < nqt;
+        bool more = it + 1 < ntiles;
         if (more) {
-            fa2_load<BM, D, NTHR>(Qs + (buf ^ 1) * BM * LD, qb, sqkv, qs + BM, T);
-            fa2_load<BM, D, NTHR>(Gs + (buf ^ 1) * BM * LD, gb, so, qs + BM, T);
+            fa2_tile next = fa2_group_tile<D, BM>(q, dout, lse, delta, b, h0, it + 1, nqt, k0, T, H, sq, so);
+            fa2_load<BM, D, NTHR>(Qs + (buf ^ 1) * BM * LD, next.qb, sq, next.qs, T);
+            fa2_load<BM, D, NTHR>(Gs + (buf ^ 1) * BM * LD, next.gb, so, next.qs, T);
             cp_async_commit();
             if (tid < BM) {
-                int qi = qs + BM + tid;
-                fa2_lse_delta(lnext, dnext, lse_bh, delta_bh, qi, T);
+                int qi = next.qs + tid;
+                fa2_lse_delta(lnext, dnext, next.lse_bh, next.delta_bh, qi, T);
             }
         }
         if (HOLD && it == 0) {
@@ -588,45 +617,45 @@ __device__ void attn_bwd_dkdv_fa2_impl(bf16* dk, bf16* dv, const bf16* q, const 
             Ds[(buf ^ 1) * BM + tid] = dnext;
         }
     }
-    fa2_store<D>(dk + (long long)b * T * sd + h * D, sd, kw, T, dka, scale, scale);
-    fa2_store<D>(dv + (long long)b * T * sd + h * D, sd, kw, T, dva, 1.0f, 1.0f);
+    fa2_store<D>(dk + (long long)b * T * sd + hk * D, sd, kw, T, dka, scale, scale);
+    fa2_store<D>(dv + (long long)b * T * sd + hk * D, sd, kw, T, dva, 1.0f, 1.0f);
 }
 
 } // namespace atp
 
 using namespace atp;
 
-// out, q, k, v (B, T, H, D) with row strides so (out) and sqkv (q, k, v);
-// lse (B, H, T). grid (ceil(T/128), B·H); block 128 (D = 64) or 256 (D =
-// 128); shared (128 + 4·64)·(D + 8)·2 bytes.
-KERNEL_LB(128) attn_fwd_fa2_d64_bf16(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T, int H, int sqkv, int so, float scale) {
-    attn_fwd_fa2_impl<64, 2, 4>(out, lse, q, k, v, B, T, H, sqkv, so, scale);
+// out, q (B, T, H, D), k, v (B, T, HKV, D) with row strides so (out), sq
+// (q) and skv (k, v); lse (B, H, T). grid (ceil(T/128), B·H); block 128
+// (D = 64) or 256 (D = 128); shared (128 + 4·64)·(D + 8)·2 bytes.
+KERNEL_LB(128) attn_fwd_fa2_d64_bf16(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T, int H, int HKV, int sq, int skv, int so, float scale) {
+    attn_fwd_fa2_impl<64, 2, 4>(out, lse, q, k, v, B, T, H, HKV, sq, skv, so, scale);
 }
 // D = 64 with 8 warps × 16 rows (block 256): fewer registers, more warps
 // per SM, half the reuse of each K/V fragment; picked from Go for tuning.
-KERNEL_LB(256) attn_fwd_fa2_d64w8_bf16(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T, int H, int sqkv, int so, float scale) {
-    attn_fwd_fa2_impl<64, 1, 8>(out, lse, q, k, v, B, T, H, sqkv, so, scale);
+KERNEL_LB(256) attn_fwd_fa2_d64w8_bf16(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T, int H, int HKV, int sq, int skv, int so, float scale) {
+    attn_fwd_fa2_impl<64, 1, 8>(out, lse, q, k, v, B, T, H, HKV, sq, skv, so, scale);
 }
-KERNEL_LB(256) attn_fwd_fa2_d128_bf16(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T, int H, int sqkv, int so, float scale) {
-    attn_fwd_fa2_impl<128, 1, 8>(out, lse, q, k, v, B, T, H, sqkv, so, scale);
-}
-
-// dq (row stride sd), delta (B, H, T) written; q, k, v (sqkv), out, dout
-// (so), lse. grid (ceil(T/128), B·H), block 256, shared (256 + 4·BN)·(D +
-// 8)·2 bytes, BN = 64 (D = 64) or 32 (D = 128).
-KERNEL_LB(256) attn_bwd_dq_fa2_d64_bf16(bf16* dq, float* delta, const bf16* q, const bf16* k, const bf16* v, const bf16* out, const bf16* dout, const float* lse, int B, int T, int H, int sqkv, int so, int sd, float scale) {
-    attn_bwd_dq_fa2_impl<64, 64>(dq, delta, q, k, v, out, dout, lse, B, T, H, sqkv, so, sd, scale);
-}
-KERNEL_LB(256) attn_bwd_dq_fa2_d128_bf16(bf16* dq, float* delta, const bf16* q, const bf16* k, const bf16* v, const bf16* out, const bf16* dout, const float* lse, int B, int T, int H, int sqkv, int so, int sd, float scale) {
-    attn_bwd_dq_fa2_impl<128, 32>(dq, delta, q, k, v, out, dout, lse, B, T, H, sqkv, so, sd, scale);
+KERNEL_LB(256) attn_fwd_fa2_d128_bf16(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T, int H, int HKV, int sq, int skv, int so, float scale) {
+    attn_fwd_fa2_impl<128, 1, 8>(out, lse, q, k, v, B, T, H, HKV, sq, skv, so, scale);
 }
 
-// dk, dv (row stride sd); q, k, v (sqkv), dout (so), lse, delta (from the dq
-// kernel). grid (ceil(T/128), B·H), block 256, shared (256 + 4·BM)·(D + 8)·2
-// + 16·BM bytes, BM = 64 (D = 64) or 32 (D = 128).
-KERNEL_LB(256) attn_bwd_dkdv_fa2_d64_bf16(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse, const float* delta, int B, int T, int H, int sqkv, int so, int sd, float scale) {
-    attn_bwd_dkdv_fa2_impl<64, 64, true>(dk, dv, q, k, v, dout, lse, delta, B, T, H, sqkv, so, sd, scale);
+// dq (row stride sd), delta (B, H, T) written; q (sq), k, v (skv), out,
+// dout (so), lse. grid (ceil(T/128), B·H), block 256, shared (256 +
+// 4·BN)·(D + 8)·2 bytes, BN = 64 (D = 64) or 32 (D = 128).
+KERNEL_LB(256) attn_bwd_dq_fa2_d64_bf16(bf16* dq, float* delta, const bf16* q, const bf16* k, const bf16* v, const bf16* out, const bf16* dout, const float* lse, int B, int T, int H, int HKV, int sq, int skv, int so, int sd, float scale) {
+    attn_bwd_dq_fa2_impl<64, 64>(dq, delta, q, k, v, out, dout, lse, B, T, H, HKV, sq, skv, so, sd, scale);
 }
-KERNEL_LB(256) attn_bwd_dkdv_fa2_d128_bf16(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse, const float* delta, int B, int T, int H, int sqkv, int so, int sd, float scale) {
-    attn_bwd_dkdv_fa2_impl<128, 32, false>(dk, dv, q, k, v, dout, lse, delta, B, T, H, sqkv, so, sd, scale);
+KERNEL_LB(256) attn_bwd_dq_fa2_d128_bf16(bf16* dq, float* delta, const bf16* q, const bf16* k, const bf16* v, const bf16* out, const bf16* dout, const float* lse, int B, int T, int H, int HKV, int sq, int skv, int so, int sd, float scale) {
+    attn_bwd_dq_fa2_impl<128, 32>(dq, delta, q, k, v, out, dout, lse, B, T, H, HKV, sq, skv, so, sd, scale);
+}
+
+// dk, dv (row stride sd); q (sq), k, v (skv), dout (so), lse, delta (from
+// the dq kernel). grid (ceil(T/128), B·HKV), block 256, shared (256 +
+// 4·BM)·(D + 8)·2 + 16·BM bytes, BM = 64 (D = 64) or 32 (D = 128).
+KERNEL_LB(256) attn_bwd_dkdv_fa2_d64_bf16(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse, const float* delta, int B, int T, int H, int HKV, int sq, int skv, int so, int sd, float scale) {
+    attn_bwd_dkdv_fa2_impl<64, 64, true>(dk, dv, q, k, v, dout, lse, delta, B, T, H, HKV, sq, skv, so, sd, scale);
+}
+KERNEL_LB(256) attn_bwd_dkdv_fa2_d128_bf16(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse, const float* delta, int B, int T, int H, int HKV, int sq, int skv, int so, int sd, float scale) {
+    attn_bwd_dkdv_fa2_impl<128, 32, false>(dk, dv, q, k, v, dout, lse, delta, B, T, H, HKV, sq, skv, so, sd, scale);
 }

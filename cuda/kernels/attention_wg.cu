@@ -32,9 +32,10 @@
 //       only the rows past the first tile wrong), while the emulator passed
 //       it; neither O's rescale order nor its accumulator was the cause
 //       (commit 972fa98 and this file's history have those kernels). The
-//       pipelined form at D = 64 (attn_fwd_wg_d64 / wgq_d64, below, an
-//       experiment) gives FA2's out bits on the GPU; its lse differs in the
-//       last bit in a few rows, so it is not the default yet.
+//       pipelined form at D = 64 (attn_fwd_wg_d64 / wgq_d64, an experiment,
+//       retired to experimental/attention_wg_fwd_d64.cu; QDESC is its Q by
+//       descriptor) gave FA2's out bits on the GPU but its lse differed in
+//       the last bit in a few rows.
 //   dq  (attn_bwd_dq_wg_dD_bf16): delta = Σ dout·out of the block's rows
 //       (written for dk/dv), then key tiles of BN = 64 up to the diagonal:
 //       S = Q·Kᵀ, dP = dO·Vᵀ, dS = P∘(dP − delta), dQ += dS·K. D = 64: Q, dO
@@ -53,7 +54,9 @@
 //   fwd:  1024 + (64 + 5·64)·D·2 bytes: 99328 (D = 128), 50176 (D = 64)
 //   dq:   1024 + (2·64 + 4·BN)·D·2 bytes: 50176 (D = 64), 99328 (D = 128)
 //   dkdv: 1024 + (2·64 + 4·BM)·D·2 + 16·BM: 51200 (D = 64), 67072 (D = 128)
-// grid (ceil(T/64), B·H), block 128.
+// grid (ceil(T/64), B·H), block 128; dkdv's grid is (ceil(T/64), B·HKV), each
+// block running the query tiles of its key/value head's group of query heads
+// one head after another, as attention_fa2.cu's (grouped-query attention).
 #include "wgmma.cuh"
 
 namespace atp {
@@ -105,25 +108,25 @@ __device__ __forceinline__ void wg_tile_ready() {
 // QDESC), O += P·V (V MN-major).
 template <int D, bool QDESC = false>
 __device__ void attn_fwd_wg_impl(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T,
-                                 int H, int sqkv, int so, float scale) {
+                                 int H, int HKV, int sq, int skv, int so, float scale) {
 #if defined(ATP_WG_BODY)
     constexpr int BM = ROWS, BN = 64, KS = D / 16, NT = BN / 8, DT = D / 8;
     bf16* Qs = wg_smem();        // BM × D
     bf16* Ks = Qs + BM * D;      // 2 × BN × D
     bf16* Vs = Ks + 2 * BN * D;  // 3 × BN × D
-    int bh = blockIdx.y, b = bh / H, h = bh - b * H;
+    int bh = blockIdx.y, b = bh / H, h = bh - b * H, hk = h / (H / HKV); // hk: h's key/value head
     int q0 = (gridDim.x - 1 - blockIdx.x) * BM; // longest first
-    const bf16* qb = q + (long long)b * T * sqkv + h * D;
-    const bf16* kb = k + (long long)b * T * sqkv + h * D;
-    const bf16* vb = v + (long long)b * T * sqkv + h * D;
+    const bf16* qb = q + (long long)b * T * sq + h * D;
+    const bf16* kb = k + (long long)b * T * skv + hk * D;
+    const bf16* vb = v + (long long)b * T * skv + hk * D;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     int kend = q0 + BM < T ? q0 + BM : T;
     int nkt = (kend + BN - 1) / BN;
     int wr0 = q0 + warp * 16; // the warp's first row
 
-    wg_load<BM, D>(Qs, qb, sqkv, q0, T);
-    wg_load<BN, D>(Ks, kb, sqkv, 0, T);
-    wg_load<BN, D>(Vs, vb, sqkv, 0, T);
+    wg_load<BM, D>(Qs, qb, sq, q0, T);
+    wg_load<BN, D>(Ks, kb, skv, 0, T);
+    wg_load<BN, D>(Vs, vb, skv, 0, T);
     cp_async_commit();
 
     const float sl2 = scale * kTcLog2e;
@@ -145,8 +148,8 @@ __device__ void attn_fwd_wg_impl(bf16* out, float* lse, const bf16* q, const bf1
     for (int it = 0; it < nkt; it++) {
         wg_tile_ready();
         if (it + 1 < nkt) {
-            wg_load<BN, D>(Ks + ((it + 1) & 1) * BN * D, kb, sqkv, (it + 1) * BN, T);
-            wg_load<BN, D>(Vs + ((it + 1) % 3) * BN * D, vb, sqkv, (it + 1) * BN, T);
+            wg_load<BN, D>(Ks + ((it + 1) & 1) * BN * D, kb, skv, (it + 1) * BN, T);
+            wg_load<BN, D>(Vs + ((it + 1) % 3) * BN * D, vb, skv, (it + 1) * BN, T);
             cp_async_commit();
         }
         if (!QDESC && it == 0) {
@@ -230,18 +233,18 @@ __device__ void attn_fwd_wg_impl(bf16* out, float* lse, const bf16* q, const bf1
 template <int D, int BN, bool QREG>
 __device__ void attn_bwd_dq_wg_impl(bf16* dq, float* delta, const bf16* q, const bf16* k, const bf16* v,
                                     const bf16* out, const bf16* dout, const float* lse, int B, int T, int H,
-                                    int sqkv, int so, int sd, float scale) {
+                                    int HKV, int sq, int skv, int so, int sd, float scale) {
 #if defined(ATP_WG_BODY)
     constexpr int BM = ROWS, KS = D / 16, NK = BN / 8, DT = D / 8;
     bf16* Qs = wg_smem();        // BM × D
     bf16* Gs = Qs + BM * D;      // BM × D (dout)
     bf16* Ks = Gs + BM * D;      // 2 × BN × D
     bf16* Vs = Ks + 2 * BN * D;  // 2 × BN × D
-    int bh = blockIdx.y, b = bh / H, h = bh - b * H;
+    int bh = blockIdx.y, b = bh / H, h = bh - b * H, hk = h / (H / HKV); // hk: h's key/value head
     int q0 = (gridDim.x - 1 - blockIdx.x) * BM; // longest first
-    const bf16* qb = q + (long long)b * T * sqkv + h * D;
-    const bf16* kb = k + (long long)b * T * sqkv + h * D;
-    const bf16* vb = v + (long long)b * T * sqkv + h * D;
+    const bf16* qb = q + (long long)b * T * sq + h * D;
+    const bf16* kb = k + (long long)b * T * skv + hk * D;
+    const bf16* vb = v + (long long)b * T * skv + hk * D;
     const bf16* gb = dout + (long long)b * T * so + h * D;
     const bf16* ob = out + (long long)b * T * so + h * D;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
@@ -249,10 +252,10 @@ __device__ void attn_bwd_dq_wg_impl(bf16* dq, float* delta, const bf16* q, const
     int nkt = (kend + BN - 1) / BN;
     int wr0 = q0 + warp * 16;
 
-    wg_load<BM, D>(Qs, qb, sqkv, q0, T);
+    wg_load<BM, D>(Qs, qb, sq, q0, T);
     wg_load<BM, D>(Gs, gb, so, q0, T);
-    wg_load<BN, D>(Ks, kb, sqkv, 0, T);
-    wg_load<BN, D>(Vs, vb, sqkv, 0, T);
+    wg_load<BN, D>(Ks, kb, skv, 0, T);
+    wg_load<BN, D>(Vs, vb, skv, 0, T);
     cp_async_commit();
 
     // delta of the warp's rows, read from global memory while the tiles load.
@@ -274,8 +277,8 @@ __device__ void attn_bwd_dq_wg_impl(bf16* dq, float* delta, const bf16* q, const
         int buf = it & 1;
         wg_tile_ready();
         if (it + 1 < nkt) {
-            wg_load<BN, D>(Ks + (buf ^ 1) * BN * D, kb, sqkv, (it + 1) * BN, T);
-            wg_load<BN, D>(Vs + (buf ^ 1) * BN * D, vb, sqkv, (it + 1) * BN, T);
+            wg_load<BN, D>(Ks + (buf ^ 1) * BN * D, kb, skv, (it + 1) * BN, T);
+            wg_load<BN, D>(Vs + (buf ^ 1) * BN * D, vb, skv, (it + 1) * BN, T);
             cp_async_commit();
         }
         if (QREG && it == 0) {
@@ -328,7 +331,7 @@ __device__ void attn_bwd_dq_wg_impl(bf16* dq, float* delta, const bf16* q, const
 template <int D, int BM, bool KREG>
 __device__ void attn_bwd_dkdv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v,
                                       const bf16* dout, const float* lse, const float* delta, int B, int T, int H,
-                                      int sqkv, int so, int sd, float scale) {
+                                      int HKV, int sq, int skv, int so, int sd, float scale) {
 #if defined(ATP_WG_BODY)
     constexpr int BN = ROWS, KS = D / 16, NQ = BM / 8, DT = D / 8;
     static_assert(BM <= NTHR, "one thread per staged lse/delta");
@@ -338,27 +341,25 @@ __device__ void attn_bwd_dkdv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const b
     bf16* Gs = Qs + 2 * BM * D;  // 2 × BM × D (dout)
     float* Ls = reinterpret_cast<float*>(Gs + 2 * BM * D); // 2 × BM: lse·log2(e), +inf past T
     float* Ds = Ls + 2 * BM;                                // 2 × BM: delta, 0 past T
-    int bh = blockIdx.y, b = bh / H, h = bh - b * H;
+    int bk = blockIdx.y, b = bk / HKV, hk = bk - b * HKV, h0 = hk * (H / HKV); // h0: the group's first query head
     int k0 = blockIdx.x * BN; // block 0 has the most query tiles and starts first
-    const bf16* qb = q + (long long)b * T * sqkv + h * D;
-    const bf16* kb = k + (long long)b * T * sqkv + h * D;
-    const bf16* vb = v + (long long)b * T * sqkv + h * D;
-    const bf16* gb = dout + (long long)b * T * so + h * D;
+    const bf16* kb = k + (long long)b * T * skv + hk * D;
+    const bf16* vb = v + (long long)b * T * skv + hk * D;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-    const float* lse_bh = lse + (long long)bh * T;
-    const float* delta_bh = delta + (long long)bh * T;
-    int nqt = (T - k0 + BM - 1) / BM; // query tiles from the diagonal on (k0 < T)
+    int nqt = (T - k0 + BM - 1) / BM; // query tiles from the diagonal on (k0 < T), per query head
+    int ntiles = H / HKV * nqt;       // the group's, head by head (fa2_group_tile)
     int kw = k0 + warp * 16;          // the warp's first key
     int tid = threadIdx.x;
 
-    wg_load<BN, D>(Ks, kb, sqkv, k0, T);
-    wg_load<BN, D>(Vs, vb, sqkv, k0, T);
-    wg_load<BM, D>(Qs, qb, sqkv, k0, T);
-    wg_load<BM, D>(Gs, gb, so, k0, T);
+    fa2_tile first = fa2_group_tile<D, BM>(q, dout, lse, delta, b, h0, 0, nqt, k0, T, H, sq, so);
+    wg_load<BN, D>(Ks, kb, skv, k0, T);
+    wg_load<BN, D>(Vs, vb, skv, k0, T);
+    wg_load<BM, D>(Qs, first.qb, sq, k0, T);
+    wg_load<BM, D>(Gs, first.gb, so, k0, T);
     cp_async_commit();
     if (tid < BM) {
         int qi = k0 + tid;
-        fa2_lse_delta(Ls[tid], Ds[tid], lse_bh, delta_bh, qi, T);
+        fa2_lse_delta(Ls[tid], Ds[tid], first.lse_bh, first.delta_bh, qi, T);
     }
 
     const float sl2 = scale * kTcLog2e;
@@ -371,19 +372,20 @@ __device__ void attn_bwd_dkdv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const b
     fa2_zero(dpt);
     const uint32_t ka = smem_u32(Ks), va = smem_u32(Vs);
 
-    for (int it = 0; it < nqt; it++) {
+    for (int it = 0; it < ntiles; it++) {
         int buf = it & 1;
-        int qs = k0 + it * BM;
+        int qs = k0 + it % nqt * BM; // fa2_group_tile's
         wg_tile_ready();
         float lnext = 0.0f, dnext = 0.0f;
-        bool more = it + 1 < nqt;
+        bool more = it + 1 < ntiles;
         if (more) {
-            wg_load<BM, D>(Qs + (buf ^ 1) * BM * D, qb, sqkv, qs + BM, T);
-            wg_load<BM, D>(Gs + (buf ^ 1) * BM * D, gb, so, qs + BM, T);
+            fa2_tile next = fa2_group_tile<D, BM>(q, dout, lse, delta, b, h0, it + 1, nqt, k0, T, H, sq, so);
+            wg_load<BM, D>(Qs + (buf ^ 1) * BM * D, next.qb, sq, next.qs, T);
+            wg_load<BM, D>(Gs + (buf ^ 1) * BM * D, next.gb, so, next.qs, T);
             cp_async_commit();
             if (tid < BM) {
-                int qi = qs + BM + tid;
-                fa2_lse_delta(lnext, dnext, lse_bh, delta_bh, qi, T);
+                int qi = next.qs + tid;
+                fa2_lse_delta(lnext, dnext, next.lse_bh, next.delta_bh, qi, T);
             }
         }
         if (KREG && it == 0) {
@@ -438,8 +440,8 @@ __device__ void attn_bwd_dkdv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const b
             Ds[(buf ^ 1) * BM + tid] = dnext;
         }
     }
-    fa2_store<D>(dk + (long long)b * T * sd + h * D, sd, kw, T, dka, scale, scale);
-    fa2_store<D>(dv + (long long)b * T * sd + h * D, sd, kw, T, dva, 1.0f, 1.0f);
+    fa2_store<D>(dk + (long long)b * T * sd + hk * D, sd, kw, T, dka, scale, scale);
+    fa2_store<D>(dv + (long long)b * T * sd + hk * D, sd, kw, T, dva, 1.0f, 1.0f);
 #elif defined(__CUDA_ARCH__)
     __trap(); // needs sm_90a
 #endif
@@ -450,39 +452,29 @@ __device__ void attn_bwd_dkdv_wg_impl(bf16* dk, bf16* dv, const bf16* q, const b
 
 using namespace atp;
 
-// out (B, T, H, D), lse (B·H, T); q, k, v rows sqkv apart, out rows so apart:
-// attn_fwd_fa2's arguments. grid (ceil(T/64), B·H), block 128, shared
-// memory 1024 + (64 + 5·64)·D·2 bytes. D = 128 only (see the top).
-KERNEL_LB(128) attn_fwd_wg_d128_bf16(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T, int H, int sqkv, int so, float scale) {
-    wgattn::attn_fwd_wg_impl<128>(out, lse, q, k, v, B, T, H, sqkv, so, scale);
+// out (B, T, H, D), lse (B·H, T); q rows sq apart, k, v (B, T, HKV, D) rows
+// skv apart, out rows so apart: attn_fwd_fa2's arguments. grid (ceil(T/64),
+// B·H), block 128, shared memory 1024 + (64 + 5·64)·D·2 bytes. D = 128 only
+// (see the top).
+KERNEL_LB(128) attn_fwd_wg_d128_bf16(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T, int H, int HKV, int sq, int skv, int so, float scale) {
+    wgattn::attn_fwd_wg_impl<128>(out, lse, q, k, v, B, T, H, HKV, sq, skv, so, scale);
 }
-// Experiments (2026-12-02, launched only when a test or benchmark sets
-// wgFwdD64): the pipelined forward at D = 64, Q fragments in registers (wg)
-// or Q by descriptor (wgq). Unlike the unpipelined D = 64 kernel (the top),
-// they give FA2's out bits on the GPU; lse differs in the last bit in 2–5 %
-// of the rows, and the bench has them at 99.9 and 97.5 µs against FA2's
-// 122.5 at gpt2's shape.
-KERNEL_LB(128) attn_fwd_wg_d64_bf16(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T, int H, int sqkv, int so, float scale) {
-    wgattn::attn_fwd_wg_impl<64>(out, lse, q, k, v, B, T, H, sqkv, so, scale);
+// dq (row stride sd), delta (B, H, T) written; q (sq), k, v (skv), out,
+// dout (so), lse: attn_bwd_dq_fa2's arguments. grid (ceil(T/64), B·H), block
+// 128, shared memory as above.
+KERNEL_LB(128) attn_bwd_dq_wg_d64_bf16(bf16* dq, float* delta, const bf16* q, const bf16* k, const bf16* v, const bf16* out, const bf16* dout, const float* lse, int B, int T, int H, int HKV, int sq, int skv, int so, int sd, float scale) {
+    wgattn::attn_bwd_dq_wg_impl<64, 64, true>(dq, delta, q, k, v, out, dout, lse, B, T, H, HKV, sq, skv, so, sd, scale);
 }
-KERNEL_LB(128) attn_fwd_wgq_d64_bf16(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int B, int T, int H, int sqkv, int so, float scale) {
-    wgattn::attn_fwd_wg_impl<64, true>(out, lse, q, k, v, B, T, H, sqkv, so, scale);
-}
-// dq (row stride sd), delta (B, H, T) written; q, k, v (sqkv), out, dout
-// (so), lse: attn_bwd_dq_fa2's arguments. grid (ceil(T/64), B·H), block 128,
-// shared memory as above.
-KERNEL_LB(128) attn_bwd_dq_wg_d64_bf16(bf16* dq, float* delta, const bf16* q, const bf16* k, const bf16* v, const bf16* out, const bf16* dout, const float* lse, int B, int T, int H, int sqkv, int so, int sd, float scale) {
-    wgattn::attn_bwd_dq_wg_impl<64, 64, true>(dq, delta, q, k, v, out, dout, lse, B, T, H, sqkv, so, sd, scale);
-}
-KERNEL_LB(128) attn_bwd_dq_wg_d128_bf16(bf16* dq, float* delta, const bf16* q, const bf16* k, const bf16* v, const bf16* out, const bf16* dout, const float* lse, int B, int T, int H, int sqkv, int so, int sd, float scale) {
-    wgattn::attn_bwd_dq_wg_impl<128, 64, false>(dq, delta, q, k, v, out, dout, lse, B, T, H, sqkv, so, sd, scale);
+KERNEL_LB(128) attn_bwd_dq_wg_d128_bf16(bf16* dq, float* delta, const bf16* q, const bf16* k, const bf16* v, const bf16* out, const bf16* dout, const float* lse, int B, int T, int H, int HKV, int sq, int skv, int so, int sd, float scale) {
+    wgattn::attn_bwd_dq_wg_impl<128, 64, false>(dq, delta, q, k, v, out, dout, lse, B, T, H, HKV, sq, skv, so, sd, scale);
 }
 
-// dk, dv (row stride sd); q, k, v (sqkv), dout (so), lse, delta (from the dq
-// kernel): attn_bwd_dkdv_fa2's arguments. grid (ceil(T/64), B·H), block 128.
-KERNEL_LB(128) attn_bwd_dkdv_wg_d64_bf16(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse, const float* delta, int B, int T, int H, int sqkv, int so, int sd, float scale) {
-    wgattn::attn_bwd_dkdv_wg_impl<64, 64, true>(dk, dv, q, k, v, dout, lse, delta, B, T, H, sqkv, so, sd, scale);
+// dk, dv (row stride sd); q (sq), k, v (skv), dout (so), lse, delta (from
+// the dq kernel): attn_bwd_dkdv_fa2's arguments. grid (ceil(T/64), B·HKV),
+// block 128.
+KERNEL_LB(128) attn_bwd_dkdv_wg_d64_bf16(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse, const float* delta, int B, int T, int H, int HKV, int sq, int skv, int so, int sd, float scale) {
+    wgattn::attn_bwd_dkdv_wg_impl<64, 64, true>(dk, dv, q, k, v, dout, lse, delta, B, T, H, HKV, sq, skv, so, sd, scale);
 }
-KERNEL_LB(128) attn_bwd_dkdv_wg_d128_bf16(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse, const float* delta, int B, int T, int H, int sqkv, int so, int sd, float scale) {
-    wgattn::attn_bwd_dkdv_wg_impl<128, 32, false>(dk, dv, q, k, v, dout, lse, delta, B, T, H, sqkv, so, sd, scale);
+KERNEL_LB(128) attn_bwd_dkdv_wg_d128_bf16(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse, const float* delta, int B, int T, int H, int HKV, int sq, int skv, int so, int sd, float scale) {
+    wgattn::attn_bwd_dkdv_wg_impl<128, 32, false>(dk, dv, q, k, v, dout, lse, delta, B, T, H, HKV, sq, skv, so, sd, scale);
 }

@@ -10,12 +10,11 @@
 //     `long long` (int64) and `float`. The Go launcher passes the same types
 //     in the same order; the emulator (emu/) checks the sizes.
 //   - Shapes are row-major and contiguous, written next to each kernel.
-//   - No kernel uses float atomics on its outputs, but one opt-in exception:
-//     every output element is written by one thread, and every reduction runs
-//     in a fixed order, so two runs of the same launch are bit-for-bit
-//     identical. The exception is the one-pass attention backward
-//     (attention_onepass.cu, cudabackend.AttentionFA2Atomic, never a default),
-//     whose dq is summed with fp32 atomic adds.
+//   - No kernel uses float atomics on its outputs: every output element is
+//     written by one thread, and every reduction runs in a fixed order, so
+//     two runs of the same launch are bit-for-bit identical. (The one-pass
+//     attention backward, whose dq was summed with fp32 atomic adds, is
+//     retired to experimental/attention_onepass.cu.)
 //   - Kernels that validate data (ids, targets) report through `int* err`, a
 //     pair of ints in device memory: err[0] |= 1 on failure, err[1] = one
 //     offending value (any one). The Go side reads them at Sync.

@@ -9,14 +9,17 @@
 
 namespace atp {
 
-// rope_qkv: q, k, v (B, T, H, D); qkv (B, T, 3·H·D) = [q | k | v] per token;
-// cs (T, D/2, 2) fp32 as for rope. Thread per (token, head, pair i): turns
-// the pair (i, i + D/2) of q and of k by t·θ^(−2i/D) and copies that pair of
-// v. Grid-stride over tokens·H·D/2; block 256.
+// rope_qkv: q (B, T, H, D), k, v (B, T, HKV, D) with HKV ≤ H (grouped-query
+// attention; HKV = H for multi-head); qkv (B, T, (H + 2·HKV)·D) = [q | k |
+// v] per token; cs (T, D/2, 2) fp32 as for rope. Thread per (token, head h
+// < H, pair i): turns the pair (i, i + D/2) of q's head h by t·θ^(−2i/D),
+// and when h < HKV, that of k's head h too and copies that pair of v's.
+// Grid-stride over tokens·H·D/2; block 256.
 template <typename T>
-__device__ void rope_qkv_impl(T* q, T* k, T* v, const T* qkv, const float* cs, int Tn, int H, int D, long long tokens) {
+__device__ void rope_qkv_impl(T* q, T* k, T* v, const T* qkv, const float* cs, int Tn, int H, int HKV, int D,
+                              long long tokens) {
     int half = D >> 1;
-    long long hd = (long long)H * D;
+    long long hd = (long long)H * D, kd = (long long)HKV * D, w = hd + 2 * kd;
     long long n = tokens * H * half;
     for (long long idx = grid_thread(); idx < n; idx += grid_threads()) {
         long long row = idx / half; // token·H + head
@@ -26,26 +29,29 @@ __device__ void rope_qkv_impl(T* q, T* k, T* v, const T* qkv, const float* cs, i
         int t = (int)(tok % Tn);
         float c = cs[((long long)t * half + i) * 2];
         float s = cs[((long long)t * half + i) * 2 + 1];
-        long long src = tok * 3 * hd + (long long)h * D + i;
+        long long src = tok * w + (long long)h * D + i;
         long long dst = row * D + i;
         float q1 = f32(qkv[src]), q2 = f32(qkv[src + half]);
         q[dst] = cvt<T>(q1 * c - q2 * s);
         q[dst + half] = cvt<T>(q2 * c + q1 * s);
+        if (h >= HKV) continue;
+        long long kdst = (tok * HKV + h) * D + i;
         float k1 = f32(qkv[src + hd]), k2 = f32(qkv[src + hd + half]);
-        k[dst] = cvt<T>(k1 * c - k2 * s);
-        k[dst + half] = cvt<T>(k2 * c + k1 * s);
-        v[dst] = qkv[src + 2 * hd];
-        v[dst + half] = qkv[src + 2 * hd + half];
+        k[kdst] = cvt<T>(k1 * c - k2 * s);
+        k[kdst + half] = cvt<T>(k2 * c + k1 * s);
+        v[kdst] = qkv[src + hd + kd];
+        v[kdst + half] = qkv[src + hd + kd + half];
     }
 }
 
-// rope_qkv_bwd: dqkv (B, T, 3·H·D) = [RoPE⁻¹(dq) | RoPE⁻¹(dk) | dv] per
-// token, from dq, dk, dv (B, T, H, D). Geometry as rope_qkv.
+// rope_qkv_bwd: dqkv (B, T, (H + 2·HKV)·D) = [RoPE⁻¹(dq) | RoPE⁻¹(dk) | dv]
+// per token, from dq (B, T, H, D), dk, dv (B, T, HKV, D). Geometry as
+// rope_qkv.
 template <typename T>
-__device__ void rope_qkv_bwd_impl(T* dqkv, const T* dq, const T* dk, const T* dv, const float* cs, int Tn, int H, int D,
-                                  long long tokens) {
+__device__ void rope_qkv_bwd_impl(T* dqkv, const T* dq, const T* dk, const T* dv, const float* cs, int Tn, int H,
+                                  int HKV, int D, long long tokens) {
     int half = D >> 1;
-    long long hd = (long long)H * D;
+    long long hd = (long long)H * D, kd = (long long)HKV * D, w = hd + 2 * kd;
     long long n = tokens * H * half;
     for (long long idx = grid_thread(); idx < n; idx += grid_threads()) {
         long long row = idx / half;
@@ -55,16 +61,18 @@ __device__ void rope_qkv_bwd_impl(T* dqkv, const T* dq, const T* dk, const T* dv
         int t = (int)(tok % Tn);
         float c = cs[((long long)t * half + i) * 2];
         float s = -cs[((long long)t * half + i) * 2 + 1];
-        long long dst = tok * 3 * hd + (long long)h * D + i;
+        long long dst = tok * w + (long long)h * D + i;
         long long src = row * D + i;
         float q1 = f32(dq[src]), q2 = f32(dq[src + half]);
         dqkv[dst] = cvt<T>(q1 * c - q2 * s);
         dqkv[dst + half] = cvt<T>(q2 * c + q1 * s);
-        float k1 = f32(dk[src]), k2 = f32(dk[src + half]);
+        if (h >= HKV) continue;
+        long long ksrc = (tok * HKV + h) * D + i;
+        float k1 = f32(dk[ksrc]), k2 = f32(dk[ksrc + half]);
         dqkv[dst + hd] = cvt<T>(k1 * c - k2 * s);
         dqkv[dst + hd + half] = cvt<T>(k2 * c + k1 * s);
-        dqkv[dst + 2 * hd] = dv[src];
-        dqkv[dst + 2 * hd + half] = dv[src + half];
+        dqkv[dst + hd + kd] = dv[ksrc];
+        dqkv[dst + hd + kd + half] = dv[ksrc + half];
     }
 }
 
@@ -139,14 +147,16 @@ __device__ __forceinline__ void copy16(void* dst, const void* src) {
 }
 
 // rope_qkv_vec: rope_qkv for (D/2) % V == 0, q, k, v, qkv and cs 16-byte
-// aligned and tokens·3·H·D < 2³¹. Thread per V pairs of one (token, head):
-// 16-byte loads of both halves of q, k and v, the V (cos, sin) pairs as V/2
-// float4; grid-stride over tokens·H·D/(2V) chunks, block 256.
+// aligned and tokens·(H + 2·HKV)·D < 2³¹. Thread per V pairs of one (token,
+// head): 16-byte loads of both halves of q (and of k and v for a head <
+// HKV), the V (cos, sin) pairs as V/2 float4; grid-stride over
+// tokens·H·D/(2V) chunks, block 256.
 template <typename T>
-__device__ void rope_qkv_vec_impl(T* q, T* k, T* v, const T* qkv, const float* cs, int Tn, int H, int D, int tokens) {
+__device__ void rope_qkv_vec_impl(T* q, T* k, T* v, const T* qkv, const float* cs, int Tn, int H, int HKV, int D,
+                                  int tokens) {
     constexpr int V = Pack<T>::N;
     int half = D >> 1, cpr = half / V; // chunks of V pairs per head
-    int hd = H * D;
+    int hd = H * D, kd = HKV * D, w = hd + 2 * kd;
     int n = tokens * H * cpr;
     for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += gridDim.x * blockDim.x) {
         int row = idx / cpr; // token·H + head
@@ -156,11 +166,13 @@ __device__ void rope_qkv_vec_impl(T* q, T* k, T* v, const T* qkv, const float* c
         int t = tok % Tn;
         float c[V], s[V];
         load_cs<V>(cs + (t * half + i) * 2, c, s, 1.0f);
-        int src = tok * 3 * hd + h * D + i, dst = row * D + i;
+        int src = tok * w + h * D + i, dst = row * D + i;
         rope_pack<T, V>(q + dst, qkv + src, half, c, s);
-        rope_pack<T, V>(k + dst, qkv + src + hd, half, c, s);
-        copy16(v + dst, qkv + src + 2 * hd);
-        copy16(v + dst + half, qkv + src + 2 * hd + half);
+        if (h >= HKV) continue;
+        int kdst = (tok * HKV + h) * D + i;
+        rope_pack<T, V>(k + kdst, qkv + src + hd, half, c, s);
+        copy16(v + kdst, qkv + src + hd + kd);
+        copy16(v + kdst + half, qkv + src + hd + kd + half);
     }
 }
 
@@ -168,10 +180,10 @@ __device__ void rope_qkv_vec_impl(T* q, T* k, T* v, const T* qkv, const float* c
 // dqkv, dq, dk, dv), same geometry.
 template <typename T>
 __device__ void rope_qkv_bwd_vec_impl(T* dqkv, const T* dq, const T* dk, const T* dv, const float* cs, int Tn, int H,
-                                      int D, int tokens) {
+                                      int HKV, int D, int tokens) {
     constexpr int V = Pack<T>::N;
     int half = D >> 1, cpr = half / V;
-    int hd = H * D;
+    int hd = H * D, kd = HKV * D, w = hd + 2 * kd;
     int n = tokens * H * cpr;
     for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += gridDim.x * blockDim.x) {
         int row = idx / cpr;
@@ -181,11 +193,13 @@ __device__ void rope_qkv_bwd_vec_impl(T* dqkv, const T* dq, const T* dk, const T
         int t = tok % Tn;
         float c[V], s[V];
         load_cs<V>(cs + (t * half + i) * 2, c, s, -1.0f);
-        int dst = tok * 3 * hd + h * D + i, src = row * D + i;
+        int dst = tok * w + h * D + i, src = row * D + i;
         rope_pack<T, V>(dqkv + dst, dq + src, half, c, s);
-        rope_pack<T, V>(dqkv + dst + hd, dk + src, half, c, s);
-        copy16(dqkv + dst + 2 * hd, dv + src);
-        copy16(dqkv + dst + 2 * hd + half, dv + src + half);
+        if (h >= HKV) continue;
+        int ksrc = (tok * HKV + h) * D + i;
+        rope_pack<T, V>(dqkv + dst + hd, dk + ksrc, half, c, s);
+        copy16(dqkv + dst + hd + kd, dv + ksrc);
+        copy16(dqkv + dst + hd + kd + half, dv + ksrc + half);
     }
 }
 
@@ -238,23 +252,25 @@ template <typename T> __device__ void swiglu_packed_bwd_vec_impl(T* dgu, const T
 
 using namespace atp;
 
-// q, k, v (B, T, H, D); qkv (B, T, 3·H·D); cs (T, D/2, 2); tokens = B·T.
-KERNEL void rope_qkv_bf16(bf16* q, bf16* k, bf16* v, const bf16* qkv, const float* cs, int T, int H, int D,
+// q (B, T, H, D), k, v (B, T, HKV, D); qkv (B, T, (H + 2·HKV)·D); cs (T,
+// D/2, 2); tokens = B·T.
+KERNEL void rope_qkv_bf16(bf16* q, bf16* k, bf16* v, const bf16* qkv, const float* cs, int T, int H, int HKV, int D,
                           long long tokens) {
-    rope_qkv_impl(q, k, v, qkv, cs, T, H, D, tokens);
+    rope_qkv_impl(q, k, v, qkv, cs, T, H, HKV, D, tokens);
 }
-KERNEL void rope_qkv_f32(float* q, float* k, float* v, const float* qkv, const float* cs, int T, int H, int D,
+KERNEL void rope_qkv_f32(float* q, float* k, float* v, const float* qkv, const float* cs, int T, int H, int HKV, int D,
                          long long tokens) {
-    rope_qkv_impl(q, k, v, qkv, cs, T, H, D, tokens);
+    rope_qkv_impl(q, k, v, qkv, cs, T, H, HKV, D, tokens);
 }
-// dqkv (B, T, 3·H·D); dq, dk, dv (B, T, H, D); cs (T, D/2, 2); tokens = B·T.
+// dqkv (B, T, (H + 2·HKV)·D); dq (B, T, H, D), dk, dv (B, T, HKV, D); cs
+// (T, D/2, 2); tokens = B·T.
 KERNEL void rope_qkv_bwd_bf16(bf16* dqkv, const bf16* dq, const bf16* dk, const bf16* dv, const float* cs, int T,
-                              int H, int D, long long tokens) {
-    rope_qkv_bwd_impl(dqkv, dq, dk, dv, cs, T, H, D, tokens);
+                              int H, int HKV, int D, long long tokens) {
+    rope_qkv_bwd_impl(dqkv, dq, dk, dv, cs, T, H, HKV, D, tokens);
 }
 KERNEL void rope_qkv_bwd_f32(float* dqkv, const float* dq, const float* dk, const float* dv, const float* cs, int T,
-                             int H, int D, long long tokens) {
-    rope_qkv_bwd_impl(dqkv, dq, dk, dv, cs, T, H, D, tokens);
+                             int H, int HKV, int D, long long tokens) {
+    rope_qkv_bwd_impl(dqkv, dq, dk, dv, cs, T, H, HKV, D, tokens);
 }
 // out (N, F); gu (N, 2F).
 KERNEL void swiglu_packed_fwd_bf16(bf16* out, const bf16* gu, long long rows, int F) {
@@ -273,21 +289,21 @@ KERNEL void swiglu_packed_bwd_f32(float* dgu, const float* dout, const float* gu
 
 // Vectorised variants (conditions above; the host falls back to the kernels
 // before when they do not hold). tokens = B·T and rows in 32 bits.
-KERNEL void rope_qkv_vec_bf16(bf16* q, bf16* k, bf16* v, const bf16* qkv, const float* cs, int T, int H, int D,
+KERNEL void rope_qkv_vec_bf16(bf16* q, bf16* k, bf16* v, const bf16* qkv, const float* cs, int T, int H, int HKV, int D,
                               int tokens) {
-    rope_qkv_vec_impl(q, k, v, qkv, cs, T, H, D, tokens);
+    rope_qkv_vec_impl(q, k, v, qkv, cs, T, H, HKV, D, tokens);
 }
-KERNEL void rope_qkv_vec_f32(float* q, float* k, float* v, const float* qkv, const float* cs, int T, int H, int D,
+KERNEL void rope_qkv_vec_f32(float* q, float* k, float* v, const float* qkv, const float* cs, int T, int H, int HKV, int D,
                              int tokens) {
-    rope_qkv_vec_impl(q, k, v, qkv, cs, T, H, D, tokens);
+    rope_qkv_vec_impl(q, k, v, qkv, cs, T, H, HKV, D, tokens);
 }
 KERNEL void rope_qkv_bwd_vec_bf16(bf16* dqkv, const bf16* dq, const bf16* dk, const bf16* dv, const float* cs, int T,
-                                  int H, int D, int tokens) {
-    rope_qkv_bwd_vec_impl(dqkv, dq, dk, dv, cs, T, H, D, tokens);
+                                  int H, int HKV, int D, int tokens) {
+    rope_qkv_bwd_vec_impl(dqkv, dq, dk, dv, cs, T, H, HKV, D, tokens);
 }
 KERNEL void rope_qkv_bwd_vec_f32(float* dqkv, const float* dq, const float* dk, const float* dv, const float* cs,
-                                 int T, int H, int D, int tokens) {
-    rope_qkv_bwd_vec_impl(dqkv, dq, dk, dv, cs, T, H, D, tokens);
+                                 int T, int H, int HKV, int D, int tokens) {
+    rope_qkv_bwd_vec_impl(dqkv, dq, dk, dv, cs, T, H, HKV, D, tokens);
 }
 KERNEL void swiglu_packed_fwd_vec_bf16(bf16* out, const bf16* gu, int rows, int F) {
     swiglu_packed_fwd_vec_impl(out, gu, rows, F);

@@ -57,6 +57,10 @@ var errorCases = []errorCase{
 		s := []int{2, 5, 3, 4}
 		b.Attention(b.Zeros(dt, s...), b.Zeros(tensor.Float32, 2, 5, 3), b.Zeros(dt, s...), b.Zeros(dt, s...), b.Zeros(dt, s...), 0.5) // lse (B, T, H)
 	}},
+	{"Attention", func(b tensor.Backend, dt tensor.DType) { // 2 kv heads for 3 query heads
+		s, kv := []int{2, 5, 3, 4}, []int{2, 5, 2, 4}
+		b.Attention(b.Zeros(dt, s...), b.Zeros(tensor.Float32, 2, 3, 5), b.Zeros(dt, s...), b.Zeros(dt, kv...), b.Zeros(dt, kv...), 0.5)
+	}},
 	{"AttentionBackward", func(b tensor.Backend, dt tensor.DType) {
 		s := []int{2, 5, 3, 4}
 		z := func() *tensor.Tensor { return b.Zeros(dt, s...) }
@@ -90,6 +94,10 @@ var errorCases = []errorCase{
 	{"RoPEQKV", func(b tensor.Backend, dt tensor.DType) { // qkv of 2·H·D per token
 		z := func() *tensor.Tensor { return b.Zeros(dt, 2, 3, 2, 4) }
 		b.RoPEQKV(z(), z(), z(), b.Zeros(dt, 2, 3, 16), 1e4)
+	}},
+	{"RoPEQKV", func(b tensor.Backend, dt tensor.DType) { // qkv of 3·H·D per token for Hkv = H/2
+		q, kv := b.Zeros(dt, 2, 3, 2, 4), func() *tensor.Tensor { return b.Zeros(dt, 2, 3, 1, 4) }
+		b.RoPEQKV(q, kv(), kv(), b.Zeros(dt, 2, 3, 24), 1e4)
 	}},
 	{"RoPEQKVBackward", func(b tensor.Backend, dt tensor.DType) { // odd D
 		z := func() *tensor.Tensor { return b.Zeros(dt, 2, 3, 2, 3) }

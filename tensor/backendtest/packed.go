@@ -11,20 +11,23 @@ import (
 // parts: RoPEQKV against RoPE on q and k (and v copied), RoPEQKVBackward
 // against RoPEBackward, SwiGLUPacked and its backward against SwiGLU on
 // separate gate and up. Outputs start as NaN, so an element not written
-// fails; shapes include a head dim and widths that are not multiples of 8.
+// fails; shapes include a head dim and widths that are not multiples of 8,
+// and grouped-query projections (fewer k and v heads than q heads).
 func TestPacked(t *testing.T, b tensor.Backend, opts Options) {
 	h := newHarness(t, b, opts, 17)
 	// D = 64 and 48 take the vectorised kernels of a backend that has them
 	// (in bf16 and f32), D = 40 only in f32 (D/2 = 20 is no multiple of 8),
 	// D = 6 never; 33 and 21 tokens are multiples of nothing useful.
-	for _, s := range [][4]int{{2, 5, 3, 6}, {1, 33, 2, 64}, {3, 7, 5, 48}, {1, 7, 3, 40}} {
-		B, T, H, D := s[0], s[1], s[2], s[3]
-		hd := H * D
+	// (B, T, H, Hkv, D):
+	for _, s := range [][5]int{{2, 5, 3, 3, 6}, {1, 33, 2, 2, 64}, {3, 7, 5, 5, 48}, {1, 7, 3, 3, 40},
+		{2, 5, 4, 2, 6}, {1, 33, 8, 2, 64}, {1, 7, 4, 1, 40}} {
+		B, T, H, Hkv, D := s[0], s[1], s[2], s[3], s[4]
+		qd, kd := H*D, Hkv*D
 		theta := 10000.0
-		qkv := h.rand(h.dt, B, T, 3*hd)
-		q, k, v := h.out(h.dt, B, T, H, D), h.out(h.dt, B, T, H, D), h.out(h.dt, B, T, H, D)
+		qkv := h.rand(h.dt, B, T, qd+2*kd)
+		q, k, v := h.out(h.dt, B, T, H, D), h.out(h.dt, B, T, Hkv, D), h.out(h.dt, B, T, Hkv, D)
 		h.b.RoPEQKV(q.dev, k.dev, v.dev, qkv.dev, theta)
-		parts := unpackRef(qkv.ref, B*T, hd, 3, B, T, H, D)
+		parts := unpackParts(qkv.ref, B*T, []int{qd, kd, kd}, [][]int{{B, T, H, D}, {B, T, Hkv, D}, {B, T, Hkv, D}})
 		h.ref.RoPE(q.ref, parts[0], theta)
 		h.ref.RoPE(k.ref, parts[1], theta)
 		copy(v.ref.F64(), parts[2].F64())
@@ -32,13 +35,13 @@ func TestPacked(t *testing.T, b tensor.Backend, opts Options) {
 		h.compare("RoPEQKV k", k)
 		h.compare("RoPEQKV v", v)
 
-		dq, dk, dv := h.rand(h.dt, B, T, H, D), h.rand(h.dt, B, T, H, D), h.rand(h.dt, B, T, H, D)
-		dqkv := h.out(h.dt, B, T, 3*hd)
+		dq, dk, dv := h.rand(h.dt, B, T, H, D), h.rand(h.dt, B, T, Hkv, D), h.rand(h.dt, B, T, Hkv, D)
+		dqkv := h.out(h.dt, B, T, qd+2*kd)
 		h.b.RoPEQKVBackward(dqkv.dev, dq.dev, dk.dev, dv.dev, theta)
-		rq, rk := tensor.MustHost(tensor.Float64, B, T, H, D), tensor.MustHost(tensor.Float64, B, T, H, D)
+		rq, rk := tensor.MustHost(tensor.Float64, B, T, H, D), tensor.MustHost(tensor.Float64, B, T, Hkv, D)
 		h.ref.RoPEBackward(rq, dq.ref, theta)
 		h.ref.RoPEBackward(rk, dk.ref, theta)
-		packRef(dqkv.ref, B*T, hd, rq, rk, dv.ref)
+		packParts(dqkv.ref, B*T, rq, rk, dv.ref)
 		h.compare("RoPEQKVBackward dqkv", dqkv)
 	}
 	// F = 256 and 40 (an odd multiple of 8) take the vectorised kernels, F =
@@ -48,7 +51,7 @@ func TestPacked(t *testing.T, b tensor.Backend, opts Options) {
 		gu := h.rand(h.dt, N, 2*F)
 		out := h.out(h.dt, N, F)
 		h.b.SwiGLUPacked(out.dev, gu.dev)
-		gp := unpackRef(gu.ref, N, F, 2, N, F)
+		gp := unpackParts(gu.ref, N, []int{F, F}, [][]int{{N, F}, {N, F}})
 		h.ref.SwiGLU(out.ref, gp[0], gp[1])
 		h.compare("SwiGLUPacked", out)
 
@@ -57,33 +60,42 @@ func TestPacked(t *testing.T, b tensor.Backend, opts Options) {
 		h.b.SwiGLUPackedBackward(dgu.dev, dout.dev, gu.dev)
 		dg, du := tensor.MustHost(tensor.Float64, N, F), tensor.MustHost(tensor.Float64, N, F)
 		h.ref.SwiGLUBackward(dg, du, dout.ref, gp[0], gp[1])
-		packRef(dgu.ref, N, F, dg, du)
+		packParts(dgu.ref, N, dg, du)
 		h.compare("SwiGLUPackedBackward dgu", dgu)
 	}
 }
 
-// unpackRef splits the float64 packed (rows, p·w) into p tensors of shape,
-// part i holding columns [i·w, (i+1)·w) of each row.
-func unpackRef(packed *tensor.Tensor, rows, w, p int, shape ...int) []*tensor.Tensor {
-	src := packed.F64()
-	out := make([]*tensor.Tensor, p)
-	for i := range out {
-		out[i] = tensor.MustHost(tensor.Float64, shape...)
+// unpackParts splits the float64 packed (rows, Σ widths) into tensors of
+// shapes, part i holding widths[i] columns of each row after those of the
+// parts before it.
+func unpackParts(packed *tensor.Tensor, rows int, widths []int, shapes [][]int) []*tensor.Tensor {
+	src, stride := packed.F64(), 0
+	for _, w := range widths {
+		stride += w
+	}
+	out := make([]*tensor.Tensor, len(widths))
+	off := 0
+	for i, w := range widths {
+		out[i] = tensor.MustHost(tensor.Float64, shapes[i]...)
 		dst := out[i].F64()
 		for r := range rows {
-			copy(dst[r*w:(r+1)*w], src[r*p*w+i*w:][:w])
+			copy(dst[r*w:(r+1)*w], src[r*stride+off:][:w])
 		}
+		off += w
 	}
 	return out
 }
 
-// packRef writes the parts (rows, w) side by side into packed (rows, p·w).
-func packRef(packed *tensor.Tensor, rows, w int, parts ...*tensor.Tensor) {
-	dst, p := packed.F64(), len(parts)
-	for i, part := range parts {
-		src := part.F64()
+// packParts writes the parts (rows, w_i) side by side into packed
+// (rows, Σ w_i).
+func packParts(packed *tensor.Tensor, rows int, parts ...*tensor.Tensor) {
+	dst, stride := packed.F64(), packed.Numel()/rows
+	off := 0
+	for _, part := range parts {
+		src, w := part.F64(), part.Numel()/rows
 		for r := range rows {
-			copy(dst[r*p*w+i*w:][:w], src[r*w:(r+1)*w])
+			copy(dst[r*stride+off:][:w], src[r*w:(r+1)*w])
 		}
+		off += w
 	}
 }

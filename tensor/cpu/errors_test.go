@@ -76,6 +76,19 @@ func TestErrors(t *testing.T) {
 		{"Attention k", func(b *cpu.Backend) {
 			b.Attention(f32(2, 5, 3, 4), f32(2, 3, 5), f32(2, 5, 3, 4), f32(2, 5, 3, 2), f32(2, 5, 3, 4), 0.5)
 		}, "cpu: Attention: k has shape (2, 5, 3, 2)"},
+		{"Attention kv heads", func(b *cpu.Backend) { // 2 kv heads do not divide 3 query heads
+			b.Attention(f32(2, 5, 3, 4), f32(2, 3, 5), f32(2, 5, 3, 4), f32(2, 5, 2, 4), f32(2, 5, 2, 4), 0.5)
+		}, "cpu: Attention: k has shape (2, 5, 2, 4), expected (2, 5, Hkv, 4) with Hkv dividing the 3 heads of q (2, 5, 3, 4)"},
+		{"Attention v", func(b *cpu.Backend) {
+			b.Attention(f32(2, 5, 4, 4), f32(2, 4, 5), f32(2, 5, 4, 4), f32(2, 5, 2, 4), f32(2, 5, 4, 4), 0.5)
+		}, "cpu: Attention: v has shape (2, 5, 4, 4), expected (2, 5, 2, 4) to match k"},
+		{"AttentionBackward dk", func(b *cpu.Backend) { // dk like q, not like k
+			s, kv := []int{2, 5, 4, 4}, []int{2, 5, 2, 4}
+			b.AttentionBackward(f32(s...), f32(s...), f32(kv...), f32(s...), f32(s...), f32(kv...), f32(kv...), f32(s...), f32(2, 4, 5), 0.5)
+		}, "cpu: AttentionBackward: dk has shape (2, 5, 4, 4), expected (2, 5, 2, 4) to match k"},
+		{"RoPEQKV grouped", func(b *cpu.Backend) { // qkv of (H + 2·H)·D per token for 2 kv heads
+			b.RoPEQKV(f32(1, 3, 4, 4), f32(1, 3, 2, 4), f32(1, 3, 2, 4), f32(1, 3, 48), 1e4)
+		}, "cpu: RoPEQKV: qkv has shape (1, 3, 48), expected (1, 3, 32)"},
 		{"AttentionBackward", func(b *cpu.Backend) {
 			s := []int{2, 5, 3, 4}
 			b.AttentionBackward(f32(s...), f32(s...), f32(2, 5, 3, 2), f32(s...), f32(s...), f32(s...), f32(s...), f32(s...), f32(2, 3, 5), 0.5)

@@ -221,26 +221,32 @@ func TestGradRoPE(t *testing.T) {
 	checkGrad(t, "RoPE", loss, x, dx.F64())
 }
 
+// TestGradAttention: multi-head (Hkv = H) and grouped-query attention
+// (groups of 2 and 4 query heads per key/value head).
 func TestGradAttention(t *testing.T) {
-	rng := testutil.Rng(8)
-	b := cpu.New()
-	const nb, nt, nh, d, scale = 2, 5, 2, 4, 0.5
-	shape := []int{nb, nt, nh, d}
-	q, k, v, w := rnd(rng, shape...), rnd(rng, shape...), rnd(rng, shape...), rnd(rng, shape...)
-	b.Scale(q, q, 3) // peakier attention than the raw inputs give
-	out, lse := zeros(shape...), zeros(nb, nh, nt)
-	loss := func() float64 {
-		o := zeros(shape...)
-		b.Attention(o, zeros(nb, nh, nt), q, k, v, scale)
-		return testutil.Dot(o.F64(), w.F64())
+	for _, hkv := range []int{4, 2, 1} {
+		t.Run(fmt.Sprintf("kv%d", hkv), func(t *testing.T) {
+			rng := testutil.Rng(uint64(8 + hkv))
+			b := cpu.New()
+			const nb, nt, nh, d, scale = 2, 5, 4, 4, 0.5
+			shape, kvShape := []int{nb, nt, nh, d}, []int{nb, nt, hkv, d}
+			q, k, v, w := rnd(rng, shape...), rnd(rng, kvShape...), rnd(rng, kvShape...), rnd(rng, shape...)
+			b.Scale(q, q, 3) // peakier attention than the raw inputs give
+			out, lse := zeros(shape...), zeros(nb, nh, nt)
+			loss := func() float64 {
+				o := zeros(shape...)
+				b.Attention(o, zeros(nb, nh, nt), q, k, v, scale)
+				return testutil.Dot(o.F64(), w.F64())
+			}
+			b.Attention(out, lse, q, k, v, scale)
+			dq, dk, dv := zeros(shape...), zeros(kvShape...), zeros(kvShape...)
+			b.AttentionBackward(dq, dk, dv, w, q, k, v, out, lse, scale)
+			noErr(t, b)
+			checkGrad(t, "Attention dq", loss, q, dq.F64())
+			checkGrad(t, "Attention dk", loss, k, dk.F64())
+			checkGrad(t, "Attention dv", loss, v, dv.F64())
+		})
 	}
-	b.Attention(out, lse, q, k, v, scale)
-	dq, dk, dv := zeros(shape...), zeros(shape...), zeros(shape...)
-	b.AttentionBackward(dq, dk, dv, w, q, k, v, out, lse, scale)
-	noErr(t, b)
-	checkGrad(t, "Attention dq", loss, q, dq.F64())
-	checkGrad(t, "Attention dk", loss, k, dk.F64())
-	checkGrad(t, "Attention dv", loss, v, dv.F64())
 }
 
 func TestGradEmbedding(t *testing.T) {

@@ -49,74 +49,74 @@ func rope[T float](bk *Backend, out, x []T, s tensor.Shape, theta float64, sign 
 
 // ropeLayout places the heads of each token in out and x: token bt's head h
 // starts at bt·stride + off + h·D in each (a stride of H·D and offset 0 is
-// the plain (B, T, H, D) layout; 3·H·D with offsets 0 and H·D are q and k
-// of packed projections).
+// the plain (B, T, H, D) layout; (H + 2·Hkv)·D with offsets 0 and H·D are
+// q and k of packed projections).
 type ropeLayout struct {
 	nb, nt, nh, d     int
 	outStride, outOff int
 	xStride, xOff     int
 }
 
-// RoPEQKV rotates the q and k parts of the packed qkv (B, T, 3·H·D) into q
-// and k (B, T, H, D) and copies its v part into v: the same arithmetic as
-// RoPE on separate q and k.
+// RoPEQKV rotates the q and k parts of the packed qkv (B, T, (H + 2·Hkv)·D)
+// into q (B, T, H, D) and k (B, T, Hkv, D) and copies its v part into v
+// (B, T, Hkv, D): the same arithmetic as RoPE on separate q and k.
 func (bk *Backend) RoPEQKV(q, k, v, qkv *tensor.Tensor, theta float64) {
 	c := bk.check("RoPEQKV")
-	nb, nt, nh, d := opcheck.RoPEQKV(c, q, k, v, qkv)
+	nb, nt, nh, hkv, d := opcheck.RoPEQKV(c, q, k, v, qkv)
 	if !c.OK() {
 		return
 	}
-	hd := nh * d
-	lq := ropeLayout{nb, nt, nh, d, hd, 0, 3 * hd, 0}
-	lk := lq
-	lk.xOff = hd
+	qd, kd := nh*d, hkv*d
+	w := qd + 2*kd
+	lq := ropeLayout{nb, nt, nh, d, qd, 0, w, 0}
+	lk := ropeLayout{nb, nt, hkv, d, kd, 0, w, qd}
 	switch q.DType() {
 	case tensor.Float32:
 		ropeRows(bk, q.F32(), qkv.F32(), lq, theta, 1)
 		ropeRows(bk, k.F32(), qkv.F32(), lk, theta, 1)
-		unpack(v.F32(), qkv.F32(), nb*nt, hd, 2)
+		unpack(v.F32(), qkv.F32(), nb*nt, kd, w, qd+kd)
 	case tensor.Float64:
 		ropeRows(bk, q.F64(), qkv.F64(), lq, theta, 1)
 		ropeRows(bk, k.F64(), qkv.F64(), lk, theta, 1)
-		unpack(v.F64(), qkv.F64(), nb*nt, hd, 2)
+		unpack(v.F64(), qkv.F64(), nb*nt, kd, w, qd+kd)
 	}
 }
 
-// RoPEQKVBackward writes dqkv (B, T, 3·H·D) = [RoPE⁻¹(dq) | RoPE⁻¹(dk) | dv]
-// per token.
+// RoPEQKVBackward writes dqkv (B, T, (H + 2·Hkv)·D) = [RoPE⁻¹(dq) |
+// RoPE⁻¹(dk) | dv] per token.
 func (bk *Backend) RoPEQKVBackward(dqkv, dq, dk, dv *tensor.Tensor, theta float64) {
 	c := bk.check("RoPEQKVBackward")
-	nb, nt, nh, d := opcheck.RoPEQKVBackward(c, dqkv, dq, dk, dv)
+	nb, nt, nh, hkv, d := opcheck.RoPEQKVBackward(c, dqkv, dq, dk, dv)
 	if !c.OK() {
 		return
 	}
-	hd := nh * d
-	lq := ropeLayout{nb, nt, nh, d, 3 * hd, 0, hd, 0}
-	lk := lq
-	lk.outOff = hd
+	qd, kd := nh*d, hkv*d
+	w := qd + 2*kd
+	lq := ropeLayout{nb, nt, nh, d, w, 0, qd, 0}
+	lk := ropeLayout{nb, nt, hkv, d, w, qd, kd, 0}
 	switch dq.DType() {
 	case tensor.Float32:
 		ropeRows(bk, dqkv.F32(), dq.F32(), lq, theta, -1)
 		ropeRows(bk, dqkv.F32(), dk.F32(), lk, theta, -1)
-		pack(dqkv.F32(), dv.F32(), nb*nt, hd, 2)
+		pack(dqkv.F32(), dv.F32(), nb*nt, kd, w, qd+kd)
 	case tensor.Float64:
 		ropeRows(bk, dqkv.F64(), dq.F64(), lq, theta, -1)
 		ropeRows(bk, dqkv.F64(), dk.F64(), lk, theta, -1)
-		pack(dqkv.F64(), dv.F64(), nb*nt, hd, 2)
+		pack(dqkv.F64(), dv.F64(), nb*nt, kd, w, qd+kd)
 	}
 }
 
-// unpack copies part p (of width w) of each row of packed (rows, 3w) into
-// dst (rows, w); pack is the reverse.
-func unpack[T float](dst, packed []T, rows, w, p int) {
+// unpack copies the w columns from column off of each row of packed (rows,
+// stride) into dst (rows, w); pack is the reverse.
+func unpack[T float](dst, packed []T, rows, w, stride, off int) {
 	for r := range rows {
-		copy(dst[r*w:(r+1)*w], packed[r*3*w+p*w:][:w])
+		copy(dst[r*w:(r+1)*w], packed[r*stride+off:][:w])
 	}
 }
 
-func pack[T float](packed, src []T, rows, w, p int) {
+func pack[T float](packed, src []T, rows, w, stride, off int) {
 	for r := range rows {
-		copy(packed[r*3*w+p*w:][:w], src[r*w:(r+1)*w])
+		copy(packed[r*stride+off:][:w], src[r*w:(r+1)*w])
 	}
 }
 

@@ -100,7 +100,7 @@ func (b *Backend) rope4(op string, out, x *tensor.Tensor, theta float64, sign fl
 }
 
 // attnFits checks the limits of the attention kernels: D ≤ 128, B·H within
-// the grid, T in 32 bits.
+// the grid, T in 32 bits. (B·Hkv ≤ B·H: Hkv divides H.)
 func attnFits(c *opcheck.Checker, q *tensor.Tensor, nb, nt, nh, d int) {
 	if !c.Failed() && d > 128 {
 		c.Failf("q has shape %v: head dim D = %d, the attention kernels take D ≤ 128", q.Shape(), d)
@@ -130,62 +130,54 @@ func attnGrid(nb, nt, nh int) gpu.Dim3 { return gpu.D2(ceilDiv(nt, 32), nb*nh) }
 
 // Attention is causal multi-head attention, fused (flash style: no T×T
 // scores in memory): out = softmax(scale·q·kᵀ, causal)·v, and lse (B, H, T)
-// fp32 = log-sum-exp of each row of scores, for the backward. q, k, v, out
-// (B, T, H, D) with D ≤ 128. On sm_90 the default takes the wgmma forward
-// at D = 128 (AttentionWGMMA) and FA2's at D = 64, with the same bits.
+// fp32 = log-sum-exp of each row of scores, for the backward. q, out
+// (B, T, H, D), k, v (B, T, Hkv, D) with Hkv dividing H (grouped-query
+// attention: query head h reads key/value head h / (H/Hkv)), D ≤ 128. On
+// sm_90 the default takes the wgmma forward at D = 128 (AttentionWGMMA) and
+// FA2's at D = 64, with the same bits.
 func (b *Backend) Attention(out, lse, q, k, v *tensor.Tensor, scale float32) {
 	c := b.check("Attention")
-	nb, nt, nh, d := opcheck.Attention(c, out, lse, q, k, v)
+	nb, nt, nh, hkv, d := opcheck.Attention(c, out, lse, q, k, v)
 	attnFits(c, q, nb, nt, nh, d)
 	if !c.OK() || nb*nt*nh == 0 {
 		return
 	}
 	if b.useTensorCores(q.DType(), d) && tcAligned(out, q, k, v) {
+		st := attnStrides{h: nh, hkv: hkv, q: nh * d, kv: hkv * d, o: nh * d}
 		if b.useWGFwd(d) {
-			b.attentionWG(out, lse, q, k, v, scale, nb, nt, nh, d, nh*d, nh*d)
+			b.attentionWG(out, lse, q, k, v, scale, nb, nt, d, st)
 			return
 		}
-		if b.useFA2() {
-			b.attentionFA2(out, lse, q, k, v, scale, nb, nt, nh, d, nh*d, nh*d)
-			return
-		}
-		b.attentionTC(out, lse, q, k, v, scale, nb, nt, nh, d)
+		b.attentionFA2(out, lse, q, k, v, scale, nb, nt, d, st)
 		return
 	}
 	b.launch("Attention", "attn_fwd"+attnVariant(d)+sfx(q.DType()), attnGrid(nb, nt, nh), gpu.D1(128), 0,
-		ptr(out), ptr(lse), ptr(q), ptr(k), ptr(v), int32(nb), int32(nt), int32(nh), int32(d), scale)
+		ptr(out), ptr(lse), ptr(q), ptr(k), ptr(v), int32(nb), int32(nt), int32(nh), int32(hkv), int32(d), scale)
 }
 
 // AttentionBackward sets dq, dk, dv (overwritten) from dout and the
-// forward's q, k, v, out and lse. Deterministic: delta = Σ dout·out per row,
-// then one pass over key tiles that accumulates dk and dv in registers, and
-// one over query tiles for dq (the probabilities are recomputed from lse in
-// each), with no atomics.
+// forward's q, k, v, out and lse; dk, dv (B, T, Hkv, D) sum over the query
+// heads of each key/value head's group. Deterministic: delta = Σ dout·out
+// per row, then one pass over key tiles that accumulates dk and dv in
+// registers (over the group's query heads one after another), and one over
+// query tiles for dq (the probabilities are recomputed from lse in each),
+// with no atomics.
 // On sm_90 the default (AttentionAuto) runs the tensor-core backward's
 // passes on wgmma (AttentionWGMMA), elsewhere on mma.sync (AttentionFA2).
-// WithAttention(AttentionFA2Atomic) takes the one-pass backward instead (dq
-// summed with atomics: not bit-reproducible).
 func (b *Backend) AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse *tensor.Tensor, scale float32) {
 	c := b.check("AttentionBackward")
-	nb, nt, nh, d := opcheck.AttentionBackward(c, dq, dk, dv, dout, q, k, v, out, lse)
+	nb, nt, nh, hkv, d := opcheck.AttentionBackward(c, dq, dk, dv, dout, q, k, v, out, lse)
 	attnFits(c, q, nb, nt, nh, d)
 	if !c.OK() || nb*nt*nh*d == 0 {
 		return
 	}
 	if b.useTensorCores(q.DType(), d) && tcAligned(dq, dk, dv, dout, q, k, v, out) {
+		st := attnStrides{h: nh, hkv: hkv, q: nh * d, kv: hkv * d, o: nh * d, dq: nh * d, dkv: hkv * d}
 		if b.useWG() {
-			b.attentionBackwardWG(dq, dk, dv, dout, q, k, v, out, lse, scale, nb, nt, nh, d, nh*d, nh*d, nh*d)
+			b.attentionBackwardWG(dq, dk, dv, dout, q, k, v, out, lse, scale, nb, nt, d, st)
 			return
 		}
-		if b.useOnePass() {
-			b.attentionBackwardOnePass(dq, dk, dv, dout, q, k, v, out, lse, scale, nb, nt, nh, d, nh*d, nh*d, nh*d)
-			return
-		}
-		if b.useFA2() {
-			b.attentionBackwardFA2(dq, dk, dv, dout, q, k, v, out, lse, scale, nb, nt, nh, d, nh*d, nh*d, nh*d)
-			return
-		}
-		b.attentionBackwardTC(dq, dk, dv, dout, q, k, v, out, lse, scale, nb, nt, nh, d)
+		b.attentionBackwardFA2(dq, dk, dv, dout, q, k, v, out, lse, scale, nb, nt, d, st)
 		return
 	}
 	s := sfx(q.DType())
@@ -201,20 +193,42 @@ func (b *Backend) AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse *tensor.
 			delta, ptr(dout), ptr(out), int32(nb), int32(nt), int32(nh), int32(d)); err != nil {
 			return err
 		}
-		grid := attnGrid(nb, nt, nh)
-		if err := dev.Launch("attn_bwd_dkdv"+variant+s, grid, gpu.D1(128), 0,
+		if err := dev.Launch("attn_bwd_dkdv"+variant+s, attnGrid(nb, nt, hkv), gpu.D1(128), 0,
 			ptr(dk), ptr(dv), ptr(q), ptr(k), ptr(v), ptr(dout), ptr(lse), delta,
-			int32(nb), int32(nt), int32(nh), int32(d), scale); err != nil {
+			int32(nb), int32(nt), int32(nh), int32(hkv), int32(d), scale); err != nil {
 			return err
 		}
-		return dev.Launch("attn_bwd_dq"+variant+s, grid, gpu.D1(128), 0,
+		return dev.Launch("attn_bwd_dq"+variant+s, attnGrid(nb, nt, nh), gpu.D1(128), 0,
 			ptr(dq), ptr(q), ptr(k), ptr(v), ptr(dout), ptr(lse), delta,
-			int32(nb), int32(nt), int32(nh), int32(d), scale)
+			int32(nb), int32(nt), int32(nh), int32(hkv), int32(d), scale)
 	})
 }
 
-// useTensorCores says whether the tensor-core attention kernels run.
+// attnStrides are the head counts and row strides (elements between
+// consecutive positions t of one (b, head)) of the tensor-core attention
+// kernels' operands: h query heads, hkv key/value heads; q for q, kv for k
+// and v, o for out and dout, dq for dq, dkv for dk and dv. Contiguous
+// tensors have h·D and hkv·D; column slices of one packed projection have
+// the packed row's length.
+type attnStrides struct {
+	h, hkv            int
+	q, kv, o, dq, dkv int
+}
+
+// tcAligned reports whether every tensor starts on a 16-byte boundary (the
+// tensor-core kernels copy 16-byte chunks with cp.async).
+func tcAligned(ts ...*tensor.Tensor) bool {
+	for _, t := range ts {
+		if ptr(t)%16 != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// useTensorCores says whether the tensor-core attention kernels
+// (attention_fa2.cu, attention_wg.cu) run: bf16, D = 64 or 128, not
+// AttentionSIMT, an image that has them.
 func (b *Backend) useTensorCores(dt tensor.DType, d int) bool {
-	a := b.cfg.attention
-	return (a == AttentionAuto || a == AttentionTC1 || a == AttentionFA2Atomic || a == AttentionWGMMA || a == AttentionFA2) && dt == tensor.BFloat16 && (d == 64 || d == 128) && b.hasTC
+	return b.useFA2() && dt == tensor.BFloat16 && (d == 64 || d == 128)
 }

@@ -11,15 +11,11 @@ import (
 // (cuda/kernels/attention_fa2.cu): bf16, D = 64 or 128, 16-byte aligned
 // tensors and row strides; 128 rows per block. The backward is
 // deterministic (two launches, no atomics): dq first, which also computes
-// delta = Σ dout·out of its rows, then dk and dv.
+// delta = Σ dout·out of its rows, then dk and dv, one block per (128 keys,
+// key/value head) running the query heads of its group one after another.
 
 // fa2KernelProbe is a kernel whose presence says the image has them.
 const fa2KernelProbe = "attn_fwd_fa2_d64_bf16"
-
-// AttentionTC1 uses the first-generation tensor-core kernels
-// (attention_tc.cu: 64-row tiles, 4 warps, three backward launches) where
-// the tensor-core kernels apply; for comparisons and as a fallback.
-const AttentionTC1 = AttentionSIMT + 1
 
 // fa2Rows is the rows (queries or keys) each block owns.
 const fa2Rows = 128
@@ -62,27 +58,27 @@ func fa2SmemDq(d int) int { return (2*fa2Rows + 4*fa2Step(d)) * (d + 8) * 2 }
 // and of lse and delta (step floats each).
 func fa2SmemDkdv(d int) int { s := fa2Step(d); return (2*fa2Rows+4*s)*(d+8)*2 + 16*s }
 
-// useFA2 says whether the second-generation kernels run for this call.
+// useFA2 says whether the tensor-core kernels run for this call (the wgmma
+// ones take their place where useWG says).
 func (b *Backend) useFA2() bool {
 	a := b.cfg.attention
-	return b.hasFA2 && (a == AttentionAuto || a == AttentionFA2Atomic || a == AttentionWGMMA || a == AttentionFA2)
+	return b.hasFA2 && (a == AttentionAuto || a == AttentionWGMMA || a == AttentionFA2)
 }
 
-// attentionFA2 launches the forward; q, k, v rows are sqkv elements apart,
-// out rows so.
-func (b *Backend) attentionFA2(out, lse, q, k, v *tensor.Tensor, scale float32, nb, nt, nh, d, sqkv, so int) {
+// attentionFA2 launches the forward; heads and row strides st (q, kv, o).
+func (b *Backend) attentionFA2(out, lse, q, k, v *tensor.Tensor, scale float32, nb, nt, d int, st attnStrides) {
 	name, threads := fa2FwdKernel(d)
-	grid := gpu.D2(ceilDiv(nt, fa2Rows), nb*nh)
+	grid := gpu.D2(ceilDiv(nt, fa2Rows), nb*st.h)
 	b.launch("Attention", name, grid, gpu.D1(threads), fa2SmemFwd(d),
-		ptr(out), ptr(lse), ptr(q), ptr(k), ptr(v), int32(nb), int32(nt), int32(nh),
-		int32(sqkv), int32(so), scale)
+		ptr(out), ptr(lse), ptr(q), ptr(k), ptr(v), int32(nb), int32(nt), int32(st.h), int32(st.hkv),
+		int32(st.q), int32(st.kv), int32(st.o), scale)
 }
 
-// attentionBackwardFA2 launches dq (with delta) and then dk, dv; strides as
-// attentionFA2, and sd for dq, dk, dv.
-func (b *Backend) attentionBackwardFA2(dq, dk, dv, dout, q, k, v, out, lse *tensor.Tensor, scale float32, nb, nt, nh, d, sqkv, so, sd int) {
+// attentionBackwardFA2 launches dq (with delta) and then dk, dv; heads and
+// row strides st.
+func (b *Backend) attentionBackwardFA2(dq, dk, dv, dout, q, k, v, out, lse *tensor.Tensor, scale float32, nb, nt, d int, st attnStrides) {
 	b.attentionBackwardTwoPass(twoPass{"fa2", fa2Rows, 256, fa2SmemDq(d), fa2SmemDkdv(d)},
-		dq, dk, dv, dout, q, k, v, out, lse, scale, nb, nt, nh, d, sqkv, so, sd)
+		dq, dk, dv, dout, q, k, v, out, lse, scale, nb, nt, d, st)
 }
 
 // twoPass is a family of the deterministic two-launch backward
@@ -96,22 +92,23 @@ type twoPass struct {
 }
 
 // attentionBackwardTwoPass launches p's dq (with delta into a scratch
-// buffer) and then its dk, dv; strides as attentionBackwardFA2.
-func (b *Backend) attentionBackwardTwoPass(p twoPass, dq, dk, dv, dout, q, k, v, out, lse *tensor.Tensor, scale float32, nb, nt, nh, d, sqkv, so, sd int) {
-	grid := gpu.D2(ceilDiv(nt, p.rows), nb*nh)
+// buffer; a block per query rows and query head) and then its dk, dv (a
+// block per key rows and key/value head); heads and strides st.
+func (b *Backend) attentionBackwardTwoPass(p twoPass, dq, dk, dv, dout, q, k, v, out, lse *tensor.Tensor, scale float32, nb, nt, d int, st attnStrides) {
+	tiles := ceilDiv(nt, p.rows)
 	b.do("AttentionBackward", func(dev gpu.Device) error {
-		delta, size, err := b.scratch(tensor.Float32, nb*nt*nh)
+		delta, size, err := b.scratch(tensor.Float32, nb*nt*st.h)
 		if err != nil {
 			return err
 		}
 		defer b.putScratch(delta, size)
-		if err := dev.Launch(fmt.Sprintf("attn_bwd_dq_%s_d%d_bf16", p.name, d), grid, gpu.D1(p.threads), p.smemDq,
+		if err := dev.Launch(fmt.Sprintf("attn_bwd_dq_%s_d%d_bf16", p.name, d), gpu.D2(tiles, nb*st.h), gpu.D1(p.threads), p.smemDq,
 			ptr(dq), delta, ptr(q), ptr(k), ptr(v), ptr(out), ptr(dout), ptr(lse),
-			int32(nb), int32(nt), int32(nh), int32(sqkv), int32(so), int32(sd), scale); err != nil {
+			int32(nb), int32(nt), int32(st.h), int32(st.hkv), int32(st.q), int32(st.kv), int32(st.o), int32(st.dq), scale); err != nil {
 			return err
 		}
-		return dev.Launch(fmt.Sprintf("attn_bwd_dkdv_%s_d%d_bf16", p.name, d), grid, gpu.D1(p.threads), p.smemDkdv,
+		return dev.Launch(fmt.Sprintf("attn_bwd_dkdv_%s_d%d_bf16", p.name, d), gpu.D2(tiles, nb*st.hkv), gpu.D1(p.threads), p.smemDkdv,
 			ptr(dk), ptr(dv), ptr(q), ptr(k), ptr(v), ptr(dout), ptr(lse), delta,
-			int32(nb), int32(nt), int32(nh), int32(sqkv), int32(so), int32(sd), scale)
+			int32(nb), int32(nt), int32(st.h), int32(st.hkv), int32(st.q), int32(st.kv), int32(st.o), int32(st.dkv), scale)
 	})
 }

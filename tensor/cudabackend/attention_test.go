@@ -61,50 +61,77 @@ func closeTo(t *testing.T, name string, got, want []float64, tol float64) {
 	}
 }
 
+// attnShape is an attention problem: B sequences of T positions, H query
+// heads and Hkv key/value heads (Hkv dividing H) of D features.
+type attnShape struct{ nb, nt, nh, hkv, d int }
+
+func (s attnShape) String() string {
+	return fmt.Sprintf("B=%d,T=%d,H=%d,Hkv=%d,D=%d", s.nb, s.nt, s.nh, s.hkv, s.d)
+}
+
+// mha is s's multi-head shapes (Hkv = H) from (B, T, H, D).
+func mha(shapes ...[4]int) []attnShape {
+	out := make([]attnShape, len(shapes))
+	for i, s := range shapes {
+		out[i] = attnShape{s[0], s[1], s[2], s[2], s[3]}
+	}
+	return out
+}
+
+// attnShapes are runAttentionShapes': head dims and lengths that exercise
+// the tensor-core kernels' tiles (D = 64, 128; T not a multiple of 64; the
+// edges of attention_fa2.cu's 128-row tiles), multi-head, and grouped-query
+// with groups of 2, 4 and 8 query heads per key/value head at both head
+// dims (one or two tiles of queries per head, so the dk/dv pass streams
+// several heads' tiles, with and without tiles past the diagonal).
+var attnShapes = append(mha([4]int{2, 70, 3, 64}, [4]int{1, 130, 2, 128}, [4]int{1, 64, 1, 64}, [4]int{1, 17, 2, 128},
+	[4]int{1, 100, 1, 40}, [4]int{2, 1, 2, 64}, [4]int{1, 63, 2, 128}, [4]int{2, 65, 2, 64}, [4]int{1, 200, 2, 64},
+	[4]int{1, 200, 2, 128}, [4]int{1, 300, 1, 64}),
+	attnShape{1, 70, 4, 2, 64}, attnShape{2, 33, 4, 2, 128}, attnShape{1, 130, 4, 1, 64}, attnShape{1, 65, 4, 1, 128},
+	attnShape{1, 40, 8, 1, 64}, attnShape{1, 70, 8, 1, 128}, attnShape{1, 50, 4, 2, 40})
+
 // runAttentionShapes checks attention forward and backward against the CPU
-// reference (float64) on head dims and lengths that exercise the
-// tensor-core kernels' tiles (D = 64, 128; T not a multiple of 64), in bf16
-// (and f32, which takes the CUDA-core kernels).
+// reference (float64) at attnShapes, in bf16 (and f32, which takes the
+// CUDA-core kernels). Outputs start as NaN, so an element left unwritten
+// fails.
 func runAttentionShapes(t *testing.T, open opener, opts ...Option) {
-	shapes := [][4]int{{2, 70, 3, 64}, {1, 130, 2, 128}, {1, 64, 1, 64}, {1, 17, 2, 128}, {1, 100, 1, 40},
-		// Edges of the 128-row tiles of attention_fa2.cu.
-		{2, 1, 2, 64}, {1, 63, 2, 128}, {2, 65, 2, 64}, {1, 200, 2, 64}, {1, 200, 2, 128}, {1, 300, 1, 64}}
 	for _, dt := range []tensor.DType{tensor.BFloat16, tensor.Float32} {
 		tol := 1e-2
 		if dt == tensor.Float32 {
 			tol = 1e-5
 		}
-		for _, s := range shapes {
+		for _, s := range attnShapes {
 			t.Run(fmt.Sprintf("%v/%v", dt, s), func(t *testing.T) {
 				b := open(t, opts...)
 				ref := cpu.New()
-				rng := testutil.Rng(uint64(s[1]*1000 + s[3]))
-				nb, nt, nh, d := s[0], s[1], s[2], s[3]
+				rng := testutil.Rng(uint64(s.nt*1000 + s.d + 7*(s.nh-s.hkv))) // multi-head: the seeds these shapes always had
+				nb, nt, nh, d := s.nb, s.nt, s.nh, s.d
+				qs, kvs := []int{nb, nt, nh, d}, []int{nb, nt, s.hkv, d}
 				scale := float32(1 / math.Sqrt(float64(d)))
-				q, k, v := randPair(t, b, rng, dt, s[:]...), randPair(t, b, rng, dt, s[:]...), randPair(t, b, rng, dt, s[:]...)
+				q, k, v := randPair(t, b, rng, dt, qs...), randPair(t, b, rng, dt, kvs...), randPair(t, b, rng, dt, kvs...)
 				// Peaked softmax, as in the conformance suite.
 				b.Scale(q.dev, q.dev, 3)
 				ref.Scale(q.ref, q.ref, 3)
-				out, lse := b.Zeros(dt, s[:]...), b.Zeros(tensor.Float32, nb, nh, nt)
+				out, lse := b.Zeros(dt, qs...), b.Zeros(tensor.Float32, nb, nh, nt)
 				b.Fill(out, math.NaN())
 				b.Fill(lse, math.NaN())
-				rout, rlse := tensor.MustHost(tensor.Float64, s[:]...), tensor.MustHost(tensor.Float64, nb, nh, nt)
+				rout, rlse := tensor.MustHost(tensor.Float64, qs...), tensor.MustHost(tensor.Float64, nb, nh, nt)
 				b.Attention(out, lse, q.dev, k.dev, v.dev, scale)
 				ref.Attention(rout, rlse, q.ref, k.ref, v.ref, scale)
 				closeTo(t, "out", values(t, b, out), rout.F64(), tol)
 				closeTo(t, "lse", values(t, b, lse), rlse.F64(), tol)
 
-				dout := randPair(t, b, rng, dt, s[:]...)
+				dout := randPair(t, b, rng, dt, qs...)
 				// The reference backward uses the backend's own out (as a layer would).
-				outRef := tensor.MustHost(tensor.Float64, s[:]...)
+				outRef := tensor.MustHost(tensor.Float64, qs...)
 				copy(outRef.F64(), values(t, b, out))
 				lseRef := tensor.MustHost(tensor.Float64, nb, nh, nt)
 				copy(lseRef.F64(), values(t, b, lse))
-				dq, dk, dv := b.Zeros(dt, s[:]...), b.Zeros(dt, s[:]...), b.Zeros(dt, s[:]...)
+				dq, dk, dv := b.Zeros(dt, qs...), b.Zeros(dt, kvs...), b.Zeros(dt, kvs...)
 				for _, x := range []*tensor.Tensor{dq, dk, dv} {
 					b.Fill(x, math.NaN())
 				}
-				rdq, rdk, rdv := tensor.MustHost(tensor.Float64, s[:]...), tensor.MustHost(tensor.Float64, s[:]...), tensor.MustHost(tensor.Float64, s[:]...)
+				rdq, rdk, rdv := tensor.MustHost(tensor.Float64, qs...), tensor.MustHost(tensor.Float64, kvs...), tensor.MustHost(tensor.Float64, kvs...)
 				b.AttentionBackward(dq, dk, dv, dout.dev, q.dev, k.dev, v.dev, out, lse, scale)
 				ref.AttentionBackward(rdq, rdk, rdv, dout.ref, q.ref, k.ref, v.ref, outRef, lseRef, scale)
 				if err := ref.Err(); err != nil {
@@ -121,37 +148,22 @@ func runAttentionShapes(t *testing.T, open opener, opts ...Option) {
 // runAttentionSameBits runs attention forward and backward with the FA2
 // kernels (mma.sync) and with the wgmma backward on the same random bf16
 // inputs and requires the same bits: both sum each product over 16-wide k
-// slices in the same order, tile by tile in the same order, and share the
-// softmax code, so nothing but the instruction differs. (The CPU comparison
-// of runAttentionShapes checks both against float64.)
+// slices in the same order, tile by tile in the same order (the group's
+// query heads in the same order for dk, dv), and share the softmax code, so
+// nothing but the instruction differs. (The CPU comparison of
+// runAttentionShapes checks both against float64.)
 func runAttentionSameBits(t *testing.T, open opener) {
-	runAttentionSameBitsAt(t, open, [][4]int{{2, 300, 3, 64}, {1, 200, 2, 128}, {1, 1024, 2, 64}, {2, 65, 1, 128}})
-}
-
-// runAttentionWGFwdD64 runs the experimental D = 64 wgmma forwards
-// (wgFwdD64) against FA2's bits at the shapes their predecessors failed on
-// the GPU: one key tile (T ≤ 64), several, partial tiles. The emulator runs
-// it (TestEmuAttentionWGFwdD64). On the H200 (2026-12-02) out had FA2's
-// bits and lse differed in the last bit in 2–5 % of the rows (so dq, dk,
-// dv in a few elements), both variants alike, even at T = 64; the cause
-// is not found (BENCHMARKS.md, pending). Its GPU test comes back with the
-// fix.
-func runAttentionWGFwdD64(t *testing.T, open opener) {
-	for _, variant := range []string{"wg", "wgq"} {
-		t.Run(variant, func(t *testing.T) {
-			wgFwdD64 = variant
-			defer func() { wgFwdD64 = "" }()
-			runAttentionSameBitsAt(t, open, [][4]int{{2, 64, 2, 64}, {2, 70, 3, 64}, {1, 200, 2, 64}, {1, 300, 1, 64}, {1, 1024, 2, 64}})
-		})
-	}
+	runAttentionSameBitsAt(t, open, append(mha([4]int{2, 300, 3, 64}, [4]int{1, 200, 2, 128}, [4]int{1, 1024, 2, 64}, [4]int{2, 65, 1, 128}),
+		attnShape{1, 130, 4, 2, 64}, attnShape{1, 70, 4, 1, 128}))
 }
 
 // runAttentionSameBitsAt: FA2 and the wgmma kernels give the same bits
-// (out, lse, dq, dk, dv) at shapes (B, T, H, D).
-func runAttentionSameBitsAt(t *testing.T, open opener, shapes [][4]int) {
+// (out, lse, dq, dk, dv) at shapes.
+func runAttentionSameBitsAt(t *testing.T, open opener, shapes []attnShape) {
 	for _, s := range shapes {
-		t.Run(fmt.Sprintf("%v", s), func(t *testing.T) {
-			nb, nt, nh, d := s[0], s[1], s[2], s[3]
+		t.Run(s.String(), func(t *testing.T) {
+			nb, nt, nh, d := s.nb, s.nt, s.nh, s.d
+			qs, kvs := []int{nb, nt, nh, d}, []int{nb, nt, s.hkv, d}
 			scale := float32(1 / math.Sqrt(float64(d)))
 			run := func(opt AttentionImpl) [][]float64 {
 				b := open(t, WithAttention(opt))
@@ -159,12 +171,12 @@ func runAttentionSameBitsAt(t *testing.T, open opener, shapes [][4]int) {
 					t.Fatalf("the wgmma kernels do not run on %s", b.DeviceName())
 				}
 				rng := testutil.Rng(uint64(nt*10 + d))
-				q, k, v, dout := randPair(t, b, rng, tensor.BFloat16, s[:]...), randPair(t, b, rng, tensor.BFloat16, s[:]...),
-					randPair(t, b, rng, tensor.BFloat16, s[:]...), randPair(t, b, rng, tensor.BFloat16, s[:]...)
+				q, k, v, dout := randPair(t, b, rng, tensor.BFloat16, qs...), randPair(t, b, rng, tensor.BFloat16, kvs...),
+					randPair(t, b, rng, tensor.BFloat16, kvs...), randPair(t, b, rng, tensor.BFloat16, qs...)
 				b.Scale(q.dev, q.dev, 3)
-				out, lse := b.Zeros(tensor.BFloat16, s[:]...), b.Zeros(tensor.Float32, nb, nh, nt)
+				out, lse := b.Zeros(tensor.BFloat16, qs...), b.Zeros(tensor.Float32, nb, nh, nt)
 				b.Attention(out, lse, q.dev, k.dev, v.dev, scale)
-				dq, dk, dv := b.Zeros(tensor.BFloat16, s[:]...), b.Zeros(tensor.BFloat16, s[:]...), b.Zeros(tensor.BFloat16, s[:]...)
+				dq, dk, dv := b.Zeros(tensor.BFloat16, qs...), b.Zeros(tensor.BFloat16, kvs...), b.Zeros(tensor.BFloat16, kvs...)
 				b.AttentionBackward(dq, dk, dv, dout.dev, q.dev, k.dev, v.dev, out, lse, scale)
 				return [][]float64{values(t, b, out), values(t, b, lse), values(t, b, dq), values(t, b, dk), values(t, b, dv)}
 			}
@@ -183,12 +195,6 @@ func runAttentionSameBitsAt(t *testing.T, open opener, shapes [][4]int) {
 			}
 		})
 	}
-}
-
-// TestAttentionShapesFA2Atomic runs the shapes on the GPU with the one-pass
-// backward (dq summed with atomics).
-func TestAttentionShapesFA2Atomic(t *testing.T) {
-	runAttentionShapes(t, openGPU, WithAttention(AttentionFA2Atomic))
 }
 
 // runRoPEShapes checks RoPE and its backward against the CPU reference on

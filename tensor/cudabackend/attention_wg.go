@@ -12,12 +12,13 @@ import (
 // (cuda/kernels/attention_wg.cu) with FA2's bits: the backward in FA2's two
 // deterministic launches (dq with delta, then dk and dv; no atomics,
 // bit-reproducible), and the forward at D = 128, on wgmma instead of
-// mma.sync; the forward at D = 64 stays FA2's (attention_fa2.cu: the wgmma
-// one there is an experiment, wgFwdD64, whose lse is not yet FA2's bits).
-// It needs an sm_90 GPU and an image with sm_90a code (or the emulator);
-// elsewhere, and where the tensor-core kernels do not apply, it falls back
-// like AttentionFA2. AttentionAuto takes it where it runs.
-const AttentionWGMMA = AttentionFA2Atomic + 1
+// mma.sync; the forward at D = 64 stays FA2's (attention_fa2.cu; a wgmma
+// one was an experiment whose lse was not FA2's bits, retired to
+// cuda/kernels/experimental/). It needs an sm_90 GPU and an image with
+// sm_90a code (or the emulator); elsewhere, and where the tensor-core
+// kernels do not apply, it falls back like AttentionFA2. AttentionAuto takes
+// it where it runs.
+const AttentionWGMMA = AttentionSIMT + 1
 
 // AttentionFA2 uses the second-generation kernels (attention_fa2.cu,
 // mma.sync) forward and backward where the tensor-core kernels apply, also
@@ -76,39 +77,25 @@ func (b *Backend) useWG() bool {
 }
 
 // useWGFwd says whether the forward at head dim d takes the wgmma kernel
-// (D = 128; D = 64 only when a test sets wgFwdD64).
-func (b *Backend) useWGFwd(d int) bool { return (d == 128 || d == 64 && wgFwdD64 != "") && b.useWG() }
-
-// wgFwdD64 is the experimental D = 64 wgmma forward a test or benchmark
-// runs ("wg": Q fragments in registers, "wgq": Q by descriptor;
-// attention_wg.cu); "": FA2's forward, the default. On the H200 both are
-// 1.23–1.26 × FA2's forward at gpt2's shape and give its out bits, but
-// lse differs from FA2's in the last bit in a few rows (runAttentionWGFwdD64).
-var wgFwdD64 = ""
-
-// wgFwdKernel is the wgmma forward's kernel at head dim d.
-func wgFwdKernel(d int) string {
-	if d == 64 {
-		return fmt.Sprintf("attn_fwd_%s_d64_bf16", wgFwdD64)
-	}
-	return fmt.Sprintf("attn_fwd_wg_d%d_bf16", d)
-}
+// (D = 128).
+func (b *Backend) useWGFwd(d int) bool { return d == 128 && b.useWG() }
 
 // wgSmemFwd: the alignment, Q (64 rows), two buffers of K and three of V
 // (64 rows each: the kernel is software-pipelined); rows of D bf16.
 func wgSmemFwd(d int) int { return 1024 + (wgRows+5*64)*d*2 }
 
-// attentionWG launches the wgmma forward (wgFwdKernel); strides as
-// attentionFA2.
-func (b *Backend) attentionWG(out, lse, q, k, v *tensor.Tensor, scale float32, nb, nt, nh, d, sqkv, so int) {
-	grid := gpu.D2(ceilDiv(nt, wgRows), nb*nh)
-	b.launch("Attention", wgFwdKernel(d), grid, gpu.D1(128), wgSmemFwd(d),
-		ptr(out), ptr(lse), ptr(q), ptr(k), ptr(v), int32(nb), int32(nt), int32(nh), int32(sqkv), int32(so), scale)
+// attentionWG launches the wgmma forward (attn_fwd_wg_d128_bf16); heads and
+// strides as attentionFA2.
+func (b *Backend) attentionWG(out, lse, q, k, v *tensor.Tensor, scale float32, nb, nt, d int, st attnStrides) {
+	grid := gpu.D2(ceilDiv(nt, wgRows), nb*st.h)
+	b.launch("Attention", fmt.Sprintf("attn_fwd_wg_d%d_bf16", d), grid, gpu.D1(128), wgSmemFwd(d),
+		ptr(out), ptr(lse), ptr(q), ptr(k), ptr(v), int32(nb), int32(nt), int32(st.h), int32(st.hkv),
+		int32(st.q), int32(st.kv), int32(st.o), scale)
 }
 
 // attentionBackwardWG launches dq (with delta) and then dk, dv on the wgmma
-// kernels; strides as attentionBackwardFA2.
-func (b *Backend) attentionBackwardWG(dq, dk, dv, dout, q, k, v, out, lse *tensor.Tensor, scale float32, nb, nt, nh, d, sqkv, so, sd int) {
+// kernels; heads and strides as attentionBackwardFA2.
+func (b *Backend) attentionBackwardWG(dq, dk, dv, dout, q, k, v, out, lse *tensor.Tensor, scale float32, nb, nt, d int, st attnStrides) {
 	b.attentionBackwardTwoPass(twoPass{"wg", wgRows, 128, wgSmemDq(d), wgSmemDkdv(d)},
-		dq, dk, dv, dout, q, k, v, out, lse, scale, nb, nt, nh, d, sqkv, so, sd)
+		dq, dk, dv, dout, q, k, v, out, lse, scale, nb, nt, d, st)
 }

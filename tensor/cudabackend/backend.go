@@ -26,8 +26,7 @@ type Backend struct {
 	flags   gpu.Ptr       // device int32 pairs, one per flagSlot (see common.cuh: err)
 	pending []pendingFlag // launches whose data checks are not read back yet
 	rope    map[ropeKey]gpu.Ptr
-	hasTC   bool               // the image has the tensor-core attention kernels
-	hasFA2  bool               // the image has the second-generation ones (attention_fa2.cu)
+	hasFA2  bool               // the image has the tensor-core attention kernels (attention_fa2.cu)
 	hasWG   bool               // and the wgmma backward runs here (attention_wg.cu)
 	pol     opcheck.Policy     // what its ops accept, with the shared checks (check.go)
 	fork    *cuda.Event        // StreamWait's event, re-recorded by each call (streams.go)
@@ -204,7 +203,6 @@ func newBackend(d gpu.Device, index int, cfg config) (*Backend, error) {
 		return nil, fmt.Errorf("cudabackend: %s: %w", d.Name(), err)
 	}
 	b.flags = p
-	b.hasTC = d.HasKernel(tcKernelProbe)
 	b.hasFA2 = d.HasKernel(fa2KernelProbe)
 	b.hasWG = wgDevice(d)
 	return b, nil

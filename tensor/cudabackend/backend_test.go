@@ -71,10 +71,6 @@ func TestAttentionWG(t *testing.T) {
 	runAttentionSameBits(t, openGPU)
 }
 
-func TestAttentionShapesTC1(t *testing.T) {
-	runAttentionShapes(t, openGPU, WithAttention(AttentionTC1))
-}
-
 func TestAttentionShapesSIMT(t *testing.T) {
 	runAttentionShapes(t, openGPU, WithAttention(AttentionSIMT))
 }

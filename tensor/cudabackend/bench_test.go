@@ -43,45 +43,38 @@ func timeIt(b *testing.B, be *Backend, work float64, unit string, op func()) {
 
 // BenchmarkAttention times the causal attention forward and backward on
 // the shapes of the presets (gpt2-124m: B 16, T 1024, H 12, D 64; the
-// 1B-class preset: B 8, T 2048, H 16, D 128) with each implementation:
-// wg (the default on sm_90: the fa2 forward with the wgmma backward of
-// attention_wg.cu, AttentionWGMMA), fa2 (attention_fa2.cu both ways,
-// AttentionFA2), fa2w8 (its D = 64 forward with 8 warps × 16 rows),
-// fa2onepass (the fa2 forward with the one-pass backward of
-// attention_onepass.cu, dq by atomics: AttentionFA2Atomic), tc1
-// (attention_tc.cu), simt. FLOPs
-// are the causal ones: 2 GEMMs of half the T×T scores forward, 5 backward.
+// 1B-class preset: B 8, T 2048, H 16, D 128) and a grouped-query one
+// (llama-1b's with 4 key/value heads, groups of 4) with each
+// implementation: wg (the default on sm_90: the fa2 forward at D = 64, the
+// wgmma forward at D = 128 and the wgmma backward of attention_wg.cu,
+// AttentionWGMMA), fa2 (attention_fa2.cu both ways, AttentionFA2), fa2w8
+// (its D = 64 forward with 8 warps × 16 rows), simt. FLOPs are the causal
+// ones: 2 GEMMs of half the T×T scores forward, 5 backward (per query head:
+// grouped-query attention does as many).
 //
 //	./build/tensor_cudabackend.test -test.run '^$' -test.bench Attention -test.benchtime 20x
 func BenchmarkAttention(b *testing.B) {
 	shapes := []struct {
-		name          string
-		nb, nt, nh, d int
-	}{{"gpt2", 16, 1024, 12, 64}, {"1b", 8, 2048, 16, 128}}
+		name               string
+		nb, nt, nh, hkv, d int
+	}{{"gpt2", 16, 1024, 12, 12, 64}, {"1b", 8, 2048, 16, 16, 128}, {"1b-gqa4", 8, 2048, 16, 4, 128}}
 	for _, impl := range []struct {
-		name  string
-		opt   AttentionImpl
-		w8    bool   // the D = 64 forward with 8 warps
-		fwd64 string // the experimental D = 64 wgmma forward (wgFwdD64)
-	}{{"wg", AttentionWGMMA, false, ""}, {"wgd64", AttentionWGMMA, false, "wg"}, {"wgqd64", AttentionWGMMA, false, "wgq"},
-		{"fa2", AttentionFA2, false, ""}, {"fa2w8", AttentionFA2, true, ""}, {"fa2onepass", AttentionFA2Atomic, false, ""},
-		{"tc1", AttentionTC1, false, ""}, {"simt", AttentionSIMT, false, ""}} {
+		name string
+		opt  AttentionImpl
+		w8   bool // the D = 64 forward with 8 warps
+	}{{"wg", AttentionWGMMA, false}, {"fa2", AttentionFA2, false}, {"fa2w8", AttentionFA2, true}, {"simt", AttentionSIMT, false}} {
 		for _, sh := range shapes {
-			nb, nt, nh, d := sh.nb, sh.nt, sh.nh, sh.d
-			if (impl.w8 || impl.fwd64 != "") && d != 64 {
+			nb, nt, nh, hkv, d := sh.nb, sh.nt, sh.nh, sh.hkv, sh.d
+			if impl.w8 && d != 64 {
 				continue
 			}
-			b.Run(fmt.Sprintf("%s/%s/B=%d,T=%d,H=%d,D=%d", impl.name, sh.name, nb, nt, nh, d), func(b *testing.B) {
+			b.Run(fmt.Sprintf("%s/%s/B=%d,T=%d,H=%d,Hkv=%d,D=%d", impl.name, sh.name, nb, nt, nh, hkv, d), func(b *testing.B) {
 				if impl.w8 {
 					fa2FwdD64Warps = 8
 					defer func() { fa2FwdD64Warps = 4 }()
 				}
-				if impl.fwd64 != "" {
-					wgFwdD64 = impl.fwd64
-					defer func() { wgFwdD64 = "" }()
-				}
 				be := openGPU(b, WithAttention(impl.opt))
-				q, k, v := benchRand(b, be, tensor.BFloat16, nb, nt, nh, d), benchRand(b, be, tensor.BFloat16, nb, nt, nh, d), benchRand(b, be, tensor.BFloat16, nb, nt, nh, d)
+				q, k, v := benchRand(b, be, tensor.BFloat16, nb, nt, nh, d), benchRand(b, be, tensor.BFloat16, nb, nt, hkv, d), benchRand(b, be, tensor.BFloat16, nb, nt, hkv, d)
 				out, lse := be.Zeros(tensor.BFloat16, nb, nt, nh, d), be.Zeros(tensor.Float32, nb, nh, nt)
 				scale := float32(1 / math.Sqrt(float64(d)))
 				fwd := 2 * 2 * float64(nb*nh) * float64(nt) * float64(nt) / 2 * float64(d)
@@ -89,7 +82,7 @@ func BenchmarkAttention(b *testing.B) {
 					timeIt(b, be, fwd/1e12, "TFLOP/s", func() { be.Attention(out, lse, q, k, v, scale) })
 				})
 				dout := benchRand(b, be, tensor.BFloat16, nb, nt, nh, d)
-				dq, dk, dv := be.Zeros(tensor.BFloat16, nb, nt, nh, d), be.Zeros(tensor.BFloat16, nb, nt, nh, d), be.Zeros(tensor.BFloat16, nb, nt, nh, d)
+				dq, dk, dv := be.Zeros(tensor.BFloat16, nb, nt, nh, d), be.Zeros(tensor.BFloat16, nb, nt, hkv, d), be.Zeros(tensor.BFloat16, nb, nt, hkv, d)
 				b.Run("bwd", func(b *testing.B) {
 					timeIt(b, be, 2.5*fwd/1e12, "TFLOP/s", func() {
 						be.AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse, scale)
@@ -97,7 +90,7 @@ func BenchmarkAttention(b *testing.B) {
 				})
 				b.Run("rope", func(b *testing.B) {
 					// q and k, as a layer does: read and write 2 bytes each.
-					timeIt(b, be, 2*2*2*float64(nb*nt*nh*d)/1e9, "GB/s", func() {
+					timeIt(b, be, 2*2*float64(nb*nt*(nh+hkv)*d)/1e9, "GB/s", func() {
 						be.RoPE(q, q, 1e4)
 						be.RoPE(k, k, 1e4)
 					})

@@ -55,15 +55,6 @@ func TestEmuAttentionShapesFwdW8(t *testing.T) {
 	runAttentionShapes(t, openEmu, WithAttention(AttentionFA2))
 }
 
-func TestEmuAttentionShapesTC1(t *testing.T) {
-	runAttentionShapes(t, openEmu, WithAttention(AttentionTC1))
-}
-
-// TestEmuAttentionShapesFA2Atomic: the one-pass backward (dq by atomics).
-func TestEmuAttentionShapesFA2Atomic(t *testing.T) {
-	runAttentionShapes(t, openEmu, WithAttention(AttentionFA2Atomic))
-}
-
 // TestEmuAttentionShapesFA2: the FA2 kernels (TestEmuAttentionShapes runs
 // the default, the wgmma backward: its fragment layouts, descriptors and
 // swizzle as wgmma.cuh emulates them).
@@ -73,10 +64,6 @@ func TestEmuAttentionShapesFA2(t *testing.T) {
 
 // TestEmuAttentionSameBits: the wgmma kernels give the FA2 kernels' bits.
 func TestEmuAttentionSameBits(t *testing.T) { runAttentionSameBits(t, openEmu) }
-
-// TestEmuAttentionWGFwdD64: the experimental D = 64 wgmma forwards give
-// FA2's bits in the emulator.
-func TestEmuAttentionWGFwdD64(t *testing.T) { runAttentionWGFwdD64(t, openEmu) }
 
 func TestEmuRoutingPlan(t *testing.T) { runRoutingPlan(t, openEmu) }
 
@@ -132,7 +119,6 @@ func TestEmuReverseOrder(t *testing.T) {
 	defer emu.SetReverse(false)
 	t.Run("Conformance", func(t *testing.T) { runConformance(t, openEmu) })
 	t.Run("AttentionShapes", func(t *testing.T) { runAttentionShapes(t, openEmu) })
-	t.Run("AttentionShapesFA2Atomic", func(t *testing.T) { runAttentionShapes(t, openEmu, WithAttention(AttentionFA2Atomic)) })
 	t.Run("RoutingPlan", func(t *testing.T) { runRoutingPlan(t, openEmu) })
 }
 
@@ -144,91 +130,128 @@ func TestEmuStream(t *testing.T) {
 	}
 }
 
-// TestEmuHasFA2: the emulated image has the second-generation and the
-// wgmma attention kernels, and each option picks its own.
+// TestEmuHasFA2: the emulated image has the FA2 and the wgmma attention
+// kernels, and each option picks its own.
 func TestEmuHasFA2(t *testing.T) {
 	if b := openEmu(t); !b.hasFA2 || !b.useFA2() {
 		t.Fatalf("hasFA2 = %v, useFA2 = %v on the emulator", b.hasFA2, b.useFA2())
 	}
-	if b := openEmu(t, WithAttention(AttentionTC1)); b.useFA2() {
-		t.Fatal("AttentionTC1 still picks the FA2 kernels")
+	if b := openEmu(t); !b.hasWG || !b.useWG() || !b.useWGFwd(128) || b.useWGFwd(64) {
+		t.Fatal("the default backend does not pick the wgmma kernels on the emulator (the forward at D = 128 only)")
 	}
-	if b := openEmu(t); b.useOnePass() {
-		t.Fatal("the default backend picks the one-pass (atomic) backward")
-	}
-	if b := openEmu(t, WithAttention(AttentionFA2Atomic)); !b.useFA2() || !b.useOnePass() {
-		t.Fatal("AttentionFA2Atomic does not pick the FA2 forward and the one-pass backward")
-	}
-	if b := openEmu(t); !b.hasWG || !b.useWG() || b.useOnePass() {
-		t.Fatal("the default backend does not pick the wgmma kernels on the emulator")
-	}
-	for _, a := range []AttentionImpl{AttentionFA2, AttentionFA2Atomic, AttentionTC1, AttentionSIMT} {
+	for _, a := range []AttentionImpl{AttentionFA2, AttentionSIMT} {
 		if b := openEmu(t, WithAttention(a)); b.useWG() {
 			t.Fatalf("WithAttention(%d) picks the wgmma kernels", a)
 		}
 	}
-	if b := openEmu(t, WithAttention(AttentionFA2)); !b.useFA2() || b.useOnePass() {
-		t.Fatal("AttentionFA2 does not pick the FA2 kernels both ways")
+	if b := openEmu(t, WithAttention(AttentionFA2)); !b.useFA2() {
+		t.Fatal("AttentionFA2 does not pick the FA2 kernels")
+	}
+	if b := openEmu(t, WithAttention(AttentionSIMT)); b.useTensorCores(tensor.BFloat16, 64) {
+		t.Fatal("AttentionSIMT picks the tensor-core kernels")
 	}
 }
 
-// TestEmuBackwardStrides runs the one-pass and the wgmma backward on q, k,
-// v that are column slices of one packed (B, T, 3·H·D) projection and
-// writes dq, dk, dv into slices of one packed gradient (the row strides of
-// the fused projection), against the deterministic two-pass FA2 backward on
-// the same inputs with contiguous outputs; the packed gradient starts as
-// NaN, so an element left unwritten fails.
-func TestEmuBackwardStrides(t *testing.T) {
+// TestEmuStrides runs the FA2 and the wgmma kernels on q, k, v that are
+// column slices of one packed (B, T, (H + 2·Hkv)·D) projection and writes
+// dq, dk, dv into slices of one packed gradient (the row strides of the
+// fused projection), against the same kernels on contiguous copies: the
+// same bits. The packed outputs start as NaN, so an element left unwritten
+// fails.
+func TestEmuStrides(t *testing.T) {
 	for _, impl := range []struct {
 		name string
 		opt  AttentionImpl
-		run  backwardFunc
-	}{{"onepass", AttentionFA2Atomic, (*Backend).attentionBackwardOnePass}, {"wg", AttentionWGMMA, (*Backend).attentionBackwardWG}} {
-		for _, s := range [][4]int{{2, 200, 3, 64}, {1, 150, 2, 128}, {1, 1, 2, 64}} {
+	}{{"fa2", AttentionFA2}, {"wg", AttentionWGMMA}} {
+		for _, s := range []attnShape{{2, 200, 3, 3, 64}, {1, 150, 2, 2, 128}, {1, 1, 2, 2, 64}, {1, 70, 4, 2, 64}, {1, 90, 4, 1, 128}} {
 			t.Run(fmt.Sprintf("%s/%v", impl.name, s), func(t *testing.T) {
-				testBackwardStrides(t, s, impl.opt, impl.run)
+				testStrides(t, s, impl.opt)
 			})
 		}
 	}
 }
 
-// backwardFunc is an attention backward with explicit row strides.
-type backwardFunc func(b *Backend, dq, dk, dv, dout, q, k, v, out, lse *tensor.Tensor, scale float32, nb, nt, nh, d, sqkv, so, sd int)
-
-func testBackwardStrides(t *testing.T, s [4]int, opt AttentionImpl, run backwardFunc) {
-	nb, nt, nh, d := s[0], s[1], s[2], s[3]
-	hd := nh * d
+func testStrides(t *testing.T, s attnShape, opt AttentionImpl) {
+	nb, nt, nh, hkv, d := s.nb, s.nt, s.nh, s.hkv, s.d
+	qd, kd := nh*d, hkv*d
+	w := qd + 2*kd
 	b := openEmu(t, WithAttention(opt))
-	rng := testutil.Rng(uint64(nt + d))
-	qkv := b.Zeros(tensor.BFloat16, nb, nt, 3*hd)
-	b.Upload(qkv, testutil.Rand(rng, tensor.BFloat16, nb, nt, 3*hd))
-	view := func(x *tensor.Tensor, part int) *tensor.Tensor {
-		v, err := x.View(part*hd, nb, nt, nh, d)
+	rng := testutil.Rng(uint64(nt + d + hkv))
+	host := testutil.Rand(rng, tensor.BFloat16, nb, nt, w)
+	qkv := b.Zeros(tensor.BFloat16, nb, nt, w)
+	b.Upload(qkv, host)
+	view := func(x *tensor.Tensor, off, heads int) *tensor.Tensor {
+		v, err := x.View(off, nb, nt, heads, d)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return v
 	}
-	q, k, v := view(qkv, 0), view(qkv, 1), view(qkv, 2)
+	// contiguous uploads the columns [off, off + heads·D) of host's rows.
+	contiguous := func(off, heads int) *tensor.Tensor {
+		vals, _ := host.Float64s()
+		part := tensor.MustHost(tensor.BFloat16, nb, nt, heads, d)
+		pv := make([]float64, part.Numel())
+		for r := range nb * nt {
+			copy(pv[r*heads*d:(r+1)*heads*d], vals[r*w+off:])
+		}
+		if err := part.SetFloat64s(pv); err != nil {
+			t.Fatal(err)
+		}
+		x := b.Zeros(tensor.BFloat16, nb, nt, heads, d)
+		b.Upload(x, part)
+		return x
+	}
+	q, k, v := view(qkv, 0, nh), view(qkv, qd, hkv), view(qkv, qd+kd, hkv)
+	cq, ck, cv := contiguous(0, nh), contiguous(qd, hkv), contiguous(qd+kd, hkv)
 	scale := float32(1 / math.Sqrt(float64(d)))
+	packed := attnStrides{h: nh, hkv: hkv, q: w, kv: w, o: qd, dq: w, dkv: w}
+
 	out, lse := b.Zeros(tensor.BFloat16, nb, nt, nh, d), b.Zeros(tensor.Float32, nb, nh, nt)
-	b.attentionFA2(out, lse, q, k, v, scale, nb, nt, nh, d, 3*hd, hd)
+	b.Fill(out, math.NaN())
+	b.Fill(lse, math.NaN())
+	if b.useWGFwd(d) {
+		b.attentionWG(out, lse, q, k, v, scale, nb, nt, d, packed)
+	} else {
+		b.attentionFA2(out, lse, q, k, v, scale, nb, nt, d, packed)
+	}
+	wout, wlse := b.Zeros(tensor.BFloat16, nb, nt, nh, d), b.Zeros(tensor.Float32, nb, nh, nt)
+	b.Attention(wout, wlse, cq, ck, cv, scale)
+	sameBits(t, "out", values(t, b, out), values(t, b, wout))
+	sameBits(t, "lse", values(t, b, lse), values(t, b, wlse))
+
 	dout := b.Zeros(tensor.BFloat16, nb, nt, nh, d)
 	b.Upload(dout, testutil.Rand(rng, tensor.BFloat16, nb, nt, nh, d))
-
-	dqkv := b.Zeros(tensor.BFloat16, nb, nt, 3*hd)
+	dqkv := b.Zeros(tensor.BFloat16, nb, nt, w)
 	b.Fill(dqkv, math.NaN())
-	run(b, view(dqkv, 0), view(dqkv, 1), view(dqkv, 2), dout, q, k, v, out, lse, scale, nb, nt, nh, d, 3*hd, hd, 3*hd)
-	want := [3]*tensor.Tensor{b.Zeros(tensor.BFloat16, nb, nt, nh, d), b.Zeros(tensor.BFloat16, nb, nt, nh, d), b.Zeros(tensor.BFloat16, nb, nt, nh, d)}
-	b.attentionBackwardFA2(want[0], want[1], want[2], dout, q, k, v, out, lse, scale, nb, nt, nh, d, 3*hd, hd, hd)
+	if b.useWG() {
+		b.attentionBackwardWG(view(dqkv, 0, nh), view(dqkv, qd, hkv), view(dqkv, qd+kd, hkv), dout, q, k, v, out, lse, scale, nb, nt, d, packed)
+	} else {
+		b.attentionBackwardFA2(view(dqkv, 0, nh), view(dqkv, qd, hkv), view(dqkv, qd+kd, hkv), dout, q, k, v, out, lse, scale, nb, nt, d, packed)
+	}
+	want := [3]*tensor.Tensor{b.Zeros(tensor.BFloat16, nb, nt, nh, d), b.Zeros(tensor.BFloat16, nb, nt, hkv, d), b.Zeros(tensor.BFloat16, nb, nt, hkv, d)}
+	b.AttentionBackward(want[0], want[1], want[2], dout, cq, ck, cv, out, lse, scale)
 	got := values(t, b, dqkv)
-	for part, name := range []string{"dq", "dk", "dv"} {
-		w := values(t, b, want[part])
-		g := make([]float64, len(w))
+	for part, p := range []struct {
+		name      string
+		off, cols int
+	}{{"dq", 0, qd}, {"dk", qd, kd}, {"dv", qd + kd, kd}} {
+		g := make([]float64, nb*nt*p.cols)
 		for r := range nb * nt {
-			copy(g[r*hd:(r+1)*hd], got[r*3*hd+part*hd:])
+			copy(g[r*p.cols:(r+1)*p.cols], got[r*w+p.off:])
 		}
-		closeTo(t, name, g, w, 2e-3)
+		sameBits(t, p.name, g, values(t, b, want[part]))
+	}
+}
+
+// sameBits fails unless got and want are equal bit for bit.
+func sameBits(t *testing.T, name string, got, want []float64) {
+	t.Helper()
+	for i := range want {
+		if math.Float64bits(got[i]) != math.Float64bits(want[i]) {
+			t.Errorf("%s: element %d is %v, want %v (the same kernels on contiguous tensors)", name, i, got[i], want[i])
+			return
+		}
 	}
 }
 

@@ -7,35 +7,36 @@ import (
 )
 
 // RoPEQKV rotates the q and k parts of the packed projections qkv
-// (B, T, 3·H·D) into q and k (B, T, H, D) and copies the v part into v, in
-// one launch (packed.cu: rope_qkv), with RoPE's angle table. When D/2 is a
-// multiple of a 16-byte pack (D % 16 == 0 in bf16, D % 8 == 0 in f32), the
-// tensors are 16-byte aligned and B·T·3·H·D < 2³¹, the launch is
-// rope_qkv_vec (a pack of both halves per thread, 32-bit indices) instead.
+// (B, T, (H + 2·Hkv)·D) into q (B, T, H, D) and k (B, T, Hkv, D) and copies
+// the v part into v (B, T, Hkv, D), in one launch (packed.cu: rope_qkv),
+// with RoPE's angle table. When D/2 is a multiple of a 16-byte pack (D % 16
+// == 0 in bf16, D % 8 == 0 in f32), the tensors are 16-byte aligned and
+// B·T·(H + 2·Hkv)·D < 2³¹, the launch is rope_qkv_vec (a pack of both
+// halves per thread, 32-bit indices) instead.
 func (b *Backend) RoPEQKV(q, k, v, qkv *tensor.Tensor, theta float64) {
 	c := b.check("RoPEQKV")
-	nb, nt, nh, d := opcheck.RoPEQKV(c, q, k, v, qkv)
+	nb, nt, nh, hkv, d := opcheck.RoPEQKV(c, q, k, v, qkv)
 	ropeFits(c, nt, nh, d)
 	if !c.OK() {
 		return
 	}
-	b.ropePacked("RoPEQKV", "rope_qkv", []*tensor.Tensor{q, k, v, qkv}, nb, nt, nh, d, theta)
+	b.ropePacked("RoPEQKV", "rope_qkv", []*tensor.Tensor{q, k, v, qkv}, nb, nt, nh, hkv, d, theta)
 }
 
-// RoPEQKVBackward writes dqkv (B, T, 3·H·D) = [RoPE⁻¹(dq) | RoPE⁻¹(dk) | dv]
-// per token in one launch (rope_qkv_bwd, or rope_qkv_bwd_vec under the
-// conditions of RoPEQKV's).
+// RoPEQKVBackward writes dqkv (B, T, (H + 2·Hkv)·D) = [RoPE⁻¹(dq) |
+// RoPE⁻¹(dk) | dv] per token in one launch (rope_qkv_bwd, or
+// rope_qkv_bwd_vec under the conditions of RoPEQKV's).
 func (b *Backend) RoPEQKVBackward(dqkv, dq, dk, dv *tensor.Tensor, theta float64) {
 	c := b.check("RoPEQKVBackward")
-	nb, nt, nh, d := opcheck.RoPEQKVBackward(c, dqkv, dq, dk, dv)
+	nb, nt, nh, hkv, d := opcheck.RoPEQKVBackward(c, dqkv, dq, dk, dv)
 	ropeFits(c, nt, nh, d)
 	if !c.OK() {
 		return
 	}
-	b.ropePacked("RoPEQKVBackward", "rope_qkv_bwd", []*tensor.Tensor{dqkv, dq, dk, dv}, nb, nt, nh, d, theta)
+	b.ropePacked("RoPEQKVBackward", "rope_qkv_bwd", []*tensor.Tensor{dqkv, dq, dk, dv}, nb, nt, nh, hkv, d, theta)
 }
 
-func (b *Backend) ropePacked(op, kernel string, ts []*tensor.Tensor, nb, nt, nh, d int, theta float64) {
+func (b *Backend) ropePacked(op, kernel string, ts []*tensor.Tensor, nb, nt, nh, hkv, d int, theta float64) {
 	tokens := nb * nt
 	if tokens == 0 || nh == 0 || d == 0 {
 		return
@@ -46,12 +47,12 @@ func (b *Backend) ropePacked(op, kernel string, ts []*tensor.Tensor, nb, nt, nh,
 			return err
 		}
 		dt := ts[0].DType()
-		if v := packOf(dt.Size()); (d/2)%v == 0 && tokens*3*nh*d < 1<<31 && tcAligned(ts...) && table%16 == 0 {
+		if v := packOf(dt.Size()); (d/2)%v == 0 && tokens*(nh+2*hkv)*d < 1<<31 && tcAligned(ts...) && table%16 == 0 {
 			return dev.Launch(kernel+"_vec"+sfx(dt), b.gridStride(tokens*nh*d/(2*v), 1), gpu.D1(threads256), 0,
-				ptr(ts[0]), ptr(ts[1]), ptr(ts[2]), ptr(ts[3]), table, int32(nt), int32(nh), int32(d), int32(tokens))
+				ptr(ts[0]), ptr(ts[1]), ptr(ts[2]), ptr(ts[3]), table, int32(nt), int32(nh), int32(hkv), int32(d), int32(tokens))
 		}
 		return dev.Launch(kernel+sfx(dt), b.gridStride(tokens*nh*d/2, 1), gpu.D1(threads256), 0,
-			ptr(ts[0]), ptr(ts[1]), ptr(ts[2]), ptr(ts[3]), table, int32(nt), int32(nh), int32(d), int64(tokens))
+			ptr(ts[0]), ptr(ts[1]), ptr(ts[2]), ptr(ts[3]), table, int32(nt), int32(nh), int32(hkv), int32(d), int64(tokens))
 	})
 }
 

@@ -37,7 +37,8 @@ func runConformance(t *testing.T, open opener, opts ...Option) {
 }
 
 // determinismRun runs a forward and backward of the ops with reductions
-// (matmul, norms, attention, embedding, cross-entropy, sums) on fixed inputs
+// (matmul, norms, attention and grouped-query attention, embedding,
+// cross-entropy, sums) on fixed inputs
 // and returns every output's raw bits.
 func determinismRun(t *testing.T, b *Backend, dt tensor.DType, d int) [][]uint64 {
 	t.Helper()
@@ -90,6 +91,14 @@ func determinismRun(t *testing.T, b *Backend, dt tensor.DType, d int) [][]uint64
 	dbias := b.Zeros(dt, c)
 	b.SumRows(dbias, dx)
 	keep(x, h, rstd, qkv, att, lse, losses, logits, dq, dk, dv, dx, dw, dtable, dbias)
+	// Grouped-query attention: dk and dv sum over groups of 4 query heads.
+	const gh, gkv = 4, 1
+	gq, gk, gv, gdo := rnd(nb, nt, gh, d), rnd(nb, nt, gkv, d), rnd(nb, nt, gkv, d), rnd(nb, nt, gh, d)
+	gatt, glse := b.Zeros(dt, nb, nt, gh, d), b.Zeros(tensor.Float32, nb, gh, nt)
+	b.Attention(gatt, glse, gq, gk, gv, scale)
+	gdq, gdk, gdv := b.Zeros(dt, nb, nt, gh, d), b.Zeros(dt, nb, nt, gkv, d), b.Zeros(dt, nb, nt, gkv, d)
+	b.AttentionBackward(gdq, gdk, gdv, gdo, gq, gk, gv, gatt, glse, scale)
+	keep(gatt, glse, gdq, gdk, gdv)
 	ss := b.SumSquares(dx)
 	if err := b.Sync(); err != nil {
 		t.Fatal(err)

@@ -181,19 +181,20 @@ func rope(ck *Checker, xName string, x *tensor.Tensor, outName string, out *tens
 	return dims4(x)
 }
 
-// RoPEQKV checks q (B, T, H, D) with D even, k and v like q, and qkv
-// (B, T, 3·H·D): per token the packed projections [q | k | v].
-func RoPEQKV(ck *Checker, q, k, v, qkv *tensor.Tensor) (nb, nt, nh, d int) {
+// RoPEQKV checks q (B, T, H, D) with D even, k and v (B, T, Hkv, D) with
+// Hkv dividing H (grouped-query attention; Hkv = H is multi-head), and qkv
+// (B, T, (H + 2·Hkv)·D): per token the packed projections [q | k | v].
+func RoPEQKV(ck *Checker, q, k, v, qkv *tensor.Tensor) (nb, nt, nh, hkv, d int) {
 	return ropeQKV(ck, "q", q, "k", k, "v", v, "qkv", qkv)
 }
 
-// RoPEQKVBackward checks dq (B, T, H, D) with D even, dk and dv like dq, and
-// dqkv (B, T, 3·H·D).
-func RoPEQKVBackward(ck *Checker, dqkv, dq, dk, dv *tensor.Tensor) (nb, nt, nh, d int) {
+// RoPEQKVBackward checks dq (B, T, H, D) with D even, dk and dv
+// (B, T, Hkv, D) with Hkv dividing H, and dqkv (B, T, (H + 2·Hkv)·D).
+func RoPEQKVBackward(ck *Checker, dqkv, dq, dk, dv *tensor.Tensor) (nb, nt, nh, hkv, d int) {
 	return ropeQKV(ck, "dq", dq, "dk", dk, "dv", dv, "dqkv", dqkv)
 }
 
-func ropeQKV(ck *Checker, qn string, q *tensor.Tensor, kn string, k *tensor.Tensor, vn string, v *tensor.Tensor, pn string, packed *tensor.Tensor) (nb, nt, nh, d int) {
+func ropeQKV(ck *Checker, qn string, q *tensor.Tensor, kn string, k *tensor.Tensor, vn string, v *tensor.Tensor, pn string, packed *tensor.Tensor) (nb, nt, nh, hkv, d int) {
 	ck.Float(qn, q)
 	ck.Rank(qn, q, 4, 4)
 	if ck.Failed() {
@@ -202,12 +203,32 @@ func ropeQKV(ck *Checker, qn string, q *tensor.Tensor, kn string, k *tensor.Tens
 	if q.Dim(3)%2 != 0 {
 		ck.Failf("%s has shape %v, expected an even head dim D (the last)", qn, q.Shape())
 	}
-	ck.Like(kn, k, qn, q)
-	ck.Like(vn, v, qn, q)
+	kvHeads(ck, qn, q, kn, k, vn, v)
+	if ck.Failed() {
+		return
+	}
 	nb, nt, nh, d = dims4(q)
+	hkv = k.Dim(2)
 	ck.DType(pn, packed, q.DType())
-	ck.Shape(pn, packed, tensor.Shape{nb, nt, 3 * nh * d}, "(B, T, 3·H·D): [q | k | v] per token")
+	ck.Shape(pn, packed, tensor.Shape{nb, nt, (nh + 2*hkv) * d}, "(B, T, (H + 2·Hkv)·D): [q | k | v] per token")
 	return
+}
+
+// kvHeads checks k (B, T, Hkv, D) against q (B, T, H, D): q's dtype, B, T
+// and D, Hkv ≥ 1 dividing H (each kv head serves a group of H/Hkv
+// consecutive q heads); and v like k.
+func kvHeads(ck *Checker, qn string, q *tensor.Tensor, kn string, k *tensor.Tensor, vn string, v *tensor.Tensor) {
+	ck.DType(kn, k, q.DType())
+	ck.Rank(kn, k, 4, 4)
+	if ck.Failed() {
+		return
+	}
+	qs, ks := q.Shape(), k.Shape()
+	if ks[0] != qs[0] || ks[1] != qs[1] || ks[3] != qs[3] || ks[2] < 1 || qs[2]%ks[2] != 0 {
+		ck.Failf("%s has shape %v, expected (%d, %d, Hkv, %d) with Hkv dividing the %d heads of %s %v", kn, ks, qs[0], qs[1], qs[3], qs[2], qn, qs)
+		return
+	}
+	ck.Like(vn, v, kn, k)
 }
 
 // SwiGLUPacked checks gu (N, 2F), the packed [gate | up] rows, and out
@@ -246,37 +267,43 @@ func dims4(t *tensor.Tensor) (a, b, c, d int) {
 	return s[0], s[1], s[2], s[3]
 }
 
-// attention checks q (B, T, H, D), k and v like q, and lse (B, H, T), a side
-// output.
-func attention(ck *Checker, q, k, v, lse *tensor.Tensor) (nb, nt, nh, d int) {
+// attention checks q (B, T, H, D), k and v (B, T, Hkv, D) with Hkv
+// dividing H, and lse (B, H, T), a side output.
+func attention(ck *Checker, q, k, v, lse *tensor.Tensor) (nb, nt, nh, hkv, d int) {
 	ck.Float("q", q)
 	ck.Rank("q", q, 4, 4)
-	ck.Like("k", k, "q", q)
-	ck.Like("v", v, "q", q)
+	if ck.Failed() {
+		return
+	}
+	kvHeads(ck, "q", q, "k", k, "v", v)
 	if ck.Failed() {
 		return
 	}
 	ck.Side("lse", lse, q.DType())
 	s := q.Shape()
 	ck.Shape("lse", lse, tensor.Shape{s[0], s[2], s[1]}, "(B, H, T) for q "+s.String()+" (B, T, H, D)")
-	return dims4(q)
+	nb, nt, nh, d = dims4(q)
+	return nb, nt, nh, k.Dim(2), d
 }
 
-// Attention checks q, k, v, out (B, T, H, D) and lse (B, H, T).
-func Attention(ck *Checker, out, lse, q, k, v *tensor.Tensor) (nb, nt, nh, d int) {
-	nb, nt, nh, d = attention(ck, q, k, v, lse)
+// Attention checks q, out (B, T, H, D), k, v (B, T, Hkv, D) with Hkv
+// dividing H (grouped-query attention: q head h reads kv head
+// h / (H/Hkv)), and lse (B, H, T).
+func Attention(ck *Checker, out, lse, q, k, v *tensor.Tensor) (nb, nt, nh, hkv, d int) {
+	nb, nt, nh, hkv, d = attention(ck, q, k, v, lse)
 	ck.Like("out", out, "q", q)
 	return
 }
 
-// AttentionBackward checks Attention's operands and dout, dq, dk, dv like q.
-func AttentionBackward(ck *Checker, dq, dk, dv, dout, q, k, v, out, lse *tensor.Tensor) (nb, nt, nh, d int) {
-	nb, nt, nh, d = attention(ck, q, k, v, lse)
+// AttentionBackward checks Attention's operands, dout and dq like q, and
+// dk, dv like k.
+func AttentionBackward(ck *Checker, dq, dk, dv, dout, q, k, v, out, lse *tensor.Tensor) (nb, nt, nh, hkv, d int) {
+	nb, nt, nh, hkv, d = attention(ck, q, k, v, lse)
 	ck.Like("out", out, "q", q)
 	ck.Like("dout", dout, "q", q)
 	ck.Like("dq", dq, "q", q)
-	ck.Like("dk", dk, "q", q)
-	ck.Like("dv", dv, "q", q)
+	ck.Like("dk", dk, "k", k)
+	ck.Like("dv", dv, "k", k)
 	return
 }
 

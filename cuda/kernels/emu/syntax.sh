@@ -39,7 +39,6 @@ using std::min;
 #include "gemm_sm90.cu"
 #include "grouped_sm90.cu"
 #include "dispatch.cu"
-#include "attention_tc.cu"
 #include "attention_fa2.cu"
 #include "attention_wg.cu"
 CC

@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "ec3139fd13f564e95a4e35c75c8bda5b2a3e6dcbb3664f29f47658e0ba039f8c"
+const SourcesSum = "1e356c3804ffe0774aa63b6c73e0282c4b49c74b1a64a3b336bc6c53af4f8e1c"

@@ -36,13 +36,10 @@
 //     for D = 64, 32 for D = 128) up to the diagonal: S = Q·Kᵀ, P, dP =
 //     dO·Vᵀ, dS = P∘(dP − delta), dQ += dS·K; dQ·scale written once. Shared
 //     memory (2·64 + 4·BN)·(D + 8)·2 bytes.
-#include "common.cuh"
-#include "mma.cuh"
+#include "../common.cuh"
+#include "../attention_mma.cuh" // defines: the fragment helpers this file had (frag_a, acc_to_a, quad_max, ...)
 
 namespace atp {
-
-constexpr float kTcLog2e = 1.4426950408889634f;
-constexpr float kTcLn2 = 0.6931471805599453f;
 
 // tc_load_rows queues cp.async copies of rows [r0, r0 + ROWS) of one (b, h)
 // slice (base: element (b, 0, h, 0); consecutive t are rs elements apart)
@@ -56,60 +53,6 @@ __device__ __forceinline__ void tc_load_rows(bf16* dst, const bf16* base, long l
         bool valid = t < T;
         cp_async16(dst + r * LD + ch * 8, base + (long long)(valid ? t : 0) * rs + ch * 8, valid);
     }
-}
-
-// Fragment loads (see mma.cuh for the layouts). ld is the row stride in
-// elements of the shared tile; all addresses are 16-byte aligned.
-//
-// frag_a: the A operand, rows [r0, r0+16) × cols [c0, c0+16) of a row-major
-// tile.
-__device__ __forceinline__ void frag_a(uint32_t (&a)[4], const bf16* tile, int ld, int r0, int c0) {
-    int lane = threadIdx.x & 31;
-    ldmatrix_x4(a, tile + (r0 + (lane & 15)) * ld + c0 + (lane >> 4) * 8);
-}
-// frag_b_rows: B operands for two n-tiles where B[k][n] = tile[n][k] (the
-// tile's rows are n): rows [n0, n0+16) × cols [k0, k0+16). Returns
-// b[0..1] for n-tile n0 and b[2..3] for n-tile n0 + 8.
-__device__ __forceinline__ void frag_b_rows(uint32_t (&b)[4], const bf16* tile, int ld, int n0, int k0) {
-    int lane = threadIdx.x & 31;
-    ldmatrix_x4(b, tile + (n0 + (lane >> 4) * 8 + (lane & 7)) * ld + k0 + ((lane >> 3) & 1) * 8);
-}
-// frag_b_cols: B operands for two n-tiles where B[k][n] = tile[k][n] (the
-// tile's rows are k): rows [k0, k0+16) × cols [n0, n0+16). Returns b[0..1]
-// for n-tile n0 and b[2..3] for n-tile n0 + 8.
-__device__ __forceinline__ void frag_b_cols(uint32_t (&b)[4], const bf16* tile, int ld, int k0, int n0) {
-    int lane = threadIdx.x & 31;
-    ldmatrix_x4_trans(b, tile + (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * ld + n0 + (lane >> 4) * 8);
-}
-
-// acc_to_a packs the fp32 accumulators of n-tiles 2s and 2s+1 (16 columns)
-// into the A operand of a product over those 16 columns (as k).
-__device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
-    a[0] = pack_bf16x2(c0[0], c0[1]);
-    a[1] = pack_bf16x2(c0[2], c0[3]);
-    a[2] = pack_bf16x2(c1[0], c1[1]);
-    a[3] = pack_bf16x2(c1[2], c1[3]);
-}
-
-// acc_scale_rows scales a warp's accumulators of D/8 n-tiles by row: rows
-// g by c0, rows g + 8 by c1 (the online softmax's rescale of O).
-template <int DT> __device__ __forceinline__ void acc_scale_rows(float (&o)[DT][4], float c0, float c1) {
-#pragma unroll
-    for (int j = 0; j < DT; j++) {
-        o[j][0] *= c0;
-        o[j][1] *= c0;
-        o[j][2] *= c1;
-        o[j][3] *= c1;
-    }
-}
-
-__device__ __forceinline__ float quad_max(float v) {
-    v = fmaxf(v, __shfl_xor_sync(ATP_FULL_MASK, v, 1));
-    return fmaxf(v, __shfl_xor_sync(ATP_FULL_MASK, v, 2));
-}
-__device__ __forceinline__ float quad_add(float v) {
-    v += __shfl_xor_sync(ATP_FULL_MASK, v, 1);
-    return v + __shfl_xor_sync(ATP_FULL_MASK, v, 2);
 }
 
 // store_rows16 writes a warp's 16 rows × D of fp32 accumulators (acc[D/8][4],

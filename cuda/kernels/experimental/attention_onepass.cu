@@ -5,7 +5,8 @@
 // rounding (and bits) depend on the order in which the blocks' additions
 // land. The default backward (attention_fa2.cu) stays the deterministic one.
 // Uses attention_fa2.cu's helpers (fa2_load, fa2_store, fa2_exp2, fa2_zero)
-// and attention_tc.cu's fragment helpers, so it is included after both.
+// and the fragment helpers of attention_mma.cuh, so it is included after
+// attention_fa2.cu.
 //
 // Layout as attention_fa2.cu (row strides sqkv for q, k, v; so for out and
 // dout; sd for dq, dk, dv); lse and delta (B, H, T) fp32; the dq
@@ -35,8 +36,8 @@
 //     16·BM + 128·(BM + 8)·2 bytes: 93184 (D = 64), 115200 (D = 128).
 //   attn_bwd_onepass_dq_bf16: dq = bf16(dqacc · scale), 8 elements per
 //     thread, grid-stride, block 256.
-#include "common.cuh"
-#include "mma.cuh"
+#include "../common.cuh"
+#include "../attention_mma.cuh" // defines: the fragment helpers (frag_a, acc_to_a, quad_add, ...)
 
 namespace atp {
 
