@@ -122,7 +122,7 @@ func (c Config) Model(seq int) (layers.GPTConfig, error) {
 	if len(bad) > 0 {
 		return layers.GPTConfig{}, fmt.Errorf("hf: a %s config our model cannot take: %s", c.ModelType, strings.Join(bad, "; "))
 	}
-	m := layers.GPTConfig{Layers: c.NumHiddenLayers, Dim: c.HiddenSize, Heads: c.NumAttentionHeads, Vocab: c.VocabSize,
+	m := layers.GPTConfig{Layers: c.NumHiddenLayers, Dim: c.HiddenSize, Heads: c.NumAttentionHeads, KVHeads: c.NumKeyValueHeads, Vocab: c.VocabSize,
 		Seq: seq, FFN: c.IntermediateSize, TiedEmbeddings: c.TieWordEmbeddings, RopeTheta: c.RopeTheta,
 		NormEps: float32(c.RMSNormEps), InitStd: c.InitializerRange}
 	if c.MoE() {
@@ -143,7 +143,7 @@ func ConfigOf(m layers.GPTConfig) (map[string]any, error) {
 	c := map[string]any{
 		"architectures": []string{"LlamaForCausalLM"}, "model_type": "llama",
 		"vocab_size": m.Vocab, "hidden_size": m.Dim, "intermediate_size": m.FFN,
-		"num_hidden_layers": m.Layers, "num_attention_heads": m.Heads, "num_key_value_heads": m.Heads,
+		"num_hidden_layers": m.Layers, "num_attention_heads": m.Heads, "num_key_value_heads": m.KVHeads,
 		"head_dim": m.Dim / m.Heads, "hidden_act": "silu", "max_position_embeddings": m.Seq,
 		"initializer_range": floatJSON(m.InitStd), "rms_norm_eps": floatJSON(m.NormEps), "rope_theta": floatJSON(m.RopeTheta),
 		"rope_scaling": nil, "tie_word_embeddings": m.TiedEmbeddings, "attention_bias": false,

@@ -17,6 +17,7 @@ func TestParamsMatchGPT(t *testing.T) {
 	for _, c := range []layers.GPTConfig{
 		{Layers: 2, Dim: 16, Heads: 2, Vocab: 40, Seq: 8, TiedEmbeddings: true},
 		{Layers: 2, Dim: 16, Heads: 4, Vocab: 40, Seq: 8, FFN: 24, Experts: 4, TopK: 2, MoEEvery: 2},
+		{Layers: 1, Dim: 16, Heads: 4, KVHeads: 2, Vocab: 40, Seq: 8}, // grouped-query: wk, wv (8, 16)
 	} {
 		g, err := layers.NewGPT(cpu.New(), c, tensor.Float32)
 		if err != nil {

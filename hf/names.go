@@ -19,13 +19,16 @@ type Param struct {
 // in its order, with their full shapes.
 func Params(m layers.GPTConfig) []Param {
 	m = m.WithDefaults()
-	C, F, V, E := m.Dim, m.FFN, m.Vocab, m.Experts
+	C, F, V, E, KV := m.Dim, m.FFN, m.Vocab, m.Experts, m.KVDim()
 	ps := []Param{{Name: "embed.weight", Shape: []int{V, C}}}
 	for l := range m.Layers {
 		b := fmt.Sprintf("blocks.%d.", l)
 		ps = append(ps, Param{Name: b + "attn_norm.weight", Shape: []int{C}})
-		for _, w := range []string{"wq", "wk", "wv", "wo"} {
-			ps = append(ps, Param{Name: b + "attn." + w + ".weight", Shape: []int{C, C}})
+		for _, w := range []struct {
+			name string
+			out  int
+		}{{"wq", C}, {"wk", KV}, {"wv", KV}, {"wo", C}} {
+			ps = append(ps, Param{Name: b + "attn." + w.name + ".weight", Shape: []int{w.out, C}})
 		}
 		ps = append(ps, Param{Name: b + "mlp_norm.weight", Shape: []int{C}})
 		if m.IsMoE(l) {

@@ -97,9 +97,14 @@ func readAll(dir string) (map[string]*entry, error) {
 // float32 host tensors by our names. Every tensor our model needs must be
 // there with its shape, and every tensor there must be used (rotary
 // inv_freq buffers of old checkpoints are skipped; lm_head.weight is
-// skipped when the embeddings are tied). The k and v projections of a
-// grouped-query model are repeated for each head of their group.
+// skipped when the embeddings are tied). A grouped-query model's k and v
+// projections (num_key_value_heads heads) are taken as they are: m has as
+// many key/value heads.
 func ReadWeights(dir string, c Config, m layers.GPTConfig) (map[string]*tensor.Tensor, error) {
+	m = m.WithDefaults()
+	if m.KVHeads != c.NumKeyValueHeads {
+		return nil, fmt.Errorf("hf: the model has %d key/value heads, its config.json %d (num_key_value_heads): expected the model of c.Model", m.KVHeads, c.NumKeyValueHeads)
+	}
 	all, err := readAll(dir)
 	if err != nil {
 		return nil, err
@@ -119,9 +124,6 @@ func ReadWeights(dir string, c Config, m layers.GPTConfig) (map[string]*tensor.T
 		}
 		return e.vals
 	}
-	m = m.WithDefaults()
-	D := m.Dim / m.Heads
-	group := m.Heads / c.NumKeyValueHeads
 	out := map[string]*tensor.Tensor{}
 	for _, p := range Params(m) {
 		full := make([]float32, tensor.Shape(p.Shape).Numel())
@@ -131,13 +133,6 @@ func ReadWeights(dir string, c Config, m layers.GPTConfig) (map[string]*tensor.T
 			for e := range p.Shape[0] {
 				if v := take(fmt.Sprintf(hfName(p), e), p.Shape[1:]); v != nil {
 					copy(full[e*per:], v)
-				}
-			}
-		case group > 1 && (strings.HasSuffix(p.Name, ".attn.wk.weight") || strings.HasSuffix(p.Name, ".attn.wv.weight")):
-			v := take(hfName(p), []int{c.NumKeyValueHeads * D, m.Dim})
-			if v != nil {
-				for h := range m.Heads { // query head h reads key/value head h / group
-					copy(full[h*D*m.Dim:(h+1)*D*m.Dim], v[h/group*D*m.Dim:])
 				}
 			}
 		default:

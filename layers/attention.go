@@ -11,20 +11,36 @@ import (
 // AttentionConfig describes a causal self-attention layer.
 type AttentionConfig struct {
 	Dim, Heads int
-	RopeTheta  float64 // base of the rotary embedding (10000 is usual)
-	Std        float64 // init std of wq, wk, wv
-	OutStd     float64 // init std of wo (the residual branch's output)
+	// KVHeads is the number of key/value heads (grouped-query attention:
+	// each serves Heads/KVHeads query heads); 0 means Heads (multi-head
+	// attention).
+	KVHeads   int
+	RopeTheta float64 // base of the rotary embedding (10000 is usual)
+	Std       float64 // init std of wq, wk, wv
+	OutStd    float64 // init std of wo (the residual branch's output)
 }
 
-// Attention is causal multi-head self-attention with rotary position
-// embedding. The heads split the width: Dim = Heads·HeadDim. q, k and v are
-// the (B*T, Dim) projections viewed as (B, T, Heads, HeadDim); RoPE turns q
-// and k; the scores are scaled by 1/sqrt(HeadDim).
+// kvHeads is c's KVHeads with the default filled in.
+func (c AttentionConfig) kvHeads() int {
+	if c.KVHeads == 0 {
+		return c.Heads
+	}
+	return c.KVHeads
+}
+
+// Attention is causal self-attention with rotary position embedding and
+// grouped-query heads. The query heads split the width: Dim =
+// Heads·HeadDim; q is the (B*T, Dim) projection viewed as (B, T, Heads,
+// HeadDim), k and v the (B*T, KVHeads·HeadDim) projections viewed as (B, T,
+// KVHeads, HeadDim), query head h reading key/value head h/(Heads/KVHeads)
+// (KVHeads = Heads: multi-head attention); RoPE turns q and k; the scores
+// are scaled by 1/sqrt(HeadDim).
 type Attention struct {
-	Name                string
-	Dim, Heads, HeadDim int
-	Theta               float64
-	Wq, Wk, Wv, Wo      *Linear // Dim → Dim each
+	Name                         string
+	Dim, Heads, KVHeads, HeadDim int
+	Theta                        float64
+	Wq, Wo                       *Linear // Dim → Dim each
+	Wk, Wv                       *Linear // Dim → KVHeads·HeadDim each
 
 	b    tensor.Backend
 	bt   [2]int // B, T of the last Forward; zeros before a successful one
@@ -32,7 +48,7 @@ type Attention struct {
 	core *AttentionCore
 
 	x          *tensor.Tensor // (B·T, Dim): the last forward's input (the stacked path)
-	wqkv, gqkv *tensor.Tensor // (3·Dim, Dim) views of wq, wk, wv and their gradients, or nil
+	wqkv, gqkv *tensor.Tensor // (Dim + 2·KVHeads·HeadDim, Dim) views of wq, wk, wv and their gradients, or nil
 	stacked    bool           // the last forward ran the stacked path
 }
 
@@ -40,7 +56,7 @@ type Attention struct {
 // the tests that compare the stacked assembly with the three linears.
 var unstacked = false
 
-// stackedQKV returns the (3·Dim, Dim) views of wq, wk, wv and of their
+// stackedQKV returns the (Dim + 2·KVHeads·HeadDim, Dim) views of wq, wk, wv and of their
 // gradients when the three lie one after another in the flat buffers (as
 // NewAttention registers them), else nils: the three linears then run
 // apart, as they always did.
@@ -62,69 +78,76 @@ func (a *Attention) stackedQKV() (w, g *tensor.Tensor) {
 // of each head, and their backward. Attention runs it on all the heads,
 // tp.Attention on the heads of its rank. It owns its buffers: the caller
 // writes the projections into Inputs before Forward, and ∂L/∂att into
-// OutputGrad before Backward.
+// OutputGrad before Backward. With H query heads and Hkv key/value heads
+// (grouped-query attention; Hkv divides H), q's projection has H·D
+// columns, k's and v's Hkv·D.
 type AttentionCore struct {
-	Heads, HeadDim int
-	Theta          float64
+	Heads, KVHeads, HeadDim int
+	Theta                   float64
 
 	b        tensor.Backend
 	bt       [2]int         // B, T of the last Inputs
-	q, k, v  *tensor.Tensor // (B*T, H*D) projections (v is read as (B, T, H, D))
-	qr, kr   *tensor.Tensor // (B, T, H, D) q and k after RoPE
+	q        *tensor.Tensor // (B*T, H*D) projection
+	k, v     *tensor.Tensor // (B*T, Hkv*D) projections (v is read as (B, T, Hkv, D))
+	qr       *tensor.Tensor // (B, T, H, D) q after RoPE
+	kr       *tensor.Tensor // (B, T, Hkv, D) k after RoPE
 	att      *tensor.Tensor // (B, T, H, D) attention output, the input of wo
 	lse      *tensor.Tensor // (B, H, T) log-sum-exp of each row of scores
 	datt     *tensor.Tensor // (B*T, H*D) backward scratch: ∂L/∂att
-	dqr, dkr *tensor.Tensor // (B, T, H, D) backward scratch: ∂L/∂qr, ∂L/∂kr
-	dq, dk   *tensor.Tensor // (B*T, H*D) backward scratch: ∂L/∂q, ∂L/∂k
-	dv       *tensor.Tensor // (B*T, H*D) backward scratch: ∂L/∂v
+	dqr, dkr *tensor.Tensor // (B, T, H, D), (B, T, Hkv, D) backward scratch: ∂L/∂qr, ∂L/∂kr
+	dq       *tensor.Tensor // (B*T, H*D) backward scratch: ∂L/∂q
+	dk, dv   *tensor.Tensor // (B*T, Hkv*D) backward scratch: ∂L/∂k, ∂L/∂v
 
 	// The packed form (InputsPacked): one GEMM's output [q | k | v] per
 	// token goes into qkv; RoPEQKV writes qr, kr and v from it, and the
 	// backward writes dqkv, the one GEMM's input back.
 	packed    bool
-	qkv, dqkv *tensor.Tensor // (B*T, 3*H*D); qkv is read by Forward only
+	qkv, dqkv *tensor.Tensor // (B*T, (H + 2*Hkv)*D); qkv is read by Forward only
 
 	ws *workspace // shared buffers (NewAttention); nil: the core's own
 }
 
-// NewAttentionCore returns the core of heads heads of headDim features
-// (even: RoPE turns pairs) with RoPE base theta.
-func NewAttentionCore(b tensor.Backend, heads, headDim int, theta float64) *AttentionCore {
-	return &AttentionCore{Heads: heads, HeadDim: headDim, Theta: theta, b: b}
+// NewAttentionCore returns the core of heads query heads and kvHeads
+// key/value heads (dividing heads; kvHeads = heads for multi-head
+// attention) of headDim features (even: RoPE turns pairs) with RoPE base
+// theta.
+func NewAttentionCore(b tensor.Backend, heads, kvHeads, headDim int, theta float64) *AttentionCore {
+	return &AttentionCore{Heads: heads, KVHeads: kvHeads, HeadDim: headDim, Theta: theta, b: b}
 }
 
 // Scale is the factor of the scores, 1/sqrt(HeadDim).
 func (c *AttentionCore) Scale() float32 { return float32(1 / math.Sqrt(float64(c.HeadDim))) }
 
-// Inputs returns the (B·T, Heads·HeadDim) buffers the projections q, k
-// and v of a batch of B sequences of T tokens go into, before Forward.
+// Inputs returns the buffers the projections of a batch of B sequences of
+// T tokens go into, before Forward: q (B·T, Heads·HeadDim), k and v
+// (B·T, KVHeads·HeadDim).
 func (c *AttentionCore) Inputs(dt tensor.DType, B, T int) (q, k, v *tensor.Tensor) {
-	N, H, D := B*T, c.Heads, c.HeadDim
+	N, H, Hkv, D := B*T, c.Heads, c.KVHeads, c.HeadDim
 	c.bt = [2]int{B, T}
 	c.q = Ensure(c.b, c.q, dt, N, H*D)
-	c.k = Ensure(c.b, c.k, dt, N, H*D)
-	c.v = Ensure(c.b, c.v, dt, N, H*D)
+	c.k = Ensure(c.b, c.k, dt, N, Hkv*D)
+	c.v = Ensure(c.b, c.v, dt, N, Hkv*D)
 	c.qr = Ensure(c.b, c.qr, dt, B, T, H, D)
-	c.kr = Ensure(c.b, c.kr, dt, B, T, H, D)
+	c.kr = Ensure(c.b, c.kr, dt, B, T, Hkv, D)
 	c.att = Ensure(c.b, c.att, dt, B, T, H, D)
 	c.lse = Ensure(c.b, c.lse, StatDType(dt), B, H, T)
 	c.packed = false
 	return c.q, c.k, c.v
 }
 
-// InputsPacked returns the (B·T, 3·Heads·HeadDim) buffer the packed
-// projections [q | k | v] of each token go into (one GEMM x·[Wq;Wk;Wv]ᵀ),
-// before Forward; Backward then fills BackwardPacked's dqkv instead of
-// separate dq, dk, dv. It costs one more (B·T, H·D) buffer than Inputs: v
-// is copied out of the packed rows (by the RoPE launch itself) because the
-// attention kernels read contiguous heads.
+// InputsPacked returns the (B·T, (Heads + 2·KVHeads)·HeadDim) buffer the
+// packed projections [q | k | v] of each token go into (one GEMM
+// x·[Wq;Wk;Wv]ᵀ), before Forward; Backward then fills BackwardPacked's dqkv
+// instead of separate dq, dk, dv. It costs one more (B·T, KVHeads·HeadDim)
+// buffer than Inputs: v is copied out of the packed rows (by the RoPE
+// launch itself) because the attention kernels read contiguous heads.
 func (c *AttentionCore) InputsPacked(dt tensor.DType, B, T int) (qkv *tensor.Tensor) {
-	N, H, D := B*T, c.Heads, c.HeadDim
+	N, H, Hkv, D := B*T, c.Heads, c.KVHeads, c.HeadDim
 	c.bt = [2]int{B, T}
-	c.qkv = c.ws.ensure(wsAttnQKV, c.b, c.qkv, dt, N, 3*H*D) // dead after RoPEQKV: shared
-	c.v = Ensure(c.b, c.v, dt, N, H*D)
+	c.qkv = c.ws.ensure(wsAttnQKV, c.b, c.qkv, dt, N, (H+2*Hkv)*D) // dead after RoPEQKV: shared
+	c.v = Ensure(c.b, c.v, dt, N, Hkv*D)
 	c.qr = Ensure(c.b, c.qr, dt, B, T, H, D)
-	c.kr = Ensure(c.b, c.kr, dt, B, T, H, D)
+	c.kr = Ensure(c.b, c.kr, dt, B, T, Hkv, D)
 	c.att = Ensure(c.b, c.att, dt, B, T, H, D)
 	c.lse = Ensure(c.b, c.lse, StatDType(dt), B, H, T)
 	c.packed = true
@@ -135,93 +158,107 @@ func (c *AttentionCore) InputsPacked(dt tensor.DType, B, T int) (qkv *tensor.Ten
 // att (B·T, Heads·HeadDim), the input of the output projection; position t
 // attends to positions [0, t] of its own sequence.
 func (c *AttentionCore) Forward() (att *tensor.Tensor) {
-	B, T, H, D := c.bt[0], c.bt[1], c.Heads, c.HeadDim
+	B, T, H, Hkv, D := c.bt[0], c.bt[1], c.Heads, c.KVHeads, c.HeadDim
 	if c.packed {
-		c.b.RoPEQKV(c.qr, c.kr, Reshape(c.v, B, T, H, D), Reshape(c.qkv, B, T, 3*H*D), c.Theta)
+		c.b.RoPEQKV(c.qr, c.kr, Reshape(c.v, B, T, Hkv, D), Reshape(c.qkv, B, T, (H+2*Hkv)*D), c.Theta)
 	} else {
 		c.b.RoPE(c.qr, Reshape(c.q, B, T, H, D), c.Theta)
-		c.b.RoPE(c.kr, Reshape(c.k, B, T, H, D), c.Theta)
+		c.b.RoPE(c.kr, Reshape(c.k, B, T, Hkv, D), c.Theta)
 	}
-	c.b.Attention(c.att, c.lse, c.qr, c.kr, Reshape(c.v, B, T, H, D), c.Scale())
+	c.b.Attention(c.att, c.lse, c.qr, c.kr, Reshape(c.v, B, T, Hkv, D), c.Scale())
 	return Reshape(c.att, B*T, H*D)
 }
 
 // OutputGrad returns the (B·T, Heads·HeadDim) buffer ∂L/∂att goes into,
 // before Backward.
 func (c *AttentionCore) OutputGrad() (datt *tensor.Tensor) {
-	dt, B, T, H, D := c.v.DType(), c.bt[0], c.bt[1], c.Heads, c.HeadDim
+	dt, B, T, H, Hkv, D := c.v.DType(), c.bt[0], c.bt[1], c.Heads, c.KVHeads, c.HeadDim
 	c.datt = c.ws.ensure(wsAttnDAtt, c.b, c.datt, dt, B*T, H*D)
 	c.dqr = c.ws.ensure(wsAttnDQR, c.b, c.dqr, dt, B, T, H, D)
-	c.dkr = c.ws.ensure(wsAttnDKR, c.b, c.dkr, dt, B, T, H, D)
-	c.dv = c.ws.ensure(wsAttnDV, c.b, c.dv, dt, B*T, H*D)
+	c.dkr = c.ws.ensure(wsAttnDKR, c.b, c.dkr, dt, B, T, Hkv, D)
+	c.dv = c.ws.ensure(wsAttnDV, c.b, c.dv, dt, B*T, Hkv*D)
 	if c.packed {
-		c.dqkv = c.ws.ensure(wsAttnDQKV, c.b, c.dqkv, dt, B*T, 3*H*D)
+		c.dqkv = c.ws.ensure(wsAttnDQKV, c.b, c.dqkv, dt, B*T, (H+2*Hkv)*D)
 	} else {
 		c.dq = c.ws.ensure(wsAttnDQ, c.b, c.dq, dt, B*T, H*D)
-		c.dk = c.ws.ensure(wsAttnDK, c.b, c.dk, dt, B*T, H*D)
+		c.dk = c.ws.ensure(wsAttnDK, c.b, c.dk, dt, B*T, Hkv*D)
 	}
 	return c.datt
 }
 
-// Backward returns ∂L/∂q, ∂L/∂k and ∂L/∂v (B·T, Heads·HeadDim) from the
-// ∂L/∂att in OutputGrad: the attention's backward, then RoPE's. After
-// InputsPacked, use BackwardPacked.
+// Backward returns ∂L/∂q (B·T, Heads·HeadDim), ∂L/∂k and ∂L/∂v
+// (B·T, KVHeads·HeadDim) from the ∂L/∂att in OutputGrad: the attention's
+// backward, then RoPE's. After InputsPacked, use BackwardPacked.
 func (c *AttentionCore) Backward() (dq, dk, dv *tensor.Tensor) {
-	B, T, H, D := c.bt[0], c.bt[1], c.Heads, c.HeadDim
+	B, T, H, Hkv, D := c.bt[0], c.bt[1], c.Heads, c.KVHeads, c.HeadDim
 	c.attentionBackward()
 	c.b.RoPEBackward(Reshape(c.dq, B, T, H, D), c.dqr, c.Theta)
-	c.b.RoPEBackward(Reshape(c.dk, B, T, H, D), c.dkr, c.Theta)
+	c.b.RoPEBackward(Reshape(c.dk, B, T, Hkv, D), c.dkr, c.Theta)
 	return c.dq, c.dk, c.dv
 }
 
-// BackwardPacked returns ∂L/∂qkv (B·T, 3·Heads·HeadDim), the packed
-// [dq | dk | dv] of each token, from the ∂L/∂att in OutputGrad, after
-// InputsPacked: the attention's backward, then RoPEQKVBackward.
+// BackwardPacked returns ∂L/∂qkv (B·T, (Heads + 2·KVHeads)·HeadDim), the
+// packed [dq | dk | dv] of each token, from the ∂L/∂att in OutputGrad,
+// after InputsPacked: the attention's backward, then RoPEQKVBackward.
 func (c *AttentionCore) BackwardPacked() (dqkv *tensor.Tensor) {
-	B, T, H, D := c.bt[0], c.bt[1], c.Heads, c.HeadDim
+	B, T, H, Hkv, D := c.bt[0], c.bt[1], c.Heads, c.KVHeads, c.HeadDim
 	c.attentionBackward()
-	c.b.RoPEQKVBackward(Reshape(c.dqkv, B, T, 3*H*D), c.dqr, c.dkr, Reshape(c.dv, B, T, H, D), c.Theta)
+	c.b.RoPEQKVBackward(Reshape(c.dqkv, B, T, (H+2*Hkv)*D), c.dqr, c.dkr, Reshape(c.dv, B, T, Hkv, D), c.Theta)
 	return c.dqkv
 }
 
 func (c *AttentionCore) attentionBackward() {
-	B, T, H, D := c.bt[0], c.bt[1], c.Heads, c.HeadDim
-	c.b.AttentionBackward(c.dqr, c.dkr, Reshape(c.dv, B, T, H, D), Reshape(c.datt, B, T, H, D),
-		c.qr, c.kr, Reshape(c.v, B, T, H, D), c.att, c.lse, c.Scale())
+	B, T, H, Hkv, D := c.bt[0], c.bt[1], c.Heads, c.KVHeads, c.HeadDim
+	c.b.AttentionBackward(c.dqr, c.dkr, Reshape(c.dv, B, T, Hkv, D), Reshape(c.datt, B, T, H, D),
+		c.qr, c.kr, Reshape(c.v, B, T, Hkv, D), c.att, c.lse, c.Scale())
 }
 
-// NewAttention registers name+".wq", ".wk", ".wv" and ".wo".
-func NewAttention(b tensor.Backend, ps *ParamSet, name string, cfg AttentionConfig) (*Attention, error) {
+// CheckHeads checks an attention layer's head counts: Heads dividing Dim,
+// KVHeads (0 for Heads) dividing Heads, an even head dim (RoPE turns
+// pairs). what starts the error.
+func CheckHeads(what string, cfg AttentionConfig) error {
 	if cfg.Dim <= 0 || cfg.Heads <= 0 || cfg.Dim%cfg.Heads != 0 {
-		return nil, fmt.Errorf("layers: attention %q: Dim = %d, Heads = %d, expected positive sizes with Heads dividing Dim", name, cfg.Dim, cfg.Heads)
+		return fmt.Errorf("%s: Dim = %d, Heads = %d, expected positive sizes with Heads dividing Dim", what, cfg.Dim, cfg.Heads)
 	}
-	hd := cfg.Dim / cfg.Heads
-	if hd%2 != 0 {
-		return nil, fmt.Errorf("layers: attention %q: head dim %d = Dim/Heads is odd, expected it even (RoPE turns pairs)", name, hd)
+	if kv := cfg.KVHeads; kv < 0 || kv > 0 && cfg.Heads%kv != 0 {
+		return fmt.Errorf("%s: KVHeads = %d, expected a divisor of Heads = %d (or 0 for Heads)", what, kv, cfg.Heads)
 	}
+	if hd := cfg.Dim / cfg.Heads; hd%2 != 0 {
+		return fmt.Errorf("%s: head dim %d = Dim/Heads is odd, expected it even (RoPE turns pairs)", what, hd)
+	}
+	return nil
+}
+
+// NewAttention registers name+".wq" (Dim, Dim), ".wk" and ".wv"
+// (KVHeads·HeadDim, Dim) and ".wo" (Dim, Dim).
+func NewAttention(b tensor.Backend, ps *ParamSet, name string, cfg AttentionConfig) (*Attention, error) {
+	if err := CheckHeads(fmt.Sprintf("layers: attention %q", name), cfg); err != nil {
+		return nil, err
+	}
+	hd, hkv := cfg.Dim/cfg.Heads, cfg.kvHeads()
 	if !(cfg.RopeTheta > 0) {
 		return nil, fmt.Errorf("layers: attention %q: RopeTheta = %v, expected > 0", name, cfg.RopeTheta)
 	}
 	if err := CheckStds(fmt.Sprintf("layers: attention %q: AttentionConfig", name), cfg.Std, cfg.OutStd); err != nil {
 		return nil, err
 	}
-	a := &Attention{Name: name, Dim: cfg.Dim, Heads: cfg.Heads, HeadDim: hd, Theta: cfg.RopeTheta, b: b,
-		core: NewAttentionCore(b, cfg.Heads, hd, cfg.RopeTheta)}
+	a := &Attention{Name: name, Dim: cfg.Dim, Heads: cfg.Heads, KVHeads: hkv, HeadDim: hd, Theta: cfg.RopeTheta, b: b,
+		core: NewAttentionCore(b, cfg.Heads, hkv, hd, cfg.RopeTheta)}
 	a.core.ws = ps.workspace(b)
-	lin := func(suffix string, std float64) (*Linear, error) {
-		return NewLinear(b, ps, name+"."+suffix, LinearConfig{In: cfg.Dim, Out: cfg.Dim, Std: std})
+	lin := func(suffix string, out int, std float64) (*Linear, error) {
+		return NewLinear(b, ps, name+"."+suffix, LinearConfig{In: cfg.Dim, Out: out, Std: std})
 	}
 	var err error
-	if a.Wq, err = lin("wq", cfg.Std); err != nil {
+	if a.Wq, err = lin("wq", cfg.Dim, cfg.Std); err != nil {
 		return nil, err
 	}
-	if a.Wk, err = lin("wk", cfg.Std); err != nil {
+	if a.Wk, err = lin("wk", hkv*hd, cfg.Std); err != nil {
 		return nil, err
 	}
-	if a.Wv, err = lin("wv", cfg.Std); err != nil {
+	if a.Wv, err = lin("wv", hkv*hd, cfg.Std); err != nil {
 		return nil, err
 	}
-	if a.Wo, err = lin("wo", cfg.OutStd); err != nil {
+	if a.Wo, err = lin("wo", cfg.Dim, cfg.OutStd); err != nil {
 		return nil, err
 	}
 	return a, nil

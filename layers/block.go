@@ -10,6 +10,7 @@ import (
 // BlockConfig describes a transformer block.
 type BlockConfig struct {
 	Dim, Heads, FFN int
+	KVHeads         int // key/value heads of the attention (0: Heads)
 	RopeTheta       float64
 	NormEps         float32
 	Std             float64 // init std of the input projections
@@ -113,7 +114,7 @@ func NewBlock(b tensor.Backend, ps *ParamSet, name string, cfg BlockConfig) (*Bl
 		Mixer: func() (Mixer, error) {
 			var err error
 			attn, err = NewAttention(b, ps, name+".attn", AttentionConfig{
-				Dim: cfg.Dim, Heads: cfg.Heads, RopeTheta: cfg.RopeTheta, Std: cfg.Std, OutStd: cfg.OutStd,
+				Dim: cfg.Dim, Heads: cfg.Heads, KVHeads: cfg.KVHeads, RopeTheta: cfg.RopeTheta, Std: cfg.Std, OutStd: cfg.OutStd,
 			})
 			return attn, err
 		},

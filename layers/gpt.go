@@ -8,8 +8,12 @@ import (
 	"github.com/asynctp/asynctp/tensor"
 )
 
-// GPTConfig describes a GPT model. Zero values of FFN, RopeTheta, NormEps and
-// InitStd mean the defaults that WithDefaults fills in.
+// GPTConfig describes a GPT model. Zero values of KVHeads, FFN, RopeTheta,
+// NormEps and InitStd mean the defaults that WithDefaults fills in.
+//
+// Grouped-query attention: KVHeads key/value heads (dividing Heads), each
+// read by Heads/KVHeads query heads; KVHeads = Heads (the default) is
+// multi-head attention.
 //
 // Mixture of experts: with Experts > 0, the blocks i with (i+1)%MoEEvery == 0
 // replace their MLP by an MoE layer of Experts SwiGLU experts of width FFN,
@@ -21,6 +25,7 @@ type GPTConfig struct {
 	Layers         int     `json:"layers"`
 	Dim            int     `json:"dim"`
 	Heads          int     `json:"heads"`
+	KVHeads        int     `json:"kv_heads"` // key/value heads; 0 means the default, Heads
 	Vocab          int     `json:"vocab"`
 	Seq            int     `json:"seq"`
 	FFN            int     `json:"ffn"`             // hidden width of the SwiGLU MLP; 0 means the default: 4*Dim*2/3 rounded up to a multiple of 64
@@ -40,6 +45,9 @@ type GPTConfig struct {
 
 // WithDefaults returns c with its zero-valued optional fields set.
 func (c GPTConfig) WithDefaults() GPTConfig {
+	if c.KVHeads == 0 {
+		c.KVHeads = c.Heads
+	}
 	if c.FFN == 0 && c.Dim > 0 {
 		h := (8*c.Dim + 2) / 3 // ceil(4·Dim·2/3)
 		c.FFN = (h + 63) / 64 * 64
@@ -103,8 +111,8 @@ func (c GPTConfig) MoEConfig() MoEConfig {
 }
 
 // Validate checks c (with or without defaults filled in): sizes positive,
-// Heads dividing Dim, an even head dimension (RoPE turns pairs), optional
-// fields non-negative and finite.
+// Heads dividing Dim, KVHeads dividing Heads, an even head dimension (RoPE
+// turns pairs), optional fields non-negative and finite.
 func (c GPTConfig) Validate() error {
 	for _, f := range []struct {
 		name string
@@ -122,6 +130,9 @@ func (c GPTConfig) Validate() error {
 	}
 	if hd := c.Dim / c.Heads; hd%2 != 0 {
 		return fmt.Errorf("layers: GPTConfig: head dim Dim/Heads = %d/%d = %d is odd, expected even (RoPE)", c.Dim, c.Heads, hd)
+	}
+	if c.KVHeads < 0 || c.KVHeads > 0 && c.Heads%c.KVHeads != 0 {
+		return fmt.Errorf("layers: GPTConfig.KVHeads = %d does not divide Heads = %d (expected a divisor, or 0 for Heads)", c.KVHeads, c.Heads)
 	}
 	if c.FFN < 0 {
 		return fmt.Errorf("layers: GPTConfig.FFN = %d, expected > 0 (or 0 for the default)", c.FFN)
@@ -181,7 +192,7 @@ func NewGPT(b tensor.Backend, cfg GPTConfig, dt tensor.DType) (*GPT, error) {
 	}
 	for l := range cfg.Layers {
 		bc := BlockConfig{
-			Dim: cfg.Dim, Heads: cfg.Heads, FFN: cfg.FFN, RopeTheta: cfg.RopeTheta,
+			Dim: cfg.Dim, Heads: cfg.Heads, KVHeads: cfg.KVHeads, FFN: cfg.FFN, RopeTheta: cfg.RopeTheta,
 			NormEps: cfg.NormEps, Std: std, OutStd: outStd,
 		}
 		if cfg.IsMoE(l) {
@@ -278,13 +289,29 @@ func CountTargets(layer string, targets, ids *tensor.Tensor, vocab int) (int, er
 // (GPTConfig.FLOPsPerToken), for MFU.
 func (m *GPT) FLOPsPerToken() float64 { return m.cfg.FLOPsPerToken() }
 
+// KVDim is the width of the key and value projections, KVHeads·(Dim/Heads)
+// (Dim without grouped-query attention), with the default filled in.
+func (c GPTConfig) KVDim() int {
+	c = c.WithDefaults()
+	if c.Heads <= 0 {
+		return 0
+	}
+	return c.KVHeads * (c.Dim / c.Heads)
+}
+
+// AttentionParams is the parameter count of one block's attention: wq and
+// wo (Dim, Dim), wk and wv (KVDim, Dim).
+func (c GPTConfig) AttentionParams() int { return 2*c.Dim*c.Dim + 2*c.KVDim()*c.Dim }
+
 // FLOPsPerToken is the forward+backward FLOPs per token of the model c
 // describes (defaults filled in), all ranks together: 6·N for the matmul
 // parameters N (all linear layers and the LM head; the embedding lookup
-// and norms are not matmuls), plus the attention scores and weighted sum,
-// 12·Layers·Dim·Seq (the usual convention, which does not halve for the
-// causal mask). In an MoE block N counts the router and the TopK experts
-// a token goes through (the active parameters).
+// and norms are not matmuls; wk and wv are KVDim wide), plus the attention
+// scores and weighted sum, 12·Layers·Dim·Seq (the usual convention, which
+// does not halve for the causal mask; as many under grouped-query
+// attention: every query head scores every key). In an MoE block N counts
+// the router and the TopK experts a token goes through (the active
+// parameters).
 func (c GPTConfig) FLOPsPerToken() float64 {
 	c = c.WithDefaults()
 	var n float64
@@ -293,7 +320,7 @@ func (c GPTConfig) FLOPsPerToken() float64 {
 		if c.IsMoE(l) {
 			ffn = c.TopK*ffn + c.Experts*c.Dim
 		}
-		n += float64(4*c.Dim*c.Dim + ffn)
+		n += float64(c.AttentionParams() + ffn)
 	}
 	n += float64(c.Vocab) * float64(c.Dim)
 	return 6*n + 12*float64(c.Layers)*float64(c.Dim)*float64(c.Seq)

@@ -40,6 +40,8 @@ func TestGPTConfigValidate(t *testing.T) {
 		{func(c *GPTConfig) { c.Seq = 0 }, "Seq = 0"},
 		{func(c *GPTConfig) { c.Heads = 5 }, "Heads = 5 does not divide Dim = 32"},
 		{func(c *GPTConfig) { c.Heads = 32 }, "head dim Dim/Heads = 32/32 = 1 is odd"},
+		{func(c *GPTConfig) { c.KVHeads = 3 }, "KVHeads = 3 does not divide Heads = 4"},
+		{func(c *GPTConfig) { c.KVHeads = -2 }, "KVHeads = -2 does not divide Heads = 4"},
 		{func(c *GPTConfig) { c.FFN = -1 }, "FFN = -1"},
 		{func(c *GPTConfig) { c.RopeTheta = math.NaN() }, "RopeTheta = NaN"},
 		{func(c *GPTConfig) { c.NormEps = -1 }, "NormEps = -1"},
@@ -151,6 +153,21 @@ func TestGPTFLOPsPerToken(t *testing.T) {
 	want := 6*float64(n) + 12*2*16*8
 	if got := m.FLOPsPerToken(); got != want {
 		t.Errorf("FLOPsPerToken = %v, want %v", got, want)
+	}
+	// Grouped-query (4 query heads of 4, 1 key/value head): wk and wv are
+	// (4, 16), counted among the matmul parameters as such; the attention
+	// scores are per query head, as many as before.
+	gqa, err := NewGPT(newBackend(), GPTConfig{Layers: 2, Dim: 16, Heads: 4, KVHeads: 1, Vocab: 10, Seq: 8, FFN: 64, TiedEmbeddings: true}, tensor.Float32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n = 2*(2*16*16+2*4*16+3*16*64) + 10*16
+	want = 6*float64(n) + 12*2*16*8
+	if got := gqa.FLOPsPerToken(); got != want {
+		t.Errorf("grouped-query FLOPsPerToken = %v, want %v", got, want)
+	}
+	if got, want := gqa.Params().Numel(), m.Params().Numel()-2*2*(16-4)*16; got != want {
+		t.Errorf("grouped-query model: %d parameters, want %d (wk, wv 1/4 of the multi-head model's)", got, want)
 	}
 }
 

@@ -189,10 +189,16 @@ func TestGradMLP(t *testing.T) {
 	})
 }
 
+// TestGradAttention: multi-head, and grouped-query with 2 and 1 key/value
+// heads for 4 query heads.
 func TestGradAttention(t *testing.T) {
-	checkLayerGrads(t, testutil.Rng(6), 1, []int{2, 5, 8}, 0, func(b tensor.Backend, ps *ParamSet) (rowLayer, error) {
-		return NewAttention(b, ps, "attn", AttentionConfig{Dim: 8, Heads: 2, RopeTheta: 100, Std: 0.1, OutStd: 0.1})
-	})
+	for _, c := range []struct{ heads, kv int }{{2, 0}, {4, 2}, {4, 1}} {
+		t.Run(fmt.Sprintf("heads=%d/kv=%d", c.heads, c.kv), func(t *testing.T) {
+			checkLayerGrads(t, testutil.Rng(6), 1, []int{2, 5, 8}, 0, func(b tensor.Backend, ps *ParamSet) (rowLayer, error) {
+				return NewAttention(b, ps, "attn", AttentionConfig{Dim: 8, Heads: c.heads, KVHeads: c.kv, RopeTheta: 100, Std: 0.1, OutStd: 0.1})
+			})
+		})
+	}
 }
 
 func TestGradBlock(t *testing.T) {
@@ -215,10 +221,14 @@ func lossOf(t *testing.T, b tensor.Backend, m *GPT, ids, tg *tensor.Tensor) func
 // finite differences on a window of every parameter, with tied and untied
 // heads and some ignored targets.
 func TestGradGPT(t *testing.T) {
-	for _, tied := range []bool{false, true} {
-		t.Run(fmt.Sprintf("tied=%v", tied), func(t *testing.T) {
+	for _, c := range []struct {
+		tied      bool
+		heads, kv int
+	}{{false, 2, 0}, {true, 2, 0}, {false, 4, 2}} {
+		tied := c.tied
+		t.Run(fmt.Sprintf("tied=%v/heads=%d/kv=%d", tied, c.heads, c.kv), func(t *testing.T) {
 			b := newBackend()
-			cfg := GPTConfig{Layers: 2, Dim: 8, Heads: 2, Vocab: 11, Seq: 6, FFN: 12, TiedEmbeddings: tied, InitStd: 0.3, Seed: 5}
+			cfg := GPTConfig{Layers: 2, Dim: 8, Heads: c.heads, KVHeads: c.kv, Vocab: 11, Seq: 6, FFN: 12, TiedEmbeddings: tied, InitStd: 0.3, Seed: 5}
 			m, err := NewGPT(b, cfg, tensor.Float64)
 			noErr(t, b, err)
 			rng := testutil.Rng(8)

@@ -26,7 +26,8 @@ func (m *matmuls) MatMul(c, a, b *tensor.Tensor, transA, transB bool, alpha, bet
 // linears, the assembly of before, kept behind unstacked, on random
 // non-zero inputs and weights in float64.
 func TestStackedProjections(t *testing.T) {
-	const B, T, C, H, F = 2, 5, 12, 3, 20
+	const B, T, C, F = 2, 5, 12, 20
+	H, KV := 3, 0
 	type result struct {
 		out, dx, grads []float64
 		fwd, bwd       int64
@@ -43,7 +44,7 @@ func TestStackedProjections(t *testing.T) {
 			noErr(t, b, err)
 			fwd, bwd = m.Forward, m.Backward
 		} else {
-			a, err := NewAttention(b, ps, "a", AttentionConfig{Dim: C, Heads: H, RopeTheta: 100, Std: 0.3, OutStd: 0.3})
+			a, err := NewAttention(b, ps, "a", AttentionConfig{Dim: C, Heads: H, KVHeads: KV, RopeTheta: 100, Std: 0.3, OutStd: 0.3})
 			noErr(t, b, err)
 			fwd, bwd = a.Forward, a.Backward
 		}
@@ -60,10 +61,17 @@ func TestStackedProjections(t *testing.T) {
 		_, g := ps.Flat()
 		return result{download(t, b, out), download(t, b, dx), download(t, b, g), n1 - n0, b.n.Load() - n1}
 	}
-	for _, mlp := range []bool{false, true} {
-		name, sep := "attention", int64(3)
+	// Attention multi-head (3 heads of 4), grouped-query (6 query heads of
+	// 2, 2 key/value heads: [Wq; Wk; Wv] is (12 + 2·4, 12)), and the MLP.
+	for _, c := range []struct {
+		name      string
+		mlp       bool
+		heads, kv int
+	}{{"attention", false, 3, 0}, {"attention (grouped-query)", false, 6, 2}, {"mlp", true, 0, 0}} {
+		mlp, name, sep := c.mlp, c.name, int64(3)
+		H, KV = c.heads, c.kv
 		if mlp {
-			name, sep = "mlp", 2
+			sep = 2
 		}
 		got, want := run(true, mlp), run(false, mlp)
 		// Forward: the stacked GEMM and the output projection; backward:

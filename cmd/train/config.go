@@ -129,7 +129,7 @@ func presetNames() []string {
 // line are applied (flag.Visit), so a flag's default never overrides the file.
 type flagValues struct {
 	config, preset, device, data, out, resume            string
-	layers, dim, heads, vocab, seq, ffn                  int
+	layers, dim, heads, kvHeads, vocab, seq, ffn         int
 	batch, steps, warmup, logEvery, ckptEvery, keepCkpts int
 	lr, minLR, weightDecay, gradClip                     float64
 	seed                                                 uint64
@@ -161,6 +161,7 @@ func newFlagSet(fv *flagValues) *flag.FlagSet {
 	fs.IntVar(&fv.layers, "layers", 0, "transformer blocks")
 	fs.IntVar(&fv.dim, "dim", 0, "model width")
 	fs.IntVar(&fv.heads, "heads", 0, "attention heads")
+	fs.IntVar(&fv.kvHeads, "kv-heads", 0, "key/value heads of grouped-query attention, dividing --heads (0: as many as --heads, multi-head attention)")
 	fs.IntVar(&fv.vocab, "vocab", 0, "vocabulary size")
 	fs.IntVar(&fv.seq, "seq", 0, "sequence length (tokens per sample; also the model's maximum)")
 	fs.IntVar(&fv.ffn, "ffn", 0, "hidden width of the SwiGLU MLP (0: 8/3 of the width, rounded up to 64)")
@@ -180,7 +181,7 @@ func newFlagSet(fv *flagValues) *flag.FlagSet {
 	fs.IntVar(&fv.logEvery, "log-every", 0, "print a log line every N steps")
 	fs.IntVar(&fv.ckptEvery, "checkpoint-every", 0, "write a checkpoint every N steps (the last step always gets one)")
 	fs.IntVar(&fv.keepCkpts, "keep-checkpoints", 0, "keep only the newest N checkpoints (0: all)")
-	fs.IntVar(&fv.tp, "tp", 1, "tensor-parallel ranks: TP must divide heads, dim, ffn and vocab")
+	fs.IntVar(&fv.tp, "tp", 1, "tensor-parallel ranks: TP must divide heads, kv-heads, dim, ffn and vocab")
 	fs.IntVar(&fv.dp, "dp", 1, "data-parallel replicas, each taking batch/dp sequences (with --world and no --dp: world/tp)")
 	fs.IntVar(&fv.ep, "ep", 1, "expert-parallel ranks of an MoE model: EP must divide the world (dp × tp) and the experts")
 	fs.IntVar(&fv.world, "world", 0, "ranks, run as goroutines on the CPU (default dp × tp, which it must equal)")
@@ -297,7 +298,7 @@ func applyFlags(cfg *Config, fv *flagValues, set map[string]bool) {
 		dst *int
 		v   int
 	}{
-		"layers": {&m.Layers, fv.layers}, "dim": {&m.Dim, fv.dim}, "heads": {&m.Heads, fv.heads},
+		"layers": {&m.Layers, fv.layers}, "dim": {&m.Dim, fv.dim}, "heads": {&m.Heads, fv.heads}, "kv-heads": {&m.KVHeads, fv.kvHeads},
 		"vocab": {&m.Vocab, fv.vocab}, "seq": {&m.Seq, fv.seq}, "ffn": {&m.FFN, fv.ffn},
 		"batch": {&t.Batch, fv.batch}, "steps": {&t.Steps, fv.steps}, "warmup": {&t.Warmup, fv.warmup},
 		"log-every": {&t.LogEvery, fv.logEvery}, "checkpoint-every": {&t.CheckpointEvery, fv.ckptEvery},

@@ -77,11 +77,10 @@ type deviceNote struct {
 // envAttention picks the CUDA attention kernels: unset (the default: on
 // sm_90 the deterministic two-pass backward and the D = 128 forward on
 // wgmma, the D = 64 forward FA2's; mma.sync elsewhere), "wgmma"
-// (cudabackend.AttentionWGMMA: sm_90 only),
-// "fa2" (attention_fa2.cu's mma.sync kernels both ways,
-// cudabackend.AttentionFA2), or "onepass" (the FA2 forward and a one-pass
-// backward with fp32 atomic adds into dq: not bit-reproducible;
-// cudabackend.AttentionFA2Atomic).
+// (cudabackend.AttentionWGMMA: sm_90 only), or "fa2" (attention_fa2.cu's
+// mma.sync kernels both ways, cudabackend.AttentionFA2). "onepass" (the
+// one-pass backward with fp32 atomic adds into dq) is refused: it was
+// retired to cuda/kernels/experimental/.
 const envAttention = "ASYNCTP_ATTENTION"
 
 // envGEMM picks the CUDA backend's 2-D bf16 GEMMs: unset or "cublaslt"
@@ -98,9 +97,7 @@ func cudaOptions(grouped string) (opts []cudabackend.Option, extra, set string, 
 	switch v := os.Getenv(envAttention); v {
 	case "":
 	case "onepass":
-		opts = append(opts, cudabackend.WithAttention(cudabackend.AttentionFA2Atomic))
-		extra += "; attention backward: one pass, atomic dq (not bit-reproducible)"
-		sets = append(sets, envAttention+"="+v)
+		return nil, "", "", fmt.Errorf("%s=%q: the one-pass attention backward (dq summed by fp32 atomics, not bit-reproducible) was retired to cuda/kernels/experimental/; expected wgmma or fa2, or unset for the default", envAttention, v)
 	case "wgmma":
 		opts = append(opts, cudabackend.WithAttention(cudabackend.AttentionWGMMA))
 		extra += "; attention: wgmma backward, and forward at D = 128 (sm_90)"
@@ -110,7 +107,7 @@ func cudaOptions(grouped string) (opts []cudabackend.Option, extra, set string, 
 		extra += "; attention: FA2 (mma.sync) both ways"
 		sets = append(sets, envAttention+"="+v)
 	default:
-		return nil, "", "", fmt.Errorf("%s=%q: expected onepass, wgmma or fa2, or unset for the default", envAttention, v)
+		return nil, "", "", fmt.Errorf("%s=%q: expected wgmma or fa2, or unset for the default", envAttention, v)
 	}
 	switch v := os.Getenv(envGEMM); v {
 	case "":

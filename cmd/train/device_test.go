@@ -5,16 +5,21 @@ import (
 	"testing"
 )
 
-// ASYNCTP_ATTENTION is a CUDA setting: refused on the CPU, and an unknown
-// value is refused naming what is expected.
+// ASYNCTP_ATTENTION is a CUDA setting: refused on the CPU; an unknown value
+// is refused naming what is expected, and the retired "onepass" saying
+// where it went.
 func TestAttentionEnv(t *testing.T) {
-	t.Setenv(envAttention, "onepass")
+	t.Setenv(envAttention, "fa2")
 	if _, _, _, err := openBackend("cpu", GroupedAuto); err == nil || !strings.Contains(err.Error(), "is a CUDA setting") {
-		t.Errorf("onepass on the CPU: %v, want a refusal", err)
+		t.Errorf("fa2 on the CPU: %v, want a refusal", err)
 	}
 	t.Setenv(envAttention, "fast")
-	if _, _, _, err := openBackend("cuda", GroupedAuto); err == nil || !strings.Contains(err.Error(), `expected onepass, wgmma or fa2`) {
-		t.Errorf("an unknown value: %v, want a refusal naming onepass, wgmma and fa2", err)
+	if _, _, _, err := openBackend("cuda", GroupedAuto); err == nil || !strings.Contains(err.Error(), `expected wgmma or fa2`) {
+		t.Errorf("an unknown value: %v, want a refusal naming wgmma and fa2", err)
+	}
+	t.Setenv(envAttention, "onepass")
+	if _, _, _, err := cudaOptions(GroupedAuto); err == nil || !strings.Contains(err.Error(), "retired to cuda/kernels/experimental/") {
+		t.Errorf("onepass: %v, want a refusal saying it was retired to cuda/kernels/experimental/", err)
 	}
 	t.Setenv(envAttention, "fa2")
 	if opts, extra, set, err := cudaOptions(GroupedAuto); err != nil || len(opts) != 1 || !strings.Contains(extra, "FA2") || set != "ASYNCTP_ATTENTION=fa2" {

@@ -55,7 +55,7 @@ func writeHFModel(t *testing.T, experts, kv int, tied bool) hfModel {
 		"hidden_size": C, "intermediate_size": F, "num_hidden_layers": L, "num_attention_heads": H,
 		"num_key_value_heads": kv, "hidden_act": "silu", "max_position_embeddings": 128, "rms_norm_eps": 1e-6,
 		"rope_theta": 5000.0, "tie_word_embeddings": tied, "attention_bias": false, "rope_scaling": nil, "torch_dtype": "float32"}
-	mc := layers.GPTConfig{Layers: L, Dim: C, Heads: H, Vocab: V, Seq: hfT, FFN: F, TiedEmbeddings: tied, RopeTheta: 5000, NormEps: 1e-6}
+	mc := layers.GPTConfig{Layers: L, Dim: C, Heads: H, KVHeads: kv, Vocab: V, Seq: hfT, FFN: F, TiedEmbeddings: tied, RopeTheta: 5000, NormEps: 1e-6}
 	if experts > 0 {
 		cfg["model_type"], cfg["architectures"] = "mixtral", []string{"MixtralForCausalLM"}
 		cfg["num_local_experts"], cfg["num_experts_per_tok"] = experts, 2
@@ -76,14 +76,8 @@ func writeHFModel(t *testing.T, experts, kv int, tied bool) hfModel {
 		put(p+"post_attention_layernorm.weight", o+"mlp_norm.weight", randT(rng, 0.1, 1, C))
 		put(p+"self_attn.q_proj.weight", o+"attn.wq.weight", randT(rng, 0.2, 0, C, C))
 		put(p+"self_attn.o_proj.weight", o+"attn.wo.weight", randT(rng, 0.2, 0, C, C))
-		for _, kvName := range []string{"k", "v"} {
-			w := randT(rng, 0.2, 0, kv*D, C)
-			put(p+"self_attn."+kvName+"_proj.weight", "", w)
-			full := make([]float32, C*C) // query head h reads kv head h / (H/kv)
-			for h := range H {
-				copy(full[h*D*C:(h+1)*D*C], w.F32()[h/(H/kv)*D*C:])
-			}
-			ours[o+"attn.w"+kvName+".weight"], _ = tensor.FromFloat32(full, C, C)
+		for _, kvName := range []string{"k", "v"} { // grouped-query: kv heads, as they are
+			put(p+"self_attn."+kvName+"_proj.weight", o+"attn.w"+kvName+".weight", randT(rng, 0.2, 0, kv*D, C))
 		}
 		if experts == 0 {
 			put(p+"mlp.gate_proj.weight", o+"mlp.w_gate.weight", randT(rng, 0.2, 0, F, C))
@@ -211,6 +205,12 @@ func TestInitFromTransformersLayout(t *testing.T) {
 	if out, code := runMain(t, initArgs(m.dir, data, t.TempDir(), "--heads", "8")...); code == 0 || !strings.Contains(out, "heads: given 8, the model's 4") {
 		t.Errorf("--heads 8 on a 4-head model: exit %d\n%s", code, out)
 	}
+	// TP splits the key/value heads: a TP size that does not divide them is
+	// refused naming both (as Megatron does).
+	gqa := writeHFModel(t, 0, 2, false)
+	if out, code := runMain(t, initArgs(gqa.dir, data, t.TempDir(), "--tp", "4")...); code == 0 || !strings.Contains(out, "--tp 4 does not divide the model's kv-heads = 2") {
+		t.Errorf("--tp 4 on a model of 2 key/value heads: exit %d\n%s", code, out)
+	}
 	os.WriteFile(filepath.Join(m.dir, "tokenizer.json"), []byte(`{"model": {}}`), 0o644)
 	if out, code := runMain(t, "--init-from", m.dir, "--out", t.TempDir(), "--seq", "16", "--steps", "1"); code == 0 || !strings.Contains(out, "its own tokenizer") {
 		t.Errorf("text data for a model with a tokenizer: exit %d\n%s", code, out)
@@ -266,6 +266,15 @@ func TestExportShardedRoundTrip(t *testing.T) {
 			return -1, 0
 		}},
 		{"ep 2 (MoE)", []string{"--experts", "4", "--dp", "2", "--ep", "2"}, nil},
+		{"tp 2, grouped-query (4 heads, 2 kv heads)", []string{"--tp", "2", "--heads", "4", "--kv-heads", "2"}, func(r int, n string) (int, int) {
+			switch {
+			case strings.Contains(n, "self_attn.o_proj"), strings.Contains(n, "mlp.down_proj"):
+				return 1, r
+			case strings.Contains(n, "_proj"), n == "model.embed_tokens.weight", n == "lm_head.weight":
+				return 0, r
+			}
+			return -1, 0
+		}},
 	} {
 		run := t.TempDir()
 		mustRun(t, append(small(run, "--steps", "3", "--tied=false", "--val-fraction", "0"), c.args...)...)
@@ -278,6 +287,14 @@ func TestExportShardedRoundTrip(t *testing.T) {
 		moe := c.rank == nil
 		if cfg["model_type"] != map[bool]string{false: "llama", true: "mixtral"}[moe] || cfg["hidden_size"] != 32.0 || cfg["tie_word_embeddings"] != false {
 			t.Errorf("%s: config.json %v", c.name, cfg)
+		}
+		heads, kvHeads := 2.0, 2.0
+		if slices.Contains(c.args, "--kv-heads") {
+			heads, kvHeads = 4, 2
+		}
+		if cfg["num_attention_heads"] != heads || cfg["num_key_value_heads"] != kvHeads || cfg["head_dim"] != 32/heads {
+			t.Errorf("%s: config.json has %v heads, %v key/value heads of %v, want %v, %v of %v", c.name,
+				cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"], heads, kvHeads, 32/heads)
 		}
 		if _, err := os.Stat(filepath.Join(exp, "tokenizer.json")); err != nil {
 			t.Errorf("%s: no byte-level tokenizer.json: %v\n%s", c.name, err, o)
@@ -303,6 +320,7 @@ func TestExportShardedRoundTrip(t *testing.T) {
 			check("model.layers.0.block_sparse_moe.gate.weight", ranks[0]["blocks.0.moe.router.weight"])
 		} else {
 			pieces := map[string]string{"model.layers.0.self_attn.q_proj.weight": "blocks.0.attn.wq.weight",
+				"model.layers.0.self_attn.k_proj.weight": "blocks.0.attn.wk.weight", "model.layers.0.self_attn.v_proj.weight": "blocks.0.attn.wv.weight",
 				"model.layers.0.self_attn.o_proj.weight": "blocks.0.attn.wo.weight", "model.layers.0.mlp.down_proj.weight": "blocks.0.mlp.w_down.weight",
 				"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "final_norm.weight", "lm_head.weight": "lm_head.weight"}
 			for hfName, our := range pieces {

@@ -124,9 +124,9 @@ func (p ParallelConfig) check(m layers.GPTConfig, t train.Config) error {
 	for _, f := range []struct {
 		name string
 		v    int
-	}{{"heads", m.Heads}, {"dim", m.Dim}, {"ffn", m.FFN}, {"vocab", m.Vocab}} {
+	}{{"heads", m.Heads}, {"kv-heads", m.KVHeads}, {"dim", m.Dim}, {"ffn", m.FFN}, {"vocab", m.Vocab}} {
 		if f.v%p.TP != 0 {
-			return fmt.Errorf("layout: --tp %d does not divide the model's %s = %d, expected TP dividing heads, dim, ffn and vocab", p.TP, f.name, f.v)
+			return fmt.Errorf("layout: --tp %d does not divide the model's %s = %d, expected TP dividing heads, kv-heads, dim, ffn and vocab", p.TP, f.name, f.v)
 		}
 	}
 	if m.Experts == 0 && p.EP > 1 {

@@ -187,7 +187,7 @@ func paramCount(c layers.GPTConfig) int {
 		n += c.Vocab * c.Dim
 	}
 	for l := range c.Layers {
-		n += 2*c.Dim + 4*c.Dim*c.Dim // norms, attention
+		n += 2*c.Dim + c.AttentionParams() // norms, attention
 		if c.IsMoE(l) {
 			n += c.Experts*c.Dim + c.Experts*3*c.Dim*c.FFN
 		} else {

@@ -385,20 +385,23 @@ func TestParallelConfig(t *testing.T) {
 	}
 }
 
-// paramCount agrees with layers.GPT for dense, MoE and untied models.
+// paramCount agrees with layers.GPT for dense, MoE, untied and
+// grouped-query models.
 func TestParamCount(t *testing.T) {
 	for _, name := range []string{"tiny", "tiny-moe"} {
 		for _, tied := range []bool{true, false} {
-			c := presets[name]().Model
-			c.TiedEmbeddings = tied
-			c.MoEEvery = map[bool]int{true: 2, false: c.MoEEvery}[name == "tiny-moe" && tied]
-			c = c.WithDefaults()
-			m, err := newGPTForCount(c)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got := paramCount(c); got != m {
-				t.Errorf("%s tied=%v: paramCount %d, layers.GPT has %d", name, tied, got, m)
+			for _, kv := range []int{0, 2, 1} {
+				c := presets[name]().Model
+				c.TiedEmbeddings, c.KVHeads = tied, kv
+				c.MoEEvery = map[bool]int{true: 2, false: c.MoEEvery}[name == "tiny-moe" && tied]
+				c = c.WithDefaults()
+				m, err := newGPTForCount(c)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := paramCount(c); got != m {
+					t.Errorf("%s tied=%v kv_heads=%d: paramCount %d, layers.GPT has %d", name, tied, kv, got, m)
+				}
 			}
 		}
 	}

@@ -71,7 +71,7 @@ func applyRunFlags(cfg *Config, r *runFlags, set map[string]bool) {
 // flagFields maps each flag to the config fields it sets ("section.json
 // name"), for the rules about values given explicitly.
 var flagFields = map[string][]string{
-	"layers": {"model.layers"}, "dim": {"model.dim"}, "heads": {"model.heads"}, "vocab": {"model.vocab"},
+	"layers": {"model.layers"}, "dim": {"model.dim"}, "heads": {"model.heads"}, "kv-heads": {"model.kv_heads"}, "vocab": {"model.vocab"},
 	"seq": {"model.seq"}, "ffn": {"model.ffn"}, "tied": {"model.tied_embeddings"}, "experts": {"model.experts"},
 	"topk": {"model.top_k"}, "moe-every": {"model.moe_every"}, "capacity-factor": {"model.capacity_factor"},
 	"aux-loss-coef": {"model.aux_loss_coef"}, "z-loss-coef": {"model.z_loss_coef"}, "rope-theta": {"model.rope_theta"},

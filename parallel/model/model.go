@@ -76,7 +76,8 @@ type Model struct {
 //
 // The layout is validated before anything is allocated: grid.World's size
 // must be DP × TP, the groups must have those sizes, TP must divide Heads,
-// Dim, FFN and Vocab, and with experts EP must divide the world and the
+// KVHeads (each rank holds whole key/value heads, as Megatron splits
+// grouped-query attention), Dim, FFN and Vocab, and with experts EP must divide the world and the
 // experts (and TopK ≤ Experts).
 func New(b tensor.Backend, grid *comm.Grid, cfg layers.GPTConfig, opts Options, dt tensor.DType) (*Model, error) {
 	if b == nil {
@@ -109,7 +110,7 @@ func New(b tensor.Backend, grid *comm.Grid, cfg layers.GPTConfig, opts Options, 
 	for l := range cfg.Layers {
 		name := fmt.Sprintf("blocks.%d", l)
 		bc := layers.BlockConfig{
-			Dim: cfg.Dim, Heads: cfg.Heads, FFN: cfg.FFN, RopeTheta: cfg.RopeTheta,
+			Dim: cfg.Dim, Heads: cfg.Heads, KVHeads: cfg.KVHeads, FFN: cfg.FFN, RopeTheta: cfg.RopeTheta,
 			NormEps: cfg.NormEps, Std: std, OutStd: outStd,
 		}
 		var blk Block
@@ -192,7 +193,7 @@ func checkLayout(grid *comm.Grid, cfg layers.GPTConfig) error {
 	for _, f := range []struct {
 		name string
 		v    int
-	}{{"Heads", cfg.Heads}, {"Dim", cfg.Dim}, {"FFN", cfg.FFN}, {"Vocab", cfg.Vocab}} {
+	}{{"Heads", cfg.Heads}, {"KVHeads", cfg.KVHeads}, {"Dim", cfg.Dim}, {"FFN", cfg.FFN}, {"Vocab", cfg.Vocab}} {
 		if f.v%grid.TP != 0 {
 			return fmt.Errorf("model: layout tp %d does not divide GPTConfig.%s = %d, expected %s divisible by the TP size", grid.TP, f.name, f.v, f.name)
 		}

@@ -297,3 +297,65 @@ func TestForwardAsync(t *testing.T) {
 		}
 	}
 }
+
+// TestGQAModelMatchesGPT: a grouped-query model (4 query heads, 2
+// key/value heads) sharded over TP 1 and 2, with and without sequence
+// parallelism, at DP 1 and 2, equals layers.GPT on the same batch within
+// TestModelMatchesGPT's tolerances (each TP rank holds one key/value head
+// and the two query heads that read it), and its wk, wv shards are half
+// the multi-head model's. A TP size that does not divide the key/value
+// heads is refused naming both.
+func TestGQAModelMatchesGPT(t *testing.T) {
+	const B, T = 4, 8
+	cfg := smallConfig()
+	cfg.KVHeads = 2
+	ids, targets := batch(5, B, T, cfg.Vocab)
+	for _, dt := range []tensor.DType{tensor.Float32, tensor.Float64} {
+		ref := runReference(t, cfg, dt, ids, targets)
+		tol := map[tensor.DType]float64{tensor.Float32: 1e-5, tensor.Float64: 1e-11}[dt]
+		var worst worstErr
+		for _, l := range []layout{{tp: 1, dp: 1}, {tp: 2, dp: 1}, {tp: 2, dp: 1, sp: true}, {tp: 2, dp: 2, sp: true}, {tp: 1, dp: 2}} {
+			for _, ov := range strategies {
+				l.overlap = ov
+				t.Run(fmt.Sprintf("%v/%v", dt, l), func(t *testing.T) {
+					err := onGrid(l, func(b tensor.Backend, g *comm.Grid) error {
+						return checkAgainst(b, g, cfg, l, dt, ids, targets, ref, tol, &worst, checkHooks{after: func(m *model.Model) error {
+							mha := cfg
+							mha.KVHeads = 0
+							full, err := newModel(b, g, mha, l, dt)
+							if err != nil {
+								return err
+							}
+							kv := map[string]int{}
+							for _, s := range full.Shards() {
+								if strings.HasSuffix(s.Param.Name, ".wk.weight") || strings.HasSuffix(s.Param.Name, ".wv.weight") {
+									kv[s.Param.Name] = s.Param.Numel()
+								}
+							}
+							for _, s := range m.Shards() {
+								if n, ok := kv[s.Param.Name]; ok && 2*s.Param.Numel() != n {
+									return fmt.Errorf("%s has %d elements on this rank, the multi-head model's %d: want half", s.Param.Name, s.Param.Numel(), n)
+								}
+							}
+							if len(kv) != 2*cfg.Layers {
+								return fmt.Errorf("%d wk, wv shards in the multi-head model, want %d", len(kv), 2*cfg.Layers)
+							}
+							return nil
+						}})
+					})
+					if err != nil {
+						t.Fatal(err)
+					}
+				})
+			}
+		}
+		t.Logf("%v: worst relative errors %v", dt, worst.m)
+	}
+	err := onGrid(layout{tp: 4, dp: 1}, func(b tensor.Backend, g *comm.Grid) error {
+		_, err := newModel(b, g, cfg, layout{tp: 4, dp: 1, overlap: "collective"}, tensor.Float32)
+		return err
+	})
+	if err == nil || !strings.Contains(err.Error(), "layout tp 4 does not divide GPTConfig.KVHeads = 2") {
+		t.Fatalf("TP 4 over 2 key/value heads: %v, want a refusal naming both", err)
+	}
+}

@@ -9,21 +9,26 @@ import (
 )
 
 // Attention is layers.Attention with the heads split over the TP group:
-// rank r computes heads [r·H/P, (r+1)·H/P). wq, wk and wv are
-// column-parallel (their rows are the heads' features, so a rank's rows are
-// whole heads) and share one entry into the TP region, where they run as
-// one stacked weight [Wq_r; Wk_r; Wv_r] (one GEMM each way; the three stay
-// separate shards); RoPE (RoPEQKV on the packed rows) and the
-// attention op (layers.AttentionCore) run on the local heads as they are; wo is row-parallel and
-// its partial products leave the region (all-reduce, or reduce-scatter
-// under sequence parallelism).
+// rank r computes query heads [r·H/P, (r+1)·H/P) and holds key/value heads
+// [r·Hkv/P, (r+1)·Hkv/P) (grouped-query attention, as Megatron splits it:
+// P divides both, so each rank's query heads read only its own key/value
+// heads). wq, wk and wv are column-parallel (their rows are the heads'
+// features, so a rank's rows are whole heads) and share one entry into the
+// TP region, where they run as one stacked weight [Wq_r; Wk_r; Wv_r] (one
+// GEMM each way; the three stay separate shards); RoPE (RoPEQKV on the
+// packed rows) and the attention op (layers.AttentionCore) run on the
+// local heads as they are; wo is row-parallel and its partial products
+// leave the region (all-reduce, or reduce-scatter under sequence
+// parallelism).
 type Attention struct {
-	Name                string
-	Dim, Heads, HeadDim int
-	LocalHeads          int // Heads/P
-	Theta               float64
-	Wq, Wk, Wv          *ColumnParallelLinear // Dim → Dim/P each
-	Wo                  *RowParallelLinear    // Dim/P → Dim
+	Name                         string
+	Dim, Heads, KVHeads, HeadDim int
+	LocalHeads                   int // Heads/P
+	LocalKVHeads                 int // KVHeads/P
+	Theta                        float64
+	Wq                           *ColumnParallelLinear // Dim → Dim/P
+	Wk, Wv                       *ColumnParallelLinear // Dim → KVHeads·HeadDim/P each
+	Wo                           *RowParallelLinear    // Dim/P → Dim
 
 	b    tensor.Backend
 	par  Parallel
@@ -34,38 +39,41 @@ type Attention struct {
 
 // NewAttention registers name+".wq", ".wk", ".wv" and ".wo" with this
 // rank's shards of the values layers.NewAttention gives them with the same
-// seed. P must divide Heads.
+// seed. P must divide Heads and KVHeads.
 func NewAttention(b tensor.Backend, ps *layers.ParamSet, par Parallel, name string, cfg layers.AttentionConfig) (*Attention, error) {
 	what := "tp: attention " + name
 	if err := par.check(what); err != nil {
 		return nil, err
 	}
-	if cfg.Dim <= 0 || cfg.Heads <= 0 || cfg.Dim%cfg.Heads != 0 {
-		return nil, fmt.Errorf("%s: Dim = %d, Heads = %d, expected positive sizes with Heads dividing Dim", what, cfg.Dim, cfg.Heads)
+	if err := layers.CheckHeads(what, cfg); err != nil {
+		return nil, err
 	}
-	if cfg.Heads%par.Size() != 0 {
-		return nil, fmt.Errorf("%s: Heads = %d is not divisible by the TP size %d (each rank computes whole heads)", what, cfg.Heads, par.Size())
+	hkv := cfg.KVHeads
+	if hkv == 0 {
+		hkv = cfg.Heads
+	}
+	if P := par.Size(); cfg.Heads%P != 0 || hkv%P != 0 {
+		return nil, fmt.Errorf("%s: Heads = %d and KVHeads = %d, expected both divisible by the TP size %d (each rank computes whole query heads from its own whole key/value heads)", what, cfg.Heads, hkv, P)
 	}
 	hd := cfg.Dim / cfg.Heads
-	if hd%2 != 0 {
-		return nil, fmt.Errorf("%s: head dim %d = Dim/Heads is odd, expected it even (RoPE turns pairs)", what, hd)
-	}
 	if !(cfg.RopeTheta > 0) {
 		return nil, fmt.Errorf("%s: RopeTheta = %v, expected > 0", what, cfg.RopeTheta)
 	}
-	a := &Attention{Name: name, Dim: cfg.Dim, Heads: cfg.Heads, HeadDim: hd, LocalHeads: cfg.Heads / par.Size(),
-		Theta: cfg.RopeTheta, b: b, par: par, core: layers.NewAttentionCore(b, cfg.Heads/par.Size(), hd, cfg.RopeTheta)}
-	col := func(suffix string) (*ColumnParallelLinear, error) {
-		return NewColumnParallelLinear(b, ps, par.part(), name+"."+suffix, ColumnConfig{In: cfg.Dim, Out: cfg.Dim, Std: cfg.Std})
+	P := par.Size()
+	a := &Attention{Name: name, Dim: cfg.Dim, Heads: cfg.Heads, KVHeads: hkv, HeadDim: hd, LocalHeads: cfg.Heads / P,
+		LocalKVHeads: hkv / P, Theta: cfg.RopeTheta, b: b, par: par,
+		core: layers.NewAttentionCore(b, cfg.Heads/P, hkv/P, hd, cfg.RopeTheta)}
+	col := func(suffix string, out int) (*ColumnParallelLinear, error) {
+		return NewColumnParallelLinear(b, ps, par.part(), name+"."+suffix, ColumnConfig{In: cfg.Dim, Out: out, Std: cfg.Std})
 	}
 	var err error
-	if a.Wq, err = col("wq"); err != nil {
+	if a.Wq, err = col("wq", cfg.Dim); err != nil {
 		return nil, err
 	}
-	if a.Wk, err = col("wk"); err != nil {
+	if a.Wk, err = col("wk", hkv*hd); err != nil {
 		return nil, err
 	}
-	if a.Wv, err = col("wv"); err != nil {
+	if a.Wv, err = col("wv", hkv*hd); err != nil {
 		return nil, err
 	}
 	if a.Wo, err = NewRowParallelLinear(b, ps, par, name+".wo", RowConfig{In: cfg.Dim, Out: cfg.Dim, Std: cfg.OutStd}); err != nil {

@@ -38,7 +38,7 @@ type Block struct {
 
 // NewBlock registers name+".attn_norm", ".attn", ".mlp_norm" and ".mlp"
 // like layers.NewBlock, the attention and MLP weights as this rank's
-// shards. P must divide Heads and FFN.
+// shards. P must divide Heads, KVHeads and FFN.
 func NewBlock(b tensor.Backend, ps *layers.ParamSet, par Parallel, name string, cfg layers.BlockConfig) (*Block, error) {
 	blk, err := NewBlockWith(b, ps, par, name, cfg, func() (FeedForward, error) {
 		return NewMLP(b, ps, par, name+".mlp", layers.MLPConfig{
@@ -66,7 +66,7 @@ func NewBlockWith(b tensor.Backend, ps *layers.ParamSet, par Parallel, name stri
 		Mixer: func() (layers.Mixer, error) {
 			var err error
 			blk.Attn, err = NewAttention(b, ps, par, name+".attn", layers.AttentionConfig{
-				Dim: cfg.Dim, Heads: cfg.Heads, RopeTheta: cfg.RopeTheta, Std: cfg.Std, OutStd: cfg.OutStd,
+				Dim: cfg.Dim, Heads: cfg.Heads, KVHeads: cfg.KVHeads, RopeTheta: cfg.RopeTheta, Std: cfg.Std, OutStd: cfg.OutStd,
 			})
 			return blk.Attn, err
 		},
