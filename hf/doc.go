@@ -22,8 +22,8 @@
 // Config maps LlamaConfig and MixtralConfig fields to layers.GPTConfig and
 // back, refusing what our model cannot express (biases, rope_scaling,
 // another activation, a head_dim other than hidden/heads); grouped-query
-// attention (num_key_value_heads < num_attention_heads) is read by
-// repeating each k/v head for its group, which is the same function.
+// attention (num_key_value_heads < num_attention_heads) maps to
+// GPTConfig.KVHeads, its k and v projections taken as they are, and back.
 // Consolidate merges the tensor- and expert-parallel shards of a
 // checkpoint into the full tensors, and Shard cuts them again for a rank.
 package hf

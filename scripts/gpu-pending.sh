@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine (one H200), from the repo root: BENCHMARKS.md's
-# "Pending on the GPU" list of 2026-12-02 (eighth) that fits one call
-# (≈ 4–5 minutes with the kernels and libasynctp_nvshmem.so to build):
-#  0. every tensor/cudabackend test on the final kernels (acc_scale_rows,
-#     the emulator-only operand check: PTX byte-identical to the GPU-run
-#     tree, so this is a regression run);
-#  1. the attention bench, wgmma (and the experimental D = 64 forwards,
-#     wgd64 / wgqd64) against FA2, forward and backward;
-#  2. compute-sanitizer memcheck over the fused MoE expert path on 2 PEs
+# Runs on the GPU machine (one H200), from the repo root: docs/gpu-pending.md's
+# "Open" items that fit one call (≈ 6–8 minutes with the kernels and
+# libasynctp_nvshmem.so to build):
+#  0. the kernels image with ptxas's register and spill report of the
+#     attention kernels (the dk/dv passes gained the loop over a key/value
+#     head's group of query heads);
+#  1. every tensor/cudabackend test: grouped-query attention at group sizes
+#     1, 2, 4, 8 and D = 64, 128 against the CPU (TestAttentionShapes*,
+#     TestConformance), FA2 against wgmma bit for bit (TestAttentionWG),
+#     determinism with a grouped-query backward, ClearErr (TestConformance);
+#  2. compute-sanitizer memcheck and racecheck over the attention tests;
+#  3. the attention bench, wg and fa2, multi-head and grouped-query shapes;
+#  4. the tiny CPU-against-GPU curve with --kv-heads, 50 steps, at head dims
+#     64 (4 heads, 1 key/value head) and 128 (2 heads, 1 key/value head);
+#  5. compute-sanitizer memcheck over the fused MoE expert path on 2 PEs
 #     under MPS (ep_send's warp-per-slot dweights have not run under it).
-# The D = 64 forward's lse difference needs a debug run of m and l first
-# (BENCHMARKS.md); the acceptance rounds against PyTorch are a call of
-# their own:
+# The acceptance rounds against PyTorch are a call of their own:
 #   STEPS=20 TORCH_STEPS=10 ROUNDS=2 PRESETS="gpt2-124m llama-1b" \
 #     FIRST_MODES=eager,compile TORCH_TIMEOUT=250 bash scripts/gpu-speed.sh
 # Needs build/ from scripts/build-gpu-artifacts.sh; builds the kernels
@@ -31,25 +35,56 @@ for f in "$B" ./build/train; do
 done
 if kernels_stale; then
   t0=$(date +%s)
-  if timeout 200 bash cuda/kernels/build.sh > "$OUT/nvcc.log" 2>&1; then row "kernels image (nvcc)" ok "$(($(date +%s) - t0)) s"
+  if NVCC_FLAGS="-Xptxas -v" timeout 240 bash cuda/kernels/build.sh > "$OUT/nvcc.log" 2>&1; then row "kernels image (nvcc -Xptxas -v)" ok "$(($(date +%s) - t0)) s"
   else row "kernels image (nvcc)" FAIL "see nvcc.log"; exit 1; fi
+  # ptxas: "Compiling entry function 'NAME'", then its spill and "Used N registers" lines.
+  grep -A3 -E "entry function '(attn_|rope_qkv)" "$OUT/nvcc.log" | grep -E "entry function|spill|Used" > "$OUT/attention-registers.txt"
+  grep -B2 -E "[1-9][0-9]* bytes spill" "$OUT/attention-registers.txt" | head -20
+  row "attention kernels: registers in attention-registers.txt" "" "$(grep -c -E '[1-9][0-9]* bytes spill' "$OUT/attention-registers.txt") lines with spills"
 fi
 # run NAME SECONDS LOG -- CMD...: the command with a timeout, a row for it.
 run() {
   local name=$1 secs=$2 log=$3; shift 4
   local t0; t0=$(date +%s)
   if timeout -k 5 "$secs" "$@" > "$OUT/$log" 2>&1; then row "$name" ok "$(($(date +%s) - t0)) s"
-  else row "$name" FAIL "see $log"; grep -E -- '--- FAIL|differs|is .* with' "$OUT/$log" | head -5 | cut -c1-200; fi
+  else row "$name" FAIL "see $log"; grep -E -- '--- FAIL|differs|is .* with|ERROR SUMMARY: [1-9]|hazard' "$OUT/$log" | head -5 | cut -c1-200; fi
 }
 if [ ! -f "$ASYNCTP_LIBNVSHMEM" ]; then
   t0=$(date +%s)
   if timeout 120 bash cuda/nvshmem/build.sh > "$OUT/nvshmem-build.log" 2>&1; then row "libasynctp_nvshmem.so (nvcc)" ok "$(($(date +%s) - t0)) s"
   else row "libasynctp_nvshmem.so (nvcc)" FAIL "see nvshmem-build.log"; fi
 fi
-run "tensor/cudabackend, every test" 200 backend-tests.log -- "$B" -test.count=1 -test.timeout=190s
-run "attention bench, wg (and D = 64 experiments) against fa2" 120 attention-bench.log -- \
-  "$B" -test.run '^$' -test.bench 'BenchmarkAttention/(wg|wgd64|wgqd64|fa2)/.*/.*/(fwd|bwd)$' -test.benchtime 20x
+run "tensor/cudabackend, every test (GQA shapes included)" 200 backend-tests.log -- "$B" -test.count=1 -test.timeout=190s
+ATT='TestAttentionShapes$|TestAttentionShapesFA2$|TestAttentionWG$|TestConformance/bf16/(Attention|Packed)$'
+for tool in memcheck racecheck; do
+  run "compute-sanitizer $tool over the attention tests" 150 "sanitize-attention-$tool.log" -- \
+    compute-sanitizer --tool "$tool" --error-exitcode 3 "$B" -test.count=1 -test.run "$ATT"
+  grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-attention-$tool.log"
+done
+run "attention bench, wg and fa2, MHA and GQA" 120 attention-bench.log -- \
+  "$B" -test.run '^$' -test.bench 'BenchmarkAttention/(wg|fa2)/.*/(fwd|bwd)$' -test.benchtime 20x
 grep '^Benchmark' "$OUT/attention-bench.log" | awk '{print $1, $3, $4, $5, $6}'
+for shape in "d64:--dim 256 --heads 4 --kv-heads 1" "d128:--dim 256 --heads 2 --kv-heads 1"; do
+  name=${shape%%:*}; args=${shape#*:}
+  for dev in cpu cuda; do
+    # shellcheck disable=SC2086
+    run "tiny --kv-heads, $name, 50 steps on $dev" 120 "gqa-$name-$dev.log" -- ./build/train --model tiny $args \
+      --device "$dev" --steps 50 --log-every 25 --checkpoint-every 0 --out "$OUT/gqa-$name-$dev"
+  done
+  python3 - "$OUT" "$name" <<'PY'
+import json, sys
+out, name = sys.argv[1], sys.argv[2]
+def losses(d):
+    return {r["step"]: r["loss"] for r in map(json.loads, open(f"{out}/gqa-{name}-{d}/metrics.jsonl"))}
+try:
+    c, g = losses("cpu"), losses("cuda")
+except OSError as e:
+    sys.exit(f"tiny --kv-heads {name}: {e}")
+worst = max(abs(g[s] - c[s]) / abs(c[s]) for s in c)
+print(f"tiny --kv-heads {name} cpu vs gpu over {len(c)} steps: loss {c[1]:.4f} -> {c[max(c)]:.4f} (cpu), "
+      f"{g[1]:.4f} -> {g[max(g)]:.4f} (gpu); max relative difference {worst:.2e} (bf16 tolerance 2e-2)")
+PY
+done
 run "memcheck over the fused MoE expert path, 2 PEs (MPS)" 200 sanitize.log -- \
   env OUT="$OUT" BUDGET=180 STEPS=moe-fused bash scripts/gpu-sanitize-pes.sh
 grep -E '^== moe-fused|rank[0-9]' "$OUT/sanitize.log" | head -6

@@ -8,8 +8,8 @@
     batch of random tokens (exactly one batch: B windows of T tokens, so
     step 1's batch is all of them whatever our data order); our step-1 loss
     must equal transformers' loss on the same windows (fp32, <= 1e-4 rel).
-(b) us -> transformers: a run of ours (dense at --tp 2, MoE at --dp 2
-    --ep 2) is exported with `train export`, loaded with
+(b) us -> transformers: a run of ours (dense at --tp 2, grouped-query at
+    --tp 2, MoE at --dp 2 --ep 2) is exported with `train export`, loaded with
     LlamaForCausalLM / MixtralForCausalLM.from_pretrained, and its logits on
     a batch must equal ours (`train logits`, fp32, <= 1e-4 relative to the
     largest logit); the exported byte-level tokenizer must encode bytes as
@@ -104,6 +104,8 @@ def part_a(train, work):
 
 def part_b(train, work):
     cases = [("dense, --tp 2", ["--layers", "2", "--dim", "64", "--heads", "4", "--tp", "2", "--tied=false"], transformers.LlamaForCausalLM),
+             ("gqa, --kv-heads 2 --tp 2", ["--layers", "2", "--dim", "64", "--heads", "4", "--kv-heads", "2", "--tp", "2", "--tied=false"],
+              transformers.LlamaForCausalLM),
              ("moe, --dp 2 --ep 2", ["--model", "tiny-moe", "--experts", "4", "--dp", "2", "--ep", "2"], transformers.MixtralForCausalLM)]
     for name, flags, cls in cases:
         run_dir = os.path.join(work, "run-" + name.split(",")[0])

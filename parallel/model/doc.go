@@ -18,7 +18,8 @@
 //	             TP group 0                 TP group 1   (DP = 2, TP = 2)
 //	          rank 0      rank 1         rank 2      rank 3
 //	embed     V rows 0:V/2  V/2:V        0:V/2       V/2:V
-//	wq,wk,wv  heads 0:H/2   H/2:H        0:H/2       H/2:H      (column-parallel)
+//	wq        heads 0:H/2   H/2:H        0:H/2       H/2:H      (column-parallel)
+//	wk,wv     kv heads 0:Hkv/2  Hkv/2:Hkv  (likewise)           (column-parallel; Hkv = H without GQA)
 //	wo        columns likewise                                  (row-parallel)
 //	w_gate,up FFN 0:F/2     F/2:F        ...                    (column-parallel)
 //	w_down    columns likewise                                  (row-parallel)

@@ -48,7 +48,7 @@
 // hidden features are split; the norms and the residual stream stay
 // outside the regions):
 //
-//	x ─► RMSNorm ─► [enter] ─► wq,wk,wv (column) ─► RoPE, attention on H/P heads ─► wo (row) ─► [leave] ─► + x
+//	x ─► RMSNorm ─► [enter] ─► wq,wk,wv (column) ─► RoPE, attention on H/P heads (Hkv/P kv heads) ─► wo (row) ─► [leave] ─► + x
 //	  ─► RMSNorm ─► [enter] ─► w_gate,w_up (column) ─► SwiGLU on F/P features ─► w_down (row) ─► [leave] ─► +
 //
 // where [enter] is copy (identity, all-reduce of the gradient) or, under

@@ -80,12 +80,12 @@
 // (Float64 included); Copy converts between BFloat16 and Float32 on the
 // device (rounding to nearest even).
 //
-// Attention: any head dim D ≤ 128: CUDA-core kernels (bf16 and f32, any
-// D) and tensor-core kernels (bf16, D = 64 or 128, 16-byte aligned
-// tensors) — on an sm_90 GPU the backward and the D = 128 forward on wgmma
+// Attention: any head dim D ≤ 128, grouped-query heads (k, v with Hkv
+// heads dividing q's H): CUDA-core kernels (bf16 and f32, any D) and
+// tensor-core kernels (bf16, D = 64 or 128, 16-byte aligned tensors) — on
+// an sm_90 GPU the backward and the D = 128 forward on wgmma
 // (AttentionWGMMA), elsewhere on mma.sync (AttentionFA2), with the same
-// bits — chosen automatically;
-// WithAttention picks one.
+// bits — chosen automatically; WithAttention picks one.
 //
 // MoE: Backend implements tensor.MoEOps (TopK, GatherRows, CombineRows,
 // LogSumExp and their backwards), and RoutingPlan computes a routing plan on
