@@ -163,7 +163,7 @@ func TestEmuStrides(t *testing.T) {
 		name string
 		opt  AttentionImpl
 	}{{"fa2", AttentionFA2}, {"wg", AttentionWGMMA}} {
-		for _, s := range []attnShape{{2, 200, 3, 3, 64}, {1, 150, 2, 2, 128}, {1, 1, 2, 2, 64}, {1, 70, 4, 2, 64}, {1, 90, 4, 1, 128}} {
+		for _, s := range []attnShape{{2, 200, 3, 3, 64}, {1, 150, 2, 2, 128}, {1, 1, 2, 2, 64}, {1, 70, 2, 1, 64}, {1, 70, 4, 1, 128}} {
 			t.Run(fmt.Sprintf("%s/%v", impl.name, s), func(t *testing.T) {
 				testStrides(t, s, impl.opt)
 			})
