@@ -127,7 +127,7 @@ func TestFusedCellsEngine(t *testing.T) {
 					t.Errorf("%s: %s: %s %q, engine %g µs; want ok without an engine time", c.name, r.ID(), r.Status, r.Reason, r.EngineGemmUS)
 				}
 			case c.name == "peercopy.Fused":
-				if r.Status != StatusNotRun || !strings.Contains(r.Reason, "needs --comm nvshmem on GPUs") || r.SpecK == 0 {
+				if r.Status != StatusNotRun || !strings.Contains(r.Reason, "the NVSHMEM transport") || r.SpecK == 0 {
 					t.Errorf("%s: %s: %s %q (spec K %d); want not run with the strategy's reason and the spec's widths", c.name, r.ID(), r.Status, r.Reason, r.SpecK)
 				}
 			case r.Status != StatusOK || r.Verified != "against collective on the same inputs":

@@ -155,7 +155,7 @@ func ConfigOf(m layers.GPTConfig) (map[string]any, error) {
 			return nil, fmt.Errorf("hf: the model has MoE in every %d-th block only (moe_every %d); Mixtral, the transformers MoE of this shape, has it in every block", m.MoEEvery, m.MoEEvery)
 		}
 		if m.CapacityFactor != 0 {
-			return nil, fmt.Errorf("hf: the model drops tokens over capacity (capacity_factor %v); Mixtral is dropless, so its logits would differ (train with --capacity-factor 0)", m.CapacityFactor)
+			return nil, fmt.Errorf("hf: the model drops tokens over capacity (capacity_factor %v); Mixtral is dropless, so its logits would differ (a model of CapacityFactor 0 drops none)", m.CapacityFactor)
 		}
 		c["architectures"], c["model_type"] = []string{"MixtralForCausalLM"}, "mixtral"
 		c["num_local_experts"], c["num_experts_per_tok"] = m.Experts, m.TopK

@@ -190,17 +190,40 @@ func (c *Chooser) record(k Kind, name, note, key string) {
 func (c *Chooser) CheckUsed() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var unused []string
+	var kinds, patterns []string // unused keys that name a site kind, and the others
 	for k := range c.cfg.Sites {
-		if !c.used[k] {
-			unused = append(unused, fmt.Sprintf("%q", k))
+		if c.used[k] {
+			continue
+		}
+		if slices.Contains(Kinds, Kind(k)) {
+			kinds = append(kinds, fmt.Sprintf("%q", k))
+		} else {
+			patterns = append(patterns, fmt.Sprintf("%q", k))
 		}
 	}
-	if len(unused) == 0 {
+	if len(kinds)+len(patterns) == 0 {
 		return nil
 	}
-	sort.Strings(unused)
-	return fmt.Errorf("overlap: sites %s match no communication site of this model: expected a site kind (%s) or a pattern of layer names such as \"blocks.0.attn.qkv\"", strings.Join(unused, ", "), kindList())
+	sort.Strings(kinds)
+	sort.Strings(patterns)
+	var has []string
+	for _, k := range Kinds {
+		if len(c.choices[k]) > 0 {
+			has = append(has, string(k))
+		}
+	}
+	present := "it has no communication sites"
+	if len(has) > 0 {
+		present = "its sites are of the kinds " + strings.Join(has, ", ")
+	}
+	var errs []string
+	if len(kinds) > 0 {
+		errs = append(errs, fmt.Sprintf("sites %s name site kinds this model has no site of (%s)", strings.Join(kinds, ", "), present))
+	}
+	if len(patterns) > 0 {
+		errs = append(errs, fmt.Sprintf("sites %s match no communication site of this model: expected a site kind (%s) or a pattern of layer names such as \"blocks.0.attn.qkv\"", strings.Join(patterns, ", "), kindList()))
+	}
+	return fmt.Errorf("overlap: %s", strings.Join(errs, "; "))
 }
 
 func kindList() string {

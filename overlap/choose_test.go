@@ -53,7 +53,7 @@ func TestChooser(t *testing.T) {
 		if err != nil || s.Name() != "collective" {
 			t.Fatalf("expert site under the default pipelined: %v, %v; want collective", s, err)
 		}
-		if sum := strings.Join(ch.Summary(), "\n"); !strings.Contains(sum, "expert: collective (1 site); pipelined for expert sites: the pipelined expert path needs symmetric memory and the CUDA backend (--comm nvshmem on GPUs)") {
+		if sum := strings.Join(ch.Summary(), "\n"); !strings.Contains(sum, "expert: collective (1 site); pipelined for expert sites: the pipelined expert path needs symmetric memory (comm.SymmetricMemory: the NVSHMEM transport) and the CUDA backend") {
 			t.Errorf("summary %q: want the expert line to say why", sum)
 		}
 	})
@@ -99,5 +99,15 @@ func TestChooser(t *testing.T) {
 	}
 	if err := ch.CheckUsed(); err == nil || !strings.Contains(err.Error(), `"blocks.9.*" match no communication site`) {
 		t.Errorf("CheckUsed: %v", err)
+	}
+	// A site kind the model has no site of is named as such, not as a name
+	// that is not a kind.
+	ch, _ = overlap.NewChooser(overlap.Config{Sites: map[string]string{"matmul-reduce-scatter": "pipelined"}}, pipe, missing)
+	if _, err := ch.Choose(spec(overlap.KindAllGatherMatmul, "blocks.0.attn.qkv")); err != nil {
+		t.Fatal(err)
+	}
+	err := ch.CheckUsed()
+	if err == nil || !strings.Contains(err.Error(), `sites "matmul-reduce-scatter" name site kinds this model has no site of (its sites are of the kinds all-gather-matmul)`) || strings.Contains(err.Error(), "expected a site kind") {
+		t.Errorf("CheckUsed with a kind the model lacks: %v", err)
 	}
 }

@@ -47,7 +47,7 @@ func (Pipelined) Supports(sp Spec) error {
 
 // ExpertNeedsSymmetric is why the expert path keeps collective where the
 // pipelined strategy is the transport-generic one.
-const ExpertNeedsSymmetric = "the pipelined expert path needs symmetric memory and the CUDA backend (--comm nvshmem on GPUs)"
+const ExpertNeedsSymmetric = "the pipelined expert path needs symmetric memory (comm.SymmetricMemory: the NVSHMEM transport) and the CUDA backend"
 
 // NewAllGatherMatmul builds the pipelined entry site.
 func (p Pipelined) NewAllGatherMatmul(sp Spec) (AllGatherMatmul, error) {

@@ -59,7 +59,7 @@ func TestQuickReport(t *testing.T) {
 	html, _ := os.ReadFile(filepath.Join(out, "report.html"))
 	for _, want := range []string{"## Headline", "## Every timed cell", "## The fused cells", "No fused cell was timed in this run: of 66 fused cells, 66 cannot run here",
 		"## Cells that cannot run here", "## Environment", "pipelined-peercopy needs NVSHMEM", "![speedup vs M per strategy](speedup.png)", "| AG+MM fwd |",
-		`| fused all-gather-matmul site "ablate.all-gather-matmul": backend *cpu.Backend: expected the CUDA backend on a CUDA stream (needs --comm nvshmem on GPUs) (strategy unavailable) | 18 |`} {
+		`| fused all-gather-matmul site "ablate.all-gather-matmul": backend *cpu.Backend: expected the CUDA backend on a CUDA stream, over a transport with symmetric memory (comm.SymmetricMemory: the NVSHMEM transport) (strategy unavailable) | 18 |`} {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("report.md lacks %q", want)
 		}
@@ -81,7 +81,7 @@ func TestQuickReport(t *testing.T) {
 			// Every fused cell is listed, none timed on the CPU, each with
 			// the fused strategy's own refusal (peercopy.Fused.Supports).
 			fused++
-			want := "needs --comm nvshmem on GPUs"
+			want := "the NVSHMEM transport"
 			switch {
 			case r.Op == ablate.OpMatmulAllReduce || r.Dir == "nosp":
 				want = "the fused strategy has no matmul-all-reduce form"

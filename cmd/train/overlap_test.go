@@ -36,7 +36,7 @@ func TestOverlapSummary(t *testing.T) {
 	if !strings.Contains(msg, "overlap: matmul-all-reduce: pipelined (") {
 		t.Errorf("no summary of the matmul-all-reduce sites; output:\n%s", msg)
 	}
-	if !strings.Contains(msg, "overlap: expert: collective (1 site); pipelined for expert sites: the pipelined expert path needs symmetric memory and the CUDA backend (--comm nvshmem on GPUs)") {
+	if !strings.Contains(msg, "overlap: expert: collective (1 site); pipelined for expert sites: the pipelined expert path needs symmetric memory (comm.SymmetricMemory: the NVSHMEM transport) and the CUDA backend") {
 		t.Errorf("want the expert sites' line saying why they keep collective; output:\n%s", msg)
 	}
 	if strings.Count(msg, "overlap: ") != 2 {
@@ -107,7 +107,7 @@ func TestOverlapErrors(t *testing.T) {
 		{"unknown site strategy", []string{"--tp", "2", "--config", conf(`{"overlap": {"sites": {"blocks.0.*": "fast"}}}`)}, `site "blocks.0.*": strategy "fast"`},
 		{"site that matches nothing", []string{"--tp", "2", "--config", conf(`{"overlap": {"sites": {"blocks.7.attn.qkv": "pipelined"}}}`)}, `sites "blocks.7.attn.qkv" match no communication site`},
 		{"expert path asked for pipelined", append([]string{"--tp", "2", "--ep", "2", "--config", conf(`{"overlap": {"sites": {"expert": "pipelined"}}}`)}, moe...),
-			`expert site "blocks.0.moe" on ep[0 1]: sites["expert"] asks for pipelined: overlap: pipelined for expert sites: the pipelined expert path needs symmetric memory and the CUDA backend (--comm nvshmem on GPUs)`},
+			`expert site "blocks.0.moe" on ep[0 1]: sites["expert"] asks for pipelined: overlap: pipelined for expert sites: the pipelined expert path needs symmetric memory (comm.SymmetricMemory: the NVSHMEM transport) and the CUDA backend`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -45,14 +45,14 @@ func envAs(sp overlap.Spec, what string) (siteEnv, error) {
 	}
 	b, ok := sp.Backend.(*cudabackend.Backend)
 	if !ok || b.Stream() == nil {
-		return siteEnv{}, fmt.Errorf("%s: backend %T: expected the CUDA backend on a CUDA stream (needs --comm nvshmem on GPUs) (%w)", what, sp.Backend, overlap.ErrUnavailable)
+		return siteEnv{}, fmt.Errorf("%s: backend %T: expected the CUDA backend on a CUDA stream, over a transport with symmetric memory (comm.SymmetricMemory: the NVSHMEM transport) (%w)", what, sp.Backend, overlap.ErrUnavailable)
 	}
 	if sp.Group == nil {
 		return siteEnv{}, fmt.Errorf("%s: nil group", what)
 	}
 	sm, ok := comm.SymmetricOf(sp.Group)
 	if !ok {
-		return siteEnv{}, fmt.Errorf("%s: group %s has no symmetric memory (needs --comm nvshmem) (%w)", what, sp.Group.Name(), overlap.ErrUnavailable)
+		return siteEnv{}, fmt.Errorf("%s: group %s has no symmetric memory (comm.SymmetricMemory: the NVSHMEM transport has it) (%w)", what, sp.Group.Name(), overlap.ErrUnavailable)
 	}
 	return siteEnv{g: sp.Group, sm: sm, b: b, what: what}, nil
 }

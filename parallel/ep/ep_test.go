@@ -417,6 +417,10 @@ func TestErrors(t *testing.T) {
 		if err := m.Forward(b.Zeros(tensor.Float32, 3, 8), x); err == nil || !strings.Contains(err.Error(), "expected 2 rows") {
 			return fmt.Errorf("Forward with a bad output: %v", err)
 		}
+		none := b.Zeros(tensor.Float32, 0, 8)
+		if err := m.Forward(none, none); err == nil || !strings.Contains(err.Error(), "no tokens, expected at least 1 row of 8") {
+			return fmt.Errorf("Forward of 0 tokens: %v, want an error saying at least 1 row", err)
+		}
 		d := m.Dispatch
 		if _, err := d.Layout([]int32{0, 5}, 1, 2, 0); err == nil || !strings.Contains(err.Error(), "expert 5") {
 			return fmt.Errorf("layout with a bad expert: %v", err)

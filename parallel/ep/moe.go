@@ -224,7 +224,7 @@ func (m *MoE) Forward(out, x *tensor.Tensor) error {
 		return m.forwardDevice(dp, out2, x2, n)
 	}
 	if fp, ok := d.(FusedOffsets); ok && fp.Fused() {
-		return fmt.Errorf("%s: the fused expert path runs only as the MoE device step, which this layer cannot take: it needs the backend's grouped GEMM for its local experts (tensor.UseGroupedFor; cmd/train --grouped-gemm on), a bound on the tokens per rank (WithMaxTokens) and fp32 routing", m.what())
+		return fmt.Errorf("%s: the fused expert path runs only as the MoE device step, which this layer cannot take: it needs the backend's grouped GEMM for its local experts (tensor.UseGroupedFor; cudabackend.WithGroupedGEMM(true)), a bound on the tokens per rank (WithMaxTokens) and fp32 routing", m.what())
 	}
 	m.Router.DeviceStats = false
 
@@ -368,8 +368,11 @@ func (m *MoE) checkRows(what string, t *tensor.Tensor, n int) (int, error) {
 		return 0, fmt.Errorf("%s: %s has shape %v, expected (..., %d)", m.what(), what, s, C)
 	}
 	rows := s[:len(s)-1].Numel()
-	if rows == 0 || (n >= 0 && rows != n) {
-		return 0, fmt.Errorf("%s: %s has shape %v, expected %d rows of %d", m.what(), what, s, max(n, 1), C)
+	switch {
+	case n >= 0 && rows != n:
+		return 0, fmt.Errorf("%s: %s has shape %v, expected %d rows of %d", m.what(), what, s, n, C)
+	case rows == 0:
+		return 0, fmt.Errorf("%s: %s has shape %v: no tokens, expected at least 1 row of %d (every rank of the group brings tokens to each step)", m.what(), what, s, C)
 	}
 	return rows, nil
 }

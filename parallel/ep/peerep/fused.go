@@ -50,7 +50,7 @@ func (f Fused) Supports(sp overlap.Spec) error {
 	}
 	what := fmt.Sprintf("fused expert path %q", sp.Name)
 	if groupedFor(b, sp) == nil {
-		return fmt.Errorf("%s: the backend's grouped GEMM is off (cmd/train --grouped-gemm on, cudabackend.WithGroupedGEMM(true)), and the fused path runs only as the MoE device step on it (%w)", what, overlap.ErrUnavailable)
+		return fmt.Errorf("%s: the backend's grouped GEMM is off (cudabackend.WithGroupedGEMM(true) turns it on), and the fused path runs only as the MoE device step on it (%w)", what, overlap.ErrUnavailable)
 	}
 	probe := &Path{}
 	for _, o := range f.Options {

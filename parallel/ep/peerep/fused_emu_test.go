@@ -474,8 +474,8 @@ func TestEmuFusedNeedsDeviceStep(t *testing.T) {
 		c2 := &symComm{Comm: c.Comm, b: b, reg: c.reg, mine: map[uint64]int{}}
 		f := Fused{Options: []Option{WithStreamHooks()}}
 		sp := overlap.Spec{Kind: overlap.KindExpert, Name: "moe", Group: c2, Backend: b, Rows: 4, K: 8, Outs: []int{8}}
-		if err := f.Supports(sp); !errors.Is(err, overlap.ErrUnavailable) || !strings.Contains(err.Error(), "--grouped-gemm on") {
-			return fmt.Errorf("Supports without the grouped GEMM: %v, expected ErrUnavailable naming --grouped-gemm on", err)
+		if err := f.Supports(sp); !errors.Is(err, overlap.ErrUnavailable) || !strings.Contains(err.Error(), "WithGroupedGEMM(true)") {
+			return fmt.Errorf("Supports without the grouped GEMM: %v, expected ErrUnavailable naming WithGroupedGEMM(true)", err)
 		}
 		ps := layers.NewParamSet(3)
 		cfg := layers.MoEConfig{Dim: 8, Hidden: 8, Experts: 2, TopK: 1, Std: 0.5, OutStd: 0.3}
@@ -492,8 +492,8 @@ func TestEmuFusedNeedsDeviceStep(t *testing.T) {
 		}
 		x, out := b.Zeros(tensor.Float32, 4, 8), b.Zeros(tensor.Float32, 4, 8)
 		err = m.Forward(out, x)
-		if err == nil || !strings.Contains(err.Error(), "runs only as the MoE device step") || !strings.Contains(err.Error(), "--grouped-gemm on") {
-			return fmt.Errorf("a fused layer without the grouped GEMM: %v, expected a refusal naming the device step and --grouped-gemm on", err)
+		if err == nil || !strings.Contains(err.Error(), "runs only as the MoE device step") || !strings.Contains(err.Error(), "WithGroupedGEMM(true)") {
+			return fmt.Errorf("a fused layer without the grouped GEMM: %v, expected a refusal naming the device step and WithGroupedGEMM(true)", err)
 		}
 		return nil
 	})

@@ -42,7 +42,7 @@ func env(b any, g comm.Comm, name string, maxTokens int) (*cudabackend.Backend, 
 	}
 	sm, ok := comm.SymmetricOf(g)
 	if !ok {
-		return nil, nil, fmt.Errorf("%s: group %s has no symmetric memory (needs --comm nvshmem) (%w)", what, g.Name(), overlap.ErrUnavailable)
+		return nil, nil, fmt.Errorf("%s: group %s has no symmetric memory (comm.SymmetricMemory: the NVSHMEM transport has it) (%w)", what, g.Name(), overlap.ErrUnavailable)
 	}
 	if maxTokens <= 0 {
 		return nil, nil, fmt.Errorf("%s: its symmetric buffers are sized by a maximum of tokens per rank, and the layer has none (ep.WithMaxTokens) (%w)", what, overlap.ErrUnavailable)
