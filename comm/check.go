@@ -26,13 +26,15 @@ type Error struct {
 	Op    string // "all-gather", ..., or a mapping/strategy name
 	Group string // the Comm's Name
 	Rank  int    // the rank in the group
-	Err   error
+	Err   error  // what was expected and what was found (may wrap ErrTimeout, ErrMismatch...)
 }
 
+// Error is "op on group, rank r: err".
 func (e *Error) Error() string {
 	return fmt.Sprintf("%s on %s, rank %d: %v", e.Op, e.Group, e.Rank, e.Err)
 }
 
+// Unwrap returns Err.
 func (e *Error) Unwrap() error { return e.Err }
 
 // Errorf makes an *Error for op on c's rank, formatting Err like fmt.Errorf

@@ -29,6 +29,8 @@ type Stream interface{}
 // Until Wait has been called for it, an op's buffers belong to the transport:
 // the caller must neither read its destination nor write its source.
 type Work interface {
+	// Wait orders the op's result before the work queued on s after it
+	// (on the host: returns once the op is done) and returns its error.
 	Wait(s Stream) error
 }
 
@@ -49,6 +51,7 @@ const (
 	Max                 // elementwise maximum over ranks
 )
 
+// String is "sum", "avg" or "max".
 func (op ReduceOp) String() string {
 	switch op {
 	case Sum:
@@ -129,7 +132,10 @@ type Comm interface {
 // the same order — as ranks that build the same model do — and no op of
 // the world may be in flight meanwhile. The tensor is zeroed.
 type SymmetricMemory interface {
+	// AllocSymmetric allocates a zeroed tensor at the same offset of every
+	// rank's symmetric heap (a collective of the world, as above).
 	AllocSymmetric(shape []int, dt tensor.DType) (*tensor.Tensor, error)
+	// FreeSymmetric frees a tensor of AllocSymmetric (collective too).
 	FreeSymmetric(t *tensor.Tensor) error
 	// PeerPtr is the device address of element 0 of group rank r's copy of
 	// t (a view of a tensor of AllocSymmetric), reachable from this rank
@@ -141,6 +147,7 @@ type SymmetricMemory interface {
 // Wrapper is a Comm that decorates another (a debugging wrapper): the
 // optional capabilities are looked up through it.
 type Wrapper interface {
+	// Unwrap returns the Comm it decorates.
 	Unwrap() Comm
 }
 
@@ -165,6 +172,7 @@ func SymmetricOf(c Comm) (SymmetricMemory, bool) {
 // instead of waiting for its deadline (ncclCommAbort). A rank calls it when
 // it fails on its own and will not reach its next collective.
 type Aborter interface {
+	// Abort poisons the world with err (see above).
 	Abort(err error)
 }
 
@@ -172,6 +180,7 @@ type Aborter interface {
 // label for their Name ("tp" makes "tp[2 3]"). Use the SplitNamed function,
 // which falls back to Split.
 type NamedSplitter interface {
+	// SplitNamed is Split with label naming the new groups.
 	SplitNamed(color, key int, label string) (Comm, error)
 }
 

@@ -25,9 +25,9 @@ import (
 // Groups are plain values passed to the layers that need them; nothing is
 // global. The Grid owns its groups (not the world): Close closes them.
 type Grid struct {
-	World  Comm
-	DP, TP int // data- and tensor-parallel sizes, DP·TP = World.Size()
-	EP     int // expert-parallel size, divides World.Size()
+	World  Comm // every rank of the job
+	DP, TP int  // data- and tensor-parallel sizes, DP·TP = World.Size()
+	EP     int  // expert-parallel size, divides World.Size()
 
 	TPGroup  Comm // "tp": ranks with the same r / TP, ordered by r
 	DPGroup  Comm // "dp": ranks with the same r % TP, ordered by r

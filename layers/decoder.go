@@ -21,6 +21,7 @@ type TokenEmbedding interface {
 // Projection is the LM head of a Decoder: y (N, logit columns) from x, the
 // rows of the final norm.
 type Projection interface {
+	// Forward writes y from x and keeps x for the backward.
 	Forward(y, x *tensor.Tensor) error
 	// Backward overwrites dx with ∂L/∂x and adds the weights' gradients,
 	// from dy.
@@ -34,6 +35,7 @@ type Projection interface {
 // not nil, gradScale·∂(Σ losses)/∂logits into dlogits, without reading
 // anything back to the host.
 type Loss interface {
+	// Forward writes losses (and dlogits when not nil) as above.
 	Forward(losses, dlogits, logits, targets *tensor.Tensor, gradScale float32) error
 }
 
@@ -45,13 +47,13 @@ type DecoderParts struct {
 	// Seq, Vocab and Dim are the model's sizes; LogitCols is the width
 	// of the head's output on this rank (Vocab, or Vocab/P).
 	Seq, Vocab, Dim, LogitCols int
-	DType                      tensor.DType
+	DType                      tensor.DType // the dtype of the activations (the parameters')
 
-	Embed  TokenEmbedding
-	Blocks []*Block
-	Norm   *RMSNorm // the final norm
-	Head   Projection
-	Loss   Loss
+	Embed  TokenEmbedding // the token embedding
+	Blocks []*Block       // the blocks, in order
+	Norm   *RMSNorm       // the final norm
+	Head   Projection     // the LM head
+	Loss   Loss           // the loss of the head's logits
 	// HeadLoss, when set, replaces Head then Loss on a forward with
 	// targets (ChunkedHeadLoss: the logits never whole in memory); Logits
 	// then computes the logits on demand with Head.
@@ -461,7 +463,7 @@ func (d *Decoder) backward() error {
 // CrossEntropy is the plain Loss part: the backend's fused softmax
 // cross-entropy of (N, Vocab) logits against host int32 targets.
 type CrossEntropy struct {
-	Vocab int
+	Vocab int // the logits' columns
 
 	b       tensor.Backend
 	targets *tensor.Tensor // (N) int32 on the device

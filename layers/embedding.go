@@ -9,8 +9,8 @@ import (
 
 // Embedding looks up rows of a table: out[n, :] = W[ids[n], :].
 type Embedding struct {
-	Name       string
-	Vocab, Dim int
+	Name       string // the layer's name, its parameter's prefix
+	Vocab, Dim int    // the table's rows (token ids) and columns
 	W          *Param // (Vocab, Dim), weight decay
 
 	b   tensor.Backend

@@ -36,8 +36,8 @@ type HeadLoss interface {
 // parameters' gradients alone, as it always did; the price is that such a
 // forward computes the head's backward GEMMs too.
 type ChunkedHeadLoss struct {
-	Head *Linear
-	CE   *CrossEntropy
+	Head *Linear       // the LM head
+	CE   *CrossEntropy // the loss of its logits
 	// ChunkRows is the rows per chunk; 0 picks about 64M logits per chunk.
 	ChunkRows int
 

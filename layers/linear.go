@@ -39,8 +39,8 @@ func WeightInit(what string, std float64, init InitFunc) (InitFunc, error) {
 
 // Linear is y = x·Wᵀ (+ bias) over the last dimension of x.
 type Linear struct {
-	Name    string
-	In, Out int
+	Name    string // the layer's name, its parameters' prefix
+	In, Out int    // input and output features
 	W       *Param // (Out, In), weight decay
 	Bias    *Param // (Out), or nil
 

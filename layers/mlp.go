@@ -9,7 +9,7 @@ import (
 
 // MLPConfig describes a SwiGLU MLP.
 type MLPConfig struct {
-	Dim, Hidden int
+	Dim, Hidden int     // the input and output features, and the hidden ones
 	Std         float64 // init std of w_gate and w_up
 	OutStd      float64 // init std of w_down (the residual branch's output)
 }
@@ -17,8 +17,8 @@ type MLPConfig struct {
 // MLP is the SwiGLU feed-forward layer:
 // out = w_down(silu(w_gate(x)) · w_up(x)).
 type MLP struct {
-	Name        string
-	Dim, Hidden int
+	Name        string  // the layer's name, its parameters' prefix
+	Dim, Hidden int     // the input and output features, and the hidden ones
 	Gate, Up    *Linear // Dim → Hidden
 	Down        *Linear // Hidden → Dim
 

@@ -45,7 +45,7 @@ func (c MoEConfig) Validate() error {
 // MoEStats describes the routing of an MoE layer's last forward, over all
 // the tokens of the step (of the whole expert-parallel group under EP).
 type MoEStats struct {
-	Name            string
+	Name            string  // the layer
 	Tokens          int     // tokens routed
 	TokensPerExpert []int   // (E) token-slots routed to each expert, before the capacity
 	Dropped         int     // token-slots over capacity (0 when dropless)
@@ -65,9 +65,9 @@ type MoEStats struct {
 // Backward runs it in reverse and adds the gradient of AuxLoss: the layer's
 // objective is L(out) + AuxLoss().
 type MoE struct {
-	Name    string
-	Router  *Router
-	Experts *Experts
+	Name    string   // the layer's name, its parameters' prefix
+	Router  *Router  // the gate
+	Experts *Experts // every expert of the layer
 
 	cfg  MoEConfig
 	b    tensor.Backend

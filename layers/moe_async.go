@@ -8,6 +8,7 @@ package layers
 // change what it returns, so a training loop can queue the next step
 // before it asks. The function may be called more than once.
 type StatsReader interface {
+	// StatsAsync returns the function that gives the statistics.
 	StatsAsync() func() (MoEStats, error)
 }
 

@@ -10,10 +10,10 @@ import (
 // ExpertsConfig describes a group of SwiGLU experts: experts [First,
 // First+Count) of a layer of Experts experts (Count 0 means all of them).
 type ExpertsConfig struct {
-	Dim, Hidden  int
-	Experts      int // in the whole layer
-	First, Count int // the experts this group holds
-	Std          float64
+	Dim, Hidden  int     // each expert's input and output features, and its hidden ones
+	Experts      int     // in the whole layer
+	First, Count int     // the experts this group holds
+	Std          float64 // init std of w_gate and w_up
 	OutStd       float64 // init std of w_down
 }
 
@@ -30,11 +30,11 @@ type ExpertsConfig struct {
 // full layer's names with ShardInit, so that they have exactly the values
 // of the unsharded layer with the same seed.
 type Experts struct {
-	Name              string
-	Dim, Hidden       int
-	Experts           int // in the whole layer
-	First, Count      int // this group holds experts [First, First+Count)
-	Gate, Up, Down    *Param
+	Name              string // the layer's name, its parameters' prefix
+	Dim, Hidden       int    // each expert's input and output features, and its hidden ones
+	Experts           int    // in the whole layer
+	First, Count      int    // this group holds experts [First, First+Count)
+	Gate, Up, Down    *Param // the stacked weights: (Count, Hidden, Dim), (Count, Hidden, Dim), (Count, Dim, Hidden)
 	b                 tensor.Backend
 	grouped           tensor.GroupedGEMM // nil: one MatMul per expert
 	counts            []int              // rows per local expert of the last Forward; nil before one

@@ -19,7 +19,7 @@ import (
 // backend downloads them, N·K int32: the counts are needed on the host
 // anyway, to size the GEMMs and the all-to-all).
 type RoutingPlan struct {
-	Tokens, TopK, Experts int
+	Tokens, TopK, Experts int     // N tokens, K experts each, E experts
 	Capacity              int     // slots kept per expert; 0: dropless
 	Routed                []int   // (E) slots routed to each expert, before the capacity
 	Kept                  []int   // (E) slots kept

@@ -10,7 +10,7 @@ import (
 
 // RouterConfig describes the router of an MoE layer.
 type RouterConfig struct {
-	Dim, Experts, TopK int
+	Dim, Experts, TopK int     // input features, experts, experts per token
 	Std                float64 // init std of the router weight
 	AuxLossCoef        float64 // weight of the load-balancing loss (0: off)
 	ZLossCoef          float64 // weight of the router z-loss (0: off)
@@ -49,10 +49,10 @@ type LoadStats struct {
 // model's dtype, and the logits' gradient is rounded to it for the two
 // GEMMs of the backward. f32 and f64 models route in their own dtype.
 type Router struct {
-	Name               string
-	Dim, Experts, TopK int
-	AuxLossCoef        float64
-	ZLossCoef          float64
+	Name               string  // the layer's name, its parameter's prefix
+	Dim, Experts, TopK int     // input features, experts, experts per token
+	AuxLossCoef        float64 // weight of the load-balancing loss (0: off)
+	ZLossCoef          float64 // weight of the router z-loss (0: off)
 	// AuxGradScale multiplies the gradient of the auxiliary losses (not
 	// their values); 0 means 1. An expert-parallel layer whose gradients
 	// are averaged over D ranks sets D, so that the aux term keeps its

@@ -67,9 +67,9 @@ func ShardInit(init InitFunc, full []int, dim, lo, hi int) (InitFunc, error) {
 // into the flat buffers of the ParamSet that holds it (nil until the set is
 // materialized). Decay says whether weight decay applies to it.
 type Param struct {
-	Name  string
-	W, G  *tensor.Tensor
-	Decay bool
+	Name  string         // unique in its set; it seeds the initialisation
+	W, G  *tensor.Tensor // views of the set's flat weights and gradients (nil before Materialize)
+	Decay bool           // whether weight decay applies
 
 	shape tensor.Shape
 	init  InitFunc

@@ -10,10 +10,10 @@ import (
 // RMSNorm is out = x / rms(x) · w over the last dimension, with
 // rms(x) = sqrt(mean(x²) + Eps).
 type RMSNorm struct {
-	Name string
-	Dim  int
-	Eps  float32
-	W    *Param // (Dim), initialised to 1, no weight decay
+	Name string  // the layer's name, its parameter's prefix
+	Dim  int     // the features normalised
+	Eps  float32 // added to mean(x²)
+	W    *Param  // (Dim), initialised to 1, no weight decay
 
 	b    tensor.Backend
 	x    *tensor.Tensor // (N, Dim): the input of the last Forward (the caller's)

@@ -353,6 +353,8 @@ func (o *AdamW) update(step int, hp tensor.AdamW) error {
 // the same sum on every rank (grads.Reducer, parallel/model.Model have it);
 // the optimizer itself has it for a model of one rank.
 type DeviceGradSumSquarer interface {
+	// GradSumSquaresTo adds Σ g² to dst (one element, the optimizer's
+	// MomentDType) on the device.
 	GradSumSquaresTo(dst *tensor.Tensor) error
 }
 

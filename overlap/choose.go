@@ -28,8 +28,8 @@ var Names = []string{"collective", "pipelined", "fused", "auto"}
 // named in Sites must exist for every site it matches, or building the
 // model fails, naming the site and why.
 type Config struct {
-	Default string            `json:"default,omitempty"`
-	Sites   map[string]string `json:"sites,omitempty"`
+	Default string            `json:"default,omitempty"` // the strategy of every site no key of Sites matches ("": collective)
+	Sites   map[string]string `json:"sites,omitempty"`   // strategy by site kind or pattern of layer names
 }
 
 // Validate checks the names and patterns, without building anything.

@@ -38,7 +38,7 @@ var Kinds = []Kind{KindAllGatherMatmul, KindMatmulReduceScatter, KindMatmulAllRe
 // construction. The site keeps what lives as long as the layer (buffers,
 // side streams, signal words) sized from it.
 type Spec struct {
-	Kind Kind
+	Kind Kind // which site: all-gather-matmul, matmul-reduce-scatter, matmul-all-reduce, expert
 	// Name is the layer's name ("blocks.0.attn.qkv"): errors name it, and
 	// the overlap configuration can choose a strategy for it.
 	Name    string
@@ -50,9 +50,9 @@ type Spec struct {
 	// Rows is the most rows of this rank's input the site will see (the
 	// size of its persistent buffers); 0 sizes them on first use.
 	Rows  int
-	K     int   // the inner width (the input's features)
-	Outs  []int // the output widths, one per weight
-	DType tensor.DType
+	K     int          // the inner width (the input's features)
+	Outs  []int        // the output widths, one per weight
+	DType tensor.DType // the dtype of the activations and weights
 	// Experts is an expert site's experts over the whole group
 	// (KindExpert; 0: not given); the TP sites leave it 0.
 	Experts int
@@ -101,6 +101,7 @@ type AllGatherMatmul interface {
 	// dws[i] (M_i, K) += douts[i]ᵀ·xFull. The Work orders dx: until it is
 	// waited, the site owns its group (issue no other op on it).
 	Backward(dx *tensor.Tensor, dws, douts []*tensor.Tensor, xFull *tensor.Tensor, ws []*tensor.Tensor) (comm.Work, error)
+	// Close releases what the site holds (buffers, streams, signals).
 	Close() error
 }
 
@@ -112,6 +113,7 @@ type MatmulReduceScatter interface {
 	// Backward, with doutFull (N, M) = all-gather(dout (n, M)): dx (N, K) =
 	// doutFull·w, dw (M, K) += doutFullᵀ·x. The Work orders dx and dw.
 	Backward(dx, dw, dout, x, w *tensor.Tensor) (comm.Work, error)
+	// Close releases what the site holds (buffers, streams, signals).
 	Close() error
 }
 
@@ -124,6 +126,7 @@ type MatmulAllReduce interface {
 	// its group, and the caller may queue other math (the weight
 	// gradients) meanwhile.
 	Run(out *tensor.Tensor, as, ws []*tensor.Tensor, transW bool) (comm.Work, error)
+	// Close releases what the site holds.
 	Close() error
 }
 
@@ -137,7 +140,10 @@ type Strategy interface {
 	// Supports says whether the strategy can build a site of spec's kind
 	// and group, and if not why (wrapping ErrUnavailable).
 	Supports(spec Spec) error
+	// NewAllGatherMatmul builds the site of spec (KindAllGatherMatmul).
 	NewAllGatherMatmul(spec Spec) (AllGatherMatmul, error)
+	// NewMatmulReduceScatter builds the site of spec (KindMatmulReduceScatter).
 	NewMatmulReduceScatter(spec Spec) (MatmulReduceScatter, error)
+	// NewMatmulAllReduce builds the site of spec (KindMatmulAllReduce).
 	NewMatmulAllReduce(spec Spec) (MatmulAllReduce, error)
 }

@@ -30,7 +30,7 @@ type Named struct {
 
 // Entry describes one tensor of a parsed file.
 type Entry struct {
-	Name string
+	Name string // the tensor's name in the file
 	// DType is the tensor's dtype, or tensor.Invalid for a format that has
 	// no dtype here (F16: read it with Float32s).
 	DType  tensor.DType

@@ -194,10 +194,10 @@ type Backend interface {
 
 // AdamW holds the hyper-parameters of one AdamW step.
 type AdamW struct {
-	LR          float32
-	Beta1       float32
-	Beta2       float32
-	Eps         float32
+	LR          float32 // the learning rate
+	Beta1       float32 // the first moment's decay
+	Beta2       float32 // the second moment's decay
+	Eps         float32 // added to sqrt(v̂)
 	WeightDecay float32 // decoupled: p -= LR·WeightDecay·p
 	Step        int     // 1-based step, for bias correction
 	GradScale   float32 // g is multiplied by this first (gradient clipping); 0 means 1
@@ -210,7 +210,7 @@ type AdamW struct {
 	// device: the host reads the norm later, only to report it, and a NaN
 	// gradient still never reaches the weights.
 	NormSq *Tensor
-	Clip   float32
+	Clip   float32 // the clipping threshold of NormSq's factor (≤ 0: none)
 }
 
 // ClipFactor is the clipping factor of a gradient whose Σ g² is normSq:
@@ -232,6 +232,7 @@ func ClipFactor(normSq, clip float64) float64 {
 // tensors the failed op and the skipped ops after it would have written
 // are not what the program meant them to be: recompute or upload them.
 type ErrClearer interface {
+	// ClearErr clears the recorded error, or says why it cannot.
 	ClearErr() error
 }
 
@@ -254,6 +255,7 @@ func ClearErr(b Backend) error {
 // be overwritten by later ops: the copy sees it as it was at ReadAsync. Use
 // it through the function ReadAsync, which falls back to a Download.
 type AsyncReader interface {
+	// ReadAsync queues the read of src (see above).
 	ReadAsync(src *Tensor) HostRead
 }
 

@@ -57,7 +57,7 @@ func GroupedOf(b Backend) (GroupedGEMM, error) {
 // cuBLASLt GEMM per expert), unless cudabackend.WithGroupedGEMM says
 // otherwise; a backend without the method is taken at its word (true).
 type GroupedPreference interface {
-	PreferGrouped() bool
+	PreferGrouped() bool // whether the layers should take GroupedGEMM
 }
 
 // GroupedCountPreference is an optional method of a backend with
@@ -66,7 +66,7 @@ type GroupedPreference interface {
 // CUDA backend's grouped engine wins over one GEMM per expert with many
 // small experts and loses with a few large ones.
 type GroupedCountPreference interface {
-	PreferGroupedFor(groups int) bool
+	PreferGroupedFor(groups int) bool // whether a layer of that many groups should take GroupedGEMM
 }
 
 // UseGrouped returns b's GroupedGEMM when b has one and prefers it, else nil.

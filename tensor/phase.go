@@ -8,7 +8,7 @@ package tensor
 // phase timer runs (cudabackend.(*Backend).StartPhases), so an unwatched
 // mark costs an interface check.
 type PhaseMarker interface {
-	MarkPhase(name string)
+	MarkPhase(name string) // the phase name starts after the work queued so far
 }
 
 // MarkPhase marks the start of phase name on b when b is a PhaseMarker,

@@ -9,11 +9,11 @@ import (
 type DType uint8
 
 const (
-	Invalid  DType = iota
-	Float32        // IEEE float32: the CPU reference type, fp32 master weights and optimizer state
-	BFloat16       // bfloat16: GPU parameters and activations
-	Int32          // token ids, targets, counts
-	Float64        // exact oracle in tests
+	Invalid  DType = iota // the zero value: no dtype
+	Float32               // IEEE float32: the CPU reference type, fp32 master weights and optimizer state
+	BFloat16              // bfloat16: GPU parameters and activations
+	Int32                 // token ids, targets, counts
+	Float64               // exact oracle in tests
 )
 
 // String returns the usual short name ("f32", "bf16", ...).
@@ -74,19 +74,20 @@ func ParseDType(s string) (DType, error) {
 type DeviceKind uint8
 
 const (
-	CPU DeviceKind = iota
-	CUDA
+	CPU  DeviceKind = iota // host memory
+	CUDA                   // the memory of a CUDA device
 )
 
 // Device is a kind and an ordinal (the GPU index for CUDA, 0 for the CPU).
 type Device struct {
-	Kind  DeviceKind
-	Index int
+	Kind  DeviceKind // CPU or CUDA
+	Index int        // the GPU's ordinal (0 for the CPU)
 }
 
 // HostDevice is the CPU.
 var HostDevice = Device{Kind: CPU}
 
+// String is "cpu" or "cuda:N".
 func (d Device) String() string {
 	if d.Kind == CUDA {
 		return fmt.Sprintf("cuda:%d", d.Index)
@@ -122,6 +123,7 @@ func (s Shape) Equal(o Shape) bool {
 // Clone returns a copy that does not alias s.
 func (s Shape) Clone() Shape { return append(Shape(nil), s...) }
 
+// String is the shape in parentheses: "(2, 3)".
 func (s Shape) String() string {
 	parts := make([]string, len(s))
 	for i, d := range s {
@@ -142,19 +144,19 @@ func (s Shape) validate() error {
 // Buffer is the storage behind one or more tensors, on one device. A buffer is
 // typed: its length is counted in elements of its dtype.
 type Buffer interface {
-	Device() Device
-	DType() DType
-	Len() int
+	Device() Device // where the storage lives
+	DType() DType   // the dtype of its elements
+	Len() int       // its length in elements
 }
 
 // HostBuffer is storage in host memory. Exactly the slice that matches its
 // dtype is set.
 type HostBuffer struct {
 	dtype DType
-	F32   []float32
-	F64   []float64
-	I32   []int32
-	BF16  []uint16 // raw bfloat16 bits
+	F32   []float32 // the elements of a Float32 buffer
+	F64   []float64 // the elements of a Float64 buffer
+	I32   []int32   // the elements of an Int32 buffer
+	BF16  []uint16  // the raw bfloat16 bits of a BFloat16 buffer
 }
 
 // NewHostBuffer allocates n zeroed elements of dt.
@@ -178,8 +180,13 @@ func NewHostBuffer(dt DType, n int) (*HostBuffer, error) {
 	return b, nil
 }
 
+// Device is HostDevice.
 func (b *HostBuffer) Device() Device { return HostDevice }
-func (b *HostBuffer) DType() DType   { return b.dtype }
+
+// DType is the dtype of the buffer's elements.
+func (b *HostBuffer) DType() DType { return b.dtype }
+
+// Len is the number of elements.
 func (b *HostBuffer) Len() int {
 	switch b.dtype {
 	case Float32:
@@ -256,12 +263,23 @@ func FromInt32(data []int32, shape ...int) (*Tensor, error) {
 	return New(&HostBuffer{dtype: Int32, I32: data}, 0, shape...)
 }
 
-func (t *Tensor) Shape() Shape   { return t.shape }
-func (t *Tensor) DType() DType   { return t.buf.DType() }
+// Shape is the tensor's shape (do not modify it: Clone it).
+func (t *Tensor) Shape() Shape { return t.shape }
+
+// DType is the dtype of the tensor's elements (its buffer's).
+func (t *Tensor) DType() DType { return t.buf.DType() }
+
+// Device is where the tensor's storage lives.
 func (t *Tensor) Device() Device { return t.buf.Device() }
+
+// Buffer is the storage the tensor is a view of.
 func (t *Tensor) Buffer() Buffer { return t.buf }
-func (t *Tensor) Offset() int    { return t.off }
-func (t *Tensor) Numel() int     { return t.shape.Numel() }
+
+// Offset is where the tensor starts in its buffer, in elements.
+func (t *Tensor) Offset() int { return t.off }
+
+// Numel is the number of elements, the product of the shape.
+func (t *Tensor) Numel() int { return t.shape.Numel() }
 
 // Dim returns dimension i; negative i counts from the end.
 func (t *Tensor) Dim(i int) int {
@@ -274,6 +292,7 @@ func (t *Tensor) Dim(i int) int {
 // Bytes is the size of the tensor's elements in bytes.
 func (t *Tensor) Bytes() int { return t.Numel() * t.DType().Size() }
 
+// String is the dtype, shape and device: "f32(2, 3)@cpu".
 func (t *Tensor) String() string {
 	return fmt.Sprintf("%v%v@%v", t.DType(), t.shape, t.Device())
 }

@@ -170,8 +170,13 @@ func btoi(b bool) int {
 	return 0
 }
 
-func (c *Comm) Rank() int    { return c.rank }
-func (c *Comm) Size() int    { return len(c.g.members) }
+// Rank is this rank's index in the group.
+func (c *Comm) Rank() int { return c.rank }
+
+// Size is the number of ranks of the group.
+func (c *Comm) Size() int { return len(c.g.members) }
+
+// Name is the group's name ("world", or the label of a Split).
 func (c *Comm) Name() string { return c.g.name }
 
 // Abort poisons the world: every pending and later call of every rank, in
@@ -200,6 +205,9 @@ func (c *Comm) Close() error {
 	return nil
 }
 
+// AllGather is comm.Comm's: dst (P·n, ...) receives every rank's src (n,
+// ...) in rank order. The stream is ignored; with Async the op may still
+// run after the call returns, until the Work's Wait.
 func (c *Comm) AllGather(dst, src *tensor.Tensor, s comm.Stream) (comm.Work, error) {
 	cl := &call{op: comm.OpAllGather, dst: dst, src: src}
 	cl.err = hostops.FirstErr(comm.CheckAllGather(c, dst, src), c.hostOnly(cl.op, dst, src))
@@ -209,6 +217,9 @@ func (c *Comm) AllGather(dst, src *tensor.Tensor, s comm.Stream) (comm.Work, err
 	return c.data(cl)
 }
 
+// ReduceScatter is comm.Comm's: dst (n, ...) receives this rank's part of
+// the reduction (op) of every rank's src (P·n, ...), accumulated in
+// float64 from rank 0 on (deterministic).
 func (c *Comm) ReduceScatter(dst, src *tensor.Tensor, op comm.ReduceOp, s comm.Stream) (comm.Work, error) {
 	cl := &call{op: comm.OpReduceScatter, dst: dst, src: src, rop: op}
 	cl.err = hostops.FirstErr(comm.CheckReduceScatter(c, dst, src, op), c.hostOnly(cl.op, dst, src))
@@ -218,6 +229,9 @@ func (c *Comm) ReduceScatter(dst, src *tensor.Tensor, op comm.ReduceOp, s comm.S
 	return c.data(cl)
 }
 
+// AllReduce is comm.Comm's: buf becomes, on every rank, the reduction
+// (op) of every rank's buf, accumulated in float64 from rank 0 on: the
+// same bits on every rank.
 func (c *Comm) AllReduce(buf *tensor.Tensor, op comm.ReduceOp, s comm.Stream) (comm.Work, error) {
 	cl := &call{op: comm.OpAllReduce, dst: buf, src: buf, rop: op}
 	cl.err = hostops.FirstErr(comm.CheckAllReduce(c, buf, op), c.hostOnly(cl.op, buf))
@@ -227,6 +241,8 @@ func (c *Comm) AllReduce(buf *tensor.Tensor, op comm.ReduceOp, s comm.Stream) (c
 	return c.data(cl)
 }
 
+// AllToAllV is comm.Comm's: rank r sends sendCounts[q] rows of src to each
+// rank q, in order, and receives recvCounts[q] rows from each into dst.
 func (c *Comm) AllToAllV(dst, src *tensor.Tensor, sendCounts, recvCounts []int, s comm.Stream) (comm.Work, error) {
 	cl := &call{op: comm.OpAllToAllV, dst: dst, src: src,
 		send: append([]int(nil), sendCounts...), recv: append([]int(nil), recvCounts...)}
@@ -237,6 +253,7 @@ func (c *Comm) AllToAllV(dst, src *tensor.Tensor, sendCounts, recvCounts []int, 
 	return c.data(cl)
 }
 
+// Broadcast is comm.Comm's: buf becomes root's buf on every rank.
 func (c *Comm) Broadcast(buf *tensor.Tensor, root int, s comm.Stream) (comm.Work, error) {
 	cl := &call{op: comm.OpBroadcast, dst: buf, src: buf, root: root}
 	cl.err = hostops.FirstErr(comm.CheckBroadcast(c, buf, root), c.hostOnly(cl.op, buf))
@@ -246,6 +263,8 @@ func (c *Comm) Broadcast(buf *tensor.Tensor, root int, s comm.Stream) (comm.Work
 	return c.data(cl)
 }
 
+// Barrier returns once every rank of the group has called it (or with the
+// group's error: a deadline, an abort, a closed peer).
 func (c *Comm) Barrier() error {
 	wk, err := c.start(&call{op: comm.OpBarrier, sig: "barrier"})
 	if err != nil {

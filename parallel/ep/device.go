@@ -68,7 +68,12 @@ type DeviceOffsets interface {
 // path runs only as the device step: a layer that cannot take it refuses.
 type FusedOffsets interface {
 	DeviceOffsets
+	// Fused says whether the path fuses its steps (see above).
 	Fused() bool
+	// DispatchFused is DispatchOffsets with the hooks of the grouped GEMM
+	// that consumes the rows as they land (nil hooks: not fused).
 	DispatchFused(x, idx *tensor.Tensor, capacityFactor float64) (xe *tensor.Tensor, h *Handle, hooks *layers.GroupedHooks, err error)
+	// CombineBackwardFused is CombineBackwardOffsets with the hooks of the
+	// grouped GEMM that produces the rows' gradients (nil hooks: not fused).
 	CombineBackwardFused(dweights, dout, weights *tensor.Tensor, h *Handle) (dye *tensor.Tensor, hooks *layers.GroupedBackwardHooks, err error)
 }

@@ -13,7 +13,7 @@ import (
 // counts exchanged, the local routing plan and the index tensors of the
 // permutations. It belongs to one step; Release gives its buffers back.
 type Handle struct {
-	Layout *Layout
+	Layout *Layout // this rank's counts, from Layout
 	// Plan is this rank's routing plan: its kept slots in expert order,
 	// which is also destination-rank order (rank r's experts are
 	// contiguous). Capacity and drops follow the group's token order.
@@ -31,8 +31,8 @@ type Handle struct {
 	// Offsets and Bound are a device step's (DeviceOffsets): the (local
 	// experts + 1) int32 expert-major row offsets on the device, and the
 	// rows of the step's buffers. nil and 0 on a host-count step.
-	Offsets *tensor.Tensor
-	Bound   int
+	Offsets *tensor.Tensor // (local experts + 1) int32 row offsets, on the device
+	Bound   int            // the rows of the step's buffers
 
 	cols      int
 	dt        tensor.DType

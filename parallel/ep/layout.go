@@ -103,8 +103,8 @@ func (d *Dispatcher) owner(e int) int { return e / (d.experts / d.group.Size()) 
 // optimisation left for the fused transport) and are taken before any
 // capacity, which Dispatch applies once it knows the other ranks' counts.
 type Layout struct {
-	Tokens, TopK, Experts int
-	CapacityFactor        float64
+	Tokens, TopK, Experts int     // N tokens of this rank, K experts per token, E experts of the group
+	CapacityFactor        float64 // each expert keeps ceil(factor·tokens·K/E) slots of the group (0: dropless)
 	Idx                   []int32 // (N·K) the chosen experts, row-major (N, K); kept by reference
 	PerExpert             []int   // (E) slots this rank routes to each expert
 	PerRank               []int   // (P) slots this rank routes to the experts of each rank

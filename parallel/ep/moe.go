@@ -63,7 +63,7 @@ func WithMaxTokens(n int) Option { return func(o *options) { o.maxTokens = n } }
 // layers.MoE over the tokens of the whole group, concatenated in rank order
 // (see the package documentation).
 type MoE struct {
-	Name     string
+	Name     string          // the layer's name, its parameters' prefix
 	Router   *layers.Router  // replicated
 	Experts  *layers.Experts // this rank's experts
 	Dispatch ExpertPath      // the layer's communication site (*Dispatcher: collective)

@@ -31,9 +31,9 @@ type ExpertPath interface {
 	// (source rank, then local expert, then token order), the handle, and
 	// the Work to wait on before reading the rows.
 	Dispatch(x *tensor.Tensor, l *Layout) (*tensor.Tensor, *Handle, comm.Work, error)
-	// SortByExpert and UnsortByExpert move rows between the received order
-	// and expert order.
+	// SortByExpert moves the received rows into expert order.
 	SortByExpert(dst, recv *tensor.Tensor, h *Handle)
+	// UnsortByExpert moves rows in expert order back to the received order.
 	UnsortByExpert(dst, src *tensor.Tensor, h *Handle)
 	// Combine returns expert outputs y to their tokens and writes out =
 	// Σ_j weights·y per token.
@@ -56,18 +56,19 @@ var _ ExpertPath = (*Dispatcher)(nil)
 // calls NewExpertPath instead of building the collective *Dispatcher.
 type ExpertStrategy interface {
 	overlap.Strategy
+	// NewExpertPath builds one layer's expert path.
 	NewExpertPath(ExpertConfig) (ExpertPath, error)
 }
 
 // ExpertConfig is what an ExpertStrategy gets to build one layer's path.
 type ExpertConfig struct {
-	Name    string // the layer
-	Backend tensor.Backend
-	Stream  comm.Stream
-	Group   comm.Comm // the EP group
-	Tokens  comm.Comm // the token group (WithTokenGroup); nil: the EP group
-	Experts int
-	Cols    int
+	Name    string         // the layer
+	Backend tensor.Backend // the layer's backend
+	Stream  comm.Stream    // the backend's stream (nil on the CPU)
+	Group   comm.Comm      // the EP group
+	Tokens  comm.Comm      // the token group (WithTokenGroup); nil: the EP group
+	Experts int            // the experts over the whole group
+	Cols    int            // the width of a token's row (the model's Dim)
 	// MaxTokens is ep.WithMaxTokens' bound (0: none given).
 	MaxTokens int
 }

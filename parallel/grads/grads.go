@@ -44,9 +44,9 @@ func size(c comm.Comm) int {
 // views of the flat gradient buffer, each a run of neighbouring parameters
 // of one kind, in flat order.
 type Reduction struct {
-	What  string    // what is reduced, for errors: "dense gradients over the DP group"
-	Group comm.Comm // never a group of one rank
-	Grads []*tensor.Tensor
+	What  string           // what is reduced, for errors: "dense gradients over the DP group"
+	Group comm.Comm        // never a group of one rank
+	Grads []*tensor.Tensor // views of the flat gradient, summed in place
 }
 
 // span is a range [lo, hi) of the flat parameter buffers.

@@ -10,9 +10,9 @@ import (
 // Piece is one rank's part of a named full parameter: where it lies, and
 // its values in a host tensor shaped like the slice.
 type Piece struct {
-	Name   string
-	Slice  Slice
-	Tensor *tensor.Tensor
+	Name   string         // the full parameter's name
+	Slice  Slice          // where the piece lies in it
+	Tensor *tensor.Tensor // the piece's values, a host tensor of the slice's shape
 }
 
 // Merge puts the pieces of every named parameter together into full host

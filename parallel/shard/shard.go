@@ -41,12 +41,12 @@ func (g Group) String() string {
 // (parallel/grads) and the merge, cut, save and load of weights here are
 // driven by it.
 type Shard struct {
-	Param *layers.Param
-	Full  tensor.Shape // the unsharded shape
-	Over  Group        // the group whose ranks hold distinct slices; None: replicated
-	Dim   int          // the split dimension, or -1 when replicated
-	Lo    int          // this rank's range along Dim (0 and Full[0] when replicated)
-	Hi    int
+	Param *layers.Param // this rank's parameter
+	Full  tensor.Shape  // the unsharded shape
+	Over  Group         // the group whose ranks hold distinct slices; None: replicated
+	Dim   int           // the split dimension, or -1 when replicated
+	Lo    int           // this rank's range [Lo, Hi) along Dim (0 and Full[0] when replicated)
+	Hi    int           // (exclusive)
 	// PartialGrad marks a replicated parameter whose gradient on each TP
 	// rank covers only that rank's tokens (norm weights and row-parallel
 	// biases under sequence parallelism, the router of an MoE layer over a
@@ -115,10 +115,10 @@ func (s Shard) Check() error {
 // Slice is a part of a full tensor of shape Full: the range [Lo, Hi) of
 // dimension Dim, or all of it when Dim = -1.
 type Slice struct {
-	Full tensor.Shape `json:"full"`
-	Dim  int          `json:"dim"`
-	Lo   int          `json:"lo"`
-	Hi   int          `json:"hi"`
+	Full tensor.Shape `json:"full"` // the full tensor's shape
+	Dim  int          `json:"dim"`  // the sliced dimension, or -1 for the whole tensor
+	Lo   int          `json:"lo"`   // the range [Lo, Hi) along Dim
+	Hi   int          `json:"hi"`   // (exclusive)
 }
 
 // Whole reports whether the slice is the whole tensor.

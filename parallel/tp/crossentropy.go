@@ -29,7 +29,7 @@ import (
 // (subtracting the one-hot). With one rank it is the backend's fused
 // CrossEntropy.
 type VocabParallelCrossEntropy struct {
-	Vocab, LocalVocab, Lo int
+	Vocab, LocalVocab, Lo int // the full vocabulary, this rank's Vocab/P columns, its first column
 
 	b   tensor.Backend
 	par Parallel

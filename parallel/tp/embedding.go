@@ -22,7 +22,7 @@ import (
 // the in-range rows and a scatter into the zeroed output (Embedding and
 // EmbeddingBackward on views), with no masking op needed on the backend.
 type VocabParallelEmbedding struct {
-	Name           string
+	Name           string        // the layer's name, its parameter's prefix
 	Vocab, Dim     int           // full sizes
 	LocalVocab, Lo int           // Vocab/P and this rank's first id
 	W              *layers.Param // (Vocab/P, Dim): rows [Lo, Lo+Vocab/P) of the full table, weight decay

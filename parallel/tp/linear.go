@@ -32,13 +32,13 @@ type ColumnConfig struct {
 // the tokens through the strategy (forward AllGatherMatmul, backward
 // AllGatherMatmulBackward: a reduce-scatter).
 type ColumnParallelLinear struct {
-	Name         string
+	Name         string        // the layer's name, its parameters' prefix
 	In, Out      int           // full sizes
 	LocalOut     int           // Out/P
 	Lo           int           // first output feature of this rank
 	W            *layers.Param // (Out/P, In): rows [Lo, Lo+Out/P) of the full weight, weight decay
 	Bias         *layers.Param // (Out/P) or nil
-	GatherOutput bool
+	GatherOutput bool          // the output is all-gathered: (N, Out) on every rank
 
 	b      tensor.Backend
 	par    Parallel
@@ -222,7 +222,7 @@ type RowConfig struct {
 // parallelism, reduce-scattered along the tokens through the strategy
 // (forward MatmulReduceScatter, backward its all-gather).
 type RowParallelLinear struct {
-	Name    string
+	Name    string        // the layer's name, its parameters' prefix
 	In, Out int           // full sizes
 	LocalIn int           // In/P
 	Lo      int           // first input feature of this rank

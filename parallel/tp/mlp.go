@@ -16,8 +16,8 @@ import (
 // (all-reduce, or reduce-scatter under sequence parallelism). P must divide
 // Hidden.
 type MLP struct {
-	Name        string
-	Dim, Hidden int
+	Name        string                // the layer's name, its parameters' prefix
+	Dim, Hidden int                   // full sizes: input and output features, hidden features
 	LocalHidden int                   // Hidden/P
 	Gate, Up    *ColumnParallelLinear // Dim → Hidden/P
 	Down        *RowParallelLinear    // Hidden/P → Dim
