@@ -402,3 +402,5 @@ func overlaps(a, b *tensor.Tensor) bool {
 	}
 	return a.Offset() < b.Offset()+b.Numel() && b.Offset() < a.Offset()+a.Numel()
 }
+
+var _ layers.Layer = (*MoE)(nil)
