@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 )
@@ -45,5 +46,21 @@ func TestExamples(t *testing.T) {
 			}
 			t.Logf("%s", out)
 		})
+	}
+}
+
+// TestREADME: README.md shows examples/quickstart/main.go as it is, so the
+// program there runs as written.
+func TestREADME(t *testing.T) {
+	readme, err := os.ReadFile(filepath.Join("..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	prog, err := os.ReadFile(filepath.Join("quickstart", "main.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(readme), "```go\n"+string(prog)+"```\n") {
+		t.Error("README.md's program differs from examples/quickstart/main.go: copy the file into the README's Go block")
 	}
 }
