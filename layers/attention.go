@@ -10,7 +10,7 @@ import (
 
 // AttentionConfig describes a causal self-attention layer.
 type AttentionConfig struct {
-	Dim, Heads int
+	Dim, Heads int // the model's width and its query heads (Heads divides Dim)
 	// KVHeads is the number of key/value heads (grouped-query attention:
 	// each serves Heads/KVHeads query heads); 0 means Heads (multi-head
 	// attention).
@@ -36,9 +36,9 @@ func (c AttentionConfig) kvHeads() int {
 // (KVHeads = Heads: multi-head attention); RoPE turns q and k; the scores
 // are scaled by 1/sqrt(HeadDim).
 type Attention struct {
-	Name                         string
-	Dim, Heads, KVHeads, HeadDim int
-	Theta                        float64
+	Name                         string  // the layer's name, its parameters' prefix
+	Dim, Heads, KVHeads, HeadDim int     // width, query heads, key/value heads, Dim/Heads
+	Theta                        float64 // base of the rotary embedding
 	Wq, Wo                       *Linear // Dim → Dim each
 	Wk, Wv                       *Linear // Dim → KVHeads·HeadDim each
 
@@ -82,8 +82,8 @@ func (a *Attention) stackedQKV() (w, g *tensor.Tensor) {
 // (grouped-query attention; Hkv divides H), q's projection has H·D
 // columns, k's and v's Hkv·D.
 type AttentionCore struct {
-	Heads, KVHeads, HeadDim int
-	Theta                   float64
+	Heads, KVHeads, HeadDim int     // query heads, key/value heads, the head width
+	Theta                   float64 // base of the rotary embedding
 
 	b        tensor.Backend
 	bt       [2]int         // B, T of the last Inputs

@@ -9,10 +9,10 @@ import (
 
 // BlockConfig describes a transformer block.
 type BlockConfig struct {
-	Dim, Heads, FFN int
-	KVHeads         int // key/value heads of the attention (0: Heads)
-	RopeTheta       float64
-	NormEps         float32
+	Dim, Heads, FFN int     // width, query heads, the MLP's hidden width
+	KVHeads         int     // key/value heads of the attention (0: Heads)
+	RopeTheta       float64 // base of the rotary embedding
+	NormEps         float32 // the norms' epsilon
 	Std             float64 // init std of the input projections
 	OutStd          float64 // init std of wo and w_down
 	// MoE, when not nil, replaces the MLP by a mixture-of-experts layer
@@ -33,6 +33,7 @@ type Mixer interface {
 	// Backward overwrites dx with ∂L/∂x and adds the parameters'
 	// gradients, from dout, both shaped like the forward's x.
 	Backward(dx, dout *tensor.Tensor) error
+	// Params returns the layer's parameters.
 	Params() []*Param
 }
 
@@ -40,14 +41,10 @@ type Mixer interface {
 // stream: MLP and MoE here; tp.MLP and the sharded model's
 // expert-parallel MoE elsewhere. A feed-forward layer with an auxiliary
 // loss (AuxLoss() float64) or routing statistics (Stats() MoEStats) has
-// them reported by the block and the Decoder.
+// them reported by the block and the Decoder. It is a Layer on (n, Dim)
+// rows.
 type FeedForward interface {
-	// Forward writes out from x, both (n, Dim).
-	Forward(out, x *tensor.Tensor) error
-	// Backward overwrites dx with ∂L/∂x and adds the parameters'
-	// gradients, from dout.
-	Backward(dx, dout *tensor.Tensor) error
-	Params() []*Param
+	Layer
 }
 
 // BlockParts are the parts NewBlockFrom builds a block from. Mixer and FFN
@@ -55,8 +52,8 @@ type FeedForward interface {
 // order, after the block's attention norm and before and after its MLP
 // norm respectively, so that the parameters come in the forward's order.
 type BlockParts struct {
-	Mixer func() (Mixer, error)
-	FFN   func() (FeedForward, error)
+	Mixer func() (Mixer, error)       // builds the first part (attention)
+	FFN   func() (FeedForward, error) // builds the second part (MLP, MoE)
 	// Rows returns the rows of the residual stream this rank holds of a
 	// batch of tokens (nil: all of them); under sequence parallelism the
 	// stream, the norms and the parts' inputs and outputs are this rank's
@@ -77,17 +74,17 @@ type BlockParts struct {
 // Block is this block with tensor-parallel parts): the residual adds and
 // the norms are here, and the parts own whatever communication they need.
 type Block struct {
-	Name  string
-	Dim   int
-	Norm1 *RMSNorm
-	Mixer Mixer // Attn, or another mixer (tp.Attention)
-	Norm2 *RMSNorm
+	Name  string      // the block's name, its parameters' prefix
+	Dim   int         // the residual stream's width
+	Norm1 *RMSNorm    // before the mixer
+	Mixer Mixer       // Attn, or another mixer (tp.Attention)
+	Norm2 *RMSNorm    // before the feed-forward layer
 	FFN   FeedForward // MLP or MoE, or another feed-forward layer
 
 	// The parts when they are this package's layers (nil otherwise).
-	Attn *Attention
-	MLP  *MLP
-	MoE  *MoE // nil in a dense block
+	Attn *Attention // the Mixer
+	MLP  *MLP       // the FFN of a dense block
+	MoE  *MoE       // the FFN of an MoE block (nil in a dense block)
 
 	b    tensor.Backend
 	rows func(tokens int) (int, error)

@@ -22,18 +22,18 @@ import (
 // load-balancing loss and the router z-loss off. Experts = 0 is a dense
 // model, and the other MoE fields are then ignored.
 type GPTConfig struct {
-	Layers         int     `json:"layers"`
-	Dim            int     `json:"dim"`
-	Heads          int     `json:"heads"`
-	KVHeads        int     `json:"kv_heads"` // key/value heads; 0 means the default, Heads
-	Vocab          int     `json:"vocab"`
-	Seq            int     `json:"seq"`
+	Layers         int     `json:"layers"`          // blocks
+	Dim            int     `json:"dim"`             // the residual stream's width
+	Heads          int     `json:"heads"`           // query heads (dividing Dim)
+	KVHeads        int     `json:"kv_heads"`        // key/value heads; 0 means the default, Heads
+	Vocab          int     `json:"vocab"`           // token ids [0, Vocab)
+	Seq            int     `json:"seq"`             // the longest sequence (RoPE's positions)
 	FFN            int     `json:"ffn"`             // hidden width of the SwiGLU MLP; 0 means the default: 4*Dim*2/3 rounded up to a multiple of 64
 	TiedEmbeddings bool    `json:"tied_embeddings"` // the LM head reuses the token embedding
 	RopeTheta      float64 `json:"rope_theta"`      // 0 means 10000
 	NormEps        float32 `json:"norm_eps"`        // 0 means 1e-5
 	InitStd        float64 `json:"init_std"`        // 0 means 0.02
-	Seed           uint64  `json:"seed"`
+	Seed           uint64  `json:"seed"`            // seeds the initial weights
 
 	Experts        int     `json:"experts"`         // MoE: experts per MoE block (0: dense)
 	TopK           int     `json:"top_k"`           // experts per token
@@ -153,10 +153,10 @@ func (c GPTConfig) Validate() error {
 // Decoder of this package's layers (parallel/model builds the same
 // assembly from sharded parts); its fields are those parts.
 type GPT struct {
-	Embed  *Embedding
-	Blocks []*Block
-	Norm   *RMSNorm
-	Head   *Linear // (Vocab, Dim) weight: the embedding's when tied
+	Embed  *Embedding // the token embedding
+	Blocks []*Block   // the blocks, in order
+	Norm   *RMSNorm   // the final norm
+	Head   *Linear    // (Vocab, Dim) weight: the embedding's when tied
 	// HeadLoss runs Head and the cross-entropy by chunks of rows on a
 	// forward with targets (its ChunkRows may be changed before a forward).
 	HeadLoss *ChunkedHeadLoss

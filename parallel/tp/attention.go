@@ -21,11 +21,11 @@ import (
 // leave the region (all-reduce, or reduce-scatter under sequence
 // parallelism).
 type Attention struct {
-	Name                         string
-	Dim, Heads, KVHeads, HeadDim int
-	LocalHeads                   int // Heads/P
-	LocalKVHeads                 int // KVHeads/P
-	Theta                        float64
+	Name                         string                // the layer's name, its parameters' prefix
+	Dim, Heads, KVHeads, HeadDim int                   // full sizes: width, query heads, key/value heads, Dim/Heads
+	LocalHeads                   int                   // Heads/P
+	LocalKVHeads                 int                   // KVHeads/P
+	Theta                        float64               // base of the rotary embedding
 	Wq                           *ColumnParallelLinear // Dim → Dim/P
 	Wk, Wv                       *ColumnParallelLinear // Dim → KVHeads·HeadDim/P each
 	Wo                           *RowParallelLinear    // Dim/P → Dim

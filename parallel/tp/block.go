@@ -11,6 +11,7 @@ import (
 // or another layer (the sharded model's mixture of experts).
 type FeedForward interface {
 	layers.FeedForward
+	// Shards describes the layer's parameters (shard.Shard).
 	Shards() []shard.Shard
 }
 
@@ -28,9 +29,9 @@ type FeedForward interface {
 // run on this rank's tokens only, and their weights' gradients are partial
 // sums over the TP group (Shards marks them PartialGrad).
 type Block struct {
-	*layers.Block
-	Attn *Attention // the block's Mixer
-	MLP  *MLP       // the block's FFN; nil in a block made by NewBlockWith
+	*layers.Block            // the shared block, built from the parts below
+	Attn          *Attention // the block's Mixer
+	MLP           *MLP       // the block's FFN; nil in a block made by NewBlockWith
 
 	par Parallel
 	ffn FeedForward
