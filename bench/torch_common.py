@@ -14,7 +14,8 @@ its SMs and memory: the times show the mechanics, not NVLink speeds.
 import json, os, statistics, sys, warnings
 from datetime import timedelta
 
-# Never NVLink multicast on the lent machines (docs GPU.md): forced, not defaults.
+# Never NVLink multicast: it can take a shared host's GPUs out of service
+# (README, docs/usage.md); forced here, not left to the defaults.
 os.environ["NCCL_NVLS_ENABLE"] = "0"
 os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
 os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"

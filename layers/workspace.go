@@ -9,8 +9,7 @@ import "github.com/asynctp/asynctp/tensor"
 // out), and every backward buffer (∂L/∂ of a layer's intermediates, dead
 // once the layer's input gradient is written). Kept per layer, as they
 // were, they grew with the depth: for gpt2-124m at 16k tokens 12 copies of
-// ~0.5 GiB (BENCHMARKS.md, "Where
-// gpt2-124m's memory goes"). All users run one after another on the
+// ~0.5 GiB (docs/measurements/2026-12-02.md, "Memory"). All users run one after another on the
 // backend's stream, so a layer's ops on a slot are queued after the
 // previous layer's last use of it.
 //

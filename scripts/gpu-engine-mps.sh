@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (one H200): our GEMM engine when processes share
-# the GPU under MPS. The 2026-12-02 runs: 0.99 of cuBLASLt alone, 0.47–0.49
-# with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 whether one client ran or two:
-# the device already reported the client's 66 SMs and the engine applied the
-# 50 % again (grid 33). The engine now takes the context's SM limit
+# the GPU under MPS. Measured (docs/measurements/2026-12-02.md): 0.99 of
+# cuBLASLt alone, 0.47–0.49 with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 whether
+# one client ran or two, when the device already reported the client's 66 SMs
+# and the engine applied the 50 % again (grid 33). The engine now takes the context's SM limit
 # (cuCtxGetExecAffinity) or the device's count; BenchmarkEngineGrid sweeps
 # the grid around it.
 #   E1 one process, no MPS: the grid sweep

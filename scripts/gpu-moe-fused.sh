@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (one H200), from the repo root, with build/ carried
 # from the dev machine (bash scripts/build-gpu-artifacts.sh: build/train and
-# build/parallel_ep_peerep.test): the fused MoE expert path (issue 13 part 4,
-# parallel/ep/peerep's Fused) on NVSHMEM PEs that share the GPU under MPS.
+# build/parallel_ep_peerep.test): the fused MoE expert path (parallel/ep/peerep's
+# Fused) on NVSHMEM PEs that share the GPU under MPS.
 #  0. builds the kernels image (the fused path changed dispatch.cu and
 #     grouped_sm90.cu) and libasynctp_nvshmem.so with nvcc unless they are
 #     in build/ and newer than the kernel sources;

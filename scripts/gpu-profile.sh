@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine (issue 14): where a training step's time goes, ours
-# and PyTorch's, on one preset, in one call.
+# Runs on the GPU machine: where a training step's time goes, ours and
+# PyTorch's, on one preset, in one run.
 #  1. cmd/train on the preset, STEPS steps: tokens/s (median after 5 steps)
 #     and the allocator's peak memory;
 #  2. the same run under ncu (kernel durations only, --clock-control none,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine (issue 14's acceptance): one-GPU training speed of
+# Runs on the GPU machine: one-GPU training speed of
 # asynctp against PyTorch (eager once, torch.compile every round), ROUNDS
 # rounds alternating ours and PyTorch, on gpt2-124m (batch 16 × 1024) and
 # llama-1b (batch 8 × 2048). Prints one JSON line per measurement: tokens/s,
@@ -7,7 +7,7 @@
 # time and peak memory. Needs build/train and the kernels image.
 # Environment: ROUNDS (2), PRESETS ("gpt2-124m llama-1b"), STEPS (ours, 30),
 # TORCH_STEPS (20), OUT (build/out), EXTRA (more cmd/train flags), FIRST_ROUND (1:
-# a later value continues an earlier call's rounds), FIRST_MODES (PyTorch's modes
+# a later value numbers the rounds on from an earlier run's), FIRST_MODES (PyTorch's modes
 # in round 1: eager,compile; later rounds run compile only), TORCH_TIMEOUT (400 s).
 set -uo pipefail
 cd "$(dirname "$0")/.."

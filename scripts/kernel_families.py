@@ -1,4 +1,4 @@
-"""Groups kernel times by op family, for the step profiles of issue 14.
+"""Groups kernel times by op family, for the step profiles of scripts/gpu-profile.sh.
 
     python3 scripts/kernel_families.py ncu FILE.csv [--steps-marker adamw] > table.json
     (torch) from bench/torch_gpt.py --profile, which calls families() itself.

@@ -104,8 +104,9 @@ func gpt2Preset() Config {
 }
 
 // llama1BPreset is a 1.1B-parameter Llama-shaped model (width 2048, 16 heads
-// of 128, 20 layers, SwiGLU 5632, vocab 32000, sequence 2048, tied head), the
-// 1B-class benchmark of issue 14; batch 8 × 2048 = 16384 tokens per step.
+// of 128, 20 layers, SwiGLU 5632, vocab 32000, sequence 2048, tied head):
+// the 1B-class model of the one-GPU comparison with PyTorch (BENCHMARKS.md);
+// batch 8 × 2048 = 16384 tokens per step.
 func llama1BPreset() Config {
 	c := gpt2Preset()
 	c.Preset = "llama-1b"

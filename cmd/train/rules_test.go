@@ -1,8 +1,8 @@
 package main
 
-// The rules of issue 10 through the real command (a child process per
-// run): out dirs, locks, resumes that change the model, explicit values,
-// signals, evaluation.
+// The rules a run follows (docs/usage.md), through the real command (a
+// child process per run): out dirs, locks, resumes that change the model,
+// explicit values, signals, evaluation.
 
 import (
 	"encoding/json"

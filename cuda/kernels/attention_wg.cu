@@ -4,7 +4,7 @@
 // and the forward for D = 128. Arguments and results are those of
 // attention_fa2.cu's kernels (the same bits, TestAttentionWG); the products
 // run on wgmma instead of mma.sync. Why: the profile of the FA2 backward at
-// gpt2's shape (2026-12-02, ncu) found it latency-bound — one block of 8
+// gpt2's shape (ncu, on an H200) found it latency-bound — one block of 8
 // warps per SM (registers and shared memory), 2 warps per scheduler,
 // 6.2–6.7 cycles between a warp's instructions, the tensor pipe ~31 % busy.
 // wgmma is asynchronous and multiplies a 64-row operand per instruction, so
@@ -45,10 +45,10 @@
 //       for D = 128) from the diagonal on: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ,
 //       dV += Pᵀ·dO, dK += dSᵀ·Q. D = 64: K, V fragments in registers.
 //   The backward kernels are not pipelined as the forward is: that form
-//   (bd9f5d9: tile it − 1's output products behind tile it's score
-//   products) gave the same bits but no speed on the GPU (2026-12-02: 1b
-//   1.239 against 1.236 ms, gpt2 297 against 286 µs; dk/dv at 245–252
-//   registers).
+//   (tile it − 1's output products behind tile it's score products)
+//   gave the same bits but no speed on an H200 (1b 1.239 against 1.236
+//   ms, gpt2 297 against 286 µs; dk/dv at 245–252 registers, at the edge
+//   of two blocks per SM).
 //
 // Shared memory (1024 bytes of alignment slack, then the tiles):
 //   fwd:  1024 + (64 + 5·64)·D·2 bytes: 99328 (D = 128), 50176 (D = 64)

@@ -21,7 +21,7 @@
 // and gemm_sm90_<la><lb>_bf16_tsc, those for beta ≠ 0: the tile of C is
 // loaded by TMA during the main loop (load_c_tma). Two families, not one,
 // because the load's code in the main loop and epilogue cost the beta = 0
-// calls ~10 % at short K (2026-12-02: ptxas spilled, nt 0.99–1.08 → 0.87–0.95
+// calls ~10 % at short K (measured: ptxas spilled, nt 0.99–1.08 → 0.87–0.95
 // of cuBLASLt).
 //
 // Split-K (ksplit > 1, only without the hooks): the K range is cut into
@@ -31,9 +31,9 @@
 // a fixed order and beta·C. For outputs of few tiles with a long K (weight
 // gradients: a 768 × 768 dW is 18 tiles for 132 SMs). (A reduction by the
 // last unit of each tile instead, without the second kernel, was measured
-// on 2026-12-02 and is 1.2–2 × slower on those shapes: the reduction of a
-// tile then runs on one SM, at ~30 GB/s, where the kernel spreads it over
-// all of them; see BENCHMARKS.md.)
+// 1.2–2 × slower on those shapes: the reduction of a tile then runs on one
+// SM, at ~30 GB/s, where the kernel spreads it over all of them;
+// docs/measurements/2026-12-02.md.)
 //
 // Launch: grid (min(tiles · ksplit, SMs)), block 384, dynamic shared memory
 // GEMM90_SMEM bytes (needs cuFuncSetAttribute: > 48 KiB). M, N, K > 0 and
@@ -686,7 +686,7 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
             // thread 128's release, and a release is cumulative: one
             // system-scope fence per tile, by the signalling thread, instead
             // of one per thread (eight membar.sys per tile cost ~13 % of a
-            // short-K GEMM: hooks/plain 1.13 at K 1024, 2026-12-02). The
+            // short-K GEMM: hooks/plain 1.13 at K 1024, measured). The
             // grid-sync pattern of cooperative groups, at system scope.
             consumer_bar();
             if (threadIdx.x == 128 && *abort_word == 0) { // no signal for a stale tile

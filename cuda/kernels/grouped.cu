@@ -12,7 +12,7 @@
 // A tiled SIMT GEMM (64×64 tiles, k-steps of 16 staged in shared memory as
 // fp32, 4×4 outputs per thread, fp32 accumulation in a fixed order; any M,
 // N, K, no alignment needed). It is the correctness baseline of the grouped
-// form; the wgmma engine (issue 12) replaces it where speed matters. Offsets
+// form; the wgmma engine (grouped_sm90.cu) replaces it where speed matters. Offsets
 // that are not 0 ≤ off[0] ≤ … ≤ off[G] ≤ M are reported through err (the
 // index of the first bad entry) and nothing is written.
 #include "common.cuh"

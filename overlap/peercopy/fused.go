@@ -44,8 +44,8 @@ import (
 // (cudabackend.WaitSignalsRaising): the pulls pass on stale rows and the
 // call fails at the next Sync naming the peer.
 //
-// Transfer picks how the gathers' shards land (issue 12 asks for both,
-// measured): by the copy-engine pulls above (TransferPull, the default), or
+// Transfer picks how the gathers' shards land (both kept so that either
+// can be measured on the machine at hand): by the copy-engine pulls above (TransferPull, the default), or
 // by puts (TransferPut): every rank's side stream runs a kernel of a few
 // CTAs (cudabackend.PeerPut, about the SMs the engine leaves free) that
 // stores its shard into every peer's symmetric gather buffer chunk by
@@ -418,7 +418,8 @@ func gatherLanded(x *exchange, full, src *tensor.Tensor, timeout time.Duration) 
 	// engine then waits only on the last pull, already issued. With the
 	// own word on the compute stream instead, four PEs sharing the H200
 	// under MPS stalled until the deadline on each rank's last pull, with
-	// the engine resident (2026-12-02 (third), BENCHMARKS.md).
+	// the engine resident (docs/measurements/2026-12-02.md, "The fused TP
+	// strategy").
 	if _, err := gatherInto(x, full, src, landed, uint64(x.readyWord(r, r))); err != nil {
 		return 0, err
 	}

@@ -64,7 +64,8 @@ func TestFusedScatterDeadlineGPU(t *testing.T) {
 
 // TestFusedDeterminismGPU: the fused matmul∘reduce-scatter (forward, and
 // the all-gather∘matmul's backward, whose dx is one) gives the same bits in
-// 10 runs on random inputs (issue 12: the deterministic reduce-scatter),
+// 10 runs on random inputs (the reduce-scatter's fixed-order sum is what
+// makes a run reproducible),
 // with each transfer (pull, put); so do the gathers' sides (the
 // all-gather∘matmul forward's output and gathered rows, the
 // matmul∘reduce-scatter backward's dx).

@@ -96,13 +96,14 @@ func (b *Backend) PreferGrouped() bool {
 
 // GroupedAutoMinExperts is the fewest local experts for which a layer
 // takes the grouped GEMM when WithGroupedGEMM is not given
-// (PreferGroupedFor). Measured on the H200 (2026-12-02 (third),
-// BENCHMARKS.md; one MoE layer forward + backward, EP 2 under MPS, 4096
+// (PreferGroupedFor). Measured on an H200 (BENCHMARKS.md, "MoE layer";
+// one MoE layer forward + backward, EP 2 under MPS, 4096
 // tokens per rank, the pipelined path): with 4 local experts (top-2 of 8,
 // hidden 2048 and 4096) one cuBLASLt GEMM per expert on host counts is 4 %
 // and 24 % faster than the grouped engine's device step; with 32 (top-8 of
-// 64) the grouped device step is 16 % and 11 % faster. Counts between were
-// not measured; 16 is between.
+// 64) the grouped device step is 16 % and 11 % faster; at 8 local experts
+// (top-2 of 16) the two tie and at 16 (top-4 of 32) grouped is 11 % faster,
+// so 16 is where the measurement turns.
 const GroupedAutoMinExperts = 16
 
 // PreferGroupedFor implements tensor.GroupedCountPreference: a layer of

@@ -110,7 +110,7 @@
 //
 // StartPhases times the phases that layers mark (tensor.MarkPhase) on
 // the backend's stream with CUDA timing events, for where a profiler does
-// not run (nsys makes no report on the lent GPU machines, and ncu
+// not run (nsys may make no report on a shared GPU machine, and ncu
 // serialises kernels, which deadlocks the fused paths' spinning kernels);
 // see PhaseTimes.
 //

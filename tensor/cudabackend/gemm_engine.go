@@ -91,8 +91,8 @@ const (
 // While it waits (or signals, GEMMSignal) the engine leaves ReserveSMs SMs of the process's share
 // free (its grid is that much smaller): what it waits for may need SMs — a
 // device-to-device copy between processes on one GPU runs as a kernel, and
-// a persistent grid on every SM would starve it until the deadline (seen
-// on the H200 under MPS, 2026-12-02). 0 is the default (EngineReserveSMs);
+// a persistent grid on every SM would starve it until the deadline (as it
+// did on an H200 shared by PEs under MPS). 0 is the default (EngineReserveSMs);
 // a negative value reserves none.
 type GEMMWait struct {
 	Flags      uint64 // device address of the flags (uint64 each, 8-byte aligned)
@@ -124,7 +124,7 @@ func (b *Backend) reserveOf(avail, asked int) int {
 // (32 SMs each) the fused all-gather∘matmul's pulls then had too few SMs:
 // its forward (8192 rows, K 4096) took 1576 µs with 8 against 2321 and
 // 2385 µs with 4 in one call, and 8 cost nothing measurable at two PEs
-// (66 SMs each; H200, 2026-12-02 (third), BENCHMARKS.md). (The stall seen
+// (66 SMs each; H200, docs/measurements/2026-12-02.md). (The stall seen
 // at four PEs then was not the reserve: see peercopy's gatherLanded.)
 func EngineReserveSMs(sms int) int { return max(8, sms/16) }
 
@@ -162,7 +162,7 @@ func (b *Backend) EngineSMs() (int, string) {
 // sms. Under MPS the device attribute already reports the client's share
 // (measured on the H200: 66 of 132 SMs at CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
 // =50), so the percentage must not be applied to it again — doing so ran
-// the engine on a quarter of the GPU, at 0.47 of cuBLASLt (2026-12-02).
+// the engine on a quarter of the GPU, at 0.47 of cuBLASLt.
 func engineShare(sms int, ctxSMs func() (int, error)) (int, string) {
 	if ctxSMs != nil {
 		if n, err := ctxSMs(); err == nil && n > 0 && n <= sms {

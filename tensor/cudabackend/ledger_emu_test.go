@@ -120,7 +120,8 @@ func TestEmuMemLedgerOff(t *testing.T) {
 
 // TestEmuMemLedgerSizes prints the ledger for the sizes in
 // $ASYNCTP_LEDGER ("layers,dim,heads,ffn,vocab,batch,seq"), the numbers
-// BENCHMARKS.md scales from; skipped without it.
+// the memory estimate of docs/measurements/2026-12-02.md scales from;
+// skipped without it.
 func TestEmuMemLedgerSizes(t *testing.T) {
 	spec := os.Getenv("ASYNCTP_LEDGER")
 	if spec == "" {

@@ -64,7 +64,7 @@ func ptr(t *tensor.Tensor) gpu.Ptr {
 // 32 classes per power of two (at most 1/32 wasted): the few large blocks
 // (the flat parameters, gradients, master weights and moments, the head's
 // weight gradient) are one of a kind, and a quarter of them was ~0.26 GiB
-// of gpt2-124m's peak (BENCHMARKS.md). Freed blocks go to the free list
+// of gpt2-124m's peak (docs/measurements/2026-12-02.md, "Memory"). Freed blocks go to the free list
 // of their class and are reused by the next request of that class without
 // calling cuMemAlloc; all work runs on the backend's one stream, so a block
 // given back while kernels that use it are still queued is only reused by

@@ -10,9 +10,9 @@ import (
 	"github.com/asynctp/asynctp/tensor/cudabackend/internal/gpu"
 )
 
-// Phase timing without a profiler: nsys cannot make a report on the lent
-// GPU machines, and ncu serialises kernels, which deadlocks the fused
-// paths' spinning kernels (BENCHMARKS.md). Layers mark where their phases
+// Phase timing without a profiler: nsys could not make a report on the
+// GPU machines at hand, and ncu serialises kernels, which deadlocks the
+// fused paths' spinning kernels. Layers mark where their phases
 // start (tensor.MarkPhase); while a PhaseTimes runs, each mark records a
 // timing event on the backend's stream, and the time between two marks —
 // every kernel, copy and wait queued between them, and the gaps — is the

@@ -75,8 +75,8 @@ func largestGap(diff []int, gaps []float64) float64 {
 //   - gpt: a tiny MoE GPT on a seeded batch (ASYNCTP_ROUTING_BATCH
 //     sequences of 67 tokens). The routers' inputs differ by the bf16
 //     rounding of every layer before them, so tokens near a tie may
-//     change sets; the test logs the count per layer (the number issue 13
-//     asks for) and fails only for a token whose reference gap exceeds
+//     change sets; the test logs the count per layer (how far EP runs on
+//     the GPU may drift apart) and fails only for a token whose reference gap exceeds
 //     what bf16 activations can explain (0.02 in probability).
 func runRoutingAgreement(t *testing.T, open opener) {
 	t.Run("router", func(t *testing.T) {

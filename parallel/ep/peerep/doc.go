@@ -19,8 +19,7 @@
 //
 // # The fused strategy
 //
-// Fused (issue 13 part 4, after ThunderKittens' moe_dispatch_gemm and
-// Comet) runs the MoE layer's device step with the dispatch and the
+// Fused (after ThunderKittens' moe_dispatch_gemm and Comet) runs the MoE layer's device step with the dispatch and the
 // combine inside the experts' grouped GEMMs (ep.FusedOffsets, whose hooks
 // layers.Experts.ForwardOffsetsHooked calls; cudabackend.ExpertDispatch's
 // DispatchRecvFused and CombineSendFused; kernels in dispatch.cu and
