@@ -15,7 +15,7 @@
 #     64 (4 heads, 1 key/value head) and 128 (2 heads, 1 key/value head);
 #  5. compute-sanitizer memcheck over the fused MoE expert path on 2 PEs
 #     under MPS (ep_send's warp-per-slot dweights have not run under it).
-# The acceptance rounds against PyTorch are a call of their own:
+# The rounds against PyTorch are a run of their own:
 #   STEPS=20 TORCH_STEPS=10 ROUNDS=2 PRESETS="gpt2-124m llama-1b" \
 #     FIRST_MODES=eager,compile TORCH_TIMEOUT=250 bash scripts/gpu-speed.sh
 # Needs build/ from scripts/build-gpu-artifacts.sh; builds the kernels

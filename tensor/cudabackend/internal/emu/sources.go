@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "1e356c3804ffe0774aa63b6c73e0282c4b49c74b1a64a3b336bc6c53af4f8e1c"
+const SourcesSum = "b676abc2f715d2060dcedcd082cbcaa71bb75c2e275954a9d0637e7fd889f906"
