@@ -18,23 +18,22 @@
 #     bench rows.
 # PEs that share one GPU share its SMs and memory: the times show the
 # mechanics of the two transfers, not NVLink speeds.
+# Exit status: scripts/README.md (0 all passed, 1 a step failed, 77 no GPU).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. scripts/gpu-env.sh
+. scripts/mps.sh
 OUT=${OUT:-build/out}/fused-put
 BUDGET=${BUDGET:-120}      # seconds for step 2 in all
 PES=${PES:-2}
 BUILD_TIMEOUT=${BUILD_TIMEOUT:-300}
 mkdir -p "$OUT"
-. scripts/gpu-env.sh # the GPU machine's environment and build/ paths
 TEST=./build/overlap_peercopy.test
 ROW_FMT='%-58s %-8s %s'
-. scripts/mps.sh # rows and MPS (this script runs from the repository root)
-mps_summary_on_exit "summary (logs in $OUT)"
+summary_on_exit "summary (logs in $OUT)"
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-if [ ! -x "$TEST" ]; then
-  row "$TEST" FAIL "missing: run scripts/build-gpu-artifacts.sh on the dev machine"; exit 1
-fi
+need "$TEST"
 
 # 0. the images.
 if kernels_stale; then
@@ -62,7 +61,7 @@ end=$(( $(date +%s) + BUDGET ))
 step() {
   local name=$1 limit=$2 log=$3 re=$4; shift 4
   local left=$(( end - $(date +%s) ))
-  if [ $left -le 5 ]; then row "$name" skipped "no time left of the ${BUDGET} s budget"; return 1; fi
+  if [ $left -le 5 ]; then row "$name" NOT-RUN "no time left of the ${BUDGET} s budget"; return 1; fi
   [ "$limit" -gt "$left" ] && limit=$left
   local t0; t0=$(date +%s)
   # The test's own per-world limit a little under the step's, so that it

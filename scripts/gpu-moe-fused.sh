@@ -20,8 +20,11 @@
 # Build the kernels image beforehand (bash cuda/kernels/build.sh) to leave
 # the whole budget to the tests. Every step has its own timeout, and none may run past the BUDGET (150 s)
 # counted from the start. PEs sharing one GPU show mechanics, not NVLink.
+# Exit status: scripts/README.md (0 all passed, 1 a step failed, 77 no GPU).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. scripts/gpu-env.sh
+. scripts/mps.sh
 OUT=${OUT:-build/out}/moe-fused
 BUDGET=${BUDGET:-150}
 PES=${PES:-2,4}
@@ -30,18 +33,15 @@ BENCH_SHAPES=${BENCH_SHAPES:-"8,2,2048,1024"}
 BENCH_TOKENS=${BENCH_TOKENS:-2048}
 T=./build/parallel_ep_peerep.test
 mkdir -p "$OUT"
-. scripts/gpu-env.sh # the GPU machine's environment and build/ paths
 start=$(date +%s)
 ROW_FMT='%-58s %-7s %s'
-. scripts/mps.sh # rows and MPS (this script runs from the repository root)
 # left N: the seconds a step may take, at most N and what the budget has left.
 left() { local r=$((BUDGET - ($(date +%s) - start))); [ "$r" -lt "$1" ] && echo "$r" || echo "$1"; }
-summary() { mps_quit; echo; echo "== summary ($(($(date +%s) - start)) s of $BUDGET)"; printf '%s\n' "${rows[@]}"; }
-trap summary EXIT
+summary_on_exit "summary (logs in $OUT; budget $BUDGET s)"
 # step NAME SECONDS LOG CMD...: runs CMD with a timeout, records the row.
 step() {
   local name=$1 secs log=$3; secs=$(left "$2"); shift 3
-  if [ "$secs" -le 5 ]; then row "$name" skipped "budget spent"; return 1; fi
+  if [ "$secs" -le 5 ]; then row "$name" NOT-RUN "budget spent"; return 1; fi
   local t0; t0=$(date +%s)
   timeout -k 5 "$secs" "$@" > "$OUT/$log" 2>&1; local st=$?
   if [ $st -eq 0 ]; then row "$name" ok "$(($(date +%s) - t0)) s"; return 0; fi
@@ -51,7 +51,7 @@ step() {
 }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-if [ ! -x "$T" ]; then row "$T" FAIL "missing: run scripts/build-gpu-artifacts.sh on the dev machine"; exit 1; fi
+need "$T"
 if kernels_stale; then
   step "kernels image (nvcc)" 90 nvcc.log bash cuda/kernels/build.sh || { tail -30 "$OUT/nvcc.log"; exit 1; }
 fi
@@ -60,7 +60,7 @@ if [ ! -f "$ASYNCTP_LIBNVSHMEM" ]; then
 fi
 
 # 1. MPS.
-mps_start
+mps_start || exit 1
 
 # 1b. the grouped engine's hooks alone (one process, no MPS needed, but harmless).
 if [ -x ./build/tensor_cudabackend.test ]; then

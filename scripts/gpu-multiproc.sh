@@ -20,20 +20,18 @@
 # collectives on the backend's stream; ASYNCTP_SYNC_COLLECTIVES=1 (exported
 # before running this script) makes them synchronise each one on the host
 # instead, the old, slow path, for comparison or debugging.
+# Exit status: scripts/README.md (0 all passed, 1 a step failed, 77 no GPU).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. scripts/gpu-env.sh
 OUT=${OUT:-build/out}/multiproc
 STEPS=${STEPS:-50}
 TOL=${TOL:-0.02}         # dense models: bf16 over 50 steps (measured 3e-3 at TP 2)
 TOL_MOE=${TOL_MOE:-0.05} # MoE: bf16 rounding flips some top-k choices (measured 2.2e-2 at EP 2)
 mkdir -p "$OUT"
-. scripts/gpu-env.sh # the GPU machine's environment and build/ paths
-declare -a rows
-row() { rows+=("$(printf '%-44s %-6s %s' "$1" "$2" "$3")"); }
-summary() { echo; echo "== summary"; printf '%s\n' "${rows[@]}"; }
-trap summary EXIT
-
-[ -x build/train ] || { echo "build/train is missing: run bash scripts/build-gpu-artifacts.sh on the dev machine and carry build/"; exit 1; }
+ROW_FMT='%-44s %-6s %s'
+summary_on_exit "summary (logs in $OUT)"
+need build/train
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 if [ ! -f "$ASYNCTP_KERNELS" ]; then
   t0=$(date +%s)

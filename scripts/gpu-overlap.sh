@@ -15,8 +15,11 @@
 #     STEPS steps each: the largest relative loss difference and tokens/s.
 # PEs that share one GPU share its SMs and memory: the times show the
 # mechanics of the overlap, not NVLink speeds.
+# Exit status: scripts/README.md (0 all passed, 1 a step failed, 77 no GPU).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. scripts/gpu-env.sh
+. scripts/mps.sh
 OUT=${OUT:-build/out}/overlap
 STEPS=${STEPS:-50}
 TOL=${TOL:-0.02} # bf16 over 50 steps
@@ -27,10 +30,9 @@ RUNS=${RUNS:-tp2 tp2-sp tp4-sp}   # the training comparisons (below; also tp4, m
 RUN_TIMEOUT=${RUN_TIMEOUT:-240}   # seconds per training run
 OVS=${OVS:-pipelined}             # the strategies each run compares with collective (e.g. "pipelined fused")
 mkdir -p "$OUT"
-. scripts/gpu-env.sh # the GPU machine's environment and build/ paths
 ROW_FMT='%-52s %-6s %s'
-. scripts/mps.sh # rows and MPS (this script runs from the repository root)
-mps_summary_on_exit summary
+summary_on_exit "summary (logs in $OUT)"
+need build/train build/overlap_peercopy.test
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 if [ ! -f "$ASYNCTP_KERNELS" ]; then
@@ -43,7 +45,7 @@ if [ ! -f "$ASYNCTP_LIBNVSHMEM" ]; then
 fi
 
 # 1. MPS.
-mps_start
+mps_start || exit 1
 
 # 2. the suite on SUITE_PES PEs, then (BENCH=1) the per-op times on BENCH_PES.
 t0=$(date +%s)

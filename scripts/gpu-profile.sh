@@ -13,23 +13,31 @@
 # Environment: PRESET (gpt2-124m), BATCH (16), STEPS (30), TORCH (1), NCU (1),
 # OUT (build/out), EXTRA (more cmd/train flags), TORCH_ARGS (the model for
 # bench/torch_gpt.py; set for gpt2-124m and llama-1b), TORCH_STEPS (20).
+# Exit status: scripts/README.md (0 all passed, 1 a step failed, 77 no GPU).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. scripts/gpu-env.sh
 OUT=${OUT:-build/out}/profile
 PRESET=${PRESET:-gpt2-124m}
 BATCH=${BATCH:-16}
 STEPS=${STEPS:-30}
 mkdir -p "$OUT"
-. scripts/gpu-env.sh # the GPU machine's environment and build/ paths
+summary_on_exit "summary (logs in $OUT)"
+need build/train "$ASYNCTP_KERNELS"
 case "$PRESET" in
   llama-1b) TORCH_ARGS=${TORCH_ARGS:-"--layers 20 --dim 2048 --heads 16 --vocab 32000 --seq 2048 --ffn 5632"} ;;
   *) TORCH_ARGS=${TORCH_ARGS:-} ;;
 esac
 TRAIN=(./build/train --model "$PRESET" --device cuda --batch "$BATCH" --checkpoint-every 0 --log-every 10 ${EXTRA:-})
 
-"${TRAIN[@]}" --steps "$STEPS" --val-fraction 0 --out "$OUT/run" > "$OUT/run.log" 2>&1 || { tail -20 "$OUT/run.log"; }
+rm -rf "$OUT/run"
+if "${TRAIN[@]}" --steps "$STEPS" --val-fraction 0 --out "$OUT/run" > "$OUT/run.log" 2>&1; then
+  row "$PRESET, $STEPS steps" ok ""
+else
+  row "$PRESET, $STEPS steps" FAIL "see run.log"; tail -20 "$OUT/run.log"; exit 1
+fi
 grep -E '^(model|memory|done)' "$OUT/run.log"
-python3 - "$OUT/run/metrics.jsonl" "$PRESET" "$OUT/run.log" <<'PY'
+python3 - "$OUT/run/metrics.jsonl" "$PRESET" "$OUT/run.log" <<'PY' || row "tokens/s of the run" FAIL "metrics.jsonl unreadable"
 import json, re, sys
 m = re.search(r"batch (\d+) x (\d+)", open(sys.argv[3]).read())
 tok = int(m.group(1)) * int(m.group(2)) if m else 0
@@ -42,11 +50,16 @@ PY
 rm -rf "$OUT/run" # its final checkpoint (15 GB at llama-1b); metrics were read above
 if [ "${NCU:-1}" = 1 ]; then
   t0=$(date +%s)
-  timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw --log-file "$OUT/ncu.csv" \
-    "${TRAIN[@]}" --steps 3 --val-fraction 0 --out "$OUT/ncu-run" > "$OUT/ncu-run.log" 2>&1 || { echo "ncu failed:"; tail -5 "$OUT/ncu-run.log"; tail -5 "$OUT/ncu.csv"; }
-  echo "ncu: $(($(date +%s)-t0)) s"
   rm -rf "$OUT/ncu-run"
-  python3 scripts/kernel_families.py ncu "$OUT/ncu.csv" > "$OUT/ours-families.json" && python3 - "$OUT/ours-families.json" <<'PY'
+  if timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw --log-file "$OUT/ncu.csv" \
+      "${TRAIN[@]}" --steps 3 --val-fraction 0 --out "$OUT/ncu-run" > "$OUT/ncu-run.log" 2>&1; then
+    row "ncu, 3 steps" ok "$(($(date +%s)-t0)) s"
+  else
+    row "ncu, 3 steps" FAIL "see ncu-run.log and ncu.csv"; tail -5 "$OUT/ncu-run.log"; tail -5 "$OUT/ncu.csv"
+  fi
+  rm -rf "$OUT/ncu-run"
+  python3 scripts/kernel_families.py ncu "$OUT/ncu.csv" > "$OUT/ours-families.json" || row "kernel families of ncu.csv" FAIL "scripts/kernel_families.py failed"
+  [ -s "$OUT/ours-families.json" ] && python3 - "$OUT/ours-families.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 print("ours, one step:", d["kernels"], "kernels,", d["kernel_ms"], "ms of GPU time")
@@ -55,7 +68,11 @@ for k in d["top_kernels"][:15]: print(f"    {k['ms']:8.3f} ms  {k['family']:11s}
 PY
 fi
 if [ "${TORCH:-1}" = 1 ]; then
-  PYTHONUNBUFFERED=1 timeout 400 python3 bench/torch_gpt.py $TORCH_ARGS --batch "$BATCH" --steps ${TORCH_STEPS:-20} --modes eager,compile --profile > "$OUT/torch.log" 2>&1
+  if PYTHONUNBUFFERED=1 timeout 400 python3 bench/torch_gpt.py $TORCH_ARGS --batch "$BATCH" --steps ${TORCH_STEPS:-20} --modes eager,compile --profile > "$OUT/torch.log" 2>&1; then
+    row "PyTorch eager and torch.compile, profiled" ok ""
+  else
+    row "PyTorch eager and torch.compile, profiled" FAIL "see torch.log"
+  fi
   grep '^{' "$OUT/torch.log" | python3 -c '
 import json, sys
 for l in sys.stdin:

@@ -9,18 +9,21 @@
 # TORCH_STEPS (20), OUT (build/out), EXTRA (more cmd/train flags), FIRST_ROUND (1:
 # a later value numbers the rounds on from an earlier run's), FIRST_MODES (PyTorch's modes
 # in round 1: eager,compile; later rounds run compile only), TORCH_TIMEOUT (400 s).
+# Exit status: scripts/README.md (0 all passed, 1 a step failed, 77 no GPU).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. scripts/gpu-env.sh
 OUT=${OUT:-build/out}/speed
 mkdir -p "$OUT"
-. scripts/gpu-env.sh # the GPU machine's environment and build/ paths
+summary_on_exit "summary (logs in $OUT)"
+need build/train "$ASYNCTP_KERNELS"
 ROUNDS=${ROUNDS:-2}
 STEPS=${STEPS:-30}
 ours() { # preset batch round
   local dir="$OUT/$1-$3"
   ./build/train --model "$1" --device cuda --batch "$2" --steps "$STEPS" --checkpoint-every 0 --log-every 10 \
-    --val-fraction 0 ${EXTRA:-} --out "$dir" > "$dir.log" 2>&1 || { tail -15 "$dir.log"; return; }
-  python3 - "$dir" "$1" "$3" <<'PY'
+    --val-fraction 0 ${EXTRA:-} --out "$dir" > "$dir.log" 2>&1 || { row "asynctp $1, round $3" FAIL "see $dir.log"; tail -15 "$dir.log"; return; }
+  python3 - "$dir" "$1" "$3" <<'PY' || row "asynctp $1, round $3" FAIL "metrics unreadable, see $dir.log"
 import json, re, sys, statistics
 d, preset, rnd = sys.argv[1:]
 log = open(d + ".log").read()
@@ -40,8 +43,10 @@ torch() { # preset batch modes
   local args=""
   [ "$1" = llama-1b ] && args="--layers 20 --dim 2048 --heads 16 --vocab 32000 --seq 2048 --ffn 5632"
   # shellcheck disable=SC2086
-  PYTHONUNBUFFERED=1 timeout "${TORCH_TIMEOUT:-400}" python3 bench/torch_gpt.py $args --batch "$2" --steps "${TORCH_STEPS:-20}" --modes "$3" 2>&1 \
-    | grep '^{' | sed "s/^{/{\"preset\": \"$1\", /"
+  local log="$OUT/torch-$1-$3.log"
+  PYTHONUNBUFFERED=1 timeout "${TORCH_TIMEOUT:-400}" python3 bench/torch_gpt.py $args --batch "$2" --steps "${TORCH_STEPS:-20}" --modes "$3" > "$log" 2>&1 ||
+    row "PyTorch $1 ($3)" FAIL "see $log"
+  grep '^{' "$log" | sed "s/^{/{\"preset\": \"$1\", /"
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 for r in $(seq "${FIRST_ROUND:-1}" "$ROUNDS"); do

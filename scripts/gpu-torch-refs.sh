@@ -21,8 +21,12 @@
 # ("Duplicate GPU detected"): its rows at P > 1 are {"ok": false, ...}.
 # Ranks that share one GPU share its SMs and memory: the times show the
 # mechanics of each op, not NVLink speeds.
+# Exit status: scripts/README.md (0 all passed, 1 a step failed, 77 no GPU);
+# the expected NCCL refusals at P > 1 are rows of the JSON, not failures.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. scripts/gpu-env.sh
+. scripts/mps.sh
 OUT=${OUT:-build/out}
 LOGS=$OUT/torch-refs
 JSONL=$OUT/torch-refs.jsonl
@@ -32,19 +36,13 @@ TOTAL=${TOTAL:-360}
 REPS=${REPS:-20}
 mkdir -p "$LOGS"
 : > "$JSONL"
-export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES=1 # several ranks on one device (symmetric memory's rendezvous check)
 export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo} TORCH_REFS_TIMEOUT_S=${TORCH_REFS_TIMEOUT_S:-60}
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 t_start=$(date +%s)
+ROW_FMT='%-20s %-8s %s'
+summary_on_exit "summary (logs in $LOGS)"
 
-mps_quit() {
-  if [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ]; then
-    echo quit | timeout 20 nvidia-cuda-mps-control > /dev/null 2>&1
-    sleep 1
-    unset CUDA_MPS_PIPE_DIRECTORY
-  fi
-}
 table() {
   python3 - "$JSONL" <<'PY'
 import json, sys
@@ -62,8 +60,7 @@ for r in rows:
           f"{r.get('shape', '')[:56]:<56} {us if us is not None else '-':>10}  {'ok' if r.get('ok') else 'NO'} {tail}")
 PY
 }
-finish() {
-  mps_quit
+before_summary() {
   echo
   echo "== $JSONL"
   cat "$JSONL"
@@ -72,7 +69,6 @@ finish() {
   table
   echo "total $(($(date +%s) - t_start)) s"
 }
-trap finish EXIT
 
 # step NAME P CMD...: runs CMD under the time left (at most RUN_TIMEOUT) with
 # P ranks' MPS share, appends its JSON lines, and a failure row if it failed.
@@ -82,6 +78,7 @@ step() {
   local left=$((TOTAL - ($(date +%s) - t_start)))
   if [ "$left" -lt 20 ]; then
     echo "{\"step\": \"$name\", \"ok\": false, \"error\": \"skipped: the script's ${TOTAL} s are spent\"}" >> "$JSONL"
+    row "$name" NOT-RUN "the script's ${TOTAL} s are spent"
     return
   fi
   local lim=$RUN_TIMEOUT
@@ -106,29 +103,19 @@ step() {
     local why="exit status $rc"
     [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && why="killed after ${lim} s"
     echo "{\"step\": \"$name\", \"P\": $p, \"ok\": false, \"error\": \"$why; see $LOGS/$name.log\"}" >> "$JSONL"
+    row "$name" FAIL "$why, see $name.log"
     grep -v '^{' "$LOGS/$name.log" | tail -n 12
     if [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ]; then # a killed client can leave the server unusable
-      mps_quit
-      mps_start
+      mps_restart
     fi
-  fi
-}
-mps_start() {
-  [ "${MPS:-1}" = 1 ] || return 0
-  PATH=$PATH:/usr/local/nvidia/bin
-  export CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
-  CUDA_MPS_PIPE_DIRECTORY=$(mktemp -d) CUDA_MPS_LOG_DIRECTORY=$(mktemp -d)
-  if nvidia-cuda-mps-control -d; then
-    echo "MPS: pipe $CUDA_MPS_PIPE_DIRECTORY"
   else
-    echo "MPS: nvidia-cuda-mps-control -d failed; running without MPS"
-    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+    row "$name" ok "$(($(date +%s) - t0)) s, $(grep -c '^{' "$LOGS/$name.log") rows"
   fi
 }
-
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())'
-mps_start
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())' ||
+  { row "python3 with torch" FAIL "python3 cannot import torch"; exit 1; }
+if [ "${MPS:-1}" = 1 ]; then mps_start || exit 1; fi
 TR=(python3 -m torch.distributed.run --standalone)
 step moe-gemm 1 python3 bench/torch_moe.py --parts gemm --reps "$REPS"
 for p in $PES; do

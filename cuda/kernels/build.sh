@@ -16,9 +16,10 @@
 #               "-lineinfo" for ncu source views; nvcc 11.8 ptxas crashes on
 #               -lineinfo for sm_90, so it is not the default)
 #
-# The NVSHMEM kernels (later) build into a second image,
-# build/asynctp_nvshmem.fatbin, with -rdc=true and a device link against
-# libnvshmem_device.a; see README.md.
+# The kernels with NVSHMEM device calls are not in this image: they build
+# into build/libasynctp_nvshmem.so (cuda/nvshmem/build.sh, device-linked
+# with libnvshmem_device.a). Exit status non-zero when nvcc is missing or
+# fails (scripts/README.md).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)

@@ -2,8 +2,8 @@
 # One command on the GPU machine, from the repository root, after building the
 # test binary on the dev machine (no CUDA needed there):
 #
-#   go test -c -o build/cudabackend.test ./tensor/cudabackend     # dev machine
-#   bash cuda/kernels/gpu_check.sh                                 # GPU machine
+#   go test -c -o build/tensor_cudabackend.test ./tensor/cudabackend   # dev machine
+#   bash cuda/kernels/gpu_check.sh                                      # GPU machine
 #
 # It builds build/asynctp_kernels.fatbin with nvcc, runs every test of the
 # CUDA backend (conformance in bf16 and f32, tensor-core and CUDA-core
@@ -11,14 +11,16 @@
 # determinism), then, with SANITIZE=1, the attention and conformance tests
 # under compute-sanitizer (memcheck, and racecheck for shared memory), and,
 # with BENCH=1, the benchmarks. Logs go to $OUT (default build/out); a short
-# summary is printed last.
+# summary is printed last. BIN overrides the test binary's path.
+# Exit status: scripts/README.md (0 all passed, 1 a step failed, 77 no GPU).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+. scripts/gpu-env.sh
 OUT=${OUT:-build/out}
 mkdir -p "$OUT"
-bin=${BIN:-build/cudabackend.test}
-declare -a rows
-row() { rows+=("$(printf '%-34s %-5s %s' "$1" "$2" "$3")"); }
+bin=${BIN:-build/tensor_cudabackend.test}
+ROW_FMT='%-34s %-5s %s'
+summary_on_exit "summary (logs in $OUT)"
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee "$OUT/gpu.txt"
 t0=$(date +%s)
@@ -27,6 +29,7 @@ if bash cuda/kernels/build.sh > "$OUT/nvcc.log" 2>&1; then
 else
   row "kernels image (nvcc)" FAIL "see $OUT/nvcc.log"
   tail -30 "$OUT/nvcc.log"
+  exit 1
 fi
 export ASYNCTP_KERNELS=$PWD/build/asynctp_kernels.fatbin
 
@@ -43,7 +46,9 @@ else
   row "tests" "$st" "$pass passed, $fail failed, $skip skipped, $(($(date +%s) - t0)) s"
   grep -E -- '--- (FAIL|SKIP)|panic:|\.go:[0-9]+: ' "$OUT/cudabackend.log" | head -60
 
-  if [ -n "${SANITIZE:-}" ] && command -v compute-sanitizer > /dev/null; then
+  if [ -n "${SANITIZE:-}" ] && ! command -v compute-sanitizer > /dev/null; then
+    row "compute-sanitizer" FAIL "not on PATH (SANITIZE=1 asks for it)"
+  elif [ -n "${SANITIZE:-}" ]; then
     for tool in memcheck racecheck; do
       compute-sanitizer --tool $tool --error-exitcode 3 "$bin" -test.count=1 \
         -test.run 'TestAttentionShapes|TestConformance/bf16/(RMSNorm|CrossEntropy|Embedding|Attention)' \
@@ -55,9 +60,9 @@ else
   fi
 
   if [ -n "${BENCH:-}" ]; then
-    "$bin" -test.run '^$' -test.bench "${BENCH_RUN:-.}" -test.benchtime "${BENCHTIME:-10x}" > "$OUT/bench.log" 2>&1
+    "$bin" -test.run '^$' -test.bench "${BENCH_RUN:-.}" -test.benchtime "${BENCHTIME:-10x}" > "$OUT/bench.log" 2>&1 ||
+      row "benchmarks" FAIL "see $OUT/bench.log"
     while read -r l; do row "bench" "" "$l"; done < <(grep -E '^Benchmark' "$OUT/bench.log" | awk '{$2=""; print}')
   fi
 fi
 
-echo; echo "== summary"; printf '%s\n' "${rows[@]}"
