@@ -70,15 +70,20 @@ _on_exit() {
   exit "$status"
 }
 
-# need FILE...: a row and exit status 1 for the first file that is missing
-# (the build outputs come from scripts/build-gpu-artifacts.sh on the dev
-# machine).
+# need FILE...: a row naming how to make it and exit status 1 for the first
+# file that is missing (the Go binaries come from
+# scripts/build-gpu-artifacts.sh on the dev machine, the CUDA images from
+# nvcc here).
 need() {
-  local f
+  local f how
   for f in "$@"; do
-    if [ ! -e "$f" ]; then
-      row "$f" FAIL "missing: bash scripts/build-gpu-artifacts.sh on the dev machine, then carry build/"
-      exit 1
-    fi
+    [ -e "$f" ] && continue
+    case "$f" in
+      *.fatbin) how="bash cuda/kernels/build.sh (nvcc, on this machine)" ;;
+      *.so) how="bash cuda/nvshmem/build.sh (nvcc and NVSHMEM, on this machine)" ;;
+      *) how="bash scripts/build-gpu-artifacts.sh on the dev machine, then carry build/" ;;
+    esac
+    row "$f" FAIL "missing: $how"
+    exit 1
   done
 }
