@@ -3,6 +3,7 @@ package layers
 import (
 	"errors"
 	"fmt"
+	"github.com/asynctp/asynctp/internal/layerkit"
 	"math"
 
 	"github.com/asynctp/asynctp/tensor"
@@ -124,13 +125,13 @@ func (c *AttentionCore) Scale() float32 { return float32(1 / math.Sqrt(float64(c
 func (c *AttentionCore) Inputs(dt tensor.DType, B, T int) (q, k, v *tensor.Tensor) {
 	N, H, Hkv, D := B*T, c.Heads, c.KVHeads, c.HeadDim
 	c.bt = [2]int{B, T}
-	c.q = Ensure(c.b, c.q, dt, N, H*D)
-	c.k = Ensure(c.b, c.k, dt, N, Hkv*D)
-	c.v = Ensure(c.b, c.v, dt, N, Hkv*D)
-	c.qr = Ensure(c.b, c.qr, dt, B, T, H, D)
-	c.kr = Ensure(c.b, c.kr, dt, B, T, Hkv, D)
-	c.att = Ensure(c.b, c.att, dt, B, T, H, D)
-	c.lse = Ensure(c.b, c.lse, StatDType(dt), B, H, T)
+	c.q = layerkit.Ensure(c.b, c.q, dt, N, H*D)
+	c.k = layerkit.Ensure(c.b, c.k, dt, N, Hkv*D)
+	c.v = layerkit.Ensure(c.b, c.v, dt, N, Hkv*D)
+	c.qr = layerkit.Ensure(c.b, c.qr, dt, B, T, H, D)
+	c.kr = layerkit.Ensure(c.b, c.kr, dt, B, T, Hkv, D)
+	c.att = layerkit.Ensure(c.b, c.att, dt, B, T, H, D)
+	c.lse = layerkit.Ensure(c.b, c.lse, layerkit.StatDType(dt), B, H, T)
 	c.packed = false
 	return c.q, c.k, c.v
 }
@@ -145,11 +146,11 @@ func (c *AttentionCore) InputsPacked(dt tensor.DType, B, T int) (qkv *tensor.Ten
 	N, H, Hkv, D := B*T, c.Heads, c.KVHeads, c.HeadDim
 	c.bt = [2]int{B, T}
 	c.qkv = c.ws.ensure(wsAttnQKV, c.b, c.qkv, dt, N, (H+2*Hkv)*D) // dead after RoPEQKV: shared
-	c.v = Ensure(c.b, c.v, dt, N, Hkv*D)
-	c.qr = Ensure(c.b, c.qr, dt, B, T, H, D)
-	c.kr = Ensure(c.b, c.kr, dt, B, T, Hkv, D)
-	c.att = Ensure(c.b, c.att, dt, B, T, H, D)
-	c.lse = Ensure(c.b, c.lse, StatDType(dt), B, H, T)
+	c.v = layerkit.Ensure(c.b, c.v, dt, N, Hkv*D)
+	c.qr = layerkit.Ensure(c.b, c.qr, dt, B, T, H, D)
+	c.kr = layerkit.Ensure(c.b, c.kr, dt, B, T, Hkv, D)
+	c.att = layerkit.Ensure(c.b, c.att, dt, B, T, H, D)
+	c.lse = layerkit.Ensure(c.b, c.lse, layerkit.StatDType(dt), B, H, T)
 	c.packed = true
 	return c.qkv
 }
@@ -160,13 +161,13 @@ func (c *AttentionCore) InputsPacked(dt tensor.DType, B, T int) (qkv *tensor.Ten
 func (c *AttentionCore) Forward() (att *tensor.Tensor) {
 	B, T, H, Hkv, D := c.bt[0], c.bt[1], c.Heads, c.KVHeads, c.HeadDim
 	if c.packed {
-		c.b.RoPEQKV(c.qr, c.kr, Reshape(c.v, B, T, Hkv, D), Reshape(c.qkv, B, T, (H+2*Hkv)*D), c.Theta)
+		c.b.RoPEQKV(c.qr, c.kr, layerkit.Reshape(c.v, B, T, Hkv, D), layerkit.Reshape(c.qkv, B, T, (H+2*Hkv)*D), c.Theta)
 	} else {
-		c.b.RoPE(c.qr, Reshape(c.q, B, T, H, D), c.Theta)
-		c.b.RoPE(c.kr, Reshape(c.k, B, T, Hkv, D), c.Theta)
+		c.b.RoPE(c.qr, layerkit.Reshape(c.q, B, T, H, D), c.Theta)
+		c.b.RoPE(c.kr, layerkit.Reshape(c.k, B, T, Hkv, D), c.Theta)
 	}
-	c.b.Attention(c.att, c.lse, c.qr, c.kr, Reshape(c.v, B, T, Hkv, D), c.Scale())
-	return Reshape(c.att, B*T, H*D)
+	c.b.Attention(c.att, c.lse, c.qr, c.kr, layerkit.Reshape(c.v, B, T, Hkv, D), c.Scale())
+	return layerkit.Reshape(c.att, B*T, H*D)
 }
 
 // OutputGrad returns the (B·T, Heads·HeadDim) buffer ∂L/∂att goes into,
@@ -192,8 +193,8 @@ func (c *AttentionCore) OutputGrad() (datt *tensor.Tensor) {
 func (c *AttentionCore) Backward() (dq, dk, dv *tensor.Tensor) {
 	B, T, H, Hkv, D := c.bt[0], c.bt[1], c.Heads, c.KVHeads, c.HeadDim
 	c.attentionBackward()
-	c.b.RoPEBackward(Reshape(c.dq, B, T, H, D), c.dqr, c.Theta)
-	c.b.RoPEBackward(Reshape(c.dk, B, T, Hkv, D), c.dkr, c.Theta)
+	c.b.RoPEBackward(layerkit.Reshape(c.dq, B, T, H, D), c.dqr, c.Theta)
+	c.b.RoPEBackward(layerkit.Reshape(c.dk, B, T, Hkv, D), c.dkr, c.Theta)
 	return c.dq, c.dk, c.dv
 }
 
@@ -203,14 +204,14 @@ func (c *AttentionCore) Backward() (dq, dk, dv *tensor.Tensor) {
 func (c *AttentionCore) BackwardPacked() (dqkv *tensor.Tensor) {
 	B, T, H, Hkv, D := c.bt[0], c.bt[1], c.Heads, c.KVHeads, c.HeadDim
 	c.attentionBackward()
-	c.b.RoPEQKVBackward(Reshape(c.dqkv, B, T, (H+2*Hkv)*D), c.dqr, c.dkr, Reshape(c.dv, B, T, Hkv, D), c.Theta)
+	c.b.RoPEQKVBackward(layerkit.Reshape(c.dqkv, B, T, (H+2*Hkv)*D), c.dqr, c.dkr, layerkit.Reshape(c.dv, B, T, Hkv, D), c.Theta)
 	return c.dqkv
 }
 
 func (c *AttentionCore) attentionBackward() {
 	B, T, H, Hkv, D := c.bt[0], c.bt[1], c.Heads, c.KVHeads, c.HeadDim
-	c.b.AttentionBackward(c.dqr, c.dkr, Reshape(c.dv, B, T, Hkv, D), Reshape(c.datt, B, T, H, D),
-		c.qr, c.kr, Reshape(c.v, B, T, Hkv, D), c.att, c.lse, c.Scale())
+	c.b.AttentionBackward(c.dqr, c.dkr, layerkit.Reshape(c.dv, B, T, Hkv, D), layerkit.Reshape(c.datt, B, T, H, D),
+		c.qr, c.kr, layerkit.Reshape(c.v, B, T, Hkv, D), c.att, c.lse, c.Scale())
 }
 
 // CheckHeads checks an attention layer's head counts: Heads dividing Dim,
@@ -239,7 +240,7 @@ func NewAttention(b tensor.Backend, ps *ParamSet, name string, cfg AttentionConf
 	if !(cfg.RopeTheta > 0) {
 		return nil, fmt.Errorf("layers: attention %q: RopeTheta = %v, expected > 0", name, cfg.RopeTheta)
 	}
-	if err := CheckStds(fmt.Sprintf("layers: attention %q: AttentionConfig", name), cfg.Std, cfg.OutStd); err != nil {
+	if err := checkStds(fmt.Sprintf("layers: attention %q: AttentionConfig", name), cfg.Std, cfg.OutStd); err != nil {
 		return nil, err
 	}
 	a := &Attention{Name: name, Dim: cfg.Dim, Heads: cfg.Heads, KVHeads: hkv, HeadDim: hd, Theta: cfg.RopeTheta, b: b,
@@ -278,24 +279,24 @@ func (a *Attention) what() string { return "layers: attention " + a.Name }
 // positions [0, t] of its own sequence.
 func (a *Attention) Forward(out, x *tensor.Tensor) error {
 	a.bt, a.rows = [2]int{}, false
-	if err := CheckParams(a.what(), a.Params()...); err != nil {
+	if err := checkParams(a.what(), a.Params()...); err != nil {
 		return err
 	}
 	dt := a.Wq.W.W.DType()
-	if err := CheckOn(a.b, a.what(), "input x", x, dt); err != nil {
+	if err := layerkit.CheckOn(a.b, a.what(), "input x", x, dt); err != nil {
 		return err
 	}
 	if s := x.Shape(); len(s) != 3 || s[2] != a.Dim || s[0] <= 0 || s[1] <= 0 {
 		return fmt.Errorf("%s: input x has shape %v, expected (B, T, %d)", a.what(), s, a.Dim)
 	}
 	B, T, C := x.Dim(0), x.Dim(1), a.Dim
-	if err := CheckShape(a.b, a.what(), "output", out, dt, B, T, C); err != nil {
+	if err := layerkit.CheckShape(a.b, a.what(), "output", out, dt, B, T, C); err != nil {
 		return err
 	}
-	if err := CheckApart(a.what(), "output", out, "input x", x); err != nil {
+	if err := layerkit.CheckApart(a.what(), "output", out, "input x", x); err != nil {
 		return err
 	}
-	return a.forward(Reshape(out, B*T, C), Reshape(x, B*T, C), B, T)
+	return a.forward(layerkit.Reshape(out, B*T, C), layerkit.Reshape(x, B*T, C), B, T)
 }
 
 // ForwardSeq is Forward on rows, the Mixer form: out and x are (B·T, Dim)
@@ -303,23 +304,23 @@ func (a *Attention) Forward(out, x *tensor.Tensor) error {
 // order. A Backward after it takes its gradients shaped the same way.
 func (a *Attention) ForwardSeq(out, x *tensor.Tensor, batch, seq int) error {
 	a.bt, a.rows = [2]int{}, false
-	if err := CheckParams(a.what(), a.Params()...); err != nil {
+	if err := checkParams(a.what(), a.Params()...); err != nil {
 		return err
 	}
 	if batch <= 0 || seq <= 0 {
 		return fmt.Errorf("%s: batch %d, seq %d, expected positive sizes", a.what(), batch, seq)
 	}
 	dt, N, C := a.Wq.W.W.DType(), batch*seq, a.Dim
-	if err := CheckRowsN(a.b, a.what(), "input x", x, dt, C, N, fmt.Sprintf("the tokens of batch %d × seq %d", batch, seq)); err != nil {
+	if err := layerkit.CheckRowsN(a.b, a.what(), "input x", x, dt, C, N, fmt.Sprintf("the tokens of batch %d × seq %d", batch, seq)); err != nil {
 		return err
 	}
-	if err := CheckRowsN(a.b, a.what(), "output", out, dt, C, N, "like the input"); err != nil {
+	if err := layerkit.CheckRowsN(a.b, a.what(), "output", out, dt, C, N, "like the input"); err != nil {
 		return err
 	}
-	if err := CheckApart(a.what(), "output", out, "input x", x); err != nil {
+	if err := layerkit.CheckApart(a.what(), "output", out, "input x", x); err != nil {
 		return err
 	}
-	if err := a.forward(Reshape(out, N, C), Reshape(x, N, C), batch, seq); err != nil {
+	if err := a.forward(layerkit.Reshape(out, N, C), layerkit.Reshape(x, N, C), batch, seq); err != nil {
 		return err
 	}
 	a.rows = true
@@ -339,7 +340,7 @@ func (a *Attention) forward(out, x *tensor.Tensor, B, T int) error {
 			return err
 		}
 		a.x, a.stacked, a.bt = x, true, [2]int{B, T}
-		return Sticky(a.b, a.what(), "forward")
+		return layerkit.Sticky(a.b, a.what(), "forward")
 	}
 	q, k, v := a.core.Inputs(x.DType(), B, T)
 	for _, p := range []struct {
@@ -355,7 +356,7 @@ func (a *Attention) forward(out, x *tensor.Tensor, B, T int) error {
 		return err
 	}
 	a.bt = [2]int{B, T}
-	return Sticky(a.b, a.what(), "forward")
+	return layerkit.Sticky(a.b, a.what(), "forward")
 }
 
 // Backward overwrites dx with ∂L/∂x and adds the weight gradients, from
@@ -374,28 +375,28 @@ func (a *Attention) Backward(dx, dout *tensor.Tensor) error {
 	}{{"output gradient", dout}, {"input gradient dx", dx}} {
 		var err error
 		if a.rows {
-			err = CheckRowsN(a.b, a.what(), g.what, g.t, dt, C, N, "like the forward's input")
+			err = layerkit.CheckRowsN(a.b, a.what(), g.what, g.t, dt, C, N, "like the forward's input")
 		} else {
-			err = CheckShape(a.b, a.what(), g.what, g.t, dt, B, T, C)
+			err = layerkit.CheckShape(a.b, a.what(), g.what, g.t, dt, B, T, C)
 		}
 		if err != nil {
 			return err
 		}
 	}
-	if err := CheckApart(a.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
+	if err := layerkit.CheckApart(a.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
 		return err
 	}
 	datt := a.core.OutputGrad()
-	if err := a.Wo.Backward(datt, Reshape(dout, N, C)); err != nil {
+	if err := a.Wo.Backward(datt, layerkit.Reshape(dout, N, C)); err != nil {
 		return err
 	}
-	dx2 := Reshape(dx, N, C)
+	dx2 := layerkit.Reshape(dx, N, C)
 	if a.stacked {
 		// dx = dqkv·[Wq;Wk;Wv] and d[Wq;Wk;Wv] += dqkvᵀ·x: two GEMMs for the three.
 		dqkv := a.core.BackwardPacked()
 		a.b.MatMul(dx2, dqkv, a.wqkv, false, false, 1, 0)
 		a.b.MatMul(a.gqkv, dqkv, a.x, true, false, 1, 1)
-		return Sticky(a.b, a.what(), "backward")
+		return layerkit.Sticky(a.b, a.what(), "backward")
 	}
 	dq, dk, dv := a.core.Backward()
 	if err := a.Wq.Backward(dx2, dq); err != nil {
@@ -407,5 +408,5 @@ func (a *Attention) Backward(dx, dout *tensor.Tensor) error {
 	if err := a.Wv.BackwardAccumulate(dx2, dv); err != nil {
 		return err
 	}
-	return Sticky(a.b, a.what(), "backward")
+	return layerkit.Sticky(a.b, a.what(), "backward")
 }

@@ -3,6 +3,7 @@ package layers
 import (
 	"errors"
 	"fmt"
+	"github.com/asynctp/asynctp/internal/layerkit"
 
 	"github.com/asynctp/asynctp/tensor"
 )
@@ -204,24 +205,24 @@ func (blk *Block) what() string { return "layers: block " + blk.Name }
 // Forward writes out (B, T, Dim) from x (B, T, Dim); out must not alias x.
 func (blk *Block) Forward(out, x *tensor.Tensor) error {
 	blk.bt = [2]int{}
-	if err := CheckParams(blk.what(), blk.Params()...); err != nil {
+	if err := checkParams(blk.what(), blk.Params()...); err != nil {
 		return err
 	}
 	dt := blk.Norm1.W.W.DType()
-	if err := CheckOn(blk.b, blk.what(), "input x", x, dt); err != nil {
+	if err := layerkit.CheckOn(blk.b, blk.what(), "input x", x, dt); err != nil {
 		return err
 	}
 	if s := x.Shape(); len(s) != 3 || s[2] != blk.Dim || s[0] <= 0 || s[1] <= 0 {
 		return fmt.Errorf("%s: input x has shape %v, expected (B, T, %d)", blk.what(), s, blk.Dim)
 	}
 	B, T, C := x.Dim(0), x.Dim(1), blk.Dim
-	if err := CheckShape(blk.b, blk.what(), "output", out, dt, B, T, C); err != nil {
+	if err := layerkit.CheckShape(blk.b, blk.what(), "output", out, dt, B, T, C); err != nil {
 		return err
 	}
-	if err := CheckApart(blk.what(), "output", out, "input x", x); err != nil {
+	if err := layerkit.CheckApart(blk.what(), "output", out, "input x", x); err != nil {
 		return err
 	}
-	if err := blk.forward(Reshape(out, B*T, C), Reshape(x, B*T, C), B, T); err != nil {
+	if err := blk.forward(layerkit.Reshape(out, B*T, C), layerkit.Reshape(x, B*T, C), B, T); err != nil {
 		return err
 	}
 	blk.in3D = true
@@ -234,7 +235,7 @@ func (blk *Block) Forward(out, x *tensor.Tensor) error {
 // its gradients shaped the same way.
 func (blk *Block) ForwardSeq(out, x *tensor.Tensor, batch, seq int) error {
 	blk.bt = [2]int{}
-	if err := CheckParams(blk.what(), blk.Params()...); err != nil {
+	if err := checkParams(blk.what(), blk.Params()...); err != nil {
 		return err
 	}
 	if batch <= 0 || seq <= 0 {
@@ -248,23 +249,23 @@ func (blk *Block) ForwardSeq(out, x *tensor.Tensor, batch, seq int) error {
 			return err
 		}
 	}
-	if err := CheckRowsN(blk.b, blk.what(), "input x", x, dt, C, n, fmt.Sprintf("this rank's tokens of batch %d × seq %d", batch, seq)); err != nil {
+	if err := layerkit.CheckRowsN(blk.b, blk.what(), "input x", x, dt, C, n, fmt.Sprintf("this rank's tokens of batch %d × seq %d", batch, seq)); err != nil {
 		return err
 	}
-	if err := CheckRowsN(blk.b, blk.what(), "output", out, dt, C, n, "like the input"); err != nil {
+	if err := layerkit.CheckRowsN(blk.b, blk.what(), "output", out, dt, C, n, "like the input"); err != nil {
 		return err
 	}
-	if err := CheckApart(blk.what(), "output", out, "input x", x); err != nil {
+	if err := layerkit.CheckApart(blk.what(), "output", out, "input x", x); err != nil {
 		return err
 	}
-	return blk.forward(Reshape(out, n, C), Reshape(x, n, C), batch, seq)
+	return blk.forward(layerkit.Reshape(out, n, C), layerkit.Reshape(x, n, C), batch, seq)
 }
 
 // forward runs the block on validated rows x, out (n, Dim).
 func (blk *Block) forward(out, x *tensor.Tensor, batch, seq int) error {
 	dt, n, C := x.DType(), x.Dim(0), blk.Dim
 	for _, p := range []**tensor.Tensor{&blk.h1, &blk.x1, &blk.h2} {
-		*p = Ensure(blk.b, *p, dt, n, C)
+		*p = layerkit.Ensure(blk.b, *p, dt, n, C)
 	}
 	// a and m are dead once added into the stream (a before m is written):
 	// one buffer for both, shared by the blocks.
@@ -272,7 +273,7 @@ func (blk *Block) forward(out, x *tensor.Tensor, batch, seq int) error {
 	if blk.ws != nil {
 		blk.m = blk.a
 	} else {
-		blk.m = Ensure(blk.b, blk.m, dt, n, C)
+		blk.m = layerkit.Ensure(blk.b, blk.m, dt, n, C)
 	}
 	if err := blk.Norm1.Forward(blk.h1, x); err != nil {
 		return err
@@ -288,7 +289,7 @@ func (blk *Block) forward(out, x *tensor.Tensor, batch, seq int) error {
 		return err
 	}
 	blk.b.Add(out, blk.x1, blk.m)
-	if err := Sticky(blk.b, blk.what(), "forward"); err != nil {
+	if err := layerkit.Sticky(blk.b, blk.what(), "forward"); err != nil {
 		return err
 	}
 	blk.bt, blk.n, blk.in3D = [2]int{batch, seq}, n, false
@@ -309,20 +310,20 @@ func (blk *Block) Backward(dx, dout *tensor.Tensor) error {
 	}{{"output gradient", "like the forward's output", dout}, {"input gradient dx", "like the forward's input", dx}} {
 		var err error
 		if blk.in3D {
-			err = CheckShape(blk.b, blk.what(), g.what, g.t, dt, blk.bt[0], blk.bt[1], C)
+			err = layerkit.CheckShape(blk.b, blk.what(), g.what, g.t, dt, blk.bt[0], blk.bt[1], C)
 		} else {
-			err = CheckRowsN(blk.b, blk.what(), g.what, g.t, dt, C, n, g.why)
+			err = layerkit.CheckRowsN(blk.b, blk.what(), g.what, g.t, dt, C, n, g.why)
 		}
 		if err != nil {
 			return err
 		}
 	}
-	if err := CheckApart(blk.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
+	if err := layerkit.CheckApart(blk.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
 		return err
 	}
 	blk.dh = blk.ws.ensure(wsBlockDH, blk.b, blk.dh, dt, n, C)
 	blk.dx1 = blk.ws.ensure(wsBlockDX1, blk.b, blk.dx1, dt, n, C)
-	dx2, dout2 := Reshape(dx, n, C), Reshape(dout, n, C)
+	dx2, dout2 := layerkit.Reshape(dx, n, C), layerkit.Reshape(dout, n, C)
 	// out = x1 + m: ∂L/∂x1 = dout + norm2ᵀ(ffnᵀ(dout)).
 	if err := blk.FFN.Backward(blk.dh, dout2); err != nil {
 		return err
@@ -337,5 +338,5 @@ func (blk *Block) Backward(dx, dout *tensor.Tensor) error {
 	if err := blk.Norm1.BackwardAdd(dx2, blk.dh, blk.dx1); err != nil { // + dx1, in the same op
 		return err
 	}
-	return Sticky(blk.b, blk.what(), "backward")
+	return layerkit.Sticky(blk.b, blk.what(), "backward")
 }

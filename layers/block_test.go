@@ -1,6 +1,7 @@
 package layers
 
 import (
+	"github.com/asynctp/asynctp/internal/layerkit"
 	"testing"
 
 	"github.com/asynctp/asynctp/internal/testutil"
@@ -38,7 +39,7 @@ func TestSeqFormsMatch(t *testing.T) {
 				x, dout := randDevice(t, b, rng, tensor.Float64, 1, B, T, C), randDevice(t, b, rng, tensor.Float64, 1, B, T, C)
 				out, d := b.Zeros(tensor.Float64, B, T, C), b.Zeros(tensor.Float64, B, T, C)
 				if rows {
-					r := func(t *tensor.Tensor) *tensor.Tensor { return Reshape(t, B*T, C) }
+					r := func(t *tensor.Tensor) *tensor.Tensor { return layerkit.Reshape(t, B*T, C) }
 					noErr(t, b, l.ForwardSeq(r(out), r(x), B, T))
 					wantErr(t, "rows backward of the wrong size", l.Backward(b.Zeros(tensor.Float64, B*T-1, C), r(dout)), "expected 6 rows of 8")
 					noErr(t, b, l.Backward(r(d), r(dout)))

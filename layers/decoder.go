@@ -3,6 +3,7 @@ package layers
 import (
 	"errors"
 	"fmt"
+	"github.com/asynctp/asynctp/internal/layerkit"
 
 	"github.com/asynctp/asynctp/tensor"
 )
@@ -149,7 +150,7 @@ func NewDecoder(b tensor.Backend, parts DecoderParts) (*Decoder, error) {
 func (d *Decoder) Logits() *tensor.Tensor {
 	if d.logitsStale {
 		d.logitsStale = false
-		d.logits = Ensure(d.b, d.logits, d.p.DType, d.bt[0]*d.bt[1], d.p.LogitCols)
+		d.logits = layerkit.Ensure(d.b, d.logits, d.p.DType, d.bt[0]*d.bt[1], d.p.LogitCols)
 		if err := d.p.Head.Forward(d.logits, d.hf); err != nil {
 			return nil
 		}
@@ -182,7 +183,7 @@ func (d *Decoder) Forward(ids, targets *tensor.Tensor) (float64, error) {
 func (d *Decoder) check(ids, targets *tensor.Tensor) (int, error) {
 	what := d.p.What
 	checkTokens := func(name string, t *tensor.Tensor) error {
-		if err := CheckTokens(what, name, t, d.p.Seq); err != nil {
+		if err := layerkit.CheckTokens(what, name, t, d.p.Seq); err != nil {
 			return err
 		}
 		if d.p.CheckBatch != nil {
@@ -193,7 +194,7 @@ func (d *Decoder) check(ids, targets *tensor.Tensor) (int, error) {
 	if err := checkTokens("ids", ids); err != nil {
 		return 0, err
 	}
-	if err := CheckIDs(what+": ids", ids, d.p.Vocab); err != nil {
+	if err := layerkit.CheckIDs(what+": ids", ids, d.p.Vocab); err != nil {
 		return 0, err
 	}
 	if targets == nil {
@@ -202,7 +203,7 @@ func (d *Decoder) check(ids, targets *tensor.Tensor) (int, error) {
 	if err := checkTokens("targets", targets); err != nil {
 		return 0, err
 	}
-	return CountTargets(what, targets, ids, d.p.Vocab)
+	return layerkit.CountTargets(what, targets, ids, d.p.Vocab)
 }
 
 // ForwardAsync is Forward without reading the loss back: the per-row
@@ -253,14 +254,14 @@ func (d *Decoder) forward(ids, targets *tensor.Tensor, nTargets int) error {
 	}
 	d.headLoss, d.logitsStale = false, false
 	if targets == nil || d.p.HeadLoss == nil {
-		d.logits = Ensure(d.b, d.logits, d.p.DType, N, d.p.LogitCols)
+		d.logits = layerkit.Ensure(d.b, d.logits, d.p.DType, N, d.p.LogitCols)
 		if err := d.p.Head.Forward(d.logits, d.hf); err != nil {
 			return err
 		}
 	}
 	if targets == nil {
 		d.lossAt = lossZero
-		return Sticky(d.b, what, "forward")
+		return layerkit.Sticky(d.b, what, "forward")
 	}
 	scale := float32(0)
 	if nTargets > 0 {
@@ -277,7 +278,7 @@ func (d *Decoder) forward(ids, targets *tensor.Tensor, nTargets int) error {
 		}
 		d.headLoss, d.logitsStale = true, true
 	} else {
-		d.dlogits = Ensure(d.b, d.dlogits, d.p.DType, N, d.p.LogitCols)
+		d.dlogits = layerkit.Ensure(d.b, d.dlogits, d.p.DType, N, d.p.LogitCols)
 		if err := d.p.Loss.Forward(d.losses, d.dlogits, d.logits, myTargets, scale); err != nil {
 			return err
 		}
@@ -285,15 +286,15 @@ func (d *Decoder) forward(ids, targets *tensor.Tensor, nTargets int) error {
 	// The sum of the losses, on the device: over this replica's rows,
 	// then over the replicas.
 	d.b.Fill(d.lossSum, 0)
-	d.b.SumRows(d.lossSum, Reshape(d.losses, N, 1))
-	if err := Sticky(d.b, what, "forward"); err != nil {
+	d.b.SumRows(d.lossSum, layerkit.Reshape(d.losses, N, 1))
+	if err := layerkit.Sticky(d.b, what, "forward"); err != nil {
 		return err
 	}
 	if d.p.ReduceLoss != nil {
 		if err := d.p.ReduceLoss(d.lossSum); err != nil {
 			return err
 		}
-		if err := Sticky(d.b, what, "forward"); err != nil {
+		if err := layerkit.Sticky(d.b, what, "forward"); err != nil {
 			return err
 		}
 	}
@@ -320,16 +321,16 @@ func (d *Decoder) alloc(B, T int) error {
 		d.xs = make([]*tensor.Tensor, len(d.p.Blocks)+1)
 	}
 	for i := range d.xs {
-		d.xs[i] = Ensure(b, d.xs[i], dt, n, C)
+		d.xs[i] = layerkit.Ensure(b, d.xs[i], dt, n, C)
 	}
-	d.hf = Ensure(b, d.hf, dt, n, C)
+	d.hf = layerkit.Ensure(b, d.hf, dt, n, C)
 	// logits and dlogits (N, LogitCols) are allocated by forward, only
 	// where a path needs them whole.
-	d.losses = Ensure(b, d.losses, StatDType(dt), N)
-	d.lossSum = Ensure(b, d.lossSum, StatDType(dt), 1)
-	d.dhf = Ensure(b, d.dhf, dt, n, C)
-	d.dxa = Ensure(b, d.dxa, dt, n, C)
-	d.dxb = Ensure(b, d.dxb, dt, n, C)
+	d.losses = layerkit.Ensure(b, d.losses, layerkit.StatDType(dt), N)
+	d.lossSum = layerkit.Ensure(b, d.lossSum, layerkit.StatDType(dt), 1)
+	d.dhf = layerkit.Ensure(b, d.dhf, dt, n, C)
+	d.dxa = layerkit.Ensure(b, d.dxa, dt, n, C)
+	d.dxb = layerkit.Ensure(b, d.dxb, dt, n, C)
 	d.bt = [2]int{B, T}
 	return nil
 }
@@ -347,7 +348,7 @@ func (d *Decoder) ReadLoss() (float64, error) {
 	}
 	h := tensor.MustHost(tensor.Float64, 1)
 	d.b.Download(h, d.lossSum)
-	if err := Sticky(d.b, d.p.What, "reading the loss"); err != nil {
+	if err := layerkit.Sticky(d.b, d.p.What, "reading the loss"); err != nil {
 		return 0, d.fail(err)
 	}
 	if d.nTargets == 0 {
@@ -457,7 +458,7 @@ func (d *Decoder) backward() error {
 	if err := d.p.Embed.Backward(dx); err != nil {
 		return err
 	}
-	return Sticky(d.b, d.p.What, "backward")
+	return layerkit.Sticky(d.b, d.p.What, "backward")
 }
 
 // CrossEntropy is the plain Loss part: the backend's fused softmax
@@ -489,7 +490,7 @@ func (ce *CrossEntropy) Forward(losses, dlogits, logits, targets *tensor.Tensor,
 		return fmt.Errorf("%s: logits %v, expected a float tensor on %v", ceWhat, logits, b.Device())
 	}
 	dt := logits.DType()
-	N, err := CheckRows(b, ceWhat, "logits", logits, dt, ce.Vocab)
+	N, err := layerkit.CheckRows(b, ceWhat, "logits", logits, dt, ce.Vocab)
 	if err != nil {
 		return err
 	}
@@ -501,8 +502,8 @@ func (ce *CrossEntropy) Forward(losses, dlogits, logits, targets *tensor.Tensor,
 			return fmt.Errorf("%s: targets[%d] = %d, expected a value < Vocab = %d (or negative to ignore it)", ceWhat, i, t, ce.Vocab)
 		}
 	}
-	sdt := StatDType(dt)
-	if err := CheckOn(b, ceWhat, "losses", losses, sdt); err != nil {
+	sdt := layerkit.StatDType(dt)
+	if err := layerkit.CheckOn(b, ceWhat, "losses", losses, sdt); err != nil {
 		return err
 	}
 	if losses.Numel() != N {
@@ -510,21 +511,21 @@ func (ce *CrossEntropy) Forward(losses, dlogits, logits, targets *tensor.Tensor,
 	}
 	var d *tensor.Tensor
 	if dlogits != nil {
-		if err := CheckRowsN(b, ceWhat, "dlogits", dlogits, dt, ce.Vocab, N, "like logits"); err != nil {
+		if err := layerkit.CheckRowsN(b, ceWhat, "dlogits", dlogits, dt, ce.Vocab, N, "like logits"); err != nil {
 			return err
 		}
-		if err := CheckApart(ceWhat, "dlogits", dlogits, "logits", logits); err != nil {
+		if err := layerkit.CheckApart(ceWhat, "dlogits", dlogits, "logits", logits); err != nil {
 			return err
 		}
-		d = Reshape(dlogits, N, ce.Vocab)
+		d = layerkit.Reshape(dlogits, N, ce.Vocab)
 	}
-	if err := Sticky(b, ceWhat, "forward"); err != nil {
+	if err := layerkit.Sticky(b, ceWhat, "forward"); err != nil {
 		return err
 	}
-	ce.targets = Ensure(b, ce.targets, tensor.Int32, N)
-	b.Upload(ce.targets, Reshape(targets, N))
-	b.CrossEntropy(Reshape(losses, N), d, Reshape(logits, N, ce.Vocab), ce.targets, gradScale)
-	return Sticky(b, ceWhat, "forward")
+	ce.targets = layerkit.Ensure(b, ce.targets, tensor.Int32, N)
+	b.Upload(ce.targets, layerkit.Reshape(targets, N))
+	b.CrossEntropy(layerkit.Reshape(losses, N), d, layerkit.Reshape(logits, N, ce.Vocab), ce.targets, gradScale)
+	return layerkit.Sticky(b, ceWhat, "forward")
 }
 
 // hostIDs is the plain TokenEmbedding part: Embedding on host ids, which
@@ -539,12 +540,12 @@ func (h *hostIDs) Forward(out, ids *tensor.Tensor) error {
 	if ids == nil || ids.I32() == nil || len(ids.Shape()) == 0 {
 		return fmt.Errorf("%s: ids %v, expected a host int32 tensor (B, T)", h.e.what(), ids)
 	}
-	if err := CheckRowsN(h.b, h.e.what(), "output", out, h.e.W.W.DType(), h.e.Dim, ids.Numel(), "one per id"); err != nil {
+	if err := layerkit.CheckRowsN(h.b, h.e.what(), "output", out, h.e.W.W.DType(), h.e.Dim, ids.Numel(), "one per id"); err != nil {
 		return err
 	}
-	h.ids = Ensure(h.b, h.ids, tensor.Int32, ids.Shape()...)
+	h.ids = layerkit.Ensure(h.b, h.ids, tensor.Int32, ids.Shape()...)
 	h.b.Upload(h.ids, ids)
-	return h.e.Forward(Reshape(out, append(ids.Shape().Clone(), h.e.Dim)...), h.ids)
+	return h.e.Forward(layerkit.Reshape(out, append(ids.Shape().Clone(), h.e.Dim)...), h.ids)
 }
 
 func (h *hostIDs) Backward(dout *tensor.Tensor) error { return h.e.Backward(dout) }

@@ -3,6 +3,7 @@ package layers
 import (
 	"errors"
 	"fmt"
+	"github.com/asynctp/asynctp/internal/layerkit"
 
 	"github.com/asynctp/asynctp/tensor"
 )
@@ -42,26 +43,26 @@ func (e *Embedding) what() string { return "layers: embedding " + e.Name }
 // runs; elsewhere the backend checks them (a sticky error).
 func (e *Embedding) Forward(out, ids *tensor.Tensor) error {
 	e.ids = nil
-	if err := CheckParams(e.what(), e.W); err != nil {
+	if err := checkParams(e.what(), e.W); err != nil {
 		return err
 	}
-	if err := CheckOn(e.b, e.what(), "ids", ids, tensor.Int32); err != nil {
+	if err := layerkit.CheckOn(e.b, e.what(), "ids", ids, tensor.Int32); err != nil {
 		return err
 	}
 	if len(ids.Shape()) == 0 {
 		return fmt.Errorf("%s: ids is a scalar, expected (N) or (B, T)", e.what())
 	}
 	n := ids.Numel()
-	if err := CheckShape(e.b, e.what(), "output", out, e.W.W.DType(), append(ids.Shape().Clone(), e.Dim)...); err != nil {
+	if err := layerkit.CheckShape(e.b, e.what(), "output", out, e.W.W.DType(), append(ids.Shape().Clone(), e.Dim)...); err != nil {
 		return err
 	}
-	if err := CheckIDs("ids", ids, e.Vocab); err != nil {
+	if err := layerkit.CheckIDs("ids", ids, e.Vocab); err != nil {
 		return fmt.Errorf("%s: %w", e.what(), err)
 	}
-	ids1 := Reshape(ids, n)
-	e.b.Embedding(Reshape(out, n, e.Dim), e.W.W, ids1)
+	ids1 := layerkit.Reshape(ids, n)
+	e.b.Embedding(layerkit.Reshape(out, n, e.Dim), e.W.W, ids1)
 	e.ids = ids1
-	return Sticky(e.b, e.what(), "forward")
+	return layerkit.Sticky(e.b, e.what(), "forward")
 }
 
 // Backward adds ∂L/∂W from dout (..., Dim); ids get no gradient.
@@ -70,24 +71,9 @@ func (e *Embedding) Backward(dout *tensor.Tensor) error {
 		return errors.New(e.what() + ": Backward without a successful Forward")
 	}
 	n := e.ids.Numel()
-	if err := CheckRowsN(e.b, e.what(), "output gradient", dout, e.W.W.DType(), e.Dim, n, "like the forward's input"); err != nil {
+	if err := layerkit.CheckRowsN(e.b, e.what(), "output gradient", dout, e.W.W.DType(), e.Dim, n, "like the forward's input"); err != nil {
 		return err
 	}
-	e.b.EmbeddingBackward(e.W.G, Reshape(dout, n, e.Dim), e.ids)
-	return Sticky(e.b, e.what(), "backward")
-}
-
-// CheckIDs checks that a host int32 tensor holds values in [0, n); tensors
-// not in host memory are not checked. what names the tensor in the error.
-func CheckIDs(what string, ids *tensor.Tensor, n int) error {
-	v := ids.I32()
-	if v == nil {
-		return nil
-	}
-	for i, id := range v {
-		if id < 0 || int(id) >= n {
-			return fmt.Errorf("%s[%d] = %d, expected a value in [0, %d)", what, i, id, n)
-		}
-	}
-	return nil
+	e.b.EmbeddingBackward(e.W.G, layerkit.Reshape(dout, n, e.Dim), e.ids)
+	return layerkit.Sticky(e.b, e.what(), "backward")
 }

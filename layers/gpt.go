@@ -245,46 +245,6 @@ func (m *GPT) Params() *ParamSet { return m.ps }
 // ZeroGrad sets every parameter gradient to zero.
 func (m *GPT) ZeroGrad() { m.ps.ZeroGrad() }
 
-// CheckTokens checks a host int32 (B, T) tensor of token ids or targets
-// for a model of sequence length seq (T ≤ seq). layer begins the errors
-// ("layers: gpt"); what names the tensor.
-func CheckTokens(layer, what string, t *tensor.Tensor, seq int) error {
-	if t == nil {
-		return fmt.Errorf("%s: %s is nil", layer, what)
-	}
-	if _, host := t.Buffer().(*tensor.HostBuffer); !host || t.DType() != tensor.Int32 {
-		return fmt.Errorf("%s: %s is %v, expected a host int32 tensor (B, T)", layer, what, t)
-	}
-	s := t.Shape()
-	if len(s) != 2 || s[0] <= 0 || s[1] <= 0 {
-		return fmt.Errorf("%s: %s has shape %v, expected (B, T) with B, T > 0", layer, what, s)
-	}
-	if s[1] > seq {
-		return fmt.Errorf("%s: %s has shape %v: T = %d exceeds the model's Seq = %d", layer, what, s, s[1], seq)
-	}
-	return nil
-}
-
-// CountTargets checks host int32 targets against the ids they go with
-// (the same shape) and a vocabulary of vocab tokens, negative targets
-// being ignored, and returns how many are not ignored. layer begins the
-// errors ("layers: gpt").
-func CountTargets(layer string, targets, ids *tensor.Tensor, vocab int) (int, error) {
-	if !targets.Shape().Equal(ids.Shape()) {
-		return 0, fmt.Errorf("%s: targets have shape %v, expected %v like ids", layer, targets.Shape(), ids.Shape())
-	}
-	n := 0
-	for i, t := range targets.I32() {
-		if int(t) >= vocab {
-			return 0, fmt.Errorf("%s: targets[%d] = %d, expected a value < Vocab = %d (or negative to ignore it)", layer, i, t, vocab)
-		}
-		if t >= 0 {
-			n++
-		}
-	}
-	return n, nil
-}
-
 // FLOPsPerToken is the forward+backward model FLOPs per token
 // (GPTConfig.FLOPsPerToken), for MFU.
 func (m *GPT) FLOPsPerToken() float64 { return m.cfg.FLOPsPerToken() }

@@ -2,6 +2,7 @@ package layers
 
 import (
 	"fmt"
+	"github.com/asynctp/asynctp/internal/layerkit"
 
 	"github.com/asynctp/asynctp/tensor"
 )
@@ -71,22 +72,22 @@ func (h *ChunkedHeadLoss) rows(n int) int {
 func (h *ChunkedHeadLoss) ForwardLoss(losses, dx, x, targets *tensor.Tensor, gradScale float32) error {
 	h.ready = false
 	b, C, V := h.b, h.Head.In, h.Head.Out
-	if err := CheckParams(chunkedWhat, h.Head.W); err != nil {
+	if err := checkParams(chunkedWhat, h.Head.W); err != nil {
 		return err
 	}
 	w := h.Head.W.W
 	dt := w.DType()
-	N, err := CheckRows(b, chunkedWhat, "input x", x, dt, C)
+	N, err := layerkit.CheckRows(b, chunkedWhat, "input x", x, dt, C)
 	if err != nil {
 		return err
 	}
-	if err := CheckRowsN(b, chunkedWhat, "input gradient dx", dx, dt, C, N, "like x"); err != nil {
+	if err := layerkit.CheckRowsN(b, chunkedWhat, "input gradient dx", dx, dt, C, N, "like x"); err != nil {
 		return err
 	}
-	if err := CheckApart(chunkedWhat, "input gradient dx", dx, "input x", x); err != nil {
+	if err := layerkit.CheckApart(chunkedWhat, "input gradient dx", dx, "input x", x); err != nil {
 		return err
 	}
-	if err := CheckOn(b, chunkedWhat, "losses", losses, StatDType(dt)); err != nil {
+	if err := layerkit.CheckOn(b, chunkedWhat, "losses", losses, layerkit.StatDType(dt)); err != nil {
 		return err
 	}
 	if losses.Numel() != N {
@@ -96,14 +97,14 @@ func (h *ChunkedHeadLoss) ForwardLoss(losses, dx, x, targets *tensor.Tensor, gra
 		return err
 	}
 	rows := h.rows(N)
-	h.chunk = Ensure(b, h.chunk, dt, rows, V)
-	h.dw = Ensure(b, h.dw, dt, V, C)
-	h.targets = Ensure(b, h.targets, tensor.Int32, N)
-	b.Upload(h.targets, Reshape(targets, N))
-	if err := Sticky(b, chunkedWhat, "forward"); err != nil {
+	h.chunk = layerkit.Ensure(b, h.chunk, dt, rows, V)
+	h.dw = layerkit.Ensure(b, h.dw, dt, V, C)
+	h.targets = layerkit.Ensure(b, h.targets, tensor.Int32, N)
+	b.Upload(h.targets, layerkit.Reshape(targets, N))
+	if err := layerkit.Sticky(b, chunkedWhat, "forward"); err != nil {
 		return err
 	}
-	x2, dx2, l2 := Reshape(x, N, C), Reshape(dx, N, C), Reshape(losses, N)
+	x2, dx2, l2 := layerkit.Reshape(x, N, C), layerkit.Reshape(dx, N, C), layerkit.Reshape(losses, N)
 	for r0 := 0; r0 < N; r0 += rows {
 		r := min(rows, N-r0)
 		xc, e1 := x2.Rows(r0, r0+r)
@@ -125,7 +126,7 @@ func (h *ChunkedHeadLoss) ForwardLoss(losses, dx, x, targets *tensor.Tensor, gra
 		b.MatMul(dxc, ch, w, false, false, 1, 0)     // dx = dlogits·W
 		b.MatMul(h.dw, ch, xc, true, false, 1, beta) // dW += dlogitsᵀ·x
 	}
-	if err := Sticky(b, chunkedWhat, "forward"); err != nil {
+	if err := layerkit.Sticky(b, chunkedWhat, "forward"); err != nil {
 		return err
 	}
 	h.ready = true
@@ -140,7 +141,7 @@ func (h *ChunkedHeadLoss) AddGrads() error {
 	}
 	h.ready = false
 	h.b.Axpy(h.Head.W.G, 1, h.dw)
-	return Sticky(h.b, chunkedWhat, "backward")
+	return layerkit.Sticky(h.b, chunkedWhat, "backward")
 }
 
 // checkTargets checks host int32 targets of n values against the vocab.

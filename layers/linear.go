@@ -3,6 +3,7 @@ package layers
 import (
 	"errors"
 	"fmt"
+	"github.com/asynctp/asynctp/internal/layerkit"
 	"math"
 
 	"github.com/asynctp/asynctp/tensor"
@@ -48,10 +49,10 @@ type Linear struct {
 	x *tensor.Tensor // (N, In): the input of the last Forward (the caller's, viewed as rows)
 }
 
-// CheckStds checks the Std and OutStd of a layer's config (what names it):
+// checkStds checks the Std and OutStd of a layer's config (what names it):
 // the standard deviations of its input and output projections' initial
 // weights, both finite and > 0 (0 would give all-zero weights).
-func CheckStds(what string, std, outStd float64) error {
+func checkStds(what string, std, outStd float64) error {
 	for _, f := range []struct {
 		name string
 		v    float64
@@ -119,31 +120,31 @@ func (l *Linear) what() string { return "layers: linear " + l.Name }
 // backward.
 func (l *Linear) Forward(y, x *tensor.Tensor) error {
 	l.x = nil
-	if err := CheckParams(l.what(), l.W, l.Bias); err != nil {
+	if err := checkParams(l.what(), l.W, l.Bias); err != nil {
 		return err
 	}
 	dt := l.W.W.DType()
-	n, err := CheckRows(l.b, l.what(), "input x", x, dt, l.In)
+	n, err := layerkit.CheckRows(l.b, l.what(), "input x", x, dt, l.In)
 	if err != nil {
 		return err
 	}
-	ny, err := CheckRows(l.b, l.what(), "output y", y, dt, l.Out)
+	ny, err := layerkit.CheckRows(l.b, l.what(), "output y", y, dt, l.Out)
 	if err != nil {
 		return err
 	}
 	if ny != n {
 		return fmt.Errorf("%s: output y has shape %v, expected %d rows like input x %v", l.what(), y.Shape(), n, x.Shape())
 	}
-	if err := CheckApart(l.what(), "output y", y, "input x", x); err != nil {
+	if err := layerkit.CheckApart(l.what(), "output y", y, "input x", x); err != nil {
 		return err
 	}
-	x2, y2 := Reshape(x, n, l.In), Reshape(y, n, l.Out)
+	x2, y2 := layerkit.Reshape(x, n, l.In), layerkit.Reshape(y, n, l.Out)
 	l.b.MatMul(y2, x2, l.W.W, false, true, 1, 0)
 	if l.Bias != nil {
 		l.b.AddBias(y2, l.Bias.W)
 	}
 	l.x = x2
-	return Sticky(l.b, l.what(), "forward")
+	return layerkit.Sticky(l.b, l.what(), "forward")
 }
 
 // Backward overwrites dx (..., In) with ∂L/∂x (dx nil skips it) and adds
@@ -159,22 +160,22 @@ func (l *Linear) backward(dx, dy *tensor.Tensor, beta float32) error {
 		return errors.New(l.what() + ": Backward without a successful Forward")
 	}
 	dt, n := l.W.W.DType(), l.x.Dim(0)
-	if err := CheckRowsN(l.b, l.what(), "output gradient dy", dy, dt, l.Out, n, "like the forward's input"); err != nil {
+	if err := layerkit.CheckRowsN(l.b, l.what(), "output gradient dy", dy, dt, l.Out, n, "like the forward's input"); err != nil {
 		return err
 	}
 	if dx != nil {
-		if err := CheckRowsN(l.b, l.what(), "input gradient dx", dx, dt, l.In, n, "like the forward's input"); err != nil {
+		if err := layerkit.CheckRowsN(l.b, l.what(), "input gradient dx", dx, dt, l.In, n, "like the forward's input"); err != nil {
 			return err
 		}
-		if err := CheckApart(l.what(), "input gradient dx", dx, "output gradient dy", dy); err != nil {
+		if err := layerkit.CheckApart(l.what(), "input gradient dx", dx, "output gradient dy", dy); err != nil {
 			return err
 		}
-		l.b.MatMul(Reshape(dx, n, l.In), Reshape(dy, n, l.Out), l.W.W, false, false, 1, beta) // dx = dy·W (+ dx)
+		l.b.MatMul(layerkit.Reshape(dx, n, l.In), layerkit.Reshape(dy, n, l.Out), l.W.W, false, false, 1, beta) // dx = dy·W (+ dx)
 	}
-	dy2 := Reshape(dy, n, l.Out)
+	dy2 := layerkit.Reshape(dy, n, l.Out)
 	l.b.MatMul(l.W.G, dy2, l.x, true, false, 1, 1) // dW += dyᵀ·x
 	if l.Bias != nil {
 		l.b.SumRows(l.Bias.G, dy2)
 	}
-	return Sticky(l.b, l.what(), "backward")
+	return layerkit.Sticky(l.b, l.what(), "backward")
 }

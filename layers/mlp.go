@@ -3,6 +3,7 @@ package layers
 import (
 	"errors"
 	"fmt"
+	"github.com/asynctp/asynctp/internal/layerkit"
 
 	"github.com/asynctp/asynctp/tensor"
 )
@@ -70,9 +71,9 @@ func NewSwiGLUCore(b tensor.Backend) *SwiGLUCore { return &SwiGLUCore{b: b} }
 // Inputs returns the (n, hidden) buffers the projections gate and up go
 // into, before Forward.
 func (s *SwiGLUCore) Inputs(dt tensor.DType, n, hidden int) (gate, up *tensor.Tensor) {
-	s.gate = Ensure(s.b, s.gate, dt, n, hidden)
-	s.up = Ensure(s.b, s.up, dt, n, hidden)
-	s.h = Ensure(s.b, s.h, dt, n, hidden)
+	s.gate = layerkit.Ensure(s.b, s.gate, dt, n, hidden)
+	s.up = layerkit.Ensure(s.b, s.up, dt, n, hidden)
+	s.h = layerkit.Ensure(s.b, s.h, dt, n, hidden)
 	s.packed = false
 	return s.gate, s.up
 }
@@ -81,8 +82,8 @@ func (s *SwiGLUCore) Inputs(dt tensor.DType, n, hidden int) (gate, up *tensor.Te
 // [gate | up] of each row go into (one GEMM x·[W_gate;W_up]ᵀ), before
 // Forward; then use BackwardPacked.
 func (s *SwiGLUCore) InputsPacked(dt tensor.DType, n, hidden int) (gu *tensor.Tensor) {
-	s.gu = Ensure(s.b, s.gu, dt, n, 2*hidden)
-	s.h = Ensure(s.b, s.h, dt, n, hidden)
+	s.gu = layerkit.Ensure(s.b, s.gu, dt, n, 2*hidden)
+	s.h = layerkit.Ensure(s.b, s.h, dt, n, hidden)
 	s.packed = true
 	return s.gu
 }
@@ -135,7 +136,7 @@ func NewMLP(b tensor.Backend, ps *ParamSet, name string, cfg MLPConfig) (*MLP, e
 	if cfg.Dim <= 0 || cfg.Hidden <= 0 {
 		return nil, fmt.Errorf("layers: mlp %q: Dim = %d, Hidden = %d, expected positive sizes", name, cfg.Dim, cfg.Hidden)
 	}
-	if err := CheckStds(fmt.Sprintf("layers: mlp %q: MLPConfig", name), cfg.Std, cfg.OutStd); err != nil {
+	if err := checkStds(fmt.Sprintf("layers: mlp %q: MLPConfig", name), cfg.Std, cfg.OutStd); err != nil {
 		return nil, err
 	}
 	m := &MLP{Name: name, Dim: cfg.Dim, Hidden: cfg.Hidden, b: b, act: NewSwiGLUCore(b)}
@@ -163,30 +164,30 @@ func (m *MLP) what() string { return "layers: mlp " + m.Name }
 // Forward writes out (..., Dim) from x (..., Dim).
 func (m *MLP) Forward(out, x *tensor.Tensor) error {
 	m.n = 0
-	if err := CheckParams(m.what(), m.Params()...); err != nil {
+	if err := checkParams(m.what(), m.Params()...); err != nil {
 		return err
 	}
 	dt := m.Gate.W.W.DType()
-	n, err := CheckRows(m.b, m.what(), "input x", x, dt, m.Dim)
+	n, err := layerkit.CheckRows(m.b, m.what(), "input x", x, dt, m.Dim)
 	if err != nil {
 		return err
 	}
-	if err := CheckShape(m.b, m.what(), "output", out, dt, x.Shape()...); err != nil {
+	if err := layerkit.CheckShape(m.b, m.what(), "output", out, dt, x.Shape()...); err != nil {
 		return err
 	}
-	if err := CheckApart(m.what(), "output", out, "input x", x); err != nil {
+	if err := layerkit.CheckApart(m.what(), "output", out, "input x", x); err != nil {
 		return err
 	}
-	x2 := Reshape(x, n, m.Dim)
+	x2 := layerkit.Reshape(x, n, m.Dim)
 	m.stacked = false
 	if w, _ := m.stackedGateUp(); w != nil {
 		gu := m.act.InputsPacked(dt, n, m.Hidden)
 		m.b.MatMul(gu, x2, w, false, true, 1, 0) // one GEMM for gate and up
-		if err := m.Down.Forward(Reshape(out, n, m.Dim), m.act.Forward()); err != nil {
+		if err := m.Down.Forward(layerkit.Reshape(out, n, m.Dim), m.act.Forward()); err != nil {
 			return err
 		}
 		m.x, m.stacked, m.n = x2, true, n
-		return Sticky(m.b, m.what(), "forward")
+		return layerkit.Sticky(m.b, m.what(), "forward")
 	}
 	gate, up := m.act.Inputs(dt, n, m.Hidden)
 	if err := m.Gate.Forward(gate, x2); err != nil {
@@ -196,11 +197,11 @@ func (m *MLP) Forward(out, x *tensor.Tensor) error {
 		return err
 	}
 	h := m.act.Forward()
-	if err := m.Down.Forward(Reshape(out, n, m.Dim), h); err != nil {
+	if err := m.Down.Forward(layerkit.Reshape(out, n, m.Dim), h); err != nil {
 		return err
 	}
 	m.n = n
-	return Sticky(m.b, m.what(), "forward")
+	return layerkit.Sticky(m.b, m.what(), "forward")
 }
 
 // Backward overwrites dx (..., Dim) with ∂L/∂x and adds the weight
@@ -210,25 +211,25 @@ func (m *MLP) Backward(dx, dout *tensor.Tensor) error {
 		return errors.New(m.what() + ": Backward without a successful Forward")
 	}
 	dt, n := m.Gate.W.W.DType(), m.n
-	if err := CheckRowsN(m.b, m.what(), "output gradient", dout, dt, m.Dim, n, "like the forward's input"); err != nil {
+	if err := layerkit.CheckRowsN(m.b, m.what(), "output gradient", dout, dt, m.Dim, n, "like the forward's input"); err != nil {
 		return err
 	}
-	if err := CheckRowsN(m.b, m.what(), "input gradient dx", dx, dt, m.Dim, n, "like the forward's input"); err != nil {
+	if err := layerkit.CheckRowsN(m.b, m.what(), "input gradient dx", dx, dt, m.Dim, n, "like the forward's input"); err != nil {
 		return err
 	}
-	if err := CheckApart(m.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
+	if err := layerkit.CheckApart(m.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
 		return err
 	}
 	dh := m.act.OutputGrad()
-	if err := m.Down.Backward(dh, Reshape(dout, n, m.Dim)); err != nil {
+	if err := m.Down.Backward(dh, layerkit.Reshape(dout, n, m.Dim)); err != nil {
 		return err
 	}
-	dx2 := Reshape(dx, n, m.Dim)
+	dx2 := layerkit.Reshape(dx, n, m.Dim)
 	if m.stacked {
 		dgu := m.act.BackwardPacked()
 		m.b.MatMul(dx2, dgu, m.wgu, false, false, 1, 0) // dx = dgu·[W_gate;W_up]
 		m.b.MatMul(m.ggu, dgu, m.x, true, false, 1, 1)  // d[W_gate;W_up] += dguᵀ·x
-		return Sticky(m.b, m.what(), "backward")
+		return layerkit.Sticky(m.b, m.what(), "backward")
 	}
 	dgate, dup := m.act.Backward()
 	if err := m.Gate.Backward(dx2, dgate); err != nil {
@@ -237,5 +238,5 @@ func (m *MLP) Backward(dx, dout *tensor.Tensor) error {
 	if err := m.Up.BackwardAccumulate(dx2, dup); err != nil {
 		return err
 	}
-	return Sticky(m.b, m.what(), "backward")
+	return layerkit.Sticky(m.b, m.what(), "backward")
 }

@@ -3,6 +3,7 @@ package layers
 import (
 	"errors"
 	"fmt"
+	"github.com/asynctp/asynctp/internal/layerkit"
 	"math"
 
 	"github.com/asynctp/asynctp/tensor"
@@ -149,29 +150,29 @@ func NewMoEStatsOf(name string, r *Router, g LoadStats, dropped int) MoEStats {
 // until Backward.
 func (m *MoE) Forward(out, x *tensor.Tensor) error {
 	m.n = 0
-	if err := CheckParams(m.what(), m.Params()...); err != nil {
+	if err := checkParams(m.what(), m.Params()...); err != nil {
 		return err
 	}
 	dt := m.Router.W.W.DType()
-	n, err := CheckRows(m.b, m.what(), "input x", x, dt, m.cfg.Dim)
+	n, err := layerkit.CheckRows(m.b, m.what(), "input x", x, dt, m.cfg.Dim)
 	if err != nil {
 		return err
 	}
-	if err := CheckShape(m.b, m.what(), "output", out, dt, x.Shape()...); err != nil {
+	if err := layerkit.CheckShape(m.b, m.what(), "output", out, dt, x.Shape()...); err != nil {
 		return err
 	}
-	if err := CheckApart(m.what(), "output", out, "input x", x); err != nil {
+	if err := layerkit.CheckApart(m.what(), "output", out, "input x", x); err != nil {
 		return err
 	}
 	C, K := m.cfg.Dim, m.cfg.TopK
-	x2, out2 := Reshape(x, n, C), Reshape(out, n, C)
+	x2, out2 := layerkit.Reshape(x, n, C), layerkit.Reshape(out, n, C)
 	if err := m.Router.Forward(x2); err != nil {
 		return err
 	}
 	if err := m.Router.SetGlobal(m.Router.Local()); err != nil {
 		return err
 	}
-	capacity := Capacity(m.cfg.CapacityFactor, n, K, m.cfg.Experts)
+	capacity := layerkit.Capacity(m.cfg.CapacityFactor, n, K, m.cfg.Experts)
 	plan, err := NewRoutingPlan(m.Router.Indices(), n, K, m.cfg.Experts, capacity, nil)
 	if err != nil {
 		return fmt.Errorf("%s: %w", m.what(), err)
@@ -179,14 +180,14 @@ func (m *MoE) Forward(out, x *tensor.Tensor) error {
 	M := plan.Rows()
 	m.tok = uploadInts(m.b, m.tok, plan.TokenOf(), M)
 	m.pos = uploadInts(m.b, m.pos, plan.Pos, n, K)
-	m.xe = Ensure(m.b, m.xe, dt, M, C)
-	m.ye = Ensure(m.b, m.ye, dt, M, C)
+	m.xe = layerkit.Ensure(m.b, m.xe, dt, M, C)
+	m.ye = layerkit.Ensure(m.b, m.ye, dt, M, C)
 	m.ops.GatherRows(m.xe, x2, m.tok, nil)
 	if err := m.Experts.Forward(m.ye, m.xe, plan.Kept); err != nil {
 		return err
 	}
 	m.ops.CombineRows(out2, m.ye, m.pos, m.Router.Weights())
-	if err := Sticky(m.b, m.what(), "forward"); err != nil {
+	if err := layerkit.Sticky(m.b, m.what(), "forward"); err != nil {
 		return err
 	}
 	m.plan, m.n = plan, n
@@ -200,20 +201,20 @@ func (m *MoE) Backward(dx, dout *tensor.Tensor) error {
 		return errors.New(m.what() + ": Backward without a successful Forward")
 	}
 	dt, n, C, K := m.Router.W.W.DType(), m.n, m.cfg.Dim, m.cfg.TopK
-	if err := CheckRowsN(m.b, m.what(), "output gradient", dout, dt, C, n, "like the forward's input"); err != nil {
+	if err := layerkit.CheckRowsN(m.b, m.what(), "output gradient", dout, dt, C, n, "like the forward's input"); err != nil {
 		return err
 	}
-	if err := CheckRowsN(m.b, m.what(), "input gradient dx", dx, dt, C, n, "like the forward's input"); err != nil {
+	if err := layerkit.CheckRowsN(m.b, m.what(), "input gradient dx", dx, dt, C, n, "like the forward's input"); err != nil {
 		return err
 	}
-	if err := CheckApart(m.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
+	if err := layerkit.CheckApart(m.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
 		return err
 	}
 	M := m.plan.Rows()
-	m.dxe = Ensure(m.b, m.dxe, dt, M, C)
-	m.dye = Ensure(m.b, m.dye, dt, M, C)
-	m.dw = Ensure(m.b, m.dw, dt, n, K)
-	dx2, dout2 := Reshape(dx, n, C), Reshape(dout, n, C)
+	m.dxe = layerkit.Ensure(m.b, m.dxe, dt, M, C)
+	m.dye = layerkit.Ensure(m.b, m.dye, dt, M, C)
+	m.dw = layerkit.Ensure(m.b, m.dw, dt, n, K)
+	dx2, dout2 := layerkit.Reshape(dx, n, C), layerkit.Reshape(dout, n, C)
 	m.ops.CombineRowsBackward(m.dye, m.dw, dout2, m.ye, m.pos, m.Router.Weights())
 	if err := m.Experts.Backward(m.dxe, m.dye); err != nil {
 		return err
@@ -222,13 +223,13 @@ func (m *MoE) Backward(dx, dout *tensor.Tensor) error {
 	if err := m.Router.Backward(dx2, m.dw, true); err != nil {
 		return err
 	}
-	return Sticky(m.b, m.what(), "backward")
+	return layerkit.Sticky(m.b, m.what(), "backward")
 }
 
 // uploadInts uploads vals into an int32 device tensor of the given shape,
 // reusing t when it fits.
 func uploadInts(b tensor.Backend, t *tensor.Tensor, vals []int32, shape ...int) *tensor.Tensor {
-	t = Ensure(b, t, tensor.Int32, shape...)
+	t = layerkit.Ensure(b, t, tensor.Int32, shape...)
 	h, err := tensor.FromInt32(vals, shape...)
 	if err != nil {
 		panic("layers: internal error: " + err.Error())

@@ -3,6 +3,7 @@ package layers
 import (
 	"errors"
 	"fmt"
+	"github.com/asynctp/asynctp/internal/layerkit"
 
 	"github.com/asynctp/asynctp/tensor"
 )
@@ -128,7 +129,7 @@ func rows(t *tensor.Tensor, lo, hi int) *tensor.Tensor {
 // x must stay unchanged until Backward.
 func (ex *Experts) Forward(out, x *tensor.Tensor, counts []int) error {
 	ex.counts = nil
-	if err := CheckParams(ex.what(), ex.Params()...); err != nil {
+	if err := checkParams(ex.what(), ex.Params()...); err != nil {
 		return err
 	}
 	if len(counts) != ex.Count {
@@ -142,13 +143,13 @@ func (ex *Experts) Forward(out, x *tensor.Tensor, counts []int) error {
 		m += c
 	}
 	dt := ex.Gate.W.DType()
-	if err := CheckShape(ex.b, ex.what(), "input x", x, dt, m, ex.Dim); err != nil {
+	if err := layerkit.CheckShape(ex.b, ex.what(), "input x", x, dt, m, ex.Dim); err != nil {
 		return err
 	}
-	if err := CheckShape(ex.b, ex.what(), "output", out, dt, m, ex.Dim); err != nil {
+	if err := layerkit.CheckShape(ex.b, ex.what(), "output", out, dt, m, ex.Dim); err != nil {
 		return err
 	}
-	if err := CheckApart(ex.what(), "output", out, "input x", x); err != nil {
+	if err := layerkit.CheckApart(ex.what(), "output", out, "input x", x); err != nil {
 		return err
 	}
 	gate, up := ex.act.Inputs(dt, m, ex.Hidden)
@@ -159,7 +160,7 @@ func (ex *Experts) Forward(out, x *tensor.Tensor, counts []int) error {
 		ex.forwardLoop(out, x, gate, up, counts)
 	}
 	ex.x, ex.counts, ex.rowsM, ex.devOff = x, append([]int(nil), counts...), m, nil
-	return Sticky(ex.b, ex.what(), "forward")
+	return layerkit.Sticky(ex.b, ex.what(), "forward")
 }
 
 // ForwardOffsets is Forward with the row offsets on the device (an
@@ -194,7 +195,7 @@ type GroupedHooks struct {
 // backend's grouped GEMM). The up projection reads x after First.
 func (ex *Experts) ForwardOffsetsHooked(out, x, offsets *tensor.Tensor, hooks *GroupedHooks) error {
 	ex.counts = nil
-	if err := CheckParams(ex.what(), ex.Params()...); err != nil {
+	if err := checkParams(ex.what(), ex.Params()...); err != nil {
 		return err
 	}
 	if ex.grouped == nil {
@@ -208,13 +209,13 @@ func (ex *Experts) ForwardOffsetsHooked(out, x, offsets *tensor.Tensor, hooks *G
 		return fmt.Errorf("%s: input x %v, expected (M, %d)", ex.what(), x, ex.Dim)
 	}
 	m := x.Dim(0)
-	if err := CheckShape(ex.b, ex.what(), "input x", x, dt, m, ex.Dim); err != nil {
+	if err := layerkit.CheckShape(ex.b, ex.what(), "input x", x, dt, m, ex.Dim); err != nil {
 		return err
 	}
-	if err := CheckShape(ex.b, ex.what(), "output", out, dt, m, ex.Dim); err != nil {
+	if err := layerkit.CheckShape(ex.b, ex.what(), "output", out, dt, m, ex.Dim); err != nil {
 		return err
 	}
-	if err := CheckApart(ex.what(), "output", out, "input x", x); err != nil {
+	if err := layerkit.CheckApart(ex.what(), "output", out, "input x", x); err != nil {
 		return err
 	}
 	gate, up := ex.act.Inputs(dt, m, ex.Hidden)
@@ -222,7 +223,7 @@ func (ex *Experts) ForwardOffsetsHooked(out, x, offsets *tensor.Tensor, hooks *G
 		return fmt.Errorf("%s: forward: %w", ex.what(), err)
 	}
 	ex.x, ex.counts, ex.rowsM, ex.devOff = x, []int{}, m, offsets
-	return Sticky(ex.b, ex.what(), "forward")
+	return layerkit.Sticky(ex.b, ex.what(), "forward")
 }
 
 // forwardGrouped is the experts' forward by the grouped GEMM, the rows of
@@ -280,13 +281,13 @@ func (ex *Experts) BackwardHooked(dx, dout *tensor.Tensor, hooks *GroupedBackwar
 		return errors.New(ex.what() + ": Backward without a successful Forward")
 	}
 	dt, m := ex.Gate.W.DType(), ex.rowsM
-	if err := CheckShape(ex.b, ex.what(), "output gradient", dout, dt, m, ex.Dim); err != nil {
+	if err := layerkit.CheckShape(ex.b, ex.what(), "output gradient", dout, dt, m, ex.Dim); err != nil {
 		return err
 	}
-	if err := CheckShape(ex.b, ex.what(), "input gradient dx", dx, dt, m, ex.Dim); err != nil {
+	if err := layerkit.CheckShape(ex.b, ex.what(), "input gradient dx", dx, dt, m, ex.Dim); err != nil {
 		return err
 	}
-	if err := CheckApart(ex.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
+	if err := layerkit.CheckApart(ex.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
 		return err
 	}
 	if ex.grouped == nil {
@@ -294,7 +295,7 @@ func (ex *Experts) BackwardHooked(dx, dout *tensor.Tensor, hooks *GroupedBackwar
 			return fmt.Errorf("%s: backward hooks need the backend's grouped GEMM", ex.what())
 		}
 		ex.backwardLoop(dx, dout)
-		return Sticky(ex.b, ex.what(), "backward")
+		return layerkit.Sticky(ex.b, ex.what(), "backward")
 	}
 	g, off := ex.grouped, ex.offsets
 	if ex.devOff != nil {
@@ -321,7 +322,7 @@ func (ex *Experts) BackwardHooked(dx, dout *tensor.Tensor, hooks *GroupedBackwar
 	tensor.MarkPhase(ex.b, "moe.experts.bwd.wgrad")
 	g.GroupedMatMulTN(ex.Gate.G, dgate, ex.x, off, 1, 1) // dW += dᵀ·x
 	g.GroupedMatMulTN(ex.Up.G, dup, ex.x, off, 1, 1)
-	return Sticky(ex.b, ex.what(), "backward")
+	return layerkit.Sticky(ex.b, ex.what(), "backward")
 }
 
 // offsetsOf returns the len(counts)+1 row offsets of consecutive groups of

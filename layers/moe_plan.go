@@ -2,7 +2,6 @@ package layers
 
 import (
 	"fmt"
-	"math"
 )
 
 // RoutingPlan is the host-side table of one MoE forward: where each
@@ -25,16 +24,6 @@ type RoutingPlan struct {
 	Kept                  []int   // (E) slots kept
 	Order                 []int32 // (M) the slot s = n·K + j of each row
 	Pos                   []int32 // (N·K) the row of each slot, −1 when dropped
-}
-
-// Capacity is the number of token-slots each expert keeps in a step of
-// tokens tokens: ceil(factor·tokens·topK/experts), or 0 (dropless) when
-// factor is 0.
-func Capacity(factor float64, tokens, topK, experts int) int {
-	if factor <= 0 || experts <= 0 {
-		return 0
-	}
-	return int(math.Ceil(factor * float64(tokens) * float64(topK) / float64(experts)))
 }
 
 // NewRoutingPlan builds the plan of tokens tokens from idx (tokens·topK

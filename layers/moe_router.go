@@ -3,6 +3,7 @@ package layers
 import (
 	"errors"
 	"fmt"
+	"github.com/asynctp/asynctp/internal/layerkit"
 	"math"
 
 	"github.com/asynctp/asynctp/tensor"
@@ -100,10 +101,6 @@ type Router struct {
 	dlse                *tensor.Tensor // (N)
 }
 
-// RouterDType is the dtype a router of a model in dt routes in: fp32 for
-// bf16 (and f32) models, f64 for f64 ones.
-func RouterDType(dt tensor.DType) tensor.DType { return StatDType(dt) }
-
 // NewRouter registers name+".weight" (Experts, Dim) in ps.
 func NewRouter(b tensor.Backend, ps *ParamSet, name string, cfg RouterConfig) (*Router, error) {
 	if b == nil || ps == nil {
@@ -141,39 +138,39 @@ func (r *Router) what() string { return "layers: router " + r.Name }
 // Backward.
 func (r *Router) Forward(x *tensor.Tensor) error {
 	r.n, r.global = 0, false
-	if err := CheckParams(r.what(), r.W); err != nil {
+	if err := checkParams(r.what(), r.W); err != nil {
 		return err
 	}
 	dt := r.W.W.DType()
-	n, err := CheckRows(r.b, r.what(), "input x", x, dt, r.Dim)
+	n, err := layerkit.CheckRows(r.b, r.what(), "input x", x, dt, r.Dim)
 	if err != nil {
 		return err
 	}
 	if n == 0 {
 		return fmt.Errorf("%s: input x has shape %v, expected at least one token", r.what(), x.Shape())
 	}
-	E, K, rdt := r.Experts, r.TopK, RouterDType(dt)
-	r.logits = Ensure(r.b, r.logits, rdt, n, E)
-	r.probs = Ensure(r.b, r.probs, rdt, n, E)
-	r.rweights = Ensure(r.b, r.rweights, rdt, n, K)
+	E, K, rdt := r.Experts, r.TopK, layerkit.RouterDType(dt)
+	r.logits = layerkit.Ensure(r.b, r.logits, rdt, n, E)
+	r.probs = layerkit.Ensure(r.b, r.probs, rdt, n, E)
+	r.rweights = layerkit.Ensure(r.b, r.rweights, rdt, n, K)
 	if rdt == dt {
 		r.weights = r.rweights
 	} else {
 		if r.weights == r.rweights {
 			r.weights = nil // not a tensor of its own: Ensure must not free rweights
 		}
-		r.weights = Ensure(r.b, r.weights, dt, n, K)
+		r.weights = layerkit.Ensure(r.b, r.weights, dt, n, K)
 	}
-	r.idx = Ensure(r.b, r.idx, tensor.Int32, n, K)
-	r.lse = Ensure(r.b, r.lse, StatDType(rdt), n)
-	r.psum = Ensure(r.b, r.psum, rdt, E)
+	r.idx = layerkit.Ensure(r.b, r.idx, tensor.Int32, n, K)
+	r.lse = layerkit.Ensure(r.b, r.lse, layerkit.StatDType(rdt), n)
+	r.psum = layerkit.Ensure(r.b, r.psum, rdt, E)
 	if r.hostIdx == nil || !r.hostIdx.Shape().Equal(tensor.Shape{n, K}) {
 		r.hostIdx = tensor.MustHost(tensor.Int32, n, K)
 	}
 	if r.hostSum == nil {
 		r.hostSum = tensor.MustHost(tensor.Float64, E)
 	}
-	x2 := Reshape(x, n, r.Dim)
+	x2 := layerkit.Reshape(x, n, r.Dim)
 	if rdt == dt {
 		r.b.MatMul(r.logits, x2, r.W.W, false, true, 1, 0)
 	} else {
@@ -195,7 +192,7 @@ func (r *Router) Forward(x *tensor.Tensor) error {
 	r.ops.LogSumExp(r.lse, r.logits)
 	if r.DeviceStats {
 		r.forwardStats(n)
-		if err := Sticky(r.b, r.what(), "forward"); err != nil {
+		if err := layerkit.Sticky(r.b, r.what(), "forward"); err != nil {
 			return err
 		}
 		r.local = LoadStats{}
@@ -207,7 +204,7 @@ func (r *Router) Forward(x *tensor.Tensor) error {
 	r.b.Download(r.hostIdx, r.idx)
 	r.b.Download(r.hostSum, r.psum)
 	sq := r.b.SumSquares(r.lse)
-	if err := Sticky(r.b, r.what(), "forward"); err != nil {
+	if err := layerkit.Sticky(r.b, r.what(), "forward"); err != nil {
 		return err
 	}
 	r.local = LoadStats{Tokens: n, Routed: make([]int, E), ProbSums: append([]float64(nil), r.hostSum.F64()...), LSESquares: sq}
@@ -222,11 +219,11 @@ func (r *Router) Forward(x *tensor.Tensor) error {
 // routed counts as the column sums of the choices' one-hot (TopKBackward
 // of ones without renormalisation), Σ_n p[n, :], Σ_n lse[n]².
 func (r *Router) forwardStats(n int) {
-	E, K, rdt := r.Experts, r.TopK, RouterDType(r.W.W.DType())
-	r.dstats = Ensure(r.b, r.dstats, rdt, 2*E+1)
-	r.onehot = Ensure(r.b, r.onehot, rdt, n, E)
+	E, K, rdt := r.Experts, r.TopK, layerkit.RouterDType(r.W.W.DType())
+	r.dstats = layerkit.Ensure(r.b, r.dstats, rdt, 2*E+1)
+	r.onehot = layerkit.Ensure(r.b, r.onehot, rdt, n, E)
 	if r.ones == nil || !r.ones.Shape().Equal(tensor.Shape{n, K}) {
-		r.ones = Ensure(r.b, r.ones, rdt, n, K)
+		r.ones = layerkit.Ensure(r.b, r.ones, rdt, n, K)
 		r.b.Fill(r.ones, 1)
 	}
 	r.b.Fill(r.dstats, 0)
@@ -268,7 +265,7 @@ func (r *Router) SetGlobalDevice(g, invT *tensor.Tensor) error {
 	if r.n == 0 {
 		return errors.New(r.what() + ": SetGlobalDevice without a successful Forward")
 	}
-	E, rdt := r.Experts, RouterDType(r.W.W.DType())
+	E, rdt := r.Experts, layerkit.RouterDType(r.W.W.DType())
 	if g == nil || g.DType() != rdt || g.Numel() != 2*E+1 || invT == nil || invT.DType() != rdt || !invT.Shape().Equal(tensor.Shape{1, 1}) {
 		return fmt.Errorf("%s: global statistics %v and 1/T %v, expected %v(%d) and %v(1, 1)", r.what(), g, invT, rdt, 2*E+1, rdt)
 	}
@@ -279,7 +276,7 @@ func (r *Router) SetGlobalDevice(g, invT *tensor.Tensor) error {
 	r.prepareGrads(routed, invT)
 	r.balance, r.zloss = math.NaN(), math.NaN()
 	r.global = true
-	return Sticky(r.b, r.what(), "forward")
+	return layerkit.Sticky(r.b, r.what(), "forward")
 }
 
 // SetLosses sets the auxiliary losses' values of a step prepared by
@@ -334,9 +331,9 @@ func (r *Router) SetGlobal(g LoadStats) error {
 	// exactly).
 	if r.AuxLossCoef == 0 && r.ZLossCoef == 0 {
 		r.global = true
-		return Sticky(r.b, r.what(), "forward") // no gradient to prepare
+		return layerkit.Sticky(r.b, r.what(), "forward") // no gradient to prepare
 	}
-	rdt := RouterDType(r.W.W.DType())
+	rdt := layerkit.RouterDType(r.W.W.DType())
 	vals := make([]float64, E+1)
 	for e, n := range g.Routed {
 		vals[e] = float64(n)
@@ -345,7 +342,7 @@ func (r *Router) SetGlobal(g LoadStats) error {
 	if rdt == tensor.Float32 {
 		vals[E] = float64(float32(1) / float32(g.Tokens))
 	}
-	r.hostG = Ensure(r.b, r.hostG, rdt, E+1)
+	r.hostG = layerkit.Ensure(r.b, r.hostG, rdt, E+1)
 	h, err := tensor.FromFloat64(vals, E+1)
 	if err != nil {
 		return fmt.Errorf("%s: %w", r.what(), err)
@@ -361,7 +358,7 @@ func (r *Router) SetGlobal(g LoadStats) error {
 	}
 	r.prepareGrads(routed, invT)
 	r.global = true
-	return Sticky(r.b, r.what(), "forward")
+	return layerkit.Sticky(r.b, r.what(), "forward")
 }
 
 // prepareGrads prepares the auxiliary losses' gradients from the group's
@@ -372,16 +369,16 @@ func (r *Router) SetGlobal(g LoadStats) error {
 // zGradC·(1/T)·lse[n], one GEMM in Backward. invT must stay unchanged until
 // Backward.
 func (r *Router) prepareGrads(routed, invT *tensor.Tensor) {
-	E, K, rdt := r.Experts, r.TopK, RouterDType(r.W.W.DType())
+	E, K, rdt := r.Experts, r.TopK, layerkit.RouterDType(r.W.W.DType())
 	scale := r.AuxGradScale
 	if scale == 0 {
 		scale = 1
 	}
 	if r.AuxLossCoef != 0 {
-		r.auxGrad = Ensure(r.b, r.auxGrad, rdt, E)
-		r.auxTmp = Ensure(r.b, r.auxTmp, rdt, E, 1)
+		r.auxGrad = layerkit.Ensure(r.b, r.auxGrad, rdt, E)
+		r.auxTmp = layerkit.Ensure(r.b, r.auxTmp, rdt, E, 1)
 		r.b.MatMul(r.auxTmp, routed, invT, false, false, 1, 0)
-		r.b.MatMul(Reshape(r.auxGrad, E, 1), r.auxTmp, invT, false, false, float32(scale*r.AuxLossCoef*float64(E)/float64(K)), 0)
+		r.b.MatMul(layerkit.Reshape(r.auxGrad, E, 1), r.auxTmp, invT, false, false, float32(scale*r.AuxLossCoef*float64(E)/float64(K)), 0)
 	}
 	r.zInv, r.zGradC = invT, scale*r.ZLossCoef*2
 }
@@ -408,18 +405,18 @@ func (r *Router) Backward(dx, dweights *tensor.Tensor, accumulate bool) error {
 		return errors.New(r.what() + ": Backward needs a Forward and SetGlobal first")
 	}
 	dt, n, E := r.W.W.DType(), r.n, r.Experts
-	if err := CheckShape(r.b, r.what(), "weight gradient", dweights, dt, n, r.TopK); err != nil {
+	if err := layerkit.CheckShape(r.b, r.what(), "weight gradient", dweights, dt, n, r.TopK); err != nil {
 		return err
 	}
-	if err := CheckRowsN(r.b, r.what(), "input gradient dx", dx, dt, r.Dim, n, "like the forward's input"); err != nil {
+	if err := layerkit.CheckRowsN(r.b, r.what(), "input gradient dx", dx, dt, r.Dim, n, "like the forward's input"); err != nil {
 		return err
 	}
-	rdt := RouterDType(dt)
-	r.dprobs = Ensure(r.b, r.dprobs, rdt, n, E)
-	r.dlogits = Ensure(r.b, r.dlogits, rdt, n, E)
+	rdt := layerkit.RouterDType(dt)
+	r.dprobs = layerkit.Ensure(r.b, r.dprobs, rdt, n, E)
+	r.dlogits = layerkit.Ensure(r.b, r.dlogits, rdt, n, E)
 	dw := dweights
 	if rdt != dt {
-		r.dweights = Ensure(r.b, r.dweights, rdt, n, r.TopK)
+		r.dweights = layerkit.Ensure(r.b, r.dweights, rdt, n, r.TopK)
 		r.b.Copy(r.dweights, dweights)
 		dw = r.dweights
 	}
@@ -429,15 +426,15 @@ func (r *Router) Backward(dx, dweights *tensor.Tensor, accumulate bool) error {
 	}
 	r.b.SoftmaxBackward(r.dlogits, r.dprobs, r.probs)
 	if r.ZLossCoef != 0 {
-		r.dz = Ensure(r.b, r.dz, rdt, n, E)
-		r.dlse = Ensure(r.b, r.dlse, StatDType(rdt), n)
-		r.b.MatMul(Reshape(r.dlse, n, 1), Reshape(r.lse, n, 1), r.zInv, false, false, float32(r.zGradC), 0) // zGradC·(1/T)·lse
+		r.dz = layerkit.Ensure(r.b, r.dz, rdt, n, E)
+		r.dlse = layerkit.Ensure(r.b, r.dlse, layerkit.StatDType(rdt), n)
+		r.b.MatMul(layerkit.Reshape(r.dlse, n, 1), layerkit.Reshape(r.lse, n, 1), r.zInv, false, false, float32(r.zGradC), 0) // zGradC·(1/T)·lse
 		r.ops.LogSumExpBackward(r.dz, r.dlse, r.logits, r.lse)
 		r.b.Add(r.dlogits, r.dlogits, r.dz)
 	}
 	dl := r.dlogits
 	if rdt != dt { // the GEMMs run in the model's dtype (fp32 accumulation)
-		r.dlogitsM = Ensure(r.b, r.dlogitsM, dt, n, E)
+		r.dlogitsM = layerkit.Ensure(r.b, r.dlogitsM, dt, n, E)
 		r.b.Copy(r.dlogitsM, r.dlogits)
 		dl = r.dlogitsM
 	}
@@ -446,6 +443,6 @@ func (r *Router) Backward(dx, dweights *tensor.Tensor, accumulate bool) error {
 	if accumulate {
 		beta = 1
 	}
-	r.b.MatMul(Reshape(dx, n, r.Dim), dl, r.W.W, false, false, 1, beta)
-	return Sticky(r.b, r.what(), "backward")
+	r.b.MatMul(layerkit.Reshape(dx, n, r.Dim), dl, r.W.W, false, false, 1, beta)
+	return layerkit.Sticky(r.b, r.what(), "backward")
 }

@@ -2,6 +2,7 @@ package layers
 
 import (
 	"fmt"
+	"github.com/asynctp/asynctp/internal/layerkit"
 	"math"
 	"slices"
 	"sort"
@@ -17,8 +18,8 @@ func TestCapacity(t *testing.T) {
 		f          float64
 		n, k, e, w int
 	}{{0, 10, 2, 4, 0}, {1, 10, 2, 4, 5}, {1.25, 10, 2, 4, 7}, {0.1, 3, 1, 4, 1}} {
-		if got := Capacity(c.f, c.n, c.k, c.e); got != c.w {
-			t.Errorf("Capacity(%v, %d, %d, %d) = %d, want %d", c.f, c.n, c.k, c.e, got, c.w)
+		if got := layerkit.Capacity(c.f, c.n, c.k, c.e); got != c.w {
+			t.Errorf("layerkit.Capacity(%v, %d, %d, %d) = %d, want %d", c.f, c.n, c.k, c.e, got, c.w)
 		}
 	}
 }
@@ -112,7 +113,7 @@ func moeRef(t *testing.T, b tensor.Backend, m *MoE, xs []float64) ([]float64, fl
 	n := len(xs) / C
 	wr := download(t, b, m.Router.W.W)
 	wg, wu, wd := download(t, b, m.Experts.Gate.W), download(t, b, m.Experts.Up.W), download(t, b, m.Experts.Down.W)
-	capacity := Capacity(cfg.CapacityFactor, n, K, E)
+	capacity := layerkit.Capacity(cfg.CapacityFactor, n, K, E)
 	out := make([]float64, n*C)
 	kept, routed := make([]int, E), make([]int, E)
 	probSum := make([]float64, E)
@@ -257,7 +258,7 @@ func TestMoEOneExpertIsMLP(t *testing.T) {
 	noErr(t, b, err)
 	noErr(t, b, ps.Materialize(b, tensor.Float64))
 	for i, p := range c.m.Experts.Params() {
-		b.Copy(mlp.Params()[i].W, Reshape(p.W, mlp.Params()[i].W.Shape()...))
+		b.Copy(mlp.Params()[i].W, layerkit.Reshape(p.W, mlp.Params()[i].W.Shape()...))
 	}
 	want := b.Zeros(tensor.Float64, 7, 6)
 	noErr(t, b, mlp.Forward(want, c.x))
@@ -352,23 +353,5 @@ func TestExpertsGroupedMatchesLoop(t *testing.T) {
 	check("dx", results[0].dx, results[1].dx)
 	for j := range grads[0] {
 		check(fmt.Sprintf("gradient %d", j), grads[0][j], grads[1][j])
-	}
-}
-
-func TestTopKDiffAndGaps(t *testing.T) {
-	// Tokens 0 and 2 agree (order ignored); 1 and 3 differ.
-	diff, err := TopKDiff([]int32{0, 3, 1, 2, 4, 5, 0, 1}, []int32{3, 0, 1, 4, 4, 5, 1, 2}, 2)
-	if err != nil || !slices.Equal(diff, []int{1, 3}) {
-		t.Fatalf("TopKDiff = %v, %v; want [1 3]", diff, err)
-	}
-	if _, err := TopKDiff([]int32{0, 1, 2}, []int32{0, 1, 2}, 2); err == nil || !strings.Contains(err.Error(), "multiple of K") {
-		t.Errorf("TopKDiff of 3 ids with K = 2: error %v", err)
-	}
-	gaps, err := TopKGaps([]float64{0.1, 0.5, 0.4, 0.3, 0.3, 0.4}, 3, 2)
-	if err != nil || math.Abs(gaps[0]-0.3) > 1e-15 || gaps[1] != 0 {
-		t.Fatalf("TopKGaps = %v, %v; want [0.3 0]", gaps, err)
-	}
-	if gaps, _ := TopKGaps([]float64{0.5, 0.5}, 2, 2); !math.IsInf(gaps[0], 1) {
-		t.Errorf("TopKGaps with K = E = %v, want +Inf", gaps)
 	}
 }

@@ -190,9 +190,9 @@ func (s *ParamSet) Flat() (w, g *tensor.Tensor) { return s.w, s.g }
 // Backend is the backend the set was materialized on, or nil.
 func (s *ParamSet) Backend() tensor.Backend { return s.b }
 
-// ParamSeed is the PCG seed pair a parameter's initialisation uses: the set's
+// paramSeed is the PCG seed pair a parameter's initialisation uses: the set's
 // seed and the FNV-1a hash of the name.
-func ParamSeed(seed uint64, name string) (uint64, uint64) {
+func paramSeed(seed uint64, name string) (uint64, uint64) {
 	h := fnv.New64a()
 	h.Write([]byte(name))
 	return seed, h.Sum64()
@@ -202,7 +202,7 @@ func ParamSeed(seed uint64, name string) (uint64, uint64) {
 // float64, independently of any backend.
 func (s *ParamSet) HostInit(p *Param) []float64 {
 	vals := make([]float64, p.Numel())
-	p.init(rand.New(rand.NewPCG(ParamSeed(s.seed, p.Name))), vals)
+	p.init(rand.New(rand.NewPCG(paramSeed(s.seed, p.Name))), vals)
 	return vals
 }
 

@@ -3,6 +3,7 @@ package layers
 import (
 	"errors"
 	"fmt"
+	"github.com/asynctp/asynctp/internal/layerkit"
 
 	"github.com/asynctp/asynctp/tensor"
 )
@@ -44,25 +45,25 @@ func (r *RMSNorm) what() string { return "layers: rmsnorm " + r.Name }
 // per-row 1/rms.
 func (r *RMSNorm) Forward(out, x *tensor.Tensor) error {
 	r.x = nil
-	if err := CheckParams(r.what(), r.W); err != nil {
+	if err := checkParams(r.what(), r.W); err != nil {
 		return err
 	}
 	dt := r.W.W.DType()
-	n, err := CheckRows(r.b, r.what(), "input x", x, dt, r.Dim)
+	n, err := layerkit.CheckRows(r.b, r.what(), "input x", x, dt, r.Dim)
 	if err != nil {
 		return err
 	}
-	if err := CheckShape(r.b, r.what(), "output", out, dt, x.Shape()...); err != nil {
+	if err := layerkit.CheckShape(r.b, r.what(), "output", out, dt, x.Shape()...); err != nil {
 		return err
 	}
-	if err := CheckApart(r.what(), "output", out, "input x", x); err != nil {
+	if err := layerkit.CheckApart(r.what(), "output", out, "input x", x); err != nil {
 		return err
 	}
-	x2 := Reshape(x, n, r.Dim)
-	r.rstd = Ensure(r.b, r.rstd, StatDType(dt), n)
-	r.b.RMSNorm(Reshape(out, n, r.Dim), r.rstd, x2, r.W.W, r.Eps)
+	x2 := layerkit.Reshape(x, n, r.Dim)
+	r.rstd = layerkit.Ensure(r.b, r.rstd, layerkit.StatDType(dt), n)
+	r.b.RMSNorm(layerkit.Reshape(out, n, r.Dim), r.rstd, x2, r.W.W, r.Eps)
 	r.x = x2
-	return Sticky(r.b, r.what(), "forward")
+	return layerkit.Sticky(r.b, r.what(), "forward")
 }
 
 // Backward overwrites dx (..., Dim) with ∂L/∂x and adds ∂L/∂w, from dout.
@@ -71,17 +72,17 @@ func (r *RMSNorm) Backward(dx, dout *tensor.Tensor) error {
 		return errors.New(r.what() + ": Backward without a successful Forward")
 	}
 	dt, n := r.W.W.DType(), r.x.Dim(0)
-	if err := CheckRowsN(r.b, r.what(), "output gradient", dout, dt, r.Dim, n, "like the forward's input"); err != nil {
+	if err := layerkit.CheckRowsN(r.b, r.what(), "output gradient", dout, dt, r.Dim, n, "like the forward's input"); err != nil {
 		return err
 	}
-	if err := CheckRowsN(r.b, r.what(), "input gradient dx", dx, dt, r.Dim, n, "like the forward's input"); err != nil {
+	if err := layerkit.CheckRowsN(r.b, r.what(), "input gradient dx", dx, dt, r.Dim, n, "like the forward's input"); err != nil {
 		return err
 	}
-	if err := CheckApart(r.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
+	if err := layerkit.CheckApart(r.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
 		return err
 	}
-	r.b.RMSNormBackward(Reshape(dx, n, r.Dim), r.W.G, Reshape(dout, n, r.Dim), r.x, r.W.W, r.rstd)
-	return Sticky(r.b, r.what(), "backward")
+	r.b.RMSNormBackward(layerkit.Reshape(dx, n, r.Dim), r.W.G, layerkit.Reshape(dout, n, r.Dim), r.x, r.W.W, r.rstd)
+	return layerkit.Sticky(r.b, r.what(), "backward")
 }
 
 // ForwardAdd is the residual add fused with the norm: h = x + res and out =
@@ -89,11 +90,11 @@ func (r *RMSNorm) Backward(dx, dout *tensor.Tensor) error {
 // for the backward, as Forward keeps x. h must not alias out.
 func (r *RMSNorm) ForwardAdd(h, out, x, res *tensor.Tensor) error {
 	r.x = nil
-	if err := CheckParams(r.what(), r.W); err != nil {
+	if err := checkParams(r.what(), r.W); err != nil {
 		return err
 	}
 	dt := r.W.W.DType()
-	n, err := CheckRows(r.b, r.what(), "input x", x, dt, r.Dim)
+	n, err := layerkit.CheckRows(r.b, r.what(), "input x", x, dt, r.Dim)
 	if err != nil {
 		return err
 	}
@@ -101,7 +102,7 @@ func (r *RMSNorm) ForwardAdd(h, out, x, res *tensor.Tensor) error {
 		what string
 		t    *tensor.Tensor
 	}{{"residual", res}, {"sum h", h}, {"output", out}} {
-		if err := CheckShape(r.b, r.what(), t.what, t.t, dt, x.Shape()...); err != nil {
+		if err := layerkit.CheckShape(r.b, r.what(), t.what, t.t, dt, x.Shape()...); err != nil {
 			return err
 		}
 	}
@@ -109,15 +110,15 @@ func (r *RMSNorm) ForwardAdd(h, out, x, res *tensor.Tensor) error {
 		what string
 		t    *tensor.Tensor
 	}{{"input x", x}, {"residual", res}, {"sum h", h}} {
-		if err := CheckApart(r.what(), "output", out, t.what, t.t); err != nil {
+		if err := layerkit.CheckApart(r.what(), "output", out, t.what, t.t); err != nil {
 			return err
 		}
 	}
-	h2 := Reshape(h, n, r.Dim)
-	r.rstd = Ensure(r.b, r.rstd, StatDType(dt), n)
-	r.b.AddRMSNorm(h2, Reshape(out, n, r.Dim), r.rstd, Reshape(x, n, r.Dim), Reshape(res, n, r.Dim), r.W.W, r.Eps)
+	h2 := layerkit.Reshape(h, n, r.Dim)
+	r.rstd = layerkit.Ensure(r.b, r.rstd, layerkit.StatDType(dt), n)
+	r.b.AddRMSNorm(h2, layerkit.Reshape(out, n, r.Dim), r.rstd, layerkit.Reshape(x, n, r.Dim), layerkit.Reshape(res, n, r.Dim), r.W.W, r.Eps)
 	r.x = h2
-	return Sticky(r.b, r.what(), "forward")
+	return layerkit.Sticky(r.b, r.what(), "forward")
 }
 
 // BackwardAdd is Backward with the residual stream's gradient added: dx =
@@ -132,13 +133,13 @@ func (r *RMSNorm) BackwardAdd(dx, dout, dres *tensor.Tensor) error {
 		what string
 		t    *tensor.Tensor
 	}{{"output gradient", dout}, {"input gradient dx", dx}, {"residual gradient", dres}} {
-		if err := CheckRowsN(r.b, r.what(), t.what, t.t, dt, r.Dim, n, "like the forward's input"); err != nil {
+		if err := layerkit.CheckRowsN(r.b, r.what(), t.what, t.t, dt, r.Dim, n, "like the forward's input"); err != nil {
 			return err
 		}
 	}
-	if err := CheckApart(r.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
+	if err := layerkit.CheckApart(r.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
 		return err
 	}
-	r.b.RMSNormBackwardAdd(Reshape(dx, n, r.Dim), r.W.G, Reshape(dout, n, r.Dim), r.x, r.W.W, r.rstd, Reshape(dres, n, r.Dim))
-	return Sticky(r.b, r.what(), "backward")
+	r.b.RMSNormBackwardAdd(layerkit.Reshape(dx, n, r.Dim), r.W.G, layerkit.Reshape(dout, n, r.Dim), r.x, r.W.W, r.rstd, layerkit.Reshape(dres, n, r.Dim))
+	return layerkit.Sticky(r.b, r.what(), "backward")
 }

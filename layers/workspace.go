@@ -1,6 +1,9 @@
 package layers
 
-import "github.com/asynctp/asynctp/tensor"
+import (
+	"github.com/asynctp/asynctp/internal/layerkit"
+	"github.com/asynctp/asynctp/tensor"
+)
 
 // workspace holds the buffers that the layers of one model share because
 // each lives only inside one layer's forward or one layer's backward: a
@@ -64,8 +67,8 @@ func (s *ParamSet) workspace(b tensor.Backend) *workspace {
 // ensure is Ensure of the slot's buffer, or of *own without a workspace.
 func (w *workspace) ensure(slot int, b tensor.Backend, own *tensor.Tensor, dt tensor.DType, shape ...int) *tensor.Tensor {
 	if w == nil {
-		return Ensure(b, own, dt, shape...)
+		return layerkit.Ensure(b, own, dt, shape...)
 	}
-	w.slots[slot] = Ensure(w.b, w.slots[slot], dt, shape...)
+	w.slots[slot] = layerkit.Ensure(w.b, w.slots[slot], dt, shape...)
 	return w.slots[slot]
 }

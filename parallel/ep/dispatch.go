@@ -2,6 +2,7 @@ package ep
 
 import (
 	"fmt"
+	"github.com/asynctp/asynctp/internal/layerkit"
 
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/layers"
@@ -402,7 +403,7 @@ func PlanStep(l *Layout, counts [][]int, P, me, tq int) (*Handle, error) {
 		}
 		h.GlobalTokens += counts[q][E]
 	}
-	h.Capacity = layers.Capacity(l.CapacityFactor, h.GlobalTokens, l.TopK, E)
+	h.Capacity = layerkit.Capacity(l.CapacityFactor, h.GlobalTokens, l.TopK, E)
 	base := tq - me
 	used := make([]int, E)
 	mine := make([]int, E)

@@ -2,6 +2,7 @@ package ep
 
 import (
 	"fmt"
+	"github.com/asynctp/asynctp/internal/layerkit"
 	"math"
 
 	"github.com/asynctp/asynctp/comm"
@@ -69,7 +70,7 @@ func (r *statsRead) resolve() error {
 		slots += g.Routed[e]
 	}
 	g.Tokens = slots / K
-	if c := layers.Capacity(r.cf, g.Tokens, K, E); c > 0 {
+	if c := layerkit.Capacity(r.cf, g.Tokens, K, E); c > 0 {
 		for _, n := range g.Routed {
 			r.dropped += max(0, n-c)
 		}
@@ -89,7 +90,7 @@ func (m *MoE) DeviceStep() bool { return m.devicePath() != nil }
 // step runs on host counts.
 func (m *MoE) devicePath() DeviceOffsets {
 	dp, ok := m.Dispatch.(DeviceOffsets)
-	if !ok || !m.Experts.Grouped() || m.opts.maxTokens <= 0 || layers.RouterDType(m.Router.W.W.DType()) != tensor.Float32 {
+	if !ok || !m.Experts.Grouped() || m.opts.maxTokens <= 0 || layerkit.RouterDType(m.Router.W.W.DType()) != tensor.Float32 {
 		return nil
 	}
 	return dp

@@ -3,6 +3,7 @@ package grads
 import (
 	"errors"
 	"fmt"
+	"github.com/asynctp/asynctp/internal/layerkit"
 	"math"
 	"sort"
 
@@ -115,7 +116,7 @@ func NewReducer(b tensor.Backend, ps *layers.ParamSet, shards []shard.Shard, gro
 		}
 		byParam[s.Param] = s
 	}
-	r := &Reducer{b: b, groups: groups, g: g, statDT: layers.StatDType(g.DType())}
+	r := &Reducer{b: b, groups: groups, g: g, statDT: layerkit.StatDType(g.DType())}
 	params := ps.Params()
 	sort.Slice(params, func(i, j int) bool { return params[i].Offset() < params[j].Offset() })
 	for _, p := range params {

@@ -2,6 +2,7 @@ package grads_test
 
 import (
 	"fmt"
+	"github.com/asynctp/asynctp/internal/layerkit"
 	"math"
 	"slices"
 	"strings"
@@ -126,7 +127,7 @@ func TestReduceAndNorm(t *testing.T) {
 				if err != nil {
 					return err
 				}
-				dst := b.Zeros(layers.StatDType(dt), 1)
+				dst := b.Zeros(layerkit.StatDType(dt), 1)
 				b.Fill(dst, 0.5) // GradSumSquaresTo adds
 				if err := red.GradSumSquaresTo(dst); err != nil {
 					return err

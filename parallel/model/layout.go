@@ -3,7 +3,7 @@ package model
 import (
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/comm/hostreduce"
-	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/internal/layerkit"
 )
 
 // Layout says how a rank's tensors are sharded: recorded in every
@@ -34,7 +34,7 @@ func (m *Model) WorldRank() int { return m.grid.World.Rank() }
 // checkpoint every rank resumes from.
 func (m *Model) StepRange(step int) (hi, lo int, err error) {
 	v := []float64{float64(step), -float64(step)}
-	if err := hostreduce.AllReduce(m.b, m.grid.World, layers.StatDType(m.dt), v, comm.Max, m.par.Stream); err != nil {
+	if err := hostreduce.AllReduce(m.b, m.grid.World, layerkit.StatDType(m.dt), v, comm.Max, m.par.Stream); err != nil {
 		return 0, 0, err
 	}
 	return int(v[0]), int(-v[1]), nil

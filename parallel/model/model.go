@@ -287,7 +287,7 @@ func (m *Model) fail(err error) error {
 }
 
 // checkBatch checks a host int32 (B, T) tensor of the global batch against
-// the layout (after layers.CheckTokens).
+// the layout (after layerkit.CheckTokens).
 func (m *Model) checkBatch(what string, t *tensor.Tensor) error {
 	s := t.Shape()
 	if s[0]%m.grid.DP != 0 {

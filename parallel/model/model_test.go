@@ -2,6 +2,7 @@ package model_test
 
 import (
 	"fmt"
+	"github.com/asynctp/asynctp/internal/layerkit"
 	"math"
 	"strings"
 	"sync"
@@ -145,7 +146,7 @@ func checkAgainst(b tensor.Backend, g *comm.Grid, cfg layers.GPTConfig, l layout
 	} else {
 		worst.see("grad sum of squares", e)
 	}
-	dev := b.Zeros(layers.StatDType(dt), 1)
+	dev := b.Zeros(layerkit.StatDType(dt), 1)
 	b.Fill(dev, 0.25) // GradSumSquaresTo adds
 	if err := m.GradSumSquaresTo(dev); err != nil {
 		return err

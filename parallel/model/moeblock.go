@@ -2,6 +2,7 @@ package model
 
 import (
 	"fmt"
+	"github.com/asynctp/asynctp/internal/layerkit"
 
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/layers"
@@ -115,7 +116,7 @@ func (f *moeFFN) Forward(m, h *tensor.Tensor) error {
 	if n%P != 0 {
 		return fmt.Errorf("%s: %d tokens, expected a number divisible by the TP size %d", f.what, n, P)
 	}
-	f.ms = layers.Ensure(f.b, f.ms, h.DType(), n/P, C)
+	f.ms = layerkit.Ensure(f.b, f.ms, h.DType(), n/P, C)
 	if err := f.moe.Forward(f.ms, f.tokensToEP(h)); err != nil {
 		return err
 	}
@@ -128,7 +129,7 @@ func (f *moeFFN) Backward(dh, dm *tensor.Tensor) error {
 		return f.moe.Backward(dh, dm)
 	}
 	n, C := dm.Dim(0), dm.Dim(1)
-	f.dhs = layers.Ensure(f.b, f.dhs, dm.DType(), n/f.par.Size(), C)
+	f.dhs = layerkit.Ensure(f.b, f.dhs, dm.DType(), n/f.par.Size(), C)
 	if err := f.moe.Backward(f.dhs, f.tokensFromEPBackward(dm)); err != nil {
 		return err
 	}
@@ -171,7 +172,7 @@ func (f *moeFFN) myRows(t *tensor.Tensor) *tensor.Tensor {
 // gather all-gathers src (n/P, C) along the rows into dst (n, C) over the
 // TP group and waits for it.
 func (f *moeFFN) gather(what string, dst, src *tensor.Tensor) error {
-	if err := layers.Sticky(f.b, f.what, what); err != nil {
+	if err := layerkit.Sticky(f.b, f.what, what); err != nil {
 		return err
 	}
 	s := f.par.Stream

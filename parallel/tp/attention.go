@@ -2,6 +2,7 @@ package tp
 
 import (
 	"fmt"
+	"github.com/asynctp/asynctp/internal/layerkit"
 
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/parallel/shard"
@@ -109,7 +110,7 @@ func (a *Attention) what() string { return "tp: attention " + a.Name }
 // Position t attends to positions [0, t] of its own sequence.
 func (a *Attention) Forward(out, x *tensor.Tensor, batch, seq int) error {
 	a.bt = [2]int{}
-	if err := layers.CheckParams(a.what(), a.Params()...); err != nil {
+	if err := checkParams(a.what(), a.Params()...); err != nil {
 		return err
 	}
 	if batch <= 0 || seq <= 0 {
@@ -121,25 +122,25 @@ func (a *Attention) Forward(out, x *tensor.Tensor, batch, seq int) error {
 	if err != nil {
 		return err
 	}
-	if err := layers.CheckRowsN(a.b, a.what(), "input x", x, dt, C, n, fmt.Sprintf("this rank's tokens of batch %d × seq %d", B, T)); err != nil {
+	if err := layerkit.CheckRowsN(a.b, a.what(), "input x", x, dt, C, n, fmt.Sprintf("this rank's tokens of batch %d × seq %d", B, T)); err != nil {
 		return err
 	}
-	if err := layers.CheckRowsN(a.b, a.what(), "output", out, dt, C, n, "like the input"); err != nil {
+	if err := layerkit.CheckRowsN(a.b, a.what(), "output", out, dt, C, n, "like the input"); err != nil {
 		return err
 	}
-	if err := layers.CheckApart(a.what(), "output", out, "input x", x); err != nil {
+	if err := layerkit.CheckApart(a.what(), "output", out, "input x", x); err != nil {
 		return err
 	}
 	qkv := a.core.InputsPacked(dt, B, T) // [q | k | v] of the local heads, one GEMM (the entry is stacked)
-	if err := a.e.forward(layers.Reshape(x, n, C), []*tensor.Tensor{qkv}); err != nil {
+	if err := a.e.forward(layerkit.Reshape(x, n, C), []*tensor.Tensor{qkv}); err != nil {
 		return err
 	}
 	att := a.core.Forward()
-	if err := a.Wo.Forward(layers.Reshape(out, n, C), att); err != nil {
+	if err := a.Wo.Forward(layerkit.Reshape(out, n, C), att); err != nil {
 		return err
 	}
 	a.bt = [2]int{B, T}
-	return layers.Sticky(a.b, a.what(), "forward")
+	return layerkit.Sticky(a.b, a.what(), "forward")
 }
 
 // ForwardSeq is Forward, the form of a layers.Mixer (the shared block's
@@ -157,18 +158,18 @@ func (a *Attention) Backward(dx, dout *tensor.Tensor) error {
 	dt := a.Wq.W.W.DType()
 	C := a.Dim
 	n, _ := a.par.seqRows(a.what(), a.bt[0]*a.bt[1])
-	if err := layers.CheckRowsN(a.b, a.what(), "output gradient", dout, dt, C, n, "like the forward's output"); err != nil {
+	if err := layerkit.CheckRowsN(a.b, a.what(), "output gradient", dout, dt, C, n, "like the forward's output"); err != nil {
 		return err
 	}
-	if err := layers.CheckRowsN(a.b, a.what(), "input gradient dx", dx, dt, C, n, "like the forward's input"); err != nil {
+	if err := layerkit.CheckRowsN(a.b, a.what(), "input gradient dx", dx, dt, C, n, "like the forward's input"); err != nil {
 		return err
 	}
-	if err := layers.CheckApart(a.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
+	if err := layerkit.CheckApart(a.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
 		return err
 	}
 	datt := a.core.OutputGrad()
-	if err := a.Wo.Backward(datt, layers.Reshape(dout, n, C)); err != nil {
+	if err := a.Wo.Backward(datt, layerkit.Reshape(dout, n, C)); err != nil {
 		return err
 	}
-	return a.e.backward(layers.Reshape(dx, n, C), []*tensor.Tensor{a.core.BackwardPacked()})
+	return a.e.backward(layerkit.Reshape(dx, n, C), []*tensor.Tensor{a.core.BackwardPacked()})
 }

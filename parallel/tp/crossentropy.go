@@ -2,8 +2,8 @@ package tp
 
 import (
 	"fmt"
+	"github.com/asynctp/asynctp/internal/layerkit"
 
-	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/tensor"
 )
 
@@ -73,7 +73,7 @@ const ceWhat = "tp: vocab-parallel cross-entropy"
 // Forward computes the per-row losses of logits (N, Vocab/P), this rank's
 // columns, against targets, a host int32 tensor of N values (any shape;
 // negative values ignore their row: loss 0, gradient 0). losses, a tensor
-// of N elements on the backend in the stat dtype (layers.StatDType of the
+// of N elements on the backend in the stat dtype (layerkit.StatDType of the
 // logits'), receives the losses, the same on every rank of the group;
 // nothing is read back to the host. When dlogits (shaped like logits) is
 // not nil it receives gradScale·∂(Σ losses)/∂logits for this rank's
@@ -84,7 +84,7 @@ func (ce *VocabParallelCrossEntropy) Forward(losses, dlogits, logits, targets *t
 		return fmt.Errorf("%s: logits %v, expected a float tensor on %v", ceWhat, logits, b.Device())
 	}
 	dt := logits.DType()
-	N, err := layers.CheckRows(b, ceWhat, "logits", logits, dt, ce.LocalVocab)
+	N, err := layerkit.CheckRows(b, ceWhat, "logits", logits, dt, ce.LocalVocab)
 	if err != nil {
 		return err
 	}
@@ -95,18 +95,18 @@ func (ce *VocabParallelCrossEntropy) Forward(losses, dlogits, logits, targets *t
 	if tv == nil || len(tv) != N {
 		return fmt.Errorf("%s: targets %v, expected a host int32 tensor of %d values (one per row of logits %v)", ceWhat, targets, N, logits.Shape())
 	}
-	sdt := layers.StatDType(dt)
-	if err := layers.CheckOn(b, ceWhat, "losses", losses, sdt); err != nil {
+	sdt := layerkit.StatDType(dt)
+	if err := layerkit.CheckOn(b, ceWhat, "losses", losses, sdt); err != nil {
 		return err
 	}
 	if losses.Numel() != N {
 		return fmt.Errorf("%s: losses %v, expected %d values of %v on %v (one per row of logits %v)", ceWhat, losses, N, sdt, b.Device(), logits.Shape())
 	}
 	if dlogits != nil {
-		if err := layers.CheckRowsN(b, ceWhat, "dlogits", dlogits, dt, ce.LocalVocab, N, "like logits"); err != nil {
+		if err := layerkit.CheckRowsN(b, ceWhat, "dlogits", dlogits, dt, ce.LocalVocab, N, "like logits"); err != nil {
 			return err
 		}
-		if err := layers.CheckApart(ceWhat, "dlogits", dlogits, "logits", logits); err != nil {
+		if err := layerkit.CheckApart(ceWhat, "dlogits", dlogits, "logits", logits); err != nil {
 			return err
 		}
 	}
@@ -115,42 +115,42 @@ func (ce *VocabParallelCrossEntropy) Forward(losses, dlogits, logits, targets *t
 			return fmt.Errorf("%s: targets[%d] = %d, expected a value < Vocab = %d (or negative to ignore it)", ceWhat, i, t, ce.Vocab)
 		}
 	}
-	if err := layers.Sticky(b, ceWhat, "forward"); err != nil {
+	if err := layerkit.Sticky(b, ceWhat, "forward"); err != nil {
 		return err
 	}
-	x := layers.Reshape(logits, N, ce.LocalVocab)
-	lv := layers.Reshape(losses, N)
+	x := layerkit.Reshape(logits, N, ce.LocalVocab)
+	lv := layerkit.Reshape(losses, N)
 	ce.alloc(N, dt)
 	if ce.par.Size() == 1 {
 		ce.b.Upload(ce.idx, hostI32(tv))
 		var d *tensor.Tensor
 		if dlogits != nil {
-			d = layers.Reshape(dlogits, N, ce.LocalVocab)
+			d = layerkit.Reshape(dlogits, N, ce.LocalVocab)
 		}
 		b.CrossEntropy(lv, d, x, ce.idx, gradScale)
-		return layers.Sticky(b, ceWhat, "forward")
+		return layerkit.Sticky(b, ceWhat, "forward")
 	}
 	return ce.forwardSplit(lv, dlogits, x, tv, gradScale)
 }
 
 func (ce *VocabParallelCrossEntropy) alloc(N int, dt tensor.DType) {
-	b, sdt, P := ce.b, layers.StatDType(dt), ce.par.Size()
+	b, sdt, P := ce.b, layerkit.StatDType(dt), ce.par.Size()
 	if P == 1 {
-		ce.idx = layers.Ensure(b, ce.idx, tensor.Int32, N)
+		ce.idx = layerkit.Ensure(b, ce.idx, tensor.Int32, N)
 		return
 	}
-	ce.idx = layers.Ensure(b, ce.idx, tensor.Int32, 5, N)
-	ce.xr = layers.Ensure(b, ce.xr, dt, N, 1)
+	ce.idx = layerkit.Ensure(b, ce.idx, tensor.Int32, 5, N)
+	ce.xr = layerkit.Ensure(b, ce.xr, dt, N, 1)
 	if dt != sdt {
-		ce.xr32 = layers.Ensure(b, ce.xr32, sdt, N)
-		ce.scale = layers.Ensure(b, ce.scale, dt, N, 1, 1)
+		ce.xr32 = layerkit.Ensure(b, ce.xr32, sdt, N)
+		ce.scale = layerkit.Ensure(b, ce.scale, dt, N, 1, 1)
 	}
-	ce.send = layers.Ensure(b, ce.send, sdt, 2, N)
-	ce.gath = layers.Ensure(b, ce.gath, sdt, P*2*N)
-	ce.q = layers.Ensure(b, ce.q, sdt, N, P)
-	ce.own = layers.Ensure(b, ce.own, sdt, N, 1)
-	ce.lossQ = layers.Ensure(b, ce.lossQ, sdt, N)
-	ce.w = layers.Ensure(b, ce.w, sdt, N, 1)
+	ce.send = layerkit.Ensure(b, ce.send, sdt, 2, N)
+	ce.gath = layerkit.Ensure(b, ce.gath, sdt, P*2*N)
+	ce.q = layerkit.Ensure(b, ce.q, sdt, N, P)
+	ce.own = layerkit.Ensure(b, ce.own, sdt, N, 1)
+	ce.lossQ = layerkit.Ensure(b, ce.lossQ, sdt, N)
+	ce.w = layerkit.Ensure(b, ce.w, sdt, N, 1)
 	if ce.n != N || ce.qidx == nil {
 		ce.n = N
 		// Q[n, q] is lse_q[n], at q·2N + n of the gathered (P, 2, N).
@@ -160,11 +160,11 @@ func (ce *VocabParallelCrossEntropy) alloc(N int, dt tensor.DType) {
 				qidx[n*P+q] = int32(q*2*N + n)
 			}
 		}
-		ce.qidx = layers.Ensure(b, ce.qidx, tensor.Int32, N*P)
+		ce.qidx = layerkit.Ensure(b, ce.qidx, tensor.Int32, N*P)
 		b.Upload(ce.qidx, hostI32(qidx))
 	}
 	// softmax(Q) and one 0 after it (never written), the ignored rows' weight.
-	ce.smq = layers.Ensure(b, ce.smq, sdt, N*P+1)
+	ce.smq = layerkit.Ensure(b, ce.smq, sdt, N*P+1)
 }
 
 // row is row i of t, flattened.
@@ -173,7 +173,7 @@ func row(t *tensor.Tensor, i int) *tensor.Tensor {
 	if err != nil {
 		panic("tp: internal error: " + err.Error())
 	}
-	return layers.Reshape(r, r.Numel())
+	return layerkit.Reshape(r, r.Numel())
 }
 
 // forwardSplit is Forward on P > 1 ranks; losses is (N).
@@ -212,31 +212,31 @@ func (ce *VocabParallelCrossEntropy) forwardSplit(losses, dlogits, x *tensor.Ten
 	b.Upload(ce.idx, hostI32(h))
 	ix := func(i int) *tensor.Tensor { return row(ce.idx, i) }
 	lse, lossR := row(ce.send, 0), row(ce.send, 1)
-	b.CrossEntropy(lossR, nil, x, ix(0), 0)              // ℓ_r = lse_r − x[column]
-	b.Embedding(ce.xr, layers.Reshape(x, N*V, 1), ix(1)) // x[column]
-	xr := layers.Reshape(ce.xr, N)
+	b.CrossEntropy(lossR, nil, x, ix(0), 0)                // ℓ_r = lse_r − x[column]
+	b.Embedding(ce.xr, layerkit.Reshape(x, N*V, 1), ix(1)) // x[column]
+	xr := layerkit.Reshape(ce.xr, N)
 	if dt != sdt {
 		b.Copy(ce.xr32, xr)
 		xr = ce.xr32
 	}
 	b.Add(lse, lossR, xr) // lse_r
-	if err := layers.Sticky(b, ceWhat, "forward"); err != nil {
+	if err := layerkit.Sticky(b, ceWhat, "forward"); err != nil {
 		return err
 	}
-	w, err := g.AllGather(ce.gath, layers.Reshape(ce.send, 2*N), s)
+	w, err := g.AllGather(ce.gath, layerkit.Reshape(ce.send, 2*N), s)
 	if err == nil {
 		err = w.Wait(s)
 	}
 	if err != nil {
 		return fmt.Errorf("%s forward: all-gather of the row statistics: %w", ceWhat, err)
 	}
-	table := layers.Reshape(ce.gath, P*2*N, 1)
-	b.Embedding(layers.Reshape(ce.q, N*P, 1), table, ce.qidx) // Q
-	b.Embedding(ce.own, table, ix(3))                         // ℓ_o
-	b.CrossEntropy(ce.lossQ, nil, ce.q, ix(2), 0)             // LSE(Q) − lse_o
-	b.Add(losses, ce.lossQ, layers.Reshape(ce.own, N))
+	table := layerkit.Reshape(ce.gath, P*2*N, 1)
+	b.Embedding(layerkit.Reshape(ce.q, N*P, 1), table, ce.qidx) // Q
+	b.Embedding(ce.own, table, ix(3))                           // ℓ_o
+	b.CrossEntropy(ce.lossQ, nil, ce.q, ix(2), 0)               // LSE(Q) − lse_o
+	b.Add(losses, ce.lossQ, layerkit.Reshape(ce.own, N))
 	if dlogits == nil {
-		return layers.Sticky(b, ceWhat, "forward")
+		return layerkit.Sticky(b, ceWhat, "forward")
 	}
 	// ∂/∂x = softmax_r(x)·exp(lse_r − lse)·gradScale − onehot·gradScale.
 	sq, err := ce.smq.View(0, N, P)
@@ -244,21 +244,21 @@ func (ce *VocabParallelCrossEntropy) forwardSplit(losses, dlogits, x *tensor.Ten
 		return fmt.Errorf("%s: internal error: %w", ceWhat, err)
 	}
 	b.Softmax(sq, ce.q)
-	b.Embedding(ce.w, layers.Reshape(ce.smq, N*P+1, 1), ix(4)) // exp(lse_r − lse)
-	scale := layers.Reshape(ce.w, N, 1, 1)
+	b.Embedding(ce.w, layerkit.Reshape(ce.smq, N*P+1, 1), ix(4)) // exp(lse_r − lse)
+	scale := layerkit.Reshape(ce.w, N, 1, 1)
 	if dt != sdt {
 		b.Copy(ce.scale, ce.w)
 		scale = ce.scale
 	}
-	ce.sm = layers.Ensure(b, ce.sm, dt, N, 1, V)
-	b.Softmax(layers.Reshape(ce.sm, N, V), x)
-	b.MatMul(layers.Reshape(dlogits, N, 1, V), scale, ce.sm, false, false, gradScale, 0) // row n times its weight
+	ce.sm = layerkit.Ensure(b, ce.sm, dt, N, 1, V)
+	b.Softmax(layerkit.Reshape(ce.sm, N, V), x)
+	b.MatMul(layerkit.Reshape(dlogits, N, 1, V), scale, ce.sm, false, false, gradScale, 0) // row n times its weight
 	if M := len(tidx); M > 0 {
-		ce.tidx = layers.Ensure(b, ce.tidx, tensor.Int32, M)
-		ce.neg = layers.Ensure(b, ce.neg, dt, M, 1)
+		ce.tidx = layerkit.Ensure(b, ce.tidx, tensor.Int32, M)
+		ce.neg = layerkit.Ensure(b, ce.neg, dt, M, 1)
 		b.Upload(ce.tidx, hostI32(tidx))
 		b.Fill(ce.neg, -float64(gradScale))
-		b.EmbeddingBackward(layers.Reshape(dlogits, N*V, 1), ce.neg, ce.tidx) // −gradScale at the targets
+		b.EmbeddingBackward(layerkit.Reshape(dlogits, N*V, 1), ce.neg, ce.tidx) // −gradScale at the targets
 	}
-	return layers.Sticky(b, ceWhat, "forward")
+	return layerkit.Sticky(b, ceWhat, "forward")
 }

@@ -2,6 +2,7 @@ package tp
 
 import (
 	"fmt"
+	"github.com/asynctp/asynctp/internal/layerkit"
 
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/overlap"
@@ -77,13 +78,13 @@ func (e *VocabParallelEmbedding) what() string { return "tp: vocab-parallel embe
 // [0, Vocab) (any shape; row-major order gives the token order).
 func (e *VocabParallelEmbedding) Forward(out, ids *tensor.Tensor) error {
 	e.n = 0
-	if err := layers.CheckParams(e.what(), e.W); err != nil {
+	if err := checkParams(e.what(), e.W); err != nil {
 		return err
 	}
 	if ids == nil || ids.DType() != tensor.Int32 || ids.I32() == nil || len(ids.Shape()) == 0 || ids.Numel() == 0 {
 		return fmt.Errorf("%s: ids is %v, expected a non-empty host int32 tensor (N) or (B, T)", e.what(), ids)
 	}
-	if err := layers.CheckIDs("ids", ids, e.Vocab); err != nil {
+	if err := layerkit.CheckIDs("ids", ids, e.Vocab); err != nil {
 		return fmt.Errorf("%s: %w", e.what(), err)
 	}
 	N := ids.Numel()
@@ -92,10 +93,10 @@ func (e *VocabParallelEmbedding) Forward(out, ids *tensor.Tensor) error {
 		return err
 	}
 	dt := e.W.W.DType()
-	if err := layers.CheckRowsN(e.b, e.what(), "output", out, dt, e.Dim, n, "this rank's tokens"); err != nil {
+	if err := layerkit.CheckRowsN(e.b, e.what(), "output", out, dt, e.Dim, n, "this rank's tokens"); err != nil {
 		return err
 	}
-	if err := layers.Sticky(e.b, e.what(), "forward"); err != nil {
+	if err := layerkit.Sticky(e.b, e.what(), "forward"); err != nil {
 		return err
 	}
 	// This rank's tokens: positions and local rows, in token order.
@@ -108,15 +109,15 @@ func (e *VocabParallelEmbedding) Forward(out, ids *tensor.Tensor) error {
 	}
 	e.m, e.all = len(pos), len(pos) == N
 	if e.m > 0 {
-		e.pos = layers.Ensure(e.b, e.pos, tensor.Int32, e.m)
-		e.loc = layers.Ensure(e.b, e.loc, tensor.Int32, e.m)
+		e.pos = layerkit.Ensure(e.b, e.pos, tensor.Int32, e.m)
+		e.loc = layerkit.Ensure(e.b, e.loc, tensor.Int32, e.m)
 		e.b.Upload(e.pos, hostI32(pos))
 		e.b.Upload(e.loc, hostI32(loc))
 	}
-	out2 := layers.Reshape(out, n, e.Dim)
+	out2 := layerkit.Reshape(out, n, e.Dim)
 	target := out2
 	if e.par.SequenceParallel && e.par.Size() > 1 {
-		e.full = layers.Ensure(e.b, e.full, dt, N, e.Dim)
+		e.full = layerkit.Ensure(e.b, e.full, dt, N, e.Dim)
 		target = e.full
 	}
 	switch {
@@ -125,12 +126,12 @@ func (e *VocabParallelEmbedding) Forward(out, ids *tensor.Tensor) error {
 	default:
 		e.b.Fill(target, 0)
 		if e.m > 0 {
-			e.rows = layers.Ensure(e.b, e.rows, dt, e.m, e.Dim)
+			e.rows = layerkit.Ensure(e.b, e.rows, dt, e.m, e.Dim)
 			e.b.Embedding(e.rows, e.W.W, e.loc)          // gather this rank's rows
 			e.b.EmbeddingBackward(target, e.rows, e.pos) // scatter them to their tokens
 		}
 	}
-	if err := layers.Sticky(e.b, e.what(), "forward"); err != nil {
+	if err := layerkit.Sticky(e.b, e.what(), "forward"); err != nil {
 		return err
 	}
 	g, s := e.par.Group, e.par.Stream
@@ -143,7 +144,7 @@ func (e *VocabParallelEmbedding) Forward(out, ids *tensor.Tensor) error {
 		return fmt.Errorf("%s forward: %w", e.what(), err)
 	}
 	e.n = N
-	return layers.Sticky(e.b, e.what(), "forward")
+	return layerkit.Sticky(e.b, e.what(), "forward")
 }
 
 // Backward adds ∂L/∂W from dout (shaped like the forward's out); ids get
@@ -154,16 +155,16 @@ func (e *VocabParallelEmbedding) Backward(dout *tensor.Tensor) error {
 	}
 	N, dt := e.n, e.W.W.DType()
 	n, _ := e.par.seqRows(e.what(), N)
-	if err := layers.CheckRowsN(e.b, e.what(), "output gradient", dout, dt, e.Dim, n, "like the forward's output"); err != nil {
+	if err := layerkit.CheckRowsN(e.b, e.what(), "output gradient", dout, dt, e.Dim, n, "like the forward's output"); err != nil {
 		return err
 	}
-	if err := layers.Sticky(e.b, e.what(), "backward"); err != nil {
+	if err := layerkit.Sticky(e.b, e.what(), "backward"); err != nil {
 		return err
 	}
 	g, s := e.par.Group, e.par.Stream
-	d := layers.Reshape(dout, n, e.Dim)
+	d := layerkit.Reshape(dout, n, e.Dim)
 	if e.par.SequenceParallel && e.par.Size() > 1 {
-		e.full = layers.Ensure(e.b, e.full, dt, N, e.Dim)
+		e.full = layerkit.Ensure(e.b, e.full, dt, N, e.Dim)
 		if err := wait(s)(overlap.SequenceReduceScatterBackward(e.b, g, e.full, d, s)); err != nil {
 			return fmt.Errorf("%s backward: %w", e.what(), err)
 		}
@@ -178,7 +179,7 @@ func (e *VocabParallelEmbedding) Backward(dout *tensor.Tensor) error {
 		e.b.Embedding(e.rows, d, e.pos)             // this rank's tokens' gradients
 		e.b.EmbeddingBackward(e.W.G, e.rows, e.loc) // into their table rows, in token order
 	}
-	return layers.Sticky(e.b, e.what(), "backward")
+	return layerkit.Sticky(e.b, e.what(), "backward")
 }
 
 // hostI32 wraps v as a host int32 tensor (N).

@@ -2,6 +2,7 @@ package tp_test
 
 import (
 	"fmt"
+	"github.com/asynctp/asynctp/internal/layerkit"
 	"strings"
 	"testing"
 
@@ -59,7 +60,7 @@ type in3D struct {
 	B, T int
 }
 
-func (l in3D) view(t *tensor.Tensor) *tensor.Tensor { return layers.Reshape(t, l.B, l.T, t.Dim(1)) }
+func (l in3D) view(t *tensor.Tensor) *tensor.Tensor { return layerkit.Reshape(t, l.B, l.T, t.Dim(1)) }
 
 func (l in3D) Forward(out, x *tensor.Tensor) error { return l.l.Forward(l.view(out), l.view(x)) }
 
@@ -312,7 +313,7 @@ func TestVocabParallelCrossEntropyMatchesCrossEntropy(t *testing.T) {
 			// N rows twice (the second call reuses the scratch), then fewer
 			// rows (reallocated), each against the same rows of the reference.
 			for _, n := range []int{N, N, 7} {
-				losses := b.Zeros(layers.StatDType(s.dt), n)
+				losses := b.Zeros(layerkit.StatDType(s.dt), n)
 				dlogits := b.Zeros(s.dt, n, chi-clo)
 				tg, err := tensor.FromInt32(targets.I32()[:n], n)
 				if err != nil {

@@ -2,6 +2,7 @@ package tp
 
 import (
 	"fmt"
+	"github.com/asynctp/asynctp/internal/layerkit"
 
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/overlap"
@@ -136,11 +137,11 @@ func (l *ColumnParallelLinear) Forward(y, x *tensor.Tensor) error {
 		return fmt.Errorf("%s: a part of a layer with a shared entry (attention, MLP): call the layer", l.what())
 	}
 	l.e.n = 0
-	if err := layers.CheckParams(l.what(), l.Params()...); err != nil {
+	if err := checkParams(l.what(), l.Params()...); err != nil {
 		return err
 	}
 	dt := l.W.W.DType()
-	n, err := layers.CheckRows(l.b, l.what(), "input x", x, dt, l.In)
+	n, err := layerkit.CheckRows(l.b, l.what(), "input x", x, dt, l.In)
 	if err != nil {
 		return err
 	}
@@ -148,19 +149,19 @@ func (l *ColumnParallelLinear) Forward(y, x *tensor.Tensor) error {
 	if l.par.SequenceParallel {
 		N = n * l.par.Size()
 	}
-	if err := layers.CheckRowsN(l.b, l.what(), "output y", y, dt, l.outWidth(), N, "the tokens of the region"); err != nil {
+	if err := layerkit.CheckRowsN(l.b, l.what(), "output y", y, dt, l.outWidth(), N, "the tokens of the region"); err != nil {
 		return err
 	}
-	if err := layers.CheckApart(l.what(), "output y", y, "input x", x); err != nil {
+	if err := layerkit.CheckApart(l.what(), "output y", y, "input x", x); err != nil {
 		return err
 	}
-	y2 := layers.Reshape(y, N, l.outWidth())
+	y2 := layerkit.Reshape(y, N, l.outWidth())
 	yl := y2
 	if l.GatherOutput {
-		l.yl = layers.Ensure(l.b, l.yl, dt, N, l.LocalOut)
+		l.yl = layerkit.Ensure(l.b, l.yl, dt, N, l.LocalOut)
 		yl = l.yl
 	}
-	if err := l.e.forward(layers.Reshape(x, n, l.In), []*tensor.Tensor{yl}); err != nil {
+	if err := l.e.forward(layerkit.Reshape(x, n, l.In), []*tensor.Tensor{yl}); err != nil {
 		return err
 	}
 	if l.GatherOutput {
@@ -170,7 +171,7 @@ func (l *ColumnParallelLinear) Forward(y, x *tensor.Tensor) error {
 			return fmt.Errorf("%s forward: %w", l.what(), err)
 		}
 	}
-	return layers.Sticky(l.b, l.what(), "forward")
+	return layerkit.Sticky(l.b, l.what(), "forward")
 }
 
 // Backward overwrites dx (shaped like the forward's x) with ∂L/∂x and adds
@@ -180,25 +181,25 @@ func (l *ColumnParallelLinear) Backward(dx, dy *tensor.Tensor) error {
 		return fmt.Errorf("%s: %w", l.what(), errNoForward)
 	}
 	dt, n, N := l.W.W.DType(), l.e.n, l.e.xFull.Dim(0)
-	if err := layers.CheckRowsN(l.b, l.what(), "output gradient dy", dy, dt, l.outWidth(), N, "like the forward's output"); err != nil {
+	if err := layerkit.CheckRowsN(l.b, l.what(), "output gradient dy", dy, dt, l.outWidth(), N, "like the forward's output"); err != nil {
 		return err
 	}
-	if err := layers.CheckRowsN(l.b, l.what(), "input gradient dx", dx, dt, l.In, n, "like the forward's input"); err != nil {
+	if err := layerkit.CheckRowsN(l.b, l.what(), "input gradient dx", dx, dt, l.In, n, "like the forward's input"); err != nil {
 		return err
 	}
-	if err := layers.CheckApart(l.what(), "input gradient dx", dx, "output gradient dy", dy); err != nil {
+	if err := layerkit.CheckApart(l.what(), "input gradient dx", dx, "output gradient dy", dy); err != nil {
 		return err
 	}
-	dyl := layers.Reshape(dy, N, l.outWidth())
+	dyl := layerkit.Reshape(dy, N, l.outWidth())
 	if l.GatherOutput {
-		l.dyl = layers.Ensure(l.b, l.dyl, dt, N, l.LocalOut)
+		l.dyl = layerkit.Ensure(l.b, l.dyl, dt, N, l.LocalOut)
 		s := l.par.Stream
 		if err := wait(s)(overlap.GatherFromRegionBackward(l.b, l.par.Group, l.dyl, dyl, s)); err != nil {
 			return fmt.Errorf("%s backward: %w", l.what(), err)
 		}
 		dyl = l.dyl
 	}
-	return l.e.backward(layers.Reshape(dx, n, l.In), []*tensor.Tensor{dyl})
+	return l.e.backward(layerkit.Reshape(dx, n, l.In), []*tensor.Tensor{dyl})
 }
 
 // RowConfig describes a row-parallel linear layer: y = x·Wᵀ (+ bias) with
@@ -283,11 +284,11 @@ func (l *RowParallelLinear) what() string { return "tp: row-parallel linear " + 
 // sequence parallelism — from x (N, In/P). Leading dims are flattened.
 func (l *RowParallelLinear) Forward(y, x *tensor.Tensor) error {
 	l.n = 0
-	if err := layers.CheckParams(l.what(), l.Params()...); err != nil {
+	if err := checkParams(l.what(), l.Params()...); err != nil {
 		return err
 	}
 	dt := l.W.W.DType()
-	N, err := layers.CheckRows(l.b, l.what(), "input x", x, dt, l.LocalIn)
+	N, err := layerkit.CheckRows(l.b, l.what(), "input x", x, dt, l.LocalIn)
 	if err != nil {
 		return err
 	}
@@ -295,14 +296,14 @@ func (l *RowParallelLinear) Forward(y, x *tensor.Tensor) error {
 	if err != nil {
 		return err
 	}
-	if err := layers.CheckRowsN(l.b, l.what(), "output y", y, dt, l.Out, n, "this rank's tokens"); err != nil {
+	if err := layerkit.CheckRowsN(l.b, l.what(), "output y", y, dt, l.Out, n, "this rank's tokens"); err != nil {
 		return err
 	}
-	if err := layers.CheckApart(l.what(), "output y", y, "input x", x); err != nil {
+	if err := layerkit.CheckApart(l.what(), "output y", y, "input x", x); err != nil {
 		return err
 	}
-	x2, y2 := layers.Reshape(x, N, l.LocalIn), layers.Reshape(y, n, l.Out)
-	if err := layers.Sticky(l.b, l.what(), "forward"); err != nil {
+	x2, y2 := layerkit.Reshape(x, N, l.LocalIn), layerkit.Reshape(y, n, l.Out)
+	if err := layerkit.Sticky(l.b, l.what(), "forward"); err != nil {
 		return err
 	}
 	if l.par.SequenceParallel {
@@ -316,7 +317,7 @@ func (l *RowParallelLinear) Forward(y, x *tensor.Tensor) error {
 		l.b.AddBias(y2, l.Bias.W)
 	}
 	l.x, l.n = x2, N
-	return layers.Sticky(l.b, l.what(), "forward")
+	return layerkit.Sticky(l.b, l.what(), "forward")
 }
 
 // Backward overwrites dx (N, In/P) with ∂L/∂x and adds the parameters'
@@ -327,32 +328,32 @@ func (l *RowParallelLinear) Backward(dx, dy *tensor.Tensor) error {
 	}
 	dt, N := l.W.W.DType(), l.n
 	n, _ := l.par.seqRows(l.what(), N)
-	if err := layers.CheckRowsN(l.b, l.what(), "output gradient dy", dy, dt, l.Out, n, "like the forward's output"); err != nil {
+	if err := layerkit.CheckRowsN(l.b, l.what(), "output gradient dy", dy, dt, l.Out, n, "like the forward's output"); err != nil {
 		return err
 	}
-	if err := layers.CheckRowsN(l.b, l.what(), "input gradient dx", dx, dt, l.LocalIn, N, "like the forward's input"); err != nil {
+	if err := layerkit.CheckRowsN(l.b, l.what(), "input gradient dx", dx, dt, l.LocalIn, N, "like the forward's input"); err != nil {
 		return err
 	}
-	if err := layers.CheckApart(l.what(), "input gradient dx", dx, "output gradient dy", dy); err != nil {
+	if err := layerkit.CheckApart(l.what(), "input gradient dx", dx, "output gradient dy", dy); err != nil {
 		return err
 	}
-	dx2, dy2 := layers.Reshape(dx, N, l.LocalIn), layers.Reshape(dy, n, l.Out)
+	dx2, dy2 := layerkit.Reshape(dx, N, l.LocalIn), layerkit.Reshape(dy, n, l.Out)
 	if l.Bias != nil {
 		l.b.SumRows(l.Bias.G, dy2) // partial under SP: this rank's tokens
 	}
-	if err := layers.Sticky(l.b, l.what(), "backward"); err != nil {
+	if err := layerkit.Sticky(l.b, l.what(), "backward"); err != nil {
 		return err
 	}
 	if l.par.SequenceParallel {
 		if err := wait(l.par.Stream)(l.mmrs.Backward(dx2, l.W.G, dy2, l.x, l.W.W)); err != nil {
 			return fmt.Errorf("%s backward: %w", l.what(), err)
 		}
-		return layers.Sticky(l.b, l.what(), "backward")
+		return layerkit.Sticky(l.b, l.what(), "backward")
 	}
 	// the all-reduce's adjoint is the identity: the local matmuls alone
 	l.b.MatMul(dx2, dy2, l.W.W, false, false, 1, 0) // dx = dy·W
 	l.b.MatMul(l.W.G, dy2, l.x, true, false, 1, 1)  // dW += dyᵀ·x
-	return layers.Sticky(l.b, l.what(), "backward")
+	return layerkit.Sticky(l.b, l.what(), "backward")
 }
 
 // addLinearWeight checks the arguments of a parallel linear layer of In =

@@ -2,6 +2,7 @@ package tp
 
 import (
 	"fmt"
+	"github.com/asynctp/asynctp/internal/layerkit"
 
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/parallel/shard"
@@ -80,18 +81,18 @@ func (m *MLP) what() string { return "tp: mlp " + m.Name }
 // tokens, under sequence parallelism. Leading dims are flattened.
 func (m *MLP) Forward(out, x *tensor.Tensor) error {
 	m.n = 0
-	if err := layers.CheckParams(m.what(), m.Params()...); err != nil {
+	if err := checkParams(m.what(), m.Params()...); err != nil {
 		return err
 	}
 	dt := m.Gate.W.W.DType()
-	n, err := layers.CheckRows(m.b, m.what(), "input x", x, dt, m.Dim)
+	n, err := layerkit.CheckRows(m.b, m.what(), "input x", x, dt, m.Dim)
 	if err != nil {
 		return err
 	}
-	if err := layers.CheckRowsN(m.b, m.what(), "output", out, dt, m.Dim, n, "like the input"); err != nil {
+	if err := layerkit.CheckRowsN(m.b, m.what(), "output", out, dt, m.Dim, n, "like the input"); err != nil {
 		return err
 	}
-	if err := layers.CheckApart(m.what(), "output", out, "input x", x); err != nil {
+	if err := layerkit.CheckApart(m.what(), "output", out, "input x", x); err != nil {
 		return err
 	}
 	N := n
@@ -99,15 +100,15 @@ func (m *MLP) Forward(out, x *tensor.Tensor) error {
 		N = n * m.par.Size()
 	}
 	gu := m.act.InputsPacked(dt, N, m.LocalHidden) // [gate | up] of the local features, one GEMM (the entry is stacked)
-	if err := m.e.forward(layers.Reshape(x, n, m.Dim), []*tensor.Tensor{gu}); err != nil {
+	if err := m.e.forward(layerkit.Reshape(x, n, m.Dim), []*tensor.Tensor{gu}); err != nil {
 		return err
 	}
 	h := m.act.Forward()
-	if err := m.Down.Forward(layers.Reshape(out, n, m.Dim), h); err != nil {
+	if err := m.Down.Forward(layerkit.Reshape(out, n, m.Dim), h); err != nil {
 		return err
 	}
 	m.n = n
-	return layers.Sticky(m.b, m.what(), "forward")
+	return layerkit.Sticky(m.b, m.what(), "forward")
 }
 
 // Backward overwrites dx (shaped like the forward's x) with ∂L/∂x and adds
@@ -117,18 +118,18 @@ func (m *MLP) Backward(dx, dout *tensor.Tensor) error {
 		return fmt.Errorf("%s: %w", m.what(), errNoForward)
 	}
 	dt, n := m.Gate.W.W.DType(), m.n
-	if err := layers.CheckRowsN(m.b, m.what(), "output gradient", dout, dt, m.Dim, n, "like the forward's output"); err != nil {
+	if err := layerkit.CheckRowsN(m.b, m.what(), "output gradient", dout, dt, m.Dim, n, "like the forward's output"); err != nil {
 		return err
 	}
-	if err := layers.CheckRowsN(m.b, m.what(), "input gradient dx", dx, dt, m.Dim, n, "like the forward's input"); err != nil {
+	if err := layerkit.CheckRowsN(m.b, m.what(), "input gradient dx", dx, dt, m.Dim, n, "like the forward's input"); err != nil {
 		return err
 	}
-	if err := layers.CheckApart(m.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
+	if err := layerkit.CheckApart(m.what(), "input gradient dx", dx, "output gradient", dout); err != nil {
 		return err
 	}
 	dh := m.act.OutputGrad()
-	if err := m.Down.Backward(dh, layers.Reshape(dout, n, m.Dim)); err != nil {
+	if err := m.Down.Backward(dh, layerkit.Reshape(dout, n, m.Dim)); err != nil {
 		return err
 	}
-	return m.e.backward(layers.Reshape(dx, n, m.Dim), []*tensor.Tensor{m.act.BackwardPacked()})
+	return m.e.backward(layerkit.Reshape(dx, n, m.Dim), []*tensor.Tensor{m.act.BackwardPacked()})
 }

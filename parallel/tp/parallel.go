@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/internal/layerkit"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/parallel/shard"
@@ -125,4 +126,16 @@ var errNoForward = errors.New("Backward without a successful Forward")
 func (p Parallel) part() Parallel {
 	p.shared = true
 	return p
+}
+
+// checkParams fails when a layer's parameters are not materialized yet.
+func checkParams(layer string, ps ...*layers.Param) error {
+	for _, p := range ps {
+		if p != nil {
+			if err := layerkit.CheckMaterialized(layer, p.Name, p.W); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }

@@ -2,6 +2,7 @@ package tp
 
 import (
 	"fmt"
+	"github.com/asynctp/asynctp/internal/layerkit"
 
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/layers"
@@ -130,8 +131,8 @@ func (e *entry) forward(x *tensor.Tensor, outs []*tensor.Tensor) error {
 	}
 	if e.par.SequenceParallel {
 		N := n * e.par.Size()
-		e.gathered = layers.Ensure(b, e.gathered, dt, N, e.in)
-		if err := layers.Sticky(b, e.what, "forward"); err != nil {
+		e.gathered = layerkit.Ensure(b, e.gathered, dt, N, e.in)
+		if err := layerkit.Sticky(b, e.what, "forward"); err != nil {
 			return err
 		}
 		if err := e.agmm.Forward(outs, e.gathered, x, e.weights()); err != nil {
@@ -152,7 +153,7 @@ func (e *entry) forward(x *tensor.Tensor, outs []*tensor.Tensor) error {
 		}
 	}
 	e.x, e.n = x, n
-	return layers.Sticky(b, e.what, "forward")
+	return layerkit.Sticky(b, e.what, "forward")
 }
 
 // backward overwrites dx (n, In) with ∂L/∂x and adds the weight gradients,
@@ -169,7 +170,7 @@ func (e *entry) backward(dx *tensor.Tensor, douts []*tensor.Tensor) error {
 			}
 		}
 	}
-	if err := layers.Sticky(b, e.what, "backward"); err != nil {
+	if err := layerkit.Sticky(b, e.what, "backward"); err != nil {
 		return err
 	}
 	var work comm.Work
@@ -190,5 +191,5 @@ func (e *entry) backward(dx *tensor.Tensor, douts []*tensor.Tensor) error {
 	if err != nil {
 		return fmt.Errorf("%s backward: %w", e.what, err)
 	}
-	return layers.Sticky(b, e.what, "backward")
+	return layerkit.Sticky(b, e.what, "backward")
 }

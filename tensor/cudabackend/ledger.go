@@ -16,7 +16,7 @@ import (
 // The memory ledger (WithMemLedger): which code holds the allocator's
 // blocks when the bytes in use peak. Each block is attributed to its call
 // site, the first frame of the allocating goroutine's stack outside the
-// allocator, Zeros and layers.Ensure or the layers' shared workspace (a layer's Ensure of a field, the
+// allocator, Zeros and internal/layerkit.Ensure or the layers' shared workspace (a layer's Ensure of a field, the
 // optimizer's Zeros, an op's scratch); the ledger keeps the bytes in use per
 // site and copies them whenever the total in use reaches a new high. Off (the
 // default) it costs one nil check per allocation and per free.
@@ -55,7 +55,7 @@ func newLedger() *ledger {
 func skipFrame(fn string) bool {
 	switch strings.TrimPrefix(fn, modulePath) {
 	case "tensor/cudabackend.(*Backend).newBuffer", "tensor/cudabackend.(*Backend).Zeros",
-		"tensor/cudabackend.(*Backend).scratch", "layers.Ensure", "layers.(*workspace).ensure":
+		"tensor/cudabackend.(*Backend).scratch", "internal/layerkit.Ensure", "layers.(*workspace).ensure":
 		return true
 	}
 	return strings.HasPrefix(fn, modulePath+"tensor/cudabackend.(*allocator).")

@@ -41,11 +41,11 @@ func routingBatch(t *testing.T) int {
 // backend's router and the reference's, and the reference's top-k gaps.
 func differing(t *testing.T, r, ref *layers.Router) ([]int, []float64) {
 	t.Helper()
-	diff, err := layers.TopKDiff(r.Indices(), ref.Indices(), ref.TopK)
+	diff, err := testutil.TopKDiff(r.Indices(), ref.Indices(), ref.TopK)
 	if err != nil {
 		t.Fatal(err)
 	}
-	gaps, err := layers.TopKGaps(hostValues(t, ref.Probs()), ref.Experts, ref.TopK)
+	gaps, err := testutil.TopKGaps(hostValues(t, ref.Probs()), ref.Experts, ref.TopK)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +141,7 @@ func runRoutingAgreement(t *testing.T, open opener) {
 			}
 		}
 		bfIdx := hostTopK(probs, e, k)
-		bfDiff, err := layers.TopKDiff(bfIdx, ref.Indices(), k)
+		bfDiff, err := testutil.TopKDiff(bfIdx, ref.Indices(), k)
 		if err != nil {
 			t.Fatal(err)
 		}

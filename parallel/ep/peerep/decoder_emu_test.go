@@ -4,6 +4,7 @@ package peerep
 
 import (
 	"fmt"
+	"github.com/asynctp/asynctp/internal/layerkit"
 	"math"
 	"math/rand/v2"
 	"sync"
@@ -27,9 +28,9 @@ type deviceIDs struct {
 }
 
 func (d *deviceIDs) Forward(out, ids *tensor.Tensor) error {
-	d.ids = layers.Ensure(d.b, d.ids, tensor.Int32, ids.Shape()...)
+	d.ids = layerkit.Ensure(d.b, d.ids, tensor.Int32, ids.Shape()...)
 	d.b.Upload(d.ids, ids)
-	return d.e.Forward(layers.Reshape(out, append(ids.Shape().Clone(), d.e.Dim)...), d.ids)
+	return d.e.Forward(layerkit.Reshape(out, append(ids.Shape().Clone(), d.e.Dim)...), d.ids)
 }
 
 func (d *deviceIDs) Backward(dout *tensor.Tensor) error { return d.e.Backward(dout) }

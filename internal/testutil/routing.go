@@ -1,4 +1,4 @@
-package layers
+package testutil
 
 import (
 	"fmt"
@@ -14,7 +14,7 @@ import (
 // f32 CPU reference, two layouts of one model) route a token differently.
 func TopKDiff(idx, ref []int32, k int) ([]int, error) {
 	if k < 1 || len(idx) != len(ref) || len(idx)%k != 0 {
-		return nil, fmt.Errorf("layers: TopKDiff of %d and %d expert ids with K = %d: expected the same number of ids, a multiple of K ≥ 1", len(idx), len(ref), k)
+		return nil, fmt.Errorf("testutil: TopKDiff of %d and %d expert ids with K = %d: expected the same number of ids, a multiple of K ≥ 1", len(idx), len(ref), k)
 	}
 	var diff []int
 	a, b := make([]int32, k), make([]int32, k)
@@ -36,7 +36,7 @@ func TopKDiff(idx, ref []int32, k int) ([]int, error) {
 // with a large gap in the reference points to a bug, not to rounding.
 func TopKGaps(probs []float64, e, k int) ([]float64, error) {
 	if e < 1 || k < 1 || k > e || len(probs)%e != 0 {
-		return nil, fmt.Errorf("layers: TopKGaps of %d values, E = %d, K = %d: expected rows of E values and 1 ≤ K ≤ E", len(probs), e, k)
+		return nil, fmt.Errorf("testutil: TopKGaps of %d values, E = %d, K = %d: expected rows of E values and 1 ≤ K ≤ E", len(probs), e, k)
 	}
 	gaps := make([]float64, len(probs)/e)
 	row := make([]float64, e)
