@@ -213,7 +213,7 @@ func gpuOverlap(cfg Config, c comm.Comm, b tensor.Backend) []overlap.Strategy {
 }
 
 // moeMaxTokens bounds the tokens an MoE layer routes per rank and step (the
-// expert path's buffers, ep.WithMaxTokens): the whole batch of a step, which
+// expert path's buffers, ep.Parallel.MaxTokens): the whole batch of a step, which
 // no rank's slice exceeds. The pipelined expert path sizes its symmetric
 // buffers by it.
 func moeMaxTokens(cfg Config) int { return cfg.Train.Batch * cfg.Train.Seq }

@@ -96,7 +96,7 @@ func run() error {
 	got := make([]result, P)
 	err = local.Run(P, func(c comm.Comm) error {
 		b, ps := cpu.New(), layers.NewParamSet(seed)
-		m, err := ep.New(b, c, ps, "moe", cfg)
+		m, err := ep.New(b, ps, ep.Parallel{Group: c}, "moe", cfg)
 		if err != nil {
 			return err
 		}

@@ -8,7 +8,7 @@ import (
 )
 
 // newDispatcher is the collective ExpertPath as the MoE layer builds it
-// (ep.WithTokenGroup, ep.WithMaxTokens).
+// (ep.Parallel.TokenGroup, ep.Parallel.MaxTokens).
 func newDispatcher(c eptest.Config) (ep.ExpertPath, error) {
 	d, err := ep.NewDispatcher(c.Backend, c.Group, c.Experts, c.Stream)
 	if err != nil {

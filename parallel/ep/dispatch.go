@@ -120,7 +120,7 @@ func (d *Dispatcher) Dispatch(x *tensor.Tensor, l *Layout) (*tensor.Tensor, *Han
 			}
 		}
 		if over >= 0 {
-			return nil, nil, nil, fmt.Errorf("%s: %d tokens on %s, expected at most %d (the maximum tokens per rank the expert path's buffers are sized for: ep.WithMaxTokens)", d.what(), counts[over][E], who, d.maxTokens)
+			return nil, nil, nil, fmt.Errorf("%s: %d tokens on %s, expected at most %d (the maximum tokens per rank the expert path's buffers are sized for: ep.Parallel.MaxTokens)", d.what(), counts[over][E], who, d.maxTokens)
 		}
 	}
 	h, err := PlanStep(l, counts, P, me, d.tokenGroup().Rank())

@@ -88,7 +88,7 @@
 // losses, the statistics and the capacity are over them. In a larger grid
 // the ranks of several EP groups may all bring different tokens of one
 // batch (the sharded model splits the batch over every world rank in its
-// MoE blocks); WithTokenGroup (Dispatcher.SetTokenGroup) names that wider
+// MoE blocks); Parallel.TokenGroup (Dispatcher.SetTokenGroup) names that wider
 // group — comm.Grid's World, whose runs of P consecutive ranks are the EP
 // groups. The count exchange then all-gathers over the token group, so the
 // capacity, the drops (in token-group rank order), the counts and, through
@@ -120,8 +120,8 @@
 //     per rank. With sums (the objective Σ_ranks L_r + AuxLoss), the default
 //     is exact. If every rank adds AuxLoss to its own loss and gradients are
 //     averaged, the aux term would be weighted 1/P too little: construct the
-//     layer WithAuxGradScale(P) (P = the token group's size: the EP group's
-//     unless WithTokenGroup widened it).
+//     layer with Parallel.AuxGradScale = P (P = the token group's size: the EP group's
+//     unless Parallel.TokenGroup widened it).
 //
 // Each rank must bring different tokens: under tensor parallelism without
 // sequence parallelism the ranks of a TP group hold the same tokens, so an

@@ -162,7 +162,7 @@ func runEP(t *testing.T, sc scenario, P int, opts ...local.Option) result {
 	err := local.Run(P, func(c comm.Comm) error {
 		r := c.Rank()
 		b, ps := cpu.New(), layers.NewParamSet(seed)
-		m, err := ep.New(b, c, ps, "moe", sc.cfg)
+		m, err := ep.New(b, ps, ep.Parallel{Group: c}, "moe", sc.cfg)
 		if err != nil {
 			return err
 		}
@@ -358,7 +358,7 @@ func sum(v []int) int {
 func TestShards(t *testing.T) {
 	err := local.Run(2, func(c comm.Comm) error {
 		b, ps := cpu.New(), layers.NewParamSet(1)
-		m, err := ep.New(b, c, ps, "blocks.0.moe", baseCfg)
+		m, err := ep.New(b, ps, ep.Parallel{Group: c}, "blocks.0.moe", baseCfg)
 		if err != nil {
 			return err
 		}
@@ -390,17 +390,29 @@ func TestShards(t *testing.T) {
 func TestErrors(t *testing.T) {
 	err := local.Run(3, func(c comm.Comm) error {
 		b := cpu.New()
-		if _, err := ep.New(b, c, layers.NewParamSet(1), "moe", baseCfg); err == nil || !strings.Contains(err.Error(), "divisible") {
+		if _, err := ep.New(b, layers.NewParamSet(1), ep.Parallel{Group: c}, "moe", baseCfg); err == nil || !strings.Contains(err.Error(), "divisible") {
 			return fmt.Errorf("8 experts over 3 ranks: %v", err)
+		}
+		for _, bad := range []struct {
+			par  ep.Parallel
+			want string
+		}{
+			{ep.Parallel{}, "nil backend or EP group (Parallel.Group)"},
+			{ep.Parallel{Group: c, MaxTokens: -1}, "Parallel.MaxTokens = -1"},
+			{ep.Parallel{Group: c, AuxGradScale: math.NaN()}, "Parallel.AuxGradScale = NaN"},
+		} {
+			if _, err := ep.New(b, layers.NewParamSet(1), bad.par, "moe", baseCfg); err == nil || !strings.Contains(err.Error(), bad.want) {
+				return fmt.Errorf("ep.New with %+v: %v, want an error containing %q", bad.par, err, bad.want)
+			}
 		}
 		var plain tensor.Backend = struct{ tensor.Backend }{b}
 		cfg := baseCfg
 		cfg.Experts = 3
-		if _, err := ep.New(plain, c, layers.NewParamSet(1), "moe", cfg); err == nil || !strings.Contains(err.Error(), "MoEOps") {
+		if _, err := ep.New(plain, layers.NewParamSet(1), ep.Parallel{Group: c}, "moe", cfg); err == nil || !strings.Contains(err.Error(), "MoEOps") {
 			return fmt.Errorf("a backend without MoE ops: %v", err)
 		}
 		ps := layers.NewParamSet(1)
-		m, err := ep.New(b, c, ps, "moe", cfg)
+		m, err := ep.New(b, ps, ep.Parallel{Group: c}, "moe", cfg)
 		if err != nil {
 			return err
 		}

@@ -18,7 +18,7 @@ func Example() {
 	lines := make([]string, 2)
 	err := local.Run(2, func(c comm.Comm) error {
 		b, ps := cpu.New(), layers.NewParamSet(1)
-		m, err := ep.New(b, c, ps, "moe", cfg)
+		m, err := ep.New(b, ps, ep.Parallel{Group: c}, "moe", cfg)
 		if err != nil {
 			return err
 		}

@@ -13,49 +13,47 @@ import (
 	"github.com/asynctp/asynctp/tensor"
 )
 
-// Option configures an MoE layer.
-type Option func(*options)
-
-type options struct {
-	stream       comm.Stream
-	auxGradScale float64
-	tokens       comm.Comm
-	overlap      *overlap.Chooser
-	maxTokens    int
+// Parallel is how an expert-parallel layer communicates, as tp.Parallel is
+// for a tensor-parallel one: the group it spans, the chooser of its
+// communication site's strategy and the backend's stream, plus what is the
+// expert path's own. It is passed by value to New; nothing is read from
+// globals.
+type Parallel struct {
+	// Group is the EP group (required): its P ranks hold distinct experts,
+	// E/P each, in rank order.
+	Group comm.Comm
+	// Overlap chooses the strategy of the layer's expert-path site
+	// (overlap.KindExpert, named after the layer); nil gives it
+	// overlap.Collective.
+	Overlap *overlap.Chooser
+	// Stream is the stream the backend queues its ops on, the one the
+	// collectives are ordered with (nil on the CPU).
+	Stream comm.Stream
+	// TokenGroup, when set, makes the step's tokens those of the token
+	// group rather than of the EP group alone (Dispatcher.SetTokenGroup):
+	// a group whose consecutive runs of P ranks are the EP groups and
+	// whose ranks all bring different tokens — comm.Grid's World in a
+	// model whose MoE blocks give each rank its own slice of the batch.
+	// The auxiliary losses, the statistics, the capacity and the drops are
+	// then those of the tokens of the whole token group, in its rank
+	// order: the layer over the token group equals layers.MoE over the
+	// concatenation of all its ranks' tokens, once the router's gradients
+	// are summed over the token group and the experts' over the ranks that
+	// hold the same experts. nil: the EP group.
+	TokenGroup comm.Comm
+	// MaxTokens sizes the expert path's persistent buffers for at most
+	// MaxTokens tokens per rank and step, and refuses a step with more
+	// (0: the buffers grow to the largest step seen). The pipelined and
+	// fused expert paths and the device step need it.
+	MaxTokens int
+	// AuxGradScale multiplies the gradient of the auxiliary losses (not
+	// their values); 0 means 1. With 1, summing the router gradients over
+	// the EP group gives the gradient of the group's AuxLoss; if the
+	// gradients are averaged over D ranks instead, and every rank adds
+	// AuxLoss to its own loss, set the size of the token group (see the
+	// package documentation).
+	AuxGradScale float64
 }
-
-// WithStream sets the stream the backend queues its ops on (the stream the
-// collectives are ordered with); nil, the default, is the CPU's.
-func WithStream(s comm.Stream) Option { return func(o *options) { o.stream = s } }
-
-// WithAuxGradScale multiplies the gradient of the auxiliary losses (not
-// their values) by s (default 1). With 1, summing the router gradients over
-// the EP group gives the gradient of the group's AuxLoss; if the gradients
-// are averaged over D ranks instead, and every rank adds AuxLoss to its own
-// loss, pass the size of the token group (the EP group unless
-// WithTokenGroup widens it; see the package documentation).
-func WithAuxGradScale(s float64) Option { return func(o *options) { o.auxGradScale = s } }
-
-// WithTokenGroup makes the step's tokens those of the token group rather
-// than of the EP group alone (Dispatcher.SetTokenGroup): a group whose
-// consecutive runs of P ranks are the EP groups and whose ranks all bring
-// different tokens — comm.Grid's World in a model whose MoE blocks give
-// each rank its own slice of the batch. The auxiliary losses, the
-// statistics, the capacity and the drops are then those of the tokens of
-// the whole token group, in its rank order: the layer over the token group
-// equals layers.MoE over the concatenation of all its ranks' tokens, once
-// the router's gradients are summed over the token group and the experts'
-// over the ranks that hold the same experts.
-func WithTokenGroup(c comm.Comm) Option { return func(o *options) { o.tokens = c } }
-
-// WithOverlap gives the chooser of the layer's expert-path site (its
-// strategy; overlap.KindExpert, named after the layer). nil: collective.
-func WithOverlap(ch *overlap.Chooser) Option { return func(o *options) { o.overlap = ch } }
-
-// WithMaxTokens sizes the expert path's persistent buffers for at most n
-// tokens per rank and step, and refuses a step with more (0: the buffers
-// grow to the largest step seen).
-func WithMaxTokens(n int) Option { return func(o *options) { o.maxTokens = n } }
 
 // MoE is the expert-parallel mixture-of-experts layer: the router
 // replicated on every rank of the EP group, the experts spread over it.
@@ -70,8 +68,8 @@ type MoE struct {
 
 	cfg   layers.MoEConfig
 	b     tensor.Backend
-	group comm.Comm
-	opts  options
+	group comm.Comm // par.Group
+	par   Parallel
 
 	// The last Forward.
 	n      int
@@ -93,29 +91,34 @@ type MoE struct {
 // expert weights, initialised (layers.ShardInit) with exactly the values
 // the unsharded layer gets from the same seed. cfg.Experts must divide by
 // the group size.
-func New(b tensor.Backend, group comm.Comm, ps *layers.ParamSet, name string, cfg layers.MoEConfig, opts ...Option) (*MoE, error) {
+func New(b tensor.Backend, ps *layers.ParamSet, par Parallel, name string, cfg layers.MoEConfig) (*MoE, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("ep: moe %q: %w", name, err)
 	}
 	if ps == nil {
 		return nil, fmt.Errorf("ep: moe %q: nil parameter set", name)
 	}
-	m := &MoE{Name: name, cfg: cfg, b: b, group: group, opts: options{auxGradScale: 1}}
-	for _, o := range opts {
-		o(&m.opts)
+	if par.Group == nil || b == nil {
+		return nil, fmt.Errorf("ep: moe %q: nil backend or EP group (Parallel.Group)", name)
 	}
-	if group == nil || b == nil {
-		return nil, fmt.Errorf("ep: moe %q: nil backend or group", name)
+	switch {
+	case par.MaxTokens < 0:
+		return nil, fmt.Errorf("ep: moe %q: Parallel.MaxTokens = %d, expected ≥ 0 (0: no bound)", name, par.MaxTokens)
+	case !(par.AuxGradScale >= 0) || math.IsInf(par.AuxGradScale, 0):
+		return nil, fmt.Errorf("ep: moe %q: Parallel.AuxGradScale = %v, expected a finite value ≥ 0 (0 means 1)", name, par.AuxGradScale)
+	case par.AuxGradScale == 0:
+		par.AuxGradScale = 1
 	}
+	m := &MoE{Name: name, cfg: cfg, b: b, group: par.Group, par: par}
 	var err error
-	if m.Dispatch, err = newExpertPath(b, group, name, cfg.Experts, cfg.Dim, m.opts); err != nil {
+	if m.Dispatch, err = newExpertPath(b, name, cfg.Experts, cfg.Dim, par); err != nil {
 		return nil, fmt.Errorf("ep: moe %q: %w", name, err)
 	}
 	if m.Router, err = layers.NewRouter(b, ps, name+".router", layers.RouterConfig{Dim: cfg.Dim, Experts: cfg.Experts, TopK: cfg.TopK,
 		Std: cfg.Std, AuxLossCoef: cfg.AuxLossCoef, ZLossCoef: cfg.ZLossCoef}); err != nil {
 		return nil, err
 	}
-	m.Router.AuxGradScale = m.opts.auxGradScale
+	m.Router.AuxGradScale = m.par.AuxGradScale
 	first, count := m.Dispatch.LocalExperts()
 	if m.Experts, err = layers.NewExperts(b, ps, name, layers.ExpertsConfig{Dim: cfg.Dim, Hidden: cfg.Hidden, Experts: cfg.Experts,
 		First: first, Count: count, Std: cfg.Std, OutStd: cfg.OutStd}); err != nil {
@@ -224,7 +227,7 @@ func (m *MoE) Forward(out, x *tensor.Tensor) error {
 		return m.forwardDevice(dp, out2, x2, n)
 	}
 	if fp, ok := d.(FusedOffsets); ok && fp.Fused() {
-		return fmt.Errorf("%s: the fused expert path runs only as the MoE device step, which this layer cannot take: it needs the backend's grouped GEMM for its local experts (tensor.UseGroupedFor; cudabackend.WithGroupedGEMM(true)), a bound on the tokens per rank (WithMaxTokens) and fp32 routing", m.what())
+		return fmt.Errorf("%s: the fused expert path runs only as the MoE device step, which this layer cannot take: it needs the backend's grouped GEMM for its local experts (tensor.UseGroupedFor; cudabackend.WithGroupedGEMM(true)), a bound on the tokens per rank (Parallel.MaxTokens) and fp32 routing", m.what())
 	}
 	m.Router.DeviceStats = false
 
@@ -245,10 +248,10 @@ func (m *MoE) Forward(out, x *tensor.Tensor) error {
 	m.h, m.recv = h, recv
 	// While the rows move: the aux-loss statistics of the whole group.
 	if err := m.globalStats(h); err != nil {
-		work.Wait(m.opts.stream) // recv and the handle's buffers stay the transport's until then
+		work.Wait(m.par.Stream) // recv and the handle's buffers stay the transport's until then
 		return err
 	}
-	if err := work.Wait(m.opts.stream); err != nil {
+	if err := work.Wait(m.par.Stream); err != nil {
 		return fmt.Errorf("%s: dispatch: %w", m.what(), err)
 	}
 	// Local experts on the received rows, in expert order.
@@ -275,7 +278,7 @@ func (m *MoE) Forward(out, x *tensor.Tensor) error {
 }
 
 // globalStats sums the router's load statistics over the token group (the
-// EP group unless WithTokenGroup widened it): the counts come from the
+// EP group unless Parallel.TokenGroup widened it): the counts come from the
 // dispatch's exchange, the probability sums and Σ lse² from an all-reduce.
 // It hands them to the router.
 func (m *MoE) globalStats(h *Handle) error {
@@ -289,7 +292,7 @@ func (m *MoE) globalStats(h *Handle) error {
 		sdt = tensor.Float64
 	}
 	// All-reduce (sum) of the partial sums, the reduce-from-region's forward.
-	if err := hostreduce.AllReduce(m.b, group, sdt, vals, comm.Sum, m.opts.stream); err != nil {
+	if err := hostreduce.AllReduce(m.b, group, sdt, vals, comm.Sum, m.par.Stream); err != nil {
 		return fmt.Errorf("%s: all-reduce of the router statistics: %w", m.what(), err)
 	}
 	g.ProbSums, g.LSESquares = vals[:E], vals[E]
@@ -326,7 +329,7 @@ func (m *MoE) Backward(dx, dout *tensor.Tensor) error {
 	if err != nil {
 		return err
 	}
-	if err := work.Wait(m.opts.stream); err != nil {
+	if err := work.Wait(m.par.Stream); err != nil {
 		return fmt.Errorf("%s: combine backward: %w", m.what(), err)
 	}
 	m.dye = ensure(m.b, m.dye, dt, M, C)

@@ -12,7 +12,7 @@ import (
 
 // The device step of the MoE layer: when its expert path has
 // DeviceOffsets, the backend the grouped GEMM, and the layer a bound on
-// the tokens per rank (WithMaxTokens), Forward and Backward read nothing
+// the tokens per rank (Parallel.MaxTokens), Forward and Backward read nothing
 // back to the host. The router keeps its choices and statistics on the
 // device; one device all-reduce over the token group sums the statistics
 // together with a token mask (P, maxTokens) — 0 for each rank's tokens,
@@ -82,7 +82,7 @@ func (r *statsRead) resolve() error {
 // DeviceStep reports whether Forward and Backward run the device step:
 // the expert path has DeviceOffsets, the experts take the backend's
 // grouped GEMM (tensor.UseGroupedFor), the layer has a bound
-// (WithMaxTokens) and routes in fp32. Otherwise the step reads the
+// (Parallel.MaxTokens) and routes in fp32. Otherwise the step reads the
 // routing and the exchanged counts back to the host.
 func (m *MoE) DeviceStep() bool { return m.devicePath() != nil }
 
@@ -90,7 +90,7 @@ func (m *MoE) DeviceStep() bool { return m.devicePath() != nil }
 // step runs on host counts.
 func (m *MoE) devicePath() DeviceOffsets {
 	dp, ok := m.Dispatch.(DeviceOffsets)
-	if !ok || !m.Experts.Grouped() || m.opts.maxTokens <= 0 || layerkit.RouterDType(m.Router.W.W.DType()) != tensor.Float32 {
+	if !ok || !m.Experts.Grouped() || m.par.MaxTokens <= 0 || layerkit.RouterDType(m.Router.W.W.DType()) != tensor.Float32 {
 		return nil
 	}
 	return dp
@@ -151,9 +151,9 @@ func (m *MoE) forwardDevice(dp DeviceOffsets, out2, x2 *tensor.Tensor, n int) er
 func (m *MoE) deviceStats(n int) error {
 	s, E := m.dev, m.cfg.Experts
 	group := m.Dispatch.TokenGroup()
-	P, me, Mt := group.Size(), group.Rank(), m.opts.maxTokens
+	P, me, Mt := group.Size(), group.Rank(), m.par.MaxTokens
 	if n > Mt {
-		return fmt.Errorf("%s: %d tokens, expected at most %d (ep.WithMaxTokens)", m.what(), n, Mt)
+		return fmt.Errorf("%s: %d tokens, expected at most %d (Parallel.MaxTokens)", m.what(), n, Mt)
 	}
 	S := 2*E + 1
 	f32 := tensor.Float32
@@ -177,9 +177,9 @@ func (m *MoE) deviceStats(n int) error {
 	stats, maskPart := view(s.buf, 0, S), view(s.buf, S, P*Mt)
 	m.b.Copy(stats, m.Router.LocalDevice())
 	m.b.Copy(maskPart, s.mask)
-	w, err := group.AllReduce(s.buf, comm.Sum, m.opts.stream)
+	w, err := group.AllReduce(s.buf, comm.Sum, m.par.Stream)
 	if err == nil {
-		err = w.Wait(m.opts.stream)
+		err = w.Wait(m.par.Stream)
 	}
 	if err != nil {
 		return fmt.Errorf("%s: all-reduce of the router statistics: %w", m.what(), err)

@@ -66,43 +66,44 @@ type ExpertConfig struct {
 	Backend tensor.Backend // the layer's backend
 	Stream  comm.Stream    // the backend's stream (nil on the CPU)
 	Group   comm.Comm      // the EP group
-	Tokens  comm.Comm      // the token group (WithTokenGroup); nil: the EP group
+	Tokens  comm.Comm      // the token group (Parallel.TokenGroup); nil: the EP group
 	Experts int            // the experts over the whole group
 	Cols    int            // the width of a token's row (the model's Dim)
-	// MaxTokens is ep.WithMaxTokens' bound (0: none given).
+	// MaxTokens is Parallel.MaxTokens (0: none given).
 	MaxTokens int
 }
 
 // newExpertPath builds the expert path of a layer: the strategy the chooser
 // picks for the site — collective (*Dispatcher), or a strategy that builds
 // its own path (ExpertStrategy); any other refuses.
-func newExpertPath(b tensor.Backend, group comm.Comm, name string, experts, dim int, o options) (ExpertPath, error) {
-	ch := o.overlap
+func newExpertPath(b tensor.Backend, name string, experts, dim int, par Parallel) (ExpertPath, error) {
+	group := par.Group
+	ch := par.Overlap
 	if ch == nil {
 		ch = overlap.Single(overlap.Collective{})
 	}
-	sp := overlap.Spec{Kind: overlap.KindExpert, Name: name, Group: group, Backend: b, Stream: o.stream,
-		Rows: o.maxTokens, K: dim, Outs: []int{dim}, Experts: experts}
+	sp := overlap.Spec{Kind: overlap.KindExpert, Name: name, Group: group, Backend: b, Stream: par.Stream,
+		Rows: par.MaxTokens, K: dim, Outs: []int{dim}, Experts: experts}
 	s, err := ch.Choose(sp)
 	if err != nil {
 		return nil, err
 	}
 	if es, ok := s.(ExpertStrategy); ok {
-		return es.NewExpertPath(ExpertConfig{Name: name, Backend: b, Stream: o.stream, Group: group, Tokens: o.tokens,
-			Experts: experts, Cols: dim, MaxTokens: o.maxTokens})
+		return es.NewExpertPath(ExpertConfig{Name: name, Backend: b, Stream: par.Stream, Group: group, Tokens: par.TokenGroup,
+			Experts: experts, Cols: dim, MaxTokens: par.MaxTokens})
 	}
 	if s.Name() != (overlap.Collective{}).Name() {
 		return nil, fmt.Errorf("ep: moe %q: strategy %s has no expert path (%w)", name, s.Name(), overlap.ErrUnavailable)
 	}
-	d, err := NewDispatcher(b, group, experts, o.stream)
+	d, err := NewDispatcher(b, group, experts, par.Stream)
 	if err != nil {
 		return nil, err
 	}
-	if err := d.SetTokenGroup(o.tokens); err != nil {
+	if err := d.SetTokenGroup(par.TokenGroup); err != nil {
 		return nil, err
 	}
-	if o.maxTokens > 0 {
-		d.SetMaxTokens(o.maxTokens)
+	if par.MaxTokens > 0 {
+		d.SetMaxTokens(par.MaxTokens)
 	}
 	return d, nil
 }

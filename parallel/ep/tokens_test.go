@@ -51,7 +51,7 @@ func TestTokenGroup(t *testing.T) {
 					defer g.Close()
 					r := c.Rank()
 					b, ps := cpu.New(), layers.NewParamSet(seed)
-					m, err := ep.New(b, g.EPGroup, ps, "moe", sc.cfg, ep.WithTokenGroup(g.World))
+					m, err := ep.New(b, ps, ep.Parallel{Group: g.EPGroup, TokenGroup: g.World}, "moe", sc.cfg)
 					if err != nil {
 						return err
 					}
@@ -134,7 +134,7 @@ func TestTokenGroupErrors(t *testing.T) {
 		// The DP group (ranks 0, 2 or 1, 3) as the token group of the EP
 		// group (0, 1 or 2, 3): its ranks modulo 2 are not the EP ranks on
 		// every rank.
-		_, err = ep.New(b, g.EPGroup, layers.NewParamSet(1), "moe", baseCfg, ep.WithTokenGroup(g.DPGroup))
+		_, err = ep.New(b, layers.NewParamSet(1), ep.Parallel{Group: g.EPGroup, TokenGroup: g.DPGroup}, "moe", baseCfg)
 		if c.Rank() == 1 || c.Rank() == 2 {
 			if err == nil {
 				return fmt.Errorf("rank %d: the DP group accepted as the token group", c.Rank())

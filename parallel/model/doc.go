@@ -40,7 +40,7 @@
 // backward is an all-gather) and all-gathers the outputs (whose backward
 // is a split). So in an MoE block world rank r routes the tokens
 // [r·N/W, (r+1)·N/W) of the global batch of N tokens, and the world is the
-// layer's token group (ep.WithTokenGroup): the auxiliary losses, router
+// layer's token group (ep.Parallel.TokenGroup): the auxiliary losses, router
 // statistics, capacity and drops are those of the whole global batch, in
 // token order, as layers.GPT computes them.
 //
@@ -77,7 +77,7 @@
 // EDP adds the other groups'. The loss is the global mean cross-entropy
 // plus the MoE blocks' AuxLoss (one value for the global batch); each rank
 // adds the aux gradient for its own tokens and the reductions are sums, so
-// the gradient of the aux term comes out whole (ep.WithAuxGradScale stays
+// the gradient of the aux term comes out whole (ep.Parallel.AuxGradScale stays
 // 1). GradSumSquares counts each parameter once: the TP shards' Σ g²
 // summed over the TP group, the expert shards' over the EP group, the
 // replicated ones taken once, nothing over DP or EDP.

@@ -31,7 +31,7 @@ type Options struct {
 	// ops on the device, without host synchronisation.
 	Stream comm.Stream
 	// MaxTokens bounds the tokens per rank of every MoE layer's step
-	// (ep.WithMaxTokens): the size of the expert path's buffers, which the
+	// (ep.Parallel.MaxTokens): the size of the expert path's buffers, which the
 	// pipelined expert path (parallel/ep/peerep) needs. 0: none.
 	MaxTokens int
 }

@@ -57,10 +57,9 @@ func newMoEBlock(b tensor.Backend, ps *layers.ParamSet, par tp.Parallel, grid *c
 	f := &moeFFN{what: "model: moe block " + name, b: b, par: par, split: grid.TP > 1 && !par.SequenceParallel}
 	blk, err := tp.NewBlockWith(b, ps, par, name, bc, func() (tp.FeedForward, error) {
 		// Gradients are summed over the ranks (not averaged), so the aux
-		// term's gradient needs no scale (ep.WithAuxGradScale's default).
+		// term's gradient needs no scale (ep.Parallel.AuxGradScale's default).
 		var err error
-		f.moe, err = ep.New(b, grid.EPGroup, ps, name+".moe", mc, ep.WithStream(par.Stream), ep.WithTokenGroup(grid.World),
-			ep.WithOverlap(par.Overlap), ep.WithMaxTokens(maxTokens))
+		f.moe, err = ep.New(b, ps, ep.Parallel{Group: grid.EPGroup, Stream: par.Stream, TokenGroup: grid.World, Overlap: par.Overlap, MaxTokens: maxTokens}, name+".moe", mc)
 		return f, err
 	})
 	if err != nil {

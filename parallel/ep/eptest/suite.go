@@ -25,7 +25,7 @@ type Config struct {
 	Tokens  comm.Comm
 	Experts int
 	// The shape of every step of the path: at most MaxTokens tokens per
-	// rank (what ep.WithMaxTokens passes), TopK choices, rows of Cols
+	// rank (what ep.Parallel.MaxTokens passes), TopK choices, rows of Cols
 	// features in DType. An implementation with buffers of a fixed size
 	// sizes them from these and refuses a step over MaxTokens.
 	MaxTokens, TopK, Cols int

@@ -88,11 +88,11 @@ func benchInput(s moeShape, rank, which int) []float64 {
 // materialized in dt from seed 7, and this rank's random inputs.
 func newBenchLayer(b tensor.Backend, g comm.Comm, stream comm.Stream, s moeShape, dt tensor.DType, st overlap.Strategy) (*benchLayer, error) {
 	ps := layers.NewParamSet(7)
-	opts := []ep.Option{ep.WithMaxTokens(s.N), ep.WithStream(stream)}
+	par := ep.Parallel{Group: g, MaxTokens: s.N, Stream: stream}
 	if st != nil {
-		opts = append(opts, ep.WithOverlap(overlap.Single(st)))
+		par.Overlap = overlap.Single(st)
 	}
-	m, err := ep.New(b, g, ps, "bench.moe", benchConfig(s), opts...)
+	m, err := ep.New(b, ps, par, "bench.moe", benchConfig(s))
 	if err != nil {
 		return nil, err
 	}

@@ -11,7 +11,6 @@ import (
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/overlap"
-	"github.com/asynctp/asynctp/parallel/ep"
 	"github.com/asynctp/asynctp/tensor"
 )
 
@@ -73,8 +72,8 @@ func bitsRun(t *testing.T, P int, cfg layers.MoEConfig, dt tensor.DType, tokens 
 	st func(bar *barrier) overlap.Strategy) []moeResult {
 	t.Helper()
 	return moeRun(t, P, cfg, dt, tokens, maxTok, steps, moeRunOpts{st: st, params: 23, rng: [2]uint64{5, 77},
-		wrap:  func(c *symComm) comm.Comm { return &devComm{c} },
-		extra: []ep.Option{ep.WithAuxGradScale(float64(P))}})
+		wrap: func(c *symComm) comm.Comm { return &devComm{c} },
+		aux:  float64(P)})
 }
 
 // TestEmuDeviceStepBitsMatchCollective: the pipelined path's device step

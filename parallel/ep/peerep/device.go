@@ -38,7 +38,7 @@ func (p *Path) dispatchDevice(x, idx *tensor.Tensor, capacityFactor float64, fus
 		return nil, nil, fmt.Errorf("%s: top-%d of %d experts", p.what(), K, p.experts)
 	}
 	if N > p.maxTokens {
-		return nil, nil, fmt.Errorf("%s: %d tokens on this rank, expected at most %d (the maximum tokens per rank the expert path's buffers are sized for: ep.WithMaxTokens)", p.what(), N, p.maxTokens)
+		return nil, nil, fmt.Errorf("%s: %d tokens on this rank, expected at most %d (the maximum tokens per rank the expert path's buffers are sized for: ep.Parallel.MaxTokens)", p.what(), N, p.maxTokens)
 	}
 	if err := p.ensure(K, C, x.DType()); err != nil {
 		return nil, nil, err

@@ -104,7 +104,7 @@
 // # Buffers and the bound
 //
 // Symmetric buffers are sized by the maximum tokens per rank
-// (ep.WithMaxTokens, required: without it the strategy is unavailable
+// (ep.Parallel.MaxTokens, required: without it the strategy is unavailable
 // for the site), allocated at the first Dispatch (a world collective, at
 // the same call on every rank) and again when the top-k, the width or the
 // dtype changes. A step over the bound is refused by every rank together:

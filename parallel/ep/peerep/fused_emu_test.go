@@ -36,7 +36,7 @@ type moeRunOpts struct {
 	st     func(bar *barrier) overlap.Strategy // the expert path's strategy; nil: the collective dispatcher
 	check  func(rank int, b *cudabackend.Backend, m *ep.MoE) error
 	wrap   func(c *symComm) comm.Comm // the rank's communicator around its symComm; nil: the symComm
-	extra  []ep.Option                // after WithMaxTokens and WithStream
+	aux    float64                    // ep.Parallel.AuxGradScale (0: its default)
 	params uint64                     // the parameter set's seed
 	rng    [2]uint64                  // the inputs' seeds (rank r: rng[0] + r, rng[1])
 }
@@ -62,12 +62,12 @@ func moeRun(t *testing.T, P int, cfg layers.MoEConfig, dt tensor.DType, tokens [
 		if o.wrap != nil {
 			c = o.wrap(sc)
 		}
-		opts := append([]ep.Option{ep.WithMaxTokens(maxTok), ep.WithStream(b.Stream())}, o.extra...)
+		par := ep.Parallel{Group: c, MaxTokens: maxTok, Stream: b.Stream(), AuxGradScale: o.aux}
 		if o.st != nil {
-			opts = append(opts, ep.WithOverlap(overlap.Single(o.st(bar))))
+			par.Overlap = overlap.Single(o.st(bar))
 		}
 		ps := layers.NewParamSet(o.params)
-		m, err := ep.New(b, c, ps, "moe", cfg, opts...)
+		m, err := ep.New(b, ps, par, "moe", cfg)
 		if err != nil {
 			return err
 		}
@@ -479,8 +479,7 @@ func TestEmuFusedNeedsDeviceStep(t *testing.T) {
 		}
 		ps := layers.NewParamSet(3)
 		cfg := layers.MoEConfig{Dim: 8, Hidden: 8, Experts: 2, TopK: 1, Std: 0.5, OutStd: 0.3}
-		m, err := ep.New(b, c2, ps, "moe", cfg, ep.WithMaxTokens(4), ep.WithStream(b.Stream()),
-			ep.WithOverlap(overlap.Single(unchecked{f})))
+		m, err := ep.New(b, ps, ep.Parallel{Group: c2, MaxTokens: 4, Stream: b.Stream(), Overlap: overlap.Single(unchecked{f})}, "moe", cfg)
 		if err != nil {
 			return err
 		}

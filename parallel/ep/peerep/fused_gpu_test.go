@@ -91,11 +91,11 @@ func runLayer(b tensor.Backend, g comm.Comm, stream comm.Stream, c fusedCase, st
 	cfg.CapacityFactor = c.cf
 	cfg.Std = 0.5 // a router far from uniform: uneven routing, empty experts
 	ps := layers.NewParamSet(13)
-	opts := []ep.Option{ep.WithMaxTokens(c.s.N), ep.WithStream(stream)}
+	par := ep.Parallel{Group: g, MaxTokens: c.s.N, Stream: stream}
 	if st != nil {
-		opts = append(opts, ep.WithOverlap(overlap.Single(st)))
+		par.Overlap = overlap.Single(st)
 	}
-	m, err := ep.New(b, g, ps, "fused.moe", cfg, opts...)
+	m, err := ep.New(b, ps, par, "fused.moe", cfg)
 	if err != nil {
 		return nil, err
 	}

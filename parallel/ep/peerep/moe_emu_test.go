@@ -136,8 +136,7 @@ func TestEmuMoEDeviceStep(t *testing.T) {
 						defer b.Close()
 						c := &countedComm{symComm: &symComm{Comm: world, b: b, reg: reg, mine: map[uint64]int{}}, reads: reads}
 						ps := layers.NewParamSet(11)
-						m, err := ep.New(b, c, ps, "moe", cfg, ep.WithMaxTokens(maxTok), ep.WithStream(b.Stream()),
-							ep.WithOverlap(overlap.Single(Pipelined{Options: []Option{WithBeforeWait(bar.wait)}})))
+						m, err := ep.New(b, ps, ep.Parallel{Group: c, MaxTokens: maxTok, Stream: b.Stream(), Overlap: overlap.Single(Pipelined{Options: []Option{WithBeforeWait(bar.wait)}})}, "moe", cfg)
 						if err != nil {
 							return err
 						}
@@ -178,7 +177,7 @@ func TestEmuMoEDeviceStep(t *testing.T) {
 						return nil
 					}
 					b, ps := cpu.New(), layers.NewParamSet(11)
-					m, err := ep.New(b, c, ps, "moe", cfg, ep.WithMaxTokens(maxTok))
+					m, err := ep.New(b, ps, ep.Parallel{Group: c, MaxTokens: maxTok}, "moe", cfg)
 					if err != nil {
 						return err
 					}

@@ -264,7 +264,7 @@ func (p *Path) Dispatch(x *tensor.Tensor, l *ep.Layout) (*tensor.Tensor, *ep.Han
 		}
 		_ = over
 		p.eng.Release()
-		return nil, nil, nil, fmt.Errorf("%s: %d tokens on %s, expected at most %d (the maximum tokens per rank the expert path's buffers are sized for: ep.WithMaxTokens)", p.what(), n, who, p.maxTokens)
+		return nil, nil, nil, fmt.Errorf("%s: %d tokens on %s, expected at most %d (the maximum tokens per rank the expert path's buffers are sized for: ep.Parallel.MaxTokens)", p.what(), n, who, p.maxTokens)
 	}
 	rows := make([][]int, P)
 	for q := range P {

@@ -22,7 +22,7 @@ var _ ep.ExpertStrategy = Pipelined{}
 
 // Supports the TP sites as peercopy.Pipelined does; the expert path needs
 // the CUDA backend, a group with symmetric memory and a
-// bound on the tokens per rank (ep.WithMaxTokens; the spec's Rows).
+// bound on the tokens per rank (ep.Parallel.MaxTokens; the spec's Rows).
 func (p Pipelined) Supports(sp overlap.Spec) error {
 	if sp.Kind != overlap.KindExpert {
 		return p.Pipelined.Supports(sp)
@@ -45,7 +45,7 @@ func env(b any, g comm.Comm, name string, maxTokens int) (*cudabackend.Backend, 
 		return nil, nil, fmt.Errorf("%s: group %s has no symmetric memory (comm.SymmetricMemory: the NVSHMEM transport has it) (%w)", what, g.Name(), overlap.ErrUnavailable)
 	}
 	if maxTokens <= 0 {
-		return nil, nil, fmt.Errorf("%s: its symmetric buffers are sized by a maximum of tokens per rank, and the layer has none (ep.WithMaxTokens) (%w)", what, overlap.ErrUnavailable)
+		return nil, nil, fmt.Errorf("%s: its symmetric buffers are sized by a maximum of tokens per rank, and the layer has none (ep.Parallel.MaxTokens) (%w)", what, overlap.ErrUnavailable)
 	}
 	return cb, sm, nil
 }
