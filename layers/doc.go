@@ -12,7 +12,9 @@
 // parameters first, so an optimizer can treat the model as two flat vectors.
 // Initial values are drawn on the host from a PCG generator seeded by the
 // set's seed and a hash of the parameter's name: they depend neither on the
-// order of construction nor on the device.
+// order of construction nor on the device. The zero ParamSet is an empty set
+// of seed 0; a weight's standard deviation must be > 0 (Init: Constant(0)
+// asks for zeros).
 //
 // # Conventions
 //
@@ -28,6 +30,10 @@
 //     parameters' gradients, following tensor.Backend. The caller must keep
 //     the forward's inputs unchanged until the backward has run, and dx must
 //     not alias dout.
+//   - Layer is that contract as an interface (Forward, Backward, Params):
+//     Linear, MLP, Attention, Block, RMSNorm and MoE have it, as do the
+//     tensor-parallel linears and MLP and the expert-parallel MoE, so a
+//     program composes its own model from any of them.
 //   - Errors, not panics: bad shapes, dtypes, token ids and lengths are
 //     checked before any op is issued, and the error says what was expected
 //     and what was found. At the end of each Forward and Backward the
