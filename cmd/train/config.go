@@ -275,11 +275,6 @@ func loadConfigIn(args []string, l origin) (Config, error) {
 	if cfg.explicit, err = explicitFields(file, set); err != nil {
 		return Config{}, fmt.Errorf("config %s: %w", fv.config, err)
 	}
-	preset := mk()
-	preset.Model = preset.Model.WithDefaults()
-	if err := cfg.checkTakesEffect(set, &preset, fv.config); err != nil {
-		return Config{}, err
-	}
 	cfg.Train.Seq = cfg.Model.Seq // one sequence length: the model's
 	if p := &cfg.Parallel; p.World == 0 && p.DP == 0 {
 		// The world defaults to the processes there are (dp = world / tp).
@@ -290,7 +285,14 @@ func loadConfigIn(args []string, l origin) (Config, error) {
 			p.World = p.NProc
 		}
 	}
-	return cfg, cfg.validate(l)
+	if err := cfg.validate(l); err != nil {
+		return cfg, err
+	}
+	// What cannot take effect is judged on the resolved configuration
+	// (the layout, the transport), after the values themselves passed.
+	preset := mk()
+	preset.Model = preset.Model.WithDefaults()
+	return cfg, cfg.checkTakesEffect(set, &preset, fv.config, l)
 }
 
 func applyFlags(cfg *Config, fv *flagValues, set map[string]bool) {

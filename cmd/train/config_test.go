@@ -143,6 +143,9 @@ func TestConfigFieldsWithoutEffect(t *testing.T) {
 		{`{}`, []string{"--topk", "2"}, "--topk 2 cannot take effect"},
 		{`{}`, []string{"--capacity-factor", "1.5"}, "--capacity-factor"},
 		{`{}`, []string{"--val-fraction", "0", "--eval-batches", "3"}, "--eval-batches 3"},
+		{`{}`, []string{"--autotune-cache", "x.json"}, "--autotune-cache x.json cannot take effect"},
+		{`{}`, []string{"--comm-timeout", "1m"}, "--comm-timeout 1m0s cannot take effect"},
+		{`{"parallel": {"comm_timeout": "2m"}}`, nil, "parallel.comm_timeout 2m0s"},
 	} {
 		_, err := loadConfig(append([]string{"--config", writeConfig(t, tc.body)}, tc.args...))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -161,6 +164,9 @@ func TestConfigFieldsWithoutEffect(t *testing.T) {
 		{`{}`, []string{"--model", "tiny-moe", "--topk", "1"}},
 		{`{"train": {"eval_every": 7}}`, nil},
 		{`{"train": {"val_fraction": 0, "eval_every": 20, "eval_batches": 4}}`, nil}, // the preset's values, as config.json repeats them
+		{`{}`, []string{"--overlap", "auto", "--autotune-cache", "x.json"}},
+		{`{}`, []string{"--tp", "2", "--comm-timeout", "1m"}},
+		{`{}`, []string{"--nproc", "2", "--comm-timeout", "1m"}},
 	} {
 		if _, err := loadConfig(append([]string{"--config", writeConfig(t, tc.body)}, tc.args...)); err != nil {
 			t.Errorf("%s %q: %v, want it accepted", tc.body, tc.args, err)

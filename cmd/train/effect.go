@@ -1,14 +1,17 @@
 package main
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
 // noEffect is a config field that some runs cannot use: given for such a
 // run it is refused, naming it, rather than silently ignored.
 type noEffect struct {
-	key, flag string                 // the field ("section.json_name") and its flag
-	idle      func(c *Config) bool   // whether the run cannot use it
-	value     func(c *Config) any    // the field's value
-	why       func(c *Config) string // why it cannot take effect
+	key, flag string                         // the field ("section.json_name") and its flag
+	idle      func(c *Config, l origin) bool // whether the run (started as l) cannot use it
+	value     func(c *Config) any            // the field's value
+	why       func(c *Config) string         // why it cannot take effect
 }
 
 var noEffects = []noEffect{
@@ -19,6 +22,19 @@ var noEffects = []noEffect{
 	moeOnly("model.z_loss_coef", "z-loss-coef", func(c *Config) any { return c.Model.ZLossCoef }),
 	evalOnly("train.eval_every", "eval-every", func(c *Config) any { return c.Train.EvalEvery }),
 	evalOnly("train.eval_batches", "eval-batches", func(c *Config) any { return c.Train.EvalBatches }),
+	{key: "autotune_cache", flag: "autotune-cache", value: func(c *Config) any { return c.AutotuneCache },
+		idle: func(c *Config, _ origin) bool { return !usesAuto(c.Overlap) },
+		why:  func(*Config) string { return "only --overlap auto (or a site configured \"auto\") reads the cache" }},
+	{key: "parallel.comm_timeout", flag: "comm-timeout", value: func(c *Config) any { return time.Duration(c.Parallel.CommTimeout) },
+		idle: func(c *Config, l origin) bool { return oneRank(c.Parallel, l) },
+		why:  func(*Config) string { return "a run of one rank in one process waits for no other rank" }},
+}
+
+// oneRank reports whether the run is one rank in one process: no
+// launcher, no --nproc, no transport between processes, every size 1.
+func oneRank(p ParallelConfig, l origin) bool {
+	return !l.launched && p.NProc == 0 && (p.Comm == "" || p.Comm == CommLocal) &&
+		p.TP == 1 && p.DP == 1 && p.EP == 1 && p.World <= 1
 }
 
 // moeOnly is a field only an MoE model uses. A run that resumes or starts
@@ -26,7 +42,9 @@ var noEffects = []noEffect{
 // check waits for that model only when there is none.
 func moeOnly(key, flag string, value func(c *Config) any) noEffect {
 	return noEffect{key: key, flag: flag, value: value,
-		idle: func(c *Config) bool { return c.Model.Experts == 0 && c.Train.Resume == "" && c.InitFrom == "" },
+		idle: func(c *Config, _ origin) bool {
+			return c.Model.Experts == 0 && c.Train.Resume == "" && c.InitFrom == ""
+		},
 		why: func(*Config) string {
 			return "the model is dense (model.experts 0, --experts): give --experts N for an MoE model, or leave it out"
 		}}
@@ -35,7 +53,7 @@ func moeOnly(key, flag string, value func(c *Config) any) noEffect {
 // evalOnly is a field only the evaluation on the held-out split uses.
 func evalOnly(key, flag string, value func(c *Config) any) noEffect {
 	return noEffect{key: key, flag: flag, value: value,
-		idle: func(c *Config) bool { return c.Train.ValFraction == 0 },
+		idle: func(c *Config, _ origin) bool { return c.Train.ValFraction == 0 },
 		why: func(*Config) string {
 			return "nothing is held out (train.val_fraction 0, --val-fraction): give a fraction, or leave it out"
 		}}
@@ -45,9 +63,9 @@ func evalOnly(key, flag string, value func(c *Config) any) noEffect {
 // use: by a flag (flags), or by the file with a value other than the
 // preset's (preset): a file may repeat the preset's value, as the
 // config.json a run writes does for every field.
-func (c *Config) checkTakesEffect(flags map[string]bool, preset *Config, file string) error {
+func (c *Config) checkTakesEffect(flags map[string]bool, preset *Config, file string, l origin) error {
 	for _, f := range noEffects {
-		if !f.idle(c) {
+		if !f.idle(c, l) {
 			continue
 		}
 		switch {
