@@ -36,7 +36,9 @@ import (
 //     float32(scale·aux_loss_coef·E/K), and its z-loss gradient,
 //     float32(2·scale·z_loss_coef) (layers/moe_router.go); the others pass
 //     0 and 1.
-//   - Scale's s and Axpy's alpha (the callers pass 1 today).
+//   - Scale's s: the clipping factor of grads.Reducer.ClipGrads,
+//     float32(ClipFactor(Σ g², max_norm)); Axpy's alpha (its callers pass
+//     1).
 //   - RMSNorm's and AddRMSNorm's eps: the model's norm_eps, a float32
 //     already in layers.GPTConfig.
 //   - Attention's and AttentionBackward's scale: float32(1/sqrt(head_dim)),
