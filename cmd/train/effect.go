@@ -8,24 +8,27 @@ import (
 // noEffect is a config field that some runs cannot use: given for such a
 // run it is refused, naming it, rather than silently ignored.
 type noEffect struct {
-	key, flag string                         // the field ("section.json_name") and its flag
-	idle      func(c *Config, l origin) bool // whether the run (started as l) cannot use it
-	value     func(c *Config) any            // the field's value
-	why       func(c *Config) string         // why it cannot take effect
+	flag  string                         // the flag (trainFlags; its first config path is the field's)
+	idle  func(c *Config, l origin) bool // whether the run (started as l) cannot use it
+	value func(c *Config) any            // the field's value
+	why   func(c *Config) string         // why it cannot take effect
 }
 
+// key is the config field ("section.json_name") the flag sets.
+func (f noEffect) key() string { return flagPaths[f.flag][0] }
+
 var noEffects = []noEffect{
-	moeOnly("model.top_k", "topk", func(c *Config) any { return c.Model.TopK }),
-	moeOnly("model.moe_every", "moe-every", func(c *Config) any { return c.Model.MoEEvery }),
-	moeOnly("model.capacity_factor", "capacity-factor", func(c *Config) any { return c.Model.CapacityFactor }),
-	moeOnly("model.aux_loss_coef", "aux-loss-coef", func(c *Config) any { return c.Model.AuxLossCoef }),
-	moeOnly("model.z_loss_coef", "z-loss-coef", func(c *Config) any { return c.Model.ZLossCoef }),
-	evalOnly("train.eval_every", "eval-every", func(c *Config) any { return c.Train.EvalEvery }),
-	evalOnly("train.eval_batches", "eval-batches", func(c *Config) any { return c.Train.EvalBatches }),
-	{key: "autotune_cache", flag: "autotune-cache", value: func(c *Config) any { return c.AutotuneCache },
+	moeOnly("topk", func(c *Config) any { return c.Model.TopK }),
+	moeOnly("moe-every", func(c *Config) any { return c.Model.MoEEvery }),
+	moeOnly("capacity-factor", func(c *Config) any { return c.Model.CapacityFactor }),
+	moeOnly("aux-loss-coef", func(c *Config) any { return c.Model.AuxLossCoef }),
+	moeOnly("z-loss-coef", func(c *Config) any { return c.Model.ZLossCoef }),
+	evalOnly("eval-every", func(c *Config) any { return c.Train.EvalEvery }),
+	evalOnly("eval-batches", func(c *Config) any { return c.Train.EvalBatches }),
+	{flag: "autotune-cache", value: func(c *Config) any { return c.AutotuneCache },
 		idle: func(c *Config, _ origin) bool { return !usesAuto(c.Overlap) },
 		why:  func(*Config) string { return "only --overlap auto (or a site configured \"auto\") reads the cache" }},
-	{key: "parallel.comm_timeout", flag: "comm-timeout", value: func(c *Config) any { return time.Duration(c.Parallel.CommTimeout) },
+	{flag: "comm-timeout", value: func(c *Config) any { return time.Duration(c.Parallel.CommTimeout) },
 		idle: func(c *Config, l origin) bool { return oneRank(c.Parallel, l) },
 		why:  func(*Config) string { return "a run of one rank in one process waits for no other rank" }},
 }
@@ -40,8 +43,8 @@ func oneRank(p ParallelConfig, l origin) bool {
 // moeOnly is a field only an MoE model uses. A run that resumes or starts
 // from a model directory takes the model from there (prepare), so the
 // check waits for that model only when there is none.
-func moeOnly(key, flag string, value func(c *Config) any) noEffect {
-	return noEffect{key: key, flag: flag, value: value,
+func moeOnly(flag string, value func(c *Config) any) noEffect {
+	return noEffect{flag: flag, value: value,
 		idle: func(c *Config, _ origin) bool {
 			return c.Model.Experts == 0 && c.Train.Resume == "" && c.InitFrom == ""
 		},
@@ -51,8 +54,8 @@ func moeOnly(key, flag string, value func(c *Config) any) noEffect {
 }
 
 // evalOnly is a field only the evaluation on the held-out split uses.
-func evalOnly(key, flag string, value func(c *Config) any) noEffect {
-	return noEffect{key: key, flag: flag, value: value,
+func evalOnly(flag string, value func(c *Config) any) noEffect {
+	return noEffect{flag: flag, value: value,
 		idle: func(c *Config, _ origin) bool { return c.Train.ValFraction == 0 },
 		why: func(*Config) string {
 			return "nothing is held out (train.val_fraction 0, --val-fraction): give a fraction, or leave it out"
@@ -71,8 +74,8 @@ func (c *Config) checkTakesEffect(flags map[string]bool, preset *Config, file st
 		switch {
 		case flags[f.flag]:
 			return fmt.Errorf("--%s %v cannot take effect: %s", f.flag, f.value(c), f.why(c))
-		case c.explicit[f.key] && f.value(c) != f.value(preset):
-			return fmt.Errorf("config %s: %s %v cannot take effect: %s", file, f.key, f.value(c), f.why(c))
+		case c.explicit[f.key()] && f.value(c) != f.value(preset):
+			return fmt.Errorf("config %s: %s %v cannot take effect: %s", file, f.key(), f.value(c), f.why(c))
 		}
 	}
 	return nil
