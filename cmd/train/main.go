@@ -27,6 +27,7 @@ import (
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/tensor/cudabackend"
 	"github.com/asynctp/asynctp/train"
+	"github.com/asynctp/asynctp/train/routing"
 )
 
 func main() {
@@ -211,15 +212,15 @@ func run(ctx context.Context, args []string) error {
 				lastVal = v
 			}
 		}))
-	dump, err := openRoutingDump(cfg, 0, b, gptRouted(model))
+	dump, err := openRoutingDump(cfg, 0, b, routing.GPTLayers(model))
 	if err != nil {
 		return err
 	}
 	if mc.Experts > 0 {
-		opts = append(opts, train.WithLateExtraMetrics(dump.withDump(func(int) func() (map[string]any, error) { return routerMetrics(model) })))
+		opts = append(opts, train.WithLateExtraMetrics(dump.Then(func(int) func() (map[string]any, error) { return routerMetrics(model) })))
 	}
 	res, err := train.Run(ctx, b, model, data, cfg.Train, opts...)
-	if err := errors.Join(err, dump.close()); err != nil {
+	if err := errors.Join(err, dump.Close()); err != nil {
 		return err
 	}
 	val := ""

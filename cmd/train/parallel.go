@@ -17,6 +17,7 @@ import (
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cpu"
 	"github.com/asynctp/asynctp/train"
+	"github.com/asynctp/asynctp/train/routing"
 )
 
 // newRankBackend is the backend of one rank of a parallel run (tests swap
@@ -125,15 +126,15 @@ func trainRank(ctx context.Context, w *launch.World, cfg Config, ds *train.Datas
 		opts[0] = train.WithStepHook(func(m train.StepMetrics) { hook(m); stop.hook(m) })
 	}
 	opts = append(opts, more...)
-	dump, err := openRoutingDump(cfg, c.Rank(), b, shardedRouted(m))
+	dump, err := openRoutingDump(cfg, c.Rank(), b, routing.ModelLayers(m))
 	if err != nil {
 		return train.Result{}, err
 	}
 	if m.Config().Experts > 0 {
-		opts = append(opts, train.WithLateExtraMetrics(dump.withDump(func(int) func() (map[string]any, error) { return routerMetrics(m) })))
+		opts = append(opts, train.WithLateExtraMetrics(dump.Then(func(int) func() (map[string]any, error) { return routerMetrics(m) })))
 	}
 	res, err := train.RunSharded(stop.ctx, b, m, data, cfg.Train, opts...)
-	return res, errors.Join(err, dump.close())
+	return res, errors.Join(err, dump.Close())
 }
 
 // stopAgreement makes the ranks stop at the same step when the run is

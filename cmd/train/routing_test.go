@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/asynctp/asynctp/train/routing"
 )
 
 // routingRun trains tiny-moe for 3 steps on the CPU with --dump-routing
@@ -22,17 +24,17 @@ func routingRun(t *testing.T, extra ...string) string {
 	return dump
 }
 
-func diffDirs(t *testing.T, a, b string) []stepDiff {
+func diffDirs(t *testing.T, a, b string) []routing.StepDiff {
 	t.Helper()
-	ra, err := readRouting(a)
+	ra, err := routing.Read(a)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rb, err := readRouting(b)
+	rb, err := routing.Read(b)
 	if err != nil {
 		t.Fatal(err)
 	}
-	steps, only, err := routingDiff(ra, rb)
+	steps, only, err := routing.Diff(ra, rb)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,8 +60,8 @@ func TestRoutingDumpAcrossLayouts(t *testing.T) {
 		}
 	}
 	for _, d := range diffDirs(t, single, epdp) {
-		if d.diffs != 0 || d.tokens != 2*512 {
-			t.Errorf("step %d: %d of %d token-layers differ, want 0 of 1024 (%s)", d.step, d.diffs, d.tokens, d.first)
+		if d.Diffs != 0 || d.Tokens != 2*512 {
+			t.Errorf("step %d: %d of %d token-layers differ, want 0 of 1024 (%s)", d.Step, d.Diffs, d.Tokens, d.First)
 		}
 	}
 	if err := runRoutingDiff([]string{"--quiet", single, epdp}); err != nil {
@@ -68,12 +70,12 @@ func TestRoutingDumpAcrossLayouts(t *testing.T) {
 
 	other := routingRun(t, "--lr", "3e-2")
 	steps := diffDirs(t, single, other)
-	if steps[0].diffs != 0 {
-		t.Errorf("step 1 with another learning rate: %d token-layers differ, want 0 (the same initial weights)", steps[0].diffs)
+	if steps[0].Diffs != 0 {
+		t.Errorf("step 1 with another learning rate: %d token-layers differ, want 0 (the same initial weights)", steps[0].Diffs)
 	}
 	for _, d := range steps[1:] {
-		if d.diffs == 0 {
-			t.Errorf("step %d with another learning rate: no token routed differently", d.step)
+		if d.Diffs == 0 {
+			t.Errorf("step %d with another learning rate: no token routed differently", d.Step)
 		}
 	}
 	err := runRoutingDiff([]string{"--quiet", single, other})
@@ -90,7 +92,7 @@ func TestRoutingDumpAcrossLayouts(t *testing.T) {
 	if err := os.WriteFile(f, data[:len(data)-3], 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := readRouting(epdp); err == nil || !strings.Contains(err.Error(), "rank-00001.routing") {
+	if _, err := routing.Read(epdp); err == nil || !strings.Contains(err.Error(), "rank-00001.routing") {
 		t.Errorf("a truncated dump: %v, want an error naming the file", err)
 	}
 	// A dense model has no routing to dump.
