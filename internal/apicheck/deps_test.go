@@ -14,7 +14,7 @@ import (
 var light = []string{
 	"tensor", "tensor/cpu", "layers", "optim", "safetensors",
 	"comm", "comm/local", "overlap", "parallel/tp", "parallel/ep",
-	"parallel/shard", "parallel/grads",
+	"parallel/shard", "parallel/grads", "tokens",
 }
 
 // heavy are import-path fragments of the reporting dependencies.

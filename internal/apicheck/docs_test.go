@@ -17,7 +17,7 @@ import (
 // a method, a comment on its line).
 var documented = []string{
 	"tensor", "layers", "parallel/tp", "parallel/ep", "overlap", "comm",
-	"comm/local", "optim", "safetensors", "parallel/shard", "parallel/grads",
+	"comm/local", "optim", "safetensors", "parallel/shard", "parallel/grads", "tokens",
 }
 
 // repoRoot is the module's root, two levels above this package.
