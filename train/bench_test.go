@@ -7,6 +7,7 @@ import (
 	"github.com/asynctp/asynctp/optim"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cpu"
+	"github.com/asynctp/asynctp/tokens"
 	"github.com/asynctp/asynctp/train"
 )
 
@@ -32,14 +33,11 @@ func BenchmarkTrainStep(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			ds, err := train.BytesDataset("bench", make([]byte, 1<<16))
-			if err != nil {
-				b.Fatal(err)
+			text := make([]byte, 1<<16)
+			for i := range text {
+				text[i] = byte(i * 7919 % 256)
 			}
-			for i := range ds.Tokens {
-				ds.Tokens[i] = uint16(i * 7919 % 256)
-			}
-			ld, err := train.NewLoader(ds, train.LoaderConfig{Batch: c.batch, Seq: c.sq, Vocab: 256, Seed: 1})
+			ld, err := train.NewLoader(tokens.FromBytes("bench", text), train.LoaderConfig{Batch: c.batch, Seq: c.sq, Vocab: 256, Seed: 1})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -2,10 +2,13 @@ package train
 
 import (
 	"encoding/binary"
-	"os"
+	"math"
+	"math/rand/v2"
 	"path/filepath"
 	"reflect"
 	"testing"
+
+	"github.com/asynctp/asynctp/tokens"
 )
 
 func TestLoaderTargetsAreShiftedInputs(t *testing.T) {
@@ -155,21 +158,12 @@ func TestLoaderSeekRestoresExactly(t *testing.T) {
 }
 
 func TestDatasetErrors(t *testing.T) {
-	dir := t.TempDir()
-	missing := filepath.Join(dir, "nope.txt")
-	_, err := ReadDataset(missing)
+	missing := filepath.Join(t.TempDir(), "nope.txt")
+	_, err := tokens.Open(missing, tokens.Auto)
 	mustContain(t, err, missing, "does not exist")
 
-	empty := writeTemp(t, "empty.txt", nil)
-	_, err = ReadDataset(empty)
-	mustContain(t, err, empty, "empty")
-
-	odd := writeTemp(t, "odd.bin", []byte{1, 2, 3})
-	_, err = ReadDataset(odd)
-	mustContain(t, err, odd, "odd length of 3 bytes")
-
 	short := writeTemp(t, "short.txt", []byte("hello"))
-	_, err = OpenLoader(short, LoaderConfig{Batch: 1, Seq: 8, Vocab: 256})
+	_, err = openLoader(short, LoaderConfig{Batch: 1, Seq: 8, Vocab: 256})
 	mustContain(t, err, short, "has 5 tokens", "seq+1 = 9")
 
 	// .bin tokens beyond the vocabulary.
@@ -179,10 +173,10 @@ func TestDatasetErrors(t *testing.T) {
 	}
 	binary.LittleEndian.PutUint16(bin[2*17:], 300)
 	big := writeTemp(t, "toks.bin", bin)
-	_, err = OpenLoader(big, LoaderConfig{Batch: 1, Seq: 8, Vocab: 256})
+	_, err = openLoader(big, LoaderConfig{Batch: 1, Seq: 8, Vocab: 256})
 	mustContain(t, err, big, "token id 300 at position 17", "256 ids")
 	// With a large enough vocabulary the same file loads, decoded LE.
-	l, err := OpenLoader(big, LoaderConfig{Batch: 1, Seq: 8, Vocab: 512, Sequential: true})
+	l, err := openLoader(big, LoaderConfig{Batch: 1, Seq: 8, Vocab: 512, Sequential: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,35 +186,176 @@ func TestDatasetErrors(t *testing.T) {
 	}
 
 	// Text bytes beyond a small vocabulary.
-	_, err = NewLoader(&Dataset{Name: "mem", Tokens: []uint16{1, 2, 200, 3}}, LoaderConfig{Batch: 1, Seq: 2, Vocab: 100})
+	_, err = NewLoader(tokens.FromIDs("mem", []int32{1, 2, 200, 3}), LoaderConfig{Batch: 1, Seq: 2, Vocab: 100})
 	mustContain(t, err, "mem", "token id 200 at position 2")
 
-	if err := os.Mkdir(filepath.Join(dir, "d"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	_, err = ReadDataset(filepath.Join(dir, "d"))
-	mustContain(t, err, "is a directory")
+	// Of several files, the one that holds the id, at its own position.
+	two := writeTemp(t, "two.bin", bin)
+	_, err = openLoader(big+","+two, LoaderConfig{Batch: 1, Seq: 8, Vocab: 256})
+	mustContain(t, err, big, "position 17")
+	ok := writeTemp(t, "ok.bin", bin[:34])
+	_, err = openLoader(ok+","+two, LoaderConfig{Batch: 1, Seq: 8, Vocab: 256})
+	mustContain(t, err, two, "token id 300 at position 17")
+
+	_, err = NewLoader(tokens.FromBytes("none", nil), LoaderConfig{Batch: 1, Seq: 2, Vocab: 256})
+	mustContain(t, err, "none", "empty")
 }
 
-func TestDatasetSplit(t *testing.T) {
-	ds, err := BytesDataset("c", corpus(1000))
+func openLoader(spec string, cfg LoaderConfig) (*Loader, error) {
+	ds, err := tokens.Open(spec, tokens.Auto)
+	if err != nil {
+		return nil, err
+	}
+	return NewLoader(ds, cfg)
+}
+
+// Ids past 65 535 reach the batches as they are.
+func TestLoaderWideIDs(t *testing.T) {
+	ids := make([]int32, 8*50+1)
+	for i := range ids {
+		ids[i] = int32(65530 + i*37%4470) // 65530 .. 69999
+	}
+	ids[100] = 69999
+	l, err := NewLoader(tokens.FromIDs("wide", ids), LoaderConfig{Batch: 5, Seq: 8, Vocab: 70000, Sequential: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr, va, err := ds.Split(0.05)
+	for b := range 10 {
+		in, tg, err := l.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, v := range in.I32() {
+			w := (5*b + i/8) % 50
+			if p := w*8 + i%8; v != ids[p] || tg.I32()[i] != ids[p+1] {
+				t.Fatalf("batch %d, element %d: %d -> %d, want %d -> %d", b, i, v, tg.I32()[i], ids[p], ids[p+1])
+			}
+		}
+	}
+	_, err = NewLoader(tokens.FromIDs("wide", ids), LoaderConfig{Batch: 5, Seq: 8, Vocab: 69999})
+	mustContain(t, err, "token id 69999", "69999 ids")
+}
+
+// A dataset larger than CheckAllTokens starts without reading its ids; an
+// id outside the vocabulary stops Next at the batch that reads it, with
+// the position left where that batch began.
+func TestLoaderChecksLargeDataByWindow(t *testing.T) {
+	defer func(n int64) { checkAllTokens = n }(checkAllTokens)
+	checkAllTokens = 100
+	ids := make([]int32, 16*40+1)
+	for i := range ids {
+		ids[i] = int32(i % 97)
+	}
+	ids[16*23+5] = 500 // in window 23
+	l, err := NewLoader(tokens.FromIDs("big", ids), LoaderConfig{Batch: 3, Seq: 16, Vocab: 256, Seed: 4})
+	if err != nil {
+		t.Fatalf("NewLoader read the ids of a large dataset: %v", err)
+	}
+	for range 20 {
+		pos := l.Position()
+		if _, _, err = l.Next(); err != nil {
+			mustContain(t, err, "big", "token id 500 at position 373", "256 ids")
+			if p := l.Position(); p != pos {
+				t.Errorf("after the error the position is %+v, want %+v", p, pos)
+			}
+			return
+		}
+	}
+	t.Fatalf("40 epochs of windows without reaching the bad id")
+}
+
+func TestSplitValidation(t *testing.T) {
+	ds := tokens.FromBytes("c", corpus(1000))
+	tr, va, err := SplitValidation(ds, 0.05)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(tr.Tokens) != 950 || len(va.Tokens) != 50 {
-		t.Fatalf("split 1000 tokens into %d + %d, want 950 + 50", len(tr.Tokens), len(va.Tokens))
+	if tr.Len() != 950 || va.Len() != 50 {
+		t.Fatalf("split 1000 tokens into %d + %d, want 950 + 50", tr.Len(), va.Len())
 	}
-	if &va.Tokens[0] != &ds.Tokens[950] {
+	got, want := make([]int32, 50), make([]int32, 50)
+	if err := va.Read(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := ds.Read(want, 950); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, want) {
 		t.Errorf("validation split is not the last tokens")
 	}
-	if _, _, err := ds.Split(1.5); err == nil {
-		t.Errorf("Split(1.5) gave no error")
+	if _, _, err := SplitValidation(ds, 1.5); err == nil {
+		t.Errorf("SplitValidation(1.5) gave no error")
 	}
-	tiny, _ := BytesDataset("tiny", []byte("a"))
-	_, _, err = tiny.Split(0.05)
+	_, _, err = SplitValidation(tokens.FromBytes("tiny", []byte("a")), 0.05)
 	mustContain(t, err, "tiny", "too few")
+}
+
+// The window order holds nothing per window: each epoch is a permutation,
+// a different one per epoch and seed, and not close to the identity.
+func TestWindowOrder(t *testing.T) {
+	for _, n := range []int{1, 2, 3, 5, 10, 64, 100, 1000, 4097} {
+		var first []int
+		for e := range 3 {
+			p := newPermutation(n, 11, e)
+			seen := make([]bool, n)
+			order := make([]int, n)
+			for i := range n {
+				w := p.at(i)
+				if w < 0 || w >= n || seen[w] {
+					t.Fatalf("n %d, epoch %d: index %d gives window %d again or out of range", n, e, i, w)
+				}
+				seen[w], order[i] = true, w
+			}
+			if e == 0 {
+				first = order
+			} else if n >= 10 && reflect.DeepEqual(order, first) {
+				t.Errorf("n %d: epochs 0 and %d have the same order", n, e)
+			}
+			if n >= 1000 {
+				// Spearman's rank correlation of index and window: near 0
+				// for a shuffle (its deviation is 1/sqrt(n-1)).
+				var s float64
+				for i, w := range order {
+					d := float64(i - w)
+					s += d * d
+				}
+				if rho := 1 - 6*s/(float64(n)*(float64(n)*float64(n)-1)); math.Abs(rho) > 0.15 {
+					t.Errorf("n %d, epoch %d: rank correlation %.3f of index and window", n, e, rho)
+				}
+			}
+		}
+	}
+}
+
+// A data position of a checkpoint written before OrderFeistel resumes in
+// its own order: each epoch's permutation drawn whole.
+func TestLoaderResumesTheDrawnOrder(t *testing.T) {
+	data := corpus(16*10 + 1) // 10 windows
+	cfg := LoaderConfig{Batch: 3, Seq: 16, Vocab: 256, Seed: 42}
+	l := mustLoader(t, data, cfg)
+	if err := l.Seek(DataPosition{Epoch: 1, Index: 8, Seed: 42, Windows: 10, Seq: 16}); err != nil {
+		t.Fatal(err)
+	}
+	perm := func(e int) []int {
+		return rand.New(rand.NewPCG(42, uint64(e)*0x9e3779b97f4a7c15+0x632be59bd9b4e019)).Perm(10)
+	}
+	want := append(perm(1)[8:], perm(2)...)
+	for b := range 4 {
+		in, _, err := l.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for r := range 3 {
+			if w := windowOf(t, data, in.I32()[r*16:(r+1)*16]); w != want[3*b+r] {
+				t.Fatalf("batch %d row %d is window %d, want %d of the drawn order", b, r, w, want[3*b+r])
+			}
+		}
+	}
+	if p := l.Position(); p.Order != OrderDrawn || p.Epoch != 3 || p.Index != 0 {
+		t.Errorf("position %+v, want epoch 3 index 0 in the drawn order", p)
+	}
+	if p := mustLoader(t, data, cfg).Position(); p.Order != OrderFeistel {
+		t.Errorf("a new loader's order is %q, want %q", p.Order, OrderFeistel)
+	}
+	mustContain(t, l.Seek(DataPosition{Epoch: 0, Index: 0, Seed: 42, Windows: 10, Seq: 16, Order: "sorted"}), `"sorted"`)
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cpu"
+	"github.com/asynctp/asynctp/tokens"
 	"github.com/asynctp/asynctp/train"
 )
 
@@ -40,11 +41,7 @@ func ExampleRun() {
 		return
 	}
 	cfg := train.Config{Steps: 4, Batch: 2, Seq: 16, LR: 1e-3, Warmup: 1, Seed: 7, OutDir: out}
-	ds, err := train.BytesDataset("example", bytes.Repeat([]byte("hello, world. "), 20))
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
+	ds := tokens.FromBytes("example", bytes.Repeat([]byte("hello, world. "), 20))
 	data, err := train.NewLoader(ds, train.LoaderConfig{Batch: cfg.Batch, Seq: cfg.Seq, Vocab: 256, Seed: cfg.Seed})
 	if err != nil {
 		fmt.Println(err)

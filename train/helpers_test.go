@@ -10,6 +10,7 @@ import (
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cpu"
+	"github.com/asynctp/asynctp/tokens"
 )
 
 // bigram is a small fake model: logits[n] = emb[ids[n]] + bias, mean
@@ -129,11 +130,7 @@ func newCPU() tensor.Backend { return cpu.New() }
 
 func mustLoader(t testing.TB, data []byte, cfg LoaderConfig) *Loader {
 	t.Helper()
-	ds, err := BytesDataset("corpus", data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := NewLoader(ds, cfg)
+	l, err := NewLoader(tokens.FromBytes("corpus", data), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/asynctp/asynctp/layers"
@@ -70,6 +71,7 @@ type runOptions struct {
 	start       func(Result) error
 	interrupt   bool
 	tokenizer   string
+	tokenizerAs []string // older names of the same kind (WithTokenizer)
 	metricsDir  *string
 }
 
@@ -148,8 +150,12 @@ func WithStartHook(fn func(Result) error) Option { return func(o *runOptions) { 
 func WithInterruptibleSteps() Option { return func(o *runOptions) { o.interrupt = true } }
 
 // WithTokenizer records what the token ids mean in state.json ("bytes",
-// "uint16 ids", or a hash of a tokenizer file): a resume compares it.
-func WithTokenizer(id string) Option { return func(o *runOptions) { o.tokenizer = id } }
+// "token ids", or a hash of a tokenizer file): a resume compares it. older
+// are names that earlier checkpoints gave the same kind; a resume accepts
+// them too.
+func WithTokenizer(id string, older ...string) Option {
+	return func(o *runOptions) { o.tokenizer, o.tokenizerAs = id, older }
+}
 
 // Run trains model on data for cfg.Steps steps (counted from 0, or from the
 // checkpoint named by cfg.Resume). Each step: ZeroGrad, Forward, Backward,
@@ -214,7 +220,7 @@ func Run(ctx context.Context, b tensor.Backend, model Model, data *Loader, cfg C
 		if err := data.Seek(st.Data); err != nil {
 			return Result{}, fmt.Errorf("train: resume from %s: %w", dir, err)
 		}
-		if o.tokenizer != "" && st.Tokenizer != "" && st.Tokenizer != o.tokenizer {
+		if o.tokenizer != "" && st.Tokenizer != "" && st.Tokenizer != o.tokenizer && !slices.Contains(o.tokenizerAs, st.Tokenizer) {
 			return Result{}, fmt.Errorf("train: resume from %s: the checkpoint's token ids are %s, this run's data are %s", dir, st.Tokenizer, o.tokenizer)
 		}
 		if st.Step > cfg.Steps {

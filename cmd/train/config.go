@@ -11,6 +11,7 @@ import (
 
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/overlap"
+	"github.com/asynctp/asynctp/tokens"
 	"github.com/asynctp/asynctp/train"
 )
 
@@ -21,10 +22,16 @@ import (
 type Config struct {
 	Preset   string           `json:"preset"`
 	Device   string           `json:"device"` // auto, cpu, cuda
-	Data     string           `json:"data"`   // text file (bytes as tokens) or .bin of uint16 tokens; empty: the built-in corpus
+	Data     string           `json:"data"`   // token files (package tokens), a list, a directory or a glob, as one stream; empty: the built-in corpus
 	Model    layers.GPTConfig `json:"model"`
 	Train    train.Config     `json:"train"`
 	Parallel ParallelConfig   `json:"parallel"`
+	// DataFormat is the format of every file of Data and ValData
+	// (--data-format, tokens.Formats); empty or "auto": detected per file.
+	DataFormat string `json:"data_format,omitempty"`
+	// ValData is a separate validation set (--val-data), in place of the
+	// held-out tail of Data (train.val_fraction).
+	ValData string `json:"val_data,omitempty"`
 	// Overlap chooses the strategy of each communication site (--overlap,
 	// overlap.Config: {"default": ..., "sites": {...}}).
 	Overlap overlap.Config `json:"overlap"`
@@ -239,6 +246,9 @@ func (c *Config) validate(l origin) error {
 	if c.Train.Warmup > c.Train.Steps && c.Train.Steps > 0 && !c.explicit["train.warmup"] {
 		c.Train.Warmup = c.Train.Steps
 	}
+	if err := c.checkData(); err != nil {
+		return err
+	}
 	if err := c.Train.Validate(); err != nil {
 		return err
 	}
@@ -271,6 +281,43 @@ func (c *Config) checkMemReport(l origin) error {
 	}
 	if p := c.Parallel; l.launched || p.NProc > 0 || p.Processes() || !p.Single() {
 		return fmt.Errorf("--memory-report: expected a run of one rank in one process, found %s over --comm %s", p, p.Comm)
+	}
+	return nil
+}
+
+func formatNames() string {
+	var names []string
+	for _, f := range tokens.Formats {
+		names = append(names, string(f))
+	}
+	return strings.Join(names, ", ")
+}
+
+// checkData applies the rules of --data-format and --val-data: a format
+// must be one of tokens.Formats and name files to read; a validation set
+// of its own replaces the held-out tail of --data that a preset asks for,
+// and is refused beside a --val-fraction given explicitly; it is evaluated
+// every --eval-every steps over --eval-batches batches, both above 0.
+func (c *Config) checkData() error {
+	f, err := tokens.ParseFormat(c.DataFormat)
+	if err != nil {
+		return fmt.Errorf("--data-format: %w", err)
+	}
+	if f != tokens.Auto && c.Data == "" && c.ValData == "" {
+		return fmt.Errorf("--data-format %s: no --data or --val-data file to read (the built-in corpus is text)", f)
+	}
+	if c.ValData == "" {
+		return nil
+	}
+	t := &c.Train
+	if t.ValFraction > 0 {
+		if c.explicit["train.val_fraction"] {
+			return fmt.Errorf("--val-data %s and --val-fraction %g: the validation set is a separate file or the held-out tail of --data, not both; give one (--val-fraction 0 keeps all of --data for training)", c.ValData, t.ValFraction)
+		}
+		t.ValFraction = 0 // the preset's held-out split gives way to the validation set
+	}
+	if t.EvalEvery <= 0 || t.EvalBatches <= 0 {
+		return fmt.Errorf("--val-data %s: evaluated every %d steps over %d batches; give --eval-every and --eval-batches above 0", c.ValData, t.EvalEvery, t.EvalBatches)
 	}
 	return nil
 }

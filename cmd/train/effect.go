@@ -53,12 +53,13 @@ func moeOnly(flag string, value func(c *Config) any) noEffect {
 		}}
 }
 
-// evalOnly is a field only the evaluation on the held-out split uses.
+// evalOnly is a field only the evaluation uses: on the held-out split, or
+// on --val-data.
 func evalOnly(flag string, value func(c *Config) any) noEffect {
 	return noEffect{flag: flag, value: value,
-		idle: func(c *Config, _ origin) bool { return c.Train.ValFraction == 0 },
+		idle: func(c *Config, _ origin) bool { return c.Train.ValFraction == 0 && c.ValData == "" },
 		why: func(*Config) string {
-			return "nothing is held out (train.val_fraction 0, --val-fraction): give a fraction, or leave it out"
+			return "nothing is held out (train.val_fraction 0, --val-fraction) and there is no --val-data: give a fraction or a validation set, or leave it out"
 		}}
 }
 

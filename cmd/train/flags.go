@@ -9,6 +9,7 @@ import (
 
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/overlap/peercopy"
+	"github.com/asynctp/asynctp/tokens"
 )
 
 // A flagDef is one flag of a training run, declared once: its name, the
@@ -71,7 +72,9 @@ var trainFlags = sections(
 	secRun,
 	flagOf("config", nil, "", "JSON config `file` (flags override it)", func(*Config, string) {}),
 	flagOf("device", at("device"), "auto", "where to train: auto (GPU 0 if there is one and the kernels are built, else the CPU), cpu, cuda", func(c *Config, v string) { c.Device = v }),
-	flagOf("data", at("data"), "", "training data: a text file (bytes are tokens) or a .bin file of uint16 tokens; default: the built-in corpus", func(c *Config, v string) { c.Data = v }),
+	flagOf("data", at("data"), "", "training data: token files (text, one token per byte; raw uint16 .bin; raw uint32 .u32; llm.c shards; Megatron .bin+.idx), a comma-separated list, a directory or a glob, read as one stream in that order (a directory's and a glob's files by name); default: the built-in corpus", func(c *Config, v string) { c.Data = v }),
+	flagOf("data-format", at("data_format"), string(tokens.Auto), "format of every --data and --val-data file: "+formatNames()+" (auto: detected from each file's content and name)", func(c *Config, v string) { c.DataFormat = v }),
+	flagOf("val-data", at("val_data"), "", "validation data, in --data's forms, in place of the held-out tail of --data (--val-fraction)", func(c *Config, v string) { c.ValData = v }),
 	flagOf("out", at("train.out_dir"), "", "output `dir`: metrics.jsonl, loss.png, config.json, checkpoints (default train-out)", func(c *Config, v string) { c.Train.OutDir = v }),
 	flagOf("resume", at("train.resume"), "", "resume from a checkpoint `dir` (or an out dir: its latest checkpoint)", func(c *Config, v string) { c.Train.Resume = v }),
 	flagOf("overwrite", nil, false, "start a new run in an out dir that holds a run, deleting that run's metrics, plot, config and checkpoints", func(c *Config, v bool) { c.overwrite = v }),

@@ -16,6 +16,7 @@ import (
 	"github.com/asynctp/asynctp/safetensors"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cpu"
+	"github.com/asynctp/asynctp/tokens"
 	"github.com/asynctp/asynctp/train"
 )
 
@@ -32,8 +33,8 @@ const sourceConfig = "source_config.json"
 
 // The tokenizer kinds of state.json (train.WithTokenizer).
 const (
-	tokBytes = "bytes"      // text data: one token per byte
-	tokIDs   = "uint16 ids" // a .bin of token ids, of an unnamed tokenizer
+	tokBytes = "bytes"     // text data: one token per byte
+	tokIDs   = "token ids" // token files (not text) of an unnamed tokenizer
 )
 
 // initFromModel is the model of the --init-from directory, at the run's
@@ -112,11 +113,16 @@ func castHost(t *tensor.Tensor, dt tensor.DType) (*tensor.Tensor, error) {
 	return tensor.FromFloat64(v, t.Shape()...)
 }
 
-// tokenizerOf says what the run's token ids are, and refuses text data
-// (read as bytes) for a model that comes with a tokenizer of its own.
-func tokenizerOf(cfg Config) (string, error) {
+// olderTokenizerNames are the names that earlier checkpoints gave a
+// tokenizer kind (a resume accepts them).
+var olderTokenizerNames = map[string][]string{tokIDs: {"uint16 ids"}}
+
+// tokenizerOf says what the run's token ids are (those of ds), and refuses
+// text data (read as bytes) for a model that comes with a tokenizer of its
+// own.
+func tokenizerOf(cfg Config, ds *train.Dataset) (string, error) {
 	kind := tokBytes
-	if strings.EqualFold(filepath.Ext(cfg.Data), ".bin") {
+	if !ds.Text() {
 		kind = tokIDs
 	}
 	if cfg.InitFrom == "" {
@@ -133,7 +139,7 @@ func tokenizerOf(cfg Config) (string, error) {
 		sum := sha256.Sum256(b)
 		id := "hf " + f + " sha256 " + hex.EncodeToString(sum[:8])
 		if kind == tokBytes {
-			return "", fmt.Errorf("--init-from %s: the model has its own tokenizer (%s), but text data is read here one byte per token; tokenize the data with that tokenizer into a .bin of uint16 ids and give it with --data", cfg.InitFrom, f)
+			return "", fmt.Errorf("--init-from %s: the model has its own tokenizer (%s), but text data is read here one byte per token; tokenize the data with that tokenizer into token ids (a .bin of uint16, a .u32 of uint32, an llm.c shard or a Megatron dataset) and give them with --data", cfg.InitFrom, f)
 		}
 		return id, nil
 	}
@@ -370,7 +376,8 @@ func byteUnicode() [256]rune {
 func runLogits(args []string) error {
 	fs := flag.NewFlagSet("train logits", flag.ContinueOnError)
 	from := fs.String("from", "", "a run, a checkpoint, or a Hugging Face model `dir`")
-	data := fs.String("data", "", "tokens: a .bin of uint16 ids, or a text file (bytes)")
+	data := fs.String("data", "", "token files, as train's --data takes them")
+	format := fs.String("data-format", string(tokens.Auto), "format of the --data files: "+formatNames())
 	B := fs.Int("batch", 1, "windows")
 	T := fs.Int("seq", 0, "tokens per window (default: the model's seq)")
 	out := fs.String("out", "", "the safetensors `file` to write")
@@ -403,12 +410,22 @@ func runLogits(args []string) error {
 		*T = mc.Seq
 	}
 	mc.Seq = max(mc.Seq, *T)
-	ds, err := train.ReadDataset(*data)
+	ds, err := tokens.Open(*data, tokens.Format(*format))
 	if err != nil {
 		return err
 	}
-	if len(ds.Tokens) < *B**T+1 {
-		return fmt.Errorf("logits: %s has %d tokens, expected at least batch × seq + 1 = %d", *data, len(ds.Tokens), *B**T+1)
+	defer ds.Close()
+	if ds.Len() < int64(*B**T+1) {
+		return fmt.Errorf("logits: %s has %d tokens, expected at least batch × seq + 1 = %d", ds.Name(), ds.Len(), *B**T+1)
+	}
+	toks := make([]int32, *B**T+1)
+	if err := ds.Read(toks, 0); err != nil {
+		return err
+	}
+	for i, v := range toks {
+		if int(v) >= mc.Vocab {
+			return fmt.Errorf("logits: %s holds token id %d at position %d, but the model's vocabulary has %d ids", ds.Name(), v, i, mc.Vocab)
+		}
 	}
 	b := cpu.New()
 	g, err := layers.NewGPT(b, mc, tensor.Float32)
@@ -421,7 +438,7 @@ func runLogits(args []string) error {
 	ids, tg := make([]int32, *B**T), make([]int32, *B**T)
 	for i := range ids {
 		w, t := i / *T, i%*T
-		ids[i], tg[i] = int32(ds.Tokens[w**T+t]), int32(ds.Tokens[w**T+t+1])
+		ids[i], tg[i] = toks[w**T+t], toks[w**T+t+1]
 	}
 	idT, _ := tensor.FromInt32(ids, *B, *T)
 	tgT, _ := tensor.FromInt32(tg, *B, *T)

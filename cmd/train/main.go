@@ -26,6 +26,7 @@ import (
 	"github.com/asynctp/asynctp/internal/corpus"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/tensor/cudabackend"
+	"github.com/asynctp/asynctp/tokens"
 	"github.com/asynctp/asynctp/train"
 	"github.com/asynctp/asynctp/train/routing"
 )
@@ -70,7 +71,8 @@ func signalStatus(s os.Signal) int {
 // syscall.Signal), unset before one.
 var stoppedBy atomic.Value
 
-// dispatch runs a subcommand (export, logits) or a training run.
+// dispatch runs a subcommand (export, logits, routing-diff, tokens) or a
+// training run.
 func dispatch(ctx context.Context, args []string) error {
 	if len(args) > 0 {
 		switch args[0] {
@@ -80,6 +82,8 @@ func dispatch(ctx context.Context, args []string) error {
 			return runLogits(args[1:])
 		case "routing-diff":
 			return runRoutingDiff(args[1:])
+		case "tokens":
+			return runTokens(args[1:])
 		}
 	}
 	return run(ctx, args)
@@ -243,35 +247,42 @@ func run(ctx context.Context, args []string) error {
 	return nil
 }
 
-// dataAndOptions cuts the held-out split off ds (train.val_fraction) and
-// returns the training loader and the options of every rank's train.Run:
-// the validation, what the token ids are, and on rank 0 (rank0) the start
-// hook that writes OUT/config.json (and the tokenizer of --init-from) once
-// the run is sure to start, so a resume that fails leaves them as they
-// were.
+// dataAndOptions opens --val-data, or cuts the held-out split off ds
+// (train.val_fraction), and returns the training loader and the options of
+// every rank's train.Run: the validation, what the token ids are, and on
+// rank 0 (rank0) the start hook that writes OUT/config.json (and the
+// tokenizer of --init-from) once the run is sure to start, so a resume
+// that fails leaves them as they were.
 func dataAndOptions(cfg Config, ds *train.Dataset, rank0 bool) (*train.Loader, []train.Option, error) {
-	tok, err := tokenizerOf(cfg)
+	tok, err := tokenizerOf(cfg, ds)
 	if err != nil {
 		return nil, nil, err
 	}
-	opts := []train.Option{train.WithTokenizer(tok)}
+	opts := []train.Option{train.WithTokenizer(tok, olderTokenizerNames[tok]...)}
 	t := cfg.Train
 	trainSet := ds
-	if t.ValFraction > 0 {
+	switch {
+	case cfg.ValData != "":
+		val, _, err := openValidation(cfg, ds)
+		if err != nil {
+			return nil, nil, err
+		}
+		opts = append(opts, train.WithValidation(val, t.EvalEvery, t.EvalBatches))
+	case t.ValFraction > 0:
 		var valSet *train.Dataset
-		if trainSet, valSet, err = ds.Split(t.ValFraction); err != nil {
+		if trainSet, valSet, err = train.SplitValidation(ds, t.ValFraction); err != nil {
 			return nil, nil, err
 		}
 		lc := loaderConfig(cfg)
 		lc.Sequential = true
 		val, err := train.NewLoader(valSet, lc)
-		switch n, need := len(valSet.Tokens), t.Seq+1; {
-		case err != nil && 2*need > len(ds.Tokens):
+		switch n, need := valSet.Len(), int64(t.Seq+1); {
+		case err != nil && 2*need > ds.Len():
 			return nil, nil, fmt.Errorf("%s has %d tokens, too few to hold out a window of seq+1 = %d for validation and keep one to train on: give --val-fraction 0",
-				ds.Name, len(ds.Tokens), need)
+				ds.Name(), ds.Len(), need)
 		case err != nil && n < need:
 			return nil, nil, fmt.Errorf("the held-out split (the last %g of %s) has %d tokens, fewer than one window of seq+1 = %d: give --val-fraction %.2g or more, or 0 for none",
-				t.ValFraction, ds.Name, n, need, math.Ceil(100*float64(need)/float64(len(ds.Tokens)))/100)
+				t.ValFraction, ds.Name(), n, need, math.Ceil(100*float64(need)/float64(ds.Len()))/100)
 		case err != nil:
 			return nil, nil, fmt.Errorf("the held-out split (the last %g of the data, --val-fraction): %w", t.ValFraction, err)
 		}
@@ -324,12 +335,53 @@ func routerMetrics(m moeModel) func() (map[string]any, error) {
 	}
 }
 
-// openDataset reads --data, or the built-in corpus when none is given.
+// openDataset opens --data in --data-format (the files are mapped, not
+// read: see package tokens), or the built-in corpus when none is
+// given, and checks --val-data, so that the errors of both come before any
+// rank starts.
 func openDataset(cfg Config) (*train.Dataset, error) {
+	ds := tokens.FromBytes("built-in corpus", corpus.Default())
 	if cfg.Data != "" {
-		return train.ReadDataset(cfg.Data)
+		var err error
+		if ds, err = tokens.Open(cfg.Data, tokens.Format(cfg.DataFormat)); err != nil {
+			return nil, fmt.Errorf("--data: %w", err)
+		}
 	}
-	return train.BytesDataset("built-in corpus", corpus.Default())
+	if cfg.ValData != "" {
+		_, vs, err := openValidation(cfg, ds)
+		if err != nil {
+			ds.Close()
+			return nil, err
+		}
+		vs.Close()
+	}
+	return ds, nil
+}
+
+// openValidation is the loader of --val-data, whose ids must be of the
+// kind of ds's (text, or token ids), and its dataset.
+func openValidation(cfg Config, ds *train.Dataset) (*train.Loader, *train.Dataset, error) {
+	vs, err := tokens.Open(cfg.ValData, tokens.Format(cfg.DataFormat))
+	if err != nil {
+		return nil, nil, fmt.Errorf("--val-data: %w", err)
+	}
+	if kind := func(s *train.Dataset) string {
+		if s.Text() {
+			return "text (one token per byte)"
+		}
+		return "token ids"
+	}; vs.Text() != ds.Text() {
+		vs.Close()
+		return nil, nil, fmt.Errorf("--val-data %s holds %s, but the training data %s holds %s: validate on data of the training data's kind", vs.Name(), kind(vs), ds.Name(), kind(ds))
+	}
+	lc := loaderConfig(cfg)
+	lc.Sequential = true
+	val, err := train.NewLoader(vs, lc)
+	if err != nil {
+		vs.Close()
+		return nil, nil, fmt.Errorf("--val-data: %w", err)
+	}
+	return val, vs, nil
 }
 
 // loaderConfig is the loader of the run's batches (every rank of a

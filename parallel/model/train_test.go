@@ -17,24 +17,25 @@ import (
 	"github.com/asynctp/asynctp/parallel/model"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cpu"
+	"github.com/asynctp/asynctp/tokens"
 	"github.com/asynctp/asynctp/train"
 )
 
 // corpus is a learnable token stream: a repeated random phrase with noise.
 func corpus(n, vocab int) *train.Dataset {
 	rng := testutil.Rng(99)
-	phrase := make([]uint16, 37)
+	phrase := make([]int32, 37)
 	for i := range phrase {
-		phrase[i] = uint16(rng.IntN(vocab))
+		phrase[i] = int32(rng.IntN(vocab))
 	}
-	toks := make([]uint16, n)
+	toks := make([]int32, n)
 	for i := range toks {
 		toks[i] = phrase[i%len(phrase)]
 		if rng.IntN(8) == 0 {
-			toks[i] = uint16(rng.IntN(vocab))
+			toks[i] = int32(rng.IntN(vocab))
 		}
 	}
-	return &train.Dataset{Name: "phrase", Tokens: toks}
+	return tokens.FromIDs("phrase", toks)
 }
 
 func trainConfig(steps int, outDir string) train.Config {
