@@ -3,6 +3,11 @@
 // and the progress bar. The optimizer and the learning-rate schedule it
 // runs are package optim's, the file format of its checkpoints package
 // safetensors'; a program with its own loop imports those, not train.
+// Run trains token models (Model: ids and targets in, a loss out); any
+// other model trains in a loop of the program's own around the same step:
+// its forward and backward, parallel/grads' Reducer for the gradients and
+// the norm, optim.AdamW.ClipStep for the update (examples/tensorparallel,
+// examples/trainloop).
 //
 // One step is: ZeroGrad, Forward, Backward, then the optimizer's ClipStep
 // (optim.AdamW): the global gradient norm's Σ g² into a device scalar, then
