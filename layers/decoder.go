@@ -76,6 +76,12 @@ type DecoderParts struct {
 	// (an abort of the world, so that the other ranks stop) and returns
 	// the error to return; nil returns it as it is.
 	Fail func(error) error
+	// Grads is told, in ForwardBackward, when the backward of each
+	// micro-batch begins and ends and when parameters' gradients are
+	// complete (GradSync: the fp32 main gradients' accumulation, the
+	// reduction over the replicas behind the backward); nil: the
+	// gradients stay where the backward adds them.
+	Grads GradSync
 }
 
 // Decoder is the GPT assembly, one for the single-rank GPT and the
@@ -105,10 +111,15 @@ type Decoder struct {
 	dxa, dxb *tensor.Tensor   // (n, C) backward scratch
 	nTargets int              // non-ignored targets of the last Forward's batch
 	lossAt   int              // where the last Forward's loss is (lossNone, ...)
-	ready    bool             // a Forward with targets ran and no Backward since
+	canBack  bool             // a Forward with targets ran and no Backward since
 
 	headLoss    bool // the last forward ran HeadLoss: dhf holds the head's input gradient
 	logitsStale bool // ... and logits were not computed (Logits computes them)
+
+	micros   int                                         // micro-batches per ForwardBackward (SetMicroBatches; 0: 1)
+	lossPart *tensor.Tensor                              // (1) stat dtype: a micro-batch's loss sum
+	steps    []func() (float64, []MoEStats, bool, error) // the last ForwardBackward's micro-batches' statistics (nil after a Forward)
+	ready    stageReady                                  // which parameters each backward stage completes (micro.go)
 }
 
 // Where the loss of the last forward is.
@@ -211,7 +222,7 @@ func (d *Decoder) check(ids, targets *tensor.Tensor) (int, error) {
 // and stay there until ReadLoss, so a Backward queues behind the forward
 // with no host sync in between. Input errors are found before any op.
 func (d *Decoder) ForwardAsync(ids, targets *tensor.Tensor) error {
-	d.ready, d.lossAt = false, lossNone
+	d.canBack, d.lossAt, d.steps = false, lossNone, nil
 	nTargets, err := d.check(ids, targets)
 	if err != nil {
 		return err
@@ -219,14 +230,17 @@ func (d *Decoder) ForwardAsync(ids, targets *tensor.Tensor) error {
 	if err := d.b.Err(); err != nil {
 		return d.fail(fmt.Errorf("%s: the backend already holds an error: %w", d.p.What, err))
 	}
-	if err := d.forward(ids, targets, nTargets); err != nil {
+	if err := d.forward(ids, targets, nTargets, true); err != nil {
 		return d.fail(err)
 	}
-	d.ready = targets != nil
+	d.canBack = targets != nil
 	return nil
 }
 
-func (d *Decoder) forward(ids, targets *tensor.Tensor, nTargets int) error {
+// forward runs the model on ids and, with targets, forms the per-row
+// losses scaled for the backward by 1/nTargets and their sum in lossSum,
+// over the replicas when reduce (else this replica's only).
+func (d *Decoder) forward(ids, targets *tensor.Tensor, nTargets int, reduce bool) error {
 	what := d.p.What
 	lo, hi := 0, ids.Dim(0)
 	if d.p.Replica != nil {
@@ -290,7 +304,7 @@ func (d *Decoder) forward(ids, targets *tensor.Tensor, nTargets int) error {
 	if err := layerkit.Sticky(d.b, what, "forward"); err != nil {
 		return err
 	}
-	if d.p.ReduceLoss != nil {
+	if d.p.ReduceLoss != nil && reduce {
 		if err := d.p.ReduceLoss(d.lossSum); err != nil {
 			return err
 		}
@@ -402,7 +416,15 @@ func (d *Decoder) LossAsync() (func() (float64, error), error) {
 // load balance and z-loss, with their coefficients) of the last Forward:
 // the part of Forward's loss that is not the cross-entropy. 0 in a dense
 // model.
+//
+// After a ForwardBackward of several micro-batches it is the mean of the
+// micro-batches' (the value they add to the step's loss; see
+// ForwardBackward), 0 if their statistics cannot be read.
 func (d *Decoder) AuxLoss() float64 {
+	if d.steps != nil {
+		aux, _, _ := d.RouterStatsAsync()()
+		return aux
+	}
 	var s float64
 	for _, blk := range d.p.Blocks {
 		s += blk.AuxLoss()
@@ -411,8 +433,14 @@ func (d *Decoder) AuxLoss() float64 {
 }
 
 // RouterStats returns the routing statistics of the last Forward, one per
-// MoE block in block order (nil in a dense model).
+// MoE block in block order (nil in a dense model); after a
+// ForwardBackward, those of its micro-batches combined (MoEStats.Combine;
+// nil if they cannot be read).
 func (d *Decoder) RouterStats() []MoEStats {
+	if d.steps != nil {
+		_, st, _ := d.RouterStatsAsync()()
+		return st
+	}
 	var st []MoEStats
 	for _, blk := range d.p.Blocks {
 		if s, ok := blk.Stats(); ok {
@@ -424,20 +452,24 @@ func (d *Decoder) RouterStats() []MoEStats {
 
 // Backward adds the gradient of the last Forward's mean loss to the
 // parameters' gradients (of this replica's rows: the caller reduces them
-// over the replicas). It requires a Forward with targets, and runs once
-// per Forward.
+// over the replicas), a step of one micro-batch for the GradSync when
+// there is one (DecoderParts.Grads). It requires a Forward with targets,
+// and runs once per Forward.
 func (d *Decoder) Backward() error {
-	if !d.ready {
+	if !d.canBack {
 		return errors.New(d.p.What + ": Backward needs a successful Forward with targets since the last Backward")
 	}
-	d.ready = false
-	if err := d.backward(); err != nil {
-		return d.fail(err)
-	}
-	return nil
+	d.canBack = false
+	return d.backwardWith(0, 1)
 }
 
-func (d *Decoder) backward() error {
+// backward runs the backward of the last forward, in the order of its
+// stages (stageHead, stageNorm, the blocks from the last, stageEmbed),
+// calling done after each with the stage's index when done is not nil.
+func (d *Decoder) backward(done func(stage int) error) error {
+	if done == nil {
+		done = func(int) error { return nil }
+	}
 	if d.headLoss {
 		if err := d.p.HeadLoss.AddGrads(); err != nil { // dhf came with the forward
 			return err
@@ -445,17 +477,29 @@ func (d *Decoder) backward() error {
 	} else if err := d.p.Head.Backward(d.dhf, d.dlogits); err != nil {
 		return err
 	}
+	if err := done(stageHead); err != nil {
+		return err
+	}
 	dx, dnext := d.dxa, d.dxb
 	if err := d.p.Norm.Backward(dx, d.dhf); err != nil {
+		return err
+	}
+	if err := done(stageNorm); err != nil {
 		return err
 	}
 	for l := len(d.p.Blocks) - 1; l >= 0; l-- {
 		if err := d.p.Blocks[l].Backward(dnext, dx); err != nil {
 			return err
 		}
+		if err := done(d.stageBlock(l)); err != nil {
+			return err
+		}
 		dx, dnext = dnext, dx
 	}
 	if err := d.p.Embed.Backward(dx); err != nil {
+		return err
+	}
+	if err := done(d.stageEmbed()); err != nil {
 		return err
 	}
 	return layerkit.Sticky(d.b, d.p.What, "backward")
@@ -549,3 +593,5 @@ func (h *hostIDs) Forward(out, ids *tensor.Tensor) error {
 }
 
 func (h *hostIDs) Backward(dout *tensor.Tensor) error { return h.e.Backward(dout) }
+
+func (h *hostIDs) Params() []*Param { return h.e.Params() }

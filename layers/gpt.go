@@ -245,6 +245,27 @@ func (m *GPT) Params() *ParamSet { return m.ps }
 // ZeroGrad sets every parameter gradient to zero.
 func (m *GPT) ZeroGrad() { m.ps.ZeroGrad() }
 
+// Replicas is 1: the model is one data-parallel replica.
+func (m *GPT) Replicas() int { return 1 }
+
+// SetMicroBatches makes each following ForwardBackward run its batch as
+// k micro-batches (Decoder.ForwardBackward). A bf16 model with k > 1
+// gets fp32 main gradients (ParamSet.UseMainGrads), into which each
+// micro-batch's gradients add: call it before the optimizer is made.
+func (m *GPT) SetMicroBatches(k int) error {
+	if err := m.Decoder.SetMicroBatches(k); err != nil {
+		return err
+	}
+	if k == 1 || m.ps.MainGrads().DType() != tensor.BFloat16 {
+		return nil
+	}
+	if err := m.ps.UseMainGrads(); err != nil {
+		return err
+	}
+	m.Decoder.p.Grads = &mainGrads{ps: m.ps}
+	return nil
+}
+
 // FLOPsPerToken is the forward+backward model FLOPs per token
 // (GPTConfig.FLOPsPerToken), for MFU.
 func (m *GPT) FLOPsPerToken() float64 { return m.cfg.FLOPsPerToken() }

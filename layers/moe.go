@@ -111,6 +111,10 @@ func (m *MoE) Config() MoEConfig { return m.cfg }
 // Params returns the router weight, then w_gate, w_up, w_down.
 func (m *MoE) Params() []*Param { return append([]*Param{m.Router.W}, m.Experts.Params()...) }
 
+// SetAuxWeight weights the gradient of the router's auxiliary losses
+// (AuxWeighter, Router.AuxWeight).
+func (m *MoE) SetAuxWeight(w float64) { m.Router.SetAuxWeight(w) }
+
 func (m *MoE) what() string { return "layers: moe " + m.Name }
 
 // AuxLoss is the auxiliary loss of the last Forward (0 before one).

@@ -33,24 +33,43 @@ func (blk *Block) statsAsync() func() (aux float64, st MoEStats, moe bool, err e
 // and later forwards do not change what it returns. It sums the blocks'
 // auxiliary losses in the order AuxLoss does (the same value). The
 // function may be called more than once.
+//
+// After a ForwardBackward it gives the statistics of the step's
+// micro-batches combined: the auxiliary loss their mean, each block's
+// MoEStats combined over them (MoEStats.Combine).
 func (d *Decoder) RouterStatsAsync() func() (aux float64, stats []MoEStats, err error) {
+	if d.steps != nil {
+		return combineSteps(d.steps)
+	}
+	read := d.blocksStatsAsync()
+	return func() (float64, []MoEStats, error) {
+		aux, stats, _, err := read()
+		return aux, stats, err
+	}
+}
+
+// blocksStatsAsync is RouterStatsAsync of the blocks' last forward, with a
+// flag that says whether any block is an MoE block.
+func (d *Decoder) blocksStatsAsync() func() (float64, []MoEStats, bool, error) {
 	reads := make([]func() (float64, MoEStats, bool, error), len(d.p.Blocks))
 	for i, blk := range d.p.Blocks {
 		reads[i] = blk.statsAsync()
 	}
-	return func() (float64, []MoEStats, error) {
+	return func() (float64, []MoEStats, bool, error) {
 		var aux float64
 		var stats []MoEStats
+		any := false
 		for _, read := range reads {
 			a, st, moe, err := read()
 			if err != nil {
-				return 0, nil, err
+				return 0, nil, false, err
 			}
 			aux += a
 			if moe {
 				stats = append(stats, st)
+				any = true
 			}
 		}
-		return aux, stats, nil
+		return aux, stats, any, nil
 	}
 }

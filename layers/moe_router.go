@@ -59,6 +59,10 @@ type Router struct {
 	// are averaged over D ranks sets D, so that the aux term keeps its
 	// weight (see parallel/ep).
 	AuxGradScale float64
+	// AuxWeight also multiplies that gradient: the weight of this
+	// forward's auxiliary losses in the step's loss, 1/k for each of k
+	// micro-batches (Decoder.ForwardBackward sets it); 0 means 1.
+	AuxWeight float64
 	// DeviceStats makes Forward keep the choices and the load statistics
 	// on the device (no download, no waiting read): Indices is then nil,
 	// IndicesDevice and LocalDevice hold them, and SetGlobalDevice takes
@@ -374,6 +378,9 @@ func (r *Router) prepareGrads(routed, invT *tensor.Tensor) {
 	if scale == 0 {
 		scale = 1
 	}
+	if r.AuxWeight != 0 {
+		scale *= r.AuxWeight
+	}
 	if r.AuxLossCoef != 0 {
 		r.auxGrad = layerkit.Ensure(r.b, r.auxGrad, rdt, E)
 		r.auxTmp = layerkit.Ensure(r.b, r.auxTmp, rdt, E, 1)
@@ -382,6 +389,9 @@ func (r *Router) prepareGrads(routed, invT *tensor.Tensor) {
 	}
 	r.zInv, r.zGradC = invT, scale*r.ZLossCoef*2
 }
+
+// SetAuxWeight sets AuxWeight (layers.AuxWeighter).
+func (r *Router) SetAuxWeight(w float64) { r.AuxWeight = w }
 
 // Losses returns the raw load-balancing loss and z-loss of the last step
 // (before their coefficients).

@@ -99,6 +99,9 @@ type ParamSet struct {
 	b    tensor.Backend
 	w, g *tensor.Tensor // (Numel) flat weights and gradients
 	ws   *workspace     // the buffers its layers share (workspace.go)
+
+	main    *tensor.Tensor // (Numel) fp32 main gradients of a bf16 set (UseMainGrads); nil: g
+	scratch *tensor.Tensor // fp32 staging of AccumulateGrads (a run of g converted)
 }
 
 // NewParamSet returns an empty set whose initial values derive from seed.
@@ -258,10 +261,14 @@ func (s *ParamSet) Materialize(b tensor.Backend, dt tensor.DType) error {
 	return nil
 }
 
-// ZeroGrad sets every gradient to zero (a no-op before Materialize).
+// ZeroGrad sets every gradient to zero, the main gradients too (a no-op
+// before Materialize).
 func (s *ParamSet) ZeroGrad() {
 	if s.g != nil {
 		s.b.Fill(s.g, 0)
+	}
+	if s.main != nil {
+		s.b.Fill(s.main, 0)
 	}
 }
 

@@ -60,7 +60,9 @@ func checkLR(step int, lr float64) error {
 	return nil
 }
 
-// AdamW is the optimizer over a ParamSet's flat buffers. Its state is kept
+// AdamW is the optimizer over a ParamSet's flat buffers: its weights and
+// its main gradients (layers.ParamSet.MainGrads: the fp32 main gradients
+// of a bf16 set that has them, else the gradients). Its state is kept
 // per segment of the flat buffers, a range [lo, hi) of parameters that
 // share their weight decay: the prefix with weight decay and the rest
 // (layers.ParamSet lays the decayed parameters out first). The moments m
@@ -115,7 +117,8 @@ func NewAdamWWithConfig(b tensor.Backend, ps *layers.ParamSet, cfg AdamWConfig) 
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	w, g := ps.Flat()
+	w, _ := ps.Flat()
+	g := ps.MainGrads() // the fp32 main gradients of a bf16 set that has them
 	if w == nil || g == nil {
 		return nil, errors.New("optim: NewAdamW: the parameter set is not materialized (ParamSet.Materialize)")
 	}
@@ -333,6 +336,9 @@ func (o *AdamW) StepClipped(step int, lr float64, normSq *tensor.Tensor, clip fl
 // update runs the backend's AdamW on every segment with hp's per-step
 // fields and the config's.
 func (o *AdamW) update(step int, hp tensor.AdamW) error {
+	if g := o.ps.MainGrads(); g != o.g {
+		return fmt.Errorf("optim: AdamW step %d: the parameter set's main gradients changed after the optimizer was made (%v, made with %v): call UseMainGrads before NewAdamW", step, g, o.g)
+	}
 	hp.Beta1, hp.Beta2, hp.Eps, hp.Step = float32(o.cfg.Beta1), float32(o.cfg.Beta2), float32(o.cfg.Eps), step
 	for _, s := range o.segs {
 		h := hp

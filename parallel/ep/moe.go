@@ -135,6 +135,10 @@ func (m *MoE) Params() []*layers.Param {
 	return append([]*layers.Param{m.Router.W}, m.Experts.Params()...)
 }
 
+// SetAuxWeight weights the gradient of the router's auxiliary losses
+// (layers.AuxWeighter: 1/k for each of a step's k micro-batches).
+func (m *MoE) SetAuxWeight(w float64) { m.Router.SetAuxWeight(w) }
+
 // ReplicatedParams returns the parameters every rank holds whole (the
 // router weight).
 func (m *MoE) ReplicatedParams() []*layers.Param { return []*layers.Param{m.Router.W} }
