@@ -42,8 +42,8 @@ func size(c comm.Comm) int {
 }
 
 // Reduction is a list of gradient tensors that are summed over one group:
-// views of the flat gradient buffer, each a run of neighbouring parameters
-// of one kind, in flat order.
+// views of the flat main gradient (layers.ParamSet.MainGrads), each a run
+// of neighbouring parameters of one kind, in flat order.
 type Reduction struct {
 	What  string           // what is reduced, for errors: "dense gradients over the DP group"
 	Group comm.Comm        // never a group of one rank
@@ -68,8 +68,12 @@ type span struct{ lo, hi int }
 // of the flat gradient (one call on the whole buffer for a dense model).
 type Reducer struct {
 	b       tensor.Backend
+	ps      *layers.ParamSet
 	groups  Groups
-	g       *tensor.Tensor // the flat gradient
+	cfg     Config
+	g       *tensor.Tensor // the flat main gradient (ParamSet.MainGrads): what is reduced and read
+	pg      *tensor.Tensor // the flat parameter gradient (ParamSet.Flat's), where the backward adds
+	redDT   tensor.DType   // the dtype the sums run in
 	statDT  tensor.DType   // the dtype of the host sums' buffer (hostreduce)
 	dense   []span         // every parameter but the experts: summed over DP
 	partial []span         // replicated parameters with per-TP-rank partial gradients: summed over TP
@@ -77,20 +81,39 @@ type Reducer struct {
 	repl    []span         // parameters every rank holds whole
 	expert  []span         // expert weights split over EP: summed over EDP
 	parts   [3]*tensor.Tensor
+
+	buckets []bucket
+	byParam map[*layers.Param][]int // the buckets each parameter overlaps
+	step    backwardState
+	lane    *lane
 }
 
-// NewReducer plans the reduction of the materialized set ps, whose every
-// parameter shards describes exactly once, over groups. The descriptions
-// are checked against the parameters and the groups: a slice of a
-// parameter split over TP (EP) must be 1/size of the full dimension, and a
-// parameter split over EP needs the EP group.
+// NewReducer is NewReducerWith the default Config: the sums in the main
+// gradients' dtype, buckets of DefaultBucketBytes, each reduced as soon as
+// the backward has completed it.
 func NewReducer(b tensor.Backend, ps *layers.ParamSet, shards []shard.Shard, groups Groups) (*Reducer, error) {
+	return NewReducerWith(b, ps, shards, groups, Config{})
+}
+
+// NewReducerWith plans the reduction of the materialized set ps, whose
+// every parameter shards describes exactly once, over groups, as cfg says.
+// The descriptions are checked against the parameters and the groups: a
+// slice of a parameter split over TP (EP) must be 1/size of the full
+// dimension, and a parameter split over EP needs the EP group. The
+// reduction reads and writes ps.MainGrads(): give a bf16 set its fp32 main
+// gradients (ParamSet.UseMainGrads) before.
+func NewReducerWith(b tensor.Backend, ps *layers.ParamSet, shards []shard.Shard, groups Groups, cfg Config) (*Reducer, error) {
 	if b == nil || ps == nil {
 		return nil, errors.New("grads: NewReducer needs a backend and a parameter set")
 	}
-	_, g := ps.Flat()
-	if g == nil {
+	_, pg := ps.Flat()
+	g := ps.MainGrads()
+	if g == nil || pg == nil {
 		return nil, errors.New("grads: NewReducer: the parameter set is not materialized (ParamSet.Materialize)")
+	}
+	redDT, err := cfg.reduceDType(g, pg, ps.SeparateMainGrads())
+	if err != nil {
+		return nil, err
 	}
 	byParam := map[*layers.Param]shard.Shard{}
 	for _, s := range shards {
@@ -116,7 +139,7 @@ func NewReducer(b tensor.Backend, ps *layers.ParamSet, shards []shard.Shard, gro
 		}
 		byParam[s.Param] = s
 	}
-	r := &Reducer{b: b, groups: groups, g: g, statDT: layerkit.StatDType(g.DType())}
+	r := &Reducer{b: b, ps: ps, groups: groups, cfg: cfg, g: g, pg: pg, redDT: redDT, statDT: layerkit.StatDType(g.DType())}
 	params := ps.Params()
 	sort.Slice(params, func(i, j int) bool { return params[i].Offset() < params[j].Offset() })
 	for _, p := range params {
@@ -138,6 +161,9 @@ func NewReducer(b tensor.Backend, ps *layers.ParamSet, shards []shard.Shard, gro
 		if s.PartialGrad {
 			r.partial = appendSpan(r.partial, sp)
 		}
+	}
+	if err := r.planBuckets(params); err != nil {
+		return nil, err
 	}
 	return r, nil
 }
@@ -195,22 +221,20 @@ func (r *Reducer) Reductions() ([]Reduction, error) {
 	return out, nil
 }
 
-// Reduce sums the gradients over their groups (Reductions), in place, each
-// all-reduce queued on the groups' stream and waited for there. Every rank
-// of the groups calls it after its backward.
+// Reduce sums the gradients over their groups after a backward that ran
+// without the Reducer's GradSync calls: the bucket's sums over DP (EDP
+// for the experts), bucket by bucket, then the partial gradients' over
+// TP, in place, each queued on the groups' stream and waited for there;
+// with separate main gradients (a bf16 set) the backward's gradients are
+// first copied into them. It is a step of one micro-batch whose buckets
+// all become complete at its end, so its sums are those of a backward
+// with the GradSync calls, bit for bit. Every rank of the groups calls it
+// after its backward.
 func (r *Reducer) Reduce() error {
-	rs, err := r.Reductions()
-	if err != nil {
+	if err := r.BeginBackward(0, 1); err != nil {
 		return err
 	}
-	for _, red := range rs {
-		for _, t := range red.Grads {
-			if err := r.allReduce(red.Group, red.What, t); err != nil {
-				return err
-			}
-		}
-	}
-	return r.sticky("gradient reduction")
+	return r.EndBackward(nil)
 }
 
 // allReduce sums t over group c in place and waits for it on the stream.

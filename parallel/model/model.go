@@ -34,6 +34,12 @@ type Options struct {
 	// (ep.Parallel.MaxTokens): the size of the expert path's buffers, which the
 	// pipelined expert path (parallel/ep/peerep) needs. 0: none.
 	MaxTokens int
+	// GradReduce says how the gradients are reduced over the replicas
+	// (grads.Config): the zero value sums them in fp32 (a bf16 model has
+	// fp32 main gradients), in buckets of grads.DefaultBucketBytes, each
+	// started on a side stream (a goroutine on the CPU) as soon as the
+	// backward has completed it.
+	GradReduce grads.Config
 }
 
 // Model is the tensor- and data-parallel GPT: layers.GPT with its weights
@@ -170,9 +176,13 @@ func New(b tensor.Backend, grid *comm.Grid, cfg layers.GPTConfig, opts Options, 
 	if err := m.ps.Materialize(b, dt); err != nil {
 		return nil, err
 	}
-	if m.red, err = grads.NewReducer(b, m.ps, m.shards, grads.GridGroups(grid, opts.Stream)); err != nil {
+	if err := m.ps.UseMainGrads(); err != nil { // fp32 main gradients for a bf16 model
+		return nil, err
+	}
+	if m.red, err = grads.NewReducerWith(b, m.ps, m.shards, grads.GridGroups(grid, opts.Stream), opts.GradReduce); err != nil {
 		return nil, fmt.Errorf("model: %w", err)
 	}
+	m.dec.SetGradSync(m.red)
 	return m, nil
 }
 
@@ -342,18 +352,42 @@ func (m *Model) ReadLoss() (float64, error) { return m.dec.ReadLoss() }
 func (m *Model) LossAsync() (func() (float64, error), error) { return m.dec.LossAsync() }
 
 // Backward adds this replica's gradient of the last Forward's global mean
-// loss to the parameters' gradients, then reduces them so that every rank
-// holds, for each of its parameters, the gradient of the global mean: the
-// sum over the DP group, and for replicated parameters whose gradients are
-// partial per TP rank (sequence parallelism) also the sum over the TP
-// group. It requires a Forward with targets, and runs once per Forward. An
-// error aborts the world (comm.Aborter).
+// loss to the parameters' gradients and reduces them so that every rank
+// holds, for each of its parameters, the gradient of the global mean in
+// its main gradients (layers.ParamSet.MainGrads): the sum over the DP
+// group, and for replicated parameters whose gradients are partial per TP
+// rank (sequence parallelism) also the sum over the TP group. The sums run
+// by buckets behind the backward as Options.GradReduce says (a step of
+// one micro-batch of ForwardBackward). It requires a Forward with
+// targets, and runs once per Forward. An error aborts the world
+// (comm.Aborter).
 func (m *Model) Backward() error {
-	if err := m.dec.Backward(); err != nil {
-		return err // the decoder has called m.fail where it applies
-	}
-	if err := m.red.Reduce(); err != nil {
-		return m.fail(err)
-	}
-	return nil
+	return m.dec.Backward() // the decoder has called m.fail where it applies
 }
+
+// Replicas is the number of data-parallel replicas, DP.
+func (m *Model) Replicas() int { return m.grid.DP }
+
+// SetMicroBatches makes each following ForwardBackward run the global
+// batch as k micro-batches (layers.Decoder.ForwardBackward): micro-batch
+// j is rows [j·B/k, (j+1)·B/k) of the global batch, of which each replica
+// takes its B/(k·DP) rows, so a run at any layout sees the micro-batches
+// of the single-rank run. Every rank calls it alike.
+func (m *Model) SetMicroBatches(k int) error { return m.dec.SetMicroBatches(k) }
+
+// ForwardBackward is a training step's forward and backward over the
+// GLOBAL batch (as Forward takes it) in the micro-batches SetMicroBatches
+// set (layers.Decoder.ForwardBackward says how the loss, the gradients
+// and the MoE blocks' auxiliary losses and statistics combine over them):
+// each micro-batch's gradients add into the main gradients (fp32 for a
+// bf16 model), and on the last one each bucket's sum over the replicas
+// starts as soon as the backward has completed it (Options.GradReduce),
+// the step ending when every sum has. The loss is then read with ReadLoss
+// or LossAsync. An error after the inputs' checks aborts the world.
+func (m *Model) ForwardBackward(ids, targets *tensor.Tensor) error {
+	return m.dec.ForwardBackward(ids, targets)
+}
+
+// Buckets lists the buckets the gradients are summed in over the replicas
+// (grads.Reducer.Buckets).
+func (m *Model) Buckets() []grads.Bucket { return m.red.Buckets() }

@@ -82,6 +82,9 @@ type moeFFN struct {
 
 func (f *moeFFN) Params() []*layers.Param { return f.moe.Params() }
 
+// SetAuxWeight is the EP layer's (layers.AuxWeighter).
+func (f *moeFFN) SetAuxWeight(w float64) { f.moe.SetAuxWeight(w) }
+
 // AuxLoss is the EP layer's, over the global batch (layers.Block.AuxLoss).
 func (f *moeFFN) AuxLoss() float64 { return f.moe.AuxLoss() }
 
