@@ -16,8 +16,13 @@ import (
 // block take the defaults.
 type Config struct {
 	Steps int `json:"steps"` // total optimizer steps of the run (the last step's number)
-	Batch int `json:"batch"` // sequences per step (B)
+	Batch int `json:"batch"` // sequences per step (B): the global batch, over all replicas
 	Seq   int `json:"seq"`   // tokens per sequence (T)
+	// MicroBatch is the sequences of one forward per data-parallel
+	// replica: a step runs Batch / (MicroBatch × DP) micro-batches whose
+	// gradients add up (gradient accumulation), Batch = MicroBatch ×
+	// accumulation steps × DP. 0: Batch / DP (one forward per step).
+	MicroBatch int `json:"micro_batch,omitempty"`
 
 	LR          float64 `json:"lr"`           // peak learning rate, reached at the end of warm-up
 	MinLR       float64 `json:"min_lr"`       // learning rate at the last step (cosine decay target)
@@ -121,6 +126,8 @@ func (c Config) Validate() error {
 		return bad("batch", c.Batch, "> 0")
 	case c.Seq <= 0:
 		return bad("seq", c.Seq, "> 0")
+	case c.MicroBatch < 0 || c.MicroBatch > c.Batch:
+		return bad("micro_batch", c.MicroBatch, fmt.Sprintf("in [1, batch = %d] (0: one forward per step)", c.Batch))
 	case !(c.LR > 0) || !finite(c.LR):
 		return bad("lr", c.LR, "a finite value > 0")
 	case !(c.MinLR >= 0) || c.MinLR > c.LR:
@@ -155,4 +162,22 @@ func (c Config) Validate() error {
 		return bad("out_dir", `""`, "a directory")
 	}
 	return nil
+}
+
+// MicroBatches is the number of micro-batches of a step over dp
+// data-parallel replicas: Batch / (MicroBatch × dp), 1 when MicroBatch is
+// 0. A batch that is not MicroBatch × accumulation steps × dp is refused,
+// naming the three.
+func (c Config) MicroBatches(dp int) (int, error) {
+	if dp < 1 {
+		return 0, fmt.Errorf("train: %d data-parallel replicas, expected at least 1", dp)
+	}
+	if c.MicroBatch == 0 {
+		return 1, nil
+	}
+	if c.MicroBatch < 0 || c.Batch%(c.MicroBatch*dp) != 0 {
+		return 0, fmt.Errorf("train: batch %d is not micro_batch %d × accumulation steps × dp %d: expected a batch divisible by micro_batch × dp = %d",
+			c.Batch, c.MicroBatch, dp, c.MicroBatch*dp)
+	}
+	return c.Batch / (c.MicroBatch * dp), nil
 }

@@ -40,6 +40,15 @@ func (m *cancelAt) ForwardAsync(ids, targets *tensor.Tensor) error {
 	return m.GPT.ForwardAsync(ids, targets)
 }
 
+// ForwardBackward is the loop's step when the model has one (MicroBatcher).
+func (m *cancelAt) ForwardBackward(ids, targets *tensor.Tensor) error {
+	m.calls++
+	if m.calls == m.call {
+		m.cancel()
+	}
+	return m.GPT.ForwardBackward(ids, targets)
+}
+
 func newTinyGPT(t testing.TB, b tensor.Backend) *layers.GPT {
 	m, err := layers.NewGPT(b, layers.GPTConfig{Layers: 1, Dim: 16, Heads: 2, Vocab: 256, Seq: 16, Seed: 5}, tensor.Float32)
 	if err != nil {

@@ -40,6 +40,28 @@ type AsyncLoss interface {
 	ReadLoss() (float64, error)
 }
 
+// MicroBatcher is an optional interface of a Model that runs a step's
+// forward and backward in one call, as micro-batches whose gradients add
+// up (layers.GPT, parallel/model.Model). Run sets the micro-batches from
+// Config.MicroBatch before it makes the optimizer, then calls
+// ForwardBackward for each step and reads the loss as from an AsyncLoss
+// model (ReadLoss, LossAsync).
+type MicroBatcher interface {
+	// Replicas is the number of data-parallel replicas the global batch
+	// is split over (1 for a model of one rank).
+	Replicas() int
+	// SetMicroBatches makes each ForwardBackward run its global batch as
+	// k micro-batches (it may give a bf16 model fp32 main gradients,
+	// which the optimizer must be made after).
+	SetMicroBatches(k int) error
+	// ForwardBackward runs the forward and backward of the global batch
+	// (host int32 (B, T) ids and targets, as Forward takes them) and
+	// leaves the gradients of the step's mean loss, reduced over the
+	// ranks, and the loss for ReadLoss.
+	ForwardBackward(ids, targets *tensor.Tensor) error
+	ReadLoss() (float64, error)
+}
+
 // Result sums up a run.
 type Result struct {
 	Step         int           // the last step done (the run's global step count)
@@ -188,6 +210,9 @@ func Run(ctx context.Context, b tensor.Backend, model Model, data *Loader, cfg C
 	if o.val != nil && (o.valEvery <= 0 || o.valBatches <= 0) {
 		return Result{}, fmt.Errorf("train: validation every %d steps over %d batches, want both > 0", o.valEvery, o.valBatches)
 	}
+	if err := setMicroBatches(model, cfg); err != nil {
+		return Result{}, err
+	}
 	ps := model.Params()
 	if ps == nil {
 		return Result{}, errors.New("train: the model has no parameter set")
@@ -248,4 +273,21 @@ func modelConfigJSON(m Model, explicit any) (json.RawMessage, error) {
 		return nil, fmt.Errorf("train: model config: %w", err)
 	}
 	return js, nil
+}
+
+// setMicroBatches gives a MicroBatcher its micro-batches per step from
+// cfg.MicroBatch; a model that is not one takes none.
+func setMicroBatches(model Model, cfg Config) error {
+	mb, ok := model.(MicroBatcher)
+	if !ok {
+		if cfg.MicroBatch != 0 && cfg.MicroBatch != cfg.Batch {
+			return fmt.Errorf("train: micro_batch %d: the model (%T) cannot run a step as micro-batches, expected 0 or the batch %d", cfg.MicroBatch, model, cfg.Batch)
+		}
+		return nil
+	}
+	k, err := cfg.MicroBatches(mb.Replicas())
+	if err != nil {
+		return err
+	}
+	return mb.SetMicroBatches(k)
 }

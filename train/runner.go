@@ -336,6 +336,12 @@ type LossReader interface {
 // backward. A plain model's loss is checked at once: a non-finite one
 // stops the step before the backward.
 func (r *runner) forwardBackward(ids, targets *tensor.Tensor, step int) (func() (float64, error), error) {
+	if mb, ok := r.model.(MicroBatcher); ok {
+		if err := mb.ForwardBackward(ids, targets); err != nil {
+			return nil, fmt.Errorf("train: step %d: forward and backward: %w", step, err)
+		}
+		return r.readLoss(mb.ReadLoss, step)
+	}
 	async, ok := r.model.(AsyncLoss)
 	var loss float64
 	var err error
@@ -359,6 +365,16 @@ func (r *runner) forwardBackward(ids, targets *tensor.Tensor, step int) (func() 
 	if !ok {
 		return func() (float64, error) { return loss, nil }, nil
 	}
+	return r.readLoss(async.ReadLoss, step)
+}
+
+// readLoss is the loss of a step whose forward and backward are queued:
+// queued for reading when the model is a LossReader, else read now
+// (readNow) and checked.
+func (r *runner) readLoss(readNow func() (float64, error), step int) (func() (float64, error), error) {
+	if err := r.b.Err(); err != nil {
+		return nil, fmt.Errorf("train: step %d: %w", step, err)
+	}
 	if lr, ok := r.model.(LossReader); ok {
 		read, err := lr.LossAsync()
 		if err != nil {
@@ -366,7 +382,8 @@ func (r *runner) forwardBackward(ids, targets *tensor.Tensor, step int) (func() 
 		}
 		return read, nil
 	}
-	if loss, err = async.ReadLoss(); err != nil {
+	loss, err := readNow()
+	if err != nil {
 		return nil, fmt.Errorf("train: step %d: reading the loss: %w", step, err)
 	}
 	if !finite(loss) {

@@ -259,6 +259,9 @@ func (c *Config) validate(l origin) error {
 	if err := c.checkFusedTransfer(); err != nil {
 		return err
 	}
+	if err := c.checkAccum(); err != nil {
+		return err
+	}
 	if c.modelKnown() {
 		if err := c.Parallel.check(c.Model.WithDefaults(), c.Train); err != nil {
 			return err

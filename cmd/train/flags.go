@@ -106,7 +106,8 @@ var trainFlags = sections(
 	flagOf("z-loss-coef", at("model.z_loss_coef"), 0.0, "MoE router z-loss weight (0: off)", func(c *Config, v float64) { c.Model.ZLossCoef = v }),
 
 	secTrain,
-	flagOf("batch", at("train.batch"), 0, "sequences per step", func(c *Config, v int) { c.Train.Batch = v }),
+	flagOf("batch", at("train.batch"), 0, "sequences per step (the global batch, over every data-parallel replica)", func(c *Config, v int) { c.Train.Batch = v }),
+	flagOf("micro-batch", at("train.micro_batch"), 0, "sequences per forward per data-parallel replica: each step runs batch / (micro-batch × dp) micro-batches whose gradients add up (batch = micro-batch × accumulation steps × dp); 0: one forward per step", func(c *Config, v int) { c.Train.MicroBatch = v }),
 	flagOf("steps", at("train.steps"), 0, "optimizer steps", func(c *Config, v int) { c.Train.Steps = v }),
 	flagOf("warmup", at("train.warmup"), 0, "linear warm-up steps", func(c *Config, v int) { c.Train.Warmup = v }),
 	flagOf("lr", at("train.lr"), 0.0, "peak learning rate", func(c *Config, v float64) { c.Train.LR = v }),
@@ -137,6 +138,9 @@ var trainFlags = sections(
 	flagOf("autotune", at("autotune"), false, "with --overlap auto: time collective against pipelined at start for each site the autotune cache has no entry for (a verified micro-run on this run's ranks) and write the choices into the cache", func(c *Config, v bool) { c.Autotune = v }),
 	flagOf("autotune-cache", at("autotune_cache"), "", "autotune cache `file` that --overlap auto picks from (cmd/ablate's autotune.json; default OUT/autotune.json when it exists)", func(c *Config, v string) { c.AutotuneCache = v }),
 	flagOf("grouped-gemm", at("grouped_gemm"), GroupedAuto, "the MoE layers' expert GEMMs: auto (the backend's preference), on (the backend's grouped GEMM: with --overlap pipelined on --comm nvshmem GPUs the step reads no counts on the host), off (one GEMM per expert)", func(c *Config, v string) { c.GroupedGEMM = v }),
+	flagOf("grad-reduce-dtype", at("parallel.grad_reduce_dtype"), ReduceFP32, "the dtype the gradients are summed in over the replicas: fp32 (a bf16 model's fp32 main gradients) or bf16 (rounded to bf16 for the sum; a bf16 model only)", func(c *Config, v string) { c.Parallel.GradReduceDType = v }),
+	flagOf("grad-bucket-mb", at("parallel.grad_bucket_mb"), 0.0, "size in MiB of the buckets the gradients are summed in over the replicas (0: 25, PyTorch DDP's)", func(c *Config, v float64) { c.Parallel.GradBucketMB = v }),
+	flagOf("overlap-grad-reduce", at("parallel.overlap_grad_reduce"), true, "start each bucket's sum over the replicas as soon as the backward has completed it, beside the rest of the backward (false: after the whole backward)", func(c *Config, v bool) { c.Parallel.OverlapGradReduce = &v }),
 	flagOf("fused-transfer", at("fused_transfer"), "", "how the fused strategy's all-gathers land the peers' shards: pull (copy-engine pulls from the peers' symmetric memory, the default) or put (a few CTAs of each peer store its shard into this rank's symmetric buffer); default $"+peercopy.TransferEnv+", else pull; needs --overlap fused or auto on --comm nvshmem GPUs", func(c *Config, v string) { c.FusedTransfer = v }),
 )
 

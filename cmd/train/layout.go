@@ -39,6 +39,13 @@ type ParallelConfig struct {
 	CommTimeout      Duration `json:"comm_timeout"` // "5m0s"; a number is seconds
 	Comm             string   `json:"comm,omitempty"`
 	NProc            int      `json:"nproc,omitempty"`
+	// The gradients' sums over the replicas (accum.go): their dtype
+	// (--grad-reduce-dtype fp32 or bf16; empty: fp32), their buckets'
+	// size in MiB (--grad-bucket-mb; 0: 25) and whether each bucket's sum
+	// starts behind the backward (--overlap-grad-reduce; absent: true).
+	GradReduceDType   string  `json:"grad_reduce_dtype,omitempty"`
+	GradBucketMB      float64 `json:"grad_bucket_mb,omitempty"`
+	OverlapGradReduce *bool   `json:"overlap_grad_reduce,omitempty"`
 }
 
 // The transports --comm names.

@@ -114,7 +114,10 @@ func tuning(cfg Config, b tensor.Backend, dt tensor.DType, world comm.Comm, pipe
 		gpu = cb.DeviceName()
 	}
 	p := cfg.Parallel
-	tokens := cfg.Train.Batch * cfg.Train.Seq / max(1, p.DP)
+	tokens := cfg.Train.Batch * cfg.Train.Seq / max(1, p.DP) // a replica's tokens per forward
+	if m := cfg.Train.MicroBatch; m > 0 {
+		tokens = m * cfg.Train.Seq
+	}
 	l := ablate.Lookup{Cache: c, Path: path, Transport: p.Comm, GPU: gpu, Tokens: tokens, DType: dt.String()}
 	if !cfg.Autotune {
 		return l, nil
@@ -212,8 +215,14 @@ func gpuOverlap(cfg Config, c comm.Comm, b tensor.Backend) []overlap.Strategy {
 	return []overlap.Strategy{peerep.Pipelined{}, peerep.Fused{Fused: fusedStrategy(cfg)}}
 }
 
-// moeMaxTokens bounds the tokens an MoE layer routes per rank and step (the
-// expert path's buffers, ep.Parallel.MaxTokens): the whole batch of a step, which
-// no rank's slice exceeds. The pipelined expert path sizes its symmetric
+// moeMaxTokens bounds the tokens an MoE layer routes per rank and forward
+// (the expert path's buffers, ep.Parallel.MaxTokens): the whole batch of a step,
+// or of a micro-batch (over every replica) with --micro-batch, which no
+// rank's slice exceeds. The pipelined expert path sizes its symmetric
 // buffers by it.
-func moeMaxTokens(cfg Config) int { return cfg.Train.Batch * cfg.Train.Seq }
+func moeMaxTokens(cfg Config) int {
+	if m := cfg.Train.MicroBatch; m > 0 { // one forward takes a micro-batch of every replica
+		return m * max(cfg.Parallel.DP, 1) * cfg.Train.Seq
+	}
+	return cfg.Train.Batch * cfg.Train.Seq
+}

@@ -94,8 +94,12 @@ func trainRank(ctx context.Context, w *launch.World, cfg Config, ds *train.Datas
 	if err != nil {
 		return train.Result{}, err
 	}
+	gr, err := cfg.gradReduce(dt)
+	if err != nil {
+		return train.Result{}, err
+	}
 	m, err := model.New(b, g, cfg.Model, model.Options{SequenceParallel: p.SequenceParallel, Stream: s, Overlap: ch,
-		MaxTokens: moeMaxTokens(cfg)}, dt)
+		MaxTokens: moeMaxTokens(cfg), GradReduce: gr}, dt)
 	if err != nil {
 		return train.Result{}, err
 	}

@@ -1,0 +1,71 @@
+package main
+
+import (
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/asynctp/asynctp/train"
+)
+
+// TestAccumFlagsRefused: a batch that is not micro-batch × steps × dp, an
+// unknown reduction dtype, a bf16 reduction of the CPU's f32 model, a
+// negative bucket size, and reduction settings for a run of one rank
+// (which sums nothing) are refused, each naming the flags.
+func TestAccumFlagsRefused(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--micro-batch", "3"}, "--batch 4 is not --micro-batch 3 × accumulation steps × --dp 1"},
+		{[]string{"--dp", "2", "--micro-batch", "4"}, "--micro-batch 4"},
+		{[]string{"--dp", "2", "--micro-batch", "2", "--batch", "6"}, "micro-batch × dp = 4"},
+		{[]string{"--dp", "2", "--grad-reduce-dtype", "fp16"}, `--grad-reduce-dtype "fp16", expected fp32 or bf16`},
+		{[]string{"--dp", "2", "--grad-reduce-dtype", "bf16"}, "expected a bf16 model (--device cuda)"},
+		{[]string{"--dp", "2", "--grad-bucket-mb", "-1"}, "--grad-bucket-mb -1"},
+		{[]string{"--grad-bucket-mb", "1"}, "--grad-bucket-mb 1 cannot take effect: a run of one rank"},
+		{[]string{"--overlap-grad-reduce=false"}, "--overlap-grad-reduce false cannot take effect"},
+	} {
+		_, err := loadConfig(par(t.TempDir(), c.args...))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: %v, want an error containing %q", c.args, err, c.want)
+		}
+	}
+	// The defaults given explicitly are fine on one rank.
+	if _, err := loadConfig(par(t.TempDir(), "--grad-reduce-dtype", "fp32", "--overlap-grad-reduce", "--micro-batch", "2")); err != nil {
+		t.Errorf("the defaults given on one rank: %v", err)
+	}
+}
+
+// TestMicroBatchRuns: a run of micro-batches trains as the run of whole
+// batches (dense, 1e-5); at DP 2 over tcp processes with buckets of 2 KiB
+// (several per rank) it matches the single-process run of the same
+// micro-batches, and so does an MoE run at EP 2 with the tokens per expert
+// of every step exactly; with the sums after the backward
+// (--overlap-grad-reduce=false) the losses are the same bits as with them
+// behind it.
+func TestMicroBatchRuns(t *testing.T) {
+	steps := []string{"--steps", "6"}
+	whole := metrics(t, trainRun(t, steps...))
+	micro := metrics(t, trainRun(t, append(steps, "--micro-batch", "2")...))
+	sameRun(t, "--micro-batch 2", micro, whole, 1e-5)
+	microMoE := metrics(t, trainRun(t, append(append(steps, moe...), "--micro-batch", "2")...))
+	for _, c := range []struct {
+		name string
+		args []string
+		want []train.StepMetrics
+	}{
+		{"dense", []string{"--dp", "2"}, micro},
+		{"moe", append([]string{"--ep", "2"}, moe...), microMoE},
+	} {
+		args := append(append([]string{"--nproc", "2", "--comm", "tcp", "--micro-batch", "1", "--grad-bucket-mb", "0.002"}, steps...), c.args...)
+		sameRun(t, c.name+" "+strings.Join(args, " "), metrics(t, trainRun(t, args...)), c.want, 1e-5)
+	}
+	over := metrics(t, trainRun(t, append(steps, "--dp", "2", "--micro-batch", "1", "--grad-bucket-mb", "0.002")...))
+	after := metrics(t, trainRun(t, append(steps, "--dp", "2", "--micro-batch", "1", "--grad-bucket-mb", "0.002", "--overlap-grad-reduce=false")...))
+	for i := range over {
+		if math.Float64bits(over[i].Loss) != math.Float64bits(after[i].Loss) || over[i].GradNorm != after[i].GradNorm {
+			t.Fatalf("step %d: loss %v, norm %v with the sums behind the backward; %v, %v after it", over[i].Step, over[i].Loss, over[i].GradNorm, after[i].Loss, after[i].GradNorm)
+		}
+	}
+}
