@@ -16,6 +16,13 @@
 // of seed 0; a weight's standard deviation must be > 0 (Init: Constant(0)
 // asks for zeros).
 //
+// A bf16 set can keep fp32 main gradients beside its gradients
+// (UseMainGrads), into which each micro-batch's gradients add
+// (AccumulateGrads); MainGrads is what the optimizer and the gradient
+// reduction read. Decoder.ForwardBackward runs a step as micro-batches and
+// tells a GradSync (parallel/grads' Reducer) when parameters' gradients are
+// complete, so that their reduction can start behind the backward.
+//
 // # Conventions
 //
 //   - Activations are row-major; shapes are written next to the fields that

@@ -245,6 +245,7 @@ func (d *Decoder) backwardWith(j, k int) error {
 // gradient of the auxiliary losses of the following forwards by w (not
 // their values), the 1/k of a step of k micro-batches; 1 restores it.
 type AuxWeighter interface {
+	// SetAuxWeight sets the weight w of the auxiliary losses' gradient.
 	SetAuxWeight(w float64)
 }
 

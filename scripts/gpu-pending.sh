@@ -14,7 +14,11 @@
 #  4. the tiny CPU-against-GPU curve with --kv-heads, 50 steps, at head dims
 #     64 (4 heads, 1 key/value head) and 128 (2 heads, 1 key/value head);
 #  5. compute-sanitizer memcheck over the fused MoE expert path on 2 PEs
-#     under MPS (ep_send's warp-per-slot dweights have not run under it).
+#     under MPS (ep_send's warp-per-slot dweights have not run under it);
+#  6. the 50-step tiny-moe curve at EP 2 against one process with the
+#     gradients summed in fp32 (the default) and in bf16, over nvshmem and
+#     nccl, with routing-diff's count of flipped token-layers; and a run of
+#     micro-batches.
 # The rounds against PyTorch are a run of their own:
 #   STEPS=20 TORCH_STEPS=10 ROUNDS=2 PRESETS="gpt2-124m llama-1b" \
 #     FIRST_MODES=eager,compile TORCH_TIMEOUT=250 bash scripts/gpu-speed.sh
@@ -87,3 +91,26 @@ done
 run "memcheck over the fused MoE expert path, 2 PEs (MPS)" 200 sanitize.log -- \
   env OUT="$OUT" BUDGET=180 STEPS=moe-fused bash scripts/gpu-sanitize-pes.sh
 grep -E 'moe-fused-memcheck' "$OUT/sanitize.log" | head -2
+EPO="$OUT/ep"
+EP_ARGS=(--device cuda --model tiny-moe --grouped-gemm on --steps 50 --log-every 25 --checkpoint-every 0)
+run "tiny-moe, one process, 50 steps" 150 ep-one.log -- ./build/train "${EP_ARGS[@]}" --dump-routing "$EPO/one-r" --out "$EPO/one"
+for c in nvshmem nccl; do
+  for d in fp32 bf16; do
+    run "tiny-moe --ep 2 --comm $c --grad-reduce-dtype $d" 200 "ep-$c-$d.log" -- ./build/train "${EP_ARGS[@]}" \
+      --nproc 2 --comm "$c" --ep 2 --grad-reduce-dtype "$d" --dump-routing "$EPO/$c-$d-r" --out "$EPO/$c-$d"
+    flips=$(./build/train routing-diff --quiet "$EPO/one-r" "$EPO/$c-$d-r" 2>&1 | tail -1 | cut -c1-120)
+    res=$(python3 - "$EPO/one" "$EPO/$c-$d" 2>&1 <<'PY'
+import json, sys
+def losses(d):
+    return {r["step"]: r["loss"] for r in map(json.loads, open(f"{d}/metrics.jsonl"))}
+try:
+    a, b = losses(sys.argv[1]), losses(sys.argv[2])
+except OSError as e:
+    sys.exit(f"no curve: {e}")
+print(f"max relative loss difference {max(abs(b[s] - a[s]) / abs(a[s]) for s in a):.3e}, final {b[max(b)]:.6f} against {a[max(a)]:.6f}")
+PY
+    ) && row "EP 2 $c $d against one process" ok "$res; $flips" || row "EP 2 $c $d against one process" FAIL "$res"
+  done
+done
+run "tiny-moe --ep 2 --comm nccl --micro-batch 2" 200 ep-micro.log -- ./build/train "${EP_ARGS[@]}" \
+  --nproc 2 --comm nccl --ep 2 --micro-batch 2 --out "$EPO/micro"

@@ -25,6 +25,12 @@
 // its step before any later checkpoint is written. Models with only a host
 // GradSumSquarer (no optim.DeviceGradSumSquarer) keep the synchronous path.
 //
+// A MicroBatcher model (layers.GPT, parallel/model.Model) runs the forward
+// and backward of a step in one call, ForwardBackward, as the
+// Config.MicroBatch micro-batches per replica say (gradient accumulation:
+// Batch = MicroBatch × accumulation steps × DP, refused otherwise); its
+// gradient reduction starts behind the backward.
+//
 // Everything that decides the numbers of a step is a pure function of the
 // saved state: the parameters, the AdamW moments, the step (learning rate and
 // bias correction) and the data position (epoch, index). So a run of N steps

@@ -70,9 +70,10 @@ func (c Config) reduceDType(g, pg *tensor.Tensor, separate bool) (tensor.DType, 
 // Bucket is a run [Lo, Hi) of the flat gradient (element offsets, the
 // parameters' layout) whose sum over Group one collective makes.
 type Bucket struct {
-	Lo, Hi int
-	Group  comm.Comm // DP for the dense parameters, EDP for the experts; nil: a group of one rank
-	What   string    // "dense gradients over the DP group", for errors
+	Lo    int       // the bucket's first element of the flat gradient
+	Hi    int       // one past its last
+	Group comm.Comm // DP for the dense parameters, EDP for the experts; nil: a group of one rank
+	What  string    // "dense gradients over the DP group", for errors
 }
 
 // bucket is a Bucket and its state in the backward in progress.

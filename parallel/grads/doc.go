@@ -1,13 +1,54 @@
 // Package grads reduces the gradients of any model whose parameters are
 // split over ranks, driven by what the layers describe of their
 // parameters (shard.Shard): the sums over the data-parallel, tensor-parallel
-// and expert groups that give every rank the gradient of the global loss
-// (Reducer.Reduce), and the global gradient norm with each parameter
-// counted once (GradSumSquares on the host, GradSumSquaresTo on the device
-// for optim.AdamW.ClipStep, ClipGrads for a loop that clips itself).
+// and expert groups that give every rank the gradient of the global loss,
+// and the global gradient norm with each parameter counted once
+// (GradSumSquares on the host, GradSumSquaresTo on the device for
+// optim.AdamW.ClipStep, ClipGrads for a loop that clips itself).
+//
+// # Main gradients
+//
+// A Reducer reads and writes the parameter set's main gradients
+// (layers.ParamSet.MainGrads): for f32 and f64 parameters their gradients,
+// for a bf16 set given fp32 main gradients (ParamSet.UseMainGrads) that
+// fp32 buffer, beside the optimizer's fp32 master weights. The sums run
+// in the main gradients' dtype, fp32 by default; Config.DType bf16 rounds
+// them to bf16 for the sum (what a bf16 model's reduction was before).
+//
+// # Buckets behind the backward
+//
+// The runs of the flat gradient summed over one group (the dense
+// parameters over DP, the experts over EDP) are cut into buckets of
+// Config.BucketBytes (DefaultBucketBytes, 25 MiB, as PyTorch DDP). A
+// Reducer is a layers.GradSync: a Decoder tells it when each micro-batch's
+// backward begins and ends and, in between, which parameters' gradients
+// are complete; on a step's last micro-batch each bucket whose parameters
+// are all complete goes into the main gradients and its sum starts at once
+// on a side lane — the Reducer's own stream on a GPU (tensor.Streams; the
+// sum is queued after the backward's writes by an event), a goroutine on
+// the CPU — while the backward goes on (PyTorch DDP's buckets, Megatron-LM's
+// --overlap-grad-reduce). EndBackward waits for every bucket (the
+// backend's stream waits on the GPU), then sums the partial gradients
+// over TP. The sums are elementwise and every rank starts its buckets in
+// the same order, so overlapped, after the backward (Config.AfterBackward,
+// Reduce) or in one call the results are the same bits on transports whose
+// sums are (comm/local, comm/tcp: float64 in rank order).
+//
+// Earlier micro-batches only move their gradients into separate main
+// gradients (AccumulateGrads, clearing the bf16 ones for the next
+// micro-batch); a set without separate ones accumulates in its gradients,
+// where the backward adds.
+//
+// # Sharded optimizers
+//
+// The buckets (Buckets) are contiguous runs of the flat buffers the
+// optimizer's state is laid out like: Config.ReduceBucket replaces a
+// bucket's all-reduce (with a reduce-scatter into this rank's part of it,
+// ZeRO-1's), and Config.BucketAlign rounds the buckets' size to a multiple
+// that a reduce-scatter over D ranks wants.
 //
 // Reductions lists the sums as gradient tensors grouped by the group they
-// are summed over, so a caller can schedule them itself (in buckets, behind
-// the backward). parallel/model's GPT uses this package; a custom model
-// passes its layers' Shards and the groups of its grid.
+// are summed over, for a caller that schedules them itself.
+// parallel/model's GPT uses this package; a custom model passes its
+// layers' Shards and the groups of its grid.
 package grads

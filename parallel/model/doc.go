@@ -64,13 +64,20 @@
 //
 // # Gradients
 //
-// Backward runs the sharded backward, then reduces:
+// Backward (and ForwardBackward) runs the sharded backward and reduces:
 //
-//	every parameter but the experts     all-reduce (sum) over DP     (one call on the flat buffer in a dense model)
-//	replicated, partial per TP rank     all-reduce (sum) over TP     (norm weights under sequence parallelism; routers)
-//	expert shards                       all-reduce (sum) over EDP    (the ranks holding the same experts)
+//	every parameter but the experts     all-reduce (sum) over DP     (in buckets, behind the backward)
+//	expert shards                       all-reduce (sum) over EDP    (the ranks holding the same experts; in buckets)
+//	replicated, partial per TP rank     all-reduce (sum) over TP     (norm weights under sequence parallelism; routers; after the backward)
 //
-// after which every gradient is d(global loss)/dθ for this rank's slice,
+// The sums run on the main gradients (fp32 for a bf16 model, beside the
+// optimizer's fp32 master weights), in buckets of the flat gradient, each
+// started on a side stream (a goroutine on the CPU) as soon as the
+// backward has written its last gradient (parallel/grads, as
+// Options.GradReduce says: the dtype, the buckets' size, overlapped or
+// after the backward); the step ends when every sum has. The TP sums wait
+// for the end of the backward, which uses the TP group itself. After them
+// every gradient is d(global loss)/dθ for this rank's slice,
 // and replicated parameters are bit-identical on every rank. A router's
 // gradient covers its rank's tokens, so DP then TP sums it over the whole
 // world; an expert's already covers every token of its EP group, so only
@@ -84,6 +91,20 @@
 // train.Run uses it for the clipping norm (train.GradSumSquarer); the
 // AdamW update is elementwise, so each rank updates its shards exactly as
 // the single-rank run updates those slices.
+//
+// # Micro-batches
+//
+// SetMicroBatches(k) makes ForwardBackward run the global batch as k
+// micro-batches (gradient accumulation, train.Config.MicroBatch): micro-batch
+// j is rows [j·B/k, (j+1)·B/k) of the global batch and each replica takes
+// its B/(k·DP) rows of it, so at any layout the micro-batches are those of
+// the single-rank run. Every micro-batch's losses are scaled by 1/(the
+// non-ignored targets of the whole global batch); their gradients add up in
+// the main gradients and are reduced once, on the last. The MoE blocks
+// route, fill their capacity and weigh their auxiliary losses over each
+// micro-batch's tokens (of the whole world, their token group), the
+// auxiliary losses entering with weight 1/k each and the router statistics
+// summed (layers.Decoder.ForwardBackward, layers.CombineMoEStats).
 //
 // # Checkpoints
 //
