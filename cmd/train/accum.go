@@ -16,8 +16,8 @@ const (
 
 // checkAccum checks the fields of gradient accumulation and of the
 // reduction against the resolved layout: the batch splits into
-// micro-batches of every replica, the reduction's fields take values it
-// knows, and are not given to a run of one rank, which sums nothing.
+// micro-batches of every replica and the reduction's fields take values
+// it knows (effect.go refuses them for a run that sums nothing).
 func (c *Config) checkAccum() error {
 	p := c.Parallel
 	if _, err := c.Train.MicroBatches(p.DP); err != nil {
@@ -35,23 +35,15 @@ func (c *Config) checkAccum() error {
 	if p.GradReduceDType == ReduceBF16 && c.Device == "cpu" {
 		return fmt.Errorf("--grad-reduce-dtype bf16: expected a bf16 model (--device cuda); the CPU trains f32 models, whose gradients are summed in f32")
 	}
-	if !p.Single() {
-		return nil
-	}
-	for _, f := range []struct {
-		key, flag string
-		given     bool
-		v         any
-	}{
-		{"parallel.grad_reduce_dtype", "grad-reduce-dtype", p.GradReduceDType != "" && p.GradReduceDType != ReduceFP32, p.GradReduceDType},
-		{"parallel.grad_bucket_mb", "grad-bucket-mb", p.GradBucketMB != 0, p.GradBucketMB},
-		{"parallel.overlap_grad_reduce", "overlap-grad-reduce", p.OverlapGradReduce != nil && !*p.OverlapGradReduce, "false"},
-	} {
-		if f.given && c.explicit[f.key] {
-			return fmt.Errorf("--%s %v cannot take effect: a run of one rank sums no gradients over replicas (give --dp or --ep > 1, or leave it out)", f.flag, f.v)
-		}
-	}
 	return nil
+}
+
+// orFP32 is the reduction dtype s, "" being fp32.
+func orFP32(s string) string {
+	if s == "" {
+		return ReduceFP32
+	}
+	return s
 }
 
 // gradReduce is the model's grads.Config for the run's parameters of

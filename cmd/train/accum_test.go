@@ -23,17 +23,18 @@ func TestAccumFlagsRefused(t *testing.T) {
 		{[]string{"--dp", "2", "--grad-reduce-dtype", "fp16"}, `--grad-reduce-dtype "fp16", expected fp32 or bf16`},
 		{[]string{"--dp", "2", "--grad-reduce-dtype", "bf16"}, "expected a bf16 model (--device cuda)"},
 		{[]string{"--dp", "2", "--grad-bucket-mb", "-1"}, "--grad-bucket-mb -1"},
-		{[]string{"--grad-bucket-mb", "1"}, "--grad-bucket-mb 1 cannot take effect: a run of one rank"},
-		{[]string{"--overlap-grad-reduce=false"}, "--overlap-grad-reduce false cannot take effect"},
+		{[]string{"--grad-bucket-mb", "1"}, "--grad-bucket-mb 1 cannot take effect: the buckets hold the sums over data-parallel replicas"},
+		{[]string{"--tp", "2", "--overlap-grad-reduce=false"}, "--overlap-grad-reduce false cannot take effect"},
+		{[]string{"--grad-reduce-dtype", "fp32"}, "--grad-reduce-dtype fp32 cannot take effect: a run of one rank"},
 	} {
 		_, err := loadConfig(par(t.TempDir(), c.args...))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: %v, want an error containing %q", c.args, err, c.want)
 		}
 	}
-	// The defaults given explicitly are fine on one rank.
-	if _, err := loadConfig(par(t.TempDir(), "--grad-reduce-dtype", "fp32", "--overlap-grad-reduce", "--micro-batch", "2")); err != nil {
-		t.Errorf("the defaults given on one rank: %v", err)
+	// An MoE model at EP 1 sums its experts over the TP ranks that hold them.
+	if _, err := loadConfig(par(t.TempDir(), append([]string{"--tp", "2", "--grad-bucket-mb", "1", "--micro-batch", "2"}, moe...)...)); err != nil {
+		t.Errorf("buckets of an MoE model at TP 2: %v", err)
 	}
 }
 

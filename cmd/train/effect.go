@@ -31,6 +31,25 @@ var noEffects = []noEffect{
 	{flag: "comm-timeout", value: func(c *Config) any { return time.Duration(c.Parallel.CommTimeout) },
 		idle: func(c *Config, l origin) bool { return oneRank(c.Parallel, l) },
 		why:  func(*Config) string { return "a run of one rank in one process waits for no other rank" }},
+	{flag: "grad-reduce-dtype", value: func(c *Config) any { return orFP32(c.Parallel.GradReduceDType) },
+		idle: func(c *Config, l origin) bool { return oneRank(c.Parallel, l) },
+		why:  func(*Config) string { return "a run of one rank sums no gradients over other ranks" }},
+	{flag: "grad-bucket-mb", value: func(c *Config) any { return c.Parallel.GradBucketMB },
+		idle: noReplicas, why: noReplicasWhy},
+	{flag: "overlap-grad-reduce", value: func(c *Config) any { return c.Parallel.OverlapGradReduce == nil || *c.Parallel.OverlapGradReduce },
+		idle: noReplicas, why: noReplicasWhy},
+}
+
+// noReplicas reports whether no gradient is summed over replicas in
+// buckets: one data-parallel replica, and no expert weights held by more
+// than one rank (a dense model, or EP = the world).
+func noReplicas(c *Config, _ origin) bool {
+	p := c.Parallel
+	return p.DP <= 1 && (c.Model.Experts == 0 || p.EP >= p.World)
+}
+
+func noReplicasWhy(*Config) string {
+	return "the buckets hold the sums over data-parallel replicas (and over the ranks holding the same experts), and this run has none: give --dp > 1, or leave it out"
 }
 
 // oneRank reports whether the run is one rank in one process: no
