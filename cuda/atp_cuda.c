@@ -3,17 +3,10 @@
 #define _GNU_SOURCE
 #include "atp_cuda.h"
 
-#include <dlfcn.h>
+#include "dynlib.h" // defines: atp_dl_sym (a table slot), atp_dl_resolve (fills a table with dlsym)
+
 #include <stdlib.h>
 #include <string.h>
-
-// One slot of a function table: the symbols to try, in order (the first one
-// found wins), where the pointer goes, and whether it may be missing.
-typedef struct {
-	const char *names[3];
-	size_t offset;
-	int optional;
-} atp_sym;
 
 #define CU(member, ...) {{__VA_ARGS__}, offsetof(atp_cu_api, member), 0}
 #define CU_OPT(member, ...) {{__VA_ARGS__}, offsetof(atp_cu_api, member), 1}
@@ -23,7 +16,7 @@ typedef struct {
 // exported by libcuda are the old ABI kept for old binaries (32-bit sizes,
 // different semantics), so the versioned names are spelled out here. Checked
 // against cuda.h of CUDA 11.8 and the exports of libcuda 535.
-static const atp_sym cu_syms[] = {
+static const atp_dl_sym cu_syms[] = {
 	CU(cuGetErrorName, "cuGetErrorName"),
 	CU(cuGetErrorString, "cuGetErrorString"),
 	CU(cuInit, "cuInit"),
@@ -97,7 +90,7 @@ static const atp_sym cu_syms[] = {
 #define LT_OPT(member, name) {{name}, offsetof(atp_lt_api, member), 1}
 
 // The cuBLASLt symbols (unversioned in cuBLASLt 11 to 13).
-static const atp_sym lt_syms[] = {
+static const atp_dl_sym lt_syms[] = {
 	LT(cublasLtCreate, "cublasLtCreate"),
 	LT(cublasLtDestroy, "cublasLtDestroy"),
 	LT(cublasLtGetVersion, "cublasLtGetVersion"),
@@ -116,59 +109,17 @@ static const atp_sym lt_syms[] = {
 	LT(cublasLtMatmul, "cublasLtMatmul"),
 };
 
-#define NSYMS(a) ((int)(sizeof(a) / sizeof((a)[0])))
+#define NSYMS(a) ATP_DL_NSYMS(a)
 
 static atp_cu_api cu;                     // the installed driver table
 static atp_lt_api lt;                     // the installed cuBLASLt table
 static const char *cu_used[NSYMS(cu_syms)]; // the symbol each slot came from
 static const char *lt_used[NSYMS(lt_syms)];
 
-void *atp_dlopen(const char *path, char *err, size_t errlen) {
-	dlerror(); // clear
-	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-	if (h == NULL && errlen > 0) {
-		const char *e = dlerror();
-		if (e == NULL) e = "unknown dlopen error";
-		strncpy(err, e, errlen - 1);
-		err[errlen - 1] = 0;
-	}
-	return h;
-}
-
-void atp_dlclose(void *lib) {
-	if (lib != NULL) dlclose(lib);
-}
-
-// resolve fills table (of size tableSize) from lib; used[i] receives the
-// symbol slot i came from.
-static int resolve(void *lib, const atp_sym *syms, int n, void *table, size_t tableSize,
-                   const char **used, const char **missing) {
-	memset(table, 0, tableSize);
-	for (int i = 0; i < n; i++) {
-		void *p = NULL;
-		used[i] = NULL;
-		for (int j = 0; j < 3 && syms[i].names[j] != NULL; j++) {
-			p = dlsym(lib, syms[i].names[j]);
-			if (p != NULL) {
-				used[i] = syms[i].names[j];
-				break;
-			}
-		}
-		if (p == NULL && !syms[i].optional) {
-			*missing = syms[i].names[0];
-			return -1;
-		}
-		// A data pointer to a function pointer: what dlsym's contract
-		// (POSIX) guarantees to work.
-		memcpy((char *)table + syms[i].offset, &p, sizeof p);
-	}
-	return 0;
-}
-
 int atp_cu_resolve(void *lib, int install, const char **missing) {
 	atp_cu_api t;
 	const char *used[NSYMS(cu_syms)];
-	if (resolve(lib, cu_syms, NSYMS(cu_syms), &t, sizeof t, used, missing) != 0) return -1;
+	if (atp_dl_resolve(lib, cu_syms, NSYMS(cu_syms), &t, sizeof t, used, missing) != 0) return -1;
 	if (install) {
 		cu = t;
 		memcpy(cu_used, used, sizeof used);
@@ -179,7 +130,7 @@ int atp_cu_resolve(void *lib, int install, const char **missing) {
 int atp_lt_resolve(void *lib, int install, const char **missing) {
 	atp_lt_api t;
 	const char *used[NSYMS(lt_syms)];
-	if (resolve(lib, lt_syms, NSYMS(lt_syms), &t, sizeof t, used, missing) != 0) return -1;
+	if (atp_dl_resolve(lib, lt_syms, NSYMS(lt_syms), &t, sizeof t, used, missing) != 0) return -1;
 	if (install) {
 		lt = t;
 		memcpy(lt_used, used, sizeof used);

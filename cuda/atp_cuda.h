@@ -153,12 +153,9 @@ typedef struct {
 
 // ---- loading ----------------------------------------------------------------
 
-// atp_dlopen opens path (RTLD_NOW|RTLD_LOCAL). On failure it returns NULL and
-// copies dlerror()'s text into err (at most errlen bytes, NUL-terminated).
-void *atp_dlopen(const char *path, char *err, size_t errlen);
-void atp_dlclose(void *lib);
-
-// atp_cu_resolve / atp_lt_resolve look up every symbol of the table in lib.
+// The libraries are opened and closed by internal/dynlib (dynlib.Open).
+// atp_cu_resolve / atp_lt_resolve look up every symbol of the table in lib
+// (atp_dl_resolve of internal/dynlib/dynlib.h).
 // A required symbol that is missing makes them return -1 with *missing set
 // to the (static) name looked for; nothing is installed then. With install
 // != 0 and every required symbol found, the table becomes the one the

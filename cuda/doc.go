@@ -6,10 +6,12 @@
 //
 // Nothing CUDA is linked: the cgo layer includes no CUDA header (it declares
 // the few types it needs itself) and links only -ldl. The first call that
-// needs the driver opens libcuda.so.1 with dlopen, looks up every function
+// needs the driver opens libcuda.so.1 (internal/dynlib, the loader every
+// native library of the project goes through), looks up every function
 // the package uses with dlsym into an explicit table of function pointers
-// (atp_cuda.c), and fails with an error naming the library and the symbol
-// if one is missing, rather than crashing later. Versioned entry points are
+// (atp_cuda.c), and fails with an error naming the library, the symbol and
+// the variable that overrides the path if one is missing, rather than
+// crashing later. Versioned entry points are
 // named explicitly (cuMemAlloc_v2, cuStreamDestroy_v2,
 // cuStreamWaitValue64_v2, ...), as CUDA's headers would pick them; a few
 // fall back to an older symbol (cuEventElapsedTime_v2, new in CUDA 12.8, to

@@ -1,6 +1,7 @@
 package cuda
 
 /*
+#cgo CFLAGS: -I${SRCDIR}/../internal/dynlib
 #cgo LDFLAGS: -ldl
 #include <stdlib.h>
 #include "atp_cuda.h"
@@ -8,12 +9,12 @@ package cuda
 import "C"
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
-	"unsafe"
+
+	"github.com/asynctp/asynctp/internal/dynlib"
 )
 
 // Environment variables that override where the libraries are looked for.
@@ -25,27 +26,15 @@ const (
 	EnvLibCublasLt = "ASYNCTP_LIBCUBLASLT"
 )
 
-// dlerrLen bounds the dlerror text copied back from C.
-const dlerrLen = 1024
-
-// library is an opened shared object.
-type library struct {
-	path   string
-	handle unsafe.Pointer
-}
-
-// candidates is where a library is looked for: the override alone if the
-// environment variable is set, else the default names.
-func candidates(env string, defaults []string) (paths []string, fromEnv bool) {
-	if p := os.Getenv(env); p != "" {
-		return []string{p}, true
-	}
-	return defaults, false
-}
+// The two libraries, as the errors name them.
+var (
+	driverSpec = dynlib.Spec{Package: "cuda", Env: EnvLibCUDA, Hint: "it comes with the NVIDIA driver"}
+	blasSpec   = dynlib.Spec{Package: "cuda", Env: EnvLibCublasLt, Hint: "it comes with the CUDA toolkit or the nvidia-cublas wheel"}
+)
 
 // driverPaths is where libcuda is looked for.
 func driverPaths() ([]string, bool) {
-	return candidates(EnvLibCUDA, []string{"libcuda.so.1"})
+	return dynlib.Candidates(EnvLibCUDA, "libcuda.so.1")
 }
 
 // blasPaths is where cuBLASLt is looked for: the sonames first (the dynamic
@@ -66,53 +55,24 @@ func blasPaths() ([]string, bool) {
 			paths = append(paths, filepath.Join(d, n))
 		}
 	}
-	return candidates(EnvLibCublasLt, paths)
+	return dynlib.Candidates(EnvLibCublasLt, paths...)
 }
-
-// dlopen opens the first path that loads. The error says what was tried
-// and how to point the package at the library.
-func dlopen(paths []string, fromEnv bool, env, hint string) (*library, error) {
-	var errs []string
-	for _, p := range paths {
-		cp := C.CString(p)
-		buf := (*C.char)(C.malloc(dlerrLen))
-		h := C.atp_dlopen(cp, buf, dlerrLen)
-		msg := C.GoString(buf)
-		C.free(unsafe.Pointer(cp))
-		C.free(unsafe.Pointer(buf))
-		if h != nil {
-			return &library{path: p, handle: h}, nil
-		}
-		errs = append(errs, msg)
-	}
-	if fromEnv {
-		return nil, fmt.Errorf("cuda: cannot load %s (from %s): %s", paths[0], env, errs[0])
-	}
-	// The first error is the one about the plain soname; the others say
-	// only "No such file or directory" for the fallback paths.
-	return nil, fmt.Errorf("cuda: cannot load %s (set %s to its path; %s): %s",
-		paths[0], env, hint, errs[0])
-}
-
-func (l *library) close() { C.atp_dlclose(l.handle) }
 
 // resolveDriver checks every libcuda symbol in l; with install it makes
 // l's table the one the package calls.
-func resolveDriver(l *library, install bool) error {
+func resolveDriver(l *dynlib.Library, install bool) error {
 	var missing *C.char
-	if C.atp_cu_resolve(l.handle, cbool(install), &missing) != 0 {
-		return fmt.Errorf("cuda: %s has no symbol %s (is it the NVIDIA driver's libcuda.so.1, and new enough? set %s)",
-			l.path, C.GoString(missing), EnvLibCUDA)
+	if C.atp_cu_resolve(l.Handle, cbool(install), &missing) != 0 {
+		return l.MissingSymbol(C.GoString(missing), "the NVIDIA driver's libcuda.so.1, new enough")
 	}
 	return nil
 }
 
 // resolveBlas is resolveDriver for cuBLASLt.
-func resolveBlas(l *library, install bool) error {
+func resolveBlas(l *dynlib.Library, install bool) error {
 	var missing *C.char
-	if C.atp_lt_resolve(l.handle, cbool(install), &missing) != 0 {
-		return fmt.Errorf("cuda: %s has no symbol %s (is it cuBLASLt 12 or 13? set %s)",
-			l.path, C.GoString(missing), EnvLibCublasLt)
+	if C.atp_lt_resolve(l.Handle, cbool(install), &missing) != 0 {
+		return l.MissingSymbol(C.GoString(missing), "cuBLASLt 12 or 13")
 	}
 	return nil
 }
@@ -126,28 +86,28 @@ func cbool(b bool) C.int {
 
 // openDriver opens libcuda and checks its symbols without installing them
 // (tests use it to check the loader without touching the package state).
-func openDriver() (*library, error) {
+func openDriver() (*dynlib.Library, error) {
 	paths, fromEnv := driverPaths()
-	l, err := dlopen(paths, fromEnv, EnvLibCUDA, "it comes with the NVIDIA driver")
+	l, err := dynlib.Open(driverSpec, paths, fromEnv)
 	if err != nil {
 		return nil, err
 	}
 	if err := resolveDriver(l, false); err != nil {
-		l.close()
+		l.Close()
 		return nil, err
 	}
 	return l, nil
 }
 
 // openBlas is openDriver for cuBLASLt.
-func openBlas() (*library, error) {
+func openBlas() (*dynlib.Library, error) {
 	paths, fromEnv := blasPaths()
-	l, err := dlopen(paths, fromEnv, EnvLibCublasLt, "it comes with the CUDA toolkit or the nvidia-cublas wheel")
+	l, err := dynlib.Open(blasSpec, paths, fromEnv)
 	if err != nil {
 		return nil, err
 	}
 	if err := resolveBlas(l, false); err != nil {
-		l.close()
+		l.Close()
 		return nil, err
 	}
 	return l, nil
@@ -155,7 +115,7 @@ func openBlas() (*library, error) {
 
 var driver struct {
 	loadOnce sync.Once
-	lib      *library
+	lib      *dynlib.Library
 	loadErr  error
 
 	initOnce sync.Once
@@ -215,12 +175,12 @@ func DriverLibrary() (path string, symbols []string, err error) {
 		}
 		symbols = append(symbols, C.GoString(s))
 	}
-	return driver.lib.path, symbols, nil
+	return driver.lib.Path, symbols, nil
 }
 
 var blas struct {
 	once sync.Once
-	lib  *library
+	lib  *dynlib.Library
 	err  error
 }
 
@@ -248,7 +208,7 @@ func BlasLibrary() (path string, version int, err error) {
 	if err := loadBlas(); err != nil {
 		return "", 0, err
 	}
-	return blas.lib.path, int(C.atp_ltGetVersion()), nil
+	return blas.lib.Path, int(C.atp_ltGetVersion()), nil
 }
 
 // driverResultText asks libcuda for a CUresult's name and description.

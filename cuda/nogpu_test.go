@@ -8,6 +8,8 @@ import (
 	"math"
 	"strings"
 	"testing"
+
+	"github.com/asynctp/asynctp/internal/dynlib"
 )
 
 func TestPackArgs(t *testing.T) {
@@ -158,7 +160,7 @@ func TestLibCublasLtOverrideMissing(t *testing.T) {
 }
 
 func TestDefaultLoadMessage(t *testing.T) {
-	_, err := dlopen([]string{"libasynctp-no-such-lib.so.1"}, false, EnvLibCUDA, "it comes with the NVIDIA driver")
+	_, err := dynlib.Open(driverSpec, []string{"libasynctp-no-such-lib.so.1"}, false)
 	want := "cuda: cannot load libasynctp-no-such-lib.so.1 (set ASYNCTP_LIBCUDA to its path; it comes with the NVIDIA driver): "
 	if err == nil || !strings.HasPrefix(err.Error(), want) {
 		t.Errorf("got %v, want prefix %q", err, want)
@@ -193,7 +195,7 @@ func TestDriverSymbols(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l.close()
+	l.Close()
 	v, err := DriverVersion()
 	if err != nil {
 		t.Fatal(err)
@@ -220,7 +222,7 @@ func TestBlasSymbols(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l.close()
+	l.Close()
 	path, v, err := BlasLibrary()
 	if err != nil {
 		t.Fatal(err)

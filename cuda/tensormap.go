@@ -120,7 +120,7 @@ func EncodeTiled(p TiledTensorMap) (TensorMap, error) {
 	}
 	if C.atp_has_tensormap() == 0 {
 		return m, fmt.Errorf("cuda: the driver %s has no cuTensorMapEncodeTiled (it needs a driver of CUDA 12.0 or later; set %s to a newer libcuda.so.1)",
-			driver.lib.path, EnvLibCUDA)
+			driver.lib.Path, EnvLibCUDA)
 	}
 	if err := p.check(); err != nil {
 		return m, err

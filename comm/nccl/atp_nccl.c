@@ -3,7 +3,8 @@
 #define _GNU_SOURCE
 #include "atp_nccl.h"
 
-#include <dlfcn.h>
+#include "dynlib.h" // defines: atp_dl_sym (a table slot), atp_dl_resolve (fills a table with dlsym)
+
 #include <limits.h>
 #include <sched.h>
 #include <string.h>
@@ -12,17 +13,12 @@
 // The table the trampolines call: all NULL until a library is installed.
 static atp_nccl_api api;
 
-typedef struct {
-	const char *name;
-	size_t offset;
-} atp_nccl_sym;
-
-#define SYM(member) {#member, offsetof(atp_nccl_api, member)}
+#define SYM(member) {{#member}, offsetof(atp_nccl_api, member), 0}
 
 // Every entry point is required. The newest are ncclCommSplit (2.18) and
 // ncclCommInitRankConfig, ncclCommFinalize, ncclCommGetAsyncError's
 // non-blocking states (2.14); the Go side also checks the version.
-static const atp_nccl_sym syms[] = {
+static const atp_dl_sym syms[] = {
 	SYM(ncclGetVersion),
 	SYM(ncclGetUniqueId),
 	SYM(ncclCommInitRankConfig),
@@ -45,32 +41,10 @@ static const atp_nccl_sym syms[] = {
 	SYM(ncclGetLastError),
 };
 
-void *atp_nccl_dlopen(const char *path, char *err, size_t errlen) {
-	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-	if (h == NULL && err != NULL && errlen > 0) {
-		const char *msg = dlerror();
-		strncpy(err, msg ? msg : "unknown dlopen error", errlen - 1);
-		err[errlen - 1] = '\0';
-	}
-	return h;
-}
-
-void atp_nccl_dlclose(void *handle) {
-	if (handle != NULL) {
-		dlclose(handle);
-	}
-}
-
 int atp_nccl_resolve(void *handle, int install, const char **missing) {
 	atp_nccl_api t;
-	memset(&t, 0, sizeof t);
-	for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
-		void *p = dlsym(handle, syms[i].name);
-		if (p == NULL) {
-			*missing = syms[i].name;
-			return -1;
-		}
-		memcpy((char *)&t + syms[i].offset, &p, sizeof p);
+	if (atp_dl_resolve(handle, syms, ATP_DL_NSYMS(syms), &t, sizeof t, NULL, missing) != 0) {
+		return -1;
 	}
 	if (install) {
 		api = t;

@@ -88,10 +88,9 @@ typedef struct {
 	const char *(*ncclGetLastError)(atp_ncclComm);
 } atp_nccl_api;
 
-// Loading.
-void *atp_nccl_dlopen(const char *path, char *err, size_t errlen);
-void atp_nccl_dlclose(void *handle);
-// atp_nccl_resolve looks up every entry point in handle; on a missing one it
+// Loading: internal/dynlib opens and closes the library (dynlib.Open).
+// atp_nccl_resolve looks up every entry point in handle (atp_dl_resolve of
+// internal/dynlib/dynlib.h); on a missing one it
 // returns -1 and sets *missing to its name. With install, the table becomes
 // the one the trampolines call.
 int atp_nccl_resolve(void *handle, int install, const char **missing);

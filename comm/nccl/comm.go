@@ -17,7 +17,7 @@ import (
 	"unsafe"
 
 	"github.com/asynctp/asynctp/comm"
-	"github.com/asynctp/asynctp/comm/internal/newworld"
+	"github.com/asynctp/asynctp/comm/internal/worldsetup"
 	"github.com/asynctp/asynctp/comm/rendezvous"
 	"github.com/asynctp/asynctp/cuda"
 )
@@ -157,7 +157,7 @@ func New(ctx context.Context, store *rendezvous.Client, rank, size, device int, 
 	for _, f := range opts {
 		f(&o)
 	}
-	if err := newworld.CheckGPU("nccl", rank, size, device, store); err != nil {
+	if err := worldsetup.CheckGPU("nccl", rank, size, device, store); err != nil {
 		return nil, err
 	}
 	lib, err := Load()
@@ -188,7 +188,7 @@ func New(ctx context.Context, store *rendezvous.Client, rank, size, device int, 
 
 	prefix := o.key
 	if prefix == "" && store != nil {
-		prefix = newworld.Prefix(store, "nccl")
+		prefix = worldsetup.Prefix(store, "nccl")
 	}
 	var id []byte
 	if rank == 0 {

@@ -6,9 +6,10 @@
 //
 // Nothing of NCCL is linked: the cgo layer (atp_nccl.c) includes neither
 // nccl.h nor a CUDA header and links only -ldl. Load (called by New) opens
-// libnccl.so.2, or the file named by ASYNCTP_LIBNCCL, with dlopen, resolves
-// every entry point into a table of function pointers with dlsym (a missing
-// one is an error naming it, not a crash later), and checks that the version
+// libnccl.so.2, or the file named by ASYNCTP_LIBNCCL (internal/dynlib,
+// the project's one loader), resolves every entry point into a table of
+// function pointers with dlsym (a missing one is an error naming it, not a
+// crash later), and checks that the version
 // is at least MinVersion (2.18). The NCCL types are declared in atp_nccl.h
 // with the layout of nccl.h 2.28.3: ncclConfig_t is the 2.28 struct
 // (ncclConfig_v22800, 80 bytes on LP64), filled exactly like

@@ -1,6 +1,7 @@
 package nccl
 
 /*
+#cgo CFLAGS: -I${SRCDIR}/../../internal/dynlib
 #cgo LDFLAGS: -ldl
 #include <stdlib.h>
 #include "atp_nccl.h"
@@ -13,7 +14,7 @@ import (
 	"sync/atomic"
 	"unsafe"
 
-	"github.com/asynctp/asynctp/comm/internal/native"
+	"github.com/asynctp/asynctp/internal/dynlib"
 )
 
 // EnvLibNCCL names the environment variable that gives the path of the NCCL
@@ -28,11 +29,8 @@ const DefaultLibrary = "libnccl.so.2"
 // non-blocking communicators (ncclConfig_t.blocking) are needed, 2.18.
 var MinVersion = Version{2, 18, 0}
 
-// libHint says where NCCL comes from, for the error of a missing library.
-const libHint = "it comes with the NCCL package or PyTorch's nvidia-nccl wheel"
-
-// dlerrLen bounds the dlerror text copied back from C.
-const dlerrLen = 1024
+// libSpec is NCCL as the loader's errors name it.
+var libSpec = dynlib.Spec{Package: "nccl", Env: EnvLibNCCL, Hint: "it comes with the NCCL package or PyTorch's nvidia-nccl wheel"}
 
 // Version is an NCCL release.
 type Version struct{ Major, Minor, Patch int }
@@ -76,14 +74,8 @@ type Library struct {
 
 func (l Library) String() string { return fmt.Sprintf("NCCL %v (%s)", l.Version, l.Path) }
 
-// library is an opened shared object whose symbols have been checked.
-type library struct {
-	path   string
-	handle unsafe.Pointer
-}
-
 // loaded keeps the installed library, once one loaded, and the failures.
-var loaded native.Cache[Library]
+var loaded dynlib.Cache[Library]
 
 // installed is set once a table is installed: the trampolines may be called.
 var installed atomic.Bool
@@ -120,9 +112,9 @@ func install(path string, fromEnv bool) (Library, error) {
 		return Library{}, err
 	}
 	var missing *C.char
-	if C.atp_nccl_resolve(l.handle, 1, &missing) != 0 { // checked by openLibrary: cannot fail
-		l.close()
-		return Library{}, fmt.Errorf("nccl: %s has no symbol %s", path, C.GoString(missing))
+	if C.atp_nccl_resolve(l.Handle, 1, &missing) != 0 { // checked by openLibrary: cannot fail
+		l.Close()
+		return Library{}, l.MissingSymbol(C.GoString(missing), fmt.Sprintf("NCCL %v or newer", MinVersion))
 	}
 	installed.Store(true)
 	var code C.int
@@ -140,26 +132,18 @@ func install(path string, fromEnv bool) (Library, error) {
 // openLibrary dlopens path and checks that every entry point is there,
 // without installing the table (tests use it to check the loader and its
 // errors without touching the package state).
-func openLibrary(path string, fromEnv bool) (*library, error) {
-	cp := C.CString(path)
-	defer C.free(unsafe.Pointer(cp))
-	buf := (*C.char)(C.malloc(dlerrLen))
-	defer C.free(unsafe.Pointer(buf))
-	h := C.atp_nccl_dlopen(cp, buf, dlerrLen)
-	if h == nil {
-		return nil, native.OpenError("nccl", path, fromEnv, EnvLibNCCL, libHint, C.GoString(buf))
+func openLibrary(path string, fromEnv bool) (*dynlib.Library, error) {
+	l, err := dynlib.Open(libSpec, []string{path}, fromEnv)
+	if err != nil {
+		return nil, err
 	}
-	l := &library{path: path, handle: h}
 	var missing *C.char
-	if C.atp_nccl_resolve(h, 0, &missing) != 0 {
-		l.close()
-		return nil, fmt.Errorf("nccl: %s has no symbol %s (is it NCCL %v or newer? set %s to another libnccl.so.2)",
-			path, C.GoString(missing), MinVersion, EnvLibNCCL)
+	if C.atp_nccl_resolve(l.Handle, 0, &missing) != 0 {
+		l.Close()
+		return nil, l.MissingSymbol(C.GoString(missing), fmt.Sprintf("NCCL %v or newer", MinVersion))
 	}
 	return l, nil
 }
-
-func (l *library) close() { C.atp_nccl_dlclose(l.handle) }
 
 // Result is an ncclResult_t.
 type Result int

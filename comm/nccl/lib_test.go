@@ -141,7 +141,7 @@ func TestMissingLibrary(t *testing.T) {
 
 	l, err := openLibrary(DefaultLibrary, false)
 	if err == nil {
-		l.close()
+		l.Close()
 		t.Skip("libnccl.so.2 is installed here: the message of a missing one cannot be checked")
 	}
 	want = "nccl: cannot load libnccl.so.2 (set ASYNCTP_LIBNCCL to its path; it comes with the NCCL package or PyTorch's nvidia-nccl wheel): "

@@ -3,7 +3,8 @@
 #define _GNU_SOURCE
 #include "atp_loader.h"
 
-#include <dlfcn.h>
+#include "dynlib.h" // defines: atp_dl_sym (a table slot), atp_dl_resolve (fills a table with dlsym)
+
 #include <string.h>
 
 #define ATPG_MEMBER(f) __typeof__(&f) f;
@@ -14,27 +15,15 @@ typedef struct {
 // The table the trampolines call: all NULL until a library is installed.
 static atpg_table api;
 
-void *atpg_dlopen(const char *path, char *err, size_t errlen) {
-  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  if (h == NULL && err != NULL && errlen > 0) {
-    const char *msg = dlerror();
-    strncpy(err, msg ? msg : "unknown dlopen error", errlen - 1);
-    err[errlen - 1] = '\0';
-  }
-  return h;
-}
-
-void atpg_dlclose(void *handle) {
-  if (handle != NULL) dlclose(handle);
-}
+// Every entry point is required.
+#define ATPG_SYM(f) {{#f}, offsetof(atpg_table, f), 0},
+static const atp_dl_sym syms[] = {ATPG_FUNCS(ATPG_SYM)};
+#undef ATPG_SYM
 
 const char *atpg_resolve(void *handle, int install) {
   atpg_table t;
-#define ATPG_SYM(f)                                                                                   \
-  t.f = (__typeof__(&f))dlsym(handle, #f);                                                            \
-  if (t.f == NULL) return #f;
-  ATPG_FUNCS(ATPG_SYM)
-#undef ATPG_SYM
+  const char *missing = NULL;
+  if (atp_dl_resolve(handle, syms, ATP_DL_NSYMS(syms), &t, sizeof t, NULL, &missing) != 0) return missing;
   if (install) api = t;
   return NULL;
 }

@@ -51,9 +51,9 @@
   X(atp_nv_host_alloc)                                                                                \
   X(atp_nv_host_free)
 
-void *atpg_dlopen(const char *path, char *err, size_t errlen);
-void atpg_dlclose(void *handle);
-// atpg_resolve looks every entry point up in handle; it returns NULL, or the
+// internal/dynlib opens and closes the library (dynlib.Open).
+// atpg_resolve looks every entry point up in handle (atp_dl_resolve of
+// internal/dynlib/dynlib.h); it returns NULL, or the
 // name of the first one missing. With install, the table is installed for
 // the trampolines.
 const char *atpg_resolve(void *handle, int install);

@@ -1,7 +1,7 @@
 package nvshmem
 
 /*
-#cgo CFLAGS: -I${SRCDIR}/../../cuda/nvshmem
+#cgo CFLAGS: -I${SRCDIR}/../../cuda/nvshmem -I${SRCDIR}/../../internal/dynlib
 #cgo LDFLAGS: -ldl
 #include <stdlib.h>
 #include "atp_loader.h"
@@ -14,8 +14,8 @@ import (
 	"sync/atomic"
 	"unsafe"
 
-	"github.com/asynctp/asynctp/comm/internal/native"
 	"github.com/asynctp/asynctp/internal/artefact"
+	"github.com/asynctp/asynctp/internal/dynlib"
 )
 
 // EnvLibrary names the environment variable that gives the path of the
@@ -28,6 +28,9 @@ const LibraryFile = "libasynctp_nvshmem.so"
 
 // buildHint says how to get the library.
 const buildHint = "build it on a machine with nvcc and NVSHMEM (the GPU machine) with `bash cuda/nvshmem/build.sh`"
+
+// libSpec is the library as the loader's errors name it.
+var libSpec = dynlib.Spec{Package: "nvshmem", Env: EnvLibrary, Hint: buildHint}
 
 // abi is ATP_NV_ABI of the header this package was compiled with.
 const abi = C.ATP_NV_ABI
@@ -57,7 +60,7 @@ func (l Library) String() string {
 }
 
 // loaded keeps the installed library, once one loaded, and the failures.
-var loaded native.Cache[Library]
+var loaded dynlib.Cache[Library]
 
 // installed is set once a table is installed: the trampolines may be called.
 var installed atomic.Bool
@@ -95,13 +98,13 @@ func Load() (Library, error) {
 
 // install opens path, installs its table and reads what it was built with.
 func install(path string, fromEnv bool) (Library, error) {
-	h, err := openLibrary(path, fromEnv)
+	l, err := openLibrary(path, fromEnv)
 	if err != nil {
 		return Library{}, err
 	}
-	if C.atpg_resolve(h, 1) != nil { // checked by openLibrary: cannot fail
-		C.atpg_dlclose(h)
-		return Library{}, fmt.Errorf("nvshmem: %s: resolving its entry points failed", path)
+	if missing := C.atpg_resolve(l.Handle, 1); missing != nil { // checked by openLibrary: cannot fail
+		l.Close()
+		return Library{}, l.MissingSymbol(C.GoString(missing), "a "+LibraryFile+" of this version of the repository")
 	}
 	if v := int(C.atpg_abi()); v != abi {
 		return Library{}, fmt.Errorf("nvshmem: %s was built from atp_nvshmem.h ABI %d, this program expects ABI %d: rebuild it (`bash cuda/nvshmem/build.sh`) from this version of the repository",
@@ -129,18 +132,14 @@ func install(path string, fromEnv bool) (Library, error) {
 // openLibrary dlopens path and checks that every entry point is there,
 // without installing the table (tests use it to check the loader and its
 // errors without touching the package state).
-func openLibrary(path string, fromEnv bool) (unsafe.Pointer, error) {
-	cp := C.CString(path)
-	defer C.free(unsafe.Pointer(cp))
-	var buf [1024]C.char
-	h := C.atpg_dlopen(cp, &buf[0], C.size_t(len(buf)))
-	if h == nil {
-		return nil, native.OpenError("nvshmem", path, fromEnv, EnvLibrary, buildHint, C.GoString(&buf[0]))
+func openLibrary(path string, fromEnv bool) (*dynlib.Library, error) {
+	l, err := dynlib.Open(libSpec, []string{path}, fromEnv)
+	if err != nil {
+		return nil, err
 	}
-	if missing := C.atpg_resolve(h, 0); missing != nil {
-		C.atpg_dlclose(h)
-		return nil, fmt.Errorf("nvshmem: %s has no symbol %s: is it a %s from another version? %s, or set %s to another file",
-			path, C.GoString(missing), LibraryFile, buildHint, EnvLibrary)
+	if missing := C.atpg_resolve(l.Handle, 0); missing != nil {
+		l.Close()
+		return nil, l.MissingSymbol(C.GoString(missing), "a "+LibraryFile+" of this version of the repository, built with `bash cuda/nvshmem/build.sh`")
 	}
-	return h, nil
+	return l, nil
 }

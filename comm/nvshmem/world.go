@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/asynctp/asynctp/comm"
-	"github.com/asynctp/asynctp/comm/internal/newworld"
+	"github.com/asynctp/asynctp/comm/internal/worldsetup"
 	"github.com/asynctp/asynctp/comm/rendezvous"
 )
 
@@ -90,7 +90,7 @@ func New(ctx context.Context, store *rendezvous.Client, rank, size, device int, 
 	for _, f := range opts {
 		f(&o)
 	}
-	if err := newworld.CheckGPU("nvshmem", rank, size, device, store); err != nil {
+	if err := worldsetup.CheckGPU("nvshmem", rank, size, device, store); err != nil {
 		return nil, err
 	}
 	if o.maxGroups < 1 || o.maxGroups > 64 {
@@ -116,7 +116,7 @@ func New(ctx context.Context, store *rendezvous.Client, rank, size, device int, 
 	w.layout = newSlotLayout(size, o.staging)
 	w.prefix = o.key
 	if w.prefix == "" && store != nil {
-		w.prefix = newworld.Prefix(store, "nvshmem")
+		w.prefix = worldsetup.Prefix(store, "nvshmem")
 	}
 
 	// The unique id, from rank 0 to all.

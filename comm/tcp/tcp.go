@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/asynctp/asynctp/comm"
-	"github.com/asynctp/asynctp/comm/internal/newworld"
+	"github.com/asynctp/asynctp/comm/internal/worldsetup"
 	"github.com/asynctp/asynctp/comm/rendezvous"
 )
 
@@ -87,7 +87,7 @@ func New(ctx context.Context, store *rendezvous.Client, rank, size int, opts ...
 	if size > 1 {
 		w.prefix = o.key
 		if w.prefix == "" {
-			w.prefix = newworld.Prefix(store, "tcp")
+			w.prefix = worldsetup.Prefix(store, "tcp")
 		}
 		if err := w.connect(ctx, store); err != nil {
 			return nil, fmt.Errorf("tcp: world rank %d of %d: %w", rank, size, err)

@@ -1,12 +1,6 @@
-// Package native is what the transports that dlopen a native library
-// (comm/nccl, comm/nvshmem) share: the process-wide cache of the library
-// that loaded, and the error of a library that does not open.
-package native
+package dynlib
 
-import (
-	"fmt"
-	"sync"
-)
+import "sync"
 
 // Cache keeps the first library that loads for the life of the process, and
 // remembers the failures by path. The zero Cache is empty.
@@ -52,15 +46,4 @@ func (c *Cache[L]) Loaded() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.lib != nil
-}
-
-// OpenError is the error of a library that dlopen could not open:
-// "<pkg>: cannot load <path> (named by <env>; <hint>): <dlerror>" when the
-// environment variable env named it (fromEnv), else "<pkg>: cannot load
-// <path> (set <env> to its path; <hint>): <dlerror>".
-func OpenError(pkg, path string, fromEnv bool, env, hint, dlerror string) error {
-	if fromEnv {
-		return fmt.Errorf("%s: cannot load %s (named by %s; %s): %s", pkg, path, env, hint, dlerror)
-	}
-	return fmt.Errorf("%s: cannot load %s (set %s to its path; %s): %s", pkg, path, env, hint, dlerror)
 }

@@ -1,7 +1,7 @@
-// Package newworld is what the New functions of the multi-process
-// transports (comm/tcp, comm/nccl, comm/nvshmem) share: the keys of their
-// worlds in the rendezvous store, and the checks of their arguments.
-package newworld
+// Package worldsetup is what the New functions of the multi-process
+// transports (comm/tcp, comm/nccl, comm/nvshmem) share to set up a world:
+// its keys in the rendezvous store, and the checks of their arguments.
+package worldsetup
 
 import (
 	"fmt"
