@@ -35,9 +35,10 @@
 // nvshmemx_hostlib_init_attr, then loading kernels as a fatbin through the
 // driver API and calling nvshmemx_cumodule_init on the module, was not tried
 // on the GPU machine, whereas nvshmemx_init_attr from a device-linked binary
-// was seen working there. The fused kernels' own image
-// (build/asynctp_nvshmem.fatbin, loaded through package cuda) still needs
-// nvshmemx_cumodule_init after loading: CUModuleInit runs it.
+// was seen working there. The fused kernels call no NVSHMEM device
+// function (they use the heap's peer pointers) and live in the ordinary
+// kernels image; CUModuleInit (nvshmemx_cumodule_init on a module loaded
+// through package cuda) stays for an image that would.
 //
 // The library makes the device current (cudaSetDevice) in every entry point,
 // so no Go goroutine needs to be locked to a thread for it; it uses the

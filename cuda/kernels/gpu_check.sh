@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One command on the GPU machine, from the repository root, after building the
-# test binary on the dev machine (no CUDA needed there):
+# test binary on the dev machine (no CUDA needed there; the name is the one
+# scripts/build-gpu-artifacts.sh gives it, with every other GPU test binary):
 #
 #   go test -c -o build/tensor_cudabackend.test ./tensor/cudabackend   # dev machine
 #   bash cuda/kernels/gpu_check.sh                                      # GPU machine

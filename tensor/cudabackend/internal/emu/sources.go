@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "b676abc2f715d2060dcedcd082cbcaa71bb75c2e275954a9d0637e7fd889f906"
+const SourcesSum = "56165b28eb1cab65467fec6e85032c4b1f1bc4451e376ba5bf98ab2f4ff812b9"
