@@ -6,7 +6,7 @@
 // NVSHMEM's symmetric memory), opens the backend the rank computes on (the
 // CPU, or its GPU: local_rank % GPUs), carves the grid of groups (TP, DP,
 // EP) and returns them as a World with one Close. cmd/train, cmd/ablate and
-// the multi-process test harnesses (internal/pes) call it; none of them
+// the multi-process test harnesses (internal/testing/pes) call it; none of them
 // opens a transport itself.
 //
 //	info, launched, err := launch.StartedBy(nil)

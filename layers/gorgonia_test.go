@@ -25,7 +25,7 @@ import (
 	G "gorgonia.org/gorgonia"
 	gt "gorgonia.org/tensor"
 
-	"github.com/asynctp/asynctp/internal/testutil"
+	"github.com/asynctp/asynctp/internal/testing/testutil"
 	"github.com/asynctp/asynctp/tensor"
 )
 

@@ -12,7 +12,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/asynctp/asynctp/internal/testutil"
+	"github.com/asynctp/asynctp/internal/testing/testutil"
 	"github.com/asynctp/asynctp/tensor"
 )
 

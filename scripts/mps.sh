@@ -2,7 +2,7 @@
 # NVSHMEM PEs or PyTorch ranks share one GPU under MPS: MPS's start, restart
 # and quit (gpu-env.sh's summary_on_exit quits it at exit, whatever
 # happens). Each PE's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE is set by the tests'
-# launcher (internal/pes) or by the script.
+# launcher (internal/testing/pes) or by the script.
 
 # mps_start starts the daemon with its own pipe and log folders and adds a
 # row saying how it went; it fails (a FAIL row) when the daemon does not

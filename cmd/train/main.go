@@ -22,8 +22,8 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"github.com/asynctp/asynctp/cmd/train/internal/corpus"
 	"github.com/asynctp/asynctp/hf"
-	"github.com/asynctp/asynctp/internal/corpus"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/tensor/cudabackend"
 	"github.com/asynctp/asynctp/tokens"

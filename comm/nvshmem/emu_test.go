@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/asynctp/asynctp/internal/artefact"
+	"github.com/asynctp/asynctp/internal/nativebuild"
 )
 
 // TestMain removes the emulated library built for this run.
@@ -47,7 +47,7 @@ func emuLib(t testing.TB) childLib {
 			emu.err = "no /dev/shm for the emulated symmetric heaps"
 			return
 		}
-		root, err := artefact.RepoRoot()
+		root, err := nativebuild.RepoRoot()
 		if err != nil {
 			emu.err = "cannot find the repository: " + err.Error()
 			return

@@ -14,8 +14,8 @@ import (
 	"sync/atomic"
 	"unsafe"
 
-	"github.com/asynctp/asynctp/internal/artefact"
 	"github.com/asynctp/asynctp/internal/dynlib"
+	"github.com/asynctp/asynctp/internal/nativebuild"
 )
 
 // EnvLibrary names the environment variable that gives the path of the
@@ -75,7 +75,7 @@ func FindLibrary() (path string, fromEnv bool, err error) {
 	if p := os.Getenv(EnvLibrary); p != "" {
 		return p, true, nil
 	}
-	p, tried := artefact.Find(LibraryFile)
+	p, tried := nativebuild.Find(LibraryFile)
 	if p != "" {
 		return p, false, nil
 	}

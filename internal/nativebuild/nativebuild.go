@@ -1,7 +1,7 @@
-// Package artefact finds a file that the repository's native build makes
+// Package nativebuild finds a file that the repository's native build makes
 // (the kernels image, the NVSHMEM transport library): next to the
 // executable, else in the repository's build folder.
-package artefact
+package nativebuild
 
 import (
 	"errors"

@@ -7,7 +7,7 @@ import (
 	"math/rand/v2"
 
 	"github.com/asynctp/asynctp/comm"
-	"github.com/asynctp/asynctp/internal/testutil"
+	"github.com/asynctp/asynctp/internal/testing/testutil"
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/tensor"
 )

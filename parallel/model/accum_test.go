@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/asynctp/asynctp/comm"
-	"github.com/asynctp/asynctp/internal/testutil"
+	"github.com/asynctp/asynctp/internal/testing/testutil"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/parallel/grads"

@@ -7,7 +7,7 @@ import (
 
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/comm/local"
-	"github.com/asynctp/asynctp/internal/testutil"
+	"github.com/asynctp/asynctp/internal/testing/testutil"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/parallel/shard"
 	"github.com/asynctp/asynctp/parallel/tp"

@@ -3,7 +3,7 @@ package backendtest
 import (
 	"testing"
 
-	"github.com/asynctp/asynctp/internal/testutil"
+	"github.com/asynctp/asynctp/internal/testing/testutil"
 	"github.com/asynctp/asynctp/tensor"
 )
 

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/asynctp/asynctp/internal/testutil"
+	"github.com/asynctp/asynctp/internal/testing/testutil"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cpu"
 )

@@ -5,7 +5,7 @@ import (
 	"math"
 	"testing"
 
-	"github.com/asynctp/asynctp/internal/testutil"
+	"github.com/asynctp/asynctp/internal/testing/testutil"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cpu"

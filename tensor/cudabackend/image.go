@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/asynctp/asynctp/internal/artefact"
+	"github.com/asynctp/asynctp/internal/nativebuild"
 )
 
 // EnvKernels names the environment variable that gives the path of the
@@ -25,7 +25,7 @@ func FindKernels() (string, error) {
 		}
 		return p, nil
 	}
-	p, tried := artefact.Find(KernelsFile)
+	p, tried := nativebuild.Find(KernelsFile)
 	if p != "" {
 		return p, nil
 	}

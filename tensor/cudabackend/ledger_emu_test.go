@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/asynctp/asynctp/internal/testutil"
+	"github.com/asynctp/asynctp/internal/testing/testutil"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/optim"
 	"github.com/asynctp/asynctp/tensor"

@@ -10,7 +10,7 @@ import (
 
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/comm/local"
-	"github.com/asynctp/asynctp/internal/pes"
+	"github.com/asynctp/asynctp/internal/testing/pes"
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cudabackend"

@@ -10,7 +10,7 @@ import (
 	"strings"
 
 	"github.com/asynctp/asynctp/comm"
-	"github.com/asynctp/asynctp/internal/pes"
+	"github.com/asynctp/asynctp/internal/testing/pes"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/parallel/ep"

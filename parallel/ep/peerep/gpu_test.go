@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/asynctp/asynctp/internal/pes"
+	"github.com/asynctp/asynctp/internal/testing/pes"
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/parallel/ep"
 	"github.com/asynctp/asynctp/parallel/ep/eptest"
