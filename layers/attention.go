@@ -105,8 +105,18 @@ type AttentionCore struct {
 	packed    bool
 	qkv, dqkv *tensor.Tensor // (B*T, (H + 2*Hkv)*D); qkv is read by Forward only
 
-	ws *workspace // shared buffers (NewAttention); nil: the core's own
+	ws   *workspace // shared buffers (NewAttention); nil: the core's own
+	kept *workspace // where the kept activations go under recompute (NewAttention, ShareKept); nil: the core's own
 }
+
+// ShareKept makes the core keep the activations an activation recompute
+// drops (Decoder.SetRecompute) in ps's shared buffers, as the cores of
+// NewAttention do: under RecomputeAttention att and lse, which OutputGrad
+// then recomputes; under RecomputeBlock q, k, v and their rotations too,
+// which the block's forward run again recomputes. For the cores of other
+// packages' layers (parallel/tp), which keep their backward buffers
+// their own.
+func (c *AttentionCore) ShareKept(ps *ParamSet) { c.kept = ps.workspace(c.b) }
 
 // NewAttentionCore returns the core of heads query heads and kvHeads
 // key/value heads (dividing heads; kvHeads = heads for multi-head
@@ -125,15 +135,22 @@ func (c *AttentionCore) Scale() float32 { return float32(1 / math.Sqrt(float64(c
 func (c *AttentionCore) Inputs(dt tensor.DType, B, T int) (q, k, v *tensor.Tensor) {
 	N, H, Hkv, D := B*T, c.Heads, c.KVHeads, c.HeadDim
 	c.bt = [2]int{B, T}
-	c.q = layerkit.Ensure(c.b, c.q, dt, N, H*D)
-	c.k = layerkit.Ensure(c.b, c.k, dt, N, Hkv*D)
-	c.v = layerkit.Ensure(c.b, c.v, dt, N, Hkv*D)
-	c.qr = layerkit.Ensure(c.b, c.qr, dt, B, T, H, D)
-	c.kr = layerkit.Ensure(c.b, c.kr, dt, B, T, Hkv, D)
-	c.att = layerkit.Ensure(c.b, c.att, dt, B, T, H, D)
-	c.lse = layerkit.Ensure(c.b, c.lse, layerkit.StatDType(dt), B, H, T)
+	c.q = c.kept.keep(wsKeepQ, RecomputeBlock, c.b, c.q, dt, N, H*D)
+	c.k = c.kept.keep(wsKeepK, RecomputeBlock, c.b, c.k, dt, N, Hkv*D)
+	c.keepOutputs(dt, B, T)
 	c.packed = false
 	return c.q, c.k, c.v
+}
+
+// keepOutputs ensures v, the rotations, att and lse: shared where the
+// recompute mode drops them.
+func (c *AttentionCore) keepOutputs(dt tensor.DType, B, T int) {
+	N, H, Hkv, D := B*T, c.Heads, c.KVHeads, c.HeadDim
+	c.v = c.kept.keep(wsKeepV, RecomputeBlock, c.b, c.v, dt, N, Hkv*D)
+	c.qr = c.kept.keep(wsKeepQR, RecomputeBlock, c.b, c.qr, dt, B, T, H, D)
+	c.kr = c.kept.keep(wsKeepKR, RecomputeBlock, c.b, c.kr, dt, B, T, Hkv, D)
+	c.att = c.kept.keep(wsKeepAtt, RecomputeAttention, c.b, c.att, dt, B, T, H, D)
+	c.lse = c.kept.keep(wsKeepLSE, RecomputeAttention, c.b, c.lse, layerkit.StatDType(dt), B, H, T)
 }
 
 // InputsPacked returns the (B·T, (Heads + 2·KVHeads)·HeadDim) buffer the
@@ -146,11 +163,7 @@ func (c *AttentionCore) InputsPacked(dt tensor.DType, B, T int) (qkv *tensor.Ten
 	N, H, Hkv, D := B*T, c.Heads, c.KVHeads, c.HeadDim
 	c.bt = [2]int{B, T}
 	c.qkv = c.ws.ensure(wsAttnQKV, c.b, c.qkv, dt, N, (H+2*Hkv)*D) // dead after RoPEQKV: shared
-	c.v = layerkit.Ensure(c.b, c.v, dt, N, Hkv*D)
-	c.qr = layerkit.Ensure(c.b, c.qr, dt, B, T, H, D)
-	c.kr = layerkit.Ensure(c.b, c.kr, dt, B, T, Hkv, D)
-	c.att = layerkit.Ensure(c.b, c.att, dt, B, T, H, D)
-	c.lse = layerkit.Ensure(c.b, c.lse, layerkit.StatDType(dt), B, H, T)
+	c.keepOutputs(dt, B, T)
 	c.packed = true
 	return c.qkv
 }
@@ -171,9 +184,16 @@ func (c *AttentionCore) Forward() (att *tensor.Tensor) {
 }
 
 // OutputGrad returns the (B·T, Heads·HeadDim) buffer ∂L/∂att goes into,
-// before Backward.
+// before Backward. Under RecomputeAttention it first recomputes att (which
+// the output projection's backward reads) and lse: the attention of the
+// kept rotations, as the forward computed it.
 func (c *AttentionCore) OutputGrad() (datt *tensor.Tensor) {
 	dt, B, T, H, Hkv, D := c.v.DType(), c.bt[0], c.bt[1], c.Heads, c.KVHeads, c.HeadDim
+	if c.kept != nil && c.kept.mode == RecomputeAttention {
+		c.att = c.kept.keep(wsKeepAtt, RecomputeAttention, c.b, c.att, dt, B, T, H, D)
+		c.lse = c.kept.keep(wsKeepLSE, RecomputeAttention, c.b, c.lse, layerkit.StatDType(dt), B, H, T)
+		c.b.Attention(c.att, c.lse, c.qr, c.kr, layerkit.Reshape(c.v, B, T, Hkv, D), c.Scale())
+	}
 	c.datt = c.ws.ensure(wsAttnDAtt, c.b, c.datt, dt, B*T, H*D)
 	c.dqr = c.ws.ensure(wsAttnDQR, c.b, c.dqr, dt, B, T, H, D)
 	c.dkr = c.ws.ensure(wsAttnDKR, c.b, c.dkr, dt, B, T, Hkv, D)
@@ -246,6 +266,7 @@ func NewAttention(b tensor.Backend, ps *ParamSet, name string, cfg AttentionConf
 	a := &Attention{Name: name, Dim: cfg.Dim, Heads: cfg.Heads, KVHeads: hkv, HeadDim: hd, Theta: cfg.RopeTheta, b: b,
 		core: NewAttentionCore(b, cfg.Heads, hkv, hd, cfg.RopeTheta)}
 	a.core.ws = ps.workspace(b)
+	a.core.kept = a.core.ws
 	lin := func(suffix string, out int, std float64) (*Linear, error) {
 		return NewLinear(b, ps, name+"."+suffix, LinearConfig{In: cfg.Dim, Out: out, Std: std})
 	}

@@ -100,6 +100,7 @@ type Block struct {
 	dh   *tensor.Tensor // (n, C) backward scratch: ∂L/∂h2, then ∂L/∂h1
 	dx1  *tensor.Tensor // (n, C) backward scratch: ∂L/∂x1
 	ws   *workspace     // shared buffers (NewBlock); nil: the block's own
+	kept *workspace     // where h1, x1, h2 go under RecomputeBlock (the set's workspace)
 }
 
 // NewBlock registers name+".attn_norm", ".attn", ".mlp_norm" and ".mlp"
@@ -154,7 +155,7 @@ func NewBlockFrom(b tensor.Backend, ps *ParamSet, name string, dim int, eps floa
 	if parts.Mixer == nil || parts.FFN == nil {
 		return nil, fmt.Errorf("layers: block %q: BlockParts without a Mixer or an FFN constructor, expected both", name)
 	}
-	blk := &Block{Name: name, Dim: dim, b: b, rows: parts.Rows}
+	blk := &Block{Name: name, Dim: dim, b: b, rows: parts.Rows, kept: ps.workspace(b)}
 	var err error
 	if blk.Norm1, err = NewRMSNorm(b, ps, name+".attn_norm", dim, eps); err != nil {
 		return nil, err
@@ -264,8 +265,11 @@ func (blk *Block) ForwardSeq(out, x *tensor.Tensor, batch, seq int) error {
 // forward runs the block on validated rows x, out (n, Dim).
 func (blk *Block) forward(out, x *tensor.Tensor, batch, seq int) error {
 	dt, n, C := x.DType(), x.Dim(0), blk.Dim
-	for _, p := range []**tensor.Tensor{&blk.h1, &blk.x1, &blk.h2} {
-		*p = layerkit.Ensure(blk.b, *p, dt, n, C)
+	for _, p := range []struct {
+		t    **tensor.Tensor
+		slot int
+	}{{&blk.h1, wsKeepH1}, {&blk.x1, wsKeepX1}, {&blk.h2, wsKeepH2}} {
+		*p.t = blk.kept.keep(p.slot, RecomputeBlock, blk.b, *p.t, dt, n, C)
 	}
 	// a and m are dead once added into the stream (a before m is written):
 	// one buffer for both, shared by the blocks.

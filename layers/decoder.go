@@ -116,10 +116,11 @@ type Decoder struct {
 	headLoss    bool // the last forward ran HeadLoss: dhf holds the head's input gradient
 	logitsStale bool // ... and logits were not computed (Logits computes them)
 
-	micros   int                                         // micro-batches per ForwardBackward (SetMicroBatches; 0: 1)
-	lossPart *tensor.Tensor                              // (1) stat dtype: a micro-batch's loss sum
-	steps    []func() (float64, []MoEStats, bool, error) // the last ForwardBackward's micro-batches' statistics (nil after a Forward)
-	ready    stageReady                                  // which parameters each backward stage completes (micro.go)
+	micros    int                                         // micro-batches per ForwardBackward (SetMicroBatches; 0: 1)
+	lossPart  *tensor.Tensor                              // (1) stat dtype: a micro-batch's loss sum
+	steps     []func() (float64, []MoEStats, bool, error) // the last ForwardBackward's micro-batches' statistics (nil after a Forward)
+	ready     stageReady                                  // which parameters each backward stage completes (micro.go)
+	recompute Recompute                                   // what the blocks' forwards keep (SetRecompute)
 }
 
 // Where the loss of the last forward is.
@@ -487,7 +488,17 @@ func (d *Decoder) backward(done func(stage int) error) error {
 	if err := done(stageNorm); err != nil {
 		return err
 	}
-	for l := len(d.p.Blocks) - 1; l >= 0; l-- {
+	last := len(d.p.Blocks) - 1
+	for l := last; l >= 0; l-- {
+		if d.recompute == RecomputeBlock && l < last {
+			// The block's forward again, from its kept input: its
+			// activations, and the output (the same bits), which goes
+			// where it went.
+			B, T := d.bt[0], d.bt[1]
+			if err := d.p.Blocks[l].ForwardSeq(d.xs[l+1], d.xs[l], B, T); err != nil {
+				return err
+			}
+		}
 		if err := d.p.Blocks[l].Backward(dnext, dx); err != nil {
 			return err
 		}

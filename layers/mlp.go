@@ -62,8 +62,16 @@ type SwiGLUCore struct {
 	packed  bool
 	gu, dgu *tensor.Tensor // (N, 2·Hidden)
 
-	ws *workspace // shared backward buffers (NewMLP); nil: the core's own
+	ws   *workspace // shared backward buffers (NewMLP); nil: the core's own
+	kept *workspace // where gate, up (or gu) and h go under RecomputeBlock (NewMLP, ShareKept); nil: the core's own
 }
+
+// ShareKept makes the core keep its activations in ps's shared buffers
+// under RecomputeBlock (Decoder.SetRecompute), as the cores of NewMLP do:
+// the block's forward run again recomputes them. For the cores of other
+// packages' layers (parallel/tp), which keep their backward buffers their
+// own.
+func (s *SwiGLUCore) ShareKept(ps *ParamSet) { s.kept = ps.workspace(s.b) }
 
 // NewSwiGLUCore returns an activation that allocates on b.
 func NewSwiGLUCore(b tensor.Backend) *SwiGLUCore { return &SwiGLUCore{b: b} }
@@ -71,9 +79,9 @@ func NewSwiGLUCore(b tensor.Backend) *SwiGLUCore { return &SwiGLUCore{b: b} }
 // Inputs returns the (n, hidden) buffers the projections gate and up go
 // into, before Forward.
 func (s *SwiGLUCore) Inputs(dt tensor.DType, n, hidden int) (gate, up *tensor.Tensor) {
-	s.gate = layerkit.Ensure(s.b, s.gate, dt, n, hidden)
-	s.up = layerkit.Ensure(s.b, s.up, dt, n, hidden)
-	s.h = layerkit.Ensure(s.b, s.h, dt, n, hidden)
+	s.gate = s.kept.keep(wsKeepGate, RecomputeBlock, s.b, s.gate, dt, n, hidden)
+	s.up = s.kept.keep(wsKeepUp, RecomputeBlock, s.b, s.up, dt, n, hidden)
+	s.h = s.kept.keep(wsKeepH, RecomputeBlock, s.b, s.h, dt, n, hidden)
 	s.packed = false
 	return s.gate, s.up
 }
@@ -82,8 +90,8 @@ func (s *SwiGLUCore) Inputs(dt tensor.DType, n, hidden int) (gate, up *tensor.Te
 // [gate | up] of each row go into (one GEMM x·[W_gate;W_up]ᵀ), before
 // Forward; then use BackwardPacked.
 func (s *SwiGLUCore) InputsPacked(dt tensor.DType, n, hidden int) (gu *tensor.Tensor) {
-	s.gu = layerkit.Ensure(s.b, s.gu, dt, n, 2*hidden)
-	s.h = layerkit.Ensure(s.b, s.h, dt, n, hidden)
+	s.gu = s.kept.keep(wsKeepGU, RecomputeBlock, s.b, s.gu, dt, n, 2*hidden)
+	s.h = s.kept.keep(wsKeepH, RecomputeBlock, s.b, s.h, dt, n, hidden)
 	s.packed = true
 	return s.gu
 }
@@ -141,6 +149,7 @@ func NewMLP(b tensor.Backend, ps *ParamSet, name string, cfg MLPConfig) (*MLP, e
 	}
 	m := &MLP{Name: name, Dim: cfg.Dim, Hidden: cfg.Hidden, b: b, act: NewSwiGLUCore(b)}
 	m.act.ws = ps.workspace(b)
+	m.act.kept = m.act.ws
 	var err error
 	if m.Gate, err = NewLinear(b, ps, name+".w_gate", LinearConfig{In: cfg.Dim, Out: cfg.Hidden, Std: cfg.Std}); err != nil {
 		return nil, err

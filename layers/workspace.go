@@ -24,9 +24,16 @@ import (
 // holds the workspace (a model's lifetime); layers built by this package's
 // constructors (NewBlock, NewAttention, NewMLP) use it, the parallel
 // layers (which may touch their buffers from side streams) keep their own.
+//
+// Under activation recompute (Recompute) the activations a layer's
+// forward keeps for its backward become shared slots too, those the mode
+// drops (keep): the backward recomputes them first (a block's forward
+// again, or the attention core's), so they are again the layer's own
+// values when it reads them.
 type workspace struct {
 	b     tensor.Backend
 	slots [wsSlots]*tensor.Tensor
+	mode  Recompute // what the forwards keep (Decoder.SetRecompute)
 }
 
 // The roles.
@@ -46,6 +53,23 @@ const (
 	wsMLPDGU
 	wsMLPDGate
 	wsMLPDUp
+	// The activations the forward keeps for the backward, shared under
+	// recompute: the block's (RecomputeBlock) ...
+	wsKeepH1
+	wsKeepX1
+	wsKeepH2
+	wsKeepQ // the attention core's unpacked projections
+	wsKeepK
+	wsKeepV
+	wsKeepQR
+	wsKeepKR
+	wsKeepGate // the MLP core's
+	wsKeepUp
+	wsKeepGU
+	wsKeepH
+	// ... and the attention core's output (RecomputeAttention too).
+	wsKeepAtt
+	wsKeepLSE
 	wsSlots
 )
 
@@ -63,6 +87,25 @@ func (s *ParamSet) workspace(b tensor.Backend) *workspace {
 	}
 	return s.ws
 }
+
+// keep returns the buffer of a kept activation of the given role: the
+// shared slot when the recompute mode drops it (mode ≥ from), else own,
+// ensured (own is the layer's own buffer, never a slot: after a switch of
+// mode a fresh one is made).
+func (w *workspace) keep(slot int, from Recompute, b tensor.Backend, own *tensor.Tensor, dt tensor.DType, shape ...int) *tensor.Tensor {
+	if w != nil && w.mode >= from {
+		w.slots[slot] = layerkit.Ensure(w.b, w.slots[slot], dt, shape...)
+		return w.slots[slot]
+	}
+	if w != nil && own != nil && own == w.slots[slot] {
+		own = nil
+	}
+	return layerkit.Ensure(b, own, dt, shape...)
+}
+
+// dropped reports whether the recompute mode drops the activations kept
+// from mode from on.
+func (w *workspace) dropped(from Recompute) bool { return w != nil && w.mode >= from }
 
 // ensure is Ensure of the slot's buffer, or of *own without a workspace.
 func (w *workspace) ensure(slot int, b tensor.Backend, own *tensor.Tensor, dt tensor.DType, shape ...int) *tensor.Tensor {

@@ -388,6 +388,13 @@ func (m *Model) ForwardBackward(ids, targets *tensor.Tensor) error {
 	return m.dec.ForwardBackward(ids, targets)
 }
 
+// SetRecompute sets the activation recompute of the blocks
+// (layers.Decoder.SetRecompute: the forward keeps only the blocks' inputs,
+// or drops the attention cores' outputs, and the backward recomputes the
+// rest, with the same bits). Every rank calls it alike, before the first
+// forward: a recomputed block's forward runs its collectives again.
+func (m *Model) SetRecompute(r layers.Recompute) error { return m.dec.SetRecompute(r) }
+
 // Buckets lists the buckets the gradients are summed in over the replicas
 // (grads.Reducer.Buckets).
 func (m *Model) Buckets() []grads.Bucket { return m.red.Buckets() }

@@ -64,6 +64,7 @@ func NewAttention(b tensor.Backend, ps *layers.ParamSet, par Parallel, name stri
 	a := &Attention{Name: name, Dim: cfg.Dim, Heads: cfg.Heads, KVHeads: hkv, HeadDim: hd, LocalHeads: cfg.Heads / P,
 		LocalKVHeads: hkv / P, Theta: cfg.RopeTheta, b: b, par: par,
 		core: layers.NewAttentionCore(b, cfg.Heads/P, hkv/P, hd, cfg.RopeTheta)}
+	a.core.ShareKept(ps) // under activation recompute its kept activations are the model's shared buffers
 	col := func(suffix string, out int) (*ColumnParallelLinear, error) {
 		return NewColumnParallelLinear(b, ps, par.part(), name+"."+suffix, ColumnConfig{In: cfg.Dim, Out: out, Std: cfg.Std})
 	}

@@ -45,6 +45,7 @@ func NewMLP(b tensor.Backend, ps *layers.ParamSet, par Parallel, name string, cf
 	}
 	m := &MLP{Name: name, Dim: cfg.Dim, Hidden: cfg.Hidden, LocalHidden: cfg.Hidden / par.Size(), b: b, par: par,
 		act: layers.NewSwiGLUCore(b)}
+	m.act.ShareKept(ps) // under activation recompute its kept activations are the model's shared buffers
 	var err error
 	if m.Gate, err = NewColumnParallelLinear(b, ps, par.part(), name+".w_gate", ColumnConfig{In: cfg.Dim, Out: cfg.Hidden, Std: cfg.Std}); err != nil {
 		return nil, err
