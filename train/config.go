@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/asynctp/asynctp/layers"
+
 	"github.com/asynctp/asynctp/optim"
 )
 
@@ -23,6 +25,9 @@ type Config struct {
 	// gradients add up (gradient accumulation), Batch = MicroBatch ×
 	// accumulation steps × DP. 0: Batch / DP (one forward per step).
 	MicroBatch int `json:"micro_batch,omitempty"`
+	// Recompute is the activation recompute of the model's blocks
+	// (layers.Recompute's names: none, attention, block); "" is none.
+	Recompute string `json:"recompute,omitempty"`
 
 	LR          float64 `json:"lr"`           // peak learning rate, reached at the end of warm-up
 	MinLR       float64 `json:"min_lr"`       // learning rate at the last step (cosine decay target)
@@ -126,6 +131,8 @@ func (c Config) Validate() error {
 		return bad("batch", c.Batch, "> 0")
 	case c.Seq <= 0:
 		return bad("seq", c.Seq, "> 0")
+	case c.Recompute != "" && !validRecompute(c.Recompute):
+		return bad("recompute", fmt.Sprintf("%q", c.Recompute), "none, attention or block")
 	case c.MicroBatch < 0 || c.MicroBatch > c.Batch:
 		return bad("micro_batch", c.MicroBatch, fmt.Sprintf("in [1, batch = %d] (0: one forward per step)", c.Batch))
 	case !(c.LR > 0) || !finite(c.LR):
@@ -180,4 +187,9 @@ func (c Config) MicroBatches(dp int) (int, error) {
 			c.Batch, c.MicroBatch, dp, c.MicroBatch*dp)
 	}
 	return c.Batch / (c.MicroBatch * dp), nil
+}
+
+func validRecompute(s string) bool {
+	_, err := layers.ParseRecompute(s)
+	return err == nil
 }

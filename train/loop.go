@@ -213,6 +213,9 @@ func Run(ctx context.Context, b tensor.Backend, model Model, data *Loader, cfg C
 	if err := setMicroBatches(model, cfg); err != nil {
 		return Result{}, err
 	}
+	if err := setRecompute(model, cfg); err != nil {
+		return Result{}, err
+	}
 	ps := model.Params()
 	if ps == nil {
 		return Result{}, errors.New("train: the model has no parameter set")
@@ -290,4 +293,31 @@ func setMicroBatches(model Model, cfg Config) error {
 		return err
 	}
 	return mb.SetMicroBatches(k)
+}
+
+// Recomputer is an optional interface of a Model whose forward can keep
+// fewer activations, the backward recomputing the rest (layers.GPT,
+// parallel/model.Model): Run sets Config.Recompute through it.
+type Recomputer interface {
+	SetRecompute(r layers.Recompute) error
+}
+
+// setRecompute gives a Recomputer cfg.Recompute; a model that is not one
+// takes none.
+func setRecompute(model Model, cfg Config) error {
+	if cfg.Recompute == "" {
+		return nil
+	}
+	r, err := layers.ParseRecompute(cfg.Recompute)
+	if err != nil {
+		return fmt.Errorf("train: %w", err)
+	}
+	rc, ok := model.(Recomputer)
+	if !ok {
+		if r != layers.RecomputeNone {
+			return fmt.Errorf("train: recompute %s: the model (%T) cannot recompute activations, expected none", r, model)
+		}
+		return nil
+	}
+	return rc.SetRecompute(r)
 }

@@ -70,3 +70,24 @@ func TestMicroBatchRuns(t *testing.T) {
 		}
 	}
 }
+
+// TestRecomputeRuns: --recompute attention and block train with the
+// losses and gradient norms of --recompute none bit for bit, on one rank
+// and at TP 2 with sequence parallelism; an unknown mode is refused.
+func TestRecomputeRuns(t *testing.T) {
+	steps := []string{"--steps", "4", "--layers", "3"}
+	for _, layout := range [][]string{nil, {"--tp", "2", "--sequence-parallel"}} {
+		want := metrics(t, trainRun(t, append(steps, layout...)...))
+		for _, mode := range []string{"attention", "block"} {
+			got := metrics(t, trainRun(t, append(append(steps, layout...), "--recompute", mode)...))
+			for i := range want {
+				if math.Float64bits(got[i].Loss) != math.Float64bits(want[i].Loss) || got[i].GradNorm != want[i].GradNorm {
+					t.Fatalf("%v --recompute %s step %d: loss %v, norm %v; want %v, %v (none) bit for bit", layout, mode, want[i].Step, got[i].Loss, got[i].GradNorm, want[i].Loss, want[i].GradNorm)
+				}
+			}
+		}
+	}
+	if _, err := loadConfig(par(t.TempDir(), "--recompute", "full")); err == nil || !strings.Contains(err.Error(), `recompute = "full", want none, attention or block`) {
+		t.Errorf("--recompute full: %v", err)
+	}
+}

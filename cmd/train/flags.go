@@ -107,6 +107,7 @@ var trainFlags = sections(
 
 	secTrain,
 	flagOf("batch", at("train.batch"), 0, "sequences per step (the global batch, over every data-parallel replica)", func(c *Config, v int) { c.Train.Batch = v }),
+	flagOf("recompute", at("train.recompute"), "none", "activation recompute: none, attention (the backward recomputes the attention core's output) or block (the forward keeps only each block's input; the backward recomputes the block); the same numbers, less memory, more compute", func(c *Config, v string) { c.Train.Recompute = v }),
 	flagOf("micro-batch", at("train.micro_batch"), 0, "sequences per forward per data-parallel replica: each step runs batch / (micro-batch × dp) micro-batches whose gradients add up (batch = micro-batch × accumulation steps × dp); 0: one forward per step", func(c *Config, v int) { c.Train.MicroBatch = v }),
 	flagOf("steps", at("train.steps"), 0, "optimizer steps", func(c *Config, v int) { c.Train.Steps = v }),
 	flagOf("warmup", at("train.warmup"), 0, "linear warm-up steps", func(c *Config, v int) { c.Train.Warmup = v }),
