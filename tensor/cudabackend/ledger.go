@@ -55,7 +55,7 @@ func newLedger() *ledger {
 func skipFrame(fn string) bool {
 	switch strings.TrimPrefix(fn, modulePath) {
 	case "tensor/cudabackend.(*Backend).newBuffer", "tensor/cudabackend.(*Backend).Zeros",
-		"tensor/cudabackend.(*Backend).scratch", "internal/layerkit.Ensure", "layers.(*workspace).ensure":
+		"tensor/cudabackend.(*Backend).scratch", "internal/layerkit.Ensure", "layers.(*workspace).ensure", "layers.(*workspace).keep":
 		return true
 	}
 	return strings.HasPrefix(fn, modulePath+"tensor/cudabackend.(*allocator).")
