@@ -18,7 +18,9 @@
 #  6. the 50-step tiny-moe curve at EP 2 against one process with the
 #     gradients summed in fp32 (the default) and in bf16, over nvshmem and
 #     nccl, with routing-diff's count of flipped token-layers; and a run of
-#     micro-batches.
+#     micro-batches;
+#  7. --recompute none, attention, block on gpt2-124m and llama-1b with
+#     --memory-report: the ledger's forward buffers, tokens/s, losses.
 # The rounds against PyTorch are a run of their own:
 #   STEPS=20 TORCH_STEPS=10 ROUNDS=2 PRESETS="gpt2-124m llama-1b" \
 #     FIRST_MODES=eager,compile TORCH_TIMEOUT=250 bash scripts/gpu-speed.sh
@@ -114,3 +116,10 @@ PY
 done
 run "tiny-moe --ep 2 --comm nccl --micro-batch 2" 200 ep-micro.log -- ./build/train "${EP_ARGS[@]}" \
   --nproc 2 --comm nccl --ep 2 --micro-batch 2 --out "$EPO/micro"
+for preset in gpt2-124m llama-1b; do
+  for m in none attention block; do
+    run "$preset --recompute $m --memory-report, 20 steps" 300 "rc-$preset-$m.log" -- ./build/train --device cuda --model "$preset" \
+      --steps 20 --log-every 5 --checkpoint-every 0 --val-fraction 0 --memory-report --recompute "$m" --out "$OUT/rc/$preset-$m"
+    grep -E "^step 20|layers' forward buffers|memory ledger" "$OUT/rc-$preset-$m.log" | head -3
+  done
+done
