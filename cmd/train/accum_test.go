@@ -62,29 +62,45 @@ func TestMicroBatchRuns(t *testing.T) {
 		args := append(append([]string{"--nproc", "2", "--comm", "tcp", "--micro-batch", "1", "--grad-bucket-mb", "0.002"}, steps...), c.args...)
 		sameRun(t, c.name+" "+strings.Join(args, " "), metrics(t, trainRun(t, args...)), c.want, 1e-5)
 	}
-	over := metrics(t, trainRun(t, append(steps, "--dp", "2", "--micro-batch", "1", "--grad-bucket-mb", "0.002")...))
-	after := metrics(t, trainRun(t, append(steps, "--dp", "2", "--micro-batch", "1", "--grad-bucket-mb", "0.002", "--overlap-grad-reduce=false")...))
-	for i := range over {
-		if math.Float64bits(over[i].Loss) != math.Float64bits(after[i].Loss) || over[i].GradNorm != after[i].GradNorm {
-			t.Fatalf("step %d: loss %v, norm %v with the sums behind the backward; %v, %v after it", over[i].Step, over[i].Loss, over[i].GradNorm, after[i].Loss, after[i].GradNorm)
+	for _, procs := range [][]string{nil, {"--nproc", "2", "--comm", "tcp"}} {
+		args := append(append(procs, steps...), "--dp", "2", "--micro-batch", "1", "--grad-bucket-mb", "0.002")
+		sameBits(t, strings.Join(args, " ")+" behind and after the backward",
+			metrics(t, trainRun(t, args...)), metrics(t, trainRun(t, append(args, "--overlap-grad-reduce=false")...)))
+	}
+}
+
+// sameBits checks that two runs' losses and gradient norms are the same
+// bits at every step.
+func sameBits(t *testing.T, name string, got, want []train.StepMetrics) {
+	t.Helper()
+	if len(got) != len(want) || len(want) == 0 {
+		t.Fatalf("%s: %d steps, want %d", name, len(got), len(want))
+	}
+	for i := range want {
+		if math.Float64bits(got[i].Loss) != math.Float64bits(want[i].Loss) || got[i].GradNorm != want[i].GradNorm {
+			t.Fatalf("%s: step %d: loss %v, norm %v; want %v, %v bit for bit", name, want[i].Step, got[i].Loss, got[i].GradNorm, want[i].Loss, want[i].GradNorm)
 		}
 	}
 }
 
 // TestRecomputeRuns: --recompute attention and block train with the
-// losses and gradient norms of --recompute none bit for bit, on one rank
-// and at TP 2 with sequence parallelism; an unknown mode is refused.
+// losses and gradient norms of --recompute none bit for bit, on one rank,
+// at TP 2 with sequence parallelism, and (block) at TP 2 over tcp
+// processes with an MoE model; an unknown mode is refused.
 func TestRecomputeRuns(t *testing.T) {
 	steps := []string{"--steps", "4", "--layers", "3"}
-	for _, layout := range [][]string{nil, {"--tp", "2", "--sequence-parallel"}} {
-		want := metrics(t, trainRun(t, append(steps, layout...)...))
-		for _, mode := range []string{"attention", "block"} {
-			got := metrics(t, trainRun(t, append(append(steps, layout...), "--recompute", mode)...))
-			for i := range want {
-				if math.Float64bits(got[i].Loss) != math.Float64bits(want[i].Loss) || got[i].GradNorm != want[i].GradNorm {
-					t.Fatalf("%v --recompute %s step %d: loss %v, norm %v; want %v, %v (none) bit for bit", layout, mode, want[i].Step, got[i].Loss, got[i].GradNorm, want[i].Loss, want[i].GradNorm)
-				}
-			}
+	for _, c := range []struct {
+		layout []string
+		modes  []string
+	}{
+		{nil, []string{"attention", "block"}},
+		{[]string{"--tp", "2", "--sequence-parallel"}, []string{"attention", "block"}},
+		{append([]string{"--nproc", "2", "--comm", "tcp", "--tp", "2", "--ep", "2"}, moe...), []string{"block"}},
+	} {
+		args := append(append([]string{}, steps...), c.layout...)
+		want := metrics(t, trainRun(t, args...))
+		for _, mode := range c.modes {
+			sameBits(t, strings.Join(args, " ")+" --recompute "+mode, metrics(t, trainRun(t, append(args, "--recompute", mode)...)), want)
 		}
 	}
 	if _, err := loadConfig(par(t.TempDir(), "--recompute", "full")); err == nil || !strings.Contains(err.Error(), `recompute = "full", want none, attention or block`) {
