@@ -57,6 +57,7 @@ type Chooser struct {
 	available map[string]Strategy
 	missing   map[string]string // strategy name → why this run cannot build it
 	tuning    Tuning            // what "auto" consults; nil: no cache
+	shadow    *Shadow           // the rank's shadow mode; nil: off
 
 	mu      sync.Mutex
 	choices map[Kind]map[string]int // kind → strategy → sites
@@ -275,7 +276,18 @@ func (c *Chooser) AllGatherMatmul(sp Spec) (AllGatherMatmul, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.NewAllGatherMatmul(sp)
+	site, err := s.NewAllGatherMatmul(sp)
+	if err != nil {
+		return nil, err
+	}
+	if sh := c.shadowSite(sp, s); sh != nil {
+		ref, err := Collective{}.NewAllGatherMatmul(sp)
+		if err != nil {
+			return nil, errors.Join(err, site.Close())
+		}
+		return &shadowAGMM{real: site, ref: ref, site: sh, sp: sp}, nil
+	}
+	return site, nil
 }
 
 // MatmulReduceScatter builds the site of sp with its chosen strategy.
@@ -285,7 +297,18 @@ func (c *Chooser) MatmulReduceScatter(sp Spec) (MatmulReduceScatter, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.NewMatmulReduceScatter(sp)
+	site, err := s.NewMatmulReduceScatter(sp)
+	if err != nil {
+		return nil, err
+	}
+	if sh := c.shadowSite(sp, s); sh != nil {
+		ref, err := Collective{}.NewMatmulReduceScatter(sp)
+		if err != nil {
+			return nil, errors.Join(err, site.Close())
+		}
+		return &shadowMMRS{real: site, ref: ref, site: sh, sp: sp}, nil
+	}
+	return site, nil
 }
 
 // MatmulAllReduce builds the site of sp with its chosen strategy.
@@ -295,7 +318,18 @@ func (c *Chooser) MatmulAllReduce(sp Spec) (MatmulAllReduce, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.NewMatmulAllReduce(sp)
+	site, err := s.NewMatmulAllReduce(sp)
+	if err != nil {
+		return nil, err
+	}
+	if sh := c.shadowSite(sp, s); sh != nil {
+		ref, err := Collective{}.NewMatmulAllReduce(sp)
+		if err != nil {
+			return nil, errors.Join(err, site.Close())
+		}
+		return &shadowMMAR{real: site, ref: ref, site: sh, sp: sp}, nil
+	}
+	return site, nil
 }
 
 // Single is a chooser that gives every site the strategy s (tests, and

@@ -91,6 +91,7 @@ type runOptions struct {
 	lateExtra   func(step int) func() (map[string]any, error)
 	hook        func(StepMetrics)
 	start       func(Result) error
+	watch       StepWatcher
 	interrupt   bool
 	tokenizer   string
 	tokenizerAs []string // older names of the same kind (WithTokenizer)
@@ -153,6 +154,23 @@ func WithLateExtraMetrics(fn func(step int) func() (map[string]any, error)) Opti
 // fn of step s runs after step s+1 is queued, and a ctx cancelled from fn
 // stops the run after step s+1 (on every rank alike).
 func WithStepHook(fn func(StepMetrics)) Option { return func(o *runOptions) { o.hook = fn } }
+
+// StepWatcher is told where each training step begins and ends, on every
+// rank (shadow mode's sampling: overlap.Shadow is one).
+type StepWatcher interface {
+	// BeginStep is called before the step's forward.
+	BeginStep(step int)
+	// EndStep is called right after the step's backward, before its update
+	// (a collective when the watcher makes one: every rank calls it after
+	// every step). Its fields join the step's metrics. An error stops the
+	// run after the step: the update is applied, the step recorded and
+	// checkpointed, and Run returns an error wrapping it.
+	EndStep(step int) (map[string]any, error)
+}
+
+// WithStepWatcher has w watch every training step (StepWatcher); the
+// forward passes of a validation are not steps.
+func WithStepWatcher(w StepWatcher) Option { return func(o *runOptions) { o.watch = w } }
 
 // WithStartHook calls fn once the run is ready to take its first step: the
 // checkpoint of a resume is loaded and checked, nothing is written yet. An

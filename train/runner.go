@@ -93,6 +93,10 @@ func (r *runner) run() (Result, error) {
 		if p != nil {
 			p.issued = time.Now()
 		}
+		var watched error // the watcher stops the run after this step
+		if errors.As(err, new(*watcherStop)) {
+			watched, err = err, nil
+		}
 		if err != nil {
 			if errors.Is(err, tensor.ErrInterrupted) && r.ctx.Err() != nil {
 				return r.res, r.interrupted(step, pos, err)
@@ -110,7 +114,7 @@ func (r *runner) run() (Result, error) {
 		}
 		r.pend = p
 		last := step == cfg.Steps
-		stop := r.ctx.Err() != nil && !last
+		stop := r.ctx.Err() != nil && !last || watched != nil
 		save := last || stop || (cfg.CheckpointEvery > 0 && step%cfg.CheckpointEvery == 0)
 		val := r.o.val != nil && (step%r.o.valEvery == 0 || last)
 		if !save && !val {
@@ -126,6 +130,9 @@ func (r *runner) run() (Result, error) {
 				return r.res, err
 			}
 			r.lastDone = time.Now() // the next step's time leaves the checkpoint out
+		}
+		if watched != nil {
+			return r.res, fmt.Errorf("train: stopped after step %d (checkpoint %s): %w", step, orNone(r.res.LastCheckpoint), errors.Unwrap(watched))
 		}
 		if stop {
 			return r.res, fmt.Errorf("train: stopped after step %d (checkpoint %s): %w", step, orNone(r.res.LastCheckpoint), context.Cause(r.ctx))
@@ -173,6 +180,9 @@ func (r *runner) queue(step int) (*pendingStep, error) {
 		stoppable.SetInterrupt(func() bool { return r.ctx.Err() != nil })
 	}
 	r.model.ZeroGrad()
+	if r.o.watch != nil {
+		r.o.watch.BeginStep(step)
+	}
 	p.loss, err = r.forwardBackward(ids, targets, step)
 	if stoppable != nil {
 		stoppable.SetInterrupt(nil) // the update below runs whole or not at all
@@ -183,6 +193,19 @@ func (r *runner) queue(step int) (*pendingStep, error) {
 	if r.o.extra != nil { // before the next forward (or a validation) replaces the router's statistics
 		p.extra = r.o.extra(step)
 	}
+	var watched error
+	if r.o.watch != nil {
+		fields, err := r.o.watch.EndStep(step)
+		if err != nil {
+			watched = &watcherStop{err}
+		}
+		if len(fields) > 0 && p.extra == nil {
+			p.extra = map[string]any{}
+		}
+		for k, v := range fields {
+			p.extra[k] = v
+		}
+	}
 	if r.o.lateExtra != nil {
 		p.late = r.o.lateExtra(step)
 	}
@@ -191,7 +214,10 @@ func (r *runner) queue(step int) (*pendingStep, error) {
 	if hostNorm && devNorm == nil {
 		// The norm only on the host: read the loss first (a NaN loss
 		// stops the step before the update), then the norm.
-		return p, r.stepOnHost(p)
+		if err := r.stepOnHost(p); err != nil {
+			return p, err
+		}
+		return p, watched
 	}
 	if p.normSq, err = r.opt.ClipStep(step, p.lr, cfg.GradClip, devNorm); err != nil {
 		return nil, fmt.Errorf("train: step %d: %w", step, err)
@@ -199,8 +225,15 @@ func (r *runner) queue(step int) (*pendingStep, error) {
 	if err := b.Err(); err != nil {
 		return nil, fmt.Errorf("train: step %d: %w", step, err)
 	}
-	return p, nil
+	return p, watched
 }
+
+// watcherStop is the error of a StepWatcher's EndStep, carried from queue
+// to the loop: the step is complete, and the run stops after it.
+type watcherStop struct{ err error }
+
+func (e *watcherStop) Error() string { return e.err.Error() }
+func (e *watcherStop) Unwrap() error { return e.err }
 
 // stepOnHost finishes a step whose gradient norm comes from the host
 // (GradSumSquarer without DeviceGradSumSquarer): loss, norm, update.
