@@ -75,7 +75,8 @@ type ExpertConfig struct {
 
 // newExpertPath builds the expert path of a layer: the strategy the chooser
 // picks for the site — collective (*Dispatcher), or a strategy that builds
-// its own path (ExpertStrategy); any other refuses.
+// its own path (ExpertStrategy), wrapped when the chooser's shadow samples
+// it (shadow.go); any other refuses.
 func newExpertPath(b tensor.Backend, name string, experts, dim int, par Parallel) (ExpertPath, error) {
 	group := par.Group
 	ch := par.Overlap
@@ -88,14 +89,32 @@ func newExpertPath(b tensor.Backend, name string, experts, dim int, par Parallel
 	if err != nil {
 		return nil, err
 	}
-	if es, ok := s.(ExpertStrategy); ok {
-		return es.NewExpertPath(ExpertConfig{Name: name, Backend: b, Stream: par.Stream, Group: group, Tokens: par.TokenGroup,
-			Experts: experts, Cols: dim, MaxTokens: par.MaxTokens})
+	es, ok := s.(ExpertStrategy)
+	if !ok {
+		if s.Name() != (overlap.Collective{}).Name() {
+			return nil, fmt.Errorf("ep: moe %q: strategy %s has no expert path (%w)", name, s.Name(), overlap.ErrUnavailable)
+		}
+		ch.ShadowOf(sp, s) // nil: the reference itself (the shadow's patterns learn of the site)
+		return newDispatcher(b, experts, par)
 	}
-	if s.Name() != (overlap.Collective{}).Name() {
-		return nil, fmt.Errorf("ep: moe %q: strategy %s has no expert path (%w)", name, s.Name(), overlap.ErrUnavailable)
+	path, err := es.NewExpertPath(ExpertConfig{Name: name, Backend: b, Stream: par.Stream, Group: group, Tokens: par.TokenGroup,
+		Experts: experts, Cols: dim, MaxTokens: par.MaxTokens})
+	if err != nil {
+		return nil, err
 	}
-	d, err := NewDispatcher(b, group, experts, par.Stream)
+	if ss := ch.ShadowOf(sp, s); ss != nil {
+		ref, err := newDispatcher(b, experts, par)
+		if err != nil {
+			return nil, err
+		}
+		return shadowExpertPath(path, ref, ss, b, par.Stream), nil
+	}
+	return path, nil
+}
+
+// newDispatcher builds the collective expert path of a layer.
+func newDispatcher(b tensor.Backend, experts int, par Parallel) (*Dispatcher, error) {
+	d, err := NewDispatcher(b, par.Group, experts, par.Stream)
 	if err != nil {
 		return nil, err
 	}
