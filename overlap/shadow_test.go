@@ -366,15 +366,15 @@ func TestShadowConfigValidate(t *testing.T) {
 		{overlap.ShadowConfig{Every: 1, Sites: []string{""}}, "not an empty one"},
 		{overlap.ShadowConfig{Every: 1, FailAbove: &neg}, "fail_above -1"},
 		{overlap.ShadowConfig{Every: 1, FailAbove: &inf}, "fail_above +Inf"},
-		{overlap.ShadowConfig{Sites: []string{"expert"}}, "without every"},
+		{overlap.ShadowConfig{Sites: []string{"expert"}}, ""},
 	} {
 		err := tc.cfg.Validate()
 		if tc.err == "" && err != nil || tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
 			t.Errorf("%+v: %v, expected %q", tc.cfg, err, tc.err)
 		}
 	}
-	if _, err := overlap.NewShadow(overlap.ShadowConfig{}, nil, nil, nil, tensor.Float32); err == nil {
-		t.Error("NewShadow of every 0: no error")
+	if sh, err := overlap.NewShadow(overlap.ShadowConfig{}, nil, nil, nil, tensor.Float32); err != nil || sh.Config().Every != overlap.DefaultShadowEvery {
+		t.Errorf("NewShadow of every 0: %v, every %d; expected the default, %d", err, sh.Config().Every, overlap.DefaultShadowEvery)
 	}
 }
 

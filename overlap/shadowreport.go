@@ -263,7 +263,10 @@ func (s *Shadow) Summary() []string {
 	for i, st := range s.sites {
 		w := s.worst[i]
 		rel, where, ulp := "-", "-", "-"
-		if w.hasRel {
+		switch {
+		case w.hasRel && w.rel.Rel == 0 && w.ulp.ULP == 0:
+			rel, ulp = "0", "0" // collective's bits at every sampled step
+		case w.hasRel:
 			rel = fmtRel(w.rel.Rel)
 			where = fmt.Sprintf("%s, step %d, rank %d", w.rel.Name, w.relAt, w.rel.Rank)
 			ulp = fmt.Sprintf("%s (%s, step %d)", fmtULP(w.ulp.ULP), w.ulp.Name, w.ulpAt)

@@ -35,6 +35,9 @@ type Config struct {
 	// Overlap chooses the strategy of each communication site (--overlap,
 	// overlap.Config: {"default": ..., "sites": {...}}).
 	Overlap overlap.Config `json:"overlap"`
+	// Shadow is shadow mode (--shadow-every, overlap.ShadowConfig: {"every":
+	// N, "sites": [...], "fail_above": X}; shadow.go); nil: off.
+	Shadow *overlap.ShadowConfig `json:"shadow,omitempty"`
 	// AutotuneCache is the cache "auto" picks from (--autotune-cache,
 	// written by cmd/ablate); empty: OUT/autotune.json when it exists.
 	AutotuneCache string `json:"autotune_cache,omitempty"`
@@ -217,7 +220,10 @@ func loadConfigIn(args []string, l origin) (Config, error) {
 	// (the layout, the transport), after the values themselves passed.
 	preset := mk()
 	preset.Model = preset.Model.WithDefaults()
-	return cfg, cfg.checkTakesEffect(set, &preset, configFile, l)
+	if err := cfg.checkTakesEffect(set, &preset, configFile, l); err != nil {
+		return cfg, err
+	}
+	return cfg, cfg.checkShadowEffect(set, configFile, l)
 }
 
 func (c *Config) validate(l origin) error {
@@ -234,6 +240,9 @@ func (c *Config) validate(l origin) error {
 		return err
 	}
 	if err := c.Overlap.Validate(); err != nil {
+		return err
+	}
+	if err := c.checkShadow(); err != nil {
 		return err
 	}
 	if err := c.checkGrouped(); err != nil {

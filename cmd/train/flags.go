@@ -136,6 +136,13 @@ var trainFlags = sections(
 	flagOf("comm", at("parallel.comm"), "", "transport between the ranks: local (goroutines of one process, CPU), tcp (processes, CPU), nccl or nvshmem (processes, GPUs); default local, or with --nproc or a launcher (torchrun, srun, mpirun) tcp on the CPU and nccl with --device cuda", func(c *Config, v string) { c.Parallel.Comm = v }),
 	flagOf("overlap", at("overlap.default"), "", "strategy of the communication sites: "+strings.Join(overlap.Names, ", ")+
 		" (default collective; per-site choices in the config's \"overlap\" section)", func(c *Config, v string) { c.Overlap.Default = v }),
+	flagOf("shadow-every", at("shadow.every"), 0, "shadow mode: every `N`-th step each communication site whose strategy is not collective also runs collective from the same inputs, and the differences are recorded (metrics.jsonl's \"shadow\", a table at the end); the config's \"shadow\" section also picks sites and fail_above, and samples every "+fmt.Sprint(overlap.DefaultShadowEvery)+" steps without every",
+		func(c *Config, v int) {
+			if c.Shadow == nil {
+				c.Shadow = &overlap.ShadowConfig{}
+			}
+			c.Shadow.Every = v
+		}),
 	flagOf("autotune", at("autotune"), false, "with --overlap auto: time collective against pipelined at start for each site the autotune cache has no entry for (a verified micro-run on this run's ranks) and write the choices into the cache", func(c *Config, v bool) { c.Autotune = v }),
 	flagOf("autotune-cache", at("autotune_cache"), "", "autotune cache `file` that --overlap auto picks from (cmd/ablate's autotune.json; default OUT/autotune.json when it exists)", func(c *Config, v string) { c.AutotuneCache = v }),
 	flagOf("grouped-gemm", at("grouped_gemm"), GroupedAuto, "the MoE layers' expert GEMMs: auto (the backend's preference), on (the backend's grouped GEMM: with --overlap pipelined on --comm nvshmem GPUs the step reads no counts on the host), off (one GEMM per expert)", func(c *Config, v string) { c.GroupedGEMM = v }),

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"path/filepath"
+	"strings"
 
 	"github.com/asynctp/asynctp/ablate"
 
@@ -41,10 +42,10 @@ func orDefault(s, d string) string {
 }
 
 // newChooser is one rank's chooser of the site strategies; tune is what
-// "auto" picks from (nil: no cache); extra are the strategies of this
-// rank's transport and backend (GPU ones) that take the place of the
-// generic ones of the same name.
-func newChooser(cfg Config, tune overlap.Tuning, extra ...overlap.Strategy) (*overlap.Chooser, error) {
+// "auto" picks from (nil: no cache); sh is the rank's shadow mode (nil:
+// off); extra are the strategies of this rank's transport and backend
+// (GPU ones) that take the place of the generic ones of the same name.
+func newChooser(cfg Config, tune overlap.Tuning, sh *overlap.Shadow, extra ...overlap.Strategy) (*overlap.Chooser, error) {
 	avail, missing := overlapStrategies(cfg)
 	for _, s := range extra {
 		for i, a := range avail {
@@ -61,6 +62,9 @@ func newChooser(cfg Config, tune overlap.Tuning, extra ...overlap.Strategy) (*ov
 	var opts []overlap.ChooserOption
 	if tune != nil {
 		opts = append(opts, overlap.WithTuning(tune))
+	}
+	if sh != nil {
+		opts = append(opts, overlap.WithShadow(sh))
 	}
 	return overlap.NewChooser(cfg.Overlap, avail, missing, opts...)
 }
@@ -182,8 +186,23 @@ func checkOverlap(cfg Config) error {
 	if _, err := tuning(cfg, nil, tensor.Float32, nil, nil); err != nil {
 		return err
 	}
-	_, err := newChooser(cfg, nil)
+	_, err := newChooser(cfg, nil, nil)
 	return err
+}
+
+// printShadow prints what shadow mode samples (world rank 0; nothing when
+// it is off).
+func printShadow(sh *overlap.Shadow) {
+	if sh == nil {
+		return
+	}
+	c := sh.Config()
+	bound := "no fail_above: the summary flags a site above its dtype's tolerance"
+	if c.FailAbove != nil {
+		bound = fmt.Sprintf("fail_above %g stops the run after the step", *c.FailAbove)
+	}
+	sites := sh.Sites()
+	fmt.Printf("shadow: every %d steps, %d sites against collective (%s): %s\n", c.Every, len(sites), bound, strings.Join(sites, ", "))
 }
 
 // printOverlap prints which strategy each site kind got (world rank 0).

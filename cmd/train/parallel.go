@@ -13,6 +13,7 @@ import (
 	"github.com/asynctp/asynctp/hf"
 	"github.com/asynctp/asynctp/launch"
 	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/parallel/model"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cpu"
@@ -85,12 +86,18 @@ func trainRank(ctx context.Context, w *launch.World, cfg Config, ds *train.Datas
 	if g == nil {
 		return train.Result{}, fmt.Errorf("rank %d: a world without a grid, expected dp %d × tp %d, ep %d", c.Rank(), p.DP, p.TP, p.EP)
 	}
-	extra := gpuOverlap(cfg, c, b)
+	extra := rankStrategies(cfg, c, b)
 	tune, err := tuning(cfg, b, dt, c, pipelinedOf(extra))
 	if err != nil {
 		return train.Result{}, err
 	}
-	ch, err := newChooser(cfg, tune, extra...)
+	var sh *overlap.Shadow
+	if cfg.Shadow != nil {
+		if sh, err = overlap.NewShadow(*cfg.Shadow, g.World, b, s, dt); err != nil {
+			return train.Result{}, err
+		}
+	}
+	ch, err := newChooser(cfg, tune, sh, extra...)
 	if err != nil {
 		return train.Result{}, err
 	}
@@ -109,8 +116,14 @@ func trainRank(ctx context.Context, w *launch.World, cfg Config, ds *train.Datas
 	if err := ch.CheckUsed(); err != nil {
 		return train.Result{}, err
 	}
+	if sh != nil {
+		if err := sh.CheckUsed(); err != nil {
+			return train.Result{}, err
+		}
+	}
 	if c.Rank() == 0 {
 		printOverlap(ch)
+		printShadow(sh)
 		if m.Config().Experts > 0 {
 			fmt.Println("moe: expert GEMMs", expertGEMMLine(cfg.GroupedGEMM, b.Name(), shardedGEMMs(m)))
 		}
@@ -137,9 +150,21 @@ func trainRank(ctx context.Context, w *launch.World, cfg Config, ds *train.Datas
 	if m.Config().Experts > 0 {
 		opts = append(opts, train.WithLateExtraMetrics(dump.Then(func(int) func() (map[string]any, error) { return routerMetrics(m) })))
 	}
+	if sh != nil {
+		opts = append(opts, train.WithStepWatcher(sh))
+	}
 	res, err := train.RunSharded(stop.ctx, b, m, data, cfg.Train, opts...)
+	if sh != nil && c.Rank() == 0 {
+		for _, line := range sh.Summary() {
+			fmt.Println(line)
+		}
+	}
 	return res, errors.Join(err, dump.Close())
 }
+
+// rankStrategies gives a rank the strategies of its transport and backend
+// (gpuOverlap); tests put a deliberately wrong strategy in their place.
+var rankStrategies = gpuOverlap
 
 // stopAgreement makes the ranks stop at the same step when the run is
 // interrupted: after every step each rank all-reduces (max) whether its
