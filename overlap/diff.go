@@ -10,9 +10,10 @@ import (
 // Diff says how far a tensor of a strategy (got) is from the same tensor
 // of the reference (want), element by element:
 //
-//   - Rel = max_i |got_i − want_i| / max_i |want_i|: the largest difference
-//     relative to the tensor's largest magnitude (0 when both are equal,
-//     +Inf when want is all zeros and got is not, or a value is NaN);
+//   - Rel = ‖got − want‖ / ‖want‖ (Euclidean norms over the tensor): the
+//     measure of the project's tolerances (float32 1e-5, bf16 1e-2 between
+//     two strategies), 0 when both are equal, +Inf when want is all zeros
+//     and got is not, or a value is NaN;
 //   - ULP = max_i of the distance between got_i and want_i in units of the
 //     last place of the tensor's dtype (float32, float64, bf16): the
 //     number of representable values between them, 0 exactly when the
@@ -104,10 +105,9 @@ func toHost(b tensor.Backend, t *tensor.Tensor) (*tensor.Tensor, error) {
 // element's value, dist the distance of two elements in ULPs.
 func compareBits[T any](got, want []T, val func(T) float64, dist func(a, b T) float64) Diff {
 	d := Diff{Index: -1}
-	var maxDiff, maxRef float64
+	var maxDiff, sumDiff, sumRef float64
 	for i := range got {
 		g, w := val(got[i]), val(want[i])
-		maxRef = max(maxRef, math.Abs(w))
 		if math.IsNaN(g) || math.IsNaN(w) {
 			if !math.IsInf(maxDiff, 1) {
 				d.Index, d.Got, d.Want = i, g, w
@@ -115,22 +115,25 @@ func compareBits[T any](got, want []T, val func(T) float64, dist func(a, b T) fl
 			d.ULP, maxDiff = math.Inf(1), math.Inf(1)
 			continue
 		}
+		sumRef += w * w
 		if u := dist(got[i], want[i]); u > d.ULP {
 			d.ULP = u
 		}
-		if e := math.Abs(g - w); e > maxDiff {
+		e := math.Abs(g - w)
+		sumDiff += e * e
+		if e > maxDiff {
 			maxDiff, d.Index, d.Got, d.Want = e, i, g, w
 		}
 	}
 	switch {
-	case math.IsInf(maxDiff, 1):
+	case math.IsInf(maxDiff, 1) || math.IsInf(sumDiff, 1):
 		d.Rel = math.Inf(1)
 	case maxDiff == 0:
 		d.Rel = 0
-	case maxRef == 0:
+	case sumRef == 0:
 		d.Rel = math.Inf(1)
 	default:
-		d.Rel = maxDiff / maxRef
+		d.Rel = math.Sqrt(sumDiff) / math.Sqrt(sumRef)
 	}
 	return d
 }

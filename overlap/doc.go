@@ -27,6 +27,16 @@
 // Tuning, the autotune cache that cmd/ablate writes (WithTuning). Every strategy
 // passes the conformance suite in overlap/overlaptest against Collective.
 //
+// Shadow mode (Shadow, ShadowConfig; a Chooser WithShadow) checks a
+// strategy against Collective while a run trains: on the steps the
+// training loop's Shadow samples, every site whose strategy is not
+// collective also runs collective from the same inputs into buffers of its
+// own, and the differences (Diff: the relative difference and the distance
+// in ULPs) of its outputs, input gradient and weight gradients are
+// recorded, merged over the world, reported per step (metrics) and per
+// site (Summary), and bounded (FailAbove). The MoE expert path's shadow is
+// parallel/ep's, through Chooser.ShadowOf.
+//
 // The Megatron conjugate pairs (regions.go) stay for the communication
 // that meets no matmul: each has a forward and its adjoint.
 package overlap

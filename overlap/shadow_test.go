@@ -378,8 +378,8 @@ func TestShadowConfigValidate(t *testing.T) {
 	}
 }
 
-// TestCompare checks Diff against a count of the representable values
-// between the two (math.Nextafter steps) and by hand.
+// TestCompare checks Diff's ULPs against a count of the representable
+// values between the two (math.Nextafter steps), and the rest by hand.
 func TestCompare(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	steps32 := func(a, b float32) float64 {
@@ -419,8 +419,8 @@ func TestCompare(t *testing.T) {
 	}{
 		{f64(1, 2, -4), f64(1, 2, -4), 0, 0},
 		{f64(0, 2, 0), f64(math.Copysign(0, -1), 2, 0), 0, 0},
-		{f64(1, math.Nextafter(2, 3), -4), f64(1, 2, -4), (math.Nextafter(2, 3) - 2) / 4, 1},
-		{f64(1, 2.5, -4), f64(1, 2, -4), 0.125, float64(1 << 50)},
+		{f64(1, math.Nextafter(2, 3), -4), f64(1, 2, -4), (math.Nextafter(2, 3) - 2) / math.Sqrt(21), 1},
+		{f64(1, 2.5, -4), f64(1, 2, -4), 0.5 / math.Sqrt(21), float64(1 << 50)},
 		{f64(1e-3, 0), f64(0, 0), math.Inf(1), float64(math.Float64bits(1e-3))},
 		{f64(math.NaN(), 2), f64(1, 2), math.Inf(1), math.Inf(1)},
 	} {
@@ -439,8 +439,8 @@ func TestCompare(t *testing.T) {
 		}
 		return x
 	}
-	if d, _ := overlap.Compare(bf(1, 1.0078125), bf(1, 1)); d.ULP != 1 || d.Rel != 0.0078125 {
-		t.Errorf("bf16 1+2⁻⁷ vs 1: %v ULP, rel %v; expected 1 ULP, rel 2⁻⁷", d.ULP, d.Rel)
+	if d, _ := overlap.Compare(bf(1, 1.0078125), bf(1, 1)); d.ULP != 1 || d.Rel != 0.0078125/math.Sqrt(2) {
+		t.Errorf("bf16 1+2⁻⁷ vs 1: %v ULP, rel %v; expected 1 ULP, rel 2⁻⁷/√2", d.ULP, d.Rel)
 	}
 	if _, err := overlap.Compare(f64(1), bf(1)); err == nil {
 		t.Error("float64 against bf16: no error")

@@ -52,6 +52,11 @@
 // (loss.png), and a progress bar on a terminal or plain log lines otherwise.
 // Only rank 0 writes them (WithRank0).
 //
+// A StepWatcher (WithStepWatcher; overlap.Shadow, shadow mode, is one) is
+// told where each step begins and ends — before its forward, right after
+// its backward — and may add metrics or stop the run after the step, with
+// a checkpoint.
+//
 // RunSharded runs one rank of a model sharded over ranks (train.Sharded,
 // which parallel/model.Model implements): per-rank checkpoint dirs
 // (RankDir), the layout in each state.json, and a resume that the ranks

@@ -123,6 +123,17 @@
 //     layer with Parallel.AuxGradScale = P (P = the token group's size: the EP group's
 //     unless Parallel.TokenGroup widened it).
 //
+// # Shadow mode
+//
+// An expert path whose strategy is not collective, under a chooser with a
+// shadow (overlap.WithShadow), is wrapped in a decorator (shadow.go) that
+// runs the collective Dispatcher beside it on the sampled steps, from the
+// same tokens and routing (the same capacity and drops) and the real
+// path's expert outputs and gradients, and compares the dispatched rows,
+// the combined output, the combine backward's rows, the token gradients
+// and dweights; it keeps the path's DeviceOffsets and FusedOffsets, so
+// the layer takes the same step.
+//
 // Each rank must bring different tokens: under tensor parallelism without
 // sequence parallelism the ranks of a TP group hold the same tokens, so an
 // EP group drawn from a TP group must first split them (each rank takes
