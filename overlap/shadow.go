@@ -58,7 +58,7 @@ func (c ShadowConfig) Validate() error {
 
 // DefaultShadowEvery is the sampling period of a shadow configured without
 // one: on the CPU at TP 2 with sequence parallelism a sampled step costs
-// 1.7–2.4 times a step (every site runs twice, and the comparisons read
+// 1.6–2.4 times a step (every site runs twice, and the comparisons read
 // both results), so sampling one step in 100 adds about 1 % to the average
 // step time (BENCHMARKS.md, "Shadow mode"), well under the 5 % the check
 // may cost.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (one H200), from the repo root: docs/gpu-pending.md's
-# "Open" items that fit one call (≈ 6–8 minutes with the kernels and
+# "Open" items that fit one call (≈ 15–20 minutes with the kernels and
 # libasynctp_nvshmem.so to build):
 #  0. the kernels image with ptxas's register and spill report of the
 #     attention kernels (the dk/dv passes gained the loop over a key/value
@@ -21,6 +21,12 @@
 #     micro-batches;
 #  7. --recompute none, attention, block on gpt2-124m and llama-1b with
 #     --memory-report: the ledger's forward buffers, tokens/s, losses.
+#  8. shadow mode on the pipelined and fused strategies, 2 PEs sharing the
+#     GPU under MPS: TP 2 with sequence parallelism, and tiny-moe at TP 2 ×
+#     EP 2 with the grouped GEMM (the expert path's device step), each run
+#     with --shadow-every 10 and without: the same losses bit for bit, every
+#     site within bf16's 1e-2 of collective, the expert sites at exactly 0,
+#     and the cost in tokens/s.
 # The rounds against PyTorch are a run of their own:
 #   STEPS=20 TORCH_STEPS=10 ROUNDS=2 PRESETS="gpt2-124m llama-1b" \
 #     FIRST_MODES=eager,compile TORCH_TIMEOUT=250 bash scripts/gpu-speed.sh
@@ -123,3 +129,48 @@ for preset in gpt2-124m llama-1b; do
     grep -E "^step 20|layers' forward buffers|memory ledger" "$OUT/rc-$preset-$m.log" | head -3
   done
 done
+. scripts/mps.sh
+if mps_start; then
+  SHO="$OUT/shadow"
+  SH_ARGS=(--device cuda --nproc 2 --comm nvshmem --steps 50 --log-every 25 --checkpoint-every 0)
+  for o in pipelined fused; do
+    for m in "tp:--model tiny --tp 2 --sequence-parallel" "moe:--model tiny-moe --tp 2 --ep 2 --sequence-parallel --grouped-gemm on"; do
+      name=${m%%:*}; args=${m#*:}
+      # shellcheck disable=SC2086
+      run "shadow: $name --overlap $o, unshadowed" 240 "shadow-$name-$o-plain.log" -- ./build/train "${SH_ARGS[@]}" $args \
+        --overlap "$o" --out "$SHO/$name-$o-plain"
+      # shellcheck disable=SC2086
+      run "shadow: $name --overlap $o --shadow-every 10" 240 "shadow-$name-$o.log" -- ./build/train "${SH_ARGS[@]}" $args \
+        --overlap "$o" --shadow-every 10 --out "$SHO/$name-$o"
+      grep -A14 'each site.s strategy against collective' "$OUT/shadow-$name-$o.log" | cut -c1-160
+      res=$(python3 - "$SHO/$name-$o-plain" "$SHO/$name-$o" 2>&1 <<'PY'
+import json, statistics, sys
+def recs(d):
+    return [json.loads(l) for l in open(f"{d}/metrics.jsonl")]
+try:
+    a, b = recs(sys.argv[1]), recs(sys.argv[2])
+except OSError as e:
+    sys.exit(f"no run: {e}")
+bad = []
+if [r["loss"] for r in a] != [r["loss"] for r in b]:
+    bad.append("losses differ from the unshadowed run's")
+worst = 0.0
+for r in b:
+    sh = r.get("shadow")
+    if (sh is not None) != (r["step"] % 10 == 0):
+        bad.append(f"step {r['step']}: shadow field {sh is not None}")
+    for site, slots in (sh or {}).get("sites", {}).items():
+        for slot, d in slots.items():
+            worst = max(worst, d["rel"])
+            if d["rel"] > 1e-2 or ("moe" in site and (d["rel"] != 0 or d["ulp"] != 0)):
+                bad.append(f"step {r['step']} {site} {slot}: rel {d['rel']:.3g}, {d['ulp']:.0f} ULP")
+tps = lambda rs: statistics.median(r["tokens_per_s"] for r in rs[5:])
+print(f"worst relative difference {worst:.3g}; tokens/s {tps(b):.0f} shadowed, {tps(a):.0f} not ({tps(b) / tps(a):.3f})"
+      + ("; " + "; ".join(bad[:3]) if bad else ""))
+sys.exit(1 if bad else 0)
+PY
+      ) && row "shadow: $name $o against collective" ok "$res" || row "shadow: $name $o against collective" FAIL "$res"
+    done
+  done
+  mps_quit
+fi
