@@ -17,7 +17,7 @@
 // exchanges, or, with Transfer "put", from puts: a small kernel on each
 // rank's side stream stores its shard into every peer's symmetric gather
 // buffer and raises a flag per chunk there, which the engine waits on
-// (putGather, cudabackend.PeerPut).
+// (putGather, queuePut, putkernel.go).
 //
 // A stream wait has no deadline on the device: a peer that dies leaves its
 // partners' streams waiting, and the run's liveness checks (heartbeats in

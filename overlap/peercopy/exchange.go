@@ -50,7 +50,7 @@ type exchange struct {
 	// pull, read by the GEMM engine's producer), sig[mb] = the tiles of row
 	// block mb the engine has stored so far (its epilogue signal).
 	landed, sig *tensor.Tensor
-	status      *tensor.Tensor // int32 (4): set by a signal wait that ran out (cudabackend.WaitSignals)
+	status      *tensor.Tensor // int32 (4): set by a signal wait that ran out (waitSignals)
 }
 
 // siteEnv is what a site's exchanges share: the group and its symmetric

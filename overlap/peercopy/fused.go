@@ -41,13 +41,13 @@ import (
 // naming the peer; the scatter's pulls wait on stream memory operations,
 // which cannot give up, so a deadline wait on the compute stream for the
 // peers' publishes raises a late peer's word itself at the deadline
-// (cudabackend.WaitSignalsRaising): the pulls pass on stale rows and the
+// (waitSignalsRaising): the pulls pass on stale rows and the
 // call fails at the next Sync naming the peer.
 //
 // Transfer picks how the gathers' shards land (both kept so that either
 // can be measured on the machine at hand): by the copy-engine pulls above (TransferPull, the default), or
 // by puts (TransferPut): every rank's side stream runs a kernel of a few
-// CTAs (cudabackend.PeerPut, about the SMs the engine leaves free) that
+// CTAs (queuePut, about the SMs the engine leaves free) that
 // stores its shard into every peer's symmetric gather buffer chunk by
 // chunk and raises each chunk's flag there with a release at system scope;
 // the engine waits on those flags (the same hook), reading the gather
@@ -433,7 +433,7 @@ func gatherLanded(x *exchange, full, src *tensor.Tensor, timeout time.Duration) 
 	// (a kernel of one warp, which leaves its SM to the peers' kernels), not
 	// a stream wait, which could wait forever for a peer that is gone.
 	epoch, name := x.epoch, g.Name()
-	b.WaitSignals(uint64(x.readyWord(r, 0)), P, epoch, timeout, x.status, func(q int) error {
+	waitSignals(b, uint64(x.readyWord(r, 0)), P, epoch, timeout, x.status, func(q int) error {
 		return fmt.Errorf("%s on %s: rank %d never published its rows of call %d within %v", x.sp.what, name, q, epoch, timeout)
 	})
 	return landed, nil
@@ -509,7 +509,7 @@ func scatterEngine(x *exchange, sum *overlap.Accumulator, recv, out *tensor.Tens
 	if err != nil {
 		return fmt.Errorf("%s: %w", x.sp.what, err)
 	}
-	b.WaitSignalsRaising(uint64(x.readyWord(r, 0)), P, epoch, timeout, x.status, func(q int) error {
+	waitSignalsRaising(b, uint64(x.readyWord(r, 0)), P, epoch, timeout, x.status, func(q int) error {
 		return fmt.Errorf("%s on %s: rank %d never published its partial rows of call %d within %v", x.sp.what, name, q, epoch, timeout)
 	})
 	b.Copy(out, x.slot(r, n))

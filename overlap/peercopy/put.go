@@ -18,7 +18,7 @@ const (
 	// followed by a stream-written landed word (exchange.pullWith).
 	TransferPull = "pull"
 	// TransferPut: every rank stores its own shard into every peer's
-	// symmetric gather buffer with a few CTAs (cudabackend.PeerPut) and
+	// symmetric gather buffer with a few CTAs (queuePut) and
 	// raises each chunk's flag there (putGather).
 	TransferPut = "put"
 )
@@ -87,7 +87,7 @@ func putChunkRows(n int) int {
 // kernel (which first waits, with a deadline, for each destination's
 // read word of epoch e−1); the compute stream copies the own rows and
 // raises their flags and its own started word, waits (one warp, deadline:
-// cudabackend.WaitSignals) until every peer has started its put, and then
+// waitSignals) until every peer has started its put, and then
 // the caller runs the engine on the buffer with a wait on the flags
 // (after which it may read the buffer, e.g. to copy it out); end then
 // makes the compute stream wait for the put kernel (it read the caller's
@@ -99,7 +99,7 @@ type putGather struct {
 	gath       *tensor.Tensor // symmetric (P·rows, cols)
 	flags, pad *tensor.Tensor // symmetric 64-bit words (stored as f64)
 	padPeer    []uint64
-	table      *cudabackend.PeerTable
+	table      *peerTable
 	epoch      uint64
 	status     *tensor.Tensor
 	fork, done *cuda.Event
@@ -130,7 +130,7 @@ func (x *putGather) ensure(rows, cols int, dt tensor.DType) error {
 		return err
 	}
 	x.rows, x.cols, x.epoch = rows, cols, 0
-	if x.table, err = x.sp.b.NewPeerTable(bufs, flags, x.padPeer, x.gath.Bytes(), P*putChunks); err != nil {
+	if x.table, err = newPeerTable(x.sp.b, bufs, flags, x.padPeer, x.gath.Bytes(), P*putChunks); err != nil {
 		return fmt.Errorf("%s: %w", x.sp.what, err)
 	}
 	if x.status == nil {
@@ -197,7 +197,7 @@ func (x *putGather) gather(src *tensor.Tensor, timeout time.Duration) (*tensor.T
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", x.sp.what, err)
 	}
-	b.PeerPut(x.sp.side, x.table, cudabackend.PeerPut{Src: src, Rank: r, ChunkRows: cr, Epoch: epoch, Deadline: timeout,
+	queuePut(b, x.sp.side, x.table, peerPut{Src: src, Rank: r, ChunkRows: cr, Epoch: epoch, Deadline: timeout,
 		CTAs: x.ctas, Status: x.status, What: func(q int) error {
 			return fmt.Errorf("%s on %s: rank %d never finished reading this rank's rows of call %d within %v", x.sp.what, name, q, epoch-1, timeout)
 		}})
@@ -222,7 +222,7 @@ func (x *putGather) gather(src *tensor.Tensor, timeout time.Duration) (*tensor.T
 	}
 	// Every peer's put kernel runs: the engine launched after this waits
 	// only for kernels already running on the SMs it leaves free (Fused).
-	b.WaitSignals(pad, P, epoch, timeout, x.status, func(q int) error {
+	waitSignals(b, pad, P, epoch, timeout, x.status, func(q int) error {
 		return fmt.Errorf("%s on %s: rank %d never put its rows of call %d within %v", x.sp.what, name, q, epoch, timeout)
 	})
 	// PutCTAs, when set, is also the engine's reserve: the put's grid runs

@@ -410,12 +410,11 @@ const (
 	flagCombineRowsBackward
 	flagRouting
 	flagGrouped
-	flagEPLayout
-	flagEPWait
-	flagGEMM     // the GEMM engine: err[1] = the chunk whose flag wait ran out, -1 = no sm_90a code
-	flagPeerPut  // peer_put: err[1] = the destination rank that never freed its gather buffer
-	flagEPBlocks // the fused combine's block waits (ep_return_blocks)
-	numFlags
+	flagGEMM // the GEMM engine: err[1] = the chunk whose flag wait ran out, -1 = no sm_90a code
+	// The slots of the data checks of kernels whose host side lives
+	// outside this package (NewDataCheck), after the backend's own.
+	firstDataCheck
+	numFlags = firstDataCheck + maxDataChecks
 )
 
 const flagBytes = int(numFlags) * 8

@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/asynctp/asynctp/cuda"
 	"github.com/asynctp/asynctp/tensor"
@@ -414,3 +415,75 @@ func (b *Backend) groupedLaunch(op string, e groupedCall) {
 			cuda.DevicePtr(sigFlags), sigVal)
 	})
 }
+
+// GroupedWait makes the grouped engine's producer (forward and dgrad
+// forms) wait, before it loads the rows of a tile's 128-row block q (the
+// group-major block order: the blocks of group 0, then group 1, …), until
+// the 64-bit flag Flags[q] is ≥ Target (ld.acquire.sys), each for at most
+// Timeout; a block still short makes the kernel stop early (c is then
+// undefined) and the next Sync fail with an error wrapping
+// ErrGEMMWaitTimeout that names the block. ReserveSMs as in GEMMWait.
+// The tile order stays static (group by group, the engine's raster inside
+// a group): the dispatch lands each source's rows of every expert, so no
+// block order is cheaply known to arrive first.
+type GroupedWait struct {
+	Flags      uint64
+	Target     uint64
+	Timeout    time.Duration
+	ReserveSMs int
+}
+
+// GroupedSignal makes the grouped engine's epilogue (forward and dgrad
+// forms) add Value to Flags[q] (red.release.sys) after each tile of block q
+// is stored: it reaches ⌈N / 256⌉·Value when the block is done.
+type GroupedSignal struct {
+	Flags uint64
+	Value uint64
+}
+
+// GroupedOptions are the grouped engine's hooks; the zero value is a plain
+// grouped GEMM.
+type GroupedOptions struct {
+	Wait   *GroupedWait
+	Signal *GroupedSignal
+}
+
+func (o GroupedOptions) check() error {
+	if w := o.Wait; w != nil {
+		if w.Flags == 0 || w.Flags%8 != 0 {
+			return fmt.Errorf("Wait.Flags = %#x, expected an 8-byte aligned device address", w.Flags)
+		}
+		if w.Timeout <= 0 {
+			return fmt.Errorf("Wait.Timeout = %v, expected > 0", w.Timeout)
+		}
+	}
+	if s := o.Signal; s != nil && (s.Flags == 0 || s.Flags%8 != 0) {
+		return fmt.Errorf("Signal.Flags = %#x, expected an 8-byte aligned device address", s.Flags)
+	}
+	return nil
+}
+
+// EngineGroupedMatMulHooked is EngineGroupedMatMul with the fused path's
+// hooks (o): the producer's wait per 128-row block of a and the epilogue's
+// signal per 128-row block of c.
+func (b *Backend) EngineGroupedMatMulHooked(c, a, w, offsets *tensor.Tensor, transW bool, alpha, beta float32, o GroupedOptions) error {
+	const op = "EngineGroupedMatMulHooked"
+	if err := o.check(); err != nil {
+		b.fail(fmt.Errorf("cuda: %s: %w", op, err))
+		return b.Err()
+	}
+	return b.engineGrouped(op, c, a, w, "w", offsets, func() (groupedCall, error) {
+		g, m, n, k, err := groupedEngineShape(c, a, w, offsets, transW)
+		return groupedCall{c: c, a: a, b: w, offsets: offsets, transW: transW, g: g, m: m, n: n, k: k, alpha: alpha, beta: beta, opt: o}, err
+	})
+}
+
+// EngineGroupedSupports returns nil if EngineGroupedMatMul can compute this
+// call, else why not.
+func (b *Backend) EngineGroupedSupports(c, a, w, offsets *tensor.Tensor, transW bool) error {
+	return b.groupedEngineFor(c, a, w, offsets, false, transW)
+}
+
+// GroupedEngineErr is why this backend cannot run the grouped engine (nil
+// when it can).
+func (b *Backend) GroupedEngineErr() error { return b.groupedEngineErr() }

@@ -18,6 +18,7 @@ import (
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/parallel/ep"
+	"github.com/asynctp/asynctp/parallel/ep/peerep/internal/dispatch"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cudabackend"
 )
@@ -154,14 +155,14 @@ func TestEmuFusedMatchesPipelined(t *testing.T) {
 				pip := fusedRun(t, tc.P, cfg, dt, tc.tokens, maxTok, steps, func(bar *barrier) overlap.Strategy {
 					return Pipelined{Options: []Option{WithBeforeWait(bar.wait)}}
 				}, nil)
-				defer cudabackend.SetFusedLandEarly(true)
-				defer cudabackend.SetFusedSideSend(true)
+				defer dispatch.SetFusedLandEarly(true)
+				defer dispatch.SetFusedSideSend(true)
 				// early: the sources land on the backend's stream and the
 				// side launch sends every block; else the side stream
 				// lands them and the launch after the GEMM sends them.
 				for _, early := range []bool{true, false} {
-					cudabackend.SetFusedLandEarly(early)
-					cudabackend.SetFusedSideSend(early)
+					dispatch.SetFusedLandEarly(early)
+					dispatch.SetFusedSideSend(early)
 					checked := 0
 					var cmu sync.Mutex
 					fus := fusedRun(t, tc.P, cfg, dt, tc.tokens, maxTok, steps, func(bar *barrier) overlap.Strategy {
@@ -177,7 +178,7 @@ func TestEmuFusedMatchesPipelined(t *testing.T) {
 						if f, b := p.FusedSteps(); f != steps || b != steps {
 							return fmt.Errorf("%d forward and %d backward steps ran from the GEMM hooks, want %d each", f, b, steps)
 						}
-						d := p.Engine()
+						d := p.engine()
 						nblk := d.Config().FusedBlocks()
 						cnt, done := u64s(b, d.FusedCounters()), u64s(b, d.FusedDone())
 						if len(cnt) != nblk || len(done) != nblk {
@@ -358,7 +359,7 @@ func TestEmuFusedCombineFollowsFlags(t *testing.T) {
 		// by another emulated backend (emulated device memory is host
 		// memory): this one fails at its next read, which reports the
 		// missed flag, and then reads nothing.
-		v, err := p.sym[cudabackend.EPY].Rows(0, N)
+		v, err := p.sym[dispatch.Y].Rows(0, N)
 		if err != nil {
 			return err
 		}

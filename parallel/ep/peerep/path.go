@@ -8,6 +8,7 @@ import (
 
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/parallel/ep"
+	"github.com/asynctp/asynctp/parallel/ep/peerep/internal/dispatch"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cudabackend"
 )
@@ -16,7 +17,7 @@ import (
 type Option func(*Path)
 
 // WithDeadline bounds every wait on a peer's signal (default
-// cudabackend.DefaultEPDeadline): a peer still silent after d fails the
+// dispatch.DefaultDeadline): a peer still silent after d fails the
 // step with an error naming it.
 func WithDeadline(d time.Duration) Option { return func(p *Path) { p.deadline = d } }
 
@@ -40,8 +41,8 @@ type Path struct {
 	deadline   time.Duration
 	beforeWait func()
 
-	eng     *cudabackend.ExpertDispatch
-	sym     [cudabackend.NumEPBufs]*tensor.Tensor
+	eng     *dispatch.Engine
+	sym     [dispatch.NumBufs]*tensor.Tensor
 	recv    *tensor.Tensor // (R, C) received rows, received order
 	dy      *tensor.Tensor // (R, C) CombineBackward's rows, received order
 	idx     *tensor.Tensor // (max(N, 1), K) the step's expert ids
@@ -140,10 +141,10 @@ func (p *Path) ensure(K, C int, dt tensor.DType) error {
 		return fmt.Errorf("%s: fused expert path: tensors are %v, expected bf16 (the grouped GEMM engine's operands)", p.what(), dt)
 	}
 	P, me := p.group.Size(), p.group.Rank()
-	cfg := cudabackend.EPConfig{Ranks: P, Rank: me, Experts: p.experts, TopK: K, Cols: C, MaxTokens: p.maxTokens,
+	cfg := dispatch.Config{Ranks: P, Rank: me, Experts: p.experts, TopK: K, Cols: C, MaxTokens: p.maxTokens,
 		DType: dt, Deadline: p.deadline, Fused: p.fused}
-	var peers [cudabackend.NumEPBufs][]uint64
-	for i, s := range cudabackend.EPSymmetricShapes(cfg) {
+	var peers [dispatch.NumBufs][]uint64
+	for i, s := range dispatch.SymmetricShapes(cfg) {
 		t, err := p.sm.AllocSymmetric(s.Shape, s.DType)
 		if err != nil {
 			return fmt.Errorf("%s: symmetric buffer %v%v: %w", p.what(), s.DType, s.Shape, err)
@@ -156,7 +157,7 @@ func (p *Path) ensure(K, C int, dt tensor.DType) error {
 			}
 		}
 	}
-	eng, err := p.b.NewExpertDispatch(cfg, p.sym, peers)
+	eng, err := dispatch.New(p.b, cfg, p.sym, peers)
 	if err != nil {
 		return fmt.Errorf("%s: %w", p.what(), err)
 	}
@@ -400,6 +401,6 @@ func (p *Path) Release(h *ep.Handle) {
 	p.cur = nil
 }
 
-// Engine is the device path (nil before the first Dispatch): its Offsets
+// engine is the device path (nil before the first Dispatch): its Offsets
 // are the grouped expert GEMM's device offsets of the current step.
-func (p *Path) Engine() *cudabackend.ExpertDispatch { return p.eng }
+func (p *Path) engine() *dispatch.Engine { return p.eng }

@@ -1,16 +1,15 @@
-package cudabackend
+package dispatch
 
 import (
 	"fmt"
 	"math"
-	"time"
 
 	"github.com/asynctp/asynctp/cuda"
 	"github.com/asynctp/asynctp/tensor"
-	"github.com/asynctp/asynctp/tensor/cudabackend/internal/gpu"
+	"github.com/asynctp/asynctp/tensor/cudabackend"
 )
 
-// The fused expert path (EPConfig.Fused; parallel/ep/peerep's Fused): the
+// The fused expert path (Config.Fused; parallel/ep/peerep's Fused): the
 // dispatch raises a counter per 128-row block of the expert-major receive
 // buffer as the rows land, the first grouped GEMM's producer waits on those
 // counters (GroupedWait) instead of on the whole dispatch, and the
@@ -47,7 +46,7 @@ import (
 // combine's after it (CombineSendFused calls gemm first), which is the same
 // protocol without the overlap.
 
-// fusedState is the fused path's part of an ExpertDispatch.
+// fusedState is the fused path's part of an Engine.
 type fusedState struct {
 	// counters (nblk u64 as int32 pairs): the dispatch's rows landed per
 	// block; done (nblk u64): the down GEMM's stored tiles per block;
@@ -66,7 +65,7 @@ type fusedState struct {
 
 // FusedBlockRows is the rows of one block of the fused path's counters and
 // flags: the grouped GEMM's tile rows.
-const FusedBlockRows = EngineTileM
+const FusedBlockRows = cudabackend.EngineTileM
 
 // fusedTarget is every block's counter once its rows have landed (ep_plan
 // sets 128 − rows, each landed row adds 1).
@@ -74,16 +73,16 @@ const fusedTarget = FusedBlockRows
 
 // FusedBlocks is the most 128-row blocks a step's expert-major rows can
 // have: Σ_e ⌈rows_e / 128⌉ ≤ ⌊R / 128⌋ + L for R rows over L experts.
-func (c EPConfig) FusedBlocks() int { return c.recvBound()/FusedBlockRows + c.local() }
+func (c Config) FusedBlocks() int { return c.recvBound()/FusedBlockRows + c.local() }
 
-func (d *ExpertDispatch) newFused() error {
+func (d *Engine) newFused() error {
 	n := d.cfg.FusedBlocks()
 	d.fz.nblk = n
 	d.fz.counters = d.b.Zeros(tensor.Int32, 2*n)
 	d.fz.done = d.b.Zeros(tensor.Int32, 2*n)
 	d.fz.claim = d.b.Zeros(tensor.Int32, 2)
 	d.fz.sources = d.b.Zeros(tensor.Int32, d.cfg.Ranks+d.cfg.Ranks%2)
-	if _, ok := d.b.dev.(*cudaDevice); !ok {
+	if !d.b.OnGPU() {
 		return d.b.Err()
 	}
 	return d.b.OnDevice(func(*cuda.Stream) error {
@@ -100,7 +99,7 @@ func (d *ExpertDispatch) newFused() error {
 	})
 }
 
-func (d *ExpertDispatch) closeFused() {
+func (d *Engine) closeFused() {
 	fz := d.fz
 	if fz.side == nil && fz.fork == nil && fz.join == nil && fz.acked == nil {
 		return
@@ -122,22 +121,18 @@ func (d *ExpertDispatch) closeFused() {
 // onSide runs fn with launches going to the side stream, ordered after the
 // work queued so far on the backend's stream; without a side stream (the
 // emulator) fn runs on the backend's stream, in order.
-func (d *ExpertDispatch) onSide(dev gpu.Device, fn func(dev gpu.Device) error) error {
-	cd, ok := dev.(*cudaDevice)
-	if !ok || d.fz.side == nil {
+func (d *Engine) onSide(dev *cudabackend.Launcher, fn func(dev *cudabackend.Launcher) error) error {
+	main := dev.Stream()
+	if main == nil || d.fz.side == nil {
 		return fn(dev)
 	}
-	if err := d.fz.fork.Record(cd.stream); err != nil {
+	if err := d.fz.fork.Record(main); err != nil {
 		return err
 	}
 	if err := d.fz.side.WaitEvent(d.fz.fork); err != nil {
 		return err
 	}
-	main := cd.stream
-	cd.stream = d.fz.side
-	err := fn(dev)
-	cd.stream = main
-	if err != nil {
+	if err := dev.OnStream(d.fz.side, func() error { return fn(dev) }); err != nil {
 		return err
 	}
 	d.fz.joinPending = true
@@ -145,40 +140,40 @@ func (d *ExpertDispatch) onSide(dev gpu.Device, fn func(dev gpu.Device) error) e
 }
 
 // joinSide makes the backend's stream wait for the side stream's work.
-func (d *ExpertDispatch) joinSide(dev gpu.Device) error {
-	cd, ok := dev.(*cudaDevice)
-	if !ok || !d.fz.joinPending {
+func (d *Engine) joinSide(dev *cudabackend.Launcher) error {
+	s := dev.Stream()
+	if s == nil || !d.fz.joinPending {
 		return nil
 	}
 	d.fz.joinPending = false
-	return cd.stream.WaitEvent(d.fz.join)
+	return s.WaitEvent(d.fz.join)
 }
 
 // Join orders the backend's stream after the fused path's side stream (the
 // step's rows have all landed and its combine rows have all left). The
 // fused calls join where they must; a caller that reads the expert-major
 // rows without the GEMM's wait (Wait) joins first.
-func (d *ExpertDispatch) Join() {
-	d.b.do("ExpertDispatch.Join", d.joinSide)
+func (d *Engine) Join() {
+	d.b.Queue("ExpertDispatch.Join", d.joinSide)
 }
 
 // FusedCounters is the dispatch's per-block counters of the fused path:
 // FusedBlocks() u64 words as little-endian int32 pairs (tests read them).
-func (d *ExpertDispatch) FusedCounters() *tensor.Tensor { return d.fz.counters }
+func (d *Engine) FusedCounters() *tensor.Tensor { return d.fz.counters }
 
 // FusedSources is which stream landed each source's rows in the last
 // fused landing (P int32, then a pad word when P is odd): 1 the backend's
 // stream before the GEMM (the tokens were there already), 2 the side
 // stream beside it (tests read it).
-func (d *ExpertDispatch) FusedSources() *tensor.Tensor { return d.fz.sources }
+func (d *Engine) FusedSources() *tensor.Tensor { return d.fz.sources }
 
 // FusedDone is the down GEMM's per-block flags, like FusedCounters.
-func (d *ExpertDispatch) FusedDone() *tensor.Tensor { return d.fz.done }
+func (d *Engine) FusedDone() *tensor.Tensor { return d.fz.done }
 
 // FusedBlockTable is the (L+1) int32 first 128-row block of each local
 // expert in group-major order (ep_plan's blk), valid after the dispatch's
 // plan: a view of the plan's table.
-func (d *ExpertDispatch) FusedBlockTable() *tensor.Tensor {
+func (d *Engine) FusedBlockTable() *tensor.Tensor {
 	P, L := d.cfg.Ranks, d.cfg.local()
 	v, err := d.tab.View(4+3*P*L, L+1)
 	if err != nil {
@@ -187,16 +182,16 @@ func (d *ExpertDispatch) FusedBlockTable() *tensor.Tensor {
 	return v
 }
 
-func (d *ExpertDispatch) checkFused(op string) error {
+func (d *Engine) checkFused(op string) error {
 	if !d.cfg.Fused {
-		return fmt.Errorf("cuda: expert dispatch: %s: the path was built without EPConfig.Fused", op)
+		return fmt.Errorf("cuda: expert dispatch: %s: the path was built without Config.Fused", op)
 	}
 	return nil
 }
 
 // waitExplain is the error of a wait kernel's flag: the channel and the
 // peer from the value (ep_wait's code·65536 + index).
-func (d *ExpertDispatch) waitExplain() func(v int32) error {
+func (d *Engine) waitExplain() func(v int32) error {
 	me, dl := d.cfg.Rank, d.cfg.Deadline
 	return func(v int32) error {
 		c, i := int(v)/65536, int(v)%65536
@@ -221,7 +216,7 @@ const (
 )
 
 // fusedUnitRows is the rows of the combine send's unit of work
-// (EP_UNIT_ROWS of dispatch.cu): a 128-row block is 8 units.
+// (EP_UNIT_ROWS of ep_fused.cu): a 128-row block is 8 units.
 const fusedUnitRows = 16
 
 // fusedCounterCode is the wait code of StreamWaitRows' one-warp wait.
@@ -233,7 +228,7 @@ const fusedCounterCode = 100
 // tokens, own first, on the side stream as each source's tokens land,
 // raising the blocks' counters. Read out only through a GEMM that waits
 // on the counters (Wait), or after Join.
-func (d *ExpertDispatch) DispatchRecvFused(out *tensor.Tensor) error {
+func (d *Engine) DispatchRecvFused(out *tensor.Tensor) error {
 	const op = "DispatchRecvFused"
 	if err := d.checkFused(op); err != nil {
 		return err
@@ -246,16 +241,16 @@ func (d *ExpertDispatch) DispatchRecvFused(out *tensor.Tensor) error {
 	}
 	P, E, L, K, C, Mt, me := d.cfg.Ranks, d.cfg.Experts, d.cfg.local(), d.cfg.TopK, d.cfg.Cols, d.cfg.MaxTokens, d.cfg.Rank
 	e := d.eTok
-	d.wait(op, sigReadyHdr, e, func(dev gpu.Device) error {
-		if err := dev.Launch("ep_plan", gpu.D1(1), gpu.D1(threads256), 0, ptr(d.sym[EPHeader]), ptr(d.idx), ptr(d.rk),
+	d.wait(op, sigReadyHdr, e, func(dev *cudabackend.Launcher) error {
+		if err := dev.Launch("ep_plan", cudabackend.D1(1), cudabackend.D1(threads256), 0, ptr(d.sym[Header]), ptr(d.idx), ptr(d.rk),
 			int32(P), int32(E), int32(L), int32(me), int32(min(d.n, Mt)), int32(K), int32(Mt),
 			int64(math.Float64bits(d.cf)), ptr(d.hcopy), ptr(d.offsets), ptr(d.tab), ptr(d.pos), ptr(d.status),
 			ptr(d.fz.counters), int32(d.fz.nblk)); err != nil {
 			return err
 		}
-		return d.eachSource(dev, e, func(dev gpu.Device, s, who int) error {
-			return dev.Launch("ep_recv"+sfx(d.cfg.DType), d.grid(Mt), gpu.D1(128), 0, ptr(d.sym[EPTokens]),
-				ptr(d.sym[EPMeta]), ptr(d.hcopy), ptr(d.tab), int32(P), int32(E), int32(L), int32(K), int32(C), int32(Mt),
+		return d.eachSource(dev, e, func(dev *cudabackend.Launcher, s, who int) error {
+			return dev.Launch("ep_recv"+sfx(d.cfg.DType), d.grid(Mt), cudabackend.D1(128), 0, ptr(d.sym[Tokens]),
+				ptr(d.sym[Meta]), ptr(d.hcopy), ptr(d.tab), int32(P), int32(E), int32(L), int32(K), int32(C), int32(Mt),
 				int32(me), int32(0), ptr(out), ptr(d.route), ptr(d.routeExp), ptr(d.routeRecv), ptr(d.recvOfExp),
 				ptr(d.expOfRecv), ptr(d.status), int32(s), ptr(d.fz.counters), ptr(d.offsets), ptr(d.fz.sources), int32(who))
 		})
@@ -289,13 +284,13 @@ const (
 // this rank on, a wait for the source's tokens, a claim of it, and land;
 // then the tokens' ack. Exactly one stream wins each source (atomicCAS),
 // so every row lands once and every counter reaches its target.
-func (d *ExpertDispatch) eachSource(dev gpu.Device, e uint64, land func(dev gpu.Device, s, who int) error) error {
+func (d *Engine) eachSource(dev *cudabackend.Launcher, e uint64, land func(dev *cudabackend.Launcher, s, who int) error) error {
 	P, me, dl := d.cfg.Ranks, d.cfg.Rank, d.cfg.Deadline
 	if err := dev.Memset8(ptr(d.fz.sources), 0, d.fz.sources.Bytes()); err != nil {
 		return err
 	}
 	if fusedLandEarly {
-		if err := dev.Launch("ep_claim", gpu.D1(1), gpu.D1(32), 0, d.words(sigReadyTok), int32(P), int64(e),
+		if err := dev.Launch("ep_claim", cudabackend.D1(1), cudabackend.D1(32), 0, d.words(sigReadyTok), int32(P), int64(e),
 			int32(-1), ptr(d.fz.sources), int32(claimMain)); err != nil {
 			return err
 		}
@@ -305,15 +300,15 @@ func (d *ExpertDispatch) eachSource(dev gpu.Device, e uint64, land func(dev gpu.
 			}
 		}
 	}
-	return d.onSide(dev, func(dev gpu.Device) error {
+	return d.onSide(dev, func(dev *cudabackend.Launcher) error {
 		for i := range P {
 			s := (me + i) % P
-			flag := d.b.flagPtr(flagEPWait, d.waitExplain())
-			if err := dev.Launch("ep_wait_one", gpu.D1(1), gpu.D1(32), 0, d.words(sigReadyTok), int32(s), int64(e),
+			flag := dev.Check(checkWait, d.waitExplain())
+			if err := dev.Launch("ep_wait_one", cudabackend.D1(1), cudabackend.D1(32), 0, d.words(sigReadyTok), int32(s), int64(e),
 				int64(dl), int32(sigReadyTok), ptr(d.status), flag); err != nil {
 				return err
 			}
-			if err := dev.Launch("ep_claim", gpu.D1(1), gpu.D1(32), 0, d.words(sigReadyTok), int32(P), int64(e), int32(s),
+			if err := dev.Launch("ep_claim", cudabackend.D1(1), cudabackend.D1(32), 0, d.words(sigReadyTok), int32(P), int64(e), int32(s),
 				ptr(d.fz.sources), int32(claimSide)); err != nil {
 				return err
 			}
@@ -329,15 +324,15 @@ func (d *ExpertDispatch) eachSource(dev gpu.Device, e uint64, land func(dev gpu.
 // loading a 128-row block of the expert-major rows its producer waits until
 // the block's counter is 128 (its rows have landed), for at most the path's
 // deadline.
-func (d *ExpertDispatch) Wait() *GroupedWait {
-	return &GroupedWait{Flags: DevicePtr(d.fz.counters), Target: fusedTarget, Timeout: d.cfg.Deadline}
+func (d *Engine) Wait() *cudabackend.GroupedWait {
+	return &cudabackend.GroupedWait{Flags: cudabackend.DevicePtr(d.fz.counters), Target: fusedTarget, Timeout: d.cfg.Deadline}
 }
 
 // Signal is the down-projection GEMM's hook of the current fused step: its
 // epilogue adds 1 to a block's flag per stored tile (the combine waits for
 // ⌈C / 256⌉).
-func (d *ExpertDispatch) Signal() *GroupedSignal {
-	return &GroupedSignal{Flags: DevicePtr(d.fz.done), Value: 1}
+func (d *Engine) Signal() *cudabackend.GroupedSignal {
+	return &cudabackend.GroupedSignal{Flags: cudabackend.DevicePtr(d.fz.done), Value: 1}
 }
 
 // StreamWaitRows queues on the backend's stream a wait until every block's
@@ -345,10 +340,10 @@ func (d *ExpertDispatch) Signal() *GroupedSignal {
 // as a separate one-warp kernel, for a GEMM without the engine's hook (the
 // SIMT grouped kernels, the emulator). It gives up after the deadline,
 // naming the block.
-func (d *ExpertDispatch) StreamWaitRows() {
-	d.b.do("StreamWaitRows", func(dev gpu.Device) error {
-		flag := d.b.flagPtr(flagEPWait, d.waitExplain())
-		return dev.Launch("ep_wait", gpu.D1(1), gpu.D1(32), 0, ptr(d.fz.counters), int32(d.fz.nblk), int64(fusedTarget),
+func (d *Engine) StreamWaitRows() {
+	d.b.Queue("StreamWaitRows", func(dev *cudabackend.Launcher) error {
+		flag := dev.Check(checkWait, d.waitExplain())
+		return dev.Launch("ep_wait", cudabackend.D1(1), cudabackend.D1(32), 0, ptr(d.fz.counters), int32(d.fz.nblk), int64(fusedTarget),
 			int64(d.cfg.Deadline), int32(fusedCounterCode), ptr(d.status), flag)
 	})
 }
@@ -356,15 +351,15 @@ func (d *ExpertDispatch) StreamWaitRows() {
 // StreamSignalDone queues on the backend's stream the down GEMM's signal of
 // every block at once (ep_fill_u64): Signal's effect for a GEMM without the
 // engine's epilogue hook.
-func (d *ExpertDispatch) StreamSignalDone() {
-	d.b.do("StreamSignalDone", func(dev gpu.Device) error {
-		return dev.Launch("ep_fill_u64", gpu.D1(1), gpu.D1(128), 0, ptr(d.fz.done), int32(d.fz.nblk), int64(d.doneTarget()))
+func (d *Engine) StreamSignalDone() {
+	d.b.Queue("StreamSignalDone", func(dev *cudabackend.Launcher) error {
+		return dev.Launch("ep_fill_u64", cudabackend.D1(1), cudabackend.D1(128), 0, ptr(d.fz.done), int32(d.fz.nblk), int64(d.doneTarget()))
 	})
 }
 
 // doneTarget is a block's flag once the down GEMM has stored all its
 // tiles: one per 256 columns.
-func (d *ExpertDispatch) doneTarget() uint64 { return uint64(ceilDiv(d.cfg.Cols, EngineTileN)) }
+func (d *Engine) doneTarget() uint64 { return uint64(ceilDiv(d.cfg.Cols, cudabackend.EngineTileN)) }
 
 // CombineSendFused is CombineSend of expert-major rows ye (RecvBound(), C)
 // fused with the down-projection GEMM that writes them: gemm queues that
@@ -372,9 +367,9 @@ func (d *ExpertDispatch) doneTarget() uint64 { return uint64(ceilDiv(d.cfg.Cols,
 // StreamSignalDone), and each 128-row block of ye goes to its tokens' homes
 // as soon as its flag says it is stored. Then CombineRecv as in the
 // pipelined path.
-func (d *ExpertDispatch) CombineSendFused(ye *tensor.Tensor, gemm func() error) error {
+func (d *Engine) CombineSendFused(ye *tensor.Tensor, gemm func() error) error {
 	d.comb = true
-	return d.returnSendFused("CombineSendFused", ye, gemm, EPY, sigAckY, sigReadyY, &d.eY)
+	return d.returnSendFused("CombineSendFused", ye, gemm, Y, sigAckY, sigReadyY, &d.eY)
 }
 
 // DispatchBackwardSendFused is DispatchBackwardSend of the expert rows'
@@ -382,13 +377,13 @@ func (d *ExpertDispatch) CombineSendFused(ye *tensor.Tensor, gemm func() error) 
 // writes them (the input gradient's dx += dup·W_up): each 128-row block goes
 // home once its flag is up. Then DispatchBackwardRecv as in the pipelined
 // path.
-func (d *ExpertDispatch) DispatchBackwardSendFused(g *tensor.Tensor, gemm func() error) error {
-	return d.returnSendFused("DispatchBackwardSendFused", g, gemm, EPG, sigAckG, sigReadyG, &d.eG)
+func (d *Engine) DispatchBackwardSendFused(g *tensor.Tensor, gemm func() error) error {
+	return d.returnSendFused("DispatchBackwardSendFused", g, gemm, G, sigAckG, sigReadyG, &d.eG)
 }
 
 // returnSendFused is the flag-driven send of rows y into the homes' buf,
 // beside gemm (see CombineSendFused).
-func (d *ExpertDispatch) returnSendFused(op string, y *tensor.Tensor, gemm func() error, buf EPBuf, ack, ready int, epoch *uint64) error {
+func (d *Engine) returnSendFused(op string, y *tensor.Tensor, gemm func() error, buf Buf, ack, ready int, epoch *uint64) error {
 	if err := d.checkFused(op); err != nil {
 		return err
 	}
@@ -398,7 +393,7 @@ func (d *ExpertDispatch) returnSendFused(op string, y *tensor.Tensor, gemm func(
 	if err := d.checkRows(op, "rows", y, d.cfg.recvBound(), d.cfg.DType); err != nil {
 		return err
 	}
-	d.b.do(op, func(dev gpu.Device) error {
+	d.b.Queue(op, func(dev *cudabackend.Launcher) error {
 		if err := dev.Memset8(ptr(d.fz.claim), 0, d.fz.claim.Bytes()); err != nil {
 			return err
 		}
@@ -416,21 +411,21 @@ func (d *ExpertDispatch) returnSendFused(op string, y *tensor.Tensor, gemm func(
 		d.BeforeWait()
 	}
 	P, L, C := d.cfg.Ranks, d.cfg.local(), d.cfg.Cols
-	bflag := d.b.flagPtr(flagEPBlocks, d.blocksExplain())
-	send := func(dev gpu.Device, grid int) error {
-		return dev.Launch("ep_return_blocks"+sfx(d.cfg.DType), gpu.D1(grid), gpu.D1(fusedSendThreads), 0, ptr(y),
+	send := func(dev *cudabackend.Launcher, grid int) error {
+		bflag := dev.Check(checkBlocks, d.blocksExplain())
+		return dev.Launch("ep_return_blocks"+sfx(d.cfg.DType), cudabackend.D1(grid), cudabackend.D1(fusedSendThreads), 0, ptr(y),
 			ptr(d.routeExp), ptr(d.offsets), ptr(d.tab), int32(P), int32(L), int32(C), ptr(d.fz.done),
 			int64(d.doneTarget()), int64(d.cfg.Deadline), d.peerRow(buf), ptr(d.status), bflag, ptr(d.fz.claim))
 	}
-	d.b.do(op, func(dev gpu.Device) error {
-		return d.onSide(dev, func(dev gpu.Device) error {
-			flag := d.b.flagPtr(flagEPWait, d.waitExplain())
-			if err := dev.Launch("ep_wait", gpu.D1(1), gpu.D1(32), 0, d.words(ack), int32(P), int64(e-1),
+	d.b.Queue(op, func(dev *cudabackend.Launcher) error {
+		return d.onSide(dev, func(dev *cudabackend.Launcher) error {
+			flag := dev.Check(checkWait, d.waitExplain())
+			if err := dev.Launch("ep_wait", cudabackend.D1(1), cudabackend.D1(32), 0, d.words(ack), int32(P), int64(e-1),
 				int64(d.cfg.Deadline), int32(ack), ptr(d.status), flag); err != nil {
 				return err
 			}
-			if cd, ok := dev.(*cudaDevice); ok && side {
-				if err := d.fz.acked.Record(cd.stream); err != nil {
+			if s := dev.Stream(); s != nil && side {
+				if err := d.fz.acked.Record(s); err != nil {
 					return err
 				}
 			}
@@ -454,9 +449,9 @@ func (d *ExpertDispatch) returnSendFused(op string, y *tensor.Tensor, gemm func(
 	// The second launch, after the GEMM: every unit the side CTAs have not
 	// claimed, on a full grid (its flags are all up, so it never spins).
 	// Then the side stream is joined and the homes are told.
-	d.b.do(op, func(dev gpu.Device) error {
-		if cd, ok := dev.(*cudaDevice); ok && side {
-			if err := cd.stream.WaitEvent(d.fz.acked); err != nil {
+	d.b.Queue(op, func(dev *cudabackend.Launcher) error {
+		if s := dev.Stream(); s != nil && side {
+			if err := s.WaitEvent(d.fz.acked); err != nil {
 				return err
 			}
 		}
@@ -479,7 +474,7 @@ func (d *ExpertDispatch) returnSendFused(op string, y *tensor.Tensor, gemm func(
 // land, raising the blocks' counters: the input-gradient GEMM of the down
 // projection (dh = dy·W_down) waits on them (Wait). Read dy only through
 // such a GEMM, or after Join.
-func (d *ExpertDispatch) CombineBackwardRecvFused(dy *tensor.Tensor) error {
+func (d *Engine) CombineBackwardRecvFused(dy *tensor.Tensor) error {
 	const op = "CombineBackwardRecvFused"
 	if err := d.checkFused(op); err != nil {
 		return err
@@ -492,17 +487,17 @@ func (d *ExpertDispatch) CombineBackwardRecvFused(dy *tensor.Tensor) error {
 	if d.BeforeWait != nil {
 		d.BeforeWait()
 	}
-	d.b.do(op, func(dev gpu.Device) error {
+	d.b.Queue(op, func(dev *cudabackend.Launcher) error {
 		if err := d.joinSide(dev); err != nil {
 			return err
 		}
-		if err := dev.Launch("ep_block_targets", gpu.D1(1), gpu.D1(threads256), 0, ptr(d.offsets), ptr(d.tab), int32(P),
+		if err := dev.Launch("ep_block_targets", cudabackend.D1(1), cudabackend.D1(threads256), 0, ptr(d.offsets), ptr(d.tab), int32(P),
 			int32(L), ptr(d.fz.counters), int32(d.fz.nblk), ptr(d.status)); err != nil {
 			return err
 		}
-		return d.eachSource(dev, e, func(dev gpu.Device, s, who int) error {
-			return dev.Launch("ep_scale_recv"+sfx(d.cfg.DType), d.grid(Mt), gpu.D1(128), 0, ptr(d.sym[EPTokens]),
-				ptr(d.sym[EPWeights]), ptr(d.hcopy), ptr(d.route), gpu.Ptr(0), int32(P), int32(E), int32(K), int32(C),
+		return d.eachSource(dev, e, func(dev *cudabackend.Launcher, s, who int) error {
+			return dev.Launch("ep_scale_recv"+sfx(d.cfg.DType), d.grid(Mt), cudabackend.D1(128), 0, ptr(d.sym[Tokens]),
+				ptr(d.sym[Weights]), ptr(d.hcopy), ptr(d.route), cudabackend.Ptr(0), int32(P), int32(E), int32(K), int32(C),
 				int32(Mt), ptr(dy), ptr(d.status), int32(s), ptr(d.fz.counters), ptr(d.offsets), ptr(d.tab),
 				int32(L), ptr(d.fz.sources), int32(who))
 		})
@@ -512,85 +507,13 @@ func (d *ExpertDispatch) CombineBackwardRecvFused(dy *tensor.Tensor) error {
 
 // sideStream says whether the side work runs beside the backend's stream
 // (a GPU) or in order on it (the emulator).
-func (d *ExpertDispatch) sideStream() bool { return d.fz.side != nil }
+func (d *Engine) sideStream() bool { return d.fz.side != nil }
 
 // blocksExplain is the error of ep_return_blocks' flag: a block whose rows
 // the down GEMM never finished.
-func (d *ExpertDispatch) blocksExplain() func(v int32) error {
+func (d *Engine) blocksExplain() func(v int32) error {
 	me, dl := d.cfg.Rank, d.cfg.Deadline
 	return func(v int32) error {
 		return fmt.Errorf("cuda: fused expert combine on rank %d: block %d of the down projection's rows (128-row blocks, expert-major) was not stored within %v (its flag stayed below %d)", me, int(v)-0x20000000, dl, d.doneTarget())
 	}
 }
-
-// GroupedWait makes the grouped engine's producer (forward and dgrad
-// forms) wait, before it loads the rows of a tile's 128-row block q (the
-// group-major block order: the blocks of group 0, then group 1, …), until
-// the 64-bit flag Flags[q] is ≥ Target (ld.acquire.sys), each for at most
-// Timeout; a block still short makes the kernel stop early (c is then
-// undefined) and the next Sync fail with an error wrapping
-// ErrGEMMWaitTimeout that names the block. ReserveSMs as in GEMMWait.
-// The tile order stays static (group by group, the engine's raster inside
-// a group): the dispatch lands each source's rows of every expert, so no
-// block order is cheaply known to arrive first.
-type GroupedWait struct {
-	Flags      uint64
-	Target     uint64
-	Timeout    time.Duration
-	ReserveSMs int
-}
-
-// GroupedSignal makes the grouped engine's epilogue (forward and dgrad
-// forms) add Value to Flags[q] (red.release.sys) after each tile of block q
-// is stored: it reaches ⌈N / 256⌉·Value when the block is done.
-type GroupedSignal struct {
-	Flags uint64
-	Value uint64
-}
-
-// GroupedOptions are the grouped engine's hooks; the zero value is a plain
-// grouped GEMM.
-type GroupedOptions struct {
-	Wait   *GroupedWait
-	Signal *GroupedSignal
-}
-
-func (o GroupedOptions) check() error {
-	if w := o.Wait; w != nil {
-		if w.Flags == 0 || w.Flags%8 != 0 {
-			return fmt.Errorf("Wait.Flags = %#x, expected an 8-byte aligned device address", w.Flags)
-		}
-		if w.Timeout <= 0 {
-			return fmt.Errorf("Wait.Timeout = %v, expected > 0", w.Timeout)
-		}
-	}
-	if s := o.Signal; s != nil && (s.Flags == 0 || s.Flags%8 != 0) {
-		return fmt.Errorf("Signal.Flags = %#x, expected an 8-byte aligned device address", s.Flags)
-	}
-	return nil
-}
-
-// EngineGroupedMatMulHooked is EngineGroupedMatMul with the fused path's
-// hooks (o): the producer's wait per 128-row block of a and the epilogue's
-// signal per 128-row block of c.
-func (b *Backend) EngineGroupedMatMulHooked(c, a, w, offsets *tensor.Tensor, transW bool, alpha, beta float32, o GroupedOptions) error {
-	const op = "EngineGroupedMatMulHooked"
-	if err := o.check(); err != nil {
-		b.fail(fmt.Errorf("cuda: %s: %w", op, err))
-		return b.Err()
-	}
-	return b.engineGrouped(op, c, a, w, "w", offsets, func() (groupedCall, error) {
-		g, m, n, k, err := groupedEngineShape(c, a, w, offsets, transW)
-		return groupedCall{c: c, a: a, b: w, offsets: offsets, transW: transW, g: g, m: m, n: n, k: k, alpha: alpha, beta: beta, opt: o}, err
-	})
-}
-
-// EngineGroupedSupports returns nil if EngineGroupedMatMul can compute this
-// call, else why not.
-func (b *Backend) EngineGroupedSupports(c, a, w, offsets *tensor.Tensor, transW bool) error {
-	return b.groupedEngineFor(c, a, w, offsets, false, transW)
-}
-
-// GroupedEngineErr is why this backend cannot run the grouped engine (nil
-// when it can).
-func (b *Backend) GroupedEngineErr() error { return b.groupedEngineErr() }

@@ -1,4 +1,4 @@
-package cudabackend
+package dispatch
 
 import (
 	"fmt"
@@ -6,39 +6,39 @@ import (
 	"time"
 
 	"github.com/asynctp/asynctp/tensor"
-	"github.com/asynctp/asynctp/tensor/cudabackend/internal/gpu"
+	"github.com/asynctp/asynctp/tensor/cudabackend"
 )
 
-// EPConfig is the shape of one rank's device-side expert path
-// (ExpertDispatch): Ranks ranks of the EP group (this one Rank), Experts
+// Config is the shape of one rank's device-side expert path
+// (Engine): Ranks ranks of the EP group (this one Rank), Experts
 // experts spread evenly (rank r holds [r·E/P, (r+1)·E/P)), TopK choices per
 // token, rows of Cols features in DType (bf16 or f32), at most MaxTokens
 // tokens per rank and step. Deadline bounds every wait on a peer's signal
-// (0: DefaultEPDeadline). Fused adds the fused path's per-block counters,
-// flags and side stream (epfused.go); the pipelined calls work either way.
-type EPConfig struct {
+// (0: DefaultDeadline). Fused adds the fused path's per-block counters,
+// flags and side stream (fused.go); the pipelined calls work either way.
+type Config struct {
 	Ranks, Rank, Experts, TopK, Cols, MaxTokens int
 	DType                                       tensor.DType
 	Deadline                                    time.Duration
 	Fused                                       bool
 }
 
-// DefaultEPDeadline is the wait bound of an EPConfig without one.
-const DefaultEPDeadline = 60 * time.Second
+// DefaultDeadline is the wait bound of an Config without one.
+const DefaultDeadline = 60 * time.Second
 
-// EPBuf names one symmetric buffer of the expert path (cuda/kernels/dispatch.cu
+// Buf names one symmetric buffer of the expert path (cuda/kernels/ep.cuh
 // describes their layout).
-type EPBuf int
+type Buf int
 
 const (
-	EPHeader  EPBuf = iota // (P, E+2) int32: the counts every source writes here
-	EPTokens               // (P·Mt, C): the token rows, once per destination rank
-	EPMeta                 // (P·Mt, 1+2K) int32: each token row's source token and choices
-	EPWeights              // (P·Mt, K) f32: routing weights (combine backward)
-	EPY                    // (Mt·K, C): the combine's expert outputs, by slot
-	EPG                    // (Mt·K, C): the dispatch backward's gradients, by slot
-	EPSignals              // (14P) int32: 7P 64-bit words (little-endian pairs), the ready and ack epochs
-	NumEPBufs
+	Header  Buf = iota // (P, E+2) int32: the counts every source writes here
+	Tokens             // (P·Mt, C): the token rows, once per destination rank
+	Meta               // (P·Mt, 1+2K) int32: each token row's source token and choices
+	Weights            // (P·Mt, K) f32: routing weights (combine backward)
+	Y                  // (Mt·K, C): the combine's expert outputs, by slot
+	G                  // (Mt·K, C): the dispatch backward's gradients, by slot
+	Signals            // (14P) int32: 7P 64-bit words (little-endian pairs), the ready and ack epochs
+	NumBufs
 )
 
 // Signal channels: word [channel·P + s] of a rank's pad is written by rank s.
@@ -56,34 +56,34 @@ const (
 var sigNames = [numSigChannels]string{"tokens ready", "combine rows ready", "gradient rows ready",
 	"token buffer free", "combine buffer free", "gradient buffer free", "counts ready"}
 
-// EPShape is the shape and dtype of a symmetric buffer.
-type EPShape struct {
+// Shape is the shape and dtype of a symmetric buffer.
+type Shape struct {
 	Shape []int
 	DType tensor.DType
 }
 
-func (c EPConfig) local() int { return c.Experts / c.Ranks }
+func (c Config) local() int { return c.Experts / c.Ranks }
 
 // recvBound is the most expert rows a rank can receive: every source's
 // tokens, each with at most min(K, L) choices here.
-func (c EPConfig) recvBound() int { return c.Ranks * c.MaxTokens * min(c.TopK, c.local()) }
+func (c Config) recvBound() int { return c.Ranks * c.MaxTokens * min(c.TopK, c.local()) }
 
-// EPSymmetricShapes are the buffers an ExpertDispatch of cfg needs
+// SymmetricShapes are the buffers an Engine of cfg needs
 // allocated symmetrically (the same on every rank of the group).
-func EPSymmetricShapes(cfg EPConfig) [NumEPBufs]EPShape {
+func SymmetricShapes(cfg Config) [NumBufs]Shape {
 	P, E, K, C, Mt := cfg.Ranks, cfg.Experts, cfg.TopK, cfg.Cols, cfg.MaxTokens
-	return [NumEPBufs]EPShape{
-		EPHeader:  {[]int{P, E + 2}, tensor.Int32},
-		EPTokens:  {[]int{P * Mt, C}, cfg.DType},
-		EPMeta:    {[]int{P * Mt, 1 + 2*K}, tensor.Int32},
-		EPWeights: {[]int{P * Mt, K}, tensor.Float32},
-		EPY:       {[]int{Mt * K, C}, cfg.DType},
-		EPG:       {[]int{Mt * K, C}, cfg.DType},
-		EPSignals: {[]int{2 * numSigChannels * P}, tensor.Int32},
+	return [NumBufs]Shape{
+		Header:  {[]int{P, E + 2}, tensor.Int32},
+		Tokens:  {[]int{P * Mt, C}, cfg.DType},
+		Meta:    {[]int{P * Mt, 1 + 2*K}, tensor.Int32},
+		Weights: {[]int{P * Mt, K}, tensor.Float32},
+		Y:       {[]int{Mt * K, C}, cfg.DType},
+		G:       {[]int{Mt * K, C}, cfg.DType},
+		Signals: {[]int{2 * numSigChannels * P}, tensor.Int32},
 	}
 }
 
-func (c EPConfig) check() error {
+func (c Config) check() error {
 	switch {
 	case c.Ranks < 1 || c.Rank < 0 || c.Rank >= c.Ranks:
 		return fmt.Errorf("rank %d of %d", c.Rank, c.Ranks)
@@ -99,7 +99,7 @@ func (c EPConfig) check() error {
 	return nil
 }
 
-// ExpertDispatch is one rank's device-side dispatch and combine of an MoE
+// Engine is one rank's device-side dispatch and combine of an MoE
 // layer over symmetric memory (the pipelined strategy of the expert path),
 // after DeepEP's intranode protocol: the layout, the count exchange and
 // every move are kernels; peers are written through their peer pointers;
@@ -125,11 +125,11 @@ func (c EPConfig) check() error {
 // then the source's token order: the grouped GEMM's layout, row offsets in
 // Offsets); order 1 is the received order of ep.ExpertPath (source, then
 // expert, then token).
-type ExpertDispatch struct {
-	b   *Backend
-	cfg EPConfig
-	sym [NumEPBufs]*tensor.Tensor
-	// peers (NumEPBufs, 2P) int32 holds every rank's address of each buffer.
+type Engine struct {
+	b   *cudabackend.Backend
+	cfg Config
+	sym [NumBufs]*tensor.Tensor
+	// peers (NumBufs, 2P) int32 holds every rank's address of each buffer.
 	peers *tensor.Tensor
 
 	idx, cnt, rk, sendRow, rowsTo *tensor.Tensor
@@ -153,22 +153,22 @@ type ExpertDispatch struct {
 	BeforeWait func()
 }
 
-// NewExpertDispatch builds rank cfg.Rank's expert path over the symmetric
-// buffers sym (shapes EPSymmetricShapes(cfg), on this backend's device)
+// New builds rank cfg.Rank's expert path on b over the symmetric buffers
+// sym (shapes SymmetricShapes(cfg), on b's device)
 // whose copies on rank r start at peers[buf][r]. It zeroes this rank's
 // signals and header: the caller must make sure no peer signals before
 // every rank has done so (a barrier after a Sync), and that every rank of
 // the group builds one with the same cfg (but its own Rank).
-func (b *Backend) NewExpertDispatch(cfg EPConfig, sym [NumEPBufs]*tensor.Tensor, peers [NumEPBufs][]uint64) (*ExpertDispatch, error) {
+func New(b *cudabackend.Backend, cfg Config, sym [NumBufs]*tensor.Tensor, peers [NumBufs][]uint64) (*Engine, error) {
 	if cfg.Deadline <= 0 {
-		cfg.Deadline = DefaultEPDeadline
+		cfg.Deadline = DefaultDeadline
 	}
 	if err := cfg.check(); err != nil {
 		return nil, fmt.Errorf("cuda: expert dispatch: %w", err)
 	}
-	shapes := EPSymmetricShapes(cfg)
+	shapes := SymmetricShapes(cfg)
 	P := cfg.Ranks
-	words := make([]int32, 0, 2*int(NumEPBufs)*P) // the 64-bit addresses as int32 pairs
+	words := make([]int32, 0, 2*int(NumBufs)*P) // the 64-bit addresses as int32 pairs
 	for i, t := range sym {
 		want := shapes[i]
 		if t == nil || t.DType() != want.DType || !t.Shape().Equal(want.Shape) || t.Device() != b.Device() {
@@ -181,9 +181,9 @@ func (b *Backend) NewExpertDispatch(cfg EPConfig, sym [NumEPBufs]*tensor.Tensor,
 			words = append(words, int32(uint32(p)), int32(uint32(p>>32)))
 		}
 	}
-	d := &ExpertDispatch{b: b, cfg: cfg, sym: sym, known: -1}
-	h, _ := tensor.FromInt32(words, int(NumEPBufs), 2*P)
-	d.peers = b.Zeros(tensor.Int32, int(NumEPBufs), 2*P)
+	d := &Engine{b: b, cfg: cfg, sym: sym, known: -1}
+	h, _ := tensor.FromInt32(words, int(NumBufs), 2*P)
+	d.peers = b.Zeros(tensor.Int32, int(NumBufs), 2*P)
 	b.Upload(d.peers, h)
 	E, K, L, Mt, R := cfg.Experts, cfg.TopK, cfg.local(), cfg.MaxTokens, cfg.recvBound()
 	i32 := func(shape ...int) *tensor.Tensor { return b.Zeros(tensor.Int32, shape...) }
@@ -197,13 +197,13 @@ func (b *Backend) NewExpertDispatch(cfg EPConfig, sym [NumEPBufs]*tensor.Tensor,
 			return nil, fmt.Errorf("cuda: expert dispatch: %w", err)
 		}
 	}
-	// Zeros are zero on this backend; the symmetric buffers come from
+	// Zeros are zero on the backend; the symmetric buffers come from
 	// another allocator: clear the words peers compare and the header.
-	b.do("ExpertDispatch", func(dev gpu.Device) error {
-		if err := dev.Memset8(ptr(sym[EPSignals]), 0, sym[EPSignals].Bytes()); err != nil {
+	b.Queue("ExpertDispatch", func(dev *cudabackend.Launcher) error {
+		if err := dev.Memset8(ptr(sym[Signals]), 0, sym[Signals].Bytes()); err != nil {
 			return err
 		}
-		return dev.Memset8(ptr(sym[EPHeader]), 0, sym[EPHeader].Bytes())
+		return dev.Memset8(ptr(sym[Header]), 0, sym[Header].Bytes())
 	})
 	if err := b.Err(); err != nil {
 		d.Close()
@@ -214,7 +214,7 @@ func (b *Backend) NewExpertDispatch(cfg EPConfig, sym [NumEPBufs]*tensor.Tensor,
 
 // Close frees the local tables (not the symmetric buffers, which belong to
 // their allocator). Drain the device first.
-func (d *ExpertDispatch) Close() {
+func (d *Engine) Close() {
 	for _, t := range []*tensor.Tensor{d.peers, d.idx, d.cnt, d.rk, d.sendRow, d.rowsTo, d.hcopy, d.offsets, d.tab,
 		d.pos, d.route, d.routeExp, d.routeRecv, d.recvOfExp, d.expOfRecv, d.status, d.fz.counters, d.fz.done} {
 		if t != nil {
@@ -222,20 +222,20 @@ func (d *ExpertDispatch) Close() {
 		}
 	}
 	d.closeFused()
-	*d = ExpertDispatch{b: d.b, cfg: d.cfg}
+	*d = Engine{b: d.b, cfg: d.cfg}
 }
 
 // Config is the path's configuration.
-func (d *ExpertDispatch) Config() EPConfig { return d.cfg }
+func (d *Engine) Config() Config { return d.cfg }
 
 // Offsets are the (L+1) int32 expert-major row offsets of the local
 // experts, on the device, valid after DispatchRecv (tensor.GroupedGEMM's
 // offsets).
-func (d *ExpertDispatch) Offsets() *tensor.Tensor { return d.offsets }
+func (d *Engine) Offsets() *tensor.Tensor { return d.offsets }
 
 // Pos is the (N, K) int32 slot table of this rank's tokens (slot n·K + j,
 // or −1 dropped), valid after DispatchRecv.
-func (d *ExpertDispatch) Pos() *tensor.Tensor {
+func (d *Engine) Pos() *tensor.Tensor {
 	v, err := d.pos.Rows(0, d.n)
 	if err != nil {
 		panic("cuda: expert dispatch: internal error: " + err.Error())
@@ -244,39 +244,39 @@ func (d *ExpertDispatch) Pos() *tensor.Tensor {
 }
 
 // Tokens is the number of tokens of the current step on this rank.
-func (d *ExpertDispatch) Tokens() int { return d.n }
+func (d *Engine) Tokens() int { return d.n }
 
 // RecvBound is the most expert rows a step can bring to this rank: the
 // rows of DispatchRecv's output and CombineSend's input.
-func (d *ExpertDispatch) RecvBound() int { return d.cfg.recvBound() }
+func (d *Engine) RecvBound() int { return d.cfg.recvBound() }
 
 // peerRow is the device address of buffer buf's peer table.
-func (d *ExpertDispatch) peerRow(buf EPBuf) gpu.Ptr {
+func (d *Engine) peerRow(buf Buf) cudabackend.Ptr {
 	return ptr(d.peers).Offset(int(buf) * d.cfg.Ranks * 8)
 }
 
 // words is the address of channel ch's P words in this rank's pad.
-func (d *ExpertDispatch) words(ch int) gpu.Ptr {
-	return ptr(d.sym[EPSignals]).Offset(ch * d.cfg.Ranks * 8)
+func (d *Engine) words(ch int) cudabackend.Ptr {
+	return ptr(d.sym[Signals]).Offset(ch * d.cfg.Ranks * 8)
 }
 
 // signal raises word (ch, me) to value on every rank.
-func (d *ExpertDispatch) signal(dev gpu.Device, ch int, value uint64) error {
+func (d *Engine) signal(dev *cudabackend.Launcher, ch int, value uint64) error {
 	P := d.cfg.Ranks
-	return dev.Launch("ep_signal", gpu.D1(1), gpu.D1(32), 0, d.peerRow(EPSignals), int32(P),
+	return dev.Launch("ep_signal", cudabackend.D1(1), cudabackend.D1(32), 0, d.peerRow(Signals), int32(P),
 		int64(ch*P+d.cfg.Rank), int64(value))
 }
 
 // wait queues the wait for channel ch's words ≥ target, after BeforeWait.
-func (d *ExpertDispatch) wait(op string, ch int, target uint64, then func(dev gpu.Device) error) {
+func (d *Engine) wait(op string, ch int, target uint64, then func(dev *cudabackend.Launcher) error) {
 	if d.BeforeWait != nil {
 		d.BeforeWait()
 	}
 	me, dl := d.cfg.Rank, d.cfg.Deadline
-	d.b.do(op, func(dev gpu.Device) error {
+	d.b.Queue(op, func(dev *cudabackend.Launcher) error {
 		// Every wait shares the flag slot, and the first pending launch
 		// explains a flagged one: the channel comes from the value.
-		flag := d.b.flagPtr(flagEPWait, func(v int32) error {
+		flag := dev.Check(checkWait, func(v int32) error {
 			c, peer := int(v)/65536, int(v)%65536
 			what := "a signal"
 			if c >= 0 && c < numSigChannels {
@@ -284,7 +284,7 @@ func (d *ExpertDispatch) wait(op string, ch int, target uint64, then func(dev gp
 			}
 			return fmt.Errorf("cuda: expert dispatch on rank %d: rank %d never signalled %q within %v", me, peer, what, dl)
 		})
-		if err := dev.Launch("ep_wait", gpu.D1(1), gpu.D1(32), 0, d.words(ch), int32(d.cfg.Ranks), int64(target),
+		if err := dev.Launch("ep_wait", cudabackend.D1(1), cudabackend.D1(32), 0, d.words(ch), int32(d.cfg.Ranks), int64(target),
 			int64(dl), int32(ch), ptr(d.status), flag); err != nil {
 			return err
 		}
@@ -295,7 +295,7 @@ func (d *ExpertDispatch) wait(op string, ch int, target uint64, then func(dev gp
 // flushAcks raises the deferred ack of the combine buffer: its rows serve
 // CombineBackward's dweights, so the peers may overwrite them only once the
 // step is over (the next dispatch, or Release).
-func (d *ExpertDispatch) flushAcks(dev gpu.Device) error {
+func (d *Engine) flushAcks(dev *cudabackend.Launcher) error {
 	if !d.pendY {
 		return nil
 	}
@@ -304,13 +304,13 @@ func (d *ExpertDispatch) flushAcks(dev gpu.Device) error {
 }
 
 // Release ends the step for the combine buffer (its deferred ack).
-func (d *ExpertDispatch) Release() {
-	d.b.do("ExpertDispatch.Release", d.flushAcks)
+func (d *Engine) Release() {
+	d.b.Queue("ExpertDispatch.Release", d.flushAcks)
 }
 
 // checkRows checks a (≥ rows, C) tensor of dt; rows = RecvBound() may be
 // lowered to the step's expert rows once ReadCounts knows them.
-func (d *ExpertDispatch) checkRows(op, what string, t *tensor.Tensor, rows int, dt tensor.DType) error {
+func (d *Engine) checkRows(op, what string, t *tensor.Tensor, rows int, dt tensor.DType) error {
 	if rows == d.cfg.recvBound() && d.known >= 0 {
 		rows = d.known
 	}
@@ -320,7 +320,7 @@ func (d *ExpertDispatch) checkRows(op, what string, t *tensor.Tensor, rows int, 
 	return nil
 }
 
-func (d *ExpertDispatch) grid(rows int) gpu.Dim3 { return gpu.D1(max(1, min(rows, 2048))) }
+func (d *Engine) grid(rows int) cudabackend.Dim3 { return cudabackend.D1(max(1, min(rows, 2048))) }
 
 // DispatchSend starts a step: x (N, C) this rank's tokens, idx (N, K) int32
 // their experts on the device, cf the capacity factor (0: dropless). It
@@ -329,7 +329,7 @@ func (d *ExpertDispatch) grid(rows int) gpu.Dim3 { return gpu.D1(max(1, min(rows
 // peer's header and each token once into every rank that holds one of its
 // experts, and signals them. N > MaxTokens is refused by every rank at
 // DispatchRecv (the counts still go out, so that no peer waits in vain).
-func (d *ExpertDispatch) DispatchSend(x, idx *tensor.Tensor, cf float64) error {
+func (d *Engine) DispatchSend(x, idx *tensor.Tensor, cf float64) error {
 	const op = "DispatchSend"
 	if x == nil || len(x.Shape()) != 2 {
 		return fmt.Errorf("cuda: expert dispatch: %s: x is %v, expected (N, %d)", op, x, d.cfg.Cols)
@@ -347,7 +347,7 @@ func (d *ExpertDispatch) DispatchSend(x, idx *tensor.Tensor, cf float64) error {
 	d.n, d.cf, d.dispatched, d.comb, d.known = N, cf, true, false, -1
 	P, E, L, C, Mt, me := d.cfg.Ranks, d.cfg.Experts, d.cfg.local(), d.cfg.Cols, d.cfg.MaxTokens, d.cfg.Rank
 	sendN := min(N, Mt) // a rank over the bound sends its header only
-	d.b.do(op, func(dev gpu.Device) error {
+	d.b.Queue(op, func(dev *cudabackend.Launcher) error {
 		if err := d.joinSide(dev); err != nil { // a fused step left unfinished
 			return err
 		}
@@ -362,33 +362,33 @@ func (d *ExpertDispatch) DispatchSend(x, idx *tensor.Tensor, cf float64) error {
 				return err
 			}
 		}
-		flag := d.b.flagPtr(flagEPLayout, func(v int32) error {
+		flag := dev.Check(checkLayout, func(v int32) error {
 			return fmt.Errorf("cuda: expert dispatch: %s: idx contains expert %d, expected [0, %d)", op, v, E)
 		})
-		return dev.Launch("ep_layout", gpu.D1(E+P), gpu.D1(threads256), 0, ptr(d.idx), int32(sendN), int32(K),
+		return dev.Launch("ep_layout", cudabackend.D1(E+P), cudabackend.D1(threads256), 0, ptr(d.idx), int32(sendN), int32(K),
 			int32(E), int32(P), int32(L), ptr(d.cnt), ptr(d.rk), ptr(d.sendRow), ptr(d.rowsTo), flag)
 	})
 	// The layout of a rank over the bound counts its first Mt tokens only:
 	// the header says N, and every receiver refuses the step.
 	d.eTok++
-	d.wait(op, sigAckTok, d.eTok-1, func(dev gpu.Device) error {
-		hdr := d.peerRow(EPHeader)
+	d.wait(op, sigAckTok, d.eTok-1, func(dev *cudabackend.Launcher) error {
+		hdr := d.peerRow(Header)
 		if d.cfg.Fused {
 			// The counts first, on their own channel: every receiver plans
 			// the step (and starts its GEMM) while the tokens travel.
-			if err := dev.Launch("ep_header", gpu.D1(1), gpu.D1(128), 0, ptr(d.cnt), ptr(d.rowsTo), int32(N), int32(E),
+			if err := dev.Launch("ep_header", cudabackend.D1(1), cudabackend.D1(128), 0, ptr(d.cnt), ptr(d.rowsTo), int32(N), int32(E),
 				int32(P), int32(Mt), int32(me), hdr, ptr(d.status)); err != nil {
 				return err
 			}
 			if err := d.signal(dev, sigReadyHdr, d.eTok); err != nil {
 				return err
 			}
-			hdr = gpu.Ptr(0)
+			hdr = cudabackend.Ptr(0)
 		}
-		if err := dev.Launch("ep_send"+sfx(d.cfg.DType), gpu.D1(max(N, 1)), gpu.D1(128), 0,
+		if err := dev.Launch("ep_send"+sfx(d.cfg.DType), cudabackend.D1(max(N, 1)), cudabackend.D1(128), 0,
 			ptr(x), ptr(d.idx), ptr(d.rk), ptr(d.sendRow), ptr(d.cnt), ptr(d.rowsTo), int32(N), int32(K), int32(E),
-			int32(P), int32(L), int32(C), int32(Mt), int32(me), d.peerRow(EPTokens), d.peerRow(EPMeta),
-			hdr, gpu.Ptr(0), gpu.Ptr(0), gpu.Ptr(0), gpu.Ptr(0), gpu.Ptr(0), ptr(d.status)); err != nil {
+			int32(P), int32(L), int32(C), int32(Mt), int32(me), d.peerRow(Tokens), d.peerRow(Meta),
+			hdr, cudabackend.Ptr(0), cudabackend.Ptr(0), cudabackend.Ptr(0), cudabackend.Ptr(0), cudabackend.Ptr(0), ptr(d.status)); err != nil {
 			return err
 		}
 		return d.signal(dev, sigReadyTok, d.eTok)
@@ -396,7 +396,7 @@ func (d *ExpertDispatch) DispatchSend(x, idx *tensor.Tensor, cf float64) error {
 	return d.sticky(op)
 }
 
-func (d *ExpertDispatch) sticky(op string) error {
+func (d *Engine) sticky(op string) error {
 	if err := d.b.Err(); err != nil {
 		return fmt.Errorf("cuda: expert dispatch: %s: %w", op, err)
 	}
@@ -409,7 +409,7 @@ func (d *ExpertDispatch) sticky(op string) error {
 // 1 received order); rows past the step's count are left alone. Offsets
 // then hold the expert-major row offsets, Pos this rank's slots, and the
 // token buffer is acknowledged to its writers.
-func (d *ExpertDispatch) DispatchRecv(out *tensor.Tensor, order int) error {
+func (d *Engine) DispatchRecv(out *tensor.Tensor, order int) error {
 	const op = "DispatchRecv"
 	if !d.dispatched {
 		return fmt.Errorf("cuda: expert dispatch: %s without a DispatchSend", op)
@@ -418,17 +418,17 @@ func (d *ExpertDispatch) DispatchRecv(out *tensor.Tensor, order int) error {
 		return err
 	}
 	P, E, L, K, C, Mt, me := d.cfg.Ranks, d.cfg.Experts, d.cfg.local(), d.cfg.TopK, d.cfg.Cols, d.cfg.MaxTokens, d.cfg.Rank
-	d.wait(op, sigReadyTok, d.eTok, func(dev gpu.Device) error {
-		if err := dev.Launch("ep_plan", gpu.D1(1), gpu.D1(threads256), 0, ptr(d.sym[EPHeader]), ptr(d.idx), ptr(d.rk),
+	d.wait(op, sigReadyTok, d.eTok, func(dev *cudabackend.Launcher) error {
+		if err := dev.Launch("ep_plan", cudabackend.D1(1), cudabackend.D1(threads256), 0, ptr(d.sym[Header]), ptr(d.idx), ptr(d.rk),
 			int32(P), int32(E), int32(L), int32(me), int32(min(d.n, Mt)), int32(K), int32(Mt),
 			int64(math.Float64bits(d.cf)), ptr(d.hcopy), ptr(d.offsets), ptr(d.tab), ptr(d.pos), ptr(d.status),
-			gpu.Ptr(0), int32(0)); err != nil {
+			cudabackend.Ptr(0), int32(0)); err != nil {
 			return err
 		}
-		if err := dev.Launch("ep_recv"+sfx(d.cfg.DType), d.grid(P*Mt), gpu.D1(128), 0, ptr(d.sym[EPTokens]),
-			ptr(d.sym[EPMeta]), ptr(d.hcopy), ptr(d.tab), int32(P), int32(E), int32(L), int32(K), int32(C), int32(Mt),
+		if err := dev.Launch("ep_recv"+sfx(d.cfg.DType), d.grid(P*Mt), cudabackend.D1(128), 0, ptr(d.sym[Tokens]),
+			ptr(d.sym[Meta]), ptr(d.hcopy), ptr(d.tab), int32(P), int32(E), int32(L), int32(K), int32(C), int32(Mt),
 			int32(me), int32(order), ptr(out), ptr(d.route), ptr(d.routeExp), ptr(d.routeRecv), ptr(d.recvOfExp),
-			ptr(d.expOfRecv), ptr(d.status), int32(-1), gpu.Ptr(0), gpu.Ptr(0), gpu.Ptr(0), int32(0)); err != nil {
+			ptr(d.expOfRecv), ptr(d.status), int32(-1), cudabackend.Ptr(0), cudabackend.Ptr(0), cudabackend.Ptr(0), int32(0)); err != nil {
 			return err
 		}
 		// The header and the token buffer have been read (the plan copied
@@ -438,7 +438,7 @@ func (d *ExpertDispatch) DispatchRecv(out *tensor.Tensor, order int) error {
 	return d.sticky(op)
 }
 
-func (d *ExpertDispatch) routes(order int) gpu.Ptr {
+func (d *Engine) routes(order int) cudabackend.Ptr {
 	if order == 1 {
 		return ptr(d.routeRecv)
 	}
@@ -447,7 +447,7 @@ func (d *ExpertDispatch) routes(order int) gpu.Ptr {
 
 // ReturnSend is CombineSend and DispatchBackwardSend: y (RecvBound(), C)
 // expert rows in order go to their homes' buffer buf.
-func (d *ExpertDispatch) returnSend(op string, y *tensor.Tensor, order int, buf EPBuf, ack, ready int, epoch *uint64) error {
+func (d *Engine) returnSend(op string, y *tensor.Tensor, order int, buf Buf, ack, ready int, epoch *uint64) error {
 	if !d.dispatched {
 		return fmt.Errorf("cuda: expert dispatch: %s without a dispatch", op)
 	}
@@ -456,9 +456,9 @@ func (d *ExpertDispatch) returnSend(op string, y *tensor.Tensor, order int, buf 
 	}
 	*epoch++
 	e := *epoch
-	d.b.do(op, d.joinSide) // the fused path's routes were written on its side stream
-	d.wait(op, ack, e-1, func(dev gpu.Device) error {
-		if err := dev.Launch("ep_return"+sfx(d.cfg.DType), d.grid(d.cfg.recvBound()), gpu.D1(128), 0, ptr(y),
+	d.b.Queue(op, d.joinSide) // the fused path's routes were written on its side stream
+	d.wait(op, ack, e-1, func(dev *cudabackend.Launcher) error {
+		if err := dev.Launch("ep_return"+sfx(d.cfg.DType), d.grid(d.cfg.recvBound()), cudabackend.D1(128), 0, ptr(y),
 			d.routes(order), ptr(d.tab), int32(d.cfg.Cols), d.peerRow(buf), ptr(d.status)); err != nil {
 			return err
 		}
@@ -470,13 +470,13 @@ func (d *ExpertDispatch) returnSend(op string, y *tensor.Tensor, order int, buf 
 // CombineSend sends the expert outputs y (RecvBound(), C), in the given
 // order, back to their tokens' homes (after the homes have released the
 // previous step's combine buffer), and signals them.
-func (d *ExpertDispatch) CombineSend(y *tensor.Tensor, order int) error {
+func (d *Engine) CombineSend(y *tensor.Tensor, order int) error {
 	d.comb = true
-	return d.returnSend("CombineSend", y, order, EPY, sigAckY, sigReadyY, &d.eY)
+	return d.returnSend("CombineSend", y, order, Y, sigAckY, sigReadyY, &d.eY)
 }
 
 // slots is the (N·K, C) view of a slot buffer.
-func (d *ExpertDispatch) slots(buf EPBuf) *tensor.Tensor {
+func (d *Engine) slots(buf Buf) *tensor.Tensor {
 	v, err := d.sym[buf].Rows(0, d.n*d.cfg.TopK)
 	if err != nil {
 		panic("cuda: expert dispatch: internal error: " + err.Error())
@@ -488,15 +488,15 @@ func (d *ExpertDispatch) slots(buf EPBuf) *tensor.Tensor {
 // = Σ_j weights[n, j]·y(n, j) over the kept slots, in fp32, the choices in
 // order (deterministic). The combine buffer stays this rank's until the
 // next step (CombineBackwardSend reads it for dweights).
-func (d *ExpertDispatch) CombineRecv(out, weights *tensor.Tensor) error {
+func (d *Engine) CombineRecv(out, weights *tensor.Tensor) error {
 	const op = "CombineRecv"
 	if !d.comb {
 		return fmt.Errorf("cuda: expert dispatch: %s without a CombineSend", op)
 	}
-	d.b.do(op, d.joinSide) // the fused path's side stream: its rows have left
-	d.wait(op, sigReadyY, d.eY, func(gpu.Device) error { return nil })
+	d.b.Queue(op, d.joinSide) // the fused path's side stream: its rows have left
+	d.wait(op, sigReadyY, d.eY, func(*cudabackend.Launcher) error { return nil })
 	if d.n > 0 && d.n <= d.cfg.MaxTokens {
-		d.b.CombineRows(out, d.slots(EPY), d.Pos(), weights)
+		d.b.CombineRows(out, d.slots(Y), d.Pos(), weights)
 	}
 	d.pendY = true
 	return d.sticky(op)
@@ -506,7 +506,7 @@ func (d *ExpertDispatch) CombineRecv(out, weights *tensor.Tensor) error {
 // of a token's experts, with the routing weights (N, K), and writes
 // dweights (N, K) (nil: skipped) = ⟨∂out[n], y(n, j)⟩ for the kept slots,
 // 0 for dropped ones, from the combine buffer.
-func (d *ExpertDispatch) CombineBackwardSend(dout, weights, dweights *tensor.Tensor) error {
+func (d *Engine) CombineBackwardSend(dout, weights, dweights *tensor.Tensor) error {
 	const op = "CombineBackwardSend"
 	if !d.comb {
 		return fmt.Errorf("cuda: expert dispatch: %s without a combine", op)
@@ -525,12 +525,12 @@ func (d *ExpertDispatch) CombineBackwardSend(dout, weights, dweights *tensor.Ten
 	}
 	P, E, L, C, Mt, me := d.cfg.Ranks, d.cfg.Experts, d.cfg.local(), d.cfg.Cols, d.cfg.MaxTokens, d.cfg.Rank
 	d.eTok++
-	d.b.do(op, d.joinSide) // a fused step's side stream: its acks and sends
-	d.wait(op, sigAckTok, d.eTok-1, func(dev gpu.Device) error {
-		if err := dev.Launch("ep_send"+sfx(d.cfg.DType), gpu.D1(max(N, 1)), gpu.D1(128), 0,
+	d.b.Queue(op, d.joinSide) // a fused step's side stream: its acks and sends
+	d.wait(op, sigAckTok, d.eTok-1, func(dev *cudabackend.Launcher) error {
+		if err := dev.Launch("ep_send"+sfx(d.cfg.DType), cudabackend.D1(max(N, 1)), cudabackend.D1(128), 0,
 			ptr(dout), ptr(d.idx), ptr(d.rk), ptr(d.sendRow), ptr(d.cnt), ptr(d.rowsTo), int32(N), int32(K), int32(E),
-			int32(P), int32(L), int32(C), int32(Mt), int32(me), d.peerRow(EPTokens), gpu.Ptr(0), gpu.Ptr(0),
-			ptr(weights), d.peerRow(EPWeights), ptr(d.pos), ptr(d.sym[EPY]), ptr(dweights), ptr(d.status)); err != nil {
+			int32(P), int32(L), int32(C), int32(Mt), int32(me), d.peerRow(Tokens), cudabackend.Ptr(0), cudabackend.Ptr(0),
+			ptr(weights), d.peerRow(Weights), ptr(d.pos), ptr(d.sym[Y]), ptr(dweights), ptr(d.status)); err != nil {
 			return err
 		}
 		return d.signal(dev, sigReadyTok, d.eTok)
@@ -541,21 +541,21 @@ func (d *ExpertDispatch) CombineBackwardSend(dout, weights, dweights *tensor.Ten
 // CombineBackwardRecv waits for every rank's ∂out rows and writes dy
 // (RecvBound(), C) = w·∂out for each received expert row, in the given
 // order, then acknowledges the token buffer.
-func (d *ExpertDispatch) CombineBackwardRecv(dy *tensor.Tensor, order int) error {
+func (d *Engine) CombineBackwardRecv(dy *tensor.Tensor, order int) error {
 	const op = "CombineBackwardRecv"
-	d.b.do(op, d.joinSide)
+	d.b.Queue(op, d.joinSide)
 	if err := d.checkRows(op, "dy", dy, d.cfg.recvBound(), d.cfg.DType); err != nil {
 		return err
 	}
 	P, E, K, C, Mt := d.cfg.Ranks, d.cfg.Experts, d.cfg.TopK, d.cfg.Cols, d.cfg.MaxTokens
-	remap := gpu.Ptr(0)
+	remap := cudabackend.Ptr(0)
 	if order == 1 {
 		remap = ptr(d.recvOfExp)
 	}
-	d.wait(op, sigReadyTok, d.eTok, func(dev gpu.Device) error {
-		if err := dev.Launch("ep_scale_recv"+sfx(d.cfg.DType), d.grid(P*Mt), gpu.D1(128), 0, ptr(d.sym[EPTokens]),
-			ptr(d.sym[EPWeights]), ptr(d.hcopy), ptr(d.route), remap, int32(P), int32(E), int32(K), int32(C), int32(Mt),
-			ptr(dy), ptr(d.status), int32(-1), gpu.Ptr(0), gpu.Ptr(0), gpu.Ptr(0), int32(d.cfg.local()), gpu.Ptr(0),
+	d.wait(op, sigReadyTok, d.eTok, func(dev *cudabackend.Launcher) error {
+		if err := dev.Launch("ep_scale_recv"+sfx(d.cfg.DType), d.grid(P*Mt), cudabackend.D1(128), 0, ptr(d.sym[Tokens]),
+			ptr(d.sym[Weights]), ptr(d.hcopy), ptr(d.route), remap, int32(P), int32(E), int32(K), int32(C), int32(Mt),
+			ptr(dy), ptr(d.status), int32(-1), cudabackend.Ptr(0), cudabackend.Ptr(0), cudabackend.Ptr(0), int32(d.cfg.local()), cudabackend.Ptr(0),
 			int32(0)); err != nil {
 			return err
 		}
@@ -566,26 +566,26 @@ func (d *ExpertDispatch) CombineBackwardRecv(dy *tensor.Tensor, order int) error
 
 // DispatchBackwardSend sends the expert rows' gradients g (RecvBound(), C),
 // in the given order, back to their tokens' homes.
-func (d *ExpertDispatch) DispatchBackwardSend(g *tensor.Tensor, order int) error {
-	return d.returnSend("DispatchBackwardSend", g, order, EPG, sigAckG, sigReadyG, &d.eG)
+func (d *Engine) DispatchBackwardSend(g *tensor.Tensor, order int) error {
+	return d.returnSend("DispatchBackwardSend", g, order, G, sigAckG, sigReadyG, &d.eG)
 }
 
 // DispatchBackwardRecv waits for every rank's gradient rows and writes dx
 // (N, C) = Σ_j g(n, j) over the kept slots, in order, then acknowledges
 // the gradient buffer.
-func (d *ExpertDispatch) DispatchBackwardRecv(dx *tensor.Tensor) error {
+func (d *Engine) DispatchBackwardRecv(dx *tensor.Tensor) error {
 	const op = "DispatchBackwardRecv"
-	d.b.do(op, d.joinSide) // the fused path's side stream: its gradient rows have left
-	d.wait(op, sigReadyG, d.eG, func(gpu.Device) error { return nil })
+	d.b.Queue(op, d.joinSide) // the fused path's side stream: its gradient rows have left
+	d.wait(op, sigReadyG, d.eG, func(*cudabackend.Launcher) error { return nil })
 	if d.n > 0 && d.n <= d.cfg.MaxTokens {
-		d.b.CombineRows(dx, d.slots(EPG), d.Pos(), nil)
+		d.b.CombineRows(dx, d.slots(G), d.Pos(), nil)
 	}
-	d.b.do(op, func(dev gpu.Device) error { return d.signal(dev, sigAckG, d.eG) })
+	d.b.Queue(op, func(dev *cudabackend.Launcher) error { return d.signal(dev, sigAckG, d.eG) })
 	return d.sticky(op)
 }
 
-// EPCounts are what a step's plan found, read back to the host.
-type EPCounts struct {
+// Counts are what a step's plan found, read back to the host.
+type Counts struct {
 	// Header (P, E+2): row s = source s's per-expert slots (before any
 	// capacity), its tokens, the rows it sent this rank.
 	Header [][]int
@@ -598,15 +598,15 @@ type EPCounts struct {
 // RecvOfExp is the (RecvBound()) int32 map from expert-major rows to
 // received-order rows of the step; ExpOfRecv its inverse (valid after
 // DispatchRecv, for the step's rows).
-func (d *ExpertDispatch) RecvOfExp() *tensor.Tensor { return d.recvOfExp }
+func (d *Engine) RecvOfExp() *tensor.Tensor { return d.recvOfExp }
 
 // ExpOfRecv: see RecvOfExp.
-func (d *ExpertDispatch) ExpOfRecv() *tensor.Tensor { return d.expOfRecv }
+func (d *Engine) ExpOfRecv() *tensor.Tensor { return d.expOfRecv }
 
 // ReadCounts waits for the device and reads the step's exchanged counts
 // (a host synchronisation: the ep.ExpertPath adapter's, whose handle holds
 // host counts; the device path itself never needs it).
-func (d *ExpertDispatch) ReadCounts() (*EPCounts, error) {
+func (d *Engine) ReadCounts() (*Counts, error) {
 	if err := d.b.Sync(); err != nil {
 		return nil, fmt.Errorf("cuda: expert dispatch: %w", err)
 	}
@@ -620,7 +620,7 @@ func (d *ExpertDispatch) ReadCounts() (*EPCounts, error) {
 	if err := d.b.Sync(); err != nil {
 		return nil, fmt.Errorf("cuda: expert dispatch: %w", err)
 	}
-	c := &EPCounts{Header: make([][]int, P), Refused: -1, Rows: int(tab.I32()[0])}
+	c := &Counts{Header: make([][]int, P), Refused: -1, Rows: int(tab.I32()[0])}
 	d.known = c.Rows
 	for s := range P {
 		c.Header[s] = make([]int, W)

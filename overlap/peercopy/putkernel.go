@@ -1,4 +1,4 @@
-package cudabackend
+package peercopy
 
 import (
 	"fmt"
@@ -7,7 +7,7 @@ import (
 
 	"github.com/asynctp/asynctp/cuda"
 	"github.com/asynctp/asynctp/tensor"
-	"github.com/asynctp/asynctp/tensor/cudabackend/internal/gpu"
+	"github.com/asynctp/asynctp/tensor/cudabackend"
 )
 
 // The put transfer of the fused all-gather∘matmul (cuda/kernels/peerput.cu):
@@ -15,27 +15,26 @@ import (
 // pointers into every peer's symmetric gather buffer, chunk by chunk, and
 // raises each chunk's 64-bit epoch flag there with a release at system
 // scope, where the peer's GEMM engine waits for it (GEMMWait). It is the
-// other half of the choice the copy-engine pulls make (overlap/peercopy's
-// Fused.Transfer).
+// other half of the choice the copy-engine pulls make (Fused.Transfer).
 
-// PeerTable is the device table of the 3P addresses a put reaches (peer_put
+// peerTable is the device table of the 3P addresses a put reaches (peer_put
 // in peerput.cu): every rank's gather buffer, chunk flags and signal pad.
 // Build it once per buffer set; Close frees it.
-type PeerTable struct {
-	b                   *Backend
+type peerTable struct {
+	b                   *cudabackend.Backend
 	t                   *tensor.Tensor // int32 (3P·2): the addresses as little-endian pairs
 	ranks               int
 	bufBytes, flagWords int
 }
 
-// NewPeerTable uploads the addresses of a put transfer over len(bufs)
+// newPeerTable uploads the addresses of a put transfer over len(bufs)
 // ranks: bufs[r] is rank r's gather buffer (bufBytes bytes, 16-byte
 // aligned), flags[r] its chunk flags (flagWords 64-bit words), pads[r] its
 // signal pad (2P 64-bit words: word q = the epoch whose put rank q has
 // started into r, word P + q = the epoch whose rows of r's buffer rank q
 // has finished reading). Each address is reachable from this rank (peer
 // pointers; this rank's own at its index).
-func (b *Backend) NewPeerTable(bufs, flags, pads []uint64, bufBytes, flagWords int) (*PeerTable, error) {
+func newPeerTable(b *cudabackend.Backend, bufs, flags, pads []uint64, bufBytes, flagWords int) (*peerTable, error) {
 	P := len(bufs)
 	switch {
 	case P < 1 || len(flags) != P || len(pads) != P:
@@ -66,23 +65,23 @@ func (b *Backend) NewPeerTable(bufs, flags, pads []uint64, bufBytes, flagWords i
 	if err := b.Err(); err != nil {
 		return nil, fmt.Errorf("cuda: peer table: %w", err)
 	}
-	return &PeerTable{b: b, t: t, ranks: P, bufBytes: bufBytes, flagWords: flagWords}, nil
+	return &peerTable{b: b, t: t, ranks: P, bufBytes: bufBytes, flagWords: flagWords}, nil
 }
 
 // Ranks is the number of ranks the table reaches.
-func (pt *PeerTable) Ranks() int { return pt.ranks }
+func (pt *peerTable) Ranks() int { return pt.ranks }
 
 // Close frees the device table (not the buffers it points to). The
 // caller makes sure no queued put still reads it (drain first).
-func (pt *PeerTable) Close() {
+func (pt *peerTable) Close() {
 	if pt != nil && pt.t != nil {
 		pt.b.Free(pt.t)
 		pt.t = nil
 	}
 }
 
-// PeerPut is one put of this rank's shard.
-type PeerPut struct {
+// peerPut is one put of this rank's shard.
+type peerPut struct {
 	// Src is this rank's shard: (rows, cols) contiguous, 16-byte aligned,
 	// rows of a multiple of 16 bytes. It lands in rows [Rank·rows,
 	// (Rank+1)·rows) of every peer's gather buffer.
@@ -104,7 +103,7 @@ type PeerPut struct {
 	// while it waits, GEMMWait.ReserveSMs's default; at least 1).
 	CTAs int
 	// Status is an Int32 tensor (≥ 1 element, zero at first) shared with the
-	// site's other waits (WaitSignals): once one of them ran out, a put
+	// site's other waits (waitSignals): once one of them ran out, a put
 	// queued after it does nothing. The put's own wait does not set it.
 	Status *tensor.Tensor
 	// What names the failure of a destination rank that never freed its
@@ -115,16 +114,20 @@ type PeerPut struct {
 // peerPutThreads is peer_put's block.
 const peerPutThreads = 256
 
-// PeerPut queues the put p on stream (nil: the backend's stream; the
+// checkPut is peer_put's data check: err[1] = the destination rank that
+// never freed its gather buffer.
+var checkPut = cudabackend.NewDataCheck("peercopy: put")
+
+// queuePut queues the put p on stream (nil: the backend's stream; the
 // emulator has only that one) through the addresses of pt (peer_put,
 // cuda/kernels/peerput.cu). A destination whose read word stays below
 // Epoch−1 for Deadline is skipped and reported by the next Sync (p.What);
 // the kernel waits on nothing else, so it always ends.
-func (b *Backend) PeerPut(stream *cuda.Stream, pt *PeerTable, p PeerPut) {
+func queuePut(b *cudabackend.Backend, stream *cuda.Stream, pt *peerTable, p peerPut) {
 	const op = "PeerPut"
-	c := b.check(op)
+	c := b.Check(op)
 	if pt == nil || pt.t == nil {
-		c.Failf("peer table %v: expected one of NewPeerTable, not closed", pt)
+		c.Failf("peer table %v: expected one of newPeerTable, not closed", pt)
 	}
 	if p.Src == nil {
 		c.Failf("src is nil: expected this rank's shard")
@@ -145,8 +148,8 @@ func (b *Backend) PeerPut(stream *cuda.Stream, pt *PeerTable, p PeerPut) {
 		chunks = (rows + p.ChunkRows - 1) / p.ChunkRows
 	}
 	switch {
-	case len(src.Shape()) != 2 || rowBytes%16 != 0 || DevicePtr(src)%16 != 0:
-		c.Failf("src %v at %#x: expected (rows, cols) with rows of a multiple of 16 bytes, 16-byte aligned", src, DevicePtr(src))
+	case len(src.Shape()) != 2 || rowBytes%16 != 0 || cudabackend.DevicePtr(src)%16 != 0:
+		c.Failf("src %v at %#x: expected (rows, cols) with rows of a multiple of 16 bytes, 16-byte aligned", src, cudabackend.DevicePtr(src))
 	case p.Rank < 0 || p.Rank >= P:
 		c.Failf("rank %d: expected 0 ≤ rank < %d (the table's ranks)", p.Rank, P)
 	case p.ChunkRows <= 0:
@@ -167,26 +170,20 @@ func (b *Backend) PeerPut(stream *cuda.Stream, pt *PeerTable, p PeerPut) {
 	if !c.OK() {
 		return
 	}
-	b.do(op, func(d gpu.Device) error {
+	b.Queue(op, func(l *cudabackend.Launcher) error {
 		ctas := p.CTAs
 		if ctas <= 0 {
-			avail := d.SMCount()
-			if cd, ok := d.(*cudaDevice); ok {
-				avail = cd.engineSMs
-			}
-			ctas = max(b.reserveOf(avail, 0), 1)
+			ctas = max(l.ReserveSMs(), 1)
 		}
 		what := p.What
-		flag := b.flagPtr(flagPeerPut, func(v int32) error { return what(int(v)) })
-		args := []any{ptr(src), int32(rows), int64(rowBytes), int32(p.ChunkRows), int32(p.Rank), int32(P),
-			ptr(pt.t), int64(p.Epoch), int64(p.Deadline), ptr(p.Status), flag}
+		flag := l.Check(checkPut, func(v int32) error { return what(int(v)) })
+		args := []any{cudabackend.PtrOf(src), int32(rows), int64(rowBytes), int32(p.ChunkRows), int32(p.Rank), int32(P),
+			cudabackend.PtrOf(pt.t), int64(p.Epoch), int64(p.Deadline), cudabackend.PtrOf(p.Status), flag}
 		if stream == nil {
-			return d.Launch("peer_put", gpu.D1(ctas), gpu.D1(peerPutThreads), 0, args...)
+			return l.Launch("peer_put", cudabackend.D1(ctas), cudabackend.D1(peerPutThreads), 0, args...)
 		}
-		cd, ok := d.(*cudaDevice)
-		if !ok {
-			return fmt.Errorf("a put on a side stream needs a GPU; %s has only its own stream (pass nil)", d.Name())
-		}
-		return cd.launchOn(stream, "peer_put", gpu.D1(ctas), gpu.D1(peerPutThreads), 0, args...)
+		return l.OnStream(stream, func() error {
+			return l.Launch("peer_put", cudabackend.D1(ctas), cudabackend.D1(peerPutThreads), 0, args...)
+		})
 	})
 }

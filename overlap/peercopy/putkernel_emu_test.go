@@ -1,6 +1,6 @@
 //go:build asynctp_emu
 
-package cudabackend
+package peercopy
 
 import (
 	"fmt"
@@ -8,9 +8,9 @@ import (
 	"strings"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/cudabackend"
 )
 
 // putWorld is P emulated ranks on one emulated device: rank d's gather
@@ -18,16 +18,16 @@ import (
 // table's addresses stand in for the peer pointers (the emulator's device
 // addresses are one address space).
 type putWorld struct {
-	b                  *Backend
+	b                  *cudabackend.Backend
 	P, rows, cols, chn int
 	gath, flags, pads  []*tensor.Tensor
 	status             []*tensor.Tensor
-	pt                 *PeerTable
+	pt                 *peerTable
 }
 
 const putSentinel = int32(-0x5a5a5a5b)
 
-func newPutWorld(t *testing.T, b *Backend, P, rows, cols, chunkRows int) *putWorld {
+func newPutWorld(t *testing.T, b *cudabackend.Backend, P, rows, cols, chunkRows int) *putWorld {
 	t.Helper()
 	w := &putWorld{b: b, P: P, rows: rows, cols: cols, chn: (rows + chunkRows - 1) / chunkRows}
 	var bufs, flags, pads []uint64
@@ -43,9 +43,9 @@ func newPutWorld(t *testing.T, b *Backend, P, rows, cols, chunkRows int) *putWor
 		p := b.Zeros(tensor.Int32, 2*2*P)
 		w.gath, w.flags, w.pads = append(w.gath, g), append(w.flags, f), append(w.pads, p)
 		w.status = append(w.status, b.Zeros(tensor.Int32, 4))
-		bufs, flags, pads = append(bufs, DevicePtr(g)), append(flags, DevicePtr(f)), append(pads, DevicePtr(p))
+		bufs, flags, pads = append(bufs, cudabackend.DevicePtr(g)), append(flags, cudabackend.DevicePtr(f)), append(pads, cudabackend.DevicePtr(p))
 	}
-	pt, err := b.NewPeerTable(bufs, flags, pads, P*rows*cols*4, P*w.chn)
+	pt, err := newPeerTable(b, bufs, flags, pads, P*rows*cols*4, P*w.chn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +53,7 @@ func newPutWorld(t *testing.T, b *Backend, P, rows, cols, chunkRows int) *putWor
 	return w
 }
 
-func upload(t *testing.T, b *Backend, d *tensor.Tensor, v []int32) {
+func upload(t *testing.T, b *cudabackend.Backend, d *tensor.Tensor, v []int32) {
 	t.Helper()
 	h, err := tensor.FromInt32(v, d.Shape()...)
 	if err != nil {
@@ -62,27 +62,41 @@ func upload(t *testing.T, b *Backend, d *tensor.Tensor, v []int32) {
 	b.Upload(d, h)
 }
 
-// rawInt32s reads a tensor with the device's own copy (it works after the
-// backend's error is set, which refuses every op).
-func rawInt32s(t *testing.T, b *Backend, d *tensor.Tensor) []int32 {
+// openEmu is a backend on the kernel emulator, closed with the test.
+func openEmu(t testing.TB) *cudabackend.Backend {
 	t.Helper()
-	got := make([]int32, d.Numel())
-	if err := b.dev.Acquire(); err != nil {
-		t.Fatal(err)
-	}
-	err := b.dev.CopyDtoH(unsafe.Pointer(&got[0]), ptr(d), 4*len(got))
-	b.dev.Release()
+	b, err := cudabackend.NewEmulated()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return got
+	t.Cleanup(func() {
+		if err := b.Close(); err != nil {
+			t.Logf("Close: %v", err)
+		}
+	})
+	return b
+}
+
+// rawInt32s reads a tensor back, also after a wait that ran out (its error,
+// a data check's, is cleared first: the tests read what the kernels left).
+func rawInt32s(t *testing.T, b *cudabackend.Backend, d *tensor.Tensor) []int32 {
+	t.Helper()
+	if err := b.ClearErr(); err != nil {
+		t.Fatal(err)
+	}
+	h := tensor.MustHost(tensor.Int32, d.Shape()...)
+	b.Download(h, d)
+	if err := b.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return h.I32()
 }
 
 // word is 64-bit word i of an int32 tensor read back.
 func word(v []int32, i int) uint64 { return uint64(uint32(v[2*i])) | uint64(uint32(v[2*i+1]))<<32 }
 
 // setWord sets 64-bit word i of d (int32 pairs) to val.
-func setWord(t *testing.T, b *Backend, d *tensor.Tensor, i int, val uint64) {
+func setWord(t *testing.T, b *cudabackend.Backend, d *tensor.Tensor, i int, val uint64) {
 	t.Helper()
 	v := rawInt32s(t, b, d)
 	v[2*i], v[2*i+1] = int32(uint32(val)), int32(uint32(val>>32))
@@ -102,7 +116,7 @@ func randShard(rng *rand.Rand, n int) []int32 {
 
 // put queues rank me's put of src in epoch e.
 func (w *putWorld) put(me int, src *tensor.Tensor, chunkRows, ctas int, e uint64, dl time.Duration) {
-	w.b.PeerPut(nil, w.pt, PeerPut{Src: src, Rank: me, ChunkRows: chunkRows, Epoch: e, Deadline: dl, CTAs: ctas,
+	queuePut(w.b, nil, w.pt, peerPut{Src: src, Rank: me, ChunkRows: chunkRows, Epoch: e, Deadline: dl, CTAs: ctas,
 		Status: w.status[me], What: func(q int) error { return fmt.Errorf("rank %d never freed its gather buffer", q) }})
 }
 
@@ -141,13 +155,13 @@ func (w *putWorld) check(t *testing.T, d int, want [][]int32, flagWant, startWan
 	}
 }
 
-// TestEmuPeerPut: every rank of P puts a random shard, in chunks of several
+// TestEmuPut: every rank of P puts a random shard, in chunks of several
 // ragged sizes and grids, into every other rank's gather buffer, over two
 // epochs (the second after every reader's "read" word): each destination
 // holds exactly every other rank's rows at their place and its own rows
 // untouched, every chunk flag of the other ranks is at the epoch, its own
 // at zero, and no word past the table is written.
-func TestEmuPeerPut(t *testing.T) {
+func TestEmuPut(t *testing.T) {
 	cases := []struct{ P, rows, cols, chunkRows, ctas int }{
 		{2, 1, 4, 1, 1}, {2, 37, 12, 8, 3}, {3, 7, 4, 3, 2}, {3, 50, 8, 16, 4}, {4, 64, 4, 64, 1}, {4, 20, 8, 6, 5}, {3, 9, 4, 9, 2},
 	}
@@ -195,11 +209,11 @@ func TestEmuPeerPut(t *testing.T) {
 	}
 }
 
-// TestEmuPeerPutDeadline: a destination whose "read" word of the previous
+// TestEmuPutDeadline: a destination whose "read" word of the previous
 // epoch never comes is skipped at the deadline (its rows and flags keep the
 // previous epoch's) and the next Sync names it; the other destinations get
 // this epoch's rows and flags.
-func TestEmuPeerPutDeadline(t *testing.T) {
+func TestEmuPutDeadline(t *testing.T) {
 	const P, rows, cols, chunkRows = 3, 10, 4, 4
 	b := openEmu(t)
 	w := newPutWorld(t, b, P, rows, cols, chunkRows)
@@ -232,9 +246,9 @@ func TestEmuPeerPutDeadline(t *testing.T) {
 	w.check(t, 2, [][]int32{first, nil, nil}, []uint64{1, 0, 0}, []uint64{2, 0, 0})
 }
 
-// TestEmuPeerPutRefused: arguments the kernel cannot take are refused
+// TestEmuPutRefused: arguments the kernel cannot take are refused
 // before anything is queued, saying what was expected.
-func TestEmuPeerPutRefused(t *testing.T) {
+func TestEmuPutRefused(t *testing.T) {
 	for _, c := range []struct {
 		name           string
 		rows, cols     int
@@ -251,7 +265,7 @@ func TestEmuPeerPutRefused(t *testing.T) {
 			b := openEmu(t)
 			w := newPutWorld(t, b, 2, 8, 4, 8) // buffers of 2·8 rows of 16 bytes, 2 flags
 			src := b.Zeros(tensor.Int32, c.rows, c.cols)
-			w.b.PeerPut(nil, w.pt, PeerPut{Src: src, Rank: 0, ChunkRows: c.chunkRows, Epoch: c.epoch, Deadline: time.Second,
+			queuePut(w.b, nil, w.pt, peerPut{Src: src, Rank: 0, ChunkRows: c.chunkRows, Epoch: c.epoch, Deadline: time.Second,
 				Status: w.status[0], What: func(q int) error { return fmt.Errorf("rank %d", q) }})
 			if err := b.Sync(); err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("%s: %v, expected an error saying %q", c.name, err, c.want)
@@ -259,10 +273,10 @@ func TestEmuPeerPutRefused(t *testing.T) {
 		})
 	}
 	b := openEmu(t)
-	if _, err := b.NewPeerTable([]uint64{16, 8}, []uint64{8, 8}, []uint64{8, 8}, 64, 2); err == nil || !strings.Contains(err.Error(), "gather buffer of rank 1 at 0x8: expected a non-nil 16-byte aligned address") {
+	if _, err := newPeerTable(b, []uint64{16, 8}, []uint64{8, 8}, []uint64{8, 8}, 64, 2); err == nil || !strings.Contains(err.Error(), "gather buffer of rank 1 at 0x8: expected a non-nil 16-byte aligned address") {
 		t.Fatalf("a misaligned gather buffer: %v, expected a refusal naming rank 1", err)
 	}
-	if _, err := b.NewPeerTable([]uint64{16}, []uint64{8, 8}, []uint64{8, 8}, 64, 2); err == nil || !strings.Contains(err.Error(), "expected the same number") {
+	if _, err := newPeerTable(b, []uint64{16}, []uint64{8, 8}, []uint64{8, 8}, 64, 2); err == nil || !strings.Contains(err.Error(), "expected the same number") {
 		t.Fatalf("tables of different lengths: %v, expected a refusal", err)
 	}
 }

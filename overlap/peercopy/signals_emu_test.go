@@ -1,21 +1,21 @@
 //go:build asynctp_emu
 
-package cudabackend
+package peercopy
 
 import (
 	"fmt"
 	"strings"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/cudabackend"
 )
 
-// TestEmuWaitSignals: a wait whose words reach the target passes; a word
+// TestEmuSignalWaits: a wait whose words reach the target passes; a word
 // left short fails the next Sync naming it, and only the raising wait then
 // sets the short words to the target (so stream waits on them pass).
-func TestEmuWaitSignals(t *testing.T) {
+func TestEmuSignalWaits(t *testing.T) {
 	for _, raising := range []bool{false, true} {
 		b := openEmu(t)
 		words := b.Zeros(tensor.Int32, 2*3) // three 64-bit words
@@ -23,30 +23,22 @@ func TestEmuWaitSignals(t *testing.T) {
 		h, _ := tensor.FromInt32([]int32{7, 0, 5, 0, 9, 0}, 6) // word 1 (5) is short of 6
 		b.Upload(words, h)
 		what := func(i int) error { return fmt.Errorf("signal %d never came", i) }
-		wait := b.WaitSignals
+		wait := waitSignals
 		if raising {
-			wait = b.WaitSignalsRaising
+			wait = waitSignalsRaising
 		}
-		wait(uint64(DevicePtr(words)), 3, 5, time.Second, status, what) // all ≥ 5: passes
+		wait(b, cudabackend.DevicePtr(words), 3, 5, time.Second, status, what) // all ≥ 5: passes
 		if err := b.Sync(); err != nil {
 			t.Fatalf("raising=%v: every word at its target: %v", raising, err)
 		}
-		wait(uint64(DevicePtr(words)), 3, 6, 20*time.Millisecond, status, what)
+		wait(b, cudabackend.DevicePtr(words), 3, 6, 20*time.Millisecond, status, what)
 		err := b.Sync()
 		if err == nil || !strings.Contains(err.Error(), "signal 1 never came") {
 			t.Fatalf("raising=%v: word 1 short of its target: Sync gave %v, want an error naming signal 1", raising, err)
 		}
 		// The backend refuses every op after the failure (its error is
-		// sticky): read the words from the device directly.
-		got := make([]int32, 6)
-		if err := b.dev.Acquire(); err != nil {
-			t.Fatal(err)
-		}
-		cerr := b.dev.CopyDtoH(unsafe.Pointer(&got[0]), ptr(words), 4*len(got))
-		b.dev.Release()
-		if cerr != nil {
-			t.Fatal(cerr)
-		}
+		// sticky) until it is cleared: read the words the wait left.
+		got := rawInt32s(t, b, words)
 		want := []int32{7, 0, 5, 0, 9, 0}
 		if raising {
 			want = []int32{7, 0, 6, 0, 9, 0}
