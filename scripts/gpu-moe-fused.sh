@@ -3,7 +3,7 @@
 # from the dev machine (bash scripts/build-gpu-artifacts.sh: build/train and
 # build/parallel_ep_peerep.test): the fused MoE expert path (parallel/ep/peerep's
 # Fused) on NVSHMEM PEs that share the GPU under MPS.
-#  0. builds the kernels image (the fused path changed dispatch.cu and
+#  0. builds the kernels image (the fused path changed the ep_*.cu kernels and
 #     grouped_sm90.cu) and libasynctp_nvshmem.so with nvcc unless they are
 #     in build/ and newer than the kernel sources;
 #  1. starts MPS as scripts/gpu-overlap.sh does (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE

@@ -18,7 +18,11 @@
 #include "optim.cu"         // defines: adamw_{bf16,f32}, sumsq_{partial,finish}
 #include "moe.cu"           // defines: topk[_bwd], logsumexp[_bwd], gather_rows, combine_rows[_bwd], moe_{count,index}
 #include "grouped.cu"       // defines: grouped_mm, grouped_mm_tn (SIMT grouped expert GEMMs)
-#include "dispatch.cu"      // defines: ep_* (the expert path's layout, dispatch, combine and fused-path kernels)
+#include "ep_layout.cu"     // defines: ep_layout, ep_plan (the expert path's layout; ep.cuh lists every ep_* entry point)
+#include "ep_signals.cu"    // defines: ep_wait, ep_wait_one, ep_claim, ep_wait_raise, ep_signal (epoch signals)
+#include "ep_dispatch.cu"   // defines: ep_send_*, ep_recv_* (tokens once per destination rank, expert rows)
+#include "ep_combine.cu"    // defines: ep_return_*, ep_scale_recv_* (rows home, the combine backward's rows)
+#include "ep_fused.cu"      // defines: ep_header, ep_fill_u64, ep_block_targets, ep_return_blocks_* (the fused path)
 #include "peerput.cu"       // defines: peer_put (the fused all-gather's put transfer)
 #include "attention_fa2.cu" // defines: attn_{fwd,bwd_dq,bwd_dkdv}_fa2_d{64,128}, attn_fwd_fa2_d64w8; the fa2_* tile helpers
 #include "attention_wg.cu"  // defines: attn_fwd_wg_d128, attn_bwd_{dq,dkdv}_wg_d{64,128} (sm_90 wgmma)

@@ -1,6 +1,6 @@
 // peerput.cu: the put transfer of the fused all-gather∘matmul
 // (overlap/peercopy.Fused with Transfer "put"; host side
-// tensor/cudabackend/peerput.go). Instead of every rank pulling each peer's
+// overlap/peercopy/putkernel.go). Instead of every rank pulling each peer's
 // shard with the copy engine, every rank stores its own shard through the
 // peer pointers into the symmetric gather buffer of every peer, chunk by
 // chunk, and raises the chunk's 64-bit flag there; the GEMM engine of each
@@ -13,7 +13,7 @@
 // stream memory operations after kernels that have finished, each with a
 // deadline).
 //
-// Signals are epochs (signals.cuh, dispatch.cu): call e stores e and never
+// Signals are epochs (signals.cuh, ep.cuh): call e stores e and never
 // resets a word, so buffers and flags are reused across calls; a writer
 // first waits for the reader's ack of epoch e−1, then writes, then raises
 // the chunk's flag to e.
@@ -99,7 +99,7 @@ using namespace atp;
 // with ld.acquire.sys, then fence.proxy.async before its TMA loads.
 // Block 0's thread 0 first stores pad word me = epoch on every destination
 // (release): the put has started (the consumer's one-warp wait before it
-// launches its engine, cudabackend.WaitSignals).
+// launches its engine, overlap/peercopy's waitSignals).
 // status[0] already set (an earlier wait of the site ran out): nothing is
 // done.
 KERNEL void peer_put(const unsigned char* src, int rows, long long row_bytes, int chunk_rows, int me, int P,

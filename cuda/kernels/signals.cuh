@@ -1,8 +1,8 @@
 // signals.cuh: the 64-bit epoch signal words of the kernels that reach
-// peers through peer pointers (dispatch.cu, peerput.cu): acquire loads and
+// peers through peer pointers (ep_*.cu, peerput.cu): acquire loads and
 // release stores at system scope, the system fence, the global timer of the
-// deadlines, and peer base addresses. See dispatch.cu's file comment for
-// the protocol (epochs, never reset; ready/ack pairs) and why each fence is
+// deadlines, and peer base addresses. See ep.cuh's comment for the
+// protocol (epochs, never reset; ready/ack pairs) and why each fence is
 // there. On the CPU emulator the orders are C++ atomics and the timer is
 // the steady clock.
 #pragma once

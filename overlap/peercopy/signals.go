@@ -10,7 +10,7 @@ import (
 // waitSignals queues on b's stream a wait until each of the n
 // 64-bit words at words (a device address: local, or a peer's through a
 // peer pointer) is ≥ target, each for at most deadline. It is a one-warp
-// kernel (ep_wait, cuda/kernels/dispatch.cu) spinning on acquire loads at
+// kernel (ep_wait, cuda/kernels/ep_signals.cu) spinning on acquire loads at
 // system scope, not a stream memory operation: it can give up. It holds
 // almost nothing of its SM, so kernels of other processes sharing the GPU
 // (MPS) still run beside it. A word still short records an error for the

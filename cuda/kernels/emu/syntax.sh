@@ -1,6 +1,6 @@
 #!/bin/sh
 # A syntax pass over the GPU-only code of the kernels, for machines without
-# nvcc: g++ -fsyntax-only over gemm_sm90.cu, grouped_sm90.cu, dispatch.cu and
+# nvcc: g++ -fsyntax-only over gemm_sm90.cu, grouped_sm90.cu, the ep_*.cu and
 # attention_wg.cu (with the attention files it builds on)
 # with the sm_90a branches enabled (__CUDA_ARCH__ 900, the engine's body) and
 # the emulator's header standing in for CUDA's, plus stubs for the few
@@ -38,9 +38,13 @@ using std::min;
 #endif
 #include "gemm_sm90.cu"
 #include "grouped_sm90.cu"
-#include "dispatch.cu"
+#include "ep_layout.cu"
+#include "ep_signals.cu"
+#include "ep_dispatch.cu"
+#include "ep_combine.cu"
+#include "ep_fused.cu"
 #include "attention_fa2.cu"
 #include "attention_wg.cu"
 CC
 g++ -std=c++17 -fsyntax-only -Wno-unknown-pragmas -I. -x c++ "$tmp/check.cc"
-echo "syntax.sh: gemm_sm90.cu, grouped_sm90.cu, dispatch.cu, attention_wg.cu: no C++ errors (PTX not checked)"
+echo "syntax.sh: gemm_sm90.cu, grouped_sm90.cu, ep_*.cu, attention_wg.cu: no C++ errors (PTX not checked)"

@@ -2,7 +2,8 @@
 // (overlap.KindExpert) on GPUs whose ranks share a symmetric heap
 // (comm.SymmetricMemory: NVSHMEM PEs of one node, also several PEs on one
 // GPU under MPS): the dispatch and combine are our own kernels
-// (cuda/kernels/dispatch.cu, driven by cudabackend.ExpertDispatch) that
+// (cuda/kernels/ep_*.cu, listed in ep.cuh, driven by the engine of
+// internal/dispatch) that
 // follow DeepEP's intranode protocol — the routing laid out on the device,
 // the counts exchanged by the kernels themselves through 64-bit epoch
 // signals, each token stored once per destination rank straight into the
@@ -21,9 +22,9 @@
 //
 // Fused (after ThunderKittens' moe_dispatch_gemm and Comet) runs the MoE layer's device step with the dispatch and the
 // combine inside the experts' grouped GEMMs (ep.FusedOffsets, whose hooks
-// layers.Experts.ForwardOffsetsHooked calls; cudabackend.ExpertDispatch's
-// DispatchRecvFused and CombineSendFused; kernels in dispatch.cu and
-// grouped_sm90.cu):
+// layers.Experts.ForwardOffsetsHooked calls; the engine's
+// DispatchRecvFused and CombineSendFused; kernels in ep_fused.cu, the other
+// ep_*.cu and grouped_sm90.cu):
 //
 //   - Dispatch. Each rank sends its counts to every peer first, on their
 //     own signal ("counts ready"), then its tokens (once per destination
@@ -135,12 +136,13 @@
 //
 // # Host synchronisation
 //
-// cudabackend.ExpertDispatch reads nothing on the host. ep.ExpertPath's
+// The engine (internal/dispatch) reads nothing on the host. ep.ExpertPath's
 // Handle, however, holds host counts (and the MoE layer sizes its expert
 // GEMMs from them), so Path.Dispatch reads the exchanged counts back once
 // (ReadCounts), the one host wait of the step — as the collective path's
-// count exchange does. A layer that keeps the counts on the device uses
-// ExpertDispatch directly (Offsets is the grouped GEMM's device offsets).
+// count exchange does. A layer that keeps the counts on the device takes
+// the device step (ep.DeviceOffsets: DispatchDevice, whose handle's
+// Offsets are the grouped GEMM's device offsets).
 //
 // # Limits
 //

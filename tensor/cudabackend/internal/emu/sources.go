@@ -5,4 +5,4 @@ package emu
 // SourcesSum is the SHA-256 of the kernel and emulator sources this package
 // compiles (see cuda/kernels/emu/gen.sh); a change to it rebuilds the
 // package's C++ part.
-const SourcesSum = "56165b28eb1cab65467fec6e85032c4b1f1bc4451e376ba5bf98ab2f4ff812b9"
+const SourcesSum = "281ecd20c5bfa7efcede4014c107dd45bf5d2202b5d4ddd82ffe7d7d2ba48669"
