@@ -27,6 +27,11 @@
 #     with --shadow-every 10 and without: the same losses bit for bit, every
 #     site within bf16's 1e-2 of collective, the expert sites at exactly 0,
 #     and the cost in tokens/s.
+#  9. the moves of code between files: the PTX of the kernels image before and
+#     after the expert path's kernels were split by mode (ptx-check.sh
+#     09a801d ce54e85), the libraries through the one loader (the cuda and
+#     comm/nccl test binaries), the put transfer through the backend's
+#     narrow launcher (gpu-fused-put.sh).
 # The rounds against PyTorch are a run of their own:
 #   STEPS=20 TORCH_STEPS=10 ROUNDS=2 PRESETS="gpt2-124m llama-1b" \
 #     FIRST_MODES=eager,compile TORCH_TIMEOUT=250 bash scripts/gpu-speed.sh
@@ -174,3 +179,15 @@ PY
   done
   mps_quit
 fi
+# 9. the moves of code between files.
+if command -v "${NVCC:-nvcc}" > /dev/null; then
+  run "PTX before and after the ep_*.cu split (ptx-check.sh)" 300 ptx-check.log -- bash scripts/ptx-check.sh 09a801d ce54e85
+  tail -3 "$OUT/ptx-check.log"
+else
+  row "PTX before and after the ep_*.cu split (ptx-check.sh)" FAIL "nvcc not on PATH (set NVCC)"
+fi
+[ -x ./build/cuda.test ] && run "cuda: libcuda and cuBLASLt through internal/dynlib" 120 loader-cuda.log -- \
+  ./build/cuda.test -test.count=1 -test.timeout=110s
+[ -x ./build/comm_nccl.test ] && run "comm/nccl: NCCL through internal/dynlib" 120 loader-nccl.log -- \
+  ./build/comm_nccl.test -test.count=1 -test.timeout=110s -test.run 'TestWorldOfOne|TestAbortOfOne|TestMissingLibrary|TestLoadFromEnv'
+run "put transfer through the narrow launcher (gpu-fused-put.sh)" 300 fused-put.log -- env OUT="$OUT/fused-put" bash scripts/gpu-fused-put.sh

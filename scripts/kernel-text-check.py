@@ -3,7 +3,8 @@
 the code itself, for a machine without nvcc (scripts/ptx-check.sh, which
 compares the PTX, needs one). It expands the kernels image
 (asynctp_kernels.cu: every local #include in order, each header once, as
-#pragma once does) at a git revision and in the working tree, removes the
+#pragma once does) at a git revision and in the working tree (or at a
+second revision), removes the
 comments, the #include and #pragma once lines and the blank lines, cuts the
 rest into top-level units (a definition from its first line to the line
 that closes it, a namespace block, a declaration, a preprocessor line) and
@@ -12,7 +13,7 @@ byte for byte, on both sides, wherever it now lives. Units that are only
 on the new side and are declarations (no body) are listed and allowed:
 they add no code. Comments may change. Exit status 1 when code differs.
 
-    python3 scripts/kernel-text-check.py REV
+    python3 scripts/kernel-text-check.py REV [REV2]
 """
 import collections
 import os
@@ -120,8 +121,9 @@ def is_declaration(u):
     return '{' not in u and u.rstrip().endswith(';') and not u.lstrip().startswith('#')
 
 
-def main(rev):
-    before, after = collections.Counter(image_units(rev)), collections.Counter(image_units(None))
+def main(rev, rev2=None):
+    before, after = collections.Counter(image_units(rev)), collections.Counter(image_units(rev2))
+    where = rev2 or 'the working tree'
     gone = before - after
     added = after - before
     decls = [u for u in added.elements() if is_declaration(u)]
@@ -131,11 +133,11 @@ def main(rev):
     for u in gone.elements():
         print('only at ' + rev + ':\n' + u + '\n')
     for u in code:
-        print('only in the working tree:\n' + u + '\n')
+        print('only in ' + where + ':\n' + u + '\n')
     return 1 if gone or code else 0
 
 
 if __name__ == '__main__':
-    if len(sys.argv) != 2:
+    if len(sys.argv) not in (2, 3):
         sys.exit(__doc__)
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(*sys.argv[1:]))
