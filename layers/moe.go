@@ -20,8 +20,12 @@ type MoEConfig struct {
 	CapacityFactor float64
 	AuxLossCoef    float64 // weight of the load-balancing loss (0: off)
 	ZLossCoef      float64 // weight of the router z-loss (0: off)
-	Std            float64 // init std of the router and of w_gate, w_up
-	OutStd         float64 // init std of w_down
+	// Std is the init std of the router and of w_gate, w_up; OutStd that
+	// of w_down. Unlike a LinearConfig's, 0 is accepted here and gives
+	// zero weights (a block's MoE takes the block's Std and OutStd when
+	// they are 0: BlockConfig.MoE).
+	Std    float64
+	OutStd float64 // init std of w_down (0: zero weights)
 }
 
 // Validate checks the sizes and coefficients of c.
