@@ -30,6 +30,77 @@ func (s WarmupCosine) LR(step int) float64 {
 		return s.Min
 	}
 	// Warmup <= step < Steps.
-	p := float64(step-s.Warmup) / float64(s.Steps-s.Warmup)
+	return s.cosine(float64(step-s.Warmup) / float64(s.Steps-s.Warmup))
+}
+
+// Replan records that a run changed its length at a step (a resume that
+// asks for another number of steps): up to step At the schedule was the one
+// planned for Steps steps.
+type Replan struct {
+	At    int `json:"at"`    // the step the run was resumed from
+	Steps int `json:"steps"` // the run's length before the change
+}
+
+// Replanned is a WarmupCosine whose run changed its length on the way.
+// Up to the first replan's step the learning rate is the one planned then;
+// from each replan's step on, what was left of the cosine decay at that
+// step spreads over the steps up to the new length, so the learning rate
+// goes on from where it was (no jump) and reaches Min at the last step. A
+// replan inside the warm-up leaves the warm-up as it was, and the decay
+// runs from its end to the new length; a replan after the decay ended (a
+// finished run made longer) keeps Min. Steps is the final length; with no
+// replans Replanned is its WarmupCosine, bit for bit.
+type Replanned struct {
+	// WarmupCosine is the schedule as planned last: Steps is the run's
+	// final length.
+	WarmupCosine
+	// Replans are the changes of length, in the order made (At increasing).
+	Replans []Replan
+}
+
+// LR is the learning rate of optimizer step step (1-based), a pure
+// function of the schedule and step.
+func (s Replanned) LR(step int) float64 {
+	if len(s.Replans) == 0 || step <= s.Replans[0].At {
+		base := s.WarmupCosine
+		if len(s.Replans) > 0 {
+			base.Steps = s.Replans[0].Steps
+		}
+		return base.LR(step)
+	}
+	if step < s.Warmup {
+		return s.Peak * float64(step) / float64(s.Warmup)
+	}
+	// The decay's progress is piecewise linear in the step: from the
+	// anchor (the end of the warm-up, or the last replan after it) at p0,
+	// to 1 at the length planned then.
+	anchor, p0, length := s.Warmup, 0.0, s.Replans[0].Steps
+	for i, r := range s.Replans {
+		if step <= r.At {
+			break
+		}
+		if r.At > anchor {
+			p0, anchor = decayProgress(r.At, anchor, p0, length), r.At
+		}
+		length = s.Steps
+		if i+1 < len(s.Replans) {
+			length = s.Replans[i+1].Steps
+		}
+	}
+	return s.cosine(decayProgress(step, anchor, p0, length))
+}
+
+// decayProgress is the progress of the decay at step, going linearly from
+// p0 at anchor to 1 at length (and staying at 1 after; at p0 when there is
+// no step left to decay over).
+func decayProgress(step, anchor int, p0 float64, length int) float64 {
+	if length <= anchor {
+		return p0
+	}
+	return math.Min(1, p0+(1-p0)*float64(step-anchor)/float64(length-anchor))
+}
+
+// cosine is the learning rate at progress p of the decay, as LR computes it.
+func (s WarmupCosine) cosine(p float64) float64 {
 	return s.Min + 0.5*(s.Peak-s.Min)*(1+math.Cos(math.Pi*p))
 }

@@ -33,9 +33,13 @@
 //
 // Everything that decides the numbers of a step is a pure function of the
 // saved state: the parameters, the AdamW moments, the step (learning rate and
-// bias correction) and the data position (epoch, index). So a run of N steps
-// and a run of N/2 steps resumed from its checkpoint produce the same losses,
-// bit for bit.
+// bias correction), the schedule's replans and the data position (epoch,
+// index). So a run of N steps and the same run stopped at step N/2 and
+// resumed from its checkpoint produce the same losses, bit for bit. A
+// resume with another Config.Steps re-plans the schedule from its step
+// (Replans, optim.Replanned): the rest of the decay spreads over the new
+// length. A program that resumes keeps its other settings by reading them
+// from the checkpoint's State (TrainConfig, RunConfig: WithRunConfig).
 //
 // A checkpoint is a directory step-NNNNNN/ under the output directory:
 //

@@ -96,6 +96,7 @@ type runOptions struct {
 	tokenizer   string
 	tokenizerAs []string // older names of the same kind (WithTokenizer)
 	metricsDir  *string
+	runConfig   any
 }
 
 // WithRank0 says whether this process is rank 0 (the default). Only rank 0
@@ -189,6 +190,12 @@ func WithStartHook(fn func(Result) error) Option { return func(o *runOptions) { 
 // would leave its peers waiting in a collective.
 func WithInterruptibleSteps() Option { return func(o *runOptions) { o.interrupt = true } }
 
+// WithRunConfig records the configuration of the program that runs the
+// training in every checkpoint's state.json (State.RunConfig), as JSON:
+// what the program reads back on a resume to keep the run's settings
+// beyond Config (cmd/train records its whole configuration).
+func WithRunConfig(cfg any) Option { return func(o *runOptions) { o.runConfig = cfg } }
+
 // WithTokenizer records what the token ids mean in state.json ("bytes",
 // "token ids", or a hash of a tokenizer file): a resume compares it. older
 // are names that earlier checkpoints gave the same kind; a resume accepts
@@ -253,7 +260,14 @@ func Run(ctx context.Context, b tensor.Backend, model Model, data *Loader, cfg C
 		}
 	}
 
-	r := &runner{ctx: ctx, b: b, model: model, data: data, cfg: cfg, o: o, opt: opt, modelCfg: modelCfg, layout: layout}
+	var runCfg json.RawMessage
+	if o.runConfig != nil {
+		if runCfg, err = json.Marshal(o.runConfig); err != nil {
+			return Result{}, fmt.Errorf("train: run config: %w", err)
+		}
+	}
+	r := &runner{ctx: ctx, b: b, model: model, data: data, cfg: cfg, o: o, opt: opt, modelCfg: modelCfg, layout: layout, runCfg: runCfg,
+		sched: optim.Replanned{WarmupCosine: cfg.Schedule()}}
 	if cfg.Resume != "" {
 		dir, err := ResolveCheckpoint(cfg.Resume)
 		if err != nil {
@@ -272,10 +286,42 @@ func Run(ctx context.Context, b tensor.Backend, model Model, data *Loader, cfg C
 		if st.Step > cfg.Steps {
 			return Result{}, fmt.Errorf("train: resume from %s: the checkpoint is at step %d, past the run's %d steps", dir, st.Step, cfg.Steps)
 		}
+		r.sched.Replans = Replans(st, cfg.Steps)
 		r.res.StartStep, r.res.Step, r.res.FinalLoss = st.Step, st.Step, st.Loss
 		r.res.LastCheckpoint, r.savedStep, r.elapsedBase = dir, st.Step, st.ElapsedS
 	}
 	return r.run()
+}
+
+// Replans is the schedule's history of a run of steps steps resumed from
+// the checkpoint whose state is st: the checkpoint's, and, when steps
+// differs from the length the checkpoint's run planned
+// (st.TrainConfig.Steps), a replan at the checkpoint's step. The rule of
+// optim.Replanned follows: what was left of the decay at the resumed step
+// spreads over the steps up to the new length, so the learning rate goes
+// on from where it was; a run resumed to its planned length keeps its
+// schedule as it was.
+func Replans(st *State, steps int) []optim.Replan {
+	out := slices.Clone(st.Replans)
+	if old := st.TrainConfig.Steps; old > 0 && steps != old {
+		out = append(out, optim.Replan{At: st.Step, Steps: old})
+	}
+	return out
+}
+
+// describeReplan says what the last replan of s does, in a line.
+func describeReplan(s optim.Replanned) string {
+	r := s.Replans[len(s.Replans)-1]
+	lr := s.LR(r.At)
+	switch {
+	case r.At < s.Warmup:
+		return fmt.Sprintf("the run's length changes from %d to %d steps at step %d, in the warm-up: the warm-up ends at step %d as planned, then the decay runs to min_lr %.3g at step %d",
+			r.Steps, s.Steps, r.At, s.Warmup, s.Min, s.Steps)
+	case r.At >= r.Steps && r.Steps > s.Warmup:
+		return fmt.Sprintf("the run's length changes from %d to %d steps at step %d, after its decay ended: the learning rate stays at min_lr %.3g", r.Steps, s.Steps, r.At, lr)
+	}
+	return fmt.Sprintf("the run's length changes from %d to %d steps at step %d: the rest of the decay, from lr %.3g now, spreads over steps %d to %d down to min_lr %.3g",
+		r.Steps, s.Steps, r.At, lr, r.At+1, s.Steps, s.Min)
 }
 
 // modelConfigJSON is the model's configuration for state.json.

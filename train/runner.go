@@ -22,8 +22,10 @@ type runner struct {
 	o        runOptions
 	opt      *optim.AdamW
 	modelCfg json.RawMessage
+	runCfg   json.RawMessage
 	layout   json.RawMessage
 	sink     *metricsSink
+	sched    optim.Replanned // the learning rate of each step
 
 	res         Result
 	savedStep   int           // step of res.LastCheckpoint
@@ -81,6 +83,9 @@ func (r *runner) run() (Result, error) {
 		defer r.sink.close()
 		if r.res.StartStep > 0 {
 			r.sink.logf("resumed from %s at step %d", r.res.LastCheckpoint, r.res.StartStep)
+			if n := len(r.sched.Replans); n > 0 && r.sched.Replans[n-1].At == r.res.StartStep {
+				r.sink.logf("schedule: %s", describeReplan(r.sched))
+			}
 		}
 	}
 	r.start = time.Now()
@@ -167,7 +172,7 @@ type pendingStep struct {
 // before (Forward's loss, GradSumSquarer's norm).
 func (r *runner) queue(step int) (*pendingStep, error) {
 	b, cfg := r.b, r.cfg
-	p := &pendingStep{step: step, queued: time.Now(), lr: cfg.Schedule().LR(step)}
+	p := &pendingStep{step: step, queued: time.Now(), lr: r.sched.LR(step)}
 	ids, targets, err := r.data.Next()
 	if err != nil {
 		return nil, fmt.Errorf("train: step %d: data: %w", step, err)
@@ -521,6 +526,8 @@ func (r *runner) save(step int, loss float64) error {
 		ElapsedS:    r.elapsed(),
 		ModelConfig: r.modelCfg,
 		TrainConfig: r.cfg,
+		Replans:     r.sched.Replans,
+		RunConfig:   r.runCfg,
 		Layout:      r.layout,
 		Tokenizer:   r.o.tokenizer,
 	}

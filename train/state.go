@@ -8,6 +8,8 @@ import (
 	"math"
 	"os"
 	"regexp"
+
+	"github.com/asynctp/asynctp/optim"
 )
 
 // FormatVersion is the checkpoint format this package writes and reads.
@@ -40,6 +42,14 @@ type State struct {
 	// ModelConfig is the model's own configuration, as JSON (informative).
 	ModelConfig json.RawMessage `json:"model_config,omitempty"`
 	TrainConfig Config          `json:"train_config"`
+	// Replans are the changes of the run's length made by resumes before
+	// this checkpoint: the learning-rate schedule is
+	// optim.Replanned{TrainConfig.Schedule(), Replans}.
+	Replans []optim.Replan `json:"replans,omitempty"`
+	// RunConfig is the configuration of the program that ran the training
+	// (WithRunConfig; cmd/train's), as JSON: what a resume takes its
+	// settings from beyond TrainConfig. train does not read it.
+	RunConfig json.RawMessage `json:"run_config,omitempty"`
 	// Files maps each .safetensors file to the hex sha256 of its bytes.
 	Files map[string]string `json:"files"`
 	// Layout is free-form: the parallel code records how tensors are
@@ -98,6 +108,13 @@ func (st *State) validate() error {
 		return fmt.Errorf("loss %v is not finite", st.Loss)
 	case !(st.ElapsedS >= 0):
 		return fmt.Errorf("elapsed_s %v is negative", st.ElapsedS)
+	}
+	at := 0
+	for _, r := range st.Replans {
+		if r.At < at || r.At > st.Step || r.Steps < r.At || r.Steps <= 0 {
+			return fmt.Errorf("replans %+v: expected steps increasing up to the step %d, each within the length planned before it", st.Replans, st.Step)
+		}
+		at = r.At
 	}
 	if _, ok := modelDTypes[st.ModelDType]; !ok {
 		return fmt.Errorf("model_dtype %q, want f32, f64 or bf16", st.ModelDType)

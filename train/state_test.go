@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+
+	"github.com/asynctp/asynctp/optim"
 )
 
 func sampleState() State {
@@ -57,6 +59,8 @@ func TestParseStateErrors(t *testing.T) {
 		{"future version", enc(func(s *State) { s.FormatVersion = 2 }), "unsupported format version 2 (this build reads version 1)"},
 		{"negative step", enc(func(s *State) { s.Step = -1 }), "step -1"},
 		{"bad position", enc(func(s *State) { s.Data.Index = 30 }), "index 30"},
+		{"replan past the step", enc(func(s *State) { s.Replans = []optim.Replan{{At: 200, Steps: 300}} }), "replans"},
+		{"replans out of order", enc(func(s *State) { s.Replans = []optim.Replan{{At: 50, Steps: 300}, {At: 40, Steps: 400}} }), "replans"},
 		{"bad dtype", enc(func(s *State) { s.ModelDType = "i8" }), `model_dtype "i8"`},
 		{"missing sha", enc(func(s *State) { delete(s.Files, OptimFile) }), "no sha256 for optim.safetensors"},
 		{"bad sha", enc(func(s *State) { s.Files[ModelFile] = "xyz" }), "64 lowercase hex"},

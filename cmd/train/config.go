@@ -58,6 +58,10 @@ type Config struct {
 	// DumpRouting is a directory each rank writes every step's routing
 	// into (--dump-routing, routing.go); empty: none.
 	DumpRouting string `json:"dump_routing,omitempty"`
+	// Resumed is the run's history: each resume, its step and what it
+	// changed (resume.go). A record of the run that wrote it: --config
+	// ignores it, a resume takes the checkpoint's.
+	Resumed []Resume `json:"resumed,omitempty"`
 
 	explicit   map[string]bool // the fields the file and the flags give (explicitFields)
 	overwrite  bool            // --overwrite
@@ -65,6 +69,7 @@ type Config struct {
 	verbose    bool            // --verbose
 	cpuProfile string          // --cpu-profile
 	adopted    bool            // prepare has taken the model of the resume or --init-from
+	resume     *resumeNote     // what a resume took and changed; nil for a new run
 }
 
 // presets are named starting points. tiny trains on two CPU cores in about a
@@ -203,6 +208,13 @@ func loadConfigIn(args []string, l origin) (Config, error) {
 	if cfg.explicit, err = explicitFields(file, set); err != nil {
 		return Config{}, fmt.Errorf("config %s: %w", configFile, err)
 	}
+	cfg.Resumed = nil // a record of the run that wrote the file
+	delete(cfg.explicit, "resumed")
+	if cfg.Train.Resume != "" {
+		if err := resumeSettings(&cfg, set, l.launched || cfg.Parallel.NProc > 0); err != nil {
+			return Config{}, err
+		}
+	}
 	cfg.Train.Seq = cfg.Model.Seq // one sequence length: the model's
 	if p := &cfg.Parallel; p.World == 0 && p.DP == 0 {
 		// The world defaults to the processes there are (dp = world / tp).
@@ -252,7 +264,7 @@ func (c *Config) validate(l origin) error {
 		return fmt.Errorf("--autotune: expected --overlap auto (or a site configured \"auto\"): no site would use the timings")
 	}
 	c.Model = c.Model.WithDefaults()
-	if c.Train.Warmup > c.Train.Steps && c.Train.Steps > 0 && !c.explicit["train.warmup"] {
+	if c.Train.Warmup > c.Train.Steps && c.Train.Steps > 0 && !c.explicit["train.warmup"] && c.resume == nil {
 		c.Train.Warmup = c.Train.Steps
 	}
 	if err := c.checkData(); err != nil {

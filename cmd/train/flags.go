@@ -23,6 +23,10 @@ type flagDef struct {
 	paths   []string
 	section string
 	help    string
+	// keep marks a setting of the run's training that a resume takes from
+	// the checkpoint unless it is given (resume.go); the training
+	// section's flags all are.
+	keep bool
 	// bind defines the flag on fs and returns what applies its parsed
 	// value to a Config.
 	bind func(fs *flag.FlagSet, name, help string) func(*Config)
@@ -52,6 +56,12 @@ func flagOf[T string | int | bool | float64 | uint64 | time.Duration](name strin
 	}}
 }
 
+// kept marks d as a setting a resume keeps (flagDef.keep).
+func kept(d flagDef) flagDef {
+	d.keep = true
+	return d
+}
+
 // at is the JSON paths of a flag's config fields.
 func at(paths ...string) []string { return paths }
 
@@ -72,9 +82,9 @@ var trainFlags = sections(
 	secRun,
 	flagOf("config", nil, "", "JSON config `file` (flags override it)", func(*Config, string) {}),
 	flagOf("device", at("device"), "auto", "where to train: auto (GPU 0 if there is one and the kernels are built, else the CPU), cpu, cuda", func(c *Config, v string) { c.Device = v }),
-	flagOf("data", at("data"), "", "training data: token files (text, one token per byte; raw uint16 .bin; raw uint32 .u32; llm.c shards; Megatron .bin+.idx), a comma-separated list, a directory or a glob, read as one stream in that order (a directory's and a glob's files by name); default: the built-in corpus", func(c *Config, v string) { c.Data = v }),
-	flagOf("data-format", at("data_format"), string(tokens.Auto), "format of every --data and --val-data file: "+formatNames()+" (auto: detected from each file's content and name)", func(c *Config, v string) { c.DataFormat = v }),
-	flagOf("val-data", at("val_data"), "", "validation data, in --data's forms, in place of the held-out tail of --data (--val-fraction)", func(c *Config, v string) { c.ValData = v }),
+	kept(flagOf("data", at("data"), "", "training data: token files (text, one token per byte; raw uint16 .bin; raw uint32 .u32; llm.c shards; Megatron .bin+.idx), a comma-separated list, a directory or a glob, read as one stream in that order (a directory's and a glob's files by name); default: the built-in corpus", func(c *Config, v string) { c.Data = v })),
+	kept(flagOf("data-format", at("data_format"), string(tokens.Auto), "format of every --data and --val-data file: "+formatNames()+" (auto: detected from each file's content and name)", func(c *Config, v string) { c.DataFormat = v })),
+	kept(flagOf("val-data", at("val_data"), "", "validation data, in --data's forms, in place of the held-out tail of --data (--val-fraction)", func(c *Config, v string) { c.ValData = v })),
 	flagOf("out", at("train.out_dir"), "", "output `dir`: metrics.jsonl, loss.png, config.json, checkpoints (default train-out)", func(c *Config, v string) { c.Train.OutDir = v }),
 	flagOf("resume", at("train.resume"), "", "resume from a checkpoint `dir` (or an out dir: its latest checkpoint)", func(c *Config, v string) { c.Train.Resume = v }),
 	flagOf("overwrite", nil, false, "start a new run in an out dir that holds a run, deleting that run's metrics, plot, config and checkpoints", func(c *Config, v bool) { c.overwrite = v }),
@@ -126,11 +136,11 @@ var trainFlags = sections(
 	flagOf("eval-batches", at("train.eval_batches"), 0, "batches of the validation split per evaluation", func(c *Config, v int) { c.Train.EvalBatches = v }),
 
 	secParallel,
-	flagOf("tp", at("parallel.tp"), 1, "tensor-parallel ranks: TP must divide heads, kv-heads, dim, ffn and vocab", func(c *Config, v int) { c.Parallel.TP = v }),
-	flagOf("dp", at("parallel.dp"), 1, "data-parallel replicas, each taking batch/dp sequences (with --world and no --dp: world/tp)", func(c *Config, v int) { c.Parallel.DP = v }),
-	flagOf("ep", at("parallel.ep"), 1, "expert-parallel ranks of an MoE model: EP must divide the world (dp × tp) and the experts", func(c *Config, v int) { c.Parallel.EP = v }),
+	kept(flagOf("tp", at("parallel.tp"), 1, "tensor-parallel ranks: TP must divide heads, kv-heads, dim, ffn and vocab", func(c *Config, v int) { c.Parallel.TP = v })),
+	kept(flagOf("dp", at("parallel.dp"), 1, "data-parallel replicas, each taking batch/dp sequences (with --world and no --dp: world/tp)", func(c *Config, v int) { c.Parallel.DP = v })),
+	kept(flagOf("ep", at("parallel.ep"), 1, "expert-parallel ranks of an MoE model: EP must divide the world (dp × tp) and the experts", func(c *Config, v int) { c.Parallel.EP = v })),
 	flagOf("world", at("parallel.world"), 0, "ranks, run as goroutines on the CPU (default dp × tp, which it must equal)", func(c *Config, v int) { c.Parallel.World = v }),
-	flagOf("sequence-parallel", at("parallel.sequence_parallel"), false, "split the residual stream and the norms along the tokens over the TP group (needs --tp > 1)", func(c *Config, v bool) { c.Parallel.SequenceParallel = v }),
+	kept(flagOf("sequence-parallel", at("parallel.sequence_parallel"), false, "split the residual stream and the norms along the tokens over the TP group (needs --tp > 1)", func(c *Config, v bool) { c.Parallel.SequenceParallel = v })),
 	flagOf("comm-timeout", at("parallel.comm_timeout"), defaultCommTimeout, "how long a rank waits for the others in a collective before the run fails naming the missing ranks", func(c *Config, v time.Duration) { c.Parallel.CommTimeout = Duration(v) }),
 	flagOf("nproc", at("parallel.nproc"), 0, "start `N` local processes of this command, one rank each (the world defaults to N); see --comm", func(c *Config, v int) { c.Parallel.NProc = v }),
 	flagOf("comm", at("parallel.comm"), "", "transport between the ranks: local (goroutines of one process, CPU), tcp (processes, CPU), nccl or nvshmem (processes, GPUs); default local, or with --nproc or a launcher (torchrun, srun, mpirun) tcp on the CPU and nccl with --device cuda", func(c *Config, v string) { c.Parallel.Comm = v }),
@@ -146,7 +156,7 @@ var trainFlags = sections(
 	flagOf("autotune", at("autotune"), false, "with --overlap auto: time collective against pipelined at start for each site the autotune cache has no entry for (a verified micro-run on this run's ranks) and write the choices into the cache", func(c *Config, v bool) { c.Autotune = v }),
 	flagOf("autotune-cache", at("autotune_cache"), "", "autotune cache `file` that --overlap auto picks from (cmd/ablate's autotune.json; default OUT/autotune.json when it exists)", func(c *Config, v string) { c.AutotuneCache = v }),
 	flagOf("grouped-gemm", at("grouped_gemm"), GroupedAuto, "the MoE layers' expert GEMMs: auto (the backend's preference), on (the backend's grouped GEMM: with --overlap pipelined on --comm nvshmem GPUs the step reads no counts on the host), off (one GEMM per expert)", func(c *Config, v string) { c.GroupedGEMM = v }),
-	flagOf("grad-reduce-dtype", at("parallel.grad_reduce_dtype"), ReduceFP32, "the dtype the gradients are summed in over the replicas: fp32 (a bf16 model's fp32 main gradients) or bf16 (rounded to bf16 for the sum; a bf16 model only)", func(c *Config, v string) { c.Parallel.GradReduceDType = v }),
+	kept(flagOf("grad-reduce-dtype", at("parallel.grad_reduce_dtype"), ReduceFP32, "the dtype the gradients are summed in over the replicas: fp32 (a bf16 model's fp32 main gradients) or bf16 (rounded to bf16 for the sum; a bf16 model only)", func(c *Config, v string) { c.Parallel.GradReduceDType = v })),
 	flagOf("grad-bucket-mb", at("parallel.grad_bucket_mb"), 0.0, "size in MiB of the buckets the gradients are summed in over the replicas (0: 25, PyTorch DDP's)", func(c *Config, v float64) { c.Parallel.GradBucketMB = v }),
 	flagOf("overlap-grad-reduce", at("parallel.overlap_grad_reduce"), true, "start each bucket's sum over the replicas as soon as the backward has completed it, beside the rest of the backward (false: after the whole backward)", func(c *Config, v bool) { c.Parallel.OverlapGradReduce = &v }),
 	flagOf("fused-transfer", at("fused_transfer"), "", "how the fused strategy's all-gathers land the peers' shards: pull (copy-engine pulls from the peers' symmetric memory, the default) or put (a few CTAs of each peer store its shard into this rank's symmetric buffer); default $"+peercopy.TransferEnv+", else pull; needs --overlap fused or auto on --comm nvshmem GPUs", func(c *Config, v string) { c.FusedTransfer = v }),
@@ -163,6 +173,7 @@ func sections(items ...any) []flagDef {
 			section = it
 		case flagDef:
 			it.section = section
+			it.keep = it.keep || section == secTrain
 			defs = append(defs, it)
 		}
 	}
@@ -247,6 +258,13 @@ func printFlags(w io.Writer, fs *flag.FlagSet) {
 			fmt.Fprintln(w)
 		}
 	}
+	var kept []string
+	for _, d := range trainFlags {
+		if d.keep && d.section != secTrain {
+			kept = append(kept, "-"+d.name)
+		}
+	}
+	fmt.Fprintf(w, "\nOn -resume the training settings (the training section's, %s) are the checkpoint's unless given.\n", strings.Join(kept, ", "))
 }
 
 // isZeroDefault reports whether a flag's default is its type's zero value,

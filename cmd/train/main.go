@@ -205,6 +205,7 @@ func run(ctx context.Context, args []string) error {
 	fmt.Printf("model: %s, %d layers, width %d, %d heads, vocab %d, seq %d, %.2fM parameters\n",
 		cfg.Preset, mc.Layers, mc.Dim, mc.Heads, mc.Vocab, mc.Seq, float64(model.Params().Numel())/1e6)
 	fmt.Printf("data: %s, %d tokens; batch %d x %d, %d steps\n", data.Name(), data.Tokens(), cfg.Train.Batch, cfg.Train.Seq, cfg.Train.Steps)
+	printResume(cfg)
 	if mc.Experts > 0 {
 		fmt.Println("moe: expert GEMMs", expertGEMMLine(cfg.GroupedGEMM, b.Name(), gptGEMMs(model)))
 	}
@@ -258,7 +259,7 @@ func dataAndOptions(cfg Config, ds *train.Dataset, rank0 bool) (*train.Loader, [
 	if err != nil {
 		return nil, nil, err
 	}
-	opts := []train.Option{train.WithTokenizer(tok, olderTokenizerNames[tok]...)}
+	opts := []train.Option{train.WithTokenizer(tok, olderTokenizerNames[tok]...), train.WithRunConfig(cfg)}
 	t := cfg.Train
 	trainSet := ds
 	switch {

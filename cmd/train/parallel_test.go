@@ -229,8 +229,9 @@ func TestParallelResume(t *testing.T) {
 			t.Fatalf("step %d after the resume: loss %v, want %v bit for bit", g.Step, g.Loss, w.Loss)
 		}
 	}
-	// Resuming into the same out dir keeps the metrics of the earlier steps.
-	if err := run(context.Background(), par(full, append([]string{"--steps", "10", "--resume", full}, layoutArgs...)...)); err != nil {
+	// Resuming into the same out dir keeps the metrics of the earlier
+	// steps; with no layout flags, the resume takes the checkpoint's.
+	if err := run(context.Background(), par(full, "--steps", "10", "--resume", full)); err != nil {
 		t.Fatal(err)
 	}
 	if again := metrics(t, full); len(again) != 10 || again[9].Loss != want[9].Loss {
@@ -243,10 +244,10 @@ func TestParallelResume(t *testing.T) {
 		args       []string
 		want       string
 	}{
-		{"other layout", full, append([]string{"--tp", "4", "--ep", "2"}, moe...),
+		{"other layout", full, append([]string{"--tp", "4", "--dp", "1", "--ep", "2"}, moe...),
 			"trained at layout tp=2 dp=2 ep=2 sequence-parallel=false (4 ranks); this run asks for tp=4 dp=1 ep=2 sequence-parallel=false (4 ranks)"},
 		{"sequence parallel", full, append([]string{"--tp", "2", "--dp", "2", "--ep", "2", "--sequence-parallel"}, moe...), "sequence-parallel=true"},
-		{"parallel into single", full, moe, "this run asks for tp=1 dp=1 ep=1 sequence-parallel=false (a single rank)"},
+		{"parallel into single", full, append([]string{"--tp", "1", "--dp", "1", "--ep", "1"}, moe...), "this run asks for tp=1 dp=1 ep=1 sequence-parallel=false (a single rank)"},
 		{"single into parallel", single, []string{"--tp", "2"}, "trained at layout tp=1 dp=1 ep=1 sequence-parallel=false (a single rank); this run asks for tp=2"},
 		{"a rank's checkpoint", filepath.Join(train.RankDir(full, 0), train.CheckpointName(5)), layoutArgs, "the parent of rank-00000"},
 		{"nothing there", filepath.Join(t.TempDir(), "none"), []string{"--tp", "2"}, "none"},

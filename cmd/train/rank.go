@@ -99,6 +99,9 @@ func rankProcess(ctx context.Context, cfg Config, info rendezvous.Info) error {
 	say("model: %s, %d layers, width %d, %d heads, vocab %d, seq %d, %.2fM parameters\n",
 		cfg.Preset, mc.Layers, mc.Dim, mc.Heads, mc.Vocab, mc.Seq, float64(paramCount(mc))/1e6)
 	say("data: %s, %d tokens; batch %d x %d, %d steps\n", probe.Name(), probe.Tokens(), cfg.Train.Batch, cfg.Train.Seq, cfg.Train.Steps)
+	if rank == 0 {
+		printResume(cfg)
+	}
 	res, err := trainRank(ctx, w, cfg, ds, fault)
 	if err == nil {
 		// Nobody closes its connections while another still trains.
