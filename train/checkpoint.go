@@ -42,8 +42,83 @@ func checkpointStep(name string) (int, bool) {
 // it. The directory is written under a temporary name, fsynced and renamed
 // into place, so a crash leaves either the old or the new checkpoint, never
 // a half-written one. st.FormatVersion, st.ModelDType and st.Files are
-// filled in here. It returns the checkpoint's path.
+// filled in here. It returns the checkpoint's path. Run saves the same
+// way, in two parts: the tensors are copied to the host at the step
+// boundary (Snapshot), and written by a background writer while training
+// goes on (Snapshot.Write).
 func SaveCheckpoint(outDir string, b tensor.Backend, opt *optim.AdamW, st State) (string, error) {
+	snap, err := TakeSnapshot(b, opt, nil)
+	if err != nil {
+		return "", fmt.Errorf("train: checkpoint %s: %w", CheckpointName(st.Step), err)
+	}
+	return snap.Write(outDir, st)
+}
+
+// Snapshot is the tensors of a checkpoint copied to the host: the
+// parameters (the fp32 master copy when there is one) and the AdamW
+// moments, named for the checkpoint's files. Taking it is the part of a
+// save that must happen at the step boundary; writing it can go on while
+// the next steps run, since nothing of the model or optimizer is read any
+// more.
+type Snapshot struct {
+	params, moments []safetensors.Named
+	dtype           string // the parameters' dtype (State.ModelDType)
+}
+
+// TakeSnapshot copies opt's parameters and moments to the host. With
+// reuse (a snapshot of the same optimizer that is no longer being
+// written) its host tensors are filled again instead of new ones.
+func TakeSnapshot(b tensor.Backend, opt *optim.AdamW, reuse *Snapshot) (*Snapshot, error) {
+	moms, err := opt.Moments()
+	if err != nil {
+		return nil, err
+	}
+	params := opt.Params().Params()
+	snap := &Snapshot{dtype: opt.ParamDType().String()}
+	if reuse != nil && len(reuse.params) == len(params) && len(reuse.moments) == 2*len(params) {
+		snap.params, snap.moments = reuse.params, reuse.moments
+	} else {
+		snap.params, snap.moments = make([]safetensors.Named, len(params)), make([]safetensors.Named, 2*len(params))
+	}
+	for i, p := range params {
+		src := p.W
+		if mv, err := opt.MasterView(p); err != nil {
+			return nil, err
+		} else if mv != nil {
+			src = mv
+		}
+		for _, c := range []struct {
+			dst  *safetensors.Named
+			name string
+			src  *tensor.Tensor
+			what string
+		}{{&snap.params[i], p.Name, src, "parameter"}, {&snap.moments[2*i], "m." + p.Name, moms[i].M, "moment m of"}, {&snap.moments[2*i+1], "v." + p.Name, moms[i].V, "moment v of"}} {
+			h := c.dst.Tensor
+			if c.dst.Name != c.name || h == nil || h.DType() != c.src.DType() || !h.Shape().Equal(c.src.Shape()) {
+				if h, err = tensor.Host(c.src.DType(), c.src.Shape()...); err != nil {
+					return nil, fmt.Errorf("%s %q: %w", c.what, p.Name, err)
+				}
+			}
+			b.Download(h, c.src)
+			*c.dst = safetensors.Named{Name: c.name, Tensor: h}
+		}
+	}
+	if err := b.Err(); err != nil {
+		return nil, fmt.Errorf("copying the checkpoint's tensors to the host: %w", err)
+	}
+	return snap, nil
+}
+
+// Write writes the snapshot and the state st as outDir/step-NNNNNN, as
+// SaveCheckpoint does, and returns the checkpoint's path.
+func (snap *Snapshot) Write(outDir string, st State) (string, error) {
+	return snap.write(outDir, st, nil)
+}
+
+// write is Write with a hook called after the files are written, before
+// the rename (where a crash in the middle of a save would strike: the
+// kill tests use it, WithSaveHook).
+func (snap *Snapshot) write(outDir string, st State, beforeRename func(step int)) (string, error) {
 	name := CheckpointName(st.Step)
 	if err := os.MkdirAll(outDir, dirMode); err != nil {
 		return "", fmt.Errorf("train: checkpoint %s: %w", name, err)
@@ -59,17 +134,13 @@ func SaveCheckpoint(outDir string, b tensor.Backend, opt *optim.AdamW, st State)
 		}
 	}()
 
-	params, moments, err := checkpointTensors(b, opt)
-	if err != nil {
-		return "", fmt.Errorf("train: checkpoint %s: %w", name, err)
-	}
 	st.FormatVersion = FormatVersion
-	st.ModelDType = opt.ParamDType().String()
+	st.ModelDType = snap.dtype
 	st.Files = map[string]string{}
 	for _, f := range []struct {
 		name    string
 		tensors []safetensors.Named
-	}{{ModelFile, params}, {OptimFile, moments}} {
+	}{{ModelFile, snap.params}, {OptimFile, snap.moments}} {
 		meta := map[string]string{"format": "asynctp", "step": strconv.Itoa(st.Step)}
 		sum, err := writeFileSync(filepath.Join(tmp, f.name), func(w io.Writer) error {
 			return safetensors.Write(w, f.tensors, meta)
@@ -91,6 +162,9 @@ func SaveCheckpoint(outDir string, b tensor.Backend, opt *optim.AdamW, st State)
 	}
 	if err := syncDir(tmp); err != nil {
 		return "", fmt.Errorf("train: checkpoint %s: %w", name, err)
+	}
+	if beforeRename != nil {
+		beforeRename(st.Step)
 	}
 
 	final := filepath.Join(outDir, name)
@@ -120,50 +194,6 @@ func SaveCheckpoint(outDir string, b tensor.Backend, opt *optim.AdamW, st State)
 		return "", err
 	}
 	return final, nil
-}
-
-// checkpointTensors downloads the parameters (the fp32 master copy when
-// there is one) and the moments into host tensors, named for the files.
-func checkpointTensors(b tensor.Backend, opt *optim.AdamW) (params, moments []safetensors.Named, err error) {
-	moms, err := opt.Moments()
-	if err != nil {
-		return nil, nil, err
-	}
-	for i, p := range opt.Params().Params() {
-		src := p.W
-		if mv, err := opt.MasterView(p); err != nil {
-			return nil, nil, err
-		} else if mv != nil {
-			src = mv
-		}
-		pt, err := download(b, src)
-		if err != nil {
-			return nil, nil, fmt.Errorf("parameter %q: %w", p.Name, err)
-		}
-		params = append(params, safetensors.Named{Name: p.Name, Tensor: pt})
-		mt, err := download(b, moms[i].M)
-		if err != nil {
-			return nil, nil, fmt.Errorf("moment m of %q: %w", p.Name, err)
-		}
-		vt, err := download(b, moms[i].V)
-		if err != nil {
-			return nil, nil, fmt.Errorf("moment v of %q: %w", p.Name, err)
-		}
-		moments = append(moments, safetensors.Named{Name: "m." + p.Name, Tensor: mt}, safetensors.Named{Name: "v." + p.Name, Tensor: vt})
-	}
-	return params, moments, nil
-}
-
-func download(b tensor.Backend, src *tensor.Tensor) (*tensor.Tensor, error) {
-	h, err := tensor.Host(src.DType(), src.Shape()...)
-	if err != nil {
-		return nil, err
-	}
-	b.Download(h, src)
-	if err := b.Err(); err != nil {
-		return nil, err
-	}
-	return h, nil
 }
 
 // writeFileSync creates path, lets fill write it through a buffer, fsyncs

@@ -51,6 +51,14 @@
 // It is written into a temporary directory, fsynced and renamed into place;
 // the file "latest" then names it (also written temp + rename). Readers
 // validate everything and never panic on hostile input (see the fuzz tests).
+// Run saves asynchronously: at the step boundary it copies the parameters
+// and moments to the host (TakeSnapshot), and a background writer writes,
+// renames and prunes (KeepCheckpoints counts completed checkpoints only)
+// while the next steps run. One save is written at a time (the next waits
+// for it), a failed write stops the run at the next step, and Run returns
+// only once the save in flight is complete, however it ends; a process
+// killed in the middle of a write leaves the checkpoint before it the
+// latest, and the next run removes the temporary directory.
 //
 // Metrics go to metrics.jsonl (one JSON object per step), a PNG loss curve
 // (loss.png), and a progress bar on a terminal or plain log lines otherwise.

@@ -97,6 +97,8 @@ type runOptions struct {
 	tokenizerAs []string // older names of the same kind (WithTokenizer)
 	metricsDir  *string
 	runConfig   any
+	saveHook    func(step int)
+	syncSaves   bool // each save written before the next step (the benchmark's reference)
 }
 
 // WithRank0 says whether this process is rank 0 (the default). Only rank 0
@@ -195,6 +197,13 @@ func WithInterruptibleSteps() Option { return func(o *runOptions) { o.interrupt 
 // what the program reads back on a resume to keep the run's settings
 // beyond Config (cmd/train records its whole configuration).
 func WithRunConfig(cfg any) Option { return func(o *runOptions) { o.runConfig = cfg } }
+
+// WithSaveHook calls fn in the background writer of every checkpoint once
+// its files are written and fsynced, before its directory is renamed into
+// place: where a crash in the middle of a save strikes. For fault-injection
+// tests (cmd/train's ASYNCTP_FAULT_EXIT_AT_STEP with ":save" kills the
+// process there); fn runs on the writer's goroutine.
+func WithSaveHook(fn func(step int)) Option { return func(o *runOptions) { o.saveHook = fn } }
 
 // WithTokenizer records what the token ids mean in state.json ("bytes",
 // "token ids", or a hash of a tokenizer file): a resume compares it. older

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/schollz/progressbar/v3"
@@ -243,6 +244,9 @@ func writeFileAtomic(path string, fill func(io.Writer) error) error {
 // metricsSink is rank 0's reporting: metrics.jsonl, the plot, and the log
 // lines or progress bar.
 type metricsSink struct {
+	// mu orders what goes to out: the loop's lines and bar, and the
+	// background writer's line of a completed checkpoint.
+	mu       sync.Mutex
 	outDir   string
 	file     *os.File
 	out      io.Writer
@@ -319,6 +323,8 @@ func (s *metricsSink) addBar(bar bool, startStep int) {
 }
 
 func (s *metricsSink) record(m StepMetrics) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.history = append(s.history, m)
 	if s.file != nil {
 		b, err := json.Marshal(m)
@@ -347,6 +353,8 @@ func (s *metricsSink) record(m StepMetrics) error {
 
 // logf prints a message line (above the bar when there is one).
 func (s *metricsSink) logf(format string, args ...any) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.bar != nil {
 		s.bar.Clear()
 	}
@@ -361,6 +369,8 @@ func (s *metricsSink) plot() error {
 }
 
 func (s *metricsSink) close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.bar != nil {
 		s.bar.Finish()
 		fmt.Fprintln(s.out)

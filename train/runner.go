@@ -33,8 +33,10 @@ type runner struct {
 	start       time.Time     // when this run started
 	trainTime   time.Duration // time spent in steps by this run
 
-	pend     *pendingStep // the step queued but not read back yet
-	lastDone time.Time    // when the last step was read back (or the run, a checkpoint, a validation ended)
+	pend     *pendingStep         // the step queued but not read back yet
+	saving   chan savedCheckpoint // the checkpoint being written in the background, or nil
+	snap     *Snapshot            // the host tensors of the last checkpoint written, to fill again
+	lastDone time.Time            // when the last step was read back (or the run, a checkpoint, a validation ended)
 	// hostSteps: the backend has no asynchronous reads (tensor.AsyncReader:
 	// the CPU), so a step's work is done when queue returns, and a step's
 	// time is queue's own. (Timed from read-back to read-back instead, with
@@ -49,7 +51,18 @@ func (r *runner) elapsed() float64 { return r.elapsedBase + time.Since(r.start).
 
 func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
 
+// run runs the loop, then waits for the checkpoint being written (every
+// way the loop ends: a save in flight is always finished, so a stopped or
+// failed run leaves it complete).
 func (r *runner) run() (Result, error) {
+	_, err := r.loop()
+	if werr := r.waitSave(); werr != nil {
+		err = errors.Join(err, werr)
+	}
+	return r.res, err
+}
+
+func (r *runner) loop() (Result, error) {
 	cfg := r.cfg
 	if r.res.StartStep == cfg.Steps {
 		return r.res, nil // a finished run: nothing to do
@@ -118,6 +131,9 @@ func (r *runner) run() (Result, error) {
 			return r.res, err
 		}
 		r.pend = p
+		if err := r.pollSave(); err != nil {
+			return r.res, err
+		}
 		last := step == cfg.Steps
 		stop := r.ctx.Err() != nil && !last || watched != nil
 		save := last || stop || (cfg.CheckpointEvery > 0 && step%cfg.CheckpointEvery == 0)
@@ -136,6 +152,11 @@ func (r *runner) run() (Result, error) {
 			}
 			r.lastDone = time.Now() // the next step's time leaves the checkpoint out
 		}
+		if stop {
+			if err := r.waitSave(); err != nil {
+				return r.res, err
+			}
+		}
 		if watched != nil {
 			return r.res, fmt.Errorf("train: stopped after step %d (checkpoint %s): %w", step, orNone(r.res.LastCheckpoint), errors.Unwrap(watched))
 		}
@@ -143,7 +164,7 @@ func (r *runner) run() (Result, error) {
 			return r.res, fmt.Errorf("train: stopped after step %d (checkpoint %s): %w", step, orNone(r.res.LastCheckpoint), context.Cause(r.ctx))
 		}
 	}
-	return r.res, nil
+	return r.res, r.waitSave() // the last checkpoint, before the progress bar ends
 }
 
 // pendingStep is a step whose work is queued and whose loss and gradient
@@ -499,10 +520,16 @@ func (r *runner) interrupted(step int, pos DataPosition, cause error) error {
 			return err
 		}
 	}
+	if err := r.waitSave(); err != nil {
+		return err
+	}
 	return fmt.Errorf("train: stopped in step %d, which is dropped (checkpoint %s): %w", step, orNone(r.res.LastCheckpoint), context.Cause(r.ctx))
 }
 
 func (r *runner) diverged(what string, v float64, step int) error {
+	if err := r.waitSave(); err != nil { // the checkpoint in flight is of a good step
+		return fmt.Errorf("train: %s is %v at step %d; and %w", what, v, step, err)
+	}
 	return fmt.Errorf("train: %s is %v at step %d; last good checkpoint: %s", what, v, step, orNone(r.res.LastCheckpoint))
 }
 
@@ -513,12 +540,25 @@ func orNone(s string) string {
 	return s
 }
 
-// save writes the checkpoint after step (rank 0 only), prunes old ones and
-// redraws the loss plot.
+// save checkpoints the state after step (on a rank that writes
+// checkpoints, WithRank0): it waits for the checkpoint in flight, if any,
+// copies the parameters and moments to the host (TakeSnapshot: the part
+// that must happen at the step boundary), and leaves the writing, the
+// rename and the pruning of old checkpoints to a background writer while
+// the next steps run; waitSave and pollSave collect it. The loss plot is
+// redrawn here.
 func (r *runner) save(step int, loss float64) error {
-	if !r.o.rank0 || step == r.savedStep && r.res.LastCheckpoint != "" {
+	if !r.o.rank0 || step == r.savedStep && (r.res.LastCheckpoint != "" || r.saving != nil) {
 		return nil
 	}
+	if err := r.waitSave(); err != nil {
+		return err
+	}
+	snap, err := TakeSnapshot(r.b, r.opt, r.snap)
+	if err != nil {
+		return fmt.Errorf("train: checkpoint %s: %w", CheckpointName(step), err)
+	}
+	r.snap = nil // in use until its write is done
 	st := State{
 		Step:        step,
 		Data:        r.data.Position(),
@@ -531,14 +571,60 @@ func (r *runner) save(step int, loss float64) error {
 		Layout:      r.layout,
 		Tokenizer:   r.o.tokenizer,
 	}
-	dir, err := SaveCheckpoint(r.cfg.OutDir, r.b, r.opt, st)
-	if err != nil {
-		return err
+	out, keep, hook, sink := r.cfg.OutDir, r.cfg.KeepCheckpoints, r.o.saveHook, r.sink
+	done := make(chan savedCheckpoint, 1)
+	go func() {
+		dir, err := snap.write(out, st, hook)
+		if err == nil {
+			sink.logf("checkpoint %s", dir)   // as soon as it is complete
+			err = PruneCheckpoints(out, keep) // the completed ones only: a write in flight has no step-NNNNNN name yet
+		}
+		done <- savedCheckpoint{dir: dir, snap: snap, err: err}
+	}()
+	r.saving, r.savedStep = done, step
+	if r.o.syncSaves {
+		if err := r.waitSave(); err != nil {
+			return err
+		}
 	}
-	r.res.LastCheckpoint, r.savedStep = dir, step
-	if err := PruneCheckpoints(r.cfg.OutDir, r.cfg.KeepCheckpoints); err != nil {
-		return err
-	}
-	r.sink.logf("checkpoint %s", dir)
 	return r.sink.plot()
+}
+
+// savedCheckpoint is what the background writer of a checkpoint reports.
+type savedCheckpoint struct {
+	dir  string
+	snap *Snapshot // free to be filled again
+	err  error
+}
+
+// waitSave waits for the checkpoint being written, if any, and records it
+// (Result.LastCheckpoint names the newest complete one).
+func (r *runner) waitSave() error {
+	if r.saving == nil {
+		return nil
+	}
+	return r.saved(<-r.saving)
+}
+
+// pollSave records the checkpoint being written if it is done, without
+// waiting, so that a failure stops the run at the next step.
+func (r *runner) pollSave() error {
+	if r.saving == nil {
+		return nil
+	}
+	select {
+	case c := <-r.saving:
+		return r.saved(c)
+	default:
+		return nil
+	}
+}
+
+func (r *runner) saved(c savedCheckpoint) error {
+	r.saving, r.snap = nil, c.snap
+	if c.err != nil {
+		return c.err
+	}
+	r.res.LastCheckpoint = c.dir
+	return nil
 }

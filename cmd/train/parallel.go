@@ -62,7 +62,7 @@ func runParallel(ctx context.Context, cfg Config) error {
 	}
 	var res train.Result
 	err = launch.Goroutines(W, o, func(w *launch.World) error {
-		r, err := trainRank(ctx, w, cfg, ds, nil)
+		r, err := trainRank(ctx, w, cfg, ds, faults{})
 		if w.Info.Rank == 0 {
 			res = r
 		}
@@ -78,10 +78,10 @@ func runParallel(ctx context.Context, cfg Config) error {
 
 // trainRank trains the rank of w: its part of the model on its backend in
 // its dtype, over its grid, and train.RunSharded, with the interrupt
-// agreement (and then hook, when not nil) after every step. Every
+// agreement after every step (and the test hooks of fault, when set). Every
 // collective of the model and of the agreement is ordered on w.Stream
 // (nil on the CPU).
-func trainRank(ctx context.Context, w *launch.World, cfg Config, ds *train.Dataset, hook func(train.StepMetrics)) (train.Result, error) {
+func trainRank(ctx context.Context, w *launch.World, cfg Config, ds *train.Dataset, fault faults) (train.Result, error) {
 	p := cfg.Parallel
 	c, g, b, s, dt := w.Comm, w.Grid, w.Backend, w.Stream, w.DType
 	if g == nil {
@@ -140,8 +140,11 @@ func trainRank(ctx context.Context, w *launch.World, cfg Config, ds *train.Datas
 	stop := newStopAgreement(ctx, g.World, b, s)
 	defer stop.close()
 	opts := []train.Option{train.WithStepHook(stop.hook)}
-	if hook != nil {
+	if hook := fault.step; hook != nil {
 		opts[0] = train.WithStepHook(func(m train.StepMetrics) { hook(m); stop.hook(m) })
+	}
+	if fault.save != nil {
+		opts = append(opts, train.WithSaveHook(fault.save))
 	}
 	opts = append(opts, more...)
 	dump, err := openRoutingDump(cfg, c.Rank(), b, routing.ModelLayers(m))

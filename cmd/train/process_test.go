@@ -99,7 +99,8 @@ func freePort(t *testing.T) string {
 }
 
 // A rank that dies mid-run (killed with SIGKILL, or exiting with an
-// error, after step 8, before its checkpoint of step 8) makes the launcher
+// error, after step 8, before its checkpoint of step 8, or killed in the
+// middle of its asynchronous save of step 8) makes the launcher
 // and the other rank exit non-zero at once with errors naming it; the run
 // then resumes from the last checkpoint every rank holds (step 4; rank 0
 // also wrote step 8) and ends with the losses of an uninterrupted run.
@@ -110,6 +111,7 @@ func TestProcessDies(t *testing.T) {
 	}{
 		{"8:1", "rank 1 was killed by signal killed"},
 		{"8:1:exit", "rank 1 exited with status 3"},
+		{"8:1:save", "rank 1 was killed by signal killed"}, // in its asynchronous save of step 8
 	} {
 		t.Run(c.mode, func(t *testing.T) {
 			out := t.TempDir()
@@ -138,10 +140,21 @@ func TestProcessDies(t *testing.T) {
 					t.Fatalf("rank %d's latest checkpoint %s, %v; want %s", r, ck, err, want)
 				}
 			}
+			if strings.HasSuffix(c.mode, ":save") {
+				// Killed in the middle of writing step 8: its files were
+				// written under a temporary name, never renamed into place.
+				tmp, _ := filepath.Glob(filepath.Join(train.RankDir(out, 1), ".tmp-step-000008-*"))
+				if _, err := os.Stat(filepath.Join(train.RankDir(out, 1), "step-000008")); err == nil || len(tmp) != 1 {
+					t.Fatalf("rank 1 after the kill in its save: step-000008 there (%v), temporary dirs %v; want none and one", err == nil, tmp)
+				}
+			}
 			if err := run(context.Background(), append(args, "--resume", out)); err != nil {
 				t.Fatalf("resume: %v", err)
 			}
 			sameRun(t, "killed and resumed", metrics(t, out), single, 1e-4)
+			if tmp, _ := filepath.Glob(filepath.Join(train.RankDir(out, 1), ".tmp-*")); len(tmp) != 0 {
+				t.Errorf("temporary dirs left after the resume: %v", tmp)
+			}
 		})
 	}
 }
@@ -150,13 +163,13 @@ func TestProcessDies(t *testing.T) {
 func TestFaultHookSyntax(t *testing.T) {
 	for _, v := range []string{"x", "8", "8:x", "8:1:kill", "1:2:3:4"} {
 		t.Setenv(envFault, v)
-		if _, err := faultHook(0); err == nil || !strings.Contains(err.Error(), envFault) {
+		if _, err := faultHooks(0); err == nil || !strings.Contains(err.Error(), envFault) {
 			t.Errorf("%s=%q: error %v", envFault, v, err)
 		}
 	}
 	t.Setenv(envFault, "8:1")
-	if f, err := faultHook(0); err != nil || f != nil {
-		t.Errorf("another rank's fault: %v, %v", f != nil, err)
+	if f, err := faultHooks(0); err != nil || f.step != nil || f.save != nil {
+		t.Errorf("another rank's fault: %v, %v", f.step != nil || f.save != nil, err)
 	}
 }
 

@@ -73,7 +73,7 @@ func rankProcess(ctx context.Context, cfg Config, info rendezvous.Info) error {
 			fmt.Printf(format, args...)
 		}
 	}
-	fault, err := faultHook(rank)
+	fault, err := faultHooks(rank)
 	if err != nil {
 		return err
 	}
@@ -119,15 +119,24 @@ func rankProcess(ctx context.Context, cfg Config, info rendezvous.Info) error {
 	return nil
 }
 
-// faultHook is the test hook ASYNCTP_FAULT_EXIT_AT_STEP=<step>:<rank>[:exit]:
+// faults are the test hooks of a rank (faultHooks): after a step, and in
+// the background writer of a checkpoint.
+type faults struct {
+	step func(train.StepMetrics)
+	save func(step int)
+}
+
+// faultHooks is the test hook ASYNCTP_FAULT_EXIT_AT_STEP=<step>:<rank>[:exit|:save]:
 // that rank dies right after that step, before the step's checkpoint, as a
 // crashed process would: killed by SIGKILL, or with ":exit" exiting with
-// status 3. The failure tests of the launcher use it; never set it in a
-// real run.
-func faultHook(rank int) (func(train.StepMetrics), error) {
+// status 3; with ":save" it is killed in the middle of its asynchronous save
+// of that step's checkpoint (its files written, not yet renamed into
+// place). The failure tests of the launcher use it; never set it in a real
+// run.
+func faultHooks(rank int) (faults, error) {
 	v := os.Getenv(envFault)
 	if v == "" {
-		return nil, nil
+		return faults{}, nil
 	}
 	parts := strings.Split(v, ":")
 	step, err1 := strconv.Atoi(parts[0])
@@ -136,13 +145,27 @@ func faultHook(rank int) (func(train.StepMetrics), error) {
 	if len(parts) > 1 {
 		r, err2 = strconv.Atoi(parts[1])
 	}
-	if len(parts) < 2 || len(parts) > 3 || err1 != nil || err2 != nil || len(parts) == 3 && parts[2] != "exit" {
-		return nil, fmt.Errorf("%s=%q: expected <step>:<rank> or <step>:<rank>:exit (a test hook)", envFault, v)
+	if len(parts) < 2 || len(parts) > 3 || err1 != nil || err2 != nil || len(parts) == 3 && parts[2] != "exit" && parts[2] != "save" {
+		return faults{}, fmt.Errorf("%s=%q: expected <step>:<rank>, <step>:<rank>:exit or <step>:<rank>:save (a test hook)", envFault, v)
 	}
 	if r != rank {
-		return nil, nil
+		return faults{}, nil
 	}
-	return func(m train.StepMetrics) {
+	kill := func(when string) {
+		fmt.Fprintf(os.Stderr, "train: rank %d: %s: killing this process %s (a test hook)\n", rank, envFault, when)
+		if p, err := os.FindProcess(os.Getpid()); err == nil {
+			p.Kill() // SIGKILL: no deferred function runs, nothing is closed
+		}
+		select {}
+	}
+	if len(parts) == 3 && parts[2] == "save" {
+		return faults{save: func(s int) {
+			if s == step {
+				kill(fmt.Sprintf("in the middle of its save of step %d", step))
+			}
+		}}, nil
+	}
+	return faults{step: func(m train.StepMetrics) {
 		if m.Step != step {
 			return
 		}
@@ -150,12 +173,8 @@ func faultHook(rank int) (func(train.StepMetrics), error) {
 			fmt.Fprintf(os.Stderr, "train: rank %d: %s: exiting with status 3 after step %d (a test hook)\n", rank, envFault, step)
 			os.Exit(3)
 		}
-		fmt.Fprintf(os.Stderr, "train: rank %d: %s: killing this process after step %d (a test hook)\n", rank, envFault, step)
-		if p, err := os.FindProcess(os.Getpid()); err == nil {
-			p.Kill() // SIGKILL: no deferred function runs, nothing is closed
-		}
-		select {}
-	}, nil
+		kill(fmt.Sprintf("after step %d", step))
+	}}, nil
 }
 
 // launchLocal is --nproc N: launch.Spawn starts N processes of this command
