@@ -210,7 +210,10 @@ func cpuBackend(o Options, rank, threads int) (tensor.Backend, error) {
 func openTCP(ctx context.Context, w *World, o Options) error {
 	info := w.Info
 	c, err := tcp.New(ctx, w.Store, info.Rank, info.WorldSize,
-		tcp.WithTimeout(o.Timeout), tcp.WithHost(o.Getenv(EnvTCPHost)))
+		tcp.WithTimeout(o.Timeout), tcp.WithHost(o.Getenv(EnvTCPHost)),
+		tcp.WithOnFailure(func(err error) {
+			fmt.Fprintf(o.Log, "rank %d: the tcp world failed: %v\n", info.Rank, err)
+		}))
 	if err != nil {
 		return err
 	}

@@ -178,6 +178,10 @@ func (c *Client) Rank() int { return c.rank }
 // Addr is the store's address.
 func (c *Client) Addr() string { return c.addr }
 
+// LocalAddr is the local end of the client's connection ("10.0.0.2:41234"):
+// this host's address on the route to the store.
+func (c *Client) LocalAddr() string { return c.conn.LocalAddr().String() }
+
 // Close ends the connection; calls in progress fail with ErrClosed.
 func (c *Client) Close() error {
 	c.fail(ErrClosed)

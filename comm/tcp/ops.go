@@ -85,8 +85,12 @@ func (c *Comm) exchange(op string, h header, local error, payload func(q int) []
 						missing = append(missing, g.describe(r))
 					}
 				}
-				err = c.wrap(op, fmt.Errorf("call #%d: %s did not arrive within %v (%w)",
-					seq, strings.Join(missing, ", "), w.opts.timeout, comm.ErrTimeout))
+				why := ""
+				if silent, since := w.silent(2 * w.heartbeat()); len(silent) > 0 {
+					why = fmt.Sprintf("; unreachable: world ranks %s (nothing heard from them for %v: their host, or the link to it, is down)", joinRanks(silent), since.Round(time.Millisecond))
+				}
+				err = c.wrap(op, fmt.Errorf("call #%d: %s did not arrive within %v%s (%w)",
+					seq, strings.Join(missing, ", "), w.opts.timeout, why, comm.ErrTimeout))
 				w.fail(err, true)
 				return nil, seq, err
 			case err != nil:

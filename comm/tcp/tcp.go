@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,10 +30,11 @@ var ErrPeerGone = errors.New("tcp: a rank of the world is gone")
 type Option func(*options)
 
 type options struct {
-	timeout time.Duration
-	label   string
-	key     string
-	host    string
+	timeout   time.Duration
+	label     string
+	key       string
+	host      string
+	onFailure func(error)
 }
 
 // WithTimeout sets the deadline of every op: a rank that waits longer than
@@ -57,9 +59,19 @@ func WithLabel(label string) Option { return func(o *options) { o.label = label 
 func WithKey(prefix string) Option { return func(o *options) { o.key = prefix } }
 
 // WithHost sets the address this rank listens on and tells its peers. By
-// default: 127.0.0.1 when the store is on a loopback address, else the
-// address of the interface that routes to the store's host.
+// default: 127.0.0.1 when the store is on a loopback address (every rank
+// on this host); else the local address of this rank's connection to the
+// store, which the others reach as they reach the store; and where that
+// is a loopback address too (the store's host name resolves to loopback
+// here), every interface, each of whose addresses the peers try in turn,
+// loopback last. Never loopback alone when the store is elsewhere.
 func WithHost(host string) Option { return func(o *options) { o.host = host } }
+
+// WithOnFailure calls f once, from the goroutine that notices it, when the
+// world fails (a peer gone or unreachable, a deadline, an abort): a
+// process can say so the moment it happens, before its ops return the
+// error.
+func WithOnFailure(f func(error)) Option { return func(o *options) { o.onFailure = f } }
 
 // New makes this process's rank of a world of size ranks that move host
 // tensors over TCP. It is collective: every rank calls it with the same
@@ -92,12 +104,16 @@ func New(ctx context.Context, store *rendezvous.Client, rank, size int, opts ...
 		if err := w.connect(ctx, store); err != nil {
 			return nil, fmt.Errorf("tcp: world rank %d of %d: %w", rank, size, err)
 		}
+		now := time.Now().UnixNano()
 		for _, p := range w.peers {
 			if p != nil {
+				p.heard.Store(now)
 				w.readers.Add(1)
 				go w.read(p)
 			}
 		}
+		w.heartbeats = make(chan struct{})
+		go w.beat()
 	}
 	members := make([]int, size)
 	for i := range members {
@@ -116,9 +132,9 @@ func (w *world) connect(ctx context.Context, store *rendezvous.Client) error {
 		ctx, cancel = context.WithDeadline(ctx, deadline)
 		defer cancel()
 	}
-	host := w.opts.host
+	host, all := w.opts.host, false
 	if host == "" {
-		host = pickHost(store.Addr())
+		host, all = pickHost(store.Addr(), store.LocalAddr())
 	}
 	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
@@ -127,7 +143,12 @@ func (w *world) connect(ctx context.Context, store *rendezvous.Client) error {
 	defer ln.Close()
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
-	if err := store.Set(ctx, w.addrKey(w.rank), []byte(ln.Addr().String())); err != nil {
+	addrs := ln.Addr().String()
+	if all {
+		_, port, _ := net.SplitHostPort(addrs)
+		addrs = strings.Join(hostAddrs(port), ",")
+	}
+	if err := store.Set(ctx, w.addrKey(w.rank), []byte(addrs)); err != nil {
 		return fmt.Errorf("publishing this rank's address: %w", err)
 	}
 
@@ -209,17 +230,28 @@ func (w *world) connect(ctx context.Context, store *rendezvous.Client) error {
 	return nil
 }
 
-// dialPeer connects to rank q at addr and exchanges hellos, retrying while
-// the connection is refused until deadline.
-func dialPeer(ctx context.Context, addr, prefix string, rank, size, q int, deadline time.Time) (net.Conn, *bufio.Reader, error) {
+// dialPeer connects to rank q at addrs (one address, or several separated
+// by commas, tried in turn) and exchanges hellos, retrying while no
+// address answers until deadline.
+func dialPeer(ctx context.Context, addrs, prefix string, rank, size, q int, deadline time.Time) (net.Conn, *bufio.Reader, error) {
 	var d net.Dialer
-	for backoff := 10 * time.Millisecond; ; backoff = min(2*backoff, 500*time.Millisecond) {
-		conn, err := d.DialContext(ctx, "tcp", addr)
+	list := strings.Split(addrs, ",")
+	for backoff, i := 10*time.Millisecond, 0; ; i++ {
+		addr := list[i%len(list)]
+		actx, cancel := ctx, context.CancelFunc(func() {})
+		if len(list) > 1 { // an address of another network must not hold up the next one
+			actx, cancel = context.WithTimeout(ctx, dialAttempt)
+		}
+		conn, err := d.DialContext(actx, "tcp", addr)
+		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, nil, err
 			}
-			time.Sleep(backoff)
+			if i%len(list) == len(list)-1 {
+				time.Sleep(backoff)
+				backoff = min(2*backoff, 500*time.Millisecond)
+			}
 			continue
 		}
 		conn.SetWriteDeadline(deadline)
@@ -236,6 +268,10 @@ func dialPeer(ctx context.Context, addr, prefix string, rank, size, q int, deadl
 	}
 }
 
+// dialAttempt bounds one connection attempt to one of several addresses
+// of a peer.
+const dialAttempt = 2 * time.Second
+
 // helloTimeout bounds the wait for an accepted connection's hello.
 const helloTimeout = 5 * time.Second
 
@@ -248,25 +284,51 @@ func earliest(a, b time.Time) time.Time {
 
 func (w *world) addrKey(rank int) string { return w.prefix + "/addr/" + strconv.Itoa(rank) }
 
-// pickHost is the address to listen on: loopback for a store on loopback,
-// else the local address of the interface that routes to the store.
-func pickHost(storeAddr string) string {
-	host, _, err := net.SplitHostPort(storeAddr)
+// pickHost is the address to listen on, from the store's address and the
+// local end of this rank's connection to it: loopback for a store on
+// loopback (every rank is on this host), else the local address of the
+// route to the store, which the peers reach as they reach the store. When
+// that is a loopback address although the store's is not (a host name that
+// resolves to loopback here, as Debian's 127.0.1.1), all is true: listen on
+// every interface and publish each address (hostAddrs).
+func pickHost(storeAddr, localAddr string) (host string, all bool) {
+	sh, _, err := net.SplitHostPort(storeAddr)
 	if err != nil {
-		return "127.0.0.1"
+		return "127.0.0.1", false
 	}
-	if ip := net.ParseIP(host); host == "localhost" || ip != nil && ip.IsLoopback() {
-		return "127.0.0.1"
+	if ip := net.ParseIP(sh); sh == "localhost" || ip != nil && ip.IsLoopback() {
+		return "127.0.0.1", false
 	}
-	c, err := net.Dial("udp", storeAddr) // sends nothing: picks the route
-	if err != nil {
-		return ""
+	lh, _, err := net.SplitHostPort(localAddr)
+	if ip := net.ParseIP(lh); err == nil && ip != nil && !ip.IsLoopback() && !ip.IsUnspecified() {
+		return lh, false
 	}
-	defer c.Close()
-	if a, ok := c.LocalAddr().(*net.UDPAddr); ok && !a.IP.IsUnspecified() {
-		return a.IP.String()
+	return "", true
+}
+
+// hostAddrs are this host's addresses with port, those of the up,
+// non-loopback interfaces first (IPv4 before IPv6), loopback last.
+func hostAddrs(port string) []string {
+	var v4, v6 []string
+	ifs, _ := net.Interfaces()
+	for _, ifc := range ifs {
+		if ifc.Flags&net.FlagUp == 0 || ifc.Flags&net.FlagLoopback != 0 {
+			continue
+		}
+		as, _ := ifc.Addrs()
+		for _, a := range as {
+			n, ok := a.(*net.IPNet)
+			if !ok || n.IP.IsLinkLocalUnicast() || n.IP.IsLoopback() {
+				continue
+			}
+			if n.IP.To4() != nil {
+				v4 = append(v4, net.JoinHostPort(n.IP.String(), port))
+			} else {
+				v6 = append(v6, net.JoinHostPort(n.IP.String(), port))
+			}
+		}
 	}
-	return ""
+	return append(append(v4, v6...), net.JoinHostPort("127.0.0.1", port))
 }
 
 // group is one group of a world as this rank sees it: its id (the same on
@@ -312,7 +374,7 @@ func (c *Comm) Members() []int { return append([]int(nil), c.g.members...) }
 // group, fails with an error that names this rank and carries err's text
 // (and, on this rank, wraps err and comm.ErrAborted).
 func (c *Comm) Abort(err error) {
-	c.g.w.fail(fmt.Errorf("world rank %d aborted: %w (%w)", c.g.w.rank, err, comm.ErrAborted), true)
+	c.g.w.failAs(fmt.Errorf("world rank %d aborted: %w (%w)", c.g.w.rank, err, comm.ErrAborted), true, true)
 }
 
 // Close closes this rank's handle. Peers that wait for it in an op, or call

@@ -234,3 +234,28 @@ func closeAll(ranks []comm.Comm) {
 	}
 	wg.Wait()
 }
+
+// The address a rank advertises: loopback only when the store is on
+// loopback; else the address its connection to the store leaves from;
+// every interface when that is loopback although the store is not.
+func TestPickHost(t *testing.T) {
+	for _, c := range []struct {
+		store, local, host string
+		all                bool
+	}{
+		{"127.0.0.1:29500", "127.0.0.1:40000", "127.0.0.1", false},
+		{"localhost:29500", "127.0.0.1:40000", "127.0.0.1", false},
+		{"10.0.0.1:29500", "10.0.0.2:40000", "10.0.0.2", false},
+		{"10.0.0.1:29500", "10.0.0.1:40000", "10.0.0.1", false}, // the store's own host
+		{"node0:29500", "127.0.1.1:40000", "", true},            // node0 resolves to loopback here
+		{"[fd00::1]:29500", "[fd00::2]:40000", "fd00::2", false},
+	} {
+		host, all := pickHost(c.store, c.local)
+		if host != c.host || all != c.all {
+			t.Errorf("store %s, local end %s: host %q, all %v; want %q, %v", c.store, c.local, host, all, c.host, c.all)
+		}
+	}
+	if as := hostAddrs("1"); len(as) == 0 || as[len(as)-1] != "127.0.0.1:1" {
+		t.Errorf("hostAddrs: %v, want loopback last", as)
+	}
+}

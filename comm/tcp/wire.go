@@ -19,6 +19,7 @@ import (
 //	abort:       kind | causes (u8) | message (str32)
 //	close group: kind | group (str)
 //	bye:         kind
+//	ping:        kind (a heartbeat: the link and the peer are alive)
 //
 //	header:      flags (u8) | sig (str) | count (u16) | count × i64 | label (str)
 //	str:         length (u16) | bytes;   str32: length (u32) | bytes
@@ -31,6 +32,7 @@ const (
 	kindAbort
 	kindCloseGroup
 	kindBye
+	kindPing
 )
 
 // maxFrame bounds a frame's body, so a corrupt length cannot make a reader

@@ -7,6 +7,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynctp/asynctp/comm"
@@ -30,6 +31,8 @@ type world struct {
 	err         error              // why the world failed, once it has
 	failed      chan struct{}      // closed with err
 	closing     bool               // Close of the world has begun
+	heartbeats  chan struct{}      // closed to stop beat
+	stopBeats   sync.Once
 }
 
 // peer is the connection to one other rank.
@@ -39,6 +42,9 @@ type peer struct {
 	r    *bufio.Reader
 	wmu  sync.Mutex // one frame at a time
 	bye  bool       // the peer closed its world; guarded by world.mu
+	// heard is when a frame from the peer last arrived (UnixNano): its
+	// pings say that the peer and the link to it are alive.
+	heard atomic.Int64
 }
 
 // msgKey names a message: the op seq of a group, from a world rank.
@@ -164,7 +170,11 @@ func (w *world) failure() error {
 
 // fail fails the world with err; the first failure wins. With tell the
 // peers are told (an abort frame), so that they fail promptly too.
-func (w *world) fail(err error, tell bool) {
+func (w *world) fail(err error, tell bool) { w.failAs(err, tell, false) }
+
+// failAs is fail; own says that this rank aborted the world itself (its
+// caller knows why: WithOnFailure is not called).
+func (w *world) failAs(err error, tell, own bool) {
 	w.mu.Lock()
 	if w.err != nil {
 		w.mu.Unlock()
@@ -173,6 +183,10 @@ func (w *world) fail(err error, tell bool) {
 	w.err = err
 	close(w.failed)
 	w.mu.Unlock()
+	w.stopHeartbeats()
+	if f := w.opts.onFailure; f != nil && !own {
+		f(err)
+	}
 	if !tell {
 		return
 	}
@@ -248,6 +262,7 @@ func (w *world) read(p *peer) {
 	for {
 		body, err := readFrame(p.r, maxFrame)
 		if err == nil {
+			p.heard.Store(time.Now().UnixNano())
 			err = w.handle(p, body)
 		}
 		if err == nil {
@@ -256,7 +271,10 @@ func (w *world) read(p *peer) {
 		w.mu.Lock()
 		quiet := w.closing || p.bye
 		w.mu.Unlock()
-		if !quiet {
+		if since := time.Since(time.Unix(0, p.heard.Load())); !quiet && since > 2*w.heartbeat() {
+			w.fail(fmt.Errorf("world rank %d is unreachable: nothing heard from it for %v, then its connection ended (%v): its host, or the link to it, is down (%w) (%w)",
+				p.rank, since.Round(time.Millisecond), err, comm.ErrTimeout, comm.ErrAborted), true)
+		} else if !quiet {
 			w.fail(fmt.Errorf("world rank %d is gone: its connection ended without a goodbye (%v): its process exited, crashed or was killed (%w) (%w)",
 				p.rank, err, ErrPeerGone, comm.ErrAborted), true)
 		}
@@ -293,6 +311,7 @@ func (w *world) handle(p *peer, body []byte) error {
 		w.groupClosed[groupPeer{id, p.rank}] = true
 		w.mu.Unlock()
 		w.wakeClosed(id, p.rank, fmt.Errorf("world rank %d closed the group before arriving (%w)", p.rank, comm.ErrClosed))
+	case kindPing:
 	case kindBye:
 		w.mu.Lock()
 		p.bye = true
@@ -303,6 +322,91 @@ func (w *world) handle(p *peer, body []byte) error {
 		return fmt.Errorf("unknown frame kind %d", kind)
 	}
 	return nil
+}
+
+// heartbeat is the interval of the pings: a tenth of the op timeout,
+// between 100 ms and 1 s.
+func (w *world) heartbeat() time.Duration {
+	return min(max(w.opts.timeout/10, 100*time.Millisecond), time.Second)
+}
+
+func (w *world) stopHeartbeats() {
+	w.stopBeats.Do(func() {
+		if w.heartbeats != nil {
+			close(w.heartbeats)
+		}
+	})
+}
+
+// beat sends every peer a ping each heartbeat, and fails the world when
+// peers stay silent for the op timeout: their host, or the link to it, is
+// down (a cut link ends no connection; without pings a rank would only
+// learn of it at its next op's deadline, and could not tell a silent peer
+// from one that waits, as it does, for the silent one).
+func (w *world) beat() {
+	tick := time.NewTicker(w.heartbeat())
+	defer tick.Stop()
+	ping := newFrame(kindPing).frame(0)
+	for {
+		select {
+		case <-w.heartbeats:
+			return
+		case <-tick.C:
+		}
+		for _, p := range w.peers {
+			// A frame being written says as much; a write that blocks (the
+			// link is down) must not hold the others' pings up.
+			if p != nil && p.wmu.TryLock() {
+				p.conn.SetWriteDeadline(time.Now().Add(w.heartbeat()))
+				if _, err := p.conn.Write(ping); err != nil {
+					p.conn.Close() // a part of a frame may have gone: the stream is lost
+				}
+				p.wmu.Unlock()
+			}
+		}
+		if lost, since := w.silent(w.opts.timeout); len(lost) > 0 {
+			// Every peer silent for more than two beats is as lost as the
+			// first one past the timeout (a host's ranks fall silent together).
+			lost, _ = w.silent(2 * w.heartbeat())
+			w.fail(fmt.Errorf("%s unreachable: nothing heard for %v (the op timeout is %v): their host, or the link to it, is down, or their process is stopped (%w)",
+				rankList(lost), since.Round(time.Millisecond), w.opts.timeout, comm.ErrTimeout), true)
+			return
+		}
+	}
+}
+
+// silent returns the world ranks (peers still in the world) from which
+// nothing arrived for at least d, and the longest silence.
+func (w *world) silent(d time.Duration) (ranks []int, longest time.Duration) {
+	now := time.Now()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, p := range w.peers {
+		if p == nil || p.bye {
+			continue
+		}
+		if s := now.Sub(time.Unix(0, p.heard.Load())); s >= d {
+			ranks = append(ranks, p.rank)
+			longest = max(longest, s)
+		}
+	}
+	return ranks, longest
+}
+
+// rankList is "world rank 2 is" or "world ranks 2, 3 are".
+func rankList(rs []int) string {
+	if len(rs) == 1 {
+		return fmt.Sprintf("world rank %d is", rs[0])
+	}
+	return "world ranks " + joinRanks(rs) + " are"
+}
+
+func joinRanks(rs []int) string {
+	s := make([]string, len(rs))
+	for i, r := range rs {
+		s[i] = fmt.Sprint(r)
+	}
+	return strings.Join(s, ", ")
 }
 
 // lingerTimeout bounds how long Close of the world waits for the peers to
@@ -320,6 +424,7 @@ func (w *world) shutdown() {
 	}
 	w.closing = true
 	w.mu.Unlock()
+	w.stopHeartbeats()
 	bye := newFrame(kindBye).frame(0)
 	for _, p := range w.peers {
 		if p == nil {
