@@ -151,9 +151,6 @@ func (a *AutoTune) tune(sp overlap.Spec, op Op, key Entry, m int) (Entry, error)
 		sh.N, sh.K = key.Outs, key.K*P
 	}
 	pipe := Pipelined
-	if a.Transport == "nvshmem" {
-		pipe = PipelinedPeerCopy // the chooser's pipelined there is the peer-copy form
-	}
 	strats := map[string]overlap.Strategy{Collective: overlap.Collective{}, pipe: a.Pipelined}
 	names := []string{Collective, pipe}
 	// Fused where it supports the site itself (the micro-run's own spec

@@ -317,8 +317,6 @@ func abbrev(s string) string {
 		return "coll"
 	case Pipelined:
 		return "pipe"
-	case PipelinedPeerCopy:
-		return "pipe-pc"
 	}
 	return s
 }

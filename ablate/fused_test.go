@@ -34,7 +34,7 @@ func TestFusedMetricsAndTable(t *testing.T) {
 	}
 	f := at(Fused, 110)
 	f.EngineGemmUS = 105
-	rs := []Result{at(Collective, 170), at(PipelinedPeerCopy, 130), f}
+	rs := []Result{at(Collective, 170), at(Pipelined, 130), f}
 	Derive(rs)
 	m := rs[2].Metrics
 	for _, x := range []struct {
@@ -66,7 +66,7 @@ func TestFusedMetricsAndTable(t *testing.T) {
 	for i, h := range head {
 		got[h] = rows[0][i]
 	}
-	for h, want := range map[string]string{"fused µs": "110.0 (0.0–0.0)", "collective µs": "170.0", "pipelined µs": "130.0 (pipelined-peercopy)",
+	for h, want := range map[string]string{"fused µs": "110.0 (0.0–0.0)", "collective µs": "170.0", "pipelined µs": "130.0 (pipelined)",
 		"GEMM alone µs cuBLASLt / engine": "100.0 / 105.0", "comm alone µs": "60.0", "overlap eff. cuBLASLt / engine": "0.83 / 0.92",
 		"ceiling cuBLASLt / engine": "1.60 / 1.57", "of ceiling cuBLASLt / engine": "97 % / 95 %"} {
 		if got[h] != want {

@@ -6,12 +6,13 @@ import (
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/comm/local"
 	"github.com/asynctp/asynctp/overlap"
+	"github.com/asynctp/asynctp/overlap/strategies"
 	"github.com/asynctp/asynctp/tensor/cpu"
 )
 
 // LocalStrategies are the strategies the CPU ranks run, by matrix name.
 func LocalStrategies() map[string]overlap.Strategy {
-	return map[string]overlap.Strategy{Collective: overlap.Collective{}, Pipelined: overlap.Pipelined{}}
+	return map[string]overlap.Strategy{Collective: overlap.Collective{}, Pipelined: strategies.Pipelined{}}
 }
 
 // RunLocal runs cells of one world on goroutine ranks over comm/local,
@@ -21,7 +22,7 @@ func RunLocal(world int, cells []Cell, strategies map[string]overlap.Strategy, w
 	var out []Result
 	err := local.Run(world, func(g comm.Comm) error {
 		b := cpu.New(cpu.WithThreads(1))
-		r := &Rank{Group: g, Backend: b, Timer: WallTimer{Backend: b}, Strategies: strategies, Seed: seed, Warmup: warmup, Reps: reps}
+		r := &Rank{Group: g, Backend: b, Timer: WallTimer{Backend: b}, Strategies: strategies, Seed: seed, Warmup: warmup, Reps: reps, Collectives: "local"}
 		if g.Rank() == 0 {
 			r.Done = done
 		}

@@ -178,22 +178,22 @@ func ParseMNK(s string) ([]Shape, error) {
 	return out, nil
 }
 
-// Strategy names of the matrix. pipelined-peercopy is overlap/peercopy
-// (NVSHMEM copy-engine pulls); pipelined is overlap.Pipelined over the
-// transport.
+// Strategy names of the matrix: --overlap's (overlap/strategies), each one
+// type that picks its implementation from the cell's group and backend
+// (pipelined: copy-engine pulls over symmetric memory where the group has
+// it, exchanges on its collectives elsewhere); Result.Via says which.
 const (
-	Collective        = "collective"
-	Pipelined         = "pipelined"
-	PipelinedPeerCopy = "pipelined-peercopy"
-	Fused             = "fused"
+	Collective = "collective"
+	Pipelined  = "pipelined"
+	Fused      = "fused"
 )
 
 // Strategies lists the strategy names, in report order.
-var Strategies = []string{Collective, Pipelined, PipelinedPeerCopy, Fused}
+var Strategies = []string{Collective, Pipelined, Fused}
 
 // Transports: local (goroutine ranks), tcp (CPU processes), nccl and
 // nvshmem (GPU processes).
-var Transports = []string{"local", "tcp", "nccl", "nvshmem"}
+var Transports = []string{"local", "tcp", "nccl", "nvshmem", "nccl+nvshmem"}
 
 // Matrix is what one run measures: the product of its lists.
 type Matrix struct {
@@ -338,23 +338,20 @@ func Runnable(c Cell, gpus int, gpuWhy string) string {
 		if c.DType == "bf16" {
 			return fmt.Sprintf("bf16 on the CPU: run f32 or f64 on %s", c.Transport)
 		}
-	case "nccl", "nvshmem":
+	case "nccl", "nvshmem", "nccl+nvshmem":
 		if gpus == 0 {
 			return fmt.Sprintf("%s needs a GPU: %s", c.Transport, gpuWhy)
 		}
 		if c.DType == "f64" {
 			return "f64 on the GPU: run bf16 or f32"
 		}
-		if c.Transport == "nccl" && c.World > gpus {
-			return fmt.Sprintf("nccl world %d needs %d GPUs (this machine has %d; NCCL refuses two ranks on one GPU)", c.World, c.World, gpus)
+		if c.Transport != "nvshmem" && c.World > gpus {
+			return fmt.Sprintf("%s world %d needs %d GPUs (this machine has %d; NCCL refuses two ranks on one GPU)", c.Transport, c.World, c.World, gpus)
 		}
 	}
 	// The fused strategy says itself which cells it cannot run (its
 	// Supports, checked on the cell's ranks: the transport, the dtype, the
 	// site kind, the GPU's GEMM engine); the reason is its own.
-	if c.Strategy == PipelinedPeerCopy && c.Transport != "nvshmem" {
-		return "pipelined-peercopy needs NVSHMEM symmetric memory (transport nvshmem)"
-	}
 	if c.Op == OpMoEDispatchCombine && c.Strategy != Collective && c.Strategy != Fused {
 		return fmt.Sprintf("%s: the expert path has no %s dispatcher yet", c.Strategy, c.Strategy)
 	}

@@ -115,7 +115,7 @@ func (r *Report) FusedTable() (head []string, rows [][]string, note string) {
 		if x.Strategy == Fused {
 			count[x.Status]++
 		}
-		if (x.Strategy == Pipelined || x.Strategy == PipelinedPeerCopy) && x.Timed() {
+		if x.Strategy == Pipelined && x.Timed() {
 			if p := pipe[x.Group()]; p == nil || x.MedianUS < p.MedianUS {
 				pipe[x.Group()] = x
 			}

@@ -17,11 +17,15 @@ const (
 // the repetitions of the slowest rank's time of each repetition.
 type Result struct {
 	Cell
-	Status   string  `json:"status"`
-	Reason   string  `json:"reason,omitempty"`
-	Verified string  `json:"verified,omitempty"` // what it was checked against
-	RelErr   float64 `json:"rel_err"`            // ‖out − ref‖ / ‖ref‖
-	Tol      float64 `json:"tol"`
+	Status   string `json:"status"`
+	Reason   string `json:"reason,omitempty"`
+	Verified string `json:"verified,omitempty"` // what it was checked against
+	// Via is how the cell's group moved its data, and over which
+	// transport: the group's collectives, or its symmetric memory (a
+	// hybrid world's cells differ by strategy).
+	Via    string  `json:"via,omitempty"`
+	RelErr float64 `json:"rel_err"` // ‖out − ref‖ / ‖ref‖
+	Tol    float64 `json:"tol"`
 
 	Reps     int     `json:"reps,omitempty"`
 	MedianUS float64 `json:"median_us,omitempty"`

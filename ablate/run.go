@@ -32,6 +32,9 @@ type Rank struct {
 	Engine MatMulFunc
 	// Done, when not nil, is called on every rank after each cell.
 	Done func(Result)
+	// Transports name the transports of the group's collectives and of
+	// its symmetric memory, for Result.Via ("" where there is none).
+	Collectives, Symmetric string
 }
 
 // Run verifies and times the cells, group by group (Cell.Group): the
@@ -197,11 +200,30 @@ func (r *Rank) engineAlone(oc opCase) (engineTime, error) {
 	return engineTime{us: median(ts)}, nil
 }
 
+// via says how the site of sp moves its data with s, and over which
+// transport (overlap.Describer).
+func (r *Rank) via(s overlap.Strategy, sp overlap.Spec) string {
+	how, sym := "the group's collectives", false
+	if d, ok := s.(overlap.Describer); ok {
+		if h, y := d.Via(sp); h != "" {
+			how, sym = h, y
+		}
+	}
+	switch {
+	case sym && r.Symmetric != "":
+		how += " over " + r.Symmetric
+	case !sym && r.Collectives != "":
+		how += " over " + r.Collectives
+	}
+	return how
+}
+
 // cell checks one cell and, when it passes, times it.
 func (r *Rank) cell(c Cell, s overlap.Strategy, oc opCase, ref *[][]float64, tol float64) (Result, error) {
 	sp := oc.spec()
 	res := Result{Cell: c, Tol: tol, Flops: oc.flops(), CommBytes: oc.bytes(), BusFactor: oc.busFactor()}
 	res.SpecK, res.SpecOuts = specWidths(sp)
+	res.Via = r.via(s, sp)
 	run, closeSite, err := oc.site(s)
 	if err != nil {
 		res.Status, res.Reason = StatusFailed, err.Error()

@@ -43,19 +43,12 @@ type Cache struct {
 	Entries []Entry `json:"entries"`
 }
 
-// chooserName is the name under which the chooser of a run on transport
-// builds the matrix's strategy s, or "" when such a run cannot (on
-// NVSHMEM the chooser's pipelined is the peer-copy form).
+// chooserName is the name under which the chooser builds the matrix's
+// strategy s: the same (one name, one type), "" for a name it has not.
 func chooserName(s, transport string) string {
-	switch {
-	case s == Collective:
-		return Collective
-	case s == Pipelined && transport != "nvshmem":
-		return "pipelined"
-	case s == PipelinedPeerCopy && transport == "nvshmem":
-		return "pipelined"
-	case s == Fused:
-		return "fused"
+	switch s {
+	case Collective, Pipelined, Fused:
+		return s
 	}
 	return ""
 }

@@ -144,6 +144,55 @@ type SymmetricMemory interface {
 	PeerPtr(t *tensor.Tensor, r int) (uint64, error)
 }
 
+// LoadStore is an optional capability of a group with symmetric memory,
+// found with Unreachable (which looks through decorators): which ranks of
+// the group reach each other's symmetric memory by loads and stores (peer
+// access inside a node: NVLink, PCIe, or one GPU shared; ranks on other
+// hosts do not). Every rank of the group gives the same answers, so that
+// every rank takes the same decision from them.
+type LoadStore interface {
+	// Reaches reports whether group rank a reaches group rank b's
+	// symmetric memory by loads and stores.
+	Reaches(a, b int) bool
+}
+
+// Unreachable returns, for a group with symmetric memory, the ranks of the
+// group that are not reachable by loads and stores from this rank or that
+// do not reach it, and whether every pair of the group reaches each other
+// (all: a strategy built on peer pointers can run on the group). A group
+// whose transport says nothing (no LoadStore) is taken as reachable: its
+// symmetric memory is one node's.
+func Unreachable(c Comm) (ranks []int, all bool) {
+	var ls LoadStore
+	for x := c; x != nil; {
+		if l, ok := x.(LoadStore); ok {
+			ls = l
+			break
+		}
+		w, ok := x.(Wrapper)
+		if !ok {
+			break
+		}
+		x = w.Unwrap()
+	}
+	if ls == nil {
+		return nil, true
+	}
+	me, n := c.Rank(), c.Size()
+	all = true
+	for a := range n {
+		for b := range n {
+			if a != b && !ls.Reaches(a, b) {
+				all = false
+			}
+		}
+		if a != me && (!ls.Reaches(me, a) || !ls.Reaches(a, me)) {
+			ranks = append(ranks, a)
+		}
+	}
+	return ranks, all
+}
+
 // Wrapper is a Comm that decorates another (a debugging wrapper): the
 // optional capabilities are looked up through it.
 type Wrapper interface {

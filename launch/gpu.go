@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/asynctp/asynctp/comm/hybrid"
 	"github.com/asynctp/asynctp/comm/nccl"
 	"github.com/asynctp/asynctp/comm/nvshmem"
 	"github.com/asynctp/asynctp/comm/rendezvous"
@@ -35,6 +36,11 @@ func Preflight(transport string, nproc int) error {
 	case NVSHMEM:
 		_, err := nvshmem.Load()
 		return err
+	case Hybrid:
+		if _, err := nvshmem.Load(); err != nil {
+			return err
+		}
+		return Preflight(NCCL, nproc)
 	}
 	return nil
 }
@@ -223,6 +229,67 @@ func Library(transport string) (string, error) {
 			return "", err
 		}
 		return l.String(), nil
+	case Hybrid:
+		a, err := Library(NCCL)
+		if err != nil {
+			return "", err
+		}
+		b, err := Library(NVSHMEM)
+		if err != nil {
+			return "", err
+		}
+		return a + " and " + b, nil
 	}
 	return "", nil
+}
+
+// openHybrid: one GPU per rank (NCCL's rule); NCCL's world for every
+// collective and an NVSHMEM world of the same processes, its unique id
+// through the same store, for symmetric memory (comm/hybrid). Both
+// libraries are loaded first, so that a missing one is the first error.
+func openHybrid(ctx context.Context, w *World, o Options) error {
+	nl, err := nccl.Load()
+	if err != nil {
+		return err
+	}
+	if _, err := nvshmem.Load(); err != nil {
+		return err
+	}
+	info := w.Info
+	dev, n, err := gpuFor(info)
+	if err != nil {
+		return fmt.Errorf("--comm %s: %w", Hybrid, err)
+	}
+	if info.LocalWorldSize > n {
+		return fmt.Errorf("--comm %s: %d ranks on this node but %d GPU(s): NCCL refuses two ranks on one GPU (\"Duplicate GPU detected\"); use --comm nvshmem, whose ranks may share a GPU, or at most %d ranks per node",
+			Hybrid, info.LocalWorldSize, n, n)
+	}
+	b, err := gpuBackend(w, o, dev)
+	if err != nil {
+		return err
+	}
+	nc, err := nccl.New(ctx, w.Store, info.Rank, info.WorldSize, dev, nccl.WithTimeout(o.Timeout))
+	if err != nil {
+		b.Close()
+		return err
+	}
+	sym, err := joinNVSHMEM(ctx, w, o, b, dev)
+	if err != nil {
+		nc.Close()
+		return err
+	}
+	h, err := hybrid.New(nc, sym)
+	if err != nil {
+		nc.Close()
+		return err
+	}
+	// NCCL's world closes before NVSHMEM's, which finalises (joinNVSHMEM
+	// queued its close and the backend's).
+	w.closes = append([]func() error{nc.Close}, w.closes...)
+	how := ""
+	w.Comm, w.Stream, how = gpuWorld(h, b, o.Getenv)
+	rep := sym.Report()
+	w.Device = fmt.Sprintf("%s, bf16 with fp32 master weights; %d ranks as processes; collectives over %v, symmetric memory over NVSHMEM %v (%d host(s), %d P2P peer(s) of rank %d, %d remote); %s",
+		b.DeviceName(), info.WorldSize, nl, rep.Library.NVSHMEM, rep.Hosts, rep.SameGPU+rep.OtherGPU, info.Rank, rep.Remote, how)
+	return nil
 }

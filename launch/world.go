@@ -25,20 +25,26 @@ const (
 	TCP     = "tcp"     // process ranks over comm/tcp, CPU
 	NCCL    = "nccl"    // process ranks over comm/nccl, one GPU each
 	NVSHMEM = "nvshmem" // process ranks over comm/nvshmem, GPUs may be shared
+	// Hybrid: process ranks, one GPU each; every group's collectives on
+	// NCCL, and symmetric memory (for the peer-copy pipelined and the fused
+	// strategies, on the groups whose peers it reaches by loads and
+	// stores) from an NVSHMEM world of the same processes, bootstrapped
+	// through the same store (comm/hybrid).
+	Hybrid = "nccl+nvshmem"
 )
 
 // Transports lists the transports, in the order help texts give them.
-var Transports = []string{Local, TCP, NCCL, NVSHMEM}
+var Transports = []string{Local, TCP, NCCL, NVSHMEM, Hybrid}
 
 // GPU reports whether transport moves GPU tensors.
 func GPU(transport string) bool {
-	return transport == NCCL || transport == NVSHMEM
+	return transport == NCCL || transport == NVSHMEM || transport == Hybrid
 }
 
 // Symmetric reports whether the groups of transport have symmetric memory
 // (comm.SymmetricMemory), which the peer-copy pipelined and the fused
 // strategies build on.
-func Symmetric(transport string) bool { return transport == NVSHMEM }
+func Symmetric(transport string) bool { return transport == NVSHMEM || transport == Hybrid }
 
 // Options say how a rank opens its world.
 type Options struct {
@@ -134,6 +140,8 @@ func Open(ctx context.Context, info rendezvous.Info, o Options) (w *World, err e
 		err = openNCCL(ctx, w, o)
 	case NVSHMEM:
 		err = openNVSHMEM(ctx, w, o)
+	case Hybrid:
+		err = openHybrid(ctx, w, o)
 	default:
 		err = fmt.Errorf("transport %q: expected one of %s for a rank of processes", o.Transport, strings.Join(slices.DeleteFunc(slices.Clone(Transports), func(s string) bool { return s == Local }), ", "))
 	}

@@ -58,11 +58,14 @@ type Chooser struct {
 	missing   map[string]string // strategy name → why this run cannot build it
 	tuning    Tuning            // what "auto" consults; nil: no cache
 	shadow    *Shadow           // the rank's shadow mode; nil: off
+	collT     string            // the transports, for the summary (WithTransports)
+	symT      string
 
 	mu      sync.Mutex
 	choices map[Kind]map[string]int // kind → strategy → sites
-	notes   map[Kind]string         // kind → why the default did not apply
-	used    map[string]bool         // the Sites keys that chose a site
+	vias    map[Kind]map[string]string
+	notes   map[Kind]string // kind → why the default did not apply
+	used    map[string]bool // the Sites keys that chose a site
 }
 
 // NewChooser validates cfg against the strategies available in this run;
@@ -73,7 +76,7 @@ func NewChooser(cfg Config, available []Strategy, missing map[string]string, opt
 		return nil, err
 	}
 	c := &Chooser{cfg: cfg, available: map[string]Strategy{"collective": Collective{}}, missing: map[string]string{},
-		choices: map[Kind]map[string]int{}, notes: map[Kind]string{}, used: map[string]bool{}}
+		choices: map[Kind]map[string]int{}, vias: map[Kind]map[string]string{}, notes: map[Kind]string{}, used: map[string]bool{}}
 	for _, s := range available {
 		c.available[s.Name()] = s
 	}
@@ -147,8 +150,26 @@ func (c *Chooser) Choose(sp Spec) (Strategy, error) {
 		note = strings.TrimPrefix(err.Error(), "overlap: ")
 		s = Collective{}
 	}
-	c.record(sp.Kind, s.Name(), note, key)
+	c.record(sp.Kind, s.Name(), note, key, c.via(s, sp))
 	return s, nil
+}
+
+// via says how a site of sp moves its data with s, and over which
+// transport (WithTransports), for the summary.
+func (c *Chooser) via(s Strategy, sp Spec) string {
+	how, sym := "the group's collectives", false
+	if d, ok := s.(Describer); ok {
+		if h, y := d.Via(sp); h != "" {
+			how, sym = h, y
+		}
+	}
+	switch {
+	case sym && c.symT != "":
+		how += " over " + c.symT
+	case !sym && c.collT != "":
+		how += " over " + c.collT
+	}
+	return how
 }
 
 // auto is the strategy "auto" picks for sp, and the note that says why.
@@ -170,7 +191,7 @@ func (c *Chooser) auto(sp Spec) (name, note string) {
 	return name, "auto: " + from
 }
 
-func (c *Chooser) record(k Kind, name, note, key string) {
+func (c *Chooser) record(k Kind, name, note, key, via string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if key != "" {
@@ -178,7 +199,9 @@ func (c *Chooser) record(k Kind, name, note, key string) {
 	}
 	if c.choices[k] == nil {
 		c.choices[k] = map[string]int{}
+		c.vias[k] = map[string]string{}
 	}
+	c.vias[k][name] = via
 	c.choices[k][name]++
 	if note != "" {
 		c.notes[k] = note
@@ -236,8 +259,9 @@ func kindList() string {
 }
 
 // Summary says which strategy each site kind got, one line per kind that
-// has sites ("all-gather-matmul: pipelined (4 sites)"), with why where the
-// default did not apply.
+// has sites, how the sites move their data and over which transport
+// ("all-gather-matmul: pipelined (4 sites, copy-engine pulls from
+// symmetric memory (nvshmem))"), with why where the default did not apply.
 func (c *Chooser) Summary() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -258,7 +282,7 @@ func (c *Chooser) Summary() []string {
 			if m[n] == 1 {
 				unit = "site"
 			}
-			parts[i] = fmt.Sprintf("%s (%d %s)", n, m[n], unit)
+			parts[i] = fmt.Sprintf("%s (%d %s, %s)", n, m[n], unit, c.vias[k][n])
 		}
 		line := fmt.Sprintf("%s: %s", k, strings.Join(parts, ", "))
 		if note := c.notes[k]; note != "" {
@@ -338,7 +362,7 @@ func Single(s Strategy) *Chooser {
 	c, _ := NewChooser(Config{Default: s.Name()}, []Strategy{s}, nil)
 	if c == nil { // a strategy name outside Names: build it directly
 		c = &Chooser{available: map[string]Strategy{"collective": Collective{}, s.Name(): s}, missing: map[string]string{},
-			choices: map[Kind]map[string]int{}, notes: map[Kind]string{}, used: map[string]bool{}, cfg: Config{}}
+			choices: map[Kind]map[string]int{}, vias: map[Kind]map[string]string{}, notes: map[Kind]string{}, used: map[string]bool{}, cfg: Config{}}
 		c.cfg.Default = s.Name()
 	}
 	return c

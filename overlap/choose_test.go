@@ -53,7 +53,7 @@ func TestChooser(t *testing.T) {
 		if err != nil || s.Name() != "collective" {
 			t.Fatalf("expert site under the default pipelined: %v, %v; want collective", s, err)
 		}
-		if sum := strings.Join(ch.Summary(), "\n"); !strings.Contains(sum, "expert: collective (1 site); pipelined for expert sites: the pipelined expert path needs symmetric memory (comm.SymmetricMemory: the NVSHMEM transport) and the CUDA backend") {
+		if sum := strings.Join(ch.Summary(), "\n"); !strings.Contains(sum, "expert: collective (1 site, the group's collectives); pipelined for expert sites: the pipelined expert path needs symmetric memory (comm.SymmetricMemory: the NVSHMEM transport) and the CUDA backend") {
 			t.Errorf("summary %q: want the expert line to say why", sum)
 		}
 	})

@@ -35,5 +35,5 @@ func ExampleChooser() {
 	// blocks.0.attn.qkv    pipelined
 	// blocks.0.mlp.gate_up collective
 	// blocks.1.mlp.gate_up pipelined
-	// [all-gather-matmul: collective (1 site), pipelined (2 sites)]
+	// [all-gather-matmul: collective (1 site, the group's collectives), pipelined (2 sites, exchanges on the group's collectives)]
 }

@@ -49,6 +49,15 @@ func (Pipelined) Supports(sp Spec) error {
 // pipelined strategy is the transport-generic one.
 const ExpertNeedsSymmetric = "the pipelined expert path needs symmetric memory (comm.SymmetricMemory: the NVSHMEM transport) and the CUDA backend"
 
+// Via says how a site moves its data (Describer): exchanges on the
+// group's collectives, chunked all-reduces for matmul∘all-reduce.
+func (Pipelined) Via(sp Spec) (string, bool) {
+	if sp.Kind == KindMatmulAllReduce {
+		return "chunked all-reduces on the group's collectives", false
+	}
+	return "exchanges on the group's collectives", false
+}
+
 // NewAllGatherMatmul builds the pipelined entry site.
 func (p Pipelined) NewAllGatherMatmul(sp Spec) (AllGatherMatmul, error) {
 	l, err := siteLane(sp, KindAllGatherMatmul)

@@ -19,3 +19,20 @@ type ChooserOption func(*Chooser)
 // strategy t names (when this run can build it for the site), any other
 // site gets collective, and the summary says which and why.
 func WithTuning(t Tuning) ChooserOption { return func(c *Chooser) { c.tuning = t } }
+
+// Describer is an optional interface of a Strategy: how a site of sp moves
+// its data ("copy-engine pulls from symmetric memory"), and whether over
+// the group's symmetric memory (else its collectives). The chooser's
+// summary says it per site kind, with the transport (WithTransports).
+type Describer interface {
+	// Via is how a site of sp moves its data, and whether over symmetric
+	// memory ("" says nothing: the summary then names the collectives).
+	Via(sp Spec) (how string, symmetric bool)
+}
+
+// WithTransports names the run's transports for the summary: the one of
+// the groups' collectives and the one of their symmetric memory ("" where
+// the run has none).
+func WithTransports(collectives, symmetric string) ChooserOption {
+	return func(c *Chooser) { c.collT, c.symT = collectives, symmetric }
+}

@@ -42,8 +42,8 @@ func TestChooserTuning(t *testing.T) {
 		}
 	}
 	sum := strings.Join(ch.Summary(), "\n")
-	for _, w := range []string{"all-gather-matmul: pipelined (1 site); auto: fake cache entry all-gather-matmul",
-		"matmul-reduce-scatter: collective (1 site); auto: the autotune cache has no entry for this site, so collective"} {
+	for _, w := range []string{"all-gather-matmul: pipelined (1 site, exchanges on the group's collectives); auto: fake cache entry all-gather-matmul",
+		"matmul-reduce-scatter: collective (1 site, the group's collectives); auto: the autotune cache has no entry for this site, so collective"} {
 		if !strings.Contains(sum, w) {
 			t.Errorf("summary lacks %q:\n%s", w, sum)
 		}

@@ -20,7 +20,7 @@ import (
 	"github.com/asynctp/asynctp/cuda"
 	"github.com/asynctp/asynctp/launch"
 	"github.com/asynctp/asynctp/overlap"
-	"github.com/asynctp/asynctp/overlap/peercopy"
+	"github.com/asynctp/asynctp/overlap/strategies"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cpu"
 	"github.com/asynctp/asynctp/tensor/cudabackend"
@@ -102,7 +102,7 @@ type batchFile struct {
 func runProcs(ctx context.Context, transport string, world int, cells []ablate.Cell, m ablate.Matrix, o options, g gpuInfo,
 	env *ablate.Env, done func(ablate.Result)) ([]ablate.Result, error) {
 	switch transport {
-	case launch.NVSHMEM, launch.NCCL:
+	case launch.NVSHMEM, launch.NCCL, launch.Hybrid:
 		if _, err := launch.Library(transport); err != nil {
 			return nil, err
 		}
@@ -247,7 +247,7 @@ func childRun() error {
 	if bf.Transport == launch.TCP {
 		// A single-threaded CPU rank, as the goroutine ranks of local are.
 		r := &ablate.Rank{Group: w.Comm, Backend: w.Backend, Timer: ablate.WallTimer{Backend: w.Backend}, Strategies: cpuStrategies(),
-			Seed: bf.Seed, Warmup: bf.Warmup, Reps: bf.Reps}
+			Seed: bf.Seed, Warmup: bf.Warmup, Reps: bf.Reps, Collectives: launch.TCP}
 		return runRank(ctx, r, bf, info, w.Store)
 	}
 	b, ok := w.Backend.(*cudabackend.Backend)
@@ -257,16 +257,24 @@ func childRun() error {
 	// The fused strategy is in every GPU batch: where it cannot run (nccl,
 	// f32, a site kind without a fused form, a GPU without the engine) its
 	// Supports says why, and the cell is listed with that reason.
-	strategies := map[string]overlap.Strategy{ablate.Collective: overlap.Collective{}, ablate.Pipelined: overlap.Pipelined{},
-		ablate.Fused: peercopy.Fused{Transfer: bf.FusedTransfer}}
-	if bf.Transport == launch.NVSHMEM {
-		strategies[ablate.PipelinedPeerCopy] = peercopy.Pipelined{}
+	// One type per name (overlap/strategies): each picks its form from the
+	// cell's group, so a hybrid world's collective cells run on NCCL and its
+	// pipelined and fused cells on NVSHMEM's symmetric memory (Result.Via).
+	so := strategies.Options{Transfer: bf.FusedTransfer}
+	byName := map[string]overlap.Strategy{ablate.Collective: overlap.Collective{}, ablate.Pipelined: strategies.Pipelined{Options: so},
+		ablate.Fused: strategies.Fused{Options: so}}
+	coll, sym := bf.Transport, ""
+	switch bf.Transport {
+	case launch.NVSHMEM:
+		sym = launch.NVSHMEM
+	case launch.Hybrid:
+		coll, sym = launch.NCCL, launch.NVSHMEM
 	}
 	if info.Rank == 0 && w.Report != "" {
 		fmt.Println(reportLine + strings.ReplaceAll(w.Report, "\n", "\\n"))
 	}
-	r := &ablate.Rank{Group: w.Comm, Backend: b, Stream: w.Stream, Timer: eventTimer{b}, Strategies: strategies, Seed: bf.Seed, Warmup: bf.Warmup, Reps: bf.Reps,
-		Engine: engineMatMul(b)}
+	r := &ablate.Rank{Group: w.Comm, Backend: b, Stream: w.Stream, Timer: eventTimer{b}, Strategies: byName, Seed: bf.Seed, Warmup: bf.Warmup, Reps: bf.Reps,
+		Engine: engineMatMul(b), Collectives: coll, Symmetric: sym}
 	return runRank(ctx, r, bf, info, w.Store)
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/asynctp/asynctp/ablate"
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/overlap/peercopy"
+	"github.com/asynctp/asynctp/overlap/strategies"
 )
 
 func main() {
@@ -39,14 +40,15 @@ var presets = map[string]ablate.Matrix{
 	// process ranks over comm/tcp (child processes of this binary) and
 	// takes about 40 s.
 	"quick": {Ops: ablate.Ops, Models: []string{"quick"}, Worlds: []int{1, 2, 4}, Transports: []string{"local"},
-		Strategies: []string{ablate.Collective, ablate.Pipelined, ablate.PipelinedPeerCopy, ablate.Fused}, DType: "f32", Warmup: 2, Reps: 10},
+		Strategies: []string{ablate.Collective, ablate.Pipelined, ablate.Fused}, DType: "f32", Warmup: 2, Reps: 10},
 	// gpu: the TP ops and the MoE op at 1, 2, 4 PEs on one GPU (NVSHMEM
-	// PEs under MPS; NCCL at world 1), bf16, sized to finish in about four
-	// minutes on one H200 (add --models llama-70b for the large widths:
-	// its backward outputs are hundreds of millions of elements, each
-	// checked on the host).
+	// PEs under MPS; NCCL and the hybrid, NCCL's collectives beside
+	// NVSHMEM's symmetric memory in one process world, one rank per GPU),
+	// bf16, sized to finish in about four minutes on one H200 (add
+	// --models llama-70b for the large widths: its backward outputs are
+	// hundreds of millions of elements, each checked on the host).
 	"gpu": {Ops: ablate.Ops, Models: []string{"llama-7b", "mixtral-8x7b"}, Ms: []int{2048, 8192}, Worlds: []int{1, 2, 4},
-		Transports: []string{"nvshmem", "nccl"}, Strategies: []string{ablate.Collective, ablate.Pipelined, ablate.PipelinedPeerCopy, ablate.Fused},
+		Transports: []string{"nccl+nvshmem", "nvshmem", "nccl"}, Strategies: []string{ablate.Collective, ablate.Pipelined, ablate.Fused},
 		DType: "bf16", Warmup: 3, Reps: 20},
 }
 
@@ -321,7 +323,7 @@ func run(ctx context.Context, args []string, stdout io.Writer, strategies map[st
 // listed with its own reason.
 func cpuStrategies() map[string]overlap.Strategy {
 	s := ablate.LocalStrategies()
-	s[ablate.Fused] = peercopy.Fused{}
+	s[ablate.Fused] = strategies.Fused{}
 	return s
 }
 

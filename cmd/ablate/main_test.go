@@ -58,8 +58,8 @@ func TestQuickReport(t *testing.T) {
 	md, _ := os.ReadFile(filepath.Join(out, "report.md"))
 	html, _ := os.ReadFile(filepath.Join(out, "report.html"))
 	for _, want := range []string{"## Headline", "## Every timed cell", "## The fused cells", "No fused cell was timed in this run: of 66 fused cells, 66 cannot run here",
-		"## Cells that cannot run here", "## Environment", "pipelined-peercopy needs NVSHMEM", "![speedup vs M per strategy](speedup.png)", "| AG+MM fwd |",
-		`| fused all-gather-matmul site "ablate.all-gather-matmul": backend *cpu.Backend: expected the CUDA backend on a CUDA stream, over a transport with symmetric memory (comm.SymmetricMemory: the NVSHMEM transport) (strategy unavailable) | 18 |`} {
+		"## Cells that cannot run here", "## Environment", "has no symmetric memory", "![speedup vs M per strategy](speedup.png)", "| AG+MM fwd |",
+		`| fused for all-gather-matmul site "ablate.all-gather-matmul": group world[0 1] has no symmetric memory: it needs symmetric memory with peer pointers (comm.SymmetricMemory: NVSHMEM's, alone or beside NCCL's collectives) (strategy unavailable) |`} {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("report.md lacks %q", want)
 		}
@@ -79,14 +79,11 @@ func TestQuickReport(t *testing.T) {
 	for _, r := range rep.Results {
 		if r.Strategy == ablate.Fused {
 			// Every fused cell is listed, none timed on the CPU, each with
-			// the fused strategy's own refusal (peercopy.Fused.Supports).
+			// the fused strategy's own refusal (strategies.Fused.Supports).
 			fused++
-			want := "the NVSHMEM transport"
-			switch {
-			case r.Op == ablate.OpMatmulAllReduce || r.Dir == "nosp":
-				want = "the fused strategy has no matmul-all-reduce form"
-			case r.Op == ablate.OpMoEDispatchCombine:
-				want = "the fused strategy has no expert form"
+			want := "has no symmetric memory: it needs symmetric memory with peer pointers (comm.SymmetricMemory: NVSHMEM's, alone or beside NCCL's collectives)"
+			if r.Op == ablate.OpMatmulAllReduce || r.Dir == "nosp" {
+				want = "the matmul∘all-reduce sites have no fused form"
 			}
 			if r.Status != ablate.StatusNotRun || !strings.HasPrefix(r.Reason, "fused ") || !strings.Contains(r.Reason, want) ||
 				!strings.Contains(r.Reason, overlap.ErrUnavailable.Error()) {
@@ -96,6 +93,10 @@ func TestQuickReport(t *testing.T) {
 		switch r.Status {
 		case ablate.StatusOK:
 			timed++
+			// results.json says what carried each cell's group.
+			if want := "over " + r.Transport; !strings.HasSuffix(r.Via, want) || (r.Strategy == ablate.Collective) != strings.HasPrefix(r.Via, "the group's collectives") {
+				t.Errorf("%s: via %q, want what carried the %s cell, ending %q", r.ID(), r.Via, r.Strategy, want)
+			}
 			if r.Verified == "" || !(r.RelErr <= r.Tol) || r.MedianUS <= 0 || r.Reps != 3 {
 				t.Errorf("%s: timed but verified %q, rel. err %g (tol %g), %g µs over %d reps", r.ID(), r.Verified, r.RelErr, r.Tol, r.MedianUS, r.Reps)
 			}

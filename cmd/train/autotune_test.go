@@ -40,8 +40,8 @@ func TestOverlapAutoFromCache(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d:\n%s", code, msg)
 	}
-	for _, want := range []string{"overlap: all-gather-matmul: pipelined (3 sites); auto: autotune cache " + cache,
-		"overlap: matmul-reduce-scatter: pipelined (2 sites); auto: autotune cache " + cache} {
+	for _, want := range []string{"overlap: all-gather-matmul: pipelined (3 sites, exchanges on the group's collectives over local); auto: autotune cache " + cache,
+		"overlap: matmul-reduce-scatter: pipelined (2 sites, exchanges on the group's collectives over local); auto: autotune cache " + cache} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("want %q in the start-up summary; output:\n%s", want, msg)
 		}

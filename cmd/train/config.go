@@ -65,6 +65,7 @@ type Config struct {
 
 	explicit   map[string]bool // the fields the file and the flags give (explicitFields)
 	overwrite  bool            // --overwrite
+	commWhy    string          // why --comm is what it is, when it was not given (resolveComm)
 	memReport  bool            // --memory-report
 	verbose    bool            // --verbose
 	cpuProfile string          // --cpu-profile

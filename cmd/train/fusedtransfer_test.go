@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/asynctp/asynctp/overlap/peercopy"
-	"github.com/asynctp/asynctp/parallel/ep/peerep"
+	"github.com/asynctp/asynctp/overlap/strategies"
 )
 
 // --fused-transfer: used as given where a fused site can run (the fused
@@ -27,7 +27,7 @@ func TestFusedTransferFlag(t *testing.T) {
 			if cfg.FusedTransfer != tr {
 				t.Errorf("--fused-transfer %s: config has %q", tr, cfg.FusedTransfer)
 			}
-			if f, ok := fusedOf(cfg).(peerep.Fused); !ok || f.Transfer != tr {
+			if f, ok := fusedOf(cfg).(strategies.Fused); !ok || f.Options.Transfer != tr {
 				t.Errorf("--fused-transfer %s: the run's fused strategy is %#v, want transfer %s", tr, fusedOf(cfg), tr)
 			}
 		}
@@ -38,7 +38,7 @@ func TestFusedTransferFlag(t *testing.T) {
 	}{
 		{gpu("--overlap", "fused", "--fused-transfer", "push"), `--fused-transfer: fused transfer "push": expected one of pull, put`},
 		{gpu("--overlap", "collective", "--fused-transfer", "put"), "--fused-transfer put: no site asks for fused or auto"},
-		{par(out, "--fused-transfer", "put"), "--fused-transfer put: the fused strategy needs --comm nvshmem on GPUs"},
+		{par(out, "--fused-transfer", "put"), "--fused-transfer put: the fused strategy needs symmetric memory with peer pointers: --comm nvshmem or nccl+nvshmem on GPUs"},
 	} {
 		if _, err := loadConfig(c.args); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: %v, want an error saying %q", c.args, err, c.want)
@@ -50,14 +50,14 @@ func TestFusedTransferFlag(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f, ok := fusedOf(cfg).(peerep.Fused); !ok || f.Transfer != "put" || cfg.FusedTransfer != "" {
+	if f, ok := fusedOf(cfg).(strategies.Fused); !ok || f.Options.Transfer != "put" || cfg.FusedTransfer != "" {
 		t.Errorf("$%s=put: fused strategy %#v, config %q; want transfer put, the config left unset", peercopy.TransferEnv, fusedOf(cfg), cfg.FusedTransfer)
 	}
 	if _, err := loadConfig(par(out)); err != nil { // a CPU run: the variable is checked, not refused
 		t.Errorf("$%s=put on a CPU run: %v", peercopy.TransferEnv, err)
 	}
 	cfg, err = loadConfig(gpu("--overlap", "fused", "--fused-transfer", "pull")) // the flag wins
-	if err != nil || fusedOf(cfg).(peerep.Fused).Transfer != "pull" {
+	if err != nil || fusedOf(cfg).(strategies.Fused).Options.Transfer != "pull" {
 		t.Errorf("--fused-transfer pull with $%s=put: %v, %v; want pull", peercopy.TransferEnv, fusedOf(cfg), err)
 	}
 	t.Setenv(peercopy.TransferEnv, "fast")

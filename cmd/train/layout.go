@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/asynctp/asynctp/launch"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/parallel/model"
 	"github.com/asynctp/asynctp/train"
@@ -54,9 +55,12 @@ const (
 	CommTCP     = "tcp"     // process ranks over comm/tcp, CPU
 	CommNCCL    = "nccl"    // process ranks over comm/nccl, one GPU each
 	CommNVSHMEM = "nvshmem" // process ranks over comm/nvshmem, GPUs may be shared
+	// CommHybrid: process ranks, one GPU each; NCCL's collectives and
+	// NVSHMEM's symmetric memory (launch.Hybrid).
+	CommHybrid = launch.Hybrid
 )
 
-var comms = []string{CommLocal, CommTCP, CommNCCL, CommNVSHMEM}
+var comms = []string{CommLocal, CommTCP, CommNCCL, CommNVSHMEM, CommHybrid}
 
 // Processes reports whether the ranks are processes (a transport other
 // than comm/local).
@@ -163,10 +167,16 @@ func (p ParallelConfig) check(m layers.GPTConfig, t train.Config) error {
 // device, and checks them against each other and against how the ranks
 // are started (l, --nproc), before any work:
 //
-//	local    goroutine ranks on the CPU (the default without processes)
-//	tcp      process ranks on the CPU (the default with processes on the CPU)
-//	nccl     process ranks on GPUs, one each (the default with --device cuda)
-//	nvshmem  process ranks on GPUs, which they may share
+//	local         goroutine ranks on the CPU (the default without processes)
+//	tcp           process ranks on the CPU (the default with processes on the CPU)
+//	nccl          process ranks on GPUs, one each (the default with --device cuda)
+//	nvshmem       process ranks on GPUs, which they may share
+//	nccl+nvshmem  process ranks on GPUs, one each: NCCL's collectives, NVSHMEM's
+//	              symmetric memory for the pipelined and fused sites
+//
+// The default on GPUs stays nccl, also where libasynctp_nvshmem.so loads:
+// the hybrid adds a second library and world to every run, and is chosen
+// by asking for it (the start-up report says so).
 //
 // A world of processes must have as many ranks as there are processes.
 func (c *Config) resolveComm(l origin) error {
@@ -178,20 +188,22 @@ func (c *Config) resolveComm(l origin) error {
 			p.Comm = CommLocal
 		case c.Device == "cuda":
 			p.Comm = CommNCCL
+			c.commWhy = "the default with --device cuda; --comm nccl+nvshmem adds NVSHMEM's symmetric memory for the pipelined and fused sites"
 		default:
 			p.Comm = CommTCP
+			c.commWhy = "the default with processes on the CPU"
 		}
 	}
-	gpu := p.Comm == CommNCCL || p.Comm == CommNVSHMEM
+	gpu := launch.GPU(p.Comm)
 	switch {
 	case !slices.Contains(comms, p.Comm):
 		return fmt.Errorf("unknown --comm %q, expected one of %s", p.Comm, strings.Join(comms, ", "))
 	case p.Comm == CommLocal && procs:
-		return fmt.Errorf("--comm local runs the ranks as goroutines of one process; processes (--nproc %d, or a launcher's) need --comm tcp on the CPU, or nccl or nvshmem on GPUs", p.NProc)
+		return fmt.Errorf("--comm local runs the ranks as goroutines of one process; processes (--nproc %d, or a launcher's) need --comm tcp on the CPU, or nccl, nvshmem or nccl+nvshmem on GPUs", p.NProc)
 	case p.Comm == CommLocal && c.Device == "cuda" && !p.Single():
 		return fmt.Errorf("layout: a parallel layout (%s) over --comm local runs its ranks as goroutines on the CPU; --device cuda takes one rank, or processes on GPUs: --nproc %d --comm nccl (one GPU per rank) or --comm nvshmem (ranks may share a GPU)", p, p.World)
 	case p.Comm == CommTCP && c.Device == "cuda":
-		return fmt.Errorf("--comm tcp moves host tensors between CPU ranks; with --device cuda use --comm nccl or nvshmem")
+		return fmt.Errorf("--comm tcp moves host tensors between CPU ranks; with --device cuda use --comm nccl, nvshmem or nccl+nvshmem")
 	case gpu && c.Device == "cpu":
 		return fmt.Errorf("--comm %s moves GPU tensors; use --device cuda (or auto), or --comm tcp on the CPU", p.Comm)
 	case l.launched && p.World != l.world:

@@ -8,30 +8,34 @@ import (
 	"github.com/asynctp/asynctp/ablate"
 
 	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/launch"
 	"github.com/asynctp/asynctp/overlap"
-	"github.com/asynctp/asynctp/parallel/ep/peerep"
+	"github.com/asynctp/asynctp/overlap/strategies"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cudabackend"
 )
 
-// overlapStrategies are the site strategies this run can build, beside
-// collective, and why the others cannot be built. The decomposed
-// (pipelined) strategy runs on every transport; on NVSHMEM the GPU
-// processes use its peer-copy form (gpuOverlap).
+// overlapStrategies are the site strategies this run can build, one per
+// name (overlap/strategies), and why the others cannot be built at all:
+// fused needs symmetric memory with peer pointers, which only the GPU
+// transports nvshmem and nccl+nvshmem give. Each strategy says per site
+// whether the site's group and backend can run it (a group that spans
+// hosts, the expert path without symmetric memory...).
 func overlapStrategies(cfg Config) ([]overlap.Strategy, map[string]string) {
-	if cfg.Parallel.Comm == "nvshmem" && cfg.Device != "cpu" {
-		// The GPU ranks check it per site (peercopy.Fused.Supports: the
-		// CUDA backend, an sm_90a GPU for the GEMM engine, bf16, widths of
-		// multiples of 8) and refuse an explicit request that fails there;
-		// the expert path's is peerep.Fused (the grouped GEMM engine, bf16),
-		// which holds the TP sites' peercopy.Fused with its transfer.
-		return []overlap.Strategy{overlap.Pipelined{}, peerep.Fused{Fused: fusedStrategy(cfg)}}, nil
+	all := strategies.All(strategyOptions(cfg))
+	if launch.Symmetric(cfg.Parallel.Comm) && cfg.Device != "cpu" {
+		return all, nil
 	}
 	missing := map[string]string{
-		"fused": fmt.Sprintf("it needs --comm nvshmem on GPUs (this run: --comm %s, --device %s): the GEMM engine reads the gathered rows as the copy engine lands them from the peers' symmetric memory",
+		"fused": fmt.Sprintf("it needs symmetric memory with peer pointers: --comm nvshmem or nccl+nvshmem on GPUs (this run: --comm %s, --device %s): the GEMM engine reads the gathered rows as the copy engine lands them from the peers' symmetric memory",
 			orDefault(cfg.Parallel.Comm, "(none)"), orDefault(cfg.Device, "auto")),
 	}
-	return []overlap.Strategy{overlap.Pipelined{}}, missing
+	return all[:2], missing
+}
+
+// strategyOptions configure the run's strategies: the fused transfer.
+func strategyOptions(cfg Config) strategies.Options {
+	return strategies.Options{Transfer: fusedStrategy(cfg).Transfer}
 }
 
 func orDefault(s, d string) string {
@@ -43,23 +47,15 @@ func orDefault(s, d string) string {
 
 // newChooser is one rank's chooser of the site strategies; tune is what
 // "auto" picks from (nil: no cache); sh is the rank's shadow mode (nil:
-// off); extra are the strategies of this rank's transport and backend
-// (GPU ones) that take the place of the generic ones of the same name.
-func newChooser(cfg Config, tune overlap.Tuning, sh *overlap.Shadow, extra ...overlap.Strategy) (*overlap.Chooser, error) {
-	avail, missing := overlapStrategies(cfg)
-	for _, s := range extra {
-		for i, a := range avail {
-			if a.Name() == s.Name() {
-				avail[i] = s
-				s = nil
-				break
-			}
-		}
-		if s != nil {
-			avail = append(avail, s)
-		}
+// off); transport is the run's (--comm), for the summary of what carries
+// each site kind; avail are the rank's strategies (rankStrategies; nil:
+// the run's, overlapStrategies).
+func newChooser(cfg Config, tune overlap.Tuning, sh *overlap.Shadow, transport string, avail []overlap.Strategy) (*overlap.Chooser, error) {
+	all, missing := overlapStrategies(cfg)
+	if avail == nil {
+		avail = all
 	}
-	var opts []overlap.ChooserOption
+	opts := []overlap.ChooserOption{overlap.WithTransports(collectivesOf(transport), symmetricOf(transport))}
 	if tune != nil {
 		opts = append(opts, overlap.WithTuning(tune))
 	}
@@ -67,6 +63,22 @@ func newChooser(cfg Config, tune overlap.Tuning, sh *overlap.Shadow, extra ...ov
 		opts = append(opts, overlap.WithShadow(sh))
 	}
 	return overlap.NewChooser(cfg.Overlap, avail, missing, opts...)
+}
+
+// collectivesOf and symmetricOf name the transports of a run's collectives
+// and of its symmetric memory ("" where it has none).
+func collectivesOf(transport string) string {
+	if transport == launch.Hybrid {
+		return launch.NCCL
+	}
+	return transport
+}
+
+func symmetricOf(transport string) string {
+	if launch.Symmetric(transport) {
+		return launch.NVSHMEM
+	}
+	return ""
 }
 
 // usesAuto says whether any site may be chosen by "auto".
@@ -96,9 +108,9 @@ func autotunePath(cfg Config) (string, bool) {
 // cache at the default place. A cache given explicitly must exist, unless
 // --autotune: then a missing one starts empty, and the result is an
 // *ablate.AutoTune that tunes the sites the cache lacks on world's ranks
-// with pipelined, the run's pipelined strategy (nil on a check without
-// ranks), and the run's fused strategy where it has one (fusedOf).
-func tuning(cfg Config, b tensor.Backend, dt tensor.DType, world comm.Comm, pipelined overlap.Strategy) (overlap.Tuning, error) {
+// with the run's pipelined strategy, and its fused strategy where it has
+// one (fusedOf).
+func tuning(cfg Config, b tensor.Backend, dt tensor.DType, world comm.Comm) (overlap.Tuning, error) {
 	if !usesAuto(cfg.Overlap) {
 		return nil, nil
 	}
@@ -126,16 +138,17 @@ func tuning(cfg Config, b tensor.Backend, dt tensor.DType, world comm.Comm, pipe
 	if !cfg.Autotune {
 		return l, nil
 	}
-	return &ablate.AutoTune{Lookup: l, World: world, Pipelined: pipelined, Fused: fusedOf(cfg),
+	return &ablate.AutoTune{Lookup: l, World: world, Pipelined: strategies.Pipelined{Options: strategyOptions(cfg)}, Fused: fusedOf(cfg),
 		Seed: cfg.Model.Seed, Warmup: autotuneWarmup, Reps: autotuneReps}, nil
 }
 
-// fusedOf is the run's fused strategy (nil where it has none: not
-// NVSHMEM on GPUs), a candidate of --autotune where it supports a site.
+// fusedOf is the run's fused strategy (nil where it has none: no
+// symmetric memory on GPUs), a candidate of --autotune where it supports a
+// site.
 func fusedOf(cfg Config) overlap.Strategy {
 	avail, _ := overlapStrategies(cfg)
 	for _, s := range avail {
-		if s.Name() == (peerep.Fused{}).Name() {
+		if s.Name() == (strategies.Fused{}).Name() {
 			return s
 		}
 	}
@@ -148,17 +161,6 @@ const (
 	autotuneWarmup = 2
 	autotuneReps   = 5
 )
-
-// pipelinedOf is the chooser's pipelined strategy: the GPU form among
-// extra, else overlap.Pipelined.
-func pipelinedOf(extra []overlap.Strategy) overlap.Strategy {
-	for _, s := range extra {
-		if s.Name() == (overlap.Pipelined{}).Name() {
-			return s
-		}
-	}
-	return overlap.Pipelined{}
-}
 
 // saveAutotune writes what tune measured into its cache (world rank 0:
 // merged with what the file holds, atomically); it returns the error of a
@@ -183,10 +185,10 @@ func saveAutotune(tune overlap.Tuning, rank0 bool) error {
 // names a strategy this run cannot build, or an autotune cache that
 // cannot be read.
 func checkOverlap(cfg Config) error {
-	if _, err := tuning(cfg, nil, tensor.Float32, nil, nil); err != nil {
+	if _, err := tuning(cfg, nil, tensor.Float32, nil); err != nil {
 		return err
 	}
-	_, err := newChooser(cfg, nil, nil)
+	_, err := newChooser(cfg, nil, nil, cfg.Parallel.Comm, nil)
 	return err
 }
 
@@ -210,28 +212,6 @@ func printOverlap(ch *overlap.Chooser) {
 	for _, line := range ch.Summary() {
 		fmt.Println("overlap:", line)
 	}
-}
-
-// gpuOverlap is the GPU form of the strategies for this rank: on a
-// transport with symmetric memory (NVSHMEM) and the CUDA backend, the
-// pipelined strategy moves its chunks by copy-engine pulls from peer
-// pointers (overlap/peercopy) instead of exchanges through the transport,
-// and the MoE expert path has its pipelined form: the device-side dispatch
-// and combine over symmetric memory (parallel/ep/peerep); the fused
-// strategy of the TP sites is the GEMM engine fed by those pulls, or by
-// puts with --fused-transfer put (peercopy.Fused), and of the expert path
-// the grouped GEMM engine waiting per 128-row block on the dispatch's
-// counters, its down projection's blocks sent home as they are stored
-// (peerep.Fused, which holds peercopy.Fused for the TP sites).
-func gpuOverlap(cfg Config, c comm.Comm, b tensor.Backend) []overlap.Strategy {
-	cb, ok := b.(*cudabackend.Backend)
-	if !ok || cb.Stream() == nil {
-		return nil
-	}
-	if _, ok := comm.SymmetricOf(c); !ok {
-		return nil
-	}
-	return []overlap.Strategy{peerep.Pipelined{}, peerep.Fused{Fused: fusedStrategy(cfg)}}
 }
 
 // moeMaxTokens bounds the tokens an MoE layer routes per rank and forward

@@ -36,7 +36,7 @@ func TestOverlapSummary(t *testing.T) {
 	if !strings.Contains(msg, "overlap: matmul-all-reduce: pipelined (") {
 		t.Errorf("no summary of the matmul-all-reduce sites; output:\n%s", msg)
 	}
-	if !strings.Contains(msg, "overlap: expert: collective (1 site); pipelined for expert sites: the pipelined expert path needs symmetric memory (comm.SymmetricMemory: the NVSHMEM transport) and the CUDA backend") {
+	if !strings.Contains(msg, "overlap: expert: collective (1 site, the group's collectives over local); pipelined for expert site \"blocks.0.moe\": group ep[0 1] has no symmetric memory: it needs symmetric memory with peer pointers (comm.SymmetricMemory: NVSHMEM's, alone or beside NCCL's collectives)") {
 		t.Errorf("want the expert sites' line saying why they keep collective; output:\n%s", msg)
 	}
 	if strings.Count(msg, "overlap: ") != 2 {
@@ -75,8 +75,8 @@ func TestOverlapPerSite(t *testing.T) {
 		t.Fatalf("exit %d:\n%s", code, msg)
 	}
 	for _, want := range []string{
-		"overlap: all-gather-matmul: collective (1 site), pipelined (2 sites)", // gate_up collective; qkv and the LM head pipelined
-		"overlap: matmul-reduce-scatter: collective (2 sites)",
+		"overlap: all-gather-matmul: collective (1 site, the group's collectives over local), pipelined (2 sites, exchanges on the group's collectives over local)", // gate_up collective; qkv and the LM head pipelined
+		"overlap: matmul-reduce-scatter: collective (2 sites, the group's collectives over local)",
 	} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("want %q; output:\n%s", want, msg)
@@ -101,13 +101,13 @@ func TestOverlapErrors(t *testing.T) {
 		want string
 	}{
 		{"unknown", []string{"--tp", "2", "--overlap", "turbo"}, `default strategy "turbo": expected one of collective, pipelined, fused, auto`},
-		{"fused without nvshmem", []string{"--tp", "2", "--overlap", "fused"}, "strategy fused is not available in this run: it needs --comm nvshmem on GPUs (this run: --comm local, --device cpu)"},
-		{"fused over tcp", []string{"--tp", "2", "--nproc", "2", "--comm", "tcp", "--overlap", "fused"}, "it needs --comm nvshmem on GPUs (this run: --comm tcp"},
+		{"fused without nvshmem", []string{"--tp", "2", "--overlap", "fused"}, "strategy fused is not available in this run: it needs symmetric memory with peer pointers: --comm nvshmem or nccl+nvshmem on GPUs (this run: --comm local, --device cpu)"},
+		{"fused over tcp", []string{"--tp", "2", "--nproc", "2", "--comm", "tcp", "--overlap", "fused"}, "--comm nvshmem or nccl+nvshmem on GPUs (this run: --comm tcp"},
 		{"fused on one rank", []string{"--overlap", "fused"}, "strategy fused is not available in this run"},
 		{"unknown site strategy", []string{"--tp", "2", "--config", conf(`{"overlap": {"sites": {"blocks.0.*": "fast"}}}`)}, `site "blocks.0.*": strategy "fast"`},
 		{"site that matches nothing", []string{"--tp", "2", "--config", conf(`{"overlap": {"sites": {"blocks.7.attn.qkv": "pipelined"}}}`)}, `sites "blocks.7.attn.qkv" match no communication site`},
 		{"expert path asked for pipelined", append([]string{"--tp", "2", "--ep", "2", "--config", conf(`{"overlap": {"sites": {"expert": "pipelined"}}}`)}, moe...),
-			`expert site "blocks.0.moe" on ep[0 1]: sites["expert"] asks for pipelined: overlap: pipelined for expert sites: the pipelined expert path needs symmetric memory (comm.SymmetricMemory: the NVSHMEM transport) and the CUDA backend`},
+			`expert site "blocks.0.moe" on ep[0 1]: sites["expert"] asks for pipelined: pipelined for expert site "blocks.0.moe": group ep[0 1] has no symmetric memory: it needs symmetric memory with peer pointers (comm.SymmetricMemory: NVSHMEM's, alone or beside NCCL's collectives)`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -126,7 +126,7 @@ func TestAutotuneFusedCandidate(t *testing.T) {
 	for _, c := range []struct {
 		comm, device string
 		want         bool
-	}{{"nvshmem", "cuda", true}, {"nvshmem", "auto", true}, {"tcp", "cpu", false}, {"nvshmem", "cpu", false}, {"nccl", "cuda", false}} {
+	}{{"nvshmem", "cuda", true}, {"nvshmem", "auto", true}, {"tcp", "cpu", false}, {"nvshmem", "cpu", false}, {"nccl", "cuda", false}, {"nccl+nvshmem", "cuda", true}} {
 		cfg.Parallel.Comm, cfg.Device = c.comm, c.device
 		f := fusedOf(cfg)
 		if got := f != nil; got != c.want {

@@ -87,8 +87,7 @@ func trainRank(ctx context.Context, w *launch.World, cfg Config, ds *train.Datas
 	if g == nil {
 		return train.Result{}, fmt.Errorf("rank %d: a world without a grid, expected dp %d × tp %d, ep %d", c.Rank(), p.DP, p.TP, p.EP)
 	}
-	extra := rankStrategies(cfg, c, b)
-	tune, err := tuning(cfg, b, dt, c, pipelinedOf(extra))
+	tune, err := tuning(cfg, b, dt, c)
 	if err != nil {
 		return train.Result{}, err
 	}
@@ -98,7 +97,7 @@ func trainRank(ctx context.Context, w *launch.World, cfg Config, ds *train.Datas
 			return train.Result{}, err
 		}
 	}
-	ch, err := newChooser(cfg, tune, sh, extra...)
+	ch, err := newChooser(cfg, tune, sh, w.Transport, rankStrategies(cfg, c, b))
 	if err != nil {
 		return train.Result{}, err
 	}
@@ -166,9 +165,13 @@ func trainRank(ctx context.Context, w *launch.World, cfg Config, ds *train.Datas
 	return res, errors.Join(err, dump.Close())
 }
 
-// rankStrategies gives a rank the strategies of its transport and backend
-// (gpuOverlap); tests put a deliberately wrong strategy in their place.
-var rankStrategies = gpuOverlap
+// rankStrategies gives a rank its strategies, one per name (the run's,
+// overlapStrategies: each picks its form per site from the group and
+// backend); tests put a deliberately wrong strategy in their place.
+var rankStrategies = func(cfg Config, _ comm.Comm, _ tensor.Backend) []overlap.Strategy {
+	s, _ := overlapStrategies(cfg)
+	return s
+}
 
 // stopAgreement makes the ranks stop at the same step when the run is
 // interrupted: after every step each rank all-reduces (max) whether its

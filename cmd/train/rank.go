@@ -94,7 +94,11 @@ func rankProcess(ctx context.Context, cfg Config, info rendezvous.Info) error {
 		return err
 	}
 	say("device: %s\n", w.Device)
-	say("parallel: %s over --comm %s, %d processes (%s), comm timeout %v\n", p, p.Comm, info.WorldSize, launch.LauncherName(info, nil), time.Duration(p.CommTimeout))
+	why := ""
+	if cfg.commWhy != "" {
+		why = " (" + cfg.commWhy + ")"
+	}
+	say("parallel: %s over --comm %s%s, %d processes (%s), comm timeout %v\n", p, p.Comm, why, info.WorldSize, launch.LauncherName(info, nil), time.Duration(p.CommTimeout))
 	mc := cfg.Model.WithDefaults()
 	say("model: %s, %d layers, width %d, %d heads, vocab %d, seq %d, %.2fM parameters\n",
 		cfg.Preset, mc.Layers, mc.Dim, mc.Heads, mc.Vocab, mc.Seq, float64(paramCount(mc))/1e6)

@@ -151,6 +151,7 @@ var (
 	_ comm.Comm            = (*Comm)(nil)
 	_ comm.NamedSplitter   = (*Comm)(nil)
 	_ comm.SymmetricMemory = (*Comm)(nil)
+	_ comm.LoadStore       = (*Comm)(nil)
 )
 
 // The device counters of a group: round counters of the sender blocks, of

@@ -151,6 +151,16 @@ func (c *Comm) PeerPtr(t *tensor.Tensor, r int) (uint64, error) {
 	return p + uint64(t.Offset()*t.DType().Size()), nil
 }
 
+// Reaches implements comm.LoadStore: whether group rank a's PE reaches
+// group rank b's symmetric heap by loads and stores (nvshmem_ptr is not
+// NULL), as every rank told the others at New.
+func (c *Comm) Reaches(a, b int) bool {
+	if a < 0 || b < 0 || a >= c.size || b >= c.size {
+		return false
+	}
+	return c.w.peers[c.members[a]].P2P[c.members[b]]
+}
+
 // ---- plain device memory ------------------------------------------------------
 
 // DeviceBuffer is plain device memory (not symmetric) from DeviceMemory: the

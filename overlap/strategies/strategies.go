@@ -1,0 +1,273 @@
+package strategies
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/overlap"
+	"github.com/asynctp/asynctp/overlap/peercopy"
+	"github.com/asynctp/asynctp/parallel/ep"
+	"github.com/asynctp/asynctp/parallel/ep/peerep"
+	"github.com/asynctp/asynctp/tensor/cudabackend"
+)
+
+// Names are the strategies a configuration names (overlap.Names without
+// "auto", which picks among them).
+var Names = []string{"collective", "pipelined", "fused"}
+
+// NeedsSymmetric says what the strategies built on symmetric memory need
+// from a group's transport.
+const NeedsSymmetric = "symmetric memory with peer pointers (comm.SymmetricMemory: NVSHMEM's, alone or beside NCCL's collectives)"
+
+// Options configure the strategies of All.
+type Options struct {
+	// Chunks is the exchange form's matmul∘all-reduce chunks (0: 4).
+	Chunks int
+	// Transfer and PutCTAs are the fused all-gathers' transfer
+	// (peercopy.Fused: "pull", the default, or "put").
+	Transfer string
+	PutCTAs  int
+	// Timeout bounds the fused sites' waits for a peer (0: 10 s).
+	Timeout time.Duration
+	// Expert are options of every expert path built (peerep.Option).
+	Expert []peerep.Option
+}
+
+// All returns one strategy per name of Names, configured by o.
+func All(o Options) []overlap.Strategy {
+	return []overlap.Strategy{overlap.Collective{}, Pipelined{Options: o}, Fused{Options: o}}
+}
+
+// Available returns the strategies of all (All's, when nil) that can build
+// a site of sp (its kind, group, backend, sizes and dtype), and for each of
+// the others why not (wrapping overlap.ErrUnavailable, or the error that
+// makes a setting invalid).
+func Available(sp overlap.Spec, all []overlap.Strategy) (run []overlap.Strategy, not map[string]error) {
+	if all == nil {
+		all = All(Options{})
+	}
+	not = map[string]error{}
+	for _, s := range all {
+		if err := s.Supports(sp); err != nil {
+			not[s.Name()] = err
+			continue
+		}
+		run = append(run, s)
+	}
+	return run, not
+}
+
+// peerCopy is why the site of sp cannot use the peer-copy forms (nil: it
+// can): its group needs symmetric memory whose ranks all reach each other
+// by loads and stores, and its backend must be the CUDA backend on a
+// stream.
+func peerCopy(sp overlap.Spec, name string) error {
+	what := fmt.Sprintf("%s for %s site %q", name, sp.Kind, sp.Name)
+	if sp.Group == nil {
+		return fmt.Errorf("%s: nil group", what)
+	}
+	if _, ok := comm.SymmetricOf(sp.Group); !ok {
+		return fmt.Errorf("%s: group %s has no symmetric memory: it needs %s (%w)", what, sp.Group.Name(), NeedsSymmetric, overlap.ErrUnavailable)
+	}
+	if far, all := comm.Unreachable(sp.Group); !all {
+		return fmt.Errorf("%s: group %s spans hosts: %s not reachable by loads and stores from rank %d (another node; its symmetric memory has no peer pointers there) (%w)",
+			what, sp.Group.Name(), rankNames(far), sp.Group.Rank(), overlap.ErrUnavailable)
+	}
+	b, ok := sp.Backend.(*cudabackend.Backend)
+	if !ok || (b.Stream() == nil && sp.Kind != overlap.KindExpert) {
+		return fmt.Errorf("%s: backend %T: expected the CUDA backend on a CUDA stream (%w)", what, sp.Backend, overlap.ErrUnavailable)
+	}
+	return nil
+}
+
+func rankNames(rs []int) string {
+	if len(rs) == 0 {
+		return "some pairs of its ranks are"
+	}
+	s := make([]string, len(rs))
+	for i, r := range rs {
+		s[i] = fmt.Sprint(r)
+	}
+	if len(rs) == 1 {
+		return "group rank " + s[0] + " is"
+	}
+	return "group ranks " + strings.Join(s, ", ") + " are"
+}
+
+// Pipelined is the strategy "pipelined": the communication cut into
+// chunks, the math of each chunk as soon as it has landed, the own shard's
+// first, on a lane (a side stream on the GPU, a goroutine on the CPU).
+//
+//	site kind                forward / backward                         transfer                                   requirements
+//	all-gather∘matmul        own shard's matmul, then each peer's       peer-copy: copy-engine pulls of each       peer-copy: symmetric memory reached by
+//	matmul∘reduce-scatter    chunk in ring order as it lands; the       peer's stage, gated by stream-written      loads and stores on every pair, the CUDA
+//	                         backwards are the adjoint sites            signal words; exchange: P−1 all-to-all-v   backend on a stream; exchange: any group
+//	                         (overlap.Pipelined's schedule)             steps with one peer each
+//	matmul∘all-reduce        the rows in Chunks chunks, each            the group's all-reduce (either form)       any group
+//	                         all-reduced while the next computes
+//	expert (MoE)             device-side dispatch → grouped GEMMs →     stores into the owners' symmetric receive  symmetric memory reached by loads and
+//	                         combine (parallel/ep/peerep.Path);         buffers through peer pointers, epoch        stores on every pair, the CUDA backend,
+//	                         backward the reverse, same handle          signals                                    a bound on the tokens (ep.WithMaxTokens)
+//
+// Where the site's group and backend offer the peer-copy form it runs
+// (peerep.Pipelined: overlap/peercopy for the TP sites); elsewhere the TP
+// sites run the exchange form (overlap.Pipelined), and the expert path,
+// which has no exchange form, is refused (an explicit request) or stays
+// collective (a default), saying why.
+type Pipelined struct{ Options Options }
+
+var (
+	_ overlap.Strategy  = Pipelined{}
+	_ ep.ExpertStrategy = Pipelined{}
+)
+
+// Name is "pipelined".
+func (Pipelined) Name() string { return "pipelined" }
+
+func (p Pipelined) peer() peerep.Pipelined { return peerep.Pipelined{Options: p.Options.Expert} }
+
+func (p Pipelined) exchange() overlap.Pipelined { return overlap.Pipelined{Chunks: p.Options.Chunks} }
+
+// impl is the implementation for the site of sp, or why there is none.
+func (p Pipelined) impl(sp overlap.Spec) (overlap.Strategy, error) {
+	if err := peerCopy(sp, "pipelined"); err == nil {
+		return p.peer(), nil
+	} else if sp.Kind == overlap.KindExpert {
+		return nil, err
+	}
+	return p.exchange(), nil
+}
+
+// Supports says whether a site of sp can run, and if not why.
+func (p Pipelined) Supports(sp overlap.Spec) error {
+	s, err := p.impl(sp)
+	if err != nil {
+		return err
+	}
+	return s.Supports(sp)
+}
+
+// Via says how the site of sp moves its data (overlap.Describer).
+func (p Pipelined) Via(sp overlap.Spec) (string, bool) {
+	s, err := p.impl(sp)
+	if err != nil {
+		return "", false
+	}
+	_, exchange := s.(overlap.Pipelined)
+	switch {
+	case sp.Kind == overlap.KindMatmulAllReduce:
+		return "chunked all-reduces on the group's collectives", false
+	case exchange:
+		return "exchanges on the group's collectives", false
+	case sp.Kind == overlap.KindExpert:
+		return "stores through peer pointers into symmetric memory", true
+	}
+	return "copy-engine pulls from symmetric memory", true
+}
+
+func (p Pipelined) NewAllGatherMatmul(sp overlap.Spec) (overlap.AllGatherMatmul, error) {
+	s, err := p.impl(sp)
+	if err != nil {
+		return nil, err
+	}
+	return s.NewAllGatherMatmul(sp)
+}
+
+func (p Pipelined) NewMatmulReduceScatter(sp overlap.Spec) (overlap.MatmulReduceScatter, error) {
+	s, err := p.impl(sp)
+	if err != nil {
+		return nil, err
+	}
+	return s.NewMatmulReduceScatter(sp)
+}
+
+func (p Pipelined) NewMatmulAllReduce(sp overlap.Spec) (overlap.MatmulAllReduce, error) {
+	s, err := p.impl(sp)
+	if err != nil {
+		return nil, err
+	}
+	return s.NewMatmulAllReduce(sp)
+}
+
+// NewExpertPath builds the expert path (peerep.Path); Supports has said
+// whether the layer's group and backend can run it.
+func (p Pipelined) NewExpertPath(c ep.ExpertConfig) (ep.ExpertPath, error) {
+	return p.peer().NewExpertPath(c)
+}
+
+// Fused is the strategy "fused": one kernel does the math while the
+// communication lands, waiting on each chunk's signal before it reads it.
+//
+//	site kind                forward / backward                          transfer                                   requirements
+//	all-gather∘matmul        our GEMM engine from this rank's shard,     copy-engine pulls (Transfer "pull") or     symmetric memory reached by loads and
+//	                         its producer waiting per chunk; backward    puts by a few CTAs of every peer ("put")   stores on every pair, the CUDA backend on
+//	                         the fused matmul∘reduce-scatter             into this rank's symmetric buffer          a stream, an sm_90a GPU, bf16, widths of
+//	matmul∘reduce-scatter    the engine stores the partial product,      the peers pull this rank's partial rows    multiples of 8 (peercopy.Fused)
+//	                         signalling each 128-row block; the rows     as they are signalled; fp32 sum in a
+//	                         are summed in a fixed rank order            fixed rank order
+//	matmul∘all-reduce        no fused form: refused, or collective       —                                          —
+//	expert (MoE)             the grouped GEMM engine waits per 128-row   dispatch stores through peer pointers;     as pipelined's expert path, the grouped
+//	                         block of the dispatch; the down projection  the down GEMM's blocks are sent home as    GEMM on (the MoE device step), bf16, the
+//	                         sends its blocks home as it stores them     they are stored                            grouped GEMM engine (peerep.Fused)
+type Fused struct{ Options Options }
+
+var (
+	_ overlap.Strategy  = Fused{}
+	_ ep.ExpertStrategy = Fused{}
+)
+
+// Name is "fused".
+func (Fused) Name() string { return "fused" }
+
+func (f Fused) impl() peerep.Fused {
+	o := f.Options
+	return peerep.Fused{Fused: peercopy.Fused{Transfer: o.Transfer, PutCTAs: o.PutCTAs, Timeout: o.Timeout}, Options: o.Expert}
+}
+
+// Supports says whether a site of sp can run, and if not why.
+func (f Fused) Supports(sp overlap.Spec) error {
+	if sp.Kind == overlap.KindMatmulAllReduce {
+		return fmt.Errorf("fused for %s site %q: the matmul∘all-reduce sites have no fused form (%w)", sp.Kind, sp.Name, overlap.ErrUnavailable)
+	}
+	if err := peerCopy(sp, "fused"); err != nil {
+		return err
+	}
+	return f.impl().Supports(sp)
+}
+
+// Via says how the site of sp moves its data (overlap.Describer).
+func (f Fused) Via(sp overlap.Spec) (string, bool) {
+	switch {
+	case sp.Kind == overlap.KindExpert:
+		return "the grouped GEMM engine on symmetric memory", true
+	case f.Options.Transfer == peercopy.TransferPut:
+		return "the GEMM engine fed by puts into symmetric memory", true
+	}
+	return "the GEMM engine fed by copy-engine pulls from symmetric memory", true
+}
+
+func (f Fused) NewAllGatherMatmul(sp overlap.Spec) (overlap.AllGatherMatmul, error) {
+	if err := f.Supports(sp); err != nil {
+		return nil, err
+	}
+	return f.impl().NewAllGatherMatmul(sp)
+}
+
+func (f Fused) NewMatmulReduceScatter(sp overlap.Spec) (overlap.MatmulReduceScatter, error) {
+	if err := f.Supports(sp); err != nil {
+		return nil, err
+	}
+	return f.impl().NewMatmulReduceScatter(sp)
+}
+
+func (f Fused) NewMatmulAllReduce(sp overlap.Spec) (overlap.MatmulAllReduce, error) {
+	return nil, f.Supports(sp)
+}
+
+// NewExpertPath builds the fused expert path (peerep.Path in its fused
+// mode).
+func (f Fused) NewExpertPath(c ep.ExpertConfig) (ep.ExpertPath, error) {
+	return f.impl().NewExpertPath(c)
+}
