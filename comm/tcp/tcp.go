@@ -95,7 +95,7 @@ func New(ctx context.Context, store *rendezvous.Client, rank, size int, opts ...
 		return nil, fmt.Errorf("tcp: New(rank %d, size %d): expected a rendezvous store to exchange the ranks' addresses (nil is only for a world of one rank)", rank, size)
 	}
 	w := &world{rank: rank, size: size, opts: o, peers: make([]*peer, size),
-		boxes: map[msgKey]*box{}, groupClosed: map[groupPeer]bool{}, failed: make(chan struct{})}
+		boxes: map[msgKey]*box{}, groupClosed: map[groupPeer]bool{}, failed: make(chan struct{}), told: make(chan struct{})}
 	if size > 1 {
 		w.prefix = o.key
 		if w.prefix == "" {
@@ -387,6 +387,7 @@ func (c *Comm) Close() error {
 		return nil
 	}
 	w := c.g.w
+	w.waitTold()
 	if c.isWorld {
 		w.shutdown()
 		return nil

@@ -30,6 +30,7 @@ type world struct {
 	groupClosed map[groupPeer]bool // groups a peer closed
 	err         error              // why the world failed, once it has
 	failed      chan struct{}      // closed with err
+	told        chan struct{}      // closed once the peers were told of the failure (or need not be)
 	closing     bool               // Close of the world has begun
 	heartbeats  chan struct{}      // closed to stop beat
 	stopBeats   sync.Once
@@ -118,8 +119,24 @@ func (w *world) recv(g *group, k msgKey, deadline time.Time) (*message, error) {
 	w.mu.Lock()
 	delete(w.boxes, k)
 	w.mu.Unlock()
+	if b.err != nil && errors.Is(b.err, comm.ErrClosed) {
+		// A peer that left in the middle of an op mostly left because the
+		// world failed: its bye can overtake, on another connection, the
+		// abort that says why. Wait a moment for it, to name the cause.
+		t := time.NewTimer(min(closedGrace, w.opts.timeout))
+		defer t.Stop()
+		select {
+		case <-w.failed:
+			return nil, w.failure()
+		case <-t.C:
+		}
+	}
 	return b.msg, b.err
 }
+
+// closedGrace is how long an op that a peer left waits for the world's
+// failure that may have made it leave.
+const closedGrace = time.Second
 
 var errDeadline = errors.New("deadline")
 
@@ -187,6 +204,7 @@ func (w *world) failAs(err error, tell, own bool) {
 	if f := w.opts.onFailure; f != nil && !own {
 		f(err)
 	}
+	defer close(w.told)
 	if !tell {
 		return
 	}
@@ -207,6 +225,16 @@ func (w *world) failAs(err error, tell, own bool) {
 		}
 	}
 	wg.Wait()
+}
+
+// waitTold waits, in a failed world, until the peers were told why (the
+// abort frames are sent, each within its deadline): a group's close frame
+// sent first would reach them as a peer that merely left, and they would
+// name it instead of the lost rank.
+func (w *world) waitTold() {
+	if w.failure() != nil {
+		<-w.told
+	}
 }
 
 // remoteError is the failure of another rank, told by its abort frame: its
@@ -272,8 +300,11 @@ func (w *world) read(p *peer) {
 		quiet := w.closing || p.bye
 		w.mu.Unlock()
 		if since := time.Since(time.Unix(0, p.heard.Load())); !quiet && since > 2*w.heartbeat() {
-			w.fail(fmt.Errorf("world rank %d is unreachable: nothing heard from it for %v, then its connection ended (%v): its host, or the link to it, is down (%w) (%w)",
-				p.rank, since.Round(time.Millisecond), err, comm.ErrTimeout, comm.ErrAborted), true)
+			// Silent first, then the connection ended (a write to it gave up):
+			// the link is lost, with every peer as silent as this one.
+			lost, _ := w.silent(2 * w.heartbeat())
+			w.fail(fmt.Errorf("%s unreachable: nothing heard for %v, then the connection to world rank %d ended (%v): their host, or the link to it, is down (%w) (%w)",
+				rankList(lost), since.Round(time.Millisecond), p.rank, err, comm.ErrTimeout, comm.ErrAborted), true)
 		} else if !quiet {
 			w.fail(fmt.Errorf("world rank %d is gone: its connection ended without a goodbye (%v): its process exited, crashed or was killed (%w) (%w)",
 				p.rank, err, ErrPeerGone, comm.ErrAborted), true)
@@ -338,31 +369,24 @@ func (w *world) stopHeartbeats() {
 	})
 }
 
-// beat sends every peer a ping each heartbeat, and fails the world when
-// peers stay silent for the op timeout: their host, or the link to it, is
-// down (a cut link ends no connection; without pings a rank would only
-// learn of it at its next op's deadline, and could not tell a silent peer
-// from one that waits, as it does, for the silent one).
+// beat fails the world when peers stay silent for the op timeout: their
+// host, or the link to it, is down (a cut link ends no connection; without
+// pings a rank would only learn of it at its next op's deadline, and could
+// not tell a silent peer from one that waits, as it does, for the silent
+// one). Each peer's pings go from a goroutine of their own (ping).
 func (w *world) beat() {
+	for _, p := range w.peers {
+		if p != nil {
+			go w.ping(p)
+		}
+	}
 	tick := time.NewTicker(w.heartbeat())
 	defer tick.Stop()
-	ping := newFrame(kindPing).frame(0)
 	for {
 		select {
 		case <-w.heartbeats:
 			return
 		case <-tick.C:
-		}
-		for _, p := range w.peers {
-			// A frame being written says as much; a write that blocks (the
-			// link is down) must not hold the others' pings up.
-			if p != nil && p.wmu.TryLock() {
-				p.conn.SetWriteDeadline(time.Now().Add(w.heartbeat()))
-				if _, err := p.conn.Write(ping); err != nil {
-					p.conn.Close() // a part of a frame may have gone: the stream is lost
-				}
-				p.wmu.Unlock()
-			}
 		}
 		if lost, since := w.silent(w.opts.timeout); len(lost) > 0 {
 			// Every peer silent for more than two beats is as lost as the
@@ -370,6 +394,32 @@ func (w *world) beat() {
 			lost, _ = w.silent(2 * w.heartbeat())
 			w.fail(fmt.Errorf("%s unreachable: nothing heard for %v (the op timeout is %v): their host, or the link to it, is down, or their process is stopped (%w)",
 				rankList(lost), since.Round(time.Millisecond), w.opts.timeout, comm.ErrTimeout), true)
+			return
+		}
+	}
+}
+
+// ping sends the peer a ping each heartbeat, between the frames of the
+// ops. A write may wait while the link is down and the socket's buffer
+// full: it has the op timeout, by which beat has failed the world.
+func (w *world) ping(p *peer) {
+	tick := time.NewTicker(w.heartbeat())
+	defer tick.Stop()
+	frame := newFrame(kindPing).frame(0)
+	for {
+		select {
+		case <-w.heartbeats:
+			return
+		case <-tick.C:
+		}
+		p.wmu.Lock()
+		p.conn.SetWriteDeadline(time.Now().Add(w.opts.timeout))
+		_, err := p.conn.Write(frame)
+		if err != nil {
+			p.conn.Close() // a part of a frame may have gone: the stream is lost
+		}
+		p.wmu.Unlock()
+		if err != nil {
 			return
 		}
 	}
