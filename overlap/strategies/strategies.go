@@ -109,7 +109,7 @@ func rankNames(rs []int) string {
 //	                         all-reduced while the next computes
 //	expert (MoE)             device-side dispatch → grouped GEMMs →     stores into the owners' symmetric receive  symmetric memory reached by loads and
 //	                         combine (parallel/ep/peerep.Path);         buffers through peer pointers, epoch        stores on every pair, the CUDA backend,
-//	                         backward the reverse, same handle          signals                                    a bound on the tokens (ep.WithMaxTokens)
+//	                         backward the reverse, same handle          signals                                    a bound on the tokens (ep.Parallel.MaxTokens)
 //
 // Where the site's group and backend offer the peer-copy form it runs
 // (peerep.Pipelined: overlap/peercopy for the TP sites); elsewhere the TP

@@ -13,7 +13,6 @@ import (
 	"github.com/asynctp/asynctp/comm/local"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/overlap"
-	"github.com/asynctp/asynctp/parallel/ep"
 	"github.com/asynctp/asynctp/tensor"
 )
 
@@ -59,7 +58,7 @@ func TestEmuHybridMatchesCollective(t *testing.T) {
 				const maxTok, steps = 9, 2
 				run := func(wrap func(*symComm) comm.Comm, st func(bar *barrier) overlap.Strategy) []moeResult {
 					return moeRun(t, tc.P, cfg, dt, tc.tokens, maxTok, steps, moeRunOpts{st: st, params: 23, rng: [2]uint64{5, 77}, wrap: wrap,
-						extra: []ep.Option{ep.WithAuxGradScale(float64(tc.P))}})
+						aux: float64(tc.P)})
 				}
 				col := run(func(c *symComm) comm.Comm { return &devComm{c} }, nil)
 				for _, s := range []struct {
