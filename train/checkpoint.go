@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/asynctp/asynctp/internal/atomicfile"
 	"github.com/asynctp/asynctp/optim"
+	"github.com/asynctp/asynctp/parallel/shard"
 	"github.com/asynctp/asynctp/safetensors"
 	"github.com/asynctp/asynctp/tensor"
 )
@@ -63,6 +65,9 @@ func SaveCheckpoint(outDir string, b tensor.Backend, opt *optim.AdamW, st State)
 type Snapshot struct {
 	params, moments []safetensors.Named
 	dtype           string // the parameters' dtype (State.ModelDType)
+	// slices are the parameters' slices of the full ones, by name, for a
+	// model sharded over ranks (Resharder): recorded in both files.
+	slices map[string]shard.Slice
 }
 
 // TakeSnapshot copies opt's parameters and moments to the host. With
@@ -142,6 +147,11 @@ func (snap *Snapshot) write(outDir string, st State, beforeRename func(step int)
 		tensors []safetensors.Named
 	}{{ModelFile, snap.params}, {OptimFile, snap.moments}} {
 		meta := map[string]string{"format": "asynctp", "step": strconv.Itoa(st.Step)}
+		if js, err := fileSlices(snap.slices, f.name == OptimFile); err != nil {
+			return "", fmt.Errorf("train: checkpoint %s/%s: %w", name, f.name, err)
+		} else if js != "" {
+			meta[shard.SlicesKey] = js
+		}
 		sum, err := writeFileSync(filepath.Join(tmp, f.name), func(w io.Writer) error {
 			return safetensors.Write(w, f.tensors, meta)
 		})
@@ -194,6 +204,24 @@ func (snap *Snapshot) write(outDir string, st State, beforeRename func(step int)
 		return "", err
 	}
 	return final, nil
+}
+
+// fileSlices is the metadata (shard.SlicesKey) of a checkpoint file of
+// parameters with these slices: for the moments file, under the moments'
+// names.
+func fileSlices(slices map[string]shard.Slice, moments bool) (string, error) {
+	if len(slices) == 0 {
+		return "", nil
+	}
+	m := slices
+	if moments {
+		m = make(map[string]shard.Slice, 2*len(slices))
+		for n, sl := range slices {
+			m["m."+n], m["v."+n] = sl, sl
+		}
+	}
+	js, err := json.Marshal(m)
+	return string(js), err
 }
 
 // writeFileSync creates path, lets fill write it through a buffer, fsyncs

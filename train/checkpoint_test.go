@@ -157,7 +157,7 @@ func TestCheckpointLoadErrors(t *testing.T) {
 			fixSha(d, ModelFile)
 		}, []string{"model.safetensors", "bad header JSON"}},
 		{"missing file", func(d string) { os.Remove(filepath.Join(d, OptimFile)) }, []string{"optim.safetensors", "no such file"}},
-		{"version", func(d string) { editState(d, `"format_version": 1`, `"format_version": 7`) }, []string{"unsupported format version 7"}},
+		{"version", func(d string) { editState(d, `"format_version": 2`, `"format_version": 7`) }, []string{"unsupported format version 7"}},
 		{"state json", func(d string) { os.WriteFile(filepath.Join(d, StateFile), []byte("{"), 0o644) }, []string{"state.json", "bad JSON"}},
 		{"dtype", func(d string) { editState(d, `"model_dtype": "f32"`, `"model_dtype": "f64"`) }, []string{"holds f64 parameters", "model's are f32"}},
 	} {

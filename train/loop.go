@@ -98,7 +98,9 @@ type runOptions struct {
 	metricsDir  *string
 	runConfig   any
 	saveHook    func(step int)
-	syncSaves   bool // each save written before the next step (the benchmark's reference)
+	reshardFrom []string // a resume at another layout: the checkpoint's ranks' checkpoints (RunSharded)
+	ranks       int      // the ranks of the world, recorded in each checkpoint (RunSharded)
+	syncSaves   bool     // each save written before the next step (the benchmark's reference)
 }
 
 // WithRank0 says whether this process is rank 0 (the default). Only rank 0
@@ -276,15 +278,28 @@ func Run(ctx context.Context, b tensor.Backend, model Model, data *Loader, cfg C
 		}
 	}
 	r := &runner{ctx: ctx, b: b, model: model, data: data, cfg: cfg, o: o, opt: opt, modelCfg: modelCfg, layout: layout, runCfg: runCfg,
-		sched: optim.Replanned{WarmupCosine: cfg.Schedule()}}
+		sched: optim.Replanned{WarmupCosine: cfg.Schedule()}, slices: slicesOf(shardsOf(model))}
 	if cfg.Resume != "" {
-		dir, err := ResolveCheckpoint(cfg.Resume)
-		if err != nil {
-			return Result{}, err
+		var dir string
+		var st *State
+		cks := o.reshardFrom
+		if cks == nil && isRunOfRanks(cfg.Resume) { // a model of one rank from a run of several
+			if cks, err = RunCheckpoints(cfg.Resume); err != nil {
+				return Result{}, err
+			}
 		}
-		st, err := LoadCheckpoint(dir, b, opt)
-		if err != nil {
-			return Result{}, err
+		if cks != nil {
+			dir, r.o.reshardFrom = cks[0], cks
+			if st, err = loadResharded(cks, b, opt, shardsOf(model)); err != nil {
+				return Result{}, err
+			}
+		} else {
+			if dir, err = ResolveCheckpoint(cfg.Resume); err != nil {
+				return Result{}, err
+			}
+			if st, err = LoadCheckpoint(dir, b, opt); err != nil {
+				return Result{}, err
+			}
 		}
 		if err := data.Seek(st.Data); err != nil {
 			return Result{}, fmt.Errorf("train: resume from %s: %w", dir, err)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/asynctp/asynctp/optim"
+	"github.com/asynctp/asynctp/parallel/shard"
 	"github.com/asynctp/asynctp/tensor"
 )
 
@@ -25,7 +26,8 @@ type runner struct {
 	runCfg   json.RawMessage
 	layout   json.RawMessage
 	sink     *metricsSink
-	sched    optim.Replanned // the learning rate of each step
+	sched    optim.Replanned        // the learning rate of each step
+	slices   map[string]shard.Slice // the model's split parameters' slices, recorded in its checkpoints
 
 	res         Result
 	savedStep   int           // step of res.LastCheckpoint
@@ -95,7 +97,11 @@ func (r *runner) loop() (Result, error) {
 		}
 		defer r.sink.close()
 		if r.res.StartStep > 0 {
-			r.sink.logf("resumed from %s at step %d", r.res.LastCheckpoint, r.res.StartStep)
+			if n := len(r.o.reshardFrom); n > 0 {
+				r.sink.logf("resumed from %s and the checkpoints of its run's other %d ranks, resharded, at step %d", r.res.LastCheckpoint, n-1, r.res.StartStep)
+			} else {
+				r.sink.logf("resumed from %s at step %d", r.res.LastCheckpoint, r.res.StartStep)
+			}
 			if n := len(r.sched.Replans); n > 0 && r.sched.Replans[n-1].At == r.res.StartStep {
 				r.sink.logf("schedule: %s", describeReplan(r.sched))
 			}
@@ -558,6 +564,7 @@ func (r *runner) save(step int, loss float64) error {
 	if err != nil {
 		return fmt.Errorf("train: checkpoint %s: %w", CheckpointName(step), err)
 	}
+	snap.slices = r.slices
 	r.snap = nil // in use until its write is done
 	st := State{
 		Step:        step,
@@ -569,6 +576,7 @@ func (r *runner) save(step int, loss float64) error {
 		Replans:     r.sched.Replans,
 		RunConfig:   r.runCfg,
 		Layout:      r.layout,
+		Ranks:       r.o.ranks,
 		Tokenizer:   r.o.tokenizer,
 	}
 	out, keep, hook, sink := r.cfg.OutDir, r.cfg.KeepCheckpoints, r.o.saveHook, r.sink

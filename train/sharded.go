@@ -63,15 +63,90 @@ func RunSharded[L comparable](ctx context.Context, b tensor.Backend, m Sharded[L
 	if rank != 0 {
 		base = append(base, WithOutput(io.Discard), WithProgressBar(false), WithMetricsDir(""))
 	}
+	if rs, ok := any(m).(Resharder); ok {
+		base = append(base, func(o *runOptions) { o.ranks = rs.WorldSize() })
+	}
 	cfg.OutDir = RankDir(cfg.OutDir, rank)
 	if cfg.Resume != "" {
-		ck, err := checkShardedResume(b, m, RankDir(cfg.Resume, rank))
+		ck, from, err := shardedResume(b, m, cfg.Resume)
 		if err != nil {
 			return Result{}, err
 		}
 		cfg.Resume = ck
+		if from != nil {
+			cfg.Resume = from[0]
+			base = append(base, func(o *runOptions) { o.reshardFrom = from })
+		}
 	}
 	return Run(ctx, b, m, data, cfg, append(base, opts...)...)
+}
+
+// How a sharded run resumes (shardedResume), agreed over the world.
+const (
+	resumeFailed  = -1 // this rank cannot read the run's checkpoints
+	resumeFormat1 = 0  // checkpoints of format 1: each rank its own, at the same layout only
+	resumeReshard = 1  // from the checkpoints of another layout
+	resumeSame    = 2  // each rank from its own checkpoint of the same layout and step
+)
+
+// shardedResume decides, collectively over the world, how each rank
+// resumes from the run in dir (RunCheckpoints: the newest step every rank
+// of that run holds): from its own checkpoint when the run's layout is
+// this one (ck), else from every rank's of the run (from), resharded;
+// checkpoints of format 1 by the rule of their time (checkShardedResume).
+// Every rank takes part even when its own reading fails, so none waits.
+func shardedResume[L comparable](b tensor.Backend, m Sharded[L], dir string) (ck string, from []string, err error) {
+	rank := m.WorldRank()
+	cks, rerr := RunCheckpoints(dir)
+	how, step := resumeFailed, -1
+	switch {
+	case errors.Is(rerr, errNoRanks):
+		how = resumeFormat1
+	case rerr == nil:
+		how = resumeReshard
+		if st, err := ReadState(filepath.Join(cks[0], StateFile)); err == nil {
+			step = st.Step
+		}
+		world := len(cks)
+		if rs, ok := any(m).(Resharder); ok {
+			world = rs.WorldSize()
+		}
+		if rank < len(cks) && world == len(cks) {
+			if _, err := shardedCheckpointStep(m, cks[rank]); err == nil {
+				how = resumeSame
+			}
+		}
+	}
+	hi, lo, err := m.StepRange(how)
+	if err != nil {
+		return "", nil, fmt.Errorf("train: resume: agreeing on how: %w", err)
+	}
+	if how == resumeFormat1 && hi == lo {
+		ck, err := checkShardedResume(b, m, RankDir(dir, rank))
+		return ck, nil, err
+	}
+	if how != resumeFailed && hi == lo {
+		// The same checkpoints on every rank: the same step.
+		shi, slo, err := m.StepRange(step)
+		switch {
+		case err != nil:
+			return "", nil, fmt.Errorf("train: resume: agreeing on the step: %w", err)
+		case shi != slo:
+			return "", nil, fmt.Errorf("train: resume from %s: the ranks found checkpoints of steps %d to %d", dir, slo, shi)
+		case how == resumeSame:
+			return cks[rank], nil, backendErr(b)
+		}
+		return "", cks, backendErr(b)
+	}
+	switch {
+	case rerr != nil && how == resumeFailed:
+		return "", nil, rerr
+	case lo == resumeFailed:
+		return "", nil, fmt.Errorf("train: resume from %s: another rank cannot read the run's checkpoints", dir)
+	case lo == resumeFormat1 || hi == resumeFormat1:
+		return "", nil, fmt.Errorf("train: resume from %s: the ranks found checkpoints of different formats", dir)
+	}
+	return "", nil, fmt.Errorf("train: resume from %s: its checkpoints have this layout on some ranks and not on others (this rank: %v)", dir, how == resumeSame)
 }
 
 // checkShardedResume checks, collectively over the world, that every

@@ -12,8 +12,14 @@ import (
 	"github.com/asynctp/asynctp/optim"
 )
 
-// FormatVersion is the checkpoint format this package writes and reads.
-const FormatVersion = 1
+// FormatVersion is the checkpoint format this package writes. It reads
+// this one and version 1, whose files record no slices and whose states
+// record no ranks: a checkpoint of version 1 of a run of several ranks
+// resumes at its own layout only.
+const FormatVersion = 2
+
+// oldestFormat is the oldest format this package reads.
+const oldestFormat = 1
 
 // MaxStateSize bounds the state.json a reader accepts.
 const MaxStateSize = 16 << 20
@@ -55,6 +61,11 @@ type State struct {
 	// Layout is free-form: the parallel code records how tensors are
 	// sharded over ranks.
 	Layout json.RawMessage `json:"layout,omitempty"`
+	// Ranks is the number of ranks whose checkpoints of this step make up
+	// the model, one per rank dir (RunSharded); 0 for a model of one rank.
+	// Their files record each tensor's slice of the full tensor
+	// (shard.SlicesKey), so the checkpoint resumes at any layout.
+	Ranks int `json:"ranks,omitempty"`
 	// Tokenizer says what the token ids mean (WithTokenizer; empty when
 	// not recorded).
 	Tokenizer string `json:"tokenizer,omitempty"`
@@ -78,8 +89,8 @@ func ParseState(data []byte) (*State, error) {
 	if v.FormatVersion == nil {
 		return nil, fmt.Errorf("state.json has no format_version")
 	}
-	if *v.FormatVersion != FormatVersion {
-		return nil, fmt.Errorf("state.json has unsupported format version %d (this build reads version %d)", *v.FormatVersion, FormatVersion)
+	if *v.FormatVersion < oldestFormat || *v.FormatVersion > FormatVersion {
+		return nil, fmt.Errorf("state.json has unsupported format version %d (this build reads versions %d to %d)", *v.FormatVersion, oldestFormat, FormatVersion)
 	}
 	var st State
 	dec := json.NewDecoder(bytes.NewReader(data))
@@ -108,6 +119,8 @@ func (st *State) validate() error {
 		return fmt.Errorf("loss %v is not finite", st.Loss)
 	case !(st.ElapsedS >= 0):
 		return fmt.Errorf("elapsed_s %v is negative", st.ElapsedS)
+	case st.Ranks < 0 || st.Ranks > maxRanks:
+		return fmt.Errorf("ranks %d, want 0 to %d", st.Ranks, maxRanks)
 	}
 	at := 0
 	for _, r := range st.Replans {
@@ -135,6 +148,9 @@ func (st *State) validate() error {
 	}
 	return nil
 }
+
+// maxRanks bounds State.Ranks.
+const maxRanks = 1 << 20
 
 var modelDTypes = map[string]bool{"f32": true, "f64": true, "bf16": true}
 

@@ -56,7 +56,7 @@ func TestParseStateErrors(t *testing.T) {
 	}{
 		{"not json", []byte("{"), "bad JSON"},
 		{"no version", []byte(`{"step":1}`), "no format_version"},
-		{"future version", enc(func(s *State) { s.FormatVersion = 2 }), "unsupported format version 2 (this build reads version 1)"},
+		{"future version", enc(func(s *State) { s.FormatVersion = 3 }), "unsupported format version 3 (this build reads versions 1 to 2)"},
 		{"negative step", enc(func(s *State) { s.Step = -1 }), "step -1"},
 		{"bad position", enc(func(s *State) { s.Data.Index = 30 }), "index 30"},
 		{"replan past the step", enc(func(s *State) { s.Replans = []optim.Replan{{At: 200, Steps: 300}} }), "replans"},

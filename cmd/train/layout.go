@@ -270,50 +270,65 @@ func (p ParallelConfig) layout() runLayout {
 	return runLayout{TP: p.TP, DP: p.DP, EP: p.EP, SP: p.SequenceParallel && !p.Single()}
 }
 
-// checkResume checks, before any work, that --resume names a run of the
-// layout this run asks for: a parallel run's out dir (rank-00000,
-// rank-00001...) for a parallel layout, a single-rank checkpoint or out dir
-// otherwise. A path holding neither is left to the loaders' own errors.
-func checkResume(p ParallelConfig, dir string) error {
+// checkResume checks, before any work, that --resume names a run this
+// run can continue: a parallel run's out dir (rank-00000, rank-00001...)
+// or a single-rank checkpoint or out dir, not one rank's checkpoint of a
+// parallel run. A run at another layout is resharded (train.RunSharded:
+// its checkpoints record their slices) and the start says so, naming both
+// layouts; one whose checkpoints are of the older format (no slices)
+// resumes at its own layout only. A path holding neither is left to the
+// loaders' own errors.
+func (c *Config) checkResume() error {
+	p, dir := c.Parallel, c.Train.Resume
 	want := p.layout()
-	got, parallelDir, err := recordedLayout(dir)
+	got, parallelDir, ranks, err := recordedLayout(dir)
 	if err != nil {
 		if p.Single() {
 			return nil // train reports the missing or broken checkpoint itself
 		}
-		return fmt.Errorf("resume from %s: expected the out dir of a run at layout %s (holding %s...): %w", dir, want, train.RankDir(dir, 0), err)
+		return fmt.Errorf("resume from %s: expected the out dir of a run (holding %s... for a run of several ranks): %w", dir, train.RankDir(dir, 0), err)
 	}
-	if got != want {
-		return fmt.Errorf("resume from %s: the run was trained at layout %s; this run asks for %s: resume with the same --tp, --dp, --ep and --sequence-parallel (or start a new run)", dir, got, want)
+	if !parallelDir && got != singleLayout {
+		return fmt.Errorf("resume from %s: one rank's checkpoint of a run at layout %s; --resume takes the run's out dir (the parent of rank-00000)", dir, got)
 	}
-	if !p.Single() && !parallelDir {
-		return fmt.Errorf("resume from %s: a checkpoint of one rank; with %s, --resume takes the run's out dir (the parent of rank-00000)", dir, p)
+	if got == want {
+		return nil
+	}
+	if parallelDir && ranks == 0 {
+		return fmt.Errorf("resume from %s: the run was trained at layout %s, and its checkpoints, of the older format, record no slices: they resume at that layout only; this run asks for %s: resume with the same --tp, --dp, --ep and --sequence-parallel (or start a new run)", dir, got, want)
+	}
+	if c.resume != nil {
+		c.resume.layout = fmt.Sprintf("the checkpoint's layout %s, this run's %s: every weight and optimizer state resharded", got, want)
 	}
 	return nil
 }
 
+// singleLayout is the layout of a run of one rank.
+var singleLayout = runLayout{1, 1, 1, false}
+
 // recordedLayout reads the layout of the checkpoints under dir: a parallel
-// run's out dir (its rank-00000's latest state.json), or a single
-// checkpoint or out dir (a state.json without a layout is a single rank).
-func recordedLayout(dir string) (l runLayout, parallelDir bool, err error) {
+// run's out dir (its rank-00000's latest state.json, and the number of
+// ranks it records: 0 for the older format), or a single checkpoint or out
+// dir (a state.json without a layout is a single rank).
+func recordedLayout(dir string) (l runLayout, parallelDir bool, ranks int, err error) {
 	path := dir
 	if fi, err := os.Stat(train.RankDir(dir, 0)); err == nil && fi.IsDir() {
 		path, parallelDir = train.RankDir(dir, 0), true
 	}
 	ck, err := train.ResolveCheckpoint(path)
 	if err != nil {
-		return l, parallelDir, err
+		return l, parallelDir, 0, err
 	}
 	st, err := train.ReadState(ck + string(os.PathSeparator) + train.StateFile)
 	if err != nil {
-		return l, parallelDir, err
+		return l, parallelDir, 0, err
 	}
 	if len(st.Layout) == 0 {
-		return runLayout{1, 1, 1, false}, parallelDir, nil
+		return singleLayout, parallelDir, st.Ranks, nil
 	}
 	var ml model.Layout
 	if err := json.Unmarshal(st.Layout, &ml); err != nil {
-		return l, parallelDir, fmt.Errorf("%s: layout %s: %w", ck, st.Layout, err)
+		return l, parallelDir, 0, fmt.Errorf("%s: layout %s: %w", ck, st.Layout, err)
 	}
-	return runLayout{TP: ml.TP, DP: ml.DP, EP: ml.EP, SP: ml.SequenceParallel}, parallelDir, nil
+	return runLayout{TP: ml.TP, DP: ml.DP, EP: ml.EP, SP: ml.SequenceParallel}, parallelDir, st.Ranks, nil
 }

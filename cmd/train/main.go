@@ -139,7 +139,7 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 	if cfg.Train.Resume != "" {
-		if err := checkResume(cfg.Parallel, cfg.Train.Resume); err != nil {
+		if err := cfg.checkResume(); err != nil {
 			return err
 		}
 	}

@@ -163,12 +163,12 @@ func TestProcessDies(t *testing.T) {
 func TestFaultHookSyntax(t *testing.T) {
 	for _, v := range []string{"x", "8", "8:x", "8:1:kill", "1:2:3:4"} {
 		t.Setenv(envFault, v)
-		if _, err := faultHooks(0); err == nil || !strings.Contains(err.Error(), envFault) {
+		if _, err := faultHooks(0, Config{}); err == nil || !strings.Contains(err.Error(), envFault) {
 			t.Errorf("%s=%q: error %v", envFault, v, err)
 		}
 	}
 	t.Setenv(envFault, "8:1")
-	if f, err := faultHooks(0); err != nil || f.step != nil || f.save != nil {
+	if f, err := faultHooks(0, Config{}); err != nil || f.step != nil || f.save != nil {
 		t.Errorf("another rank's fault: %v, %v", f.step != nil || f.save != nil, err)
 	}
 }

@@ -73,7 +73,7 @@ func rankProcess(ctx context.Context, cfg Config, info rendezvous.Info) error {
 			fmt.Printf(format, args...)
 		}
 	}
-	fault, err := faultHooks(rank)
+	fault, err := faultHooks(rank, cfg)
 	if err != nil {
 		return err
 	}
@@ -131,13 +131,14 @@ type faults struct {
 }
 
 // faultHooks is the test hook ASYNCTP_FAULT_EXIT_AT_STEP=<step>:<rank>[:exit|:save]:
-// that rank dies right after that step, before the step's checkpoint, as a
-// crashed process would: killed by SIGKILL, or with ":exit" exiting with
+// that rank dies right after that step (once the checkpoints of the steps
+// before it are complete), before the step's checkpoint, as a crashed
+// process would: killed by SIGKILL, or with ":exit" exiting with
 // status 3; with ":save" it is killed in the middle of its asynchronous save
 // of that step's checkpoint (its files written, not yet renamed into
 // place). The failure tests of the launcher use it; never set it in a real
 // run.
-func faultHooks(rank int) (faults, error) {
+func faultHooks(rank int, cfg Config) (faults, error) {
 	v := os.Getenv(envFault)
 	if v == "" {
 		return faults{}, nil
@@ -169,10 +170,26 @@ func faultHooks(rank int) (faults, error) {
 			}
 		}}, nil
 	}
+	// The checkpoints before the step are written in the background: the
+	// rank dies once they are complete, so that what it leaves is known.
+	settle := func() {
+		every := cfg.Train.CheckpointEvery
+		if every <= 0 || step <= every {
+			return
+		}
+		want := train.CheckpointName((step - 1) / every * every)
+		dir := train.RankDir(cfg.Train.OutDir, rank)
+		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			if ck, err := train.LatestCheckpoint(dir); err == nil && filepath.Base(ck) >= want {
+				return
+			}
+		}
+	}
 	return faults{step: func(m train.StepMetrics) {
 		if m.Step != step {
 			return
 		}
+		settle()
 		if len(parts) == 3 {
 			fmt.Fprintf(os.Stderr, "train: rank %d: %s: exiting with status 3 after step %d (a test hook)\n", rank, envFault, step)
 			os.Exit(3)

@@ -44,7 +44,8 @@ type resumeNote struct {
 	checkpoint     string
 	step, planned  int // the checkpoint's step and its run's planned steps
 	changes        []Change
-	unrecordedData bool // the checkpoint (an older format) records no data settings
+	unrecordedData bool   // the checkpoint (an older format) records no data settings
+	layout         string // the layouts, when they differ (checkResume)
 }
 
 // keptPaths are the config fields a resume takes from the checkpoint
@@ -251,6 +252,9 @@ func (n *resumeNote) line() string {
 			parts = append(parts, fmt.Sprintf("%s %s → %s (%s)", fieldName(c.Field), shown(c.From), shown(c.To), c.Why))
 		}
 		s += "; " + strings.Join(parts, ", ")
+	}
+	if n.layout != "" {
+		s += "; " + n.layout
 	}
 	if n.unrecordedData {
 		s += "; the checkpoint (an older format) records its training config and layout but not its data: --data is this run's"

@@ -112,9 +112,13 @@
 // checkpoints (its shards and their moments, under the unsharded model's
 // parameter names) in outDir/rank-0000r (train.RankDir), and rank 0 alone
 // writes metrics.jsonl and loss.png in outDir; each state.json records
-// the rank's Layout; a resume checks the layout and that all ranks resume from the same step
+// the rank's Layout and the number of ranks, and each file every tensor's
+// slice of the full tensor (Shards). All ranks resume from the same step
 // (the newest that every rank holds, when a rank died between its peers'
-// checkpoints of a step), then continues exactly.
+// checkpoints of a step): at the same layout each from its own
+// checkpoint, exactly; at another (TP, DP, EP, sequence parallelism) each
+// assembles its part of every weight and moment from the pieces of the
+// checkpoint's ranks (the Model is a train.Resharder).
 //
 // # Failures
 //

@@ -29,6 +29,11 @@ func (m *Model) Layout() Layout {
 // WorldRank is this rank's index in the grid's world.
 func (m *Model) WorldRank() int { return m.grid.World.Rank() }
 
+// WorldSize is the number of ranks of the grid's world: with Shards, it
+// makes the Model a train.Resharder, whose checkpoints resume at any
+// layout.
+func (m *Model) WorldSize() int { return m.grid.World.Size() }
+
 // StepRange returns the maximum and minimum of step over the world, a
 // collective over the grid's world: train.RunSharded agrees with it on the
 // checkpoint every rank resumes from.

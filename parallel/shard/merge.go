@@ -185,3 +185,94 @@ func copySlice[T any](fullV, partV []T, s Slice, toFull bool) error {
 	}
 	return nil
 }
+
+// Overlaps reports whether two slices of the same full shape share an
+// element: a whole slice overlaps every slice, two slices of one dimension
+// when their ranges meet. (Slices of two different dimensions always
+// share elements.)
+func (s Slice) Overlaps(o Slice) bool {
+	if s.Whole() || o.Whole() || s.Dim != o.Dim {
+		return true
+	}
+	return s.Lo < o.Hi && o.Lo < s.Hi
+}
+
+// Assemble builds the part dst of a full tensor, as a new host tensor of
+// dst's shape, from pieces of it: the pieces of another layout, each the
+// same full tensor's slice (a resharding: a rank of one layout taking its
+// part from the ranks of another). Every element of dst must be in some
+// piece; pieces outside dst are skipped, and pieces that are the same
+// slice (replicas) are taken once. The pieces and dst must split the same
+// dimension where both are split. Merge is Assemble of the whole tensor.
+func Assemble(dst Slice, pieces []Piece) (*tensor.Tensor, error) {
+	if err := dst.check(); err != nil {
+		return nil, fmt.Errorf("shard: assemble: %w", err)
+	}
+	if len(pieces) == 0 {
+		return nil, fmt.Errorf("shard: assemble: no pieces")
+	}
+	name := pieces[0].Name
+	// Each piece's part inside dst, as a piece of dst's own shape.
+	var local []Piece
+	for i, p := range pieces {
+		if p.Tensor == nil {
+			return nil, fmt.Errorf("shard: assemble: piece %d (%q) has no tensor", i, p.Name)
+		}
+		if err := p.Slice.check(); err != nil {
+			return nil, fmt.Errorf("shard: assemble: piece %d of %q: %w", i, p.Name, err)
+		}
+		if !p.Slice.Full.Equal(dst.Full) {
+			return nil, fmt.Errorf("shard: assemble: piece %d of %q is a slice of %v, the part wanted one of %v", i, p.Name, p.Slice.Full, dst.Full)
+		}
+		if !p.Tensor.Shape().Equal(p.Slice.Shape()) {
+			return nil, fmt.Errorf("shard: assemble: piece %d of %q has shape %v, but its slice of %v has shape %v", i, p.Name, p.Tensor.Shape(), p.Slice.Full, p.Slice.Shape())
+		}
+		if !p.Slice.Overlaps(dst) {
+			continue
+		}
+		var lp Piece
+		var err error
+		switch {
+		case dst.Whole():
+			lp = p // the full tensor: the piece's own slice
+		case p.Slice.Whole():
+			// dst's range, cut out of the whole piece.
+			t, err := Cut(p.Tensor, dst)
+			if err != nil {
+				return nil, fmt.Errorf("shard: assemble of %q: %w", p.Name, err)
+			}
+			lp = Piece{Name: p.Name, Slice: Slice{Full: dst.Shape(), Dim: -1}, Tensor: t}
+		case p.Slice.Dim != dst.Dim:
+			return nil, fmt.Errorf("shard: assemble of %q: a piece split along dimension %d, the part wanted along %d", p.Name, p.Slice.Dim, dst.Dim)
+		default:
+			lo, hi := max(p.Slice.Lo, dst.Lo), min(p.Slice.Hi, dst.Hi)
+			t := p.Tensor
+			if lo != p.Slice.Lo || hi != p.Slice.Hi {
+				if t, err = Cut(p.Tensor, Slice{Full: p.Slice.Shape(), Dim: dst.Dim, Lo: lo - p.Slice.Lo, Hi: hi - p.Slice.Lo}); err != nil {
+					return nil, fmt.Errorf("shard: assemble of %q: %w", p.Name, err)
+				}
+			}
+			lp = Piece{Name: p.Name, Slice: Slice{Full: dst.Shape(), Dim: dst.Dim, Lo: lo - dst.Lo, Hi: hi - dst.Lo}, Tensor: t}
+			if lp.Slice.Lo == 0 && lp.Slice.Hi == lp.Slice.Full[dst.Dim] {
+				lp.Slice = Slice{Full: lp.Slice.Full, Dim: -1}
+			}
+		}
+		local = append(local, lp)
+	}
+	if len(local) == 0 {
+		return nil, fmt.Errorf("shard: assemble: no piece of %q holds any of %s of %v", name, describe(dst), dst.Full)
+	}
+	for _, p := range local[1:] {
+		if p.Name != name {
+			return nil, fmt.Errorf("shard: assemble: pieces of %q and %q", name, p.Name)
+		}
+	}
+	if dst.Whole() {
+		return mergeOne(name, local)
+	}
+	t, err := mergeOne(name, local)
+	if err != nil {
+		return nil, fmt.Errorf("%w (assembling %s of %v)", err, describe(dst), dst.Full)
+	}
+	return t, nil
+}

@@ -278,3 +278,60 @@ func TestCheck(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestAssemble: a tensor cut into P pieces along a dimension (each piece
+// twice: DP replicas) is assembled into each part of Q pieces along the
+// same dimension, and into the whole, for P, Q in {1, 2, 4} (1: a whole
+// piece); each part equals the reference slice of the original bit for
+// bit. A part that a missing piece should cover, and pieces of another
+// dimension, are refused.
+func TestAssemble(t *testing.T) {
+	full := []int{8, 4, 2}
+	x := testutil.Rand(testutil.Rng(9), tensor.Float32, full...)
+	xv, _ := x.Float64s()
+	part := func(dim, n, r int) shard.Slice {
+		if n == 1 {
+			return shard.Slice{Full: full, Dim: -1}
+		}
+		w := full[dim] / n
+		return shard.Slice{Full: full, Dim: dim, Lo: r * w, Hi: (r + 1) * w}
+	}
+	for _, dim := range []int{0, 1} {
+		for _, P := range []int{1, 2, 4} {
+			var pieces []shard.Piece
+			for r := range P {
+				c, err := shard.Cut(x, part(dim, P, r))
+				if err != nil {
+					t.Fatal(err)
+				}
+				p := shard.Piece{Name: "x", Slice: part(dim, P, r), Tensor: c}
+				pieces = append(pieces, p, p)
+			}
+			for _, Q := range []int{1, 2, 4} {
+				for q := range Q {
+					dst := part(dim, Q, q)
+					got, err := shard.Assemble(dst, pieces)
+					if err != nil {
+						t.Fatalf("dim %d, %d pieces into part %d of %d: %v", dim, P, q, Q, err)
+					}
+					gv, _ := got.Float64s()
+					want := xv
+					if !dst.Whole() {
+						want = testutil.Slice(xv, full, dim, dst.Lo, dst.Hi)
+					}
+					if !slices.Equal(gv, want) || !got.Shape().Equal(dst.Shape()) {
+						t.Fatalf("dim %d, %d pieces into part %d of %d: differs from the reference slice", dim, P, q, Q)
+					}
+				}
+			}
+			if P > 1 {
+				// Without the last piece (and its replica) the last part is missing.
+				_, err := shard.Assemble(part(dim, 1, 0), pieces[:2*(P-1)])
+				mustContain(t, err, "no piece holds")
+			}
+		}
+	}
+	c, _ := shard.Cut(x, part(1, 2, 0))
+	_, err := shard.Assemble(part(0, 2, 0), []shard.Piece{{Name: "x", Slice: part(1, 2, 0), Tensor: c}})
+	mustContain(t, err, "split along dimension 1")
+}

@@ -60,6 +60,14 @@ func SaveWeights(path string, b tensor.Backend, shards []Shard) error {
 	return nil
 }
 
+// RecordedSlices returns the slices the safetensors file f (read from
+// path) records for its tensors (SlicesKey: SaveWeights', and train's
+// checkpoints'), by name, each checked against its tensor's shape; a
+// tensor it does not name is whole.
+func RecordedSlices(path string, f *safetensors.File) (map[string]Slice, error) {
+	return fileSlices(path, f)
+}
+
 // fileSlices reads the slices a file records (SlicesKey).
 func fileSlices(path string, f *safetensors.File) (map[string]Slice, error) {
 	out := map[string]Slice{}

@@ -1,0 +1,295 @@
+package train
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+
+	"github.com/asynctp/asynctp/optim"
+	"github.com/asynctp/asynctp/parallel/shard"
+	"github.com/asynctp/asynctp/safetensors"
+	"github.com/asynctp/asynctp/tensor"
+)
+
+// Resharder is an optional interface of a Model sharded over ranks
+// (parallel/model.Model has it) whose checkpoints resume at any layout:
+// every checkpoint records each tensor's slice of the full tensor, and a
+// resume at another layout assembles each rank's part from the pieces the
+// ranks of the checkpoint's layout saved (shard.Assemble). A model without
+// it is whole: every parameter the full one.
+type Resharder interface {
+	// Shards describes each parameter of this rank as a part of the full
+	// model's parameter of its name (shard.Shard).
+	Shards() []shard.Shard
+	// WorldSize is the number of ranks of the world: recorded in each
+	// checkpoint (State.Ranks), so that a resume finds every rank's part.
+	WorldSize() int
+}
+
+// shardsOf describes model's parameters: a Resharder's own description,
+// else each parameter whole.
+func shardsOf(model Model) []shard.Shard {
+	if r, ok := model.(Resharder); ok {
+		return r.Shards()
+	}
+	return shard.Whole(model.Params().Params())
+}
+
+// slicesOf maps the split parameters of shards to their slices (the
+// replicated ones are whole, recorded by their absence).
+func slicesOf(shards []shard.Shard) map[string]shard.Slice {
+	out := map[string]shard.Slice{}
+	for _, s := range shards {
+		if !s.Replicated() {
+			out[s.Param.Name] = s.Slice()
+		}
+	}
+	return out
+}
+
+// errNoRanks is RunCheckpoints' error for a run of several ranks whose
+// checkpoints record no number of ranks.
+var errNoRanks = errors.New("the checkpoint records no number of ranks (format 1): its run resumes at its own layout only")
+
+// RunCheckpoints returns the checkpoints that make up the newest state of
+// the run in dir, one per rank of the run that wrote it, rank 0's first:
+// dir itself when it is the checkpoint of a model of one rank; the
+// checkpoint that dir/latest names for a run of one rank; and for a run of
+// several ranks (dir/rank-00000, ...), the checkpoints of the newest step
+// that every one of its ranks holds. The ranks are the number the
+// checkpoints record (State.Ranks): a run of several ranks of format 1,
+// which records none, is refused.
+func RunCheckpoints(dir string) ([]string, error) {
+	if _, err := os.Stat(filepath.Join(dir, StateFile)); err == nil {
+		st, err := ReadState(filepath.Join(dir, StateFile))
+		if err != nil {
+			return nil, err
+		}
+		if st.Ranks > 1 {
+			return nil, fmt.Errorf("train: %s is one rank's checkpoint of a run of %d ranks: resume from the run's out dir (the parent of %s)", dir, st.Ranks, RankDir("", 0))
+		}
+		return []string{dir}, nil
+	}
+	if fi, err := os.Stat(RankDir(dir, 0)); err != nil || !fi.IsDir() {
+		ck, err := ResolveCheckpoint(dir)
+		if err != nil {
+			return nil, err
+		}
+		return []string{ck}, nil
+	}
+	ck0, err := ResolveCheckpoint(RankDir(dir, 0))
+	if err != nil {
+		return nil, err
+	}
+	st0, err := ReadState(filepath.Join(ck0, StateFile))
+	if err != nil {
+		return nil, err
+	}
+	// The ranks of rank 0's latest checkpoint; if the newest step all of
+	// them hold was written by a run of another size (an earlier layout),
+	// that run's ranks.
+	ranks := st0.Ranks
+	for range 3 {
+		if ranks < 1 {
+			return nil, fmt.Errorf("train: %s: %w", ck0, errNoRanks)
+		}
+		step := -1
+		for r := range ranks {
+			ck, err := ResolveCheckpoint(RankDir(dir, r))
+			if err != nil {
+				return nil, fmt.Errorf("train: rank %d of the %d of %s: %w", r, ranks, dir, err)
+			}
+			s, ok := checkpointStep(filepath.Base(ck))
+			if !ok {
+				return nil, fmt.Errorf("train: rank %d of %s: %s is not a checkpoint", r, dir, ck)
+			}
+			if step < 0 || s < step {
+				step = s
+			}
+		}
+		var cks []string
+		again := false
+		for r := range ranks {
+			ck := filepath.Join(RankDir(dir, r), CheckpointName(step))
+			st, err := ReadState(filepath.Join(ck, StateFile))
+			if err != nil {
+				return nil, fmt.Errorf("train: the newest step every one of the %d ranks of %s holds is %d, but rank %d's: %w", ranks, dir, step, r, err)
+			}
+			if st.Ranks != ranks {
+				if r == 0 {
+					ranks, again = st.Ranks, true
+					break
+				}
+				return nil, fmt.Errorf("train: %s records %d ranks, rank 0's checkpoint of the same step %d", ck, st.Ranks, ranks)
+			}
+			cks = append(cks, ck)
+		}
+		if !again {
+			return cks, nil
+		}
+	}
+	return nil, fmt.Errorf("train: the ranks of %s's checkpoints do not agree on their number", dir)
+}
+
+// loadResharded reads the checkpoints of every rank of a run (cks, rank
+// 0's first: RunCheckpoints), of any layout, into this rank's parameters
+// and moments, as described by shards: each tensor's part assembled from
+// the pieces the checkpoint's ranks hold (their recorded slices;
+// shard.Assemble). As LoadCheckpoint, it validates everything before
+// anything is written: the states (one step, one dtype, one data
+// position), each file's sha256, every tensor's dtype and full shape, and
+// that every tensor of the files is one the model has. It returns rank 0's
+// state. The files are read one at a time, each keeping only the pieces
+// this rank needs.
+func loadResharded(cks []string, b tensor.Backend, opt *optim.AdamW, shards []shard.Shard) (*State, error) {
+	if len(cks) == 0 {
+		return nil, errors.New("train: resume: no checkpoint")
+	}
+	label := filepath.Dir(cks[0])
+	if len(cks) == 1 {
+		label = cks[0]
+	}
+	var st0 *State
+	states := make([]*State, len(cks))
+	for i, ck := range cks {
+		st, err := ReadState(filepath.Join(ck, StateFile))
+		if err != nil {
+			return nil, fmt.Errorf("train: checkpoint %s: %w", ck, err)
+		}
+		if i == 0 {
+			st0 = st
+		} else if st.Step != st0.Step || st.ModelDType != st0.ModelDType || st.Data != st0.Data {
+			return nil, fmt.Errorf("train: checkpoints %s and %s of one run disagree: step %d and %d, dtype %s and %s, data position %+v and %+v",
+				cks[0], ck, st0.Step, st.Step, st0.ModelDType, st.ModelDType, st0.Data, st.Data)
+		}
+		states[i] = st
+	}
+	if want := opt.ParamDType().String(); st0.ModelDType != want {
+		return nil, fmt.Errorf("train: checkpoint %s holds %s parameters, but the model's are %s", label, st0.ModelDType, want)
+	}
+
+	// What this rank needs: each tensor's destination, dtype and slice.
+	type need struct {
+		dst    *tensor.Tensor
+		slice  shard.Slice
+		pieces []shard.Piece
+	}
+	byParam := map[string]shard.Shard{}
+	for _, s := range shards {
+		byParam[s.Param.Name] = s
+	}
+	moms, err := opt.Moments()
+	if err != nil {
+		return nil, err
+	}
+	needs := map[string]map[string]*need{ModelFile: {}, OptimFile: {}}
+	for i, p := range opt.Params().Params() {
+		s, ok := byParam[p.Name]
+		if !ok {
+			return nil, fmt.Errorf("train: resume: parameter %q has no shard description", p.Name)
+		}
+		dst := p.W
+		if mv, err := opt.MasterView(p); err != nil {
+			return nil, err
+		} else if mv != nil {
+			dst = mv
+		}
+		sl := s.Slice()
+		needs[ModelFile][p.Name] = &need{dst: dst, slice: sl}
+		needs[OptimFile]["m."+p.Name] = &need{dst: moms[i].M, slice: sl}
+		needs[OptimFile]["v."+p.Name] = &need{dst: moms[i].V, slice: sl}
+	}
+
+	for i, ck := range cks {
+		for _, f := range []string{ModelFile, OptimFile} {
+			name := filepath.Join(ck, f)
+			data, err := os.ReadFile(name)
+			if err != nil {
+				return nil, fmt.Errorf("train: checkpoint %s: %w", name, err)
+			}
+			sum := sha256.Sum256(data)
+			if got := hex.EncodeToString(sum[:]); got != states[i].Files[f] {
+				return nil, fmt.Errorf("train: checkpoint %s is corrupted: sha256 %s, expected %s (from %s)", name, got, states[i].Files[f], StateFile)
+			}
+			sf, err := safetensors.Read(data)
+			if err != nil {
+				return nil, fmt.Errorf("train: checkpoint %s: %w", name, err)
+			}
+			recorded, err := shard.RecordedSlices(name, sf)
+			if err != nil {
+				return nil, fmt.Errorf("train: checkpoint %s: %w", name, err)
+			}
+			for _, n := range sf.Names() {
+				nd, ok := needs[f][n]
+				if !ok {
+					return nil, fmt.Errorf("train: checkpoint %s holds tensor %q, which the model does not have", name, n)
+				}
+				e := sf.Entries[n]
+				sl, split := recorded[n]
+				if !split {
+					sl = shard.Slice{Full: e.Shape.Clone(), Dim: -1}
+				}
+				if !sl.Full.Equal(nd.slice.Full) {
+					return nil, fmt.Errorf("train: checkpoint %s: tensor %q is a part of %v, the model's is of %v", name, n, sl.Full, nd.slice.Full)
+				}
+				if e.DType != nd.dst.DType() {
+					return nil, fmt.Errorf("train: checkpoint %s: tensor %q is %v, want %v", name, n, e.DType, nd.dst.DType())
+				}
+				if !sl.Overlaps(nd.slice) {
+					continue
+				}
+				t, err := e.Tensor()
+				if err != nil {
+					return nil, fmt.Errorf("train: checkpoint %s: %w", name, err)
+				}
+				nd.pieces = append(nd.pieces, shard.Piece{Name: n, Slice: sl, Tensor: t})
+			}
+		}
+	}
+
+	type upload struct{ dst, src *tensor.Tensor }
+	var ups []upload
+	for _, f := range []string{ModelFile, OptimFile} {
+		names := make([]string, 0, len(needs[f]))
+		for n := range needs[f] {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		for _, n := range names {
+			nd := needs[f][n]
+			if len(nd.pieces) == 0 {
+				return nil, fmt.Errorf("train: the checkpoints of %s hold no %q, which the model needs (%s)", label, n, f)
+			}
+			t, err := shard.Assemble(nd.slice, nd.pieces)
+			if err != nil {
+				return nil, fmt.Errorf("train: resharding the checkpoints of %s: %w", label, err)
+			}
+			if !t.Shape().Equal(nd.dst.Shape()) {
+				return nil, fmt.Errorf("train: resharding the checkpoints of %s: %q assembled to %v, the model's is %v", label, n, t.Shape(), nd.dst.Shape())
+			}
+			ups = append(ups, upload{nd.dst, t})
+		}
+	}
+	for _, u := range ups {
+		b.Upload(u.dst, u.src)
+	}
+	err = opt.SyncParams()
+	if err == nil {
+		err = b.Err()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("train: loading the checkpoints of %s: %w", label, err)
+	}
+	return st0, nil
+}
+
+// isRunOfRanks reports whether dir is the out dir of a run of several
+// ranks (it holds rank-00000).
+func isRunOfRanks(dir string) bool {
+	fi, err := os.Stat(RankDir(dir, 0))
+	return err == nil && fi.IsDir()
+}
