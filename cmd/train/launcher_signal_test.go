@@ -26,8 +26,8 @@ func TestLauncherPassesSecondSignal(t *testing.T) {
 		"--steps", "50", "--warmup", "0", "--log-every", "1", "--checkpoint-every", "1", "--val-fraction", "0",
 		"--nproc", "2", "--comm", "tcp", "--tp", "2", "--device", "cpu", "--out", d)
 	cmd.Env = append(os.Environ(), "ASYNCTP_TRAIN_MAIN=1")
-	var out strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &out
+	out := new(syncBuffer)
+	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +40,7 @@ func TestLauncherPassesSecondSignal(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	cmd.Process.Signal(syscall.SIGINT)
-	time.Sleep(200 * time.Millisecond)
+	awaitFirstSignal(t, cmd, out)
 	sent := time.Now()
 	cmd.Process.Signal(syscall.SIGINT)
 	err := cmd.Wait()

@@ -248,15 +248,15 @@ func TestSignalStopsLongStep(t *testing.T) {
 	d := t.TempDir()
 	args := []string{"--layers", "1", "--dim", "32", "--heads", "2", "--seq", "8192", "--batch", "1", "--steps", "4",
 		"--warmup", "0", "--log-every", "1", "--checkpoint-every", "1", "--val-fraction", "0", "--out", d}
-	start := func() (*exec.Cmd, *strings.Builder) {
+	start := func() (*exec.Cmd, *syncBuffer) {
 		cmd := exec.Command(os.Args[0], args...)
 		cmd.Env = append(os.Environ(), "ASYNCTP_TRAIN_MAIN=1")
-		var out strings.Builder
-		cmd.Stdout, cmd.Stderr = &out, &out
+		out := new(syncBuffer)
+		cmd.Stdout, cmd.Stderr = out, out
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		return cmd, &out
+		return cmd, out
 	}
 	cmd, out := start()
 	deadline := time.Now().Add(60 * time.Second)
@@ -298,7 +298,9 @@ func TestSignalStopsLongStep(t *testing.T) {
 	}
 	time.Sleep(300 * time.Millisecond)
 	cmd.Process.Signal(syscall.SIGINT)
-	time.Sleep(100 * time.Millisecond)
+	// The second signal goes once the first has been handled: two sent
+	// before the process runs its handler are one pending signal.
+	awaitFirstSignal(t, cmd, out)
 	sent = time.Now()
 	cmd.Process.Signal(syscall.SIGINT)
 	err = cmd.Wait()
@@ -309,6 +311,21 @@ func TestSignalStopsLongStep(t *testing.T) {
 		if ck, _ := train.LatestCheckpoint(filepath.Join(d, fmt.Sprintf("rank-%05d", r))); filepath.Base(ck) != "step-000001" {
 			t.Fatalf("rank %d: latest checkpoint %s after the second signal, want step-000001", r, ck)
 		}
+	}
+}
+
+// awaitFirstSignal waits until the process whose output is out says it
+// handled its first signal (it stops after the step; a second signal
+// now is a second one), or fails the test after 30 s.
+func awaitFirstSignal(t *testing.T, cmd *exec.Cmd, out *syncBuffer) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(out.String(), "a second signal stops at once") {
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			t.Fatalf("the first signal not handled within 30 s:\n%s", out)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
