@@ -34,7 +34,7 @@ type AutoTune struct {
 	// Pipelined is the pipelined strategy of this run (the chooser's).
 	Pipelined overlap.Strategy
 	// Fused, when not nil, is the fused strategy of this run (the
-	// chooser's "fused", peercopy.Fused on NVSHMEM GPUs): a candidate of
+	// chooser's "fused", strategies.Fused on NVSHMEM GPUs): a candidate of
 	// every site it supports.
 	Fused        overlap.Strategy
 	Seed         uint64

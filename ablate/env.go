@@ -25,7 +25,7 @@ type Env struct {
 	MPS       string            `json:"mps,omitempty"`
 	Torch     string            `json:"torch,omitempty"`
 	// FusedTransfer is the fused cells' all-gather transfer (pull or put:
-	// cmd/ablate --fused-transfer, peercopy.Fused.Transfer).
+	// cmd/ablate --fused-transfer, peercopy.Engine.Transfer).
 	FusedTransfer string `json:"fused_transfer,omitempty"`
 }
 

@@ -10,7 +10,7 @@ import (
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/comm/local"
 	"github.com/asynctp/asynctp/overlap"
-	"github.com/asynctp/asynctp/overlap/peercopy"
+	"github.com/asynctp/asynctp/overlap/strategies"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cpu"
 )
@@ -91,7 +91,7 @@ func TestFusedCellsEngine(t *testing.T) {
 		name     string
 		strategy overlap.Strategy
 		refuse   bool
-	}{{"fake fused, engine", fakeFused{}, false}, {"fake fused, engine refuses", fakeFused{}, true}, {"peercopy.Fused", peercopy.Fused{}, false}} {
+	}{{"fake fused, engine", fakeFused{}, false}, {"fake fused, engine refuses", fakeFused{}, true}, {"strategies.Fused", strategies.Fused{}, false}} {
 		var rs []Result
 		calls := 0
 		err := local.Run(2, func(g comm.Comm) error {
@@ -126,8 +126,8 @@ func TestFusedCellsEngine(t *testing.T) {
 				if r.Status != StatusOK || r.EngineGemmUS != 0 {
 					t.Errorf("%s: %s: %s %q, engine %g µs; want ok without an engine time", c.name, r.ID(), r.Status, r.Reason, r.EngineGemmUS)
 				}
-			case c.name == "peercopy.Fused":
-				if r.Status != StatusNotRun || !strings.Contains(r.Reason, "the NVSHMEM transport") || r.SpecK == 0 {
+			case c.name == "strategies.Fused":
+				if r.Status != StatusNotRun || !strings.Contains(r.Reason, "has no symmetric memory") || r.SpecK == 0 {
 					t.Errorf("%s: %s: %s %q (spec K %d); want not run with the strategy's reason and the spec's widths", c.name, r.ID(), r.Status, r.Reason, r.SpecK)
 				}
 			case r.Status != StatusOK || r.Verified != "against collective on the same inputs":
@@ -140,10 +140,10 @@ func TestFusedCellsEngine(t *testing.T) {
 		}
 		// One engine call per product the fused strategy gives the engine
 		// (fwd: 1, bwd: 1), a check and 2 reps, in 4 groups.
-		if !c.refuse && c.name != "peercopy.Fused" && calls != 4*3 {
+		if !c.refuse && c.name != "strategies.Fused" && calls != 4*3 {
 			t.Errorf("%s: %d engine calls on rank 0, want 12", c.name, calls)
 		}
-		if c.name == "peercopy.Fused" && calls != 0 {
+		if c.name == "strategies.Fused" && calls != 0 {
 			t.Errorf("%s: %d engine calls, want none (no fused cell can run)", c.name, calls)
 		}
 	}
@@ -157,13 +157,13 @@ func TestAutoTuneFused(t *testing.T) {
 		name  string
 		fused overlap.Strategy
 		timed bool
-	}{{"peercopy.Fused on the CPU", peercopy.Fused{}, false}, {"a fused that runs", fakeFused{}, true}, {"no fused", nil, false}} {
+	}{{"strategies.Fused on the CPU", strategies.Fused{}, false}, {"a fused that runs", fakeFused{}, true}, {"no fused", nil, false}} {
 		var entries []Entry
 		var choice string
 		err := local.Run(2, func(g comm.Comm) error {
 			b := cpu.New(cpu.WithThreads(1))
 			a := &AutoTune{Lookup: Lookup{Path: "x.json", Transport: "local", GPU: "cpu", DType: "f32"}, World: g,
-				Pipelined: overlap.Pipelined{}, Fused: c.fused, Seed: 1, Warmup: 0, Reps: 1}
+				Pipelined: strategies.Pipelined{}, Fused: c.fused, Seed: 1, Warmup: 0, Reps: 1}
 			name, from, ok := a.Tuned(overlap.Spec{Kind: overlap.KindMatmulReduceScatter, Name: "blocks.0.attn.proj", Group: g, Backend: b,
 				Rows: 64, K: 64, Outs: []int{128}, DType: tensor.Float32})
 			if err := a.Err(); err != nil || !ok || !strings.Contains(from, "autotuned at start") {

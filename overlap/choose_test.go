@@ -7,6 +7,7 @@ import (
 
 	"github.com/asynctp/asynctp/comm/local"
 	"github.com/asynctp/asynctp/overlap"
+	"github.com/asynctp/asynctp/overlap/strategies"
 	"github.com/asynctp/asynctp/tensor/cpu"
 )
 
@@ -16,7 +17,7 @@ func TestChooser(t *testing.T) {
 		return overlap.Spec{Kind: k, Name: name, Group: g, Backend: cpu.New()}
 	}
 	missing := map[string]string{"fused": "not built here"}
-	pipe := []overlap.Strategy{overlap.Pipelined{}}
+	pipe := []overlap.Strategy{strategies.Pipelined{}}
 
 	t.Run("precedence", func(t *testing.T) {
 		ch, err := overlap.NewChooser(overlap.Config{Default: "pipelined", Sites: map[string]string{
@@ -53,7 +54,7 @@ func TestChooser(t *testing.T) {
 		if err != nil || s.Name() != "collective" {
 			t.Fatalf("expert site under the default pipelined: %v, %v; want collective", s, err)
 		}
-		if sum := strings.Join(ch.Summary(), "\n"); !strings.Contains(sum, "expert: collective (1 site, the group's collectives); pipelined for expert sites: the pipelined expert path needs symmetric memory (comm.SymmetricMemory: the NVSHMEM transport) and the CUDA backend") {
+		if sum := strings.Join(ch.Summary(), "\n"); !strings.Contains(sum, "expert: collective (1 site, the group's collectives); pipelined for expert site \"blocks.0.moe\": group world[0] has no symmetric memory: it needs symmetric memory with peer pointers") {
 			t.Errorf("summary %q: want the expert line to say why", sum)
 		}
 	})

@@ -13,14 +13,20 @@
 //	matmul∘all-reduce        out = AR(Σ_i a_i·op(W_i))       (the row-parallel exit; the column entry's backward)
 //
 // A site owns what lives as long as its layer: buffers, the side stream of
-// its lane, signal words. Strategies:
+// its lane, signal words. Strategies, one type per name (a Strategy: a
+// Builder of sites under the name a configuration uses):
 //   - Collective, the reference: the collective, then the matmul;
-//   - Pipelined: the collective in P−1 exchange steps on a lane (a side
-//     stream on the GPU, a goroutine on the CPU), the math of each chunk as
-//     soon as it has landed, the own shard first;
-//   - GPU strategies in sub-packages (overlap/peercopy: pipelined by
-//     copy-engine pulls from NVSHMEM symmetric memory, with stream-ordered
-//     signal words).
+//   - pipelined and fused, the types of overlap/strategies (the registry:
+//     strategies.All, strategies.Available), which pick their
+//     implementation per site from what its group and backend offer.
+//
+// The implementations are Builders without a name: Exchange here (the
+// pipelined schedule on any transport: the collective in P−1 exchange
+// steps on a lane, a side stream on the GPU, a goroutine on the CPU, the
+// math of each chunk as soon as it has landed, the own shard first); on
+// symmetric memory with peer pointers, overlap/peercopy (the TP sites by
+// copy-engine pulls, a GEMM per chunk or our GEMM engine waiting per
+// chunk) and parallel/ep/peerep (the expert path).
 //
 // A Chooser maps each site to a strategy from a Config (the --overlap flag
 // and the "overlap" section of a run's configuration); "auto" consults a

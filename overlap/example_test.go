@@ -5,6 +5,7 @@ import (
 
 	"github.com/asynctp/asynctp/comm/local"
 	"github.com/asynctp/asynctp/overlap"
+	"github.com/asynctp/asynctp/overlap/strategies"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cpu"
 )
@@ -12,11 +13,12 @@ import (
 // A chooser gives every site pipelined except the MLP's of block 0, which
 // keep the collective; the layers ask it for their sites' strategies at
 // construction (tp.Parallel.Overlap), and its summary says what each kind
-// got.
+// got. The strategies are the registry's (strategies.All): each says per
+// site whether its group and backend can run it.
 func ExampleChooser() {
 	group := local.NewWorld(2)[0] // rank 0 of a TP group of two (nothing is sent here)
 	cfg := overlap.Config{Default: "pipelined", Sites: map[string]string{"blocks.0.mlp.*": "collective"}}
-	ch, err := overlap.NewChooser(cfg, []overlap.Strategy{overlap.Pipelined{}}, map[string]string{"fused": "needs GPUs with symmetric memory"})
+	ch, err := overlap.NewChooser(cfg, strategies.All(strategies.Options{}), nil)
 	if err != nil {
 		fmt.Println(err)
 		return

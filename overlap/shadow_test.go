@@ -13,6 +13,7 @@ import (
 	"github.com/asynctp/asynctp/internal/testing/testutil"
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/overlap/overlaptest"
+	"github.com/asynctp/asynctp/overlap/strategies"
 	"github.com/asynctp/asynctp/tensor"
 )
 
@@ -185,7 +186,7 @@ func TestShadowPipelined(t *testing.T) {
 	for _, dt := range []tensor.DType{tensor.Float32, tensor.Float64} {
 		for _, P := range []int{1, 2, 3, 4} {
 			t.Run(fmt.Sprintf("%v/P=%d", dt, P), func(t *testing.T) {
-				with, without, reports, errs := shadowed(t, P, dt, overlap.Pipelined{}, every(2), 4)
+				with, without, reports, errs := shadowed(t, P, dt, strategies.Pipelined{}, every(2), 4)
 				tol := 1e-6
 				if dt == tensor.Float64 {
 					tol = 1e-12
@@ -243,7 +244,7 @@ func math64bits(v []float64) []uint64 {
 // values and the bound, on every rank; without fail_above the run goes on
 // and the summary flags the sites.
 func TestShadowCatchesPerturbed(t *testing.T) {
-	bad := overlaptest.Perturbed{Strategy: overlap.Pipelined{}, Scale: 1 + 1.0/1024}
+	bad := overlaptest.Perturbed{Strategy: strategies.Pipelined{}, Scale: 1 + 1.0/1024}
 	bound := 1e-6
 	cfg := overlap.ShadowConfig{Every: 3, FailAbove: &bound}
 	_, _, reports, errs := shadowed(t, 2, tensor.Float32, bad, cfg, 4)
@@ -332,7 +333,7 @@ func TestShadowPatterns(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ch, err := overlap.NewChooser(tc.overlap, []overlap.Strategy{overlap.Pipelined{}}, nil, overlap.WithShadow(sh))
+		ch, err := overlap.NewChooser(tc.overlap, []overlap.Strategy{strategies.Pipelined{}}, nil, overlap.WithShadow(sh))
 		if err != nil {
 			t.Fatal(err)
 		}

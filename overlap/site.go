@@ -130,15 +130,15 @@ type MatmulAllReduce interface {
 	Close() error
 }
 
-// Strategy builds sites. Collective is the reference; every other
-// strategy gives the same numbers within the dtype's tolerance (the
-// conformance suite in overlap/overlaptest).
-type Strategy interface {
-	// Name is the strategy's name in flags and configuration:
-	// "collective", "pipelined", "fused".
-	Name() string
-	// Supports says whether the strategy can build a site of spec's kind
-	// and group, and if not why (wrapping ErrUnavailable).
+// Builder builds the sites of one implementation of a strategy: what a
+// strategy does, without the name a configuration knows it by. The
+// implementations (Exchange here; overlap/peercopy's and
+// parallel/ep/peerep's on symmetric memory) are Builders; the strategies
+// that carry a name are Collective and the types of overlap/strategies,
+// which pick an implementation per site, so that a name is one type.
+type Builder interface {
+	// Supports says whether a site of spec's kind and group can be built,
+	// and if not why (wrapping ErrUnavailable).
 	Supports(spec Spec) error
 	// NewAllGatherMatmul builds the site of spec (KindAllGatherMatmul).
 	NewAllGatherMatmul(spec Spec) (AllGatherMatmul, error)
@@ -146,4 +146,16 @@ type Strategy interface {
 	NewMatmulReduceScatter(spec Spec) (MatmulReduceScatter, error)
 	// NewMatmulAllReduce builds the site of spec (KindMatmulAllReduce).
 	NewMatmulAllReduce(spec Spec) (MatmulAllReduce, error)
+}
+
+// Strategy is a Builder under the name flags and configurations give it:
+// Collective, and overlap/strategies' Pipelined and Fused (one type per
+// name; strategies.All and strategies.Available list them). Collective is
+// the reference; every other strategy gives the same numbers within the
+// dtype's tolerance (the conformance suite in overlap/overlaptest).
+type Strategy interface {
+	// Name is the strategy's name in flags and configuration:
+	// "collective", "pipelined", "fused".
+	Name() string
+	Builder
 }

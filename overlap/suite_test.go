@@ -5,6 +5,7 @@ import (
 
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/overlap/overlaptest"
+	"github.com/asynctp/asynctp/overlap/strategies"
 )
 
 // Every strategy that runs on the CPU passes the conformance suite on
@@ -14,7 +15,7 @@ func TestSuite(t *testing.T) {
 	if testing.Short() {
 		sizes = []int{1, 2, 4}
 	}
-	for _, s := range []overlap.Strategy{overlap.Collective{}, overlap.Pipelined{}, overlap.Pipelined{Chunks: 3}} {
+	for _, s := range []overlap.Strategy{overlap.Collective{}, strategies.Pipelined{}, strategies.Pipelined{Options: strategies.Options{Chunks: 3}}} {
 		overlaptest.RunLocal(t, s, sizes, false)
 	}
 }
@@ -22,7 +23,7 @@ func TestSuite(t *testing.T) {
 // With an asynchronous transport a strategy that reads a result before
 // waiting for it fails.
 func TestSuiteAsync(t *testing.T) {
-	for _, s := range []overlap.Strategy{overlap.Collective{}, overlap.Pipelined{}} {
+	for _, s := range []overlap.Strategy{overlap.Collective{}, strategies.Pipelined{}} {
 		overlaptest.RunLocal(t, s, []int{2, 3}, true)
 	}
 }

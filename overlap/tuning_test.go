@@ -6,6 +6,7 @@ import (
 
 	"github.com/asynctp/asynctp/comm/local"
 	"github.com/asynctp/asynctp/overlap"
+	"github.com/asynctp/asynctp/overlap/strategies"
 	"github.com/asynctp/asynctp/tensor/cpu"
 )
 
@@ -30,7 +31,7 @@ func TestChooserTuning(t *testing.T) {
 	spec := func(k overlap.Kind) overlap.Spec {
 		return overlap.Spec{Kind: k, Name: "blocks.0." + string(k), Group: g, Backend: cpu.New()}
 	}
-	ch, err := overlap.NewChooser(overlap.Config{Default: "auto"}, []overlap.Strategy{overlap.Pipelined{}}, nil,
+	ch, err := overlap.NewChooser(overlap.Config{Default: "auto"}, []overlap.Strategy{strategies.Pipelined{}}, nil,
 		overlap.WithTuning(fakeTuning{overlap.KindAllGatherMatmul, "pipelined"}))
 	if err != nil {
 		t.Fatal(err)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (one H200), from the repo root, with build/
 # carried from the dev machine (bash scripts/build-gpu-artifacts.sh): the
-# fused all-gather∘matmul by puts (peercopy.Fused{Transfer: "put"}, kernel
+# fused all-gather∘matmul by puts (peercopy.Engine{Transfer: "put"}, kernel
 # peer_put of cuda/kernels/peerput.cu) against the copy-engine pulls, on 2
 # NVSHMEM PEs sharing the GPU under MPS.
 #  0. rebuilds the kernels image with nvcc when it is missing or older than

@@ -93,7 +93,7 @@ type batchFile struct {
 	Reps      int           `json:"reps"`
 	Seed      uint64        `json:"seed"`
 	Timeout   string        `json:"timeout"`
-	// FusedTransfer is the fused strategy's transfer (peercopy.Fused).
+	// FusedTransfer is the fused strategy's transfer (peercopy.Engine).
 	FusedTransfer string `json:"fused_transfer,omitempty"`
 }
 

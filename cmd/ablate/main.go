@@ -59,7 +59,7 @@ type options struct {
 	timeout                           time.Duration
 	progress                          string
 	deadline                          time.Duration // of the whole matrix (0: none)
-	fusedTransfer                     string        // the fused strategy's (peercopy.Fused.Transfer), resolved
+	fusedTransfer                     string        // the fused strategy's (peercopy.Engine.Transfer), resolved
 }
 
 func ints(s string) ([]int, error) {

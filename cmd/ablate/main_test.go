@@ -14,6 +14,7 @@ import (
 	"github.com/asynctp/asynctp/comm/local"
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/overlap/peercopy"
+	"github.com/asynctp/asynctp/overlap/strategies"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cpu"
 )
@@ -143,7 +144,7 @@ func TestQuickReport(t *testing.T) {
 	}
 	err = local.Run(2, func(g comm.Comm) error {
 		l := ablate.Lookup{Cache: c, Path: "cache.json", Transport: "local", GPU: "cpu"}
-		ch, err := overlap.NewChooser(overlap.Config{Default: "auto"}, []overlap.Strategy{overlap.Pipelined{}}, nil, overlap.WithTuning(l))
+		ch, err := overlap.NewChooser(overlap.Config{Default: "auto"}, []overlap.Strategy{strategies.Pipelined{}}, nil, overlap.WithTuning(l))
 		if err != nil {
 			return err
 		}

@@ -52,7 +52,7 @@ type Config struct {
 	// (--grouped-gemm auto|on|off, grouped.go).
 	GroupedGEMM string `json:"grouped_gemm,omitempty"`
 	// FusedTransfer is how the fused strategy's gathers move the peers'
-	// shards (--fused-transfer pull|put, peercopy.Fused.Transfer; empty:
+	// shards (--fused-transfer pull|put, peercopy.Engine.Transfer; empty:
 	// $ASYNCTP_FUSED_TRANSFER, else pull; fusedtransfer.go).
 	FusedTransfer string `json:"fused_transfer,omitempty"`
 	// DumpRouting is a directory each rank writes every step's routing

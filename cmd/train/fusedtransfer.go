@@ -10,7 +10,7 @@ import (
 )
 
 // checkFusedTransfer resolves the fused strategy's transfer
-// (peercopy.Fused.Transfer): --fused-transfer or the config's
+// (strategies.Options.Transfer, peercopy.Engine.Transfer): --fused-transfer or the config's
 // "fused_transfer" as given (pull or put), refused where no site could
 // take the fused strategy (it would change nothing); unset, then
 // $ASYNCTP_FUSED_TRANSFER (checked, not refused on a run without fused
@@ -50,13 +50,12 @@ func mayUseFused(c overlap.Config) bool {
 	return false
 }
 
-// fusedStrategy is the run's fused strategy: the transfer of the config,
-// else of $ASYNCTP_FUSED_TRANSFER (as the variable says: a bad value,
-// which validate refuses first, is refused by the strategy too).
-func fusedStrategy(cfg Config) peercopy.Fused {
-	t := cfg.FusedTransfer
-	if t == "" {
-		t = os.Getenv(peercopy.TransferEnv)
+// fusedTransfer is the run's fused transfer: the config's, else
+// $ASYNCTP_FUSED_TRANSFER's (as the variable says: a bad value, which
+// validate refuses first, is refused by the strategy too).
+func fusedTransfer(cfg Config) string {
+	if t := cfg.FusedTransfer; t != "" {
+		return t
 	}
-	return peercopy.Fused{Transfer: t}
+	return os.Getenv(peercopy.TransferEnv)
 }

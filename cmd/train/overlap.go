@@ -35,7 +35,7 @@ func overlapStrategies(cfg Config) ([]overlap.Strategy, map[string]string) {
 
 // strategyOptions configure the run's strategies: the fused transfer.
 func strategyOptions(cfg Config) strategies.Options {
-	return strategies.Options{Transfer: fusedStrategy(cfg).Transfer}
+	return strategies.Options{Transfer: fusedTransfer(cfg)}
 }
 
 func orDefault(s, d string) string {

@@ -12,6 +12,7 @@ import (
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/overlap/overlaptest"
+	"github.com/asynctp/asynctp/overlap/strategies"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/train"
 )
@@ -84,7 +85,7 @@ func perturbed(t *testing.T) {
 	t.Helper()
 	old := rankStrategies
 	rankStrategies = func(Config, comm.Comm, tensor.Backend) []overlap.Strategy {
-		return []overlap.Strategy{overlaptest.Perturbed{Strategy: overlap.Pipelined{}, Scale: 1 + 1.0/1024}}
+		return []overlap.Strategy{overlaptest.Perturbed{Strategy: strategies.Pipelined{}, Scale: 1 + 1.0/1024}}
 	}
 	t.Cleanup(func() { rankStrategies = old })
 }

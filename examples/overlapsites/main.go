@@ -17,6 +17,7 @@ import (
 	"github.com/asynctp/asynctp/comm/local"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/overlap"
+	"github.com/asynctp/asynctp/overlap/strategies"
 	"github.com/asynctp/asynctp/parallel/tp"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cpu"
@@ -68,10 +69,10 @@ func mlpStep(c comm.Comm, ch *overlap.Chooser) ([]float64, error) {
 }
 
 func run() error {
-	// The strategies this run can build: pipelined runs on the CPU too
-	// (its chunks on goroutines); fused needs GPUs with symmetric memory.
-	available := []overlap.Strategy{overlap.Pipelined{}}
-	missing := map[string]string{"fused": "needs the CUDA backend and symmetric memory"}
+	// The strategies, one per name (the registry): each says per site
+	// whether it can run there. Pipelined runs on the CPU too (its chunks
+	// on goroutines); fused needs GPUs with symmetric memory.
+	all := strategies.All(strategies.Options{})
 	cfg := overlap.Config{Sites: map[string]string{
 		string(overlap.KindAllGatherMatmul):     "pipelined",
 		string(overlap.KindMatmulReduceScatter): "collective",
@@ -79,7 +80,7 @@ func run() error {
 	want, got := make([][]float64, P), make([][]float64, P)
 	var summary []string
 	err := local.Run(P, func(c comm.Comm) error {
-		ch, err := overlap.NewChooser(cfg, available, missing)
+		ch, err := overlap.NewChooser(cfg, all, nil)
 		if err != nil {
 			return err
 		}

@@ -1,6 +1,10 @@
-// Package peercopy is the pipelined strategy of the overlap layer on GPUs
-// whose ranks share memory through a symmetric heap (comm.SymmetricMemory:
-// NVSHMEM PEs of one node, also several PEs on one GPU under MPS).
+// Package peercopy holds the tensor-parallel sites of the pipelined and
+// fused strategies on GPUs whose ranks share memory through a symmetric
+// heap (comm.SymmetricMemory: NVSHMEM PEs of one node, also several PEs on
+// one GPU under MPS): Chunked (pipelined: a GEMM per chunk as it lands)
+// and Engine (fused: our GEMM engine waiting per chunk). They are
+// Builders without a strategy name; the registry, overlap/strategies,
+// picks them for the groups that can run them.
 //
 // Each chunk of a site's communication is a copy-engine pull from the
 // peer's symmetric stage through its peer pointer, on the site's side
@@ -13,7 +17,7 @@
 // each chunk's after its pull's event. Nothing waits on the host; no kernel
 // spins, so no SM is held by a wait.
 //
-// The fused strategy (Fused) feeds our GEMM engine from the same
+// The fused form (Engine) feeds our GEMM engine from the same
 // exchanges, or, with Transfer "put", from puts: a small kernel on each
 // rank's side stream stores its shard into every peer's symmetric gather
 // buffer and raises a flag per chunk there, which the engine waits on

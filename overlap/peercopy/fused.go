@@ -11,7 +11,9 @@ import (
 	"github.com/asynctp/asynctp/tensor/cudabackend"
 )
 
-// Fused is the fused strategy of the two tensor-parallel sites: one call of
+// Engine builds the TP sites of the fused strategy (the registry's
+// strategies.Fused picks it on a group with symmetric memory and peer
+// pointers; a Builder without a name): one call of
 // our GEMM engine (cudabackend.EngineMatMul) per weight, fed and drained by
 // the copy engine while it runs, instead of P GEMMs of a chunk each.
 //
@@ -62,8 +64,8 @@ import (
 // of 8 and 16-byte aligned rows; a call outside that is refused with an
 // error (an explicit --overlap fused is never silently something else).
 // The matmul∘all-reduce sites have no fused form; the expert path's is
-// parallel/ep/peerep's Fused (which holds this one for the TP sites).
-type Fused struct {
+// parallel/ep/peerep's (peerep.Expert with Fused).
+type Engine struct {
 	// Timeout bounds every wait for a peer (0: 10 s): the gather's wait for
 	// the peers' shards and the engine's wait for a chunk, the scatter's
 	// wait for the peers' partials. A peer that never publishes makes the
@@ -82,14 +84,11 @@ type Fused struct {
 	PutCTAs int
 }
 
-var _ overlap.Strategy = Fused{}
+var _ overlap.Builder = Engine{}
 
-// Name is "fused".
-func (Fused) Name() string { return "fused" }
-
-// Supports needs what Pipelined needs, the GEMM engine, and a site kind
+// Supports needs what Chunked needs, the GEMM engine, and a site kind
 // with a fused form.
-func (f Fused) Supports(sp overlap.Spec) error {
+func (f Engine) Supports(sp overlap.Spec) error {
 	if _, err := f.transfer(); err != nil {
 		return err
 	}
@@ -99,20 +98,20 @@ func (f Fused) Supports(sp overlap.Spec) error {
 
 // transfer is f.Transfer checked; an unknown one is refused (not
 // ErrUnavailable: an explicit setting is never replaced by another).
-func (f Fused) transfer() (string, error) {
+func (f Engine) transfer() (string, error) {
 	t, err := ParseTransfer(f.Transfer)
 	if err != nil {
-		return "", fmt.Errorf("peercopy.Fused: %w", err)
+		return "", fmt.Errorf("peercopy.Engine: %w", err)
 	}
 	if f.PutCTAs < 0 || f.PutCTAs > 0 && t != TransferPut {
-		return "", fmt.Errorf("peercopy.Fused: PutCTAs %d with transfer %q: expected ≥ 0, and set only with %q", f.PutCTAs, t, TransferPut)
+		return "", fmt.Errorf("peercopy.Engine: PutCTAs %d with transfer %q: expected ≥ 0, and set only with %q", f.PutCTAs, t, TransferPut)
 	}
 	return t, nil
 }
 
 // newPut is the put transfer of a site's gather for the checked transfer
 // t (nil for the pulls).
-func (f Fused) newPut(e siteEnv, t string) *putGather {
+func (f Engine) newPut(e siteEnv, t string) *putGather {
 	if t != TransferPut {
 		return nil
 	}
@@ -147,7 +146,7 @@ func fusedEnv(sp overlap.Spec) (siteEnv, error) {
 	return e, nil
 }
 
-func (f Fused) timeout() time.Duration {
+func (f Engine) timeout() time.Duration {
 	if f.Timeout > 0 {
 		return f.Timeout
 	}
@@ -155,7 +154,7 @@ func (f Fused) timeout() time.Duration {
 }
 
 // NewAllGatherMatmul builds the entry site.
-func (f Fused) NewAllGatherMatmul(sp overlap.Spec) (overlap.AllGatherMatmul, error) {
+func (f Engine) NewAllGatherMatmul(sp overlap.Spec) (overlap.AllGatherMatmul, error) {
 	t, err := f.transfer()
 	if err != nil {
 		return nil, err
@@ -172,7 +171,7 @@ func (f Fused) NewAllGatherMatmul(sp overlap.Spec) (overlap.AllGatherMatmul, err
 }
 
 // NewMatmulReduceScatter builds the exit site.
-func (f Fused) NewMatmulReduceScatter(sp overlap.Spec) (overlap.MatmulReduceScatter, error) {
+func (f Engine) NewMatmulReduceScatter(sp overlap.Spec) (overlap.MatmulReduceScatter, error) {
 	t, err := f.transfer()
 	if err != nil {
 		return nil, err
@@ -189,7 +188,7 @@ func (f Fused) NewMatmulReduceScatter(sp overlap.Spec) (overlap.MatmulReduceScat
 }
 
 // NewMatmulAllReduce: no fused form.
-func (f Fused) NewMatmulAllReduce(sp overlap.Spec) (overlap.MatmulAllReduce, error) {
+func (f Engine) NewMatmulAllReduce(sp overlap.Spec) (overlap.MatmulAllReduce, error) {
 	if _, err := f.transfer(); err != nil {
 		return nil, err
 	}
@@ -397,7 +396,7 @@ func (s *fmmrs) Backward(dx, dw, dout, x, w *tensor.Tensor) (comm.Work, error) {
 // chunk's landed word, the own chunk's word is raised on the compute stream
 // after its copy, and the compute stream then waits until every peer has
 // published this call's shard and this rank's last pull is issued (see
-// Fused: the engine launched after this waits only for copies), or the
+// Engine: the engine launched after this waits only for copies), or the
 // deadline passed (the call then fails at the next Sync, naming the peer).
 // Only for P > 1 (the fused sites fall back to collective at one rank): the
 // own ready word is raised by the last pull.

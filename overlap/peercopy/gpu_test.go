@@ -17,6 +17,7 @@ import (
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/overlap/overlaptest"
 	"github.com/asynctp/asynctp/overlap/peercopy"
+	"github.com/asynctp/asynctp/overlap/strategies"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cudabackend"
 )
@@ -120,10 +121,10 @@ func newPE(t *testing.T) *pe { return &pe{pes.Join(t)} }
 
 func (p *pe) close(t *testing.T) { p.PE.Close(t) }
 
-// strategies are the strategies the jobs run: every one, or those named in
+// strategiesRun are the strategies the jobs run: every one, or those named in
 // $ASYNCTP_OVERLAP_STRATEGIES (a comma-separated list of stratName's
 // names, e.g. "fused-pull,fused-put").
-func strategies(t *testing.T) []overlap.Strategy {
+func strategiesRun(t *testing.T) []overlap.Strategy {
 	// $ASYNCTP_OVERLAP_FUSED_TIMEOUT: the fused strategies' deadline (unset:
 	// their default), to tell a stall from a slow peer.
 	var timeout time.Duration
@@ -133,8 +134,15 @@ func strategies(t *testing.T) []overlap.Strategy {
 			t.Fatalf("ASYNCTP_OVERLAP_FUSED_TIMEOUT=%q: expected a positive duration", v)
 		}
 	}
-	all := []overlap.Strategy{overlap.Collective{}, overlap.Pipelined{}, peercopy.Pipelined{},
-		peercopy.Fused{Transfer: peercopy.TransferPull, Timeout: timeout}, peercopy.Fused{Transfer: peercopy.TransferPut, Timeout: timeout}}
+	// The registry's pipelined and fused (the forms they pick on NVSHMEM
+	// PEs of one GPU: peercopy's Chunked and Engine; suite checks that they
+	// do), and the exchange form of pipelined, which the registry picks
+	// only where there is no symmetric memory, under its strategy's name.
+	fused := func(transfer string) overlap.Strategy {
+		return strategies.Fused{Options: strategies.Options{Transfer: transfer, Timeout: timeout}}
+	}
+	all := []overlap.Strategy{overlap.Collective{}, exchangeForm{}, strategies.Pipelined{},
+		fused(peercopy.TransferPull), fused(peercopy.TransferPut)}
 	only := os.Getenv("ASYNCTP_OVERLAP_STRATEGIES")
 	if only == "" {
 		return all
@@ -158,25 +166,41 @@ func strategies(t *testing.T) []overlap.Strategy {
 	return out
 }
 
-// stratName names a strategy of strategies in the jobs' lines.
+// exchangeForm is overlap.Exchange under the name of the strategy whose
+// form it is, so that the suite runs it on NVSHMEM PEs too.
+type exchangeForm struct{ overlap.Exchange }
+
+func (exchangeForm) Name() string { return "pipelined" }
+
+// stratName names a strategy of strategiesRun in the jobs' lines.
 func stratName(s overlap.Strategy) string {
 	switch v := s.(type) {
 	case overlap.Collective:
 		return "collective"
-	case overlap.Pipelined:
+	case exchangeForm:
 		return "pipelined"
-	case peercopy.Pipelined:
+	case strategies.Pipelined:
 		return "peercopy-pipelined"
-	case peercopy.Fused:
-		return "fused-" + v.Transfer
+	case strategies.Fused:
+		return "fused-" + v.Options.Transfer
 	}
 	return fmt.Sprintf("%T", s)
 }
 
 func (p *pe) suite(t *testing.T) {
-	for i, s := range strategies(t) {
+	for i, s := range strategiesRun(t) {
 		for _, dt := range []tensor.DType{tensor.BFloat16, tensor.Float32} {
-			if _, fused := s.(peercopy.Fused); fused && dt != tensor.BFloat16 {
+			sp := overlap.Spec{Kind: overlap.KindAllGatherMatmul, Name: "form", Group: p.World, Backend: p.B, Stream: p.B.Stream(), K: 64, Outs: []int{64}, DType: dt}
+			if d, ok := s.(overlap.Describer); ok && s.Name() != "collective" {
+				// The registry's strategies pick the peer-copy forms here;
+				// exchangeForm is the exchange.
+				_, exchange := s.(exchangeForm)
+				if how, sym := d.Via(sp); sym == exchange && s.Supports(sp) == nil {
+					t.Fatalf("rank %d: %s %v moves by %q (symmetric memory: %v), expected the %s form", p.Rank, stratName(s), dt, how, sym,
+						map[bool]string{true: "exchange", false: "peer-copy"}[exchange])
+				}
+			}
+			if _, fused := s.(strategies.Fused); fused && dt != tensor.BFloat16 {
 				// The engine takes bf16 operands: the strategy must say so
 				// (and the chooser then keeps collective, or refuses an
 				// explicit request).
@@ -211,7 +235,7 @@ func (p *pe) deadline(t *testing.T, transfer string) {
 	const dl = 2 * time.Second
 	const n, k, m = 64, 256, 256
 	b := p.B
-	ag, err := peercopy.Fused{Timeout: dl, Transfer: transfer}.NewAllGatherMatmul(overlap.Spec{Kind: overlap.KindAllGatherMatmul, Name: "deadline",
+	ag, err := peercopy.Engine{Timeout: dl, Transfer: transfer}.NewAllGatherMatmul(overlap.Spec{Kind: overlap.KindAllGatherMatmul, Name: "deadline",
 		Group: p.World, Backend: b, Stream: b.Stream(), K: k, Outs: []int{m}, DType: tensor.BFloat16})
 	if err != nil {
 		t.Fatal(err)
@@ -262,7 +286,7 @@ func (p *pe) deadlineScatter(t *testing.T) {
 	const dl = 2 * time.Second
 	const n, k, m = 64, 256, 256
 	b := p.B
-	rs, err := peercopy.Fused{Timeout: dl}.NewMatmulReduceScatter(overlap.Spec{Kind: overlap.KindMatmulReduceScatter, Name: "deadline-rs",
+	rs, err := peercopy.Engine{Timeout: dl}.NewMatmulReduceScatter(overlap.Spec{Kind: overlap.KindMatmulReduceScatter, Name: "deadline-rs",
 		Group: p.World, Backend: b, Stream: b.Stream(), K: k, Outs: []int{m}, DType: tensor.BFloat16})
 	if err != nil {
 		t.Fatal(err)
@@ -318,7 +342,7 @@ func (p *pe) determinismWith(t *testing.T, transfer string) {
 		b.Upload(d, h)
 		return d
 	}
-	f := peercopy.Fused{Transfer: transfer}
+	f := peercopy.Engine{Transfer: transfer}
 	rs, err := f.NewMatmulReduceScatter(overlap.Spec{Kind: overlap.KindMatmulReduceScatter, Name: "det-rs", Group: p.World,
 		Backend: b, Stream: b.Stream(), K: kl, Outs: []int{cols}, DType: tensor.BFloat16})
 	if err != nil {
@@ -459,7 +483,7 @@ func (p *pe) bench(t *testing.T) {
 		return err
 	})
 	row("reduce-scatter alone (NVSHMEM transport)", d, err)
-	for _, s := range strategies(t) {
+	for _, s := range strategiesRun(t) {
 		name := stratName(s)
 		ag, err := s.NewAllGatherMatmul(sp(overlap.KindAllGatherMatmul, k, m))
 		if err != nil {

@@ -11,7 +11,7 @@ import (
 	"github.com/asynctp/asynctp/tensor/cudabackend"
 )
 
-// The transfers of the fused all-gather (Fused.Transfer).
+// The transfers of the fused all-gather (Engine.Transfer).
 const (
 	// TransferPull: every peer's shard is pulled by the copy engine from
 	// the peer's symmetric stage into the gathered matrix, each pull
@@ -23,7 +23,7 @@ const (
 	TransferPut = "put"
 )
 
-// Transfers are the valid values of Fused.Transfer ("" is TransferPull).
+// Transfers are the valid values of Engine.Transfer ("" is TransferPull).
 var Transfers = []string{TransferPull, TransferPut}
 
 // TransferEnv is the environment variable the programs read the fused
@@ -221,7 +221,7 @@ func (x *putGather) gather(src *tensor.Tensor, timeout time.Duration) (*tensor.T
 		return nil, nil, fmt.Errorf("%s: %w", x.sp.what, err)
 	}
 	// Every peer's put kernel runs: the engine launched after this waits
-	// only for kernels already running on the SMs it leaves free (Fused).
+	// only for kernels already running on the SMs it leaves free (Engine).
 	waitSignals(b, pad, P, epoch, timeout, x.status, func(q int) error {
 		return fmt.Errorf("%s on %s: rank %d never put its rows of call %d within %v", x.sp.what, name, q, epoch, timeout)
 	})

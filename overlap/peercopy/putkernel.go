@@ -15,7 +15,7 @@ import (
 // pointers into every peer's symmetric gather buffer, chunk by chunk, and
 // raises each chunk's 64-bit epoch flag there with a release at system
 // scope, where the peer's GEMM engine waits for it (GEMMWait). It is the
-// other half of the choice the copy-engine pulls make (Fused.Transfer).
+// other half of the choice the copy-engine pulls make (Engine.Transfer).
 
 // peerTable is the device table of the 3P addresses a put reaches (peer_put
 // in peerput.cu): every rank's gather buffer, chunk flags and signal pad.

@@ -11,25 +11,28 @@ import (
 	"github.com/asynctp/asynctp/tensor/cudabackend"
 )
 
-// Pipelined is the pipelined strategy on a transport with symmetric
-// memory and peer pointers (NVSHMEM, PEs of one node): the same schedule
-// as overlap.Pipelined — the own shard's math first, then each peer's
-// chunk as it lands, P−1 steps — but every chunk is a copy-engine pull
-// from the peer's symmetric stage, gated by 64-bit signal words written
-// and waited with stream memory operations (exchange), instead of a
-// two-sided exchange through the transport. The matmul∘all-reduce sites
-// are overlap.Pipelined's (chunked all-reduces through the transport).
-type Pipelined struct{}
+// Chunked builds the TP sites of the pipelined strategy on a group with
+// symmetric memory and peer pointers (NVSHMEM, PEs of one node; the
+// registry's strategies.Pipelined picks it there): the same schedule as
+// overlap.Exchange — the own shard's math first, then each peer's chunk
+// as it lands, a GEMM per chunk, P−1 steps — but every chunk is a
+// copy-engine pull from the peer's symmetric stage, gated by 64-bit
+// signal words written and waited with stream memory operations
+// (exchange), instead of a two-sided exchange through the transport. The
+// matmul∘all-reduce sites are overlap.Exchange's (chunked all-reduces
+// through the transport). A Builder without a name: "pipelined" is
+// strategies.Pipelined's.
+type Chunked struct {
+	// Chunks is the matmul∘all-reduce sites' row chunks (0: 4;
+	// overlap.Exchange.Chunks).
+	Chunks int
+}
 
-var _ overlap.Strategy = Pipelined{}
-
-// Name is "pipelined": it takes the place of overlap.Pipelined where it
-// can run.
-func (Pipelined) Name() string { return "pipelined" }
+var _ overlap.Builder = Chunked{}
 
 // Supports needs the CUDA backend on a CUDA stream and a group with
-// symmetric memory; the expert path has no pipelined form.
-func (Pipelined) Supports(sp overlap.Spec) error {
+// symmetric memory; the expert path is parallel/ep/peerep's.
+func (Chunked) Supports(sp overlap.Spec) error {
 	_, err := env(sp)
 	return err
 }
@@ -41,7 +44,7 @@ func env(sp overlap.Spec) (siteEnv, error) {
 // envAs is env with its errors named what (the strategy's site).
 func envAs(sp overlap.Spec, what string) (siteEnv, error) {
 	if sp.Kind == overlap.KindExpert {
-		return siteEnv{}, fmt.Errorf("%s: the expert path is parallel/ep/peerep's Pipelined (%w)", what, overlap.ErrUnavailable)
+		return siteEnv{}, fmt.Errorf("%s: the expert path is parallel/ep/peerep's (%w)", what, overlap.ErrUnavailable)
 	}
 	b, ok := sp.Backend.(*cudabackend.Backend)
 	if !ok || b.Stream() == nil {
@@ -85,7 +88,7 @@ func (e siteEnv) close(xs ...*exchange) error {
 }
 
 // NewAllGatherMatmul builds the entry site.
-func (Pipelined) NewAllGatherMatmul(sp overlap.Spec) (overlap.AllGatherMatmul, error) {
+func (Chunked) NewAllGatherMatmul(sp overlap.Spec) (overlap.AllGatherMatmul, error) {
 	e, err := newEnv(sp)
 	if err != nil {
 		return nil, err
@@ -94,7 +97,7 @@ func (Pipelined) NewAllGatherMatmul(sp overlap.Spec) (overlap.AllGatherMatmul, e
 }
 
 // NewMatmulReduceScatter builds the exit site.
-func (Pipelined) NewMatmulReduceScatter(sp overlap.Spec) (overlap.MatmulReduceScatter, error) {
+func (Chunked) NewMatmulReduceScatter(sp overlap.Spec) (overlap.MatmulReduceScatter, error) {
 	e, err := newEnv(sp)
 	if err != nil {
 		return nil, err
@@ -102,12 +105,12 @@ func (Pipelined) NewMatmulReduceScatter(sp overlap.Spec) (overlap.MatmulReduceSc
 	return &mmrs{sp: sp, e: e, fwd: &exchange{sp: e, slots: sp.Group.Size()}, bwd: &exchange{sp: e, slots: 1}}, nil
 }
 
-// NewMatmulAllReduce is overlap.Pipelined's site.
-func (Pipelined) NewMatmulAllReduce(sp overlap.Spec) (overlap.MatmulAllReduce, error) {
+// NewMatmulAllReduce is overlap.Exchange's site.
+func (c Chunked) NewMatmulAllReduce(sp overlap.Spec) (overlap.MatmulAllReduce, error) {
 	if _, err := env(sp); err != nil {
 		return nil, err
 	}
-	return overlap.Pipelined{}.NewMatmulAllReduce(sp)
+	return overlap.Exchange{Chunks: c.Chunks}.NewMatmulAllReduce(sp)
 }
 
 // ownRows is rows [q·n, (q+1)·n) of t.

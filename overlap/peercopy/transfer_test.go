@@ -32,18 +32,18 @@ func TestTransfer(t *testing.T) {
 	}
 }
 
-// A Fused with an unknown transfer (or PutCTAs without the put transfer) is
+// An Engine with an unknown transfer (or PutCTAs without the put transfer) is
 // refused by Supports and every constructor, and not as ErrUnavailable:
 // the chooser must fail the run instead of keeping collective.
 func TestFusedTransferRefused(t *testing.T) {
 	sp := overlap.Spec{Kind: overlap.KindAllGatherMatmul, Name: "x", K: 64, Outs: []int{64}}
-	for _, f := range []Fused{{Transfer: "push"}, {PutCTAs: 4}, {Transfer: TransferPut, PutCTAs: -1}} {
+	for _, f := range []Engine{{Transfer: "push"}, {PutCTAs: 4}, {Transfer: TransferPut, PutCTAs: -1}} {
 		checks := map[string]error{"Supports": f.Supports(sp)}
 		_, checks["NewAllGatherMatmul"] = f.NewAllGatherMatmul(sp)
 		_, checks["NewMatmulReduceScatter"] = f.NewMatmulReduceScatter(sp)
 		_, checks["NewMatmulAllReduce"] = f.NewMatmulAllReduce(sp)
 		for name, err := range checks {
-			if err == nil || errors.Is(err, overlap.ErrUnavailable) || !strings.Contains(err.Error(), "peercopy.Fused: ") {
+			if err == nil || errors.Is(err, overlap.ErrUnavailable) || !strings.Contains(err.Error(), "peercopy.Engine: ") {
 				t.Errorf("%+v: %s: %v, want a refusal of the setting (not ErrUnavailable)", f, name, err)
 			}
 		}
@@ -51,7 +51,7 @@ func TestFusedTransferRefused(t *testing.T) {
 	// A valid transfer gets to the strategy's own checks (here: no CUDA
 	// backend), which say the strategy is unavailable.
 	for _, tr := range []string{"", TransferPull, TransferPut} {
-		if err := (Fused{Transfer: tr}).Supports(sp); !errors.Is(err, overlap.ErrUnavailable) {
+		if err := (Engine{Transfer: tr}).Supports(sp); !errors.Is(err, overlap.ErrUnavailable) {
 			t.Errorf("transfer %q without a GPU: %v, want ErrUnavailable", tr, err)
 		}
 	}

@@ -10,11 +10,14 @@
 // Each type's doc comment holds its table (site kind → forward, backward,
 // transfer, requirements). Pipelined and Fused pick their implementation
 // per site from what the site's group and backend offer, never from a
-// transport's name: the peer-copy forms (overlap/peercopy for the TP sites,
-// parallel/ep/peerep for the expert path) on a group with symmetric memory
+// transport's name: the peer-copy forms (overlap/peercopy's Chunked and
+// Engine for the TP sites, parallel/ep/peerep's Expert for the expert
+// path) on a group with symmetric memory
 // (comm.SymmetricMemory) whose ranks all reach each other by loads and
 // stores (comm.Unreachable) and the CUDA backend on a stream; the exchange
-// form (overlap.Pipelined) elsewhere. A group that spans hosts (an EP or DP
+// form (overlap.Exchange) elsewhere. The implementations are
+// overlap.Builders without a name: no other type answers "pipelined" or
+// "fused". A group that spans hosts (an EP or DP
 // group across nodes) has no peer pointers between them: a site that needs
 // them is refused, naming the group and the ranks it cannot reach, and a
 // default or "auto" keeps it on collective, saying so (overlap.Chooser).

@@ -26,7 +26,7 @@ type Options struct {
 	// Chunks is the exchange form's matmul∘all-reduce chunks (0: 4).
 	Chunks int
 	// Transfer and PutCTAs are the fused all-gathers' transfer
-	// (peercopy.Fused: "pull", the default, or "put").
+	// (peercopy.Engine: "pull", the default, or "put").
 	Transfer string
 	PutCTAs  int
 	// Timeout bounds the fused sites' waits for a peer (0: 10 s).
@@ -104,7 +104,7 @@ func rankNames(rs []int) string {
 //	all-gather∘matmul        own shard's matmul, then each peer's       peer-copy: copy-engine pulls of each       peer-copy: symmetric memory reached by
 //	matmul∘reduce-scatter    chunk in ring order as it lands; the       peer's stage, gated by stream-written      loads and stores on every pair, the CUDA
 //	                         backwards are the adjoint sites            signal words; exchange: P−1 all-to-all-v   backend on a stream; exchange: any group
-//	                         (overlap.Pipelined's schedule)             steps with one peer each
+//	                         (overlap.Exchange's schedule)              steps with one peer each
 //	matmul∘all-reduce        the rows in Chunks chunks, each            the group's all-reduce (either form)       any group
 //	                         all-reduced while the next computes
 //	expert (MoE)             device-side dispatch → grouped GEMMs →     stores into the owners' symmetric receive  symmetric memory reached by loads and
@@ -112,8 +112,9 @@ func rankNames(rs []int) string {
 //	                         backward the reverse, same handle          signals                                    a bound on the tokens (ep.Parallel.MaxTokens)
 //
 // Where the site's group and backend offer the peer-copy form it runs
-// (peerep.Pipelined: overlap/peercopy for the TP sites); elsewhere the TP
-// sites run the exchange form (overlap.Pipelined), and the expert path,
+// (overlap/peercopy's Chunked for the TP sites, parallel/ep/peerep's
+// Expert for the expert path); elsewhere the TP sites run the exchange
+// form (overlap.Exchange), and the expert path,
 // which has no exchange form, is refused (an explicit request) or stays
 // collective (a default), saying why.
 type Pipelined struct{ Options Options }
@@ -126,75 +127,68 @@ var (
 // Name is "pipelined".
 func (Pipelined) Name() string { return "pipelined" }
 
-func (p Pipelined) peer() peerep.Pipelined { return peerep.Pipelined{Options: p.Options.Expert} }
+func (p Pipelined) expert() peerep.Expert { return peerep.Expert{Options: p.Options.Expert} }
 
-func (p Pipelined) exchange() overlap.Pipelined { return overlap.Pipelined{Chunks: p.Options.Chunks} }
-
-// impl is the implementation for the site of sp, or why there is none.
-func (p Pipelined) impl(sp overlap.Spec) (overlap.Strategy, error) {
-	if err := peerCopy(sp, "pipelined"); err == nil {
-		return p.peer(), nil
-	} else if sp.Kind == overlap.KindExpert {
-		return nil, err
+// tp is the implementation of the TP site of sp: the peer-copy form
+// where the group and backend offer it, else the exchange form.
+func (p Pipelined) tp(sp overlap.Spec) overlap.Builder {
+	if peerCopy(sp, "pipelined") == nil {
+		return peercopy.Chunked{Chunks: p.Options.Chunks}
 	}
-	return p.exchange(), nil
+	return overlap.Exchange{Chunks: p.Options.Chunks}
 }
 
 // Supports says whether a site of sp can run, and if not why.
 func (p Pipelined) Supports(sp overlap.Spec) error {
-	s, err := p.impl(sp)
-	if err != nil {
-		return err
+	if sp.Kind == overlap.KindExpert {
+		if err := peerCopy(sp, "pipelined"); err != nil {
+			return err
+		}
+		return p.expert().Supports(sp)
 	}
-	return s.Supports(sp)
+	return p.tp(sp).Supports(sp)
 }
 
 // Via says how the site of sp moves its data (overlap.Describer).
 func (p Pipelined) Via(sp overlap.Spec) (string, bool) {
-	s, err := p.impl(sp)
-	if err != nil {
-		return "", false
+	if sp.Kind == overlap.KindExpert {
+		if p.Supports(sp) != nil {
+			return "", false
+		}
+		return "stores through peer pointers into symmetric memory", true
 	}
-	_, exchange := s.(overlap.Pipelined)
+	_, exchange := p.tp(sp).(overlap.Exchange)
 	switch {
 	case sp.Kind == overlap.KindMatmulAllReduce:
 		return "chunked all-reduces on the group's collectives", false
 	case exchange:
 		return "exchanges on the group's collectives", false
-	case sp.Kind == overlap.KindExpert:
-		return "stores through peer pointers into symmetric memory", true
 	}
 	return "copy-engine pulls from symmetric memory", true
 }
 
+// NewAllGatherMatmul builds the site of sp in the form its group and
+// backend offer.
 func (p Pipelined) NewAllGatherMatmul(sp overlap.Spec) (overlap.AllGatherMatmul, error) {
-	s, err := p.impl(sp)
-	if err != nil {
-		return nil, err
-	}
-	return s.NewAllGatherMatmul(sp)
+	return p.tp(sp).NewAllGatherMatmul(sp)
 }
 
+// NewMatmulReduceScatter builds the site of sp in the form its group and
+// backend offer.
 func (p Pipelined) NewMatmulReduceScatter(sp overlap.Spec) (overlap.MatmulReduceScatter, error) {
-	s, err := p.impl(sp)
-	if err != nil {
-		return nil, err
-	}
-	return s.NewMatmulReduceScatter(sp)
+	return p.tp(sp).NewMatmulReduceScatter(sp)
 }
 
+// NewMatmulAllReduce builds the site of sp: chunked all-reduces on the
+// group's collectives in either form.
 func (p Pipelined) NewMatmulAllReduce(sp overlap.Spec) (overlap.MatmulAllReduce, error) {
-	s, err := p.impl(sp)
-	if err != nil {
-		return nil, err
-	}
-	return s.NewMatmulAllReduce(sp)
+	return p.tp(sp).NewMatmulAllReduce(sp)
 }
 
 // NewExpertPath builds the expert path (peerep.Path); Supports has said
 // whether the layer's group and backend can run it.
 func (p Pipelined) NewExpertPath(c ep.ExpertConfig) (ep.ExpertPath, error) {
-	return p.peer().NewExpertPath(c)
+	return p.expert().NewExpertPath(c)
 }
 
 // Fused is the strategy "fused": one kernel does the math while the
@@ -204,13 +198,13 @@ func (p Pipelined) NewExpertPath(c ep.ExpertConfig) (ep.ExpertPath, error) {
 //	all-gather∘matmul        our GEMM engine from this rank's shard,     copy-engine pulls (Transfer "pull") or     symmetric memory reached by loads and
 //	                         its producer waiting per chunk; backward    puts by a few CTAs of every peer ("put")   stores on every pair, the CUDA backend on
 //	                         the fused matmul∘reduce-scatter             into this rank's symmetric buffer          a stream, an sm_90a GPU, bf16, widths of
-//	matmul∘reduce-scatter    the engine stores the partial product,      the peers pull this rank's partial rows    multiples of 8 (peercopy.Fused)
+//	matmul∘reduce-scatter    the engine stores the partial product,      the peers pull this rank's partial rows    multiples of 8
 //	                         signalling each 128-row block; the rows     as they are signalled; fp32 sum in a
-//	                         are summed in a fixed rank order            fixed rank order
+//	                         are summed in a fixed rank order            fixed rank order                           (peercopy.Engine)
 //	matmul∘all-reduce        no fused form: refused, or collective       —                                          —
 //	expert (MoE)             the grouped GEMM engine waits per 128-row   dispatch stores through peer pointers;     as pipelined's expert path, the grouped
 //	                         block of the dispatch; the down projection  the down GEMM's blocks are sent home as    GEMM on (the MoE device step), bf16, the
-//	                         sends its blocks home as it stores them     they are stored                            grouped GEMM engine (peerep.Fused)
+//	                         sends its blocks home as it stores them     they are stored                            grouped GEMM engine (peerep.Expert, Fused)
 type Fused struct{ Options Options }
 
 var (
@@ -221,10 +215,13 @@ var (
 // Name is "fused".
 func (Fused) Name() string { return "fused" }
 
-func (f Fused) impl() peerep.Fused {
+// engine builds the TP sites, expert the expert path.
+func (f Fused) engine() peercopy.Engine {
 	o := f.Options
-	return peerep.Fused{Fused: peercopy.Fused{Transfer: o.Transfer, PutCTAs: o.PutCTAs, Timeout: o.Timeout}, Options: o.Expert}
+	return peercopy.Engine{Transfer: o.Transfer, PutCTAs: o.PutCTAs, Timeout: o.Timeout}
 }
+
+func (f Fused) expert() peerep.Expert { return peerep.Expert{Fused: true, Options: f.Options.Expert} }
 
 // Supports says whether a site of sp can run, and if not why.
 func (f Fused) Supports(sp overlap.Spec) error {
@@ -234,7 +231,10 @@ func (f Fused) Supports(sp overlap.Spec) error {
 	if err := peerCopy(sp, "fused"); err != nil {
 		return err
 	}
-	return f.impl().Supports(sp)
+	if sp.Kind == overlap.KindExpert {
+		return f.expert().Supports(sp)
+	}
+	return f.engine().Supports(sp)
 }
 
 // Via says how the site of sp moves its data (overlap.Describer).
@@ -248,20 +248,23 @@ func (f Fused) Via(sp overlap.Spec) (string, bool) {
 	return "the GEMM engine fed by copy-engine pulls from symmetric memory", true
 }
 
+// NewAllGatherMatmul builds the site of sp on the GEMM engine.
 func (f Fused) NewAllGatherMatmul(sp overlap.Spec) (overlap.AllGatherMatmul, error) {
 	if err := f.Supports(sp); err != nil {
 		return nil, err
 	}
-	return f.impl().NewAllGatherMatmul(sp)
+	return f.engine().NewAllGatherMatmul(sp)
 }
 
+// NewMatmulReduceScatter builds the site of sp on the GEMM engine.
 func (f Fused) NewMatmulReduceScatter(sp overlap.Spec) (overlap.MatmulReduceScatter, error) {
 	if err := f.Supports(sp); err != nil {
 		return nil, err
 	}
-	return f.impl().NewMatmulReduceScatter(sp)
+	return f.engine().NewMatmulReduceScatter(sp)
 }
 
+// NewMatmulAllReduce refuses: no fused form.
 func (f Fused) NewMatmulAllReduce(sp overlap.Spec) (overlap.MatmulAllReduce, error) {
 	return nil, f.Supports(sp)
 }
@@ -269,5 +272,5 @@ func (f Fused) NewMatmulAllReduce(sp overlap.Spec) (overlap.MatmulAllReduce, err
 // NewExpertPath builds the fused expert path (peerep.Path in its fused
 // mode).
 func (f Fused) NewExpertPath(c ep.ExpertConfig) (ep.ExpertPath, error) {
-	return f.impl().NewExpertPath(c)
+	return f.expert().NewExpertPath(c)
 }

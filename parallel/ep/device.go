@@ -49,7 +49,7 @@ type DeviceOffsets interface {
 }
 
 // FusedOffsets is an optional capability of a DeviceOffsets path (the
-// fused strategy, parallel/ep/peerep's Fused): a device step whose
+// fused strategy, parallel/ep/peerep's Expert with Fused): a device step whose
 // dispatch and combine run inside the experts' grouped GEMMs. DispatchFused
 // returns while the rows are still landing, with the GEMM hooks of the
 // step: hooks.First's GEMM waits for each 128-row block of xe before it

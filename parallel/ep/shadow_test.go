@@ -21,10 +21,13 @@ import (
 // hostPath is a test-only expert strategy under the name "pipelined": the
 // collective dispatcher as an ExpertStrategy's path (so shadow mode wraps
 // it), with its combined output's first row scaled by scale (0: exact).
+// Its TP sites are the exchange form's.
 type hostPath struct {
-	overlap.Pipelined
+	overlap.Exchange
 	scale float32
 }
+
+func (hostPath) Name() string { return "pipelined" }
 
 func (hostPath) Supports(overlap.Spec) error { return nil }
 

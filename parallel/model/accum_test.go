@@ -11,6 +11,7 @@ import (
 	"github.com/asynctp/asynctp/internal/testing/testutil"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/overlap"
+	"github.com/asynctp/asynctp/overlap/strategies"
 	"github.com/asynctp/asynctp/parallel/grads"
 	"github.com/asynctp/asynctp/parallel/model"
 	"github.com/asynctp/asynctp/tensor"
@@ -51,7 +52,7 @@ func microReference(t *testing.T, cfg layers.GPTConfig, dt tensor.DType, ids, ta
 // microModel builds a rank's model with buckets of bucketBytes, the sums
 // overlapped with the backward or after it.
 func microModel(b tensor.Backend, g *comm.Grid, cfg layers.GPTConfig, l layout, dt tensor.DType, bucketBytes int, after bool) (*model.Model, error) {
-	ch, err := overlap.NewChooser(overlap.Config{Default: l.overlap}, []overlap.Strategy{overlap.Pipelined{}}, nil)
+	ch, err := overlap.NewChooser(overlap.Config{Default: l.overlap}, []overlap.Strategy{strategies.Pipelined{}}, nil)
 	if err != nil {
 		return nil, err
 	}

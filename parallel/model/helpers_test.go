@@ -10,6 +10,7 @@ import (
 	"github.com/asynctp/asynctp/internal/testing/testutil"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/overlap"
+	"github.com/asynctp/asynctp/overlap/strategies"
 	"github.com/asynctp/asynctp/parallel/model"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cpu"
@@ -43,9 +44,9 @@ func (l layout) String() string {
 	return s
 }
 
-// strategies are the overlap strategies every sharded-equals-single-rank
+// strategyNames are the overlap strategies every sharded-equals-single-rank
 // test runs with.
-var strategies = []string{"collective", "pipelined"}
+var strategyNames = []string{"collective", "pipelined"}
 
 // onGrid runs fn on each rank of a local world of dp·tp ranks, each with
 // its own CPU backend and grid, and returns the ranks' errors.
@@ -66,7 +67,7 @@ func onGrid(l layout, fn func(b tensor.Backend, g *comm.Grid) error, opts ...loc
 
 // newModel builds the sharded model of cfg on a rank.
 func newModel(b tensor.Backend, g *comm.Grid, cfg layers.GPTConfig, l layout, dt tensor.DType) (*model.Model, error) {
-	ch, err := overlap.NewChooser(overlap.Config{Default: l.overlap}, []overlap.Strategy{overlap.Pipelined{}}, nil)
+	ch, err := overlap.NewChooser(overlap.Config{Default: l.overlap}, []overlap.Strategy{strategies.Pipelined{}}, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -58,7 +58,7 @@ func TestModelMatchesGPT(t *testing.T) {
 		for _, tpn := range []int{1, 2, 4} {
 			for _, dp := range []int{1, 2} {
 				for _, sp := range []bool{false, true} {
-					for _, ov := range strategies {
+					for _, ov := range strategyNames {
 						l := layout{tp: tpn, dp: dp, sp: sp, overlap: ov}
 						t.Run(fmt.Sprintf("%v/tied=%v/%v", v.dt, v.tied, l), func(t *testing.T) {
 							err := onGrid(l, func(b tensor.Backend, g *comm.Grid) error {
@@ -316,7 +316,7 @@ func TestGQAModelMatchesGPT(t *testing.T) {
 		tol := map[tensor.DType]float64{tensor.Float32: 1e-5, tensor.Float64: 1e-11}[dt]
 		var worst worstErr
 		for _, l := range []layout{{tp: 1, dp: 1}, {tp: 2, dp: 1}, {tp: 2, dp: 1, sp: true}, {tp: 2, dp: 2, sp: true}, {tp: 1, dp: 2}} {
-			for _, ov := range strategies {
+			for _, ov := range strategyNames {
 				l.overlap = ov
 				t.Run(fmt.Sprintf("%v/%v", dt, l), func(t *testing.T) {
 					err := onGrid(l, func(b tensor.Backend, g *comm.Grid) error {

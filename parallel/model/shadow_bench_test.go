@@ -8,6 +8,7 @@ import (
 	"github.com/asynctp/asynctp/comm/local"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/overlap"
+	"github.com/asynctp/asynctp/overlap/strategies"
 	"github.com/asynctp/asynctp/parallel/model"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cpu"
@@ -38,7 +39,7 @@ func BenchmarkShadowStep(b *testing.B) {
 		if err != nil {
 			return err
 		}
-		ch, err := overlap.NewChooser(overlap.Config{Default: "pipelined"}, []overlap.Strategy{overlap.Pipelined{}}, nil, overlap.WithShadow(sh))
+		ch, err := overlap.NewChooser(overlap.Config{Default: "pipelined"}, []overlap.Strategy{strategies.Pipelined{}}, nil, overlap.WithShadow(sh))
 		if err != nil {
 			return err
 		}

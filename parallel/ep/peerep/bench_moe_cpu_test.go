@@ -56,7 +56,7 @@ func TestMoEBenchBodyCPU(t *testing.T) {
 			!strings.Contains(lines[0], "(collective, grouped GEMM, host counts)") || !strings.HasSuffix(lines[0], "µs") {
 			return fmt.Errorf("bench lines %q", lines)
 		}
-		if _, err := benchMoE(b, c, nil, s, tensor.Float32, []overlap.Strategy{Pipelined{}}, 1, 1, pes.WallTimer(b.Sync), false); err == nil ||
+		if _, err := benchMoE(b, c, nil, s, tensor.Float32, []overlap.Strategy{pipelinedStrategy()}, 1, 1, pes.WallTimer(b.Sync), false); err == nil ||
 			!strings.Contains(err.Error(), "strategy pipelined: the layer's expert path is *ep.Dispatcher") {
 			return fmt.Errorf("the pipelined layer on the CPU: %v, want a refusal (the chooser keeps collective)", err)
 		}

@@ -35,7 +35,7 @@ func TestEmuMoEBenchBody(t *testing.T) {
 				defer b.Close()
 				c := &symComm{Comm: world, b: b, reg: reg, mine: map[uint64]int{}}
 				lines, err := benchMoE(b, c, b.Stream(), s, tensor.BFloat16,
-					[]overlap.Strategy{Pipelined{Options: []Option{WithBeforeWait(bar.wait)}}}, 1, 3, pes.WallTimer(b.Sync), true)
+					[]overlap.Strategy{pipelinedStrategy(WithBeforeWait(bar.wait))}, 1, 3, pes.WallTimer(b.Sync), true)
 				if err != nil {
 					return err
 				}

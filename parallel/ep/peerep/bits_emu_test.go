@@ -107,9 +107,9 @@ func TestEmuDeviceStepBitsMatchCollective(t *testing.T) {
 					name string
 					st   func(bar *barrier) overlap.Strategy
 				}{
-					{"pipelined", func(bar *barrier) overlap.Strategy { return Pipelined{Options: []Option{WithBeforeWait(bar.wait)}} }},
+					{"pipelined", func(bar *barrier) overlap.Strategy { return pipelinedStrategy(WithBeforeWait(bar.wait)) }},
 					{"fused", func(bar *barrier) overlap.Strategy {
-						return Fused{Options: []Option{WithBeforeWait(bar.wait), WithStreamHooks()}}
+						return fusedStrategy(WithBeforeWait(bar.wait), WithStreamHooks())
 					}},
 				} {
 					got := bitsRun(t, tc.P, cfg, dt, tc.tokens, maxTok, steps, s.st)

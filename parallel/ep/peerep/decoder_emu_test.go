@@ -60,7 +60,7 @@ func emuDecoder(b *cudabackend.Backend, c comm.Comm, bar *barrier, vocab, seq, d
 				return layers.NewAttention(b, ps, name+".attn", layers.AttentionConfig{Dim: dim, Heads: 2, RopeTheta: 10000, Std: 0.3, OutStd: 0.2})
 			},
 			FFN: func() (layers.FeedForward, error) {
-				m, err := ep.New(b, ps, ep.Parallel{Group: c, MaxTokens: maxTok, Stream: b.Stream(), Overlap: overlap.Single(Pipelined{Options: []Option{WithBeforeWait(bar.wait)}})}, name+".moe", mc)
+				m, err := ep.New(b, ps, ep.Parallel{Group: c, MaxTokens: maxTok, Stream: b.Stream(), Overlap: overlap.Single(pipelinedStrategy(WithBeforeWait(bar.wait)))}, name+".moe", mc)
 				moes = append(moes, m)
 				return m, err
 			},

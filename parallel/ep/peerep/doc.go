@@ -13,10 +13,11 @@
 // in fp32 in a fixed order. Every wait has a deadline and names the peer
 // that never signalled.
 //
-// Pipelined is the strategy (it takes the place of overlap/peercopy's
-// Pipelined for the TP sites, which it delegates to); Path is the
-// ep.ExpertPath it builds. Fused is the fused strategy (overlap/peercopy's
-// Fused for the TP sites): the same Path in its fused mode.
+// Path is the ep.ExpertPath of the pipelined strategy; Expert builds it,
+// and with Fused the same Path in its fused mode. The strategies by name
+// are the registry's (overlap/strategies: Pipelined and Fused hold Expert
+// for the expert path and overlap/peercopy's Chunked and Engine for the
+// TP sites).
 //
 // # The fused strategy
 //

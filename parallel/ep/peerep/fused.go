@@ -5,25 +5,12 @@ import (
 
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/overlap"
-	"github.com/asynctp/asynctp/overlap/peercopy"
 	"github.com/asynctp/asynctp/parallel/ep"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cudabackend"
 )
 
-// Fused is "fused" on symmetric memory for every site kind: the TP sites
-// are overlap/peercopy's Fused, the expert path is Path in its fused mode
-// (see the package documentation, "The fused strategy").
-type Fused struct {
-	peercopy.Fused
-	// Options apply to every expert path it builds.
-	Options []Option
-}
-
-var (
-	_ ep.ExpertStrategy = Fused{}
-	_ ep.FusedOffsets   = (*Path)(nil)
-)
+var _ ep.FusedOffsets = (*Path)(nil)
 
 // WithStreamHooks runs the fused protocol with its waits and signals as
 // one-warp kernels around the backend's ordinary grouped GEMMs instead of
@@ -35,43 +22,6 @@ var (
 func WithStreamHooks() Option { return func(p *Path) { p.streamHooks = true } }
 
 func withFused() Option { return func(p *Path) { p.fused = true } }
-
-// Supports the TP sites as peercopy.Fused does; the expert path needs what
-// Pipelined's needs, the backend's grouped GEMM on (the MoE device step),
-// bf16 tensors (where the spec knows them) and the grouped GEMM engine (an
-// sm_90a GPU; not with WithStreamHooks).
-func (f Fused) Supports(sp overlap.Spec) error {
-	if sp.Kind != overlap.KindExpert {
-		return f.Fused.Supports(sp)
-	}
-	b, _, err := env(sp.Backend, sp.Group, sp.Name, sp.Rows)
-	if err != nil {
-		return fmt.Errorf("fused: %w", err)
-	}
-	what := fmt.Sprintf("fused expert path %q", sp.Name)
-	if groupedFor(b, sp) == nil {
-		return fmt.Errorf("%s: the backend's grouped GEMM is off (cudabackend.WithGroupedGEMM(true) turns it on), and the fused path runs only as the MoE device step on it (%w)", what, overlap.ErrUnavailable)
-	}
-	probe := &Path{}
-	for _, o := range f.Options {
-		o(probe)
-	}
-	if probe.streamHooks {
-		return nil
-	}
-	if sp.DType != tensor.Invalid && sp.DType != tensor.BFloat16 {
-		return fmt.Errorf("%s: tensors are %v, expected bf16 (the grouped GEMM engine's operands) (%w)", what, sp.DType, overlap.ErrUnavailable)
-	}
-	if err := b.GroupedEngineErr(); err != nil {
-		return fmt.Errorf("%s: %v (%w)", what, err, overlap.ErrUnavailable)
-	}
-	return nil
-}
-
-// NewExpertPath builds the layer's Path in its fused mode.
-func (f Fused) NewExpertPath(c ep.ExpertConfig) (ep.ExpertPath, error) {
-	return New(c, append(append([]Option(nil), f.Options...), withFused())...)
-}
 
 // Fused reports whether the path runs the fused protocol.
 func (p *Path) Fused() bool { return p.fused }

@@ -153,7 +153,7 @@ func TestEmuFusedMatchesPipelined(t *testing.T) {
 					AuxLossCoef: 0.01, ZLossCoef: 0.001, Std: 0.5, OutStd: 0.3}
 				const maxTok, steps = 6, 2
 				pip := fusedRun(t, tc.P, cfg, dt, tc.tokens, maxTok, steps, func(bar *barrier) overlap.Strategy {
-					return Pipelined{Options: []Option{WithBeforeWait(bar.wait)}}
+					return pipelinedStrategy(WithBeforeWait(bar.wait))
 				}, nil)
 				defer dispatch.SetFusedLandEarly(true)
 				defer dispatch.SetFusedSideSend(true)
@@ -166,7 +166,7 @@ func TestEmuFusedMatchesPipelined(t *testing.T) {
 					checked := 0
 					var cmu sync.Mutex
 					fus := fusedRun(t, tc.P, cfg, dt, tc.tokens, maxTok, steps, func(bar *barrier) overlap.Strategy {
-						return Fused{Options: []Option{WithBeforeWait(bar.wait), WithStreamHooks()}}
+						return fusedStrategy(WithBeforeWait(bar.wait), WithStreamHooks())
 					}, func(rank int, b *cudabackend.Backend, m *ep.MoE) error {
 						p, ok := m.Dispatch.(*Path)
 						if !ok || !p.Fused() {
@@ -473,7 +473,7 @@ func TestEmuFusedNeedsDeviceStep(t *testing.T) {
 		}
 		defer b.Close()
 		c2 := &symComm{Comm: c.Comm, b: b, reg: c.reg, mine: map[uint64]int{}}
-		f := Fused{Options: []Option{WithStreamHooks()}}
+		f := fusedStrategy(WithStreamHooks())
 		sp := overlap.Spec{Kind: overlap.KindExpert, Name: "moe", Group: c2, Backend: b, Rows: 4, K: 8, Outs: []int{8}}
 		if err := f.Supports(sp); !errors.Is(err, overlap.ErrUnavailable) || !strings.Contains(err.Error(), "WithGroupedGEMM(true)") {
 			return fmt.Errorf("Supports without the grouped GEMM: %v, expected ErrUnavailable naming WithGroupedGEMM(true)", err)
@@ -499,7 +499,7 @@ func TestEmuFusedNeedsDeviceStep(t *testing.T) {
 	})
 }
 
-// unchecked is a strategy that skips Fused's Supports.
-type unchecked struct{ Fused }
+// unchecked is a strategy that skips Expert's Supports.
+type unchecked struct{ named }
 
 func (unchecked) Supports(overlap.Spec) error { return nil }

@@ -56,7 +56,7 @@ func TestFusedDeadlineGPU(t *testing.T) {
 }
 
 func newFusedPath(c eptest.Config) (ep.ExpertPath, error) {
-	return Fused{}.NewExpertPath(ep.ExpertConfig{Name: "moe", Backend: c.Backend, Stream: c.Stream, Group: c.Group,
+	return fusedStrategy().NewExpertPath(ep.ExpertConfig{Name: "moe", Backend: c.Backend, Stream: c.Stream, Group: c.Group,
 		Tokens: c.Tokens, Experts: c.Experts, Cols: c.Cols, MaxTokens: c.MaxTokens})
 }
 
@@ -217,11 +217,11 @@ func (p *pe) fusedLayers(t *testing.T) {
 		if err != nil {
 			t.Fatalf("rank %d: %v collective: %v", p.Rank, c, err)
 		}
-		pip, err := runLayer(b, g, s, c, Pipelined{})
+		pip, err := runLayer(b, g, s, c, pipelinedStrategy())
 		if err != nil {
 			t.Fatalf("rank %d: %v pipelined: %v", p.Rank, c, err)
 		}
-		fus, err := runLayer(b, g, s, c, Fused{})
+		fus, err := runLayer(b, g, s, c, fusedStrategy())
 		if err != nil {
 			t.Fatalf("rank %d: %v fused: %v", p.Rank, c, err)
 		}
@@ -250,7 +250,7 @@ func (p *pe) fusedLayers(t *testing.T) {
 			}
 		}
 		for rep := 1; rep < 10; rep++ {
-			again, err := runLayer(b, g, s, c, Fused{})
+			again, err := runLayer(b, g, s, c, fusedStrategy())
 			if err != nil {
 				t.Fatalf("rank %d: %v fused run %d: %v", p.Rank, c, rep, err)
 			}
@@ -269,7 +269,7 @@ func (p *pe) fusedLayers(t *testing.T) {
 // PE's fused step must fail at the deadline naming it.
 func (p *pe) fuseddeadline(t *testing.T) {
 	const dl = 2 * time.Second
-	ps, err := Fused{Options: []Option{WithDeadline(dl)}}.NewExpertPath(ep.ExpertConfig{Name: "moe", Backend: p.B, Stream: p.B.Stream(),
+	ps, err := fusedStrategy(WithDeadline(dl)).NewExpertPath(ep.ExpertConfig{Name: "moe", Backend: p.B, Stream: p.B.Stream(),
 		Group: p.World, Experts: 2 * p.Size, Cols: 256, MaxTokens: 256})
 	if err != nil {
 		t.Fatal(err)

@@ -321,10 +321,10 @@ func (p *pe) moebench(t *testing.T) {
 			continue
 		}
 		start := time.Now()
-		sts := []overlap.Strategy{nil, Pipelined{}}
+		sts := []overlap.Strategy{nil, pipelinedStrategy()}
 		if os.Getenv(groupedEnv) == "on" {
 			// The fused path runs only as the device step (the grouped engine).
-			sts = append(sts, Fused{})
+			sts = append(sts, fusedStrategy())
 		}
 		lines, err := benchMoE(p.B, p.World, p.B.Stream(), s, tensor.BFloat16, sts, 3, 10, pes.EventTimer(p.B),
 			os.Getenv("ASYNCTP_MOEBENCH_PHASES") == "1")

@@ -66,9 +66,9 @@ func TestEmuHybridMatchesCollective(t *testing.T) {
 					st   func(bar *barrier) overlap.Strategy
 				}{
 					{"collective", nil},
-					{"pipelined", func(bar *barrier) overlap.Strategy { return Pipelined{Options: []Option{WithBeforeWait(bar.wait)}} }},
+					{"pipelined", func(bar *barrier) overlap.Strategy { return pipelinedStrategy(WithBeforeWait(bar.wait)) }},
 					{"fused", func(bar *barrier) overlap.Strategy {
-						return Fused{Options: []Option{WithBeforeWait(bar.wait), WithStreamHooks()}}
+						return fusedStrategy(WithBeforeWait(bar.wait), WithStreamHooks())
 					}},
 				} {
 					got := run(hybridWrap(tc.P), s.st)

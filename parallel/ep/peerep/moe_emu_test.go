@@ -136,7 +136,7 @@ func TestEmuMoEDeviceStep(t *testing.T) {
 						defer b.Close()
 						c := &countedComm{symComm: &symComm{Comm: world, b: b, reg: reg, mine: map[uint64]int{}}, reads: reads}
 						ps := layers.NewParamSet(11)
-						m, err := ep.New(b, ps, ep.Parallel{Group: c, MaxTokens: maxTok, Stream: b.Stream(), Overlap: overlap.Single(Pipelined{Options: []Option{WithBeforeWait(bar.wait)}})}, "moe", cfg)
+						m, err := ep.New(b, ps, ep.Parallel{Group: c, MaxTokens: maxTok, Stream: b.Stream(), Overlap: overlap.Single(pipelinedStrategy(WithBeforeWait(bar.wait)))}, "moe", cfg)
 						if err != nil {
 							return err
 						}

@@ -54,7 +54,7 @@ type Path struct {
 	dt      tensor.DType
 	combine bool
 
-	fused       bool           // the fused strategy's path (Fused)
+	fused       bool           // the fused strategy's path (Expert.Fused)
 	streamHooks bool           // WithStreamHooks
 	sent        *tensor.Tensor // the expert output whose combine send the down GEMM's hook queued
 	sentG       *tensor.Tensor // the expert rows' gradient whose send the backward's DX hook queued

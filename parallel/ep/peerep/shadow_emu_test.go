@@ -126,9 +126,9 @@ func TestEmuShadowDeviceStep(t *testing.T) {
 					name string
 					st   func(bar *barrier) overlap.Strategy
 				}{
-					{"pipelined", func(bar *barrier) overlap.Strategy { return Pipelined{Options: []Option{WithBeforeWait(bar.wait)}} }},
+					{"pipelined", func(bar *barrier) overlap.Strategy { return pipelinedStrategy(WithBeforeWait(bar.wait)) }},
 					{"fused", func(bar *barrier) overlap.Strategy {
-						return Fused{Options: []Option{WithBeforeWait(bar.wait), WithStreamHooks()}}
+						return fusedStrategy(WithBeforeWait(bar.wait), WithStreamHooks())
 					}},
 				} {
 					plain, _ := shadowEmuRun(t, 2, cfg, dt, tokens, 2, s.st, false)
@@ -167,7 +167,7 @@ func TestEmuShadowDeviceStep(t *testing.T) {
 // scaledPath is the pipelined path with its device combine's first output
 // row scaled by 1 + 2⁻⁷ (a perturbation bf16 represents).
 type scaledPath struct {
-	Pipelined
+	named
 }
 
 func (p scaledPath) NewExpertPath(c ep.ExpertConfig) (ep.ExpertPath, error) {
@@ -200,7 +200,7 @@ func (p scaledCombine) CombineDevice(out, ye, weights *tensor.Tensor, h *ep.Hand
 func TestEmuShadowCatchesDeviceCombine(t *testing.T) {
 	cfg := layers.MoEConfig{Dim: 16, Hidden: 24, Experts: 8, TopK: 2, AuxLossCoef: 0.01, ZLossCoef: 0.001, Std: 0.5, OutStd: 0.3}
 	st := func(bar *barrier) overlap.Strategy {
-		return scaledPath{Pipelined{Options: []Option{WithBeforeWait(bar.wait)}}}
+		return scaledPath{pipelinedStrategy(WithBeforeWait(bar.wait))}
 	}
 	_, reports := shadowEmuRun(t, 2, cfg, tensor.BFloat16, []int{9, 6}, 1, st, true)
 	for r := range 2 {

@@ -9,7 +9,7 @@ import (
 	"github.com/asynctp/asynctp/tensor/cudabackend"
 )
 
-// The fused expert path (Config.Fused; parallel/ep/peerep's Fused): the
+// The fused expert path (Config.Fused; parallel/ep/peerep's Expert with Fused): the
 // dispatch raises a counter per 128-row block of the expert-major receive
 // buffer as the rows land, the first grouped GEMM's producer waits on those
 // counters (GroupedWait) instead of on the whole dispatch, and the

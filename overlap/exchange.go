@@ -5,8 +5,9 @@ import (
 	"github.com/asynctp/asynctp/tensor"
 )
 
-// Pipelined is the decomposed strategy on any transport (PyTorch's
-// symmetric-memory decomposition, on two-sided exchanges): the collective
+// Exchange is the pipelined strategy's form on any transport (PyTorch's
+// symmetric-memory decomposition, on two-sided exchanges; the registry's
+// strategies.Pipelined runs it where a group has no peer pointers): the collective
 // is cut into P−1 exchange steps, and the math of each chunk runs as soon
 // as its step has landed, while the next step moves on the site's lane (a
 // side stream on the GPU, a goroutine on the CPU).
@@ -24,21 +25,22 @@ import (
 // matmul∘reduce-scatter, the exit's a pipelined all-gather∘matmul.
 // Exchange steps are all-to-all-v calls with one peer each, so every
 // transport runs it. The sums differ from the collective's only by the
-// order of rounding.
-type Pipelined struct {
+// order of rounding. It is a Builder, not a Strategy: the name
+// "pipelined" is strategies.Pipelined's.
+type Exchange struct {
 	// Chunks is the number of row chunks of matmul∘all-reduce; 0 means 4.
 	Chunks int
 }
 
-var _ Strategy = Pipelined{}
-
-// Name is "pipelined".
-func (Pipelined) Name() string { return "pipelined" }
+var (
+	_ Builder   = Exchange{}
+	_ Describer = Exchange{}
+)
 
 // Supports every TP site kind; the MoE expert path's pipelined form is the
 // device-side dispatch over symmetric memory (parallel/ep/peerep), which
-// needs NVSHMEM and the CUDA backend: not this transport-generic strategy.
-func (Pipelined) Supports(sp Spec) error {
+// needs NVSHMEM and the CUDA backend: not this transport-generic form.
+func (Exchange) Supports(sp Spec) error {
 	if sp.Kind == KindExpert {
 		return unavailable("pipelined", sp.Kind, ExpertNeedsSymmetric)
 	}
@@ -51,7 +53,7 @@ const ExpertNeedsSymmetric = "the pipelined expert path needs symmetric memory (
 
 // Via says how a site moves its data (Describer): exchanges on the
 // group's collectives, chunked all-reduces for matmul∘all-reduce.
-func (Pipelined) Via(sp Spec) (string, bool) {
+func (Exchange) Via(sp Spec) (string, bool) {
 	if sp.Kind == KindMatmulAllReduce {
 		return "chunked all-reduces on the group's collectives", false
 	}
@@ -59,7 +61,7 @@ func (Pipelined) Via(sp Spec) (string, bool) {
 }
 
 // NewAllGatherMatmul builds the pipelined entry site.
-func (p Pipelined) NewAllGatherMatmul(sp Spec) (AllGatherMatmul, error) {
+func (p Exchange) NewAllGatherMatmul(sp Spec) (AllGatherMatmul, error) {
 	l, err := siteLane(sp, KindAllGatherMatmul)
 	if err != nil {
 		return nil, err
@@ -68,7 +70,7 @@ func (p Pipelined) NewAllGatherMatmul(sp Spec) (AllGatherMatmul, error) {
 }
 
 // NewMatmulReduceScatter builds the pipelined exit site.
-func (p Pipelined) NewMatmulReduceScatter(sp Spec) (MatmulReduceScatter, error) {
+func (p Exchange) NewMatmulReduceScatter(sp Spec) (MatmulReduceScatter, error) {
 	l, err := siteLane(sp, KindMatmulReduceScatter)
 	if err != nil {
 		return nil, err
@@ -77,7 +79,7 @@ func (p Pipelined) NewMatmulReduceScatter(sp Spec) (MatmulReduceScatter, error) 
 }
 
 // NewMatmulAllReduce builds the pipelined all-reduce site.
-func (p Pipelined) NewMatmulAllReduce(sp Spec) (MatmulAllReduce, error) {
+func (p Exchange) NewMatmulAllReduce(sp Spec) (MatmulAllReduce, error) {
 	l, err := siteLane(sp, KindMatmulAllReduce)
 	if err != nil {
 		return nil, err
