@@ -85,6 +85,9 @@ type AdamW struct {
 	master *tensor.Tensor // fp32 master weights, or nil
 	segs   []segment
 	normSq *tensor.Tensor // ClipStep's Σ g², kept across steps
+	// sharded: a rank of a distributed optimizer (NewShardedAdamW): g, m,
+	// v and master are packed runs of sharded.Ranges.
+	sharded *Sharding
 }
 
 // segment is the state of the range [lo, hi) of the flat buffers, whose
@@ -209,6 +212,9 @@ func (o *AdamW) Master() *tensor.Tensor { return o.master }
 // MasterView returns p's view of the master weights, shaped like p, or nil
 // when there are none.
 func (o *AdamW) MasterView(p *layers.Param) (*tensor.Tensor, error) {
+	if o.sharded != nil {
+		return nil, errSharded("MasterView")
+	}
 	if o.master == nil {
 		return nil, nil
 	}
@@ -222,15 +228,38 @@ func (o *AdamW) MasterView(p *layers.Param) (*tensor.Tensor, error) {
 // SyncParams copies the master weights, rounded, into the parameters,
 // after the master weights were written (a checkpoint load); a no-op when
 // there are none.
+// For a rank of a distributed optimizer: the master weights of its
+// ranges, then Gather.
 func (o *AdamW) SyncParams() error {
-	if o.master == nil {
+	if o.master != nil {
+		if o.sharded == nil {
+			o.b.Copy(o.w, o.master)
+		} else {
+			for _, s := range o.segs {
+				o.b.Copy(s.w, s.master)
+			}
+		}
+		if err := o.b.Err(); err != nil {
+			return fmt.Errorf("optim: rounding the master weights into the parameters: %w", err)
+		}
+	}
+	return o.gather()
+}
+
+// gather calls a distributed optimizer's Gather.
+func (o *AdamW) gather() error {
+	if o.sharded == nil || o.sharded.Gather == nil {
 		return nil
 	}
-	o.b.Copy(o.w, o.master)
-	if err := o.b.Err(); err != nil {
-		return fmt.Errorf("optim: rounding the master weights into the parameters: %w", err)
+	if err := o.sharded.Gather(); err != nil {
+		return fmt.Errorf("optim: gathering the updated parameters: %w", err)
 	}
 	return nil
+}
+
+// errSharded refuses a whole-parameter view of a distributed optimizer.
+func errSharded(what string) error {
+	return fmt.Errorf("optim: %s of a rank of a distributed optimizer, which holds runs of the parameters' state: use StatePieces", what)
 }
 
 // Flat returns the flat moment buffers.
@@ -239,6 +268,9 @@ func (o *AdamW) Flat() (m, v *tensor.Tensor) { return o.m, o.v }
 // Moments returns per-parameter views of m and v, in the order of
 // Params().Params().
 func (o *AdamW) Moments() ([]Moment, error) {
+	if o.sharded != nil {
+		return nil, errSharded("Moments")
+	}
 	var out []Moment
 	for _, p := range o.ps.Params() {
 		m, err := o.m.View(p.Offset(), p.W.Shape()...)
@@ -258,6 +290,9 @@ func (o *AdamW) Moments() ([]Moment, error) {
 // back to the host: the global gradient norm of a model of one rank (a
 // sharded model's is grads.Reducer's).
 func (o *AdamW) GradNorm() (float64, error) {
+	if o.sharded != nil {
+		return 0, fmt.Errorf("optim: the gradient norm of a rank of a distributed optimizer is the model's (over every rank's runs: grads.Reducer)")
+	}
 	ss := o.b.SumSquares(o.g)
 	if err := o.b.Err(); err != nil {
 		return 0, fmt.Errorf("optim: gradient norm: %w", err)
@@ -270,6 +305,9 @@ func (o *AdamW) GradNorm() (float64, error) {
 // (tensor.Backend.SumSquaresTo). It makes the optimizer a
 // DeviceGradSumSquarer for a model of one rank.
 func (o *AdamW) GradSumSquaresTo(dst *tensor.Tensor) error {
+	if o.sharded != nil {
+		return fmt.Errorf("optim: the gradient norm of a rank of a distributed optimizer is the model's (over every rank's runs: grads.Reducer)")
+	}
 	o.b.SumSquaresTo(dst, o.g)
 	if err := o.b.Err(); err != nil {
 		return fmt.Errorf("optim: gradient norm: %w", err)
@@ -336,7 +374,7 @@ func (o *AdamW) StepClipped(step int, lr float64, normSq *tensor.Tensor, clip fl
 // update runs the backend's AdamW on every segment with hp's per-step
 // fields and the config's.
 func (o *AdamW) update(step int, hp tensor.AdamW) error {
-	if g := o.ps.MainGrads(); g != o.g {
+	if g := o.ps.MainGrads(); g != o.g && o.sharded == nil {
 		return fmt.Errorf("optim: AdamW step %d: the parameter set's main gradients changed after the optimizer was made (%v, made with %v): call UseMainGrads before NewAdamW", step, g, o.g)
 	}
 	hp.Beta1, hp.Beta2, hp.Eps, hp.Step = float32(o.cfg.Beta1), float32(o.cfg.Beta2), float32(o.cfg.Eps), step
@@ -350,7 +388,7 @@ func (o *AdamW) update(step int, hp tensor.AdamW) error {
 	if err := o.b.Err(); err != nil {
 		return fmt.Errorf("optim: AdamW step %d: %w", step, err)
 	}
-	return nil
+	return o.gather()
 }
 
 // DeviceGradSumSquarer adds Σ g² of a whole model's gradient to a

@@ -18,5 +18,14 @@
 // is not finite; nothing is read back until the caller waits for the norm.
 // Step is the same with a clipping factor known on the host (ClipScale).
 //
-// WarmupCosine is the schedule of the learning rate over a run.
+// NewShardedAdamW is a rank of a distributed optimizer (ZeRO stage 1): it
+// holds the fp32 master weights and moments of the runs of the flat
+// buffers it owns (Sharding: parallel/grads makes one), updates them from
+// the reduced gradients of those runs and calls the gathering of the
+// updated parameters; StatePieces lists the state any AdamW holds, by
+// parameter and run, for checkpoints.
+//
+// WarmupCosine is the schedule of the learning rate over a run;
+// Replanned is one whose length a resume changed (the rest of the decay
+// spread over the new length).
 package optim

@@ -32,6 +32,10 @@
 #     09a801d ce54e85), the libraries through the one loader (the cuda and
 #     comm/nccl test binaries), the put transfer through the backend's
 #     narrow launcher (gpu-fused-put.sh).
+# 10. the distributed optimizer at DP 2 (2 PEs under MPS) on gpt2-124m and
+#     llama-1b with --memory-report, with and without it: rank 0's optimizer
+#     state and the losses; asynchronous saves on gpt2-124m: the time of the
+#     steps after a save.
 # The rounds against PyTorch are a run of their own:
 #   STEPS=20 TORCH_STEPS=10 ROUNDS=2 PRESETS="gpt2-124m llama-1b" \
 #     FIRST_MODES=eager,compile TORCH_TIMEOUT=250 bash scripts/gpu-speed.sh
@@ -191,3 +195,32 @@ fi
 [ -x ./build/comm_nccl.test ] && run "comm/nccl: NCCL through internal/dynlib" 120 loader-nccl.log -- \
   ./build/comm_nccl.test -test.count=1 -test.timeout=110s -test.run 'TestWorldOfOne|TestAbortOfOne|TestMissingLibrary|TestLoadFromEnv'
 run "put transfer through the narrow launcher (gpu-fused-put.sh)" 300 fused-put.log -- env OUT="$OUT/fused-put" bash scripts/gpu-fused-put.sh
+# 10. the distributed optimizer and asynchronous saves.
+if mps_start; then
+  for preset in gpt2-124m llama-1b; do
+    for z in on off; do
+      flag=(--distributed-optimizer); [ "$z" = off ] && flag=()
+      run "$preset --dp 2 distributed optimizer $z, --memory-report" 400 "zero-$preset-$z.log" -- ./build/train --device cuda \
+        --nproc 2 --comm nvshmem --dp 2 --model "$preset" --steps 20 --log-every 5 --checkpoint-every 0 --val-fraction 0 \
+        --memory-report "${flag[@]}" --out "$OUT/zero/$preset-$z"
+      grep -E "^step 20|optimizer state" "$OUT/zero-$preset-$z.log" | head -2
+    done
+  done
+  mps_quit
+fi
+for c in 10 0; do
+  run "gpt2-124m, 41 steps, --checkpoint-every $c" 300 "ckpt-$c.log" -- ./build/train --device cuda --model gpt2-124m \
+    --steps 41 --log-every 1 --checkpoint-every "$c" --val-fraction 0 --out "$OUT/ckpt/every-$c"
+done
+res=$(python3 - "$OUT/ckpt/every-10" 2>&1 <<'PY'
+import json, statistics, sys
+try:
+    recs = [json.loads(l) for l in open(f"{sys.argv[1]}/metrics.jsonl")]
+except OSError as e:
+    sys.exit(f"no run: {e}")
+tps = {r["step"]: r["tokens_per_s"] for r in recs}
+med = statistics.median(tps[s] for s in tps if s > 2)
+print("steps after a save at " + ", ".join(f"{tps[s] / med:.2f}" for s in (11, 21, 31)) + " of the median step's tokens/s")
+PY
+) && row "asynchronous saves: the steps after a save" ok "$res" || row "asynchronous saves: the steps after a save" FAIL "$res"
+

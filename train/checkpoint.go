@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"sort"
 	"strconv"
@@ -58,54 +59,83 @@ func SaveCheckpoint(outDir string, b tensor.Backend, opt *optim.AdamW, st State)
 
 // Snapshot is the tensors of a checkpoint copied to the host: the
 // parameters (the fp32 master copy when there is one) and the AdamW
-// moments, named for the checkpoint's files. Taking it is the part of a
-// save that must happen at the step boundary; writing it can go on while
-// the next steps run, since nothing of the model or optimizer is read any
-// more.
+// moments, named for the checkpoint's files; for a rank of a distributed
+// optimizer the runs of them it holds (optim.StatePiece). Taking it is the
+// part of a save that must happen at the step boundary; writing it can go
+// on while the next steps run, since nothing of the model or optimizer is
+// read any more.
 type Snapshot struct {
 	params, moments []safetensors.Named
 	dtype           string // the parameters' dtype (State.ModelDType)
+	// runs records the tensors that are runs of a parameter's elements,
+	// by their name in the files (RunsKey).
+	runs map[string]runRecord
 	// slices are the parameters' slices of the full ones, by name, for a
 	// model sharded over ranks (Resharder): recorded in both files.
 	slices map[string]shard.Slice
 }
 
-// TakeSnapshot copies opt's parameters and moments to the host. With
-// reuse (a snapshot of the same optimizer that is no longer being
-// written) its host tensors are filled again instead of new ones.
+// RunsKey is the metadata key under which a checkpoint file records, as
+// JSON, the tensors that are a run of a parameter's elements (a rank of a
+// distributed optimizer holds runs of the flat buffers): for each such
+// tensor, named "<tensor>[lo:hi]", the tensor it is a run of ("w", or
+// "m.w", "v.w" in the moments' file), the run [lo, hi) of its elements in
+// row-major order, their number, and the slice of the full tensor the
+// rank's whole tensor is (absent: whole).
+const RunsKey = "asynctp.runs"
+
+// runRecord is RunsKey's record of one tensor.
+type runRecord struct {
+	Tensor string       `json:"tensor"`
+	Lo     int          `json:"lo"`
+	Hi     int          `json:"hi"`
+	Numel  int          `json:"numel"`
+	Slice  *shard.Slice `json:"slice,omitempty"`
+}
+
+// pieceName is the name of a state piece's tensor (prefix "", "m." or
+// "v.") in a checkpoint's files: the parameter's, with its run when the
+// piece is not all of it.
+func pieceName(prefix string, sp optim.StatePiece) string {
+	if sp.Whole() {
+		return prefix + sp.Param.Name
+	}
+	return fmt.Sprintf("%s%s[%d:%d]", prefix, sp.Param.Name, sp.Lo, sp.Hi)
+}
+
+// TakeSnapshot copies opt's parameters and moments (its StatePieces) to
+// the host. With reuse (a snapshot of the same optimizer that is no
+// longer being written) its host tensors are filled again instead of new
+// ones.
 func TakeSnapshot(b tensor.Backend, opt *optim.AdamW, reuse *Snapshot) (*Snapshot, error) {
-	moms, err := opt.Moments()
+	pieces, err := opt.StatePieces()
 	if err != nil {
 		return nil, err
 	}
-	params := opt.Params().Params()
-	snap := &Snapshot{dtype: opt.ParamDType().String()}
-	if reuse != nil && len(reuse.params) == len(params) && len(reuse.moments) == 2*len(params) {
+	snap := &Snapshot{dtype: opt.ParamDType().String(), runs: map[string]runRecord{}}
+	if reuse != nil && len(reuse.params) == len(pieces) && len(reuse.moments) == 2*len(pieces) {
 		snap.params, snap.moments = reuse.params, reuse.moments
 	} else {
-		snap.params, snap.moments = make([]safetensors.Named, len(params)), make([]safetensors.Named, 2*len(params))
+		snap.params, snap.moments = make([]safetensors.Named, len(pieces)), make([]safetensors.Named, 2*len(pieces))
 	}
-	for i, p := range params {
-		src := p.W
-		if mv, err := opt.MasterView(p); err != nil {
-			return nil, err
-		} else if mv != nil {
-			src = mv
-		}
+	for i, sp := range pieces {
 		for _, c := range []struct {
-			dst  *safetensors.Named
-			name string
-			src  *tensor.Tensor
-			what string
-		}{{&snap.params[i], p.Name, src, "parameter"}, {&snap.moments[2*i], "m." + p.Name, moms[i].M, "moment m of"}, {&snap.moments[2*i+1], "v." + p.Name, moms[i].V, "moment v of"}} {
+			dst    *safetensors.Named
+			prefix string
+			src    *tensor.Tensor
+		}{{&snap.params[i], "", sp.W}, {&snap.moments[2*i], "m.", sp.M}, {&snap.moments[2*i+1], "v.", sp.V}} {
+			name := pieceName(c.prefix, sp)
 			h := c.dst.Tensor
-			if c.dst.Name != c.name || h == nil || h.DType() != c.src.DType() || !h.Shape().Equal(c.src.Shape()) {
+			if c.dst.Name != name || h == nil || h.DType() != c.src.DType() || !h.Shape().Equal(c.src.Shape()) {
 				if h, err = tensor.Host(c.src.DType(), c.src.Shape()...); err != nil {
-					return nil, fmt.Errorf("%s %q: %w", c.what, p.Name, err)
+					return nil, fmt.Errorf("%s: %w", name, err)
 				}
 			}
 			b.Download(h, c.src)
-			*c.dst = safetensors.Named{Name: c.name, Tensor: h}
+			*c.dst = safetensors.Named{Name: name, Tensor: h}
+			if !sp.Whole() {
+				snap.runs[name] = runRecord{Tensor: c.prefix + sp.Param.Name, Lo: sp.Lo, Hi: sp.Hi, Numel: sp.Param.Numel()}
+			}
 		}
 	}
 	if err := b.Err(); err != nil {
@@ -147,10 +177,8 @@ func (snap *Snapshot) write(outDir string, st State, beforeRename func(step int)
 		tensors []safetensors.Named
 	}{{ModelFile, snap.params}, {OptimFile, snap.moments}} {
 		meta := map[string]string{"format": "asynctp", "step": strconv.Itoa(st.Step)}
-		if js, err := fileSlices(snap.slices, f.name == OptimFile); err != nil {
+		if err := snap.metadata(meta, f.tensors); err != nil {
 			return "", fmt.Errorf("train: checkpoint %s/%s: %w", name, f.name, err)
-		} else if js != "" {
-			meta[shard.SlicesKey] = js
 		}
 		sum, err := writeFileSync(filepath.Join(tmp, f.name), func(w io.Writer) error {
 			return safetensors.Write(w, f.tensors, meta)
@@ -206,22 +234,36 @@ func (snap *Snapshot) write(outDir string, st State, beforeRename func(step int)
 	return final, nil
 }
 
-// fileSlices is the metadata (shard.SlicesKey) of a checkpoint file of
-// parameters with these slices: for the moments file, under the moments'
-// names.
-func fileSlices(slices map[string]shard.Slice, moments bool) (string, error) {
-	if len(slices) == 0 {
-		return "", nil
-	}
-	m := slices
-	if moments {
-		m = make(map[string]shard.Slice, 2*len(slices))
-		for n, sl := range slices {
-			m["m."+n], m["v."+n] = sl, sl
+// metadata records in meta what the file of these tensors needs beyond
+// them: the slice of each whole split tensor (shard.SlicesKey, as
+// shard.SaveWeights records it) and each run's record (RunsKey).
+func (snap *Snapshot) metadata(meta map[string]string, tensors []safetensors.Named) error {
+	slices, runs := map[string]shard.Slice{}, map[string]runRecord{}
+	for _, t := range tensors {
+		param := strings.TrimPrefix(strings.TrimPrefix(t.Name, "m."), "v.")
+		if rec, ok := snap.runs[t.Name]; ok {
+			param = strings.TrimPrefix(strings.TrimPrefix(rec.Tensor, "m."), "v.")
+			if sl, ok := snap.slices[param]; ok {
+				rec.Slice = &sl
+			}
+			runs[t.Name] = rec
+			continue
+		}
+		if sl, ok := snap.slices[param]; ok {
+			slices[t.Name] = sl
 		}
 	}
-	js, err := json.Marshal(m)
-	return string(js), err
+	for key, m := range map[string]any{shard.SlicesKey: slices, RunsKey: runs} {
+		if reflect.ValueOf(m).Len() == 0 {
+			continue
+		}
+		js, err := json.Marshal(m)
+		if err != nil {
+			return err
+		}
+		meta[key] = string(js)
+	}
+	return nil
 }
 
 // writeFileSync creates path, lets fill write it through a buffer, fsyncs

@@ -48,6 +48,14 @@
 //	state.json          format version, step, data position, configs,
 //	                    sha256 of both files, and a free-form "layout"
 //
+// A rank of a model sharded over ranks records in both files the slice of
+// the full tensor each of its tensors is (shard.SlicesKey), and in
+// state.json the number of ranks; a rank of a distributed optimizer holds
+// runs of its parameters' state, "<name>[lo:hi]", recorded under RunsKey.
+// A resume at the layout that wrote a checkpoint reads each rank's own
+// files; at another (RunSharded, or Run from a run of several ranks),
+// each rank assembles its tensors from the pieces of every rank's.
+//
 // It is written into a temporary directory, fsynced and renamed into place;
 // the file "latest" then names it (also written temp + rename). Readers
 // validate everything and never panic on hostile input (see the fuzz tests).

@@ -77,27 +77,19 @@ func LoadCheckpoint(dir string, b tensor.Backend, opt *optim.AdamW) (*State, err
 		ups = append(ups, upload{dst, h})
 		return nil
 	}
-	moms, err := opt.Moments()
+	pieces, err := opt.StatePieces()
 	if err != nil {
 		return nil, err
 	}
 	seenModel, seenOptim := map[string]bool{}, map[string]bool{}
-	for i, p := range opt.Params().Params() {
-		dst := p.W
-		mv, err := opt.MasterView(p)
-		if err != nil {
+	for _, sp := range pieces {
+		if err := take(ModelFile, files[ModelFile], seenModel, pieceName("", sp), sp.W, sp.W.DType()); err != nil {
 			return nil, err
 		}
-		if mv != nil {
-			dst = mv
-		}
-		if err := take(ModelFile, files[ModelFile], seenModel, p.Name, dst, dst.DType()); err != nil {
+		if err := take(OptimFile, files[OptimFile], seenOptim, pieceName("m.", sp), sp.M, sp.M.DType()); err != nil {
 			return nil, err
 		}
-		if err := take(OptimFile, files[OptimFile], seenOptim, "m."+p.Name, moms[i].M, moms[i].M.DType()); err != nil {
-			return nil, err
-		}
-		if err := take(OptimFile, files[OptimFile], seenOptim, "v."+p.Name, moms[i].V, moms[i].V.DType()); err != nil {
+		if err := take(OptimFile, files[OptimFile], seenOptim, pieceName("v.", sp), sp.V, sp.V.DType()); err != nil {
 			return nil, err
 		}
 	}
@@ -125,14 +117,20 @@ func LoadCheckpoint(dir string, b tensor.Backend, opt *optim.AdamW) (*State, err
 	return st, nil
 }
 
-// expectedBytes is the size of the tensor data of file f for opt's model.
+// expectedBytes is the size of the tensor data of file f for opt's state
+// (its StatePieces).
 func expectedBytes(opt *optim.AdamW, f string) int64 {
-	n := int64(opt.Params().Numel())
-	if f == OptimFile {
-		return 2 * n * int64(opt.MomentDType().Size())
+	pieces, err := opt.StatePieces()
+	if err != nil {
+		return 0
 	}
-	if m := opt.Master(); m != nil {
-		return n * int64(m.DType().Size())
+	var n int64
+	for _, sp := range pieces {
+		if f == OptimFile {
+			n += int64(sp.M.Numel()*sp.M.DType().Size() + sp.V.Numel()*sp.V.DType().Size())
+		} else {
+			n += int64(sp.W.Numel() * sp.W.DType().Size())
+		}
 	}
-	return n * int64(opt.ParamDType().Size())
+	return n
 }

@@ -256,7 +256,7 @@ func Run(ctx context.Context, b tensor.Backend, model Model, data *Loader, cfg C
 	if ps == nil {
 		return Result{}, errors.New("train: the model has no parameter set")
 	}
-	opt, err := optim.NewAdamWWithConfig(b, ps, cfg.AdamW())
+	opt, err := newOptimizer(b, model, cfg)
 	if err != nil {
 		return Result{}, err
 	}
@@ -315,6 +315,26 @@ func Run(ctx context.Context, b tensor.Backend, model Model, data *Loader, cfg C
 		r.res.LastCheckpoint, r.savedStep, r.elapsedBase = dir, st.Step, st.ElapsedS
 	}
 	return r.run()
+}
+
+// OptimizerSharder is an optional interface of a Model whose optimizer
+// state is sharded over its data-parallel group (a distributed optimizer,
+// parallel/model.Model with Options.DistributedOptimizer): Run makes its
+// AdamW with optim.NewShardedAdamW over the sharding it gives (ok false:
+// a whole optimizer), and its checkpoints hold each rank's runs.
+type OptimizerSharder interface {
+	OptimizerSharding() (sh optim.Sharding, ok bool)
+}
+
+// newOptimizer is the run's AdamW: a distributed optimizer's rank for a
+// model that shards it (OptimizerSharder), else the whole one.
+func newOptimizer(b tensor.Backend, model Model, cfg Config) (*optim.AdamW, error) {
+	if s, ok := model.(OptimizerSharder); ok {
+		if sh, ok := s.OptimizerSharding(); ok {
+			return optim.NewShardedAdamW(b, model.Params(), cfg.AdamW(), sh)
+		}
+	}
+	return optim.NewAdamWWithConfig(b, model.Params(), cfg.AdamW())
 }
 
 // Replans is the schedule's history of a run of steps steps resumed from

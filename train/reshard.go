@@ -3,6 +3,7 @@ package train
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -172,36 +173,52 @@ func loadResharded(cks []string, b tensor.Backend, opt *optim.AdamW, shards []sh
 		return nil, fmt.Errorf("train: checkpoint %s holds %s parameters, but the model's are %s", label, st0.ModelDType, want)
 	}
 
-	// What this rank needs: each tensor's destination, dtype and slice.
-	type need struct {
+	// What this rank needs, by tensor ("w", "m.w", "v.w"): its slice of
+	// the full tensor, its dtype, and the runs of it this rank's state
+	// holds (all of it, for a whole optimizer).
+	type dstRun struct {
+		lo, hi int
 		dst    *tensor.Tensor
+	}
+	type runGroup struct {
 		slice  shard.Slice
-		pieces []shard.Piece
+		numel  int
+		pieces []shard.Piece // runs of the flattened tensor
+	}
+	type need struct {
+		slice  shard.Slice
+		dtype  tensor.DType
+		dsts   []dstRun
+		pieces []shard.Piece        // whole tensors of the checkpoint's ranks
+		runs   map[string]*runGroup // runs of them (a distributed optimizer's), by the tensor's slice
 	}
 	byParam := map[string]shard.Shard{}
 	for _, s := range shards {
 		byParam[s.Param.Name] = s
 	}
-	moms, err := opt.Moments()
+	sps, err := opt.StatePieces()
 	if err != nil {
 		return nil, err
 	}
 	needs := map[string]map[string]*need{ModelFile: {}, OptimFile: {}}
-	for i, p := range opt.Params().Params() {
-		s, ok := byParam[p.Name]
+	for _, s := range shards { // every tensor of the model, held by this rank or not
+		for _, c := range []struct{ file, prefix string }{{ModelFile, ""}, {OptimFile, "m."}, {OptimFile, "v."}} {
+			needs[c.file][c.prefix+s.Param.Name] = &need{slice: s.Slice(), runs: map[string]*runGroup{}}
+		}
+	}
+	for _, sp := range sps {
+		s, ok := byParam[sp.Param.Name]
 		if !ok {
-			return nil, fmt.Errorf("train: resume: parameter %q has no shard description", p.Name)
+			return nil, fmt.Errorf("train: resume: parameter %q has no shard description", sp.Param.Name)
 		}
-		dst := p.W
-		if mv, err := opt.MasterView(p); err != nil {
-			return nil, err
-		} else if mv != nil {
-			dst = mv
+		for _, c := range []struct {
+			file, prefix string
+			dst          *tensor.Tensor
+		}{{ModelFile, "", sp.W}, {OptimFile, "m.", sp.M}, {OptimFile, "v.", sp.V}} {
+			nd := needs[c.file][c.prefix+sp.Param.Name]
+			nd.slice, nd.dtype = s.Slice(), c.dst.DType()
+			nd.dsts = append(nd.dsts, dstRun{sp.Lo, sp.Hi, c.dst})
 		}
-		sl := s.Slice()
-		needs[ModelFile][p.Name] = &need{dst: dst, slice: sl}
-		needs[OptimFile]["m."+p.Name] = &need{dst: moms[i].M, slice: sl}
-		needs[OptimFile]["v."+p.Name] = &need{dst: moms[i].V, slice: sl}
 	}
 
 	for i, ck := range cks {
@@ -223,30 +240,66 @@ func loadResharded(cks []string, b tensor.Backend, opt *optim.AdamW, shards []sh
 			if err != nil {
 				return nil, fmt.Errorf("train: checkpoint %s: %w", name, err)
 			}
-			for _, n := range sf.Names() {
-				nd, ok := needs[f][n]
-				if !ok {
-					return nil, fmt.Errorf("train: checkpoint %s holds tensor %q, which the model does not have", name, n)
+			runs := map[string]runRecord{}
+			if js, ok := sf.Metadata[RunsKey]; ok {
+				if err := json.Unmarshal([]byte(js), &runs); err != nil {
+					return nil, fmt.Errorf("train: checkpoint %s: metadata %s: %w", name, RunsKey, err)
 				}
+			}
+			for _, n := range sf.Names() {
 				e := sf.Entries[n]
-				sl, split := recorded[n]
-				if !split {
-					sl = shard.Slice{Full: e.Shape.Clone(), Dim: -1}
+				t, run := n, runs[n]
+				isRun := run.Tensor != ""
+				if isRun {
+					t = run.Tensor
+				}
+				nd, ok := needs[f][t]
+				if !ok {
+					return nil, fmt.Errorf("train: checkpoint %s holds tensor %q, which the model does not have", name, t)
+				}
+				if len(nd.dsts) > 0 && e.DType != nd.dtype {
+					return nil, fmt.Errorf("train: checkpoint %s: tensor %q is %v, want %v", name, n, e.DType, nd.dtype)
+				}
+				var sl shard.Slice
+				switch {
+				case isRun && run.Slice != nil:
+					sl = *run.Slice
+				case isRun:
+					sl = shard.Slice{Full: nd.slice.Full.Clone(), Dim: -1}
+				default:
+					var split bool
+					if sl, split = recorded[n]; !split {
+						sl = shard.Slice{Full: e.Shape.Clone(), Dim: -1}
+					}
 				}
 				if !sl.Full.Equal(nd.slice.Full) {
 					return nil, fmt.Errorf("train: checkpoint %s: tensor %q is a part of %v, the model's is of %v", name, n, sl.Full, nd.slice.Full)
 				}
-				if e.DType != nd.dst.DType() {
-					return nil, fmt.Errorf("train: checkpoint %s: tensor %q is %v, want %v", name, n, e.DType, nd.dst.DType())
+				if isRun && (run.Numel != sl.Shape().Numel() || run.Lo < 0 || run.Hi > run.Numel || run.Hi-run.Lo != e.Shape.Numel()) {
+					return nil, fmt.Errorf("train: checkpoint %s: tensor %q is recorded as the run [%d, %d) of %d elements of %q, which does not fit its %d elements or the slice %v", name, n, run.Lo, run.Hi, run.Numel, t, e.Shape.Numel(), sl)
 				}
-				if !sl.Overlaps(nd.slice) {
-					continue
+				if len(nd.dsts) == 0 || !sl.Overlaps(nd.slice) {
+					continue // this rank holds none of it
 				}
-				t, err := e.Tensor()
+				v, err := e.Tensor()
 				if err != nil {
 					return nil, fmt.Errorf("train: checkpoint %s: %w", name, err)
 				}
-				nd.pieces = append(nd.pieces, shard.Piece{Name: n, Slice: sl, Tensor: t})
+				if !isRun {
+					nd.pieces = append(nd.pieces, shard.Piece{Name: t, Slice: sl, Tensor: v})
+					continue
+				}
+				key := fmt.Sprint(sl)
+				g := nd.runs[key]
+				if g == nil {
+					g = &runGroup{slice: sl, numel: run.Numel}
+					nd.runs[key] = g
+				}
+				flat, err := v.Reshape(run.Hi - run.Lo)
+				if err != nil {
+					return nil, err
+				}
+				g.pieces = append(g.pieces, shard.Piece{Name: t, Slice: shard.Slice{Full: tensor.Shape{run.Numel}, Dim: 0, Lo: run.Lo, Hi: run.Hi}, Tensor: flat})
 			}
 		}
 	}
@@ -261,17 +314,49 @@ func loadResharded(cks []string, b tensor.Backend, opt *optim.AdamW, shards []sh
 		sort.Strings(names)
 		for _, n := range names {
 			nd := needs[f][n]
+			if len(nd.dsts) == 0 {
+				continue
+			}
+			// A distributed optimizer's runs of a tensor make it whole first.
+			for _, g := range nd.runs {
+				flat, err := shard.Assemble(shard.Slice{Full: tensor.Shape{g.numel}, Dim: -1}, g.pieces)
+				if err != nil {
+					return nil, fmt.Errorf("resharding the checkpoints of %s: the runs of %q: %w", label, n, err)
+				}
+				t, err := flat.Reshape(g.slice.Shape()...)
+				if err != nil {
+					return nil, err
+				}
+				nd.pieces = append(nd.pieces, shard.Piece{Name: n, Slice: g.slice, Tensor: t})
+			}
 			if len(nd.pieces) == 0 {
 				return nil, fmt.Errorf("train: the checkpoints of %s hold no %q, which the model needs (%s)", label, n, f)
 			}
-			t, err := shard.Assemble(nd.slice, nd.pieces)
+			local, err := shard.Assemble(nd.slice, nd.pieces)
 			if err != nil {
 				return nil, fmt.Errorf("train: resharding the checkpoints of %s: %w", label, err)
 			}
-			if !t.Shape().Equal(nd.dst.Shape()) {
-				return nil, fmt.Errorf("train: resharding the checkpoints of %s: %q assembled to %v, the model's is %v", label, n, t.Shape(), nd.dst.Shape())
+			for _, d := range nd.dsts {
+				src := local
+				if whole := d.lo == 0 && d.hi == local.Numel(); !whole {
+					flat, err := local.Reshape(local.Numel())
+					if err == nil {
+						src, err = shard.Cut(flat, shard.Slice{Full: tensor.Shape{local.Numel()}, Dim: 0, Lo: d.lo, Hi: d.hi})
+					}
+					if err != nil {
+						return nil, fmt.Errorf("train: resharding the checkpoints of %s: the run [%d, %d) of %q: %w", label, d.lo, d.hi, n, err)
+					}
+				}
+				if src.Numel() != d.dst.Numel() {
+					return nil, fmt.Errorf("train: resharding the checkpoints of %s: %q assembled to %v, the model's is %v", label, n, src.Shape(), d.dst.Shape())
+				}
+				if !src.Shape().Equal(d.dst.Shape()) {
+					if src, err = src.Reshape(d.dst.Shape()...); err != nil {
+						return nil, err
+					}
+				}
+				ups = append(ups, upload{d.dst, src})
 			}
-			ups = append(ups, upload{nd.dst, t})
 		}
 	}
 	for _, u := range ups {

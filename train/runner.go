@@ -170,6 +170,13 @@ func (r *runner) loop() (Result, error) {
 			return r.res, fmt.Errorf("train: stopped after step %d (checkpoint %s): %w", step, orNone(r.res.LastCheckpoint), context.Cause(r.ctx))
 		}
 	}
+	if w, ok := r.model.(interface{ WaitParams() error }); ok {
+		// A distributed optimizer's last all-gather: the model's weights
+		// are whole when Run returns.
+		if err := w.WaitParams(); err != nil {
+			return r.res, err
+		}
+	}
 	return r.res, r.waitSave() // the last checkpoint, before the progress bar ends
 }
 
@@ -559,6 +566,13 @@ func (r *runner) save(step int, loss float64) error {
 	}
 	if err := r.waitSave(); err != nil {
 		return err
+	}
+	if w, ok := r.model.(interface{ WaitParams() error }); ok {
+		// A distributed optimizer's all-gather writes the parameters
+		// (this rank's runs too, with their own values): done first.
+		if err := w.WaitParams(); err != nil {
+			return err
+		}
 	}
 	snap, err := TakeSnapshot(r.b, r.opt, r.snap)
 	if err != nil {

@@ -296,7 +296,8 @@ func (c *Config) validate(l origin) error {
 }
 
 // checkMemReport refuses --memory-report where it would do nothing: the
-// ledger is the CUDA allocator's, kept by the one-rank, one-process run.
+// ledger is the CUDA allocator's, kept by a run of one rank in one process
+// or by each process of a world of GPU processes (rank 0 prints its own).
 func (c *Config) checkMemReport(l origin) error {
 	if !c.memReport {
 		return nil
@@ -304,8 +305,10 @@ func (c *Config) checkMemReport(l origin) error {
 	if c.Device == "cpu" {
 		return fmt.Errorf("--memory-report: expected --device cuda or auto (it reports the CUDA allocator's blocks), found --device cpu")
 	}
-	if p := c.Parallel; l.launched || p.NProc > 0 || p.Processes() || !p.Single() {
-		return fmt.Errorf("--memory-report: expected a run of one rank in one process, found %s over --comm %s", p, p.Comm)
+	p := c.Parallel
+	gpuProcs := (l.launched || p.NProc > 0 || p.Processes()) && (p.Comm == CommNCCL || p.Comm == CommNVSHMEM)
+	if !gpuProcs && (l.launched || p.NProc > 0 || p.Processes() || !p.Single()) {
+		return fmt.Errorf("--memory-report: expected a run of one rank in one process, or GPU processes (--comm nccl or nvshmem), found %s over --comm %s", p, p.Comm)
 	}
 	return nil
 }

@@ -115,12 +115,17 @@ func TestMemoryReportFlag(t *testing.T) {
 		want string
 	}{
 		{[]string{"--memory-report", "--device", "cpu"}, "found --device cpu"},
-		{[]string{"--memory-report", "--tp", "2"}, "expected a run of one rank in one process"},
+		{[]string{"--memory-report", "--tp", "2"}, "expected a run of one rank in one process, or GPU processes"},
 		{[]string{"--memory-report", "--nproc", "2"}, "--memory-report: expected"},
 	} {
 		if _, err := loadConfig(tc.args); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("loadConfig(%q): %v, want an error containing %q", tc.args, err, tc.want)
 		}
+	}
+	// GPU processes keep a ledger each (rank 0 prints its own).
+	args := []string{"--memory-report", "--nproc", "2", "--comm", "nvshmem", "--dp", "2", "--distributed-optimizer"}
+	if cfg, err := loadConfig(args); err != nil || !cfg.memReport {
+		t.Errorf("loadConfig(%q): %v, want a run with its ledger", args, err)
 	}
 }
 

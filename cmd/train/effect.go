@@ -34,6 +34,11 @@ var noEffects = []noEffect{
 	{flag: "grad-reduce-dtype", value: func(c *Config) any { return orFP32(c.Parallel.GradReduceDType) },
 		idle: func(c *Config, l origin) bool { return oneRank(c.Parallel, l) },
 		why:  func(*Config) string { return "a run of one rank sums no gradients over other ranks" }},
+	{flag: "distributed-optimizer", value: func(c *Config) any { return c.Parallel.DistributedOptimizer },
+		idle: func(c *Config, l origin) bool { return c.Parallel.DistributedOptimizer && noReplicas(c, l) },
+		why: func(*Config) string {
+			return "the optimizer's state is sharded over data-parallel replicas (and over the ranks holding the same experts), and this run has none: give --dp > 1, or leave it out"
+		}},
 	{flag: "grad-bucket-mb", value: func(c *Config) any { return c.Parallel.GradBucketMB },
 		idle: noReplicas, why: noReplicasWhy},
 	{flag: "overlap-grad-reduce", value: func(c *Config) any { return c.Parallel.OverlapGradReduce == nil || *c.Parallel.OverlapGradReduce },

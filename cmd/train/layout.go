@@ -47,6 +47,9 @@ type ParallelConfig struct {
 	GradReduceDType   string  `json:"grad_reduce_dtype,omitempty"`
 	GradBucketMB      float64 `json:"grad_bucket_mb,omitempty"`
 	OverlapGradReduce *bool   `json:"overlap_grad_reduce,omitempty"`
+	// DistributedOptimizer shards the optimizer's state over the DP group
+	// (--distributed-optimizer: model.Options.DistributedOptimizer).
+	DistributedOptimizer bool `json:"distributed_optimizer,omitempty"`
 }
 
 // The transports --comm names.
@@ -75,7 +78,11 @@ func (p ParallelConfig) Single() bool { return p.TP == 1 && p.DP == 1 && p.EP ==
 
 // String is the layout as the flags say it.
 func (p ParallelConfig) String() string {
-	return fmt.Sprintf("tp %d × dp %d = %d ranks, ep %d, sequence parallel %s", p.TP, p.DP, p.TP*p.DP, p.EP, onOff(p.SequenceParallel))
+	s := fmt.Sprintf("tp %d × dp %d = %d ranks, ep %d, sequence parallel %s", p.TP, p.DP, p.TP*p.DP, p.EP, onOff(p.SequenceParallel))
+	if p.DistributedOptimizer {
+		s += ", distributed optimizer"
+	}
+	return s
 }
 
 func onOff(b bool) string {
@@ -256,18 +263,22 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 type runLayout struct {
 	TP, DP, EP int
 	SP         bool
+	DistOpt    bool // the distributed optimizer
 }
 
 func (l runLayout) String() string {
 	s := fmt.Sprintf("tp=%d dp=%d ep=%d sequence-parallel=%v", l.TP, l.DP, l.EP, l.SP)
-	if l == (runLayout{1, 1, 1, false}) {
+	if l.DistOpt {
+		s += " distributed-optimizer"
+	}
+	if l == (runLayout{1, 1, 1, false, false}) {
 		return s + " (a single rank)"
 	}
 	return fmt.Sprintf("%s (%d ranks)", s, l.TP*l.DP)
 }
 
 func (p ParallelConfig) layout() runLayout {
-	return runLayout{TP: p.TP, DP: p.DP, EP: p.EP, SP: p.SequenceParallel && !p.Single()}
+	return runLayout{TP: p.TP, DP: p.DP, EP: p.EP, SP: p.SequenceParallel && !p.Single(), DistOpt: p.DistributedOptimizer && !p.Single()}
 }
 
 // checkResume checks, before any work, that --resume names a run this
@@ -304,7 +315,7 @@ func (c *Config) checkResume() error {
 }
 
 // singleLayout is the layout of a run of one rank.
-var singleLayout = runLayout{1, 1, 1, false}
+var singleLayout = runLayout{1, 1, 1, false, false}
 
 // recordedLayout reads the layout of the checkpoints under dir: a parallel
 // run's out dir (its rank-00000's latest state.json, and the number of
@@ -330,5 +341,5 @@ func recordedLayout(dir string) (l runLayout, parallelDir bool, ranks int, err e
 	if err := json.Unmarshal(st.Layout, &ml); err != nil {
 		return l, parallelDir, 0, fmt.Errorf("%s: layout %s: %w", ck, st.Layout, err)
 	}
-	return runLayout{TP: ml.TP, DP: ml.DP, EP: ml.EP, SP: ml.SequenceParallel}, parallelDir, st.Ranks, nil
+	return runLayout{TP: ml.TP, DP: ml.DP, EP: ml.EP, SP: ml.SequenceParallel, DistOpt: ml.DistributedOptimizer}, parallelDir, st.Ranks, nil
 }

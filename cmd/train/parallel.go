@@ -106,7 +106,7 @@ func trainRank(ctx context.Context, w *launch.World, cfg Config, ds *train.Datas
 		return train.Result{}, err
 	}
 	m, err := model.New(b, g, cfg.Model, model.Options{SequenceParallel: p.SequenceParallel, Stream: s, Overlap: ch,
-		MaxTokens: moeMaxTokens(cfg), GradReduce: gr}, dt)
+		MaxTokens: moeMaxTokens(cfg), GradReduce: gr, DistributedOptimizer: p.DistributedOptimizer}, dt)
 	if err != nil {
 		return train.Result{}, err
 	}

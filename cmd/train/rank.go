@@ -12,6 +12,7 @@ import (
 	"github.com/asynctp/asynctp/comm/rendezvous"
 	"github.com/asynctp/asynctp/launch"
 	"github.com/asynctp/asynctp/tensor"
+	"github.com/asynctp/asynctp/tensor/cudabackend"
 	"github.com/asynctp/asynctp/train"
 )
 
@@ -43,6 +44,9 @@ func worldOptions(cfg Config) (launch.Options, error) {
 		opts, _, _, err := cudaOptions(cfg.GroupedGEMM)
 		if err != nil {
 			return o, err
+		}
+		if cfg.memReport {
+			opts = append(opts, cudabackend.WithMemLedger())
 		}
 		o.CUDA = opts
 	}
@@ -117,9 +121,17 @@ func rankProcess(ctx context.Context, cfg Config, info rendezvous.Info) error {
 		w.Fail(err)
 		return err
 	}
-	w.Close()
 	say("done: step %d, loss %.4f, %.0f tokens/s; checkpoints %s\n", res.Step, res.FinalLoss, res.TokensPerSec,
 		filepath.Join(cfg.Train.OutDir, "rank-*", filepath.Base(res.LastCheckpoint)))
+	if l, ok := w.Backend.(interface {
+		MemLedger() (cudabackend.MemReport, bool)
+	}); ok && rank == 0 {
+		if r, on := l.MemLedger(); on {
+			fmt.Printf("memory of rank 0 of %d:\n", info.WorldSize)
+			r.Write(os.Stdout, true)
+		}
+	}
+	w.Close()
 	return nil
 }
 

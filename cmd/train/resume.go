@@ -177,7 +177,8 @@ func recordedSettings(st *train.State) (map[string]json.RawMessage, []Resume, er
 			return nil, nil, fmt.Errorf("its layout %s: %w", st.Layout, err)
 		}
 	}
-	for k, v := range map[string]any{"parallel.tp": l.TP, "parallel.dp": l.DP, "parallel.ep": max(l.EP, 1), "parallel.sequence_parallel": l.SequenceParallel} {
+	for k, v := range map[string]any{"parallel.tp": l.TP, "parallel.dp": l.DP, "parallel.ep": max(l.EP, 1), "parallel.sequence_parallel": l.SequenceParallel,
+		"parallel.distributed_optimizer": l.DistributedOptimizer} {
 		rec[k], _ = json.Marshal(v)
 	}
 	return rec, history, nil

@@ -45,6 +45,15 @@ type Config struct {
 	// part, ZeRO-1). The Reducer waits for the Work before the step's
 	// end. nil: an all-reduce (comm.Sum) of buf over bkt.Group.
 	ReduceBucket func(bkt Bucket, buf *tensor.Tensor, s comm.Stream) (comm.Work, error)
+	// Shard makes the reduction a distributed optimizer's (ZeRO stage 1,
+	// Megatron-LM's distributed optimizer; zero.go): each bucket is split
+	// over the ranks of its group, its sum is a reduce-scatter that leaves
+	// each rank its part, the parts a rank owns are its sharded gradients
+	// (Sharding, for optim.NewShardedAdamW), the partial gradients' sums
+	// over TP and the gradient norm run on them, and GatherParams
+	// all-gathers the updated parameters. BucketAlign defaults to the
+	// groups' sizes.
+	Shard bool
 }
 
 // reduceDType checks c.DType against the main gradients g and the
@@ -237,7 +246,13 @@ func (r *Reducer) complete(i int) error {
 	if err := r.ps.AccumulateGrads(b.Lo, b.Hi, st.micro == 0, !st.last()); err != nil {
 		return fmt.Errorf("grads: %w", err)
 	}
-	if !st.last() || b.Group == nil {
+	if !st.last() {
+		return nil
+	}
+	if b.Group == nil {
+		if r.zero != nil {
+			return r.takeWhole(i)
+		}
 		return nil
 	}
 	buf, err := r.bucketBuf(b)
@@ -251,6 +266,11 @@ func (r *Reducer) complete(i int) error {
 			return r.cfg.ReduceBucket(b.Bucket, buf, s)
 		}
 		return b.Group.AllReduce(buf, comm.Sum, s)
+	}
+	if r.zero != nil {
+		if op, err = r.reduceScatterOp(i, buf); err != nil {
+			return fmt.Errorf("grads: %s: %w", b.What, err)
+		}
 	}
 	if r.lane != nil && r.lane.active() {
 		b.work = r.lane.run(op)
@@ -345,6 +365,12 @@ func (r *Reducer) waitBuckets() error {
 			first = fmt.Errorf("grads: %s: %w", b.What, err)
 		}
 		b.work = nil
+		if r.zero != nil {
+			if first == nil {
+				first = r.landed(i)
+			}
+			continue
+		}
 		if first == nil && b.rbuf != nil && b.rbuf.DType() != r.g.DType() {
 			m, err := r.g.View(b.Lo, b.Hi-b.Lo)
 			if err != nil {
@@ -361,12 +387,19 @@ func (r *Reducer) partialViews() ([]*tensor.Tensor, error) {
 	if size(r.groups.TP) == 1 {
 		return nil, nil
 	}
+	if r.zero != nil {
+		// The parts this rank owns (the TP ranks of a replica own the same).
+		return r.ownedViews(r.partial)
+	}
 	return r.views(r.partial)
 }
 
 // reduceIn sums the main-gradient run t over c in the reduction's dtype
 // (through the parameter gradients' buffer for a bf16 one) and waits.
 func (r *Reducer) reduceIn(c comm.Comm, what string, t *tensor.Tensor) error {
+	if r.redDT == t.DType() || r.zero != nil { // a distributed optimizer's parts: in their own dtype
+		return r.allReduce(c, what, t)
+	}
 	if r.redDT == t.DType() {
 		return r.allReduce(c, what, t)
 	}

@@ -39,13 +39,22 @@
 // micro-batch); a set without separate ones accumulates in its gradients,
 // where the backward adds.
 //
-// # Sharded optimizers
+// # A distributed optimizer
 //
 // The buckets (Buckets) are contiguous runs of the flat buffers the
-// optimizer's state is laid out like: Config.ReduceBucket replaces a
-// bucket's all-reduce (with a reduce-scatter into this rank's part of it,
-// ZeRO-1's), and Config.BucketAlign rounds the buckets' size to a multiple
-// that a reduce-scatter over D ranks wants.
+// optimizer's state is laid out like. With Config.Shard the Reducer is a
+// distributed optimizer's (ZeRO stage 1, Megatron-LM's distributed
+// optimizer; zero.go): each bucket is split into one part per rank of its
+// group (padded with zeros where the group's size does not divide it;
+// Config.BucketAlign defaults to the groups' sizes so that only the last
+// bucket of a run is), its sum is a reduce-scatter leaving each rank its
+// part, and the parts a rank owns, packed, are its sharded gradients
+// (Sharding: what optim.NewShardedAdamW updates from). The partial
+// gradients' sums over TP and the gradient norm (each rank's parts summed
+// over the bucket's group, then as above) run on them; GatherParams
+// all-gathers the updated parameters on the reduction's lane and
+// WaitParams waits for them. Config.ReduceBucket replaces a bucket's
+// all-reduce with a caller's collective instead.
 //
 // Reductions lists the sums as gradient tensors grouped by the group they
 // are summed over, for a caller that schedules them itself.

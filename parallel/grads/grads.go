@@ -86,6 +86,7 @@ type Reducer struct {
 	byParam map[*layers.Param][]int // the buckets each parameter overlaps
 	step    backwardState
 	lane    *lane
+	zero    *zeroState // a distributed optimizer's parts (Config.Shard), or nil
 }
 
 // NewReducer is NewReducerWith the default Config: the sums in the main
@@ -162,8 +163,19 @@ func NewReducerWith(b tensor.Backend, ps *layers.ParamSet, shards []shard.Shard,
 			r.partial = appendSpan(r.partial, sp)
 		}
 	}
+	if cfg.Shard && cfg.ReduceBucket != nil {
+		return nil, errors.New("grads: Config.Shard and Config.ReduceBucket: the distributed optimizer's reduce-scatter replaces the buckets' sums; give one of them")
+	}
+	if cfg.Shard && r.cfg.BucketAlign == 0 {
+		r.cfg.BucketAlign = shardAlign(groups)
+	}
 	if err := r.planBuckets(params); err != nil {
 		return nil, err
+	}
+	if cfg.Shard {
+		if err := r.planShard(); err != nil {
+			return nil, err
+		}
 	}
 	return r, nil
 }
@@ -190,11 +202,15 @@ func (r *Reducer) views(spans []span) ([]*tensor.Tensor, error) {
 	return out, nil
 }
 
-// Reductions lists the sums Reduce makes, in its order: the dense
+// Reductions lists the sums Reduce makes, in its order (a Reducer
+// without Config.Shard): the dense
 // gradients over DP (the whole flat buffer in a model without experts),
 // the experts' over EDP, the partial gradients over TP. Groups of one rank
 // and kinds without parameters are left out.
 func (r *Reducer) Reductions() ([]Reduction, error) {
+	if r.zero != nil {
+		return nil, errors.New("grads: Reductions of a distributed optimizer's Reducer (Config.Shard), whose sums are reduce-scatters into its parts: call Reduce")
+	}
 	type item struct {
 		what  string
 		group comm.Comm
@@ -275,7 +291,7 @@ func (r *Reducer) kinds() [3][]span { return [3][]span{r.tp, r.repl, r.expert} }
 func (r *Reducer) GradSumSquares() (float64, error) {
 	var parts [3]float64
 	for i, spans := range r.kinds() {
-		vs, err := r.views(spans)
+		vs, err := r.kindViews(spans)
 		if err != nil {
 			return 0, err
 		}
@@ -285,6 +301,14 @@ func (r *Reducer) GradSumSquares() (float64, error) {
 	}
 	if err := r.sticky("gradient norm"); err != nil {
 		return 0, err
+	}
+	if r.zero != nil { // each rank holds its parts: add them over the buckets' groups
+		var err error
+		for i, c := range r.kindGroups() {
+			if parts[i], err = r.sumOver(c, "gradient norm over the replicas' parts", parts[i]); err != nil {
+				return 0, err
+			}
+		}
 	}
 	tp, err := r.sumOver(r.groups.TP, "gradient norm over the TP group", parts[0])
 	if err != nil {
@@ -297,6 +321,23 @@ func (r *Reducer) GradSumSquares() (float64, error) {
 		}
 	}
 	return tp + parts[1] + expert, nil
+}
+
+// kindViews are the gradients of spans the norm reads: the main
+// gradients, or a distributed optimizer's sharded ones (the parts this
+// rank owns).
+func (r *Reducer) kindViews(spans []span) ([]*tensor.Tensor, error) {
+	if r.zero != nil {
+		return r.ownedViews(spans)
+	}
+	return r.views(spans)
+}
+
+// kindGroups are the groups whose ranks own the parts of each kind of
+// kinds with a distributed optimizer: the dense parameters' buckets are
+// split over DP, the experts' over EDP.
+func (r *Reducer) kindGroups() [3]comm.Comm {
+	return [3]comm.Comm{r.groups.DP, r.groups.DP, r.groups.EDP}
 }
 
 // sumOver returns the sum of v over group c (v on a group of one rank).
@@ -336,7 +377,7 @@ func (r *Reducer) GradSumSquaresTo(dst *tensor.Tensor) error {
 		}
 		part := r.parts[i]
 		r.b.Fill(part, 0)
-		vs, err := r.views(spans)
+		vs, err := r.kindViews(spans)
 		if err != nil {
 			return err
 		}
@@ -346,6 +387,13 @@ func (r *Reducer) GradSumSquaresTo(dst *tensor.Tensor) error {
 	}
 	if err := r.sticky("gradient norm"); err != nil {
 		return err
+	}
+	if r.zero != nil { // each rank holds its parts: add them over the buckets' groups
+		for i, c := range r.kindGroups() {
+			if err := r.allReduce(c, "gradient norm over the replicas' parts", r.parts[i]); err != nil {
+				return err
+			}
+		}
 	}
 	if err := r.allReduce(r.groups.TP, "gradient norm over the TP group", r.parts[0]); err != nil {
 		return err
@@ -379,7 +427,11 @@ func (r *Reducer) ClipGrads(maxNorm float64) (float64, error) {
 		return norm, fmt.Errorf("grads: the global gradient norm is %v", norm)
 	}
 	if f := tensor.ClipFactor(ss, maxNorm); f < 1 {
-		r.b.Scale(r.g, r.g, float32(f))
+		g := r.g
+		if r.zero != nil {
+			g = r.zero.sg
+		}
+		r.b.Scale(g, g, float32(f))
 	}
 	return norm, r.sticky("clipping")
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/overlap/strategies"
+	"github.com/asynctp/asynctp/parallel/grads"
 	"github.com/asynctp/asynctp/parallel/model"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cpu"
@@ -31,6 +32,10 @@ type layout struct {
 	stream comm.Stream
 	// overlap is the strategy of every site ("" is collective).
 	overlap string
+	// distOpt is Options.DistributedOptimizer; bucketBytes the
+	// reduction's buckets (0: the default).
+	distOpt     bool
+	bucketBytes int
 }
 
 func (l layout) String() string {
@@ -40,6 +45,9 @@ func (l layout) String() string {
 	}
 	if l.overlap != "" {
 		s += "/" + l.overlap
+	}
+	if l.distOpt {
+		s += "/distopt"
 	}
 	return s
 }
@@ -71,7 +79,8 @@ func newModel(b tensor.Backend, g *comm.Grid, cfg layers.GPTConfig, l layout, dt
 	if err != nil {
 		return nil, err
 	}
-	return model.New(b, g, cfg, model.Options{SequenceParallel: l.sp, Stream: l.stream, Overlap: ch}, dt)
+	return model.New(b, g, cfg, model.Options{SequenceParallel: l.sp, Stream: l.stream, Overlap: ch,
+		DistributedOptimizer: l.distOpt, GradReduce: grads.Config{BucketBytes: l.bucketBytes}}, dt)
 }
 
 // batch returns a global batch (B, T) of ids and targets drawn from seed;

@@ -17,13 +17,17 @@ type Layout struct {
 	TPRank           int  `json:"tp_rank"`
 	DPRank           int  `json:"dp_rank"`
 	World            int  `json:"world"`
+	// DistributedOptimizer: the optimizer's state is sharded over the DP
+	// (EDP) group (Options.DistributedOptimizer).
+	DistributedOptimizer bool `json:"distributed_optimizer,omitempty"`
 }
 
 // Layout returns this rank's layout.
 func (m *Model) Layout() Layout {
 	g := m.grid
 	return Layout{TP: g.TP, DP: g.DP, EP: g.EP, SequenceParallel: m.par.SequenceParallel,
-		Rank: g.World.Rank(), TPRank: g.TPGroup.Rank(), DPRank: g.DPGroup.Rank(), World: g.World.Size()}
+		Rank: g.World.Rank(), TPRank: g.TPGroup.Rank(), DPRank: g.DPGroup.Rank(), World: g.World.Size(),
+		DistributedOptimizer: m.distOpt}
 }
 
 // WorldRank is this rank's index in the grid's world.

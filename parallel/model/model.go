@@ -7,6 +7,7 @@ import (
 
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/layers"
+	"github.com/asynctp/asynctp/optim"
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/parallel/grads"
 	"github.com/asynctp/asynctp/parallel/shard"
@@ -40,6 +41,14 @@ type Options struct {
 	// started on a side stream (a goroutine on the CPU) as soon as the
 	// backward has completed it.
 	GradReduce grads.Config
+	// DistributedOptimizer shards the optimizer's state over the DP group
+	// (the experts' over the EDP group): ZeRO stage 1, as Megatron-LM's
+	// distributed optimizer. Each bucket's gradients are reduce-scattered
+	// (GradReduce.Shard), each rank's optimizer holds the fp32 master
+	// weights and moments of its parts only (OptimizerSharding), and the
+	// updated parameters are all-gathered after the step, on the
+	// reduction's lane, waited for by the next forward.
+	DistributedOptimizer bool
 }
 
 // Model is the tensor- and data-parallel GPT: layers.GPT with its weights
@@ -67,6 +76,7 @@ type Model struct {
 	shards  []shard.Shard
 	experts []*layers.Param // the MoE blocks' expert weights (split over EP)
 	red     *grads.Reducer  // the gradient reduction and norm, by the shards
+	distOpt bool            // the optimizer's state is sharded (Options.DistributedOptimizer)
 	dec     *layers.Decoder // the assembly of the parts above
 }
 
@@ -179,7 +189,10 @@ func New(b tensor.Backend, grid *comm.Grid, cfg layers.GPTConfig, opts Options, 
 	if err := m.ps.UseMainGrads(); err != nil { // fp32 main gradients for a bf16 model
 		return nil, err
 	}
-	if m.red, err = grads.NewReducerWith(b, m.ps, m.shards, grads.GridGroups(grid, opts.Stream), opts.GradReduce); err != nil {
+	gr := opts.GradReduce
+	gr.Shard = gr.Shard || opts.DistributedOptimizer
+	m.distOpt = gr.Shard
+	if m.red, err = grads.NewReducerWith(b, m.ps, m.shards, grads.GridGroups(grid, opts.Stream), gr); err != nil {
 		return nil, fmt.Errorf("model: %w", err)
 	}
 	m.dec.SetGradSync(m.red)
@@ -329,6 +342,9 @@ func (m *Model) checkBatch(what string, t *tensor.Tensor) error {
 // Input errors are found before any work, identically on every rank; an
 // error after that aborts the world (comm.Aborter) so the other ranks stop.
 func (m *Model) Forward(ids, targets *tensor.Tensor) (float64, error) {
+	if err := m.WaitParams(); err != nil {
+		return 0, err
+	}
 	return m.dec.Forward(ids, targets)
 }
 
@@ -337,6 +353,9 @@ func (m *Model) Forward(ids, targets *tensor.Tensor) (float64, error) {
 // over DP) and stays there until ReadLoss, so a Backward queues behind the
 // forward with no host sync for the loss in between.
 func (m *Model) ForwardAsync(ids, targets *tensor.Tensor) error {
+	if err := m.WaitParams(); err != nil {
+		return err
+	}
 	return m.dec.ForwardAsync(ids, targets)
 }
 
@@ -385,7 +404,26 @@ func (m *Model) SetMicroBatches(k int) error { return m.dec.SetMicroBatches(k) }
 // the step ending when every sum has. The loss is then read with ReadLoss
 // or LossAsync. An error after the inputs' checks aborts the world.
 func (m *Model) ForwardBackward(ids, targets *tensor.Tensor) error {
+	if err := m.WaitParams(); err != nil {
+		return err
+	}
 	return m.dec.ForwardBackward(ids, targets)
+}
+
+// OptimizerSharding is the part of the flat buffers this rank's optimizer
+// updates with a distributed optimizer (Options.DistributedOptimizer:
+// grads.Reducer.Sharding, for optim.NewShardedAdamW; train.Run makes it
+// so); ok is false without one.
+func (m *Model) OptimizerSharding() (sh optim.Sharding, ok bool) { return m.red.Sharding() }
+
+// WaitParams waits for the all-gather of the parameters that a
+// distributed optimizer's update started (grads.Reducer.WaitParams); the
+// forwards call it first. An error aborts the world.
+func (m *Model) WaitParams() error {
+	if err := m.red.WaitParams(); err != nil {
+		return m.fail(err)
+	}
+	return nil
 }
 
 // SetRecompute sets the activation recompute of the blocks

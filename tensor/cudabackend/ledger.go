@@ -186,7 +186,7 @@ func SiteCategory(site string) string {
 	switch {
 	case strings.HasPrefix(fn, "layers.(*ParamSet)."):
 		return CatParams
-	case strings.HasPrefix(fn, "optim.NewAdamW"):
+	case strings.HasPrefix(fn, "optim.NewAdamW"), strings.HasPrefix(fn, "optim.NewShardedAdamW"):
 		return CatOptimizer
 	case strings.HasPrefix(fn, "layers.(*Decoder)."):
 		return CatStream
