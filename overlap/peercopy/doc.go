@@ -26,4 +26,18 @@
 // A stream wait has no deadline on the device: a peer that dies leaves its
 // partners' streams waiting, and the run's liveness checks (heartbeats in
 // the rendezvous store) end the processes.
+//
+// The device work goes through the CUDA backend's narrow launcher
+// (cudabackend.Queue: copies, 64-bit stream writes and waits, the side
+// stream by Launcher.OnStream), so the same code runs on the kernel
+// emulator: there the side stream is the backend's one stream, whose work
+// runs as it is queued, and a stream wait is a wait on the host that lets
+// the other emulated ranks run (they write the word). Chunked runs there
+// as on a GPU; Engine runs with StreamHooks (the engine's waits and
+// signals around the backend's MatMul: the emulator has no TMA, mbarrier
+// or wgmma, so the GEMM engine itself is refused there) and the pull
+// transfer (the put kernel spins on its peers' words, and the emulator
+// runs one block of one kernel at a time: putkernel_emu_test.go runs it
+// for several ranks on one device instead). overlap/strategies' emulator
+// tests run them in a world of two transports.
 package peercopy

@@ -61,6 +61,9 @@ type siteEnv struct {
 	b    *cudabackend.Backend
 	side *cuda.Stream
 	what string
+	// hooks: the fused sites' engine calls in their stream-hooks form
+	// (Engine.StreamHooks).
+	hooks bool
 }
 
 const wordBytes = 8
@@ -101,7 +104,9 @@ func (x *exchange) ensureRows(rows, cols int, dt tensor.DType, exact bool) error
 	if x.stage, x.stPeer, err = x.sp.allocPeers([]int{x.slots * rows, cols}, dt, fmt.Sprintf("stage (%d×%d, %d slots)", rows, cols, x.slots)); err != nil {
 		return err
 	}
-	x.pad, x.padPeer, err = x.sp.allocPeers([]int{2 * P}, tensor.Float64, "signal pad") // 64-bit words, used as uint64
+	// 2P 64-bit words as pairs of int32 (the backend, and its emulator,
+	// store no 64-bit type; NVSHMEM allocates bytes).
+	x.pad, x.padPeer, err = x.sp.allocPeers([]int{2 * 2 * P}, tensor.Int32, "signal pad")
 	return err
 }
 
@@ -178,24 +183,44 @@ func (x *exchange) slot(d, n int) *tensor.Tensor {
 	return v
 }
 
-func (x *exchange) readyWord(pe, q int) cuda.DevicePtr {
-	return cuda.DevicePtr(x.padPeer[pe] + uint64(q)*wordBytes)
+func (x *exchange) readyWord(pe, q int) cudabackend.Ptr {
+	return cudabackend.Ptr(x.padPeer[pe] + uint64(q)*wordBytes)
 }
 
-func (x *exchange) doneWord(pe, q int) cuda.DevicePtr {
-	return cuda.DevicePtr(x.padPeer[pe] + uint64(x.sp.g.Size()+q)*wordBytes)
+func (x *exchange) doneWord(pe, q int) cudabackend.Ptr {
+	return cudabackend.Ptr(x.padPeer[pe] + uint64(x.sp.g.Size()+q)*wordBytes)
+}
+
+// queue runs fn with the backend's device (cudabackend.Backend.Queue:
+// fn's launches, copies and stream memory operations go to the backend's
+// stream, or to the side stream inside l.OnStream) and returns fn's error,
+// or the backend's when it has failed already (fn then does not run). On
+// the kernel emulator there is no side stream and no event: its one
+// stream runs the work in issue order, and its stream waits are host waits
+// that let the other emulated ranks run (Launcher.WaitValue64).
+func (e siteEnv) queue(op string, fn func(l *cudabackend.Launcher) error) error {
+	ran := false
+	var err error
+	e.b.Queue(op, func(l *cudabackend.Launcher) error {
+		ran, err = true, fn(l)
+		return err
+	})
+	if !ran {
+		return e.b.Err()
+	}
+	return err
 }
 
 // reserve waits on the compute stream until the destinations have pulled
 // the previous epoch's rows of the slot for d (every peer for a gather).
 func (x *exchange) reserve(d int) error {
 	me, P := x.sp.g.Rank(), x.sp.g.Size()
-	return x.sp.b.OnDevice(func(compute *cuda.Stream) error {
+	return x.sp.queue("peercopy: reserve", func(l *cudabackend.Launcher) error {
 		for q := range P {
 			if q == me || (x.slots > 1 && q != d) {
 				continue
 			}
-			if err := compute.WaitValue64(x.doneWord(me, q), x.epoch-1, cuda.WaitGEQ); err != nil {
+			if err := l.WaitValue64(x.doneWord(me, q), x.epoch-1); err != nil {
 				return err
 			}
 		}
@@ -206,18 +231,21 @@ func (x *exchange) reserve(d int) error {
 // publish tells d (every peer for a gather) that the slot's rows of this
 // epoch are written, after the compute stream's work so far.
 func (x *exchange) publish(d int) error {
+	return x.sp.queue("peercopy: publish", func(l *cudabackend.Launcher) error { return x.publishOn(l, d) })
+}
+
+// publishOn queues publish's writes on l's stream.
+func (x *exchange) publishOn(l *cudabackend.Launcher, d int) error {
 	me, P := x.sp.g.Rank(), x.sp.g.Size()
-	return x.sp.b.OnDevice(func(compute *cuda.Stream) error {
-		for q := range P {
-			if q == me || (x.slots > 1 && q != d) {
-				continue
-			}
-			if err := compute.WriteValue64(x.readyWord(q, me), x.epoch); err != nil {
-				return err
-			}
+	for q := range P {
+		if q == me || (x.slots > 1 && q != d) {
+			continue
 		}
-		return nil
-	})
+		if err := l.WriteValue64(x.readyWord(q, me), x.epoch); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // pull queues on the side stream the copy of q's rows for this rank into
@@ -236,61 +264,74 @@ func (x *exchange) pullWith(step, q int, dst *tensor.Tensor, fork bool, landed, 
 	me := x.sp.g.Rank()
 	n := dst.Dim(0)
 	var ev *cuda.Event
-	err := x.sp.b.OnDevice(func(compute *cuda.Stream) error {
-		for len(x.events) <= step {
-			e, err := cuda.NewEvent(false)
-			if err != nil {
-				return err
+	err := x.sp.queue("peercopy: pull", func(l *cudabackend.Launcher) error {
+		if compute := l.Stream(); compute != nil { // a GPU: the side stream's events
+			for len(x.events) <= step {
+				e, err := cuda.NewEvent(false)
+				if err != nil {
+					return err
+				}
+				x.events = append(x.events, e)
 			}
-			x.events = append(x.events, e)
-		}
-		ev = x.events[step]
-		if fork {
-			if err := x.forkSide(compute); err != nil { // dst's earlier readers are done first
-				return err
-			}
-		}
-		side := x.sp.side
-		if err := side.WaitValue64(x.readyWord(me, q), x.epoch, cuda.WaitGEQ); err != nil {
-			return err
-		}
-		if issued != 0 { // the side stream is past its waits (gatherInto's last pull)
-			if err := side.WriteValue64(cuda.DevicePtr(issued), x.epoch); err != nil {
-				return err
+			ev = x.events[step]
+			if fork {
+				if err := x.forkSide(compute); err != nil { // dst's earlier readers are done first
+					return err
+				}
 			}
 		}
-		slot := 0
-		if x.slots > 1 {
-			slot = me
-		}
-		es := dst.DType().Size()
-		src := cuda.DevicePtr(x.stPeer[q] + uint64(slot*x.rows*x.cols*es))
-		if n > 0 {
-			if err := cuda.CopyDtoDAsync(cuda.DevicePtr(cudabackend.DevicePtr(dst)), src, n*x.cols*es, side); err != nil {
+		return l.OnStream(x.sp.side, func() error {
+			if err := l.WaitValue64(x.readyWord(me, q), x.epoch); err != nil {
 				return err
 			}
-		}
-		if landed != 0 {
-			// After the copy in stream order; the write is a release for
-			// the engine's acquire load (stream memory operations fence the
-			// work before them).
-			if err := side.WriteValue64(cuda.DevicePtr(landed+uint64(q)*wordBytes), x.epoch); err != nil {
+			if issued != 0 { // the side stream is past its waits (gatherInto's last pull)
+				if err := l.WriteValue64(cudabackend.Ptr(issued), x.epoch); err != nil {
+					return err
+				}
+			}
+			slot := 0
+			if x.slots > 1 {
+				slot = me
+			}
+			es := dst.DType().Size()
+			src := cudabackend.Ptr(x.stPeer[q] + uint64(slot*x.rows*x.cols*es))
+			if n > 0 {
+				if err := l.CopyDtoD(cudabackend.PtrOf(dst), src, n*x.cols*es); err != nil {
+					return err
+				}
+			}
+			if landed != 0 {
+				// After the copy in stream order; the write is a release for
+				// the engine's acquire load (stream memory operations fence the
+				// work before them).
+				if err := l.WriteValue64(cudabackend.Ptr(landed+uint64(q)*wordBytes), x.epoch); err != nil {
+					return err
+				}
+			}
+			if err := l.WriteValue64(x.doneWord(q, me), x.epoch); err != nil {
 				return err
 			}
-		}
-		if err := side.WriteValue64(x.doneWord(q, me), x.epoch); err != nil {
-			return err
-		}
-		return ev.Record(side)
+			if ev == nil {
+				return nil
+			}
+			return ev.Record(x.sp.side)
+		})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%s: pull from rank %d: %w", x.sp.what, q, err)
 	}
+	if ev == nil { // the emulator: done in issue order
+		return comm.Done, nil
+	}
 	return eventWork{x.sp.b, ev}, nil
 }
 
-// forkSide orders the side stream after the compute stream's work so far.
+// forkSide orders the side stream after the compute stream's work so far
+// (a GPU's; the emulator has one stream).
 func (x *exchange) forkSide(compute *cuda.Stream) error {
+	if compute == nil {
+		return nil
+	}
 	if x.fork == nil { // re-recorded by every fork: a wait keeps the record it was queued after
 		e, err := cuda.NewEvent(false)
 		if err != nil {
@@ -307,17 +348,8 @@ func (x *exchange) forkSide(compute *cuda.Stream) error {
 // publishFrom is publish issued on the side stream instead of the compute
 // stream (the fused scatter publishes a slot when the engine's signal words
 // say its rows are stored, while the GEMM still runs).
-func (x *exchange) publishFrom(d int) error {
-	me, P := x.sp.g.Rank(), x.sp.g.Size()
-	for q := range P {
-		if q == me || (x.slots > 1 && q != d) {
-			continue
-		}
-		if err := x.sp.side.WriteValue64(x.readyWord(q, me), x.epoch); err != nil {
-			return err
-		}
-	}
-	return nil
+func (x *exchange) publishFrom(l *cudabackend.Launcher, d int) error {
+	return l.OnStream(x.sp.side, func() error { return x.publishOn(l, d) })
 }
 
 // eventWork orders a stream after a recorded event.

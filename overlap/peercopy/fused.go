@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/asynctp/asynctp/comm"
-	"github.com/asynctp/asynctp/cuda"
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cudabackend"
@@ -82,6 +81,16 @@ type Engine struct {
 	// free while it waits on the puts (0: the engine's default reserve,
 	// GEMMWait.ReserveSMs, for both). Only with TransferPut.
 	PutCTAs int
+	// StreamHooks runs the same protocol with the engine's hooks as
+	// separate work around the backend's ordinary MatMul (no overlap): a
+	// one-warp wait for every chunk's flag before it (waitSignals), and
+	// the row blocks' signal words raised to their final value after it
+	// (ep_fill_u64). It is the form the kernel emulator runs (no TMA,
+	// wgmma or mbarrier: the engine is refused there), so that the
+	// transfers, flags and publishes of the fused sites are tested on the
+	// CPU; the products are the backend's GEMM's. Without it the sites
+	// need the GEMM engine.
+	StreamHooks bool
 }
 
 var _ overlap.Builder = Engine{}
@@ -92,7 +101,7 @@ func (f Engine) Supports(sp overlap.Spec) error {
 	if _, err := f.transfer(); err != nil {
 		return err
 	}
-	_, err := fusedEnv(sp)
+	_, err := f.env(sp)
 	return err
 }
 
@@ -118,7 +127,8 @@ func (f Engine) newPut(e siteEnv, t string) *putGather {
 	return &putGather{sp: e, ctas: f.PutCTAs}
 }
 
-func fusedEnv(sp overlap.Spec) (siteEnv, error) {
+// env is the site's environment, or why the site cannot be built.
+func (f Engine) env(sp overlap.Spec) (siteEnv, error) {
 	what := fmt.Sprintf("fused %s site %q", sp.Kind, sp.Name)
 	switch sp.Kind {
 	case overlap.KindAllGatherMatmul, overlap.KindMatmulReduceScatter:
@@ -139,10 +149,10 @@ func fusedEnv(sp overlap.Spec) (siteEnv, error) {
 			return e, fmt.Errorf("%s: width %d, expected multiples of 8 (K %d, outputs %v: the engine's 16-byte rows) (%w)", what, w, sp.K, sp.Outs, overlap.ErrUnavailable)
 		}
 	}
-	if err := e.b.EngineErr(); err != nil {
+	if err := e.b.EngineErr(); err != nil && !f.StreamHooks {
 		return e, fmt.Errorf("%s: %v (%w)", what, err, overlap.ErrUnavailable)
 	}
-	e.what = what
+	e.what, e.hooks = what, f.StreamHooks
 	return e, nil
 }
 
@@ -159,7 +169,7 @@ func (f Engine) NewAllGatherMatmul(sp overlap.Spec) (overlap.AllGatherMatmul, er
 	if err != nil {
 		return nil, err
 	}
-	e, err := fusedEnv(sp)
+	e, err := f.env(sp)
 	if err != nil {
 		return nil, err
 	}
@@ -176,7 +186,7 @@ func (f Engine) NewMatmulReduceScatter(sp overlap.Spec) (overlap.MatmulReduceSca
 	if err != nil {
 		return nil, err
 	}
-	e, err := fusedEnv(sp)
+	e, err := f.env(sp)
 	if err != nil {
 		return nil, err
 	}
@@ -192,16 +202,48 @@ func (f Engine) NewMatmulAllReduce(sp overlap.Spec) (overlap.MatmulAllReduce, er
 	if _, err := f.transfer(); err != nil {
 		return nil, err
 	}
-	_, err := fusedEnv(sp)
+	_, err := f.env(sp)
 	return nil, err
 }
 
-// engineFits refuses, before any work, a call the engine cannot run.
+// engineFits refuses, before any work, a call the engine cannot run
+// (with stream hooks: operands other than the engine's bf16).
 func engineFits(e siteEnv, c, a, w *tensor.Tensor, transA, transB bool) error {
+	if e.hooks {
+		for _, t := range []*tensor.Tensor{c, a, w} {
+			if t.DType() != tensor.BFloat16 {
+				return fmt.Errorf("%s: operand %v, expected bf16 (the GEMM engine's, which the stream hooks stand in for)", e.what, t)
+			}
+		}
+		return nil
+	}
 	if err := e.b.EngineSupports(c, a, w, transA, transB); err != nil {
 		return fmt.Errorf("%s: %w", e.what, err)
 	}
 	return nil
+}
+
+// matmul is the engine's call c = alpha·op(a)·op(w) + beta·c with opt.
+// With stream hooks it is the backend's MatMul after a one-warp wait (the
+// deadline opt.Wait.Timeout, status the waits' status word) for every
+// chunk flag of opt.Wait; opt.Signal is then the caller's to raise
+// (scatterEngine).
+func (e siteEnv) matmul(status, c, a, w *tensor.Tensor, transA, transB bool, alpha, beta float32, opt cudabackend.GEMMOptions) error {
+	if !e.hooks {
+		return e.b.EngineMatMul(c, a, w, transA, transB, alpha, beta, opt)
+	}
+	if wt := opt.Wait; wt != nil {
+		rows := a.Dim(0)
+		if transA {
+			rows = a.Dim(1)
+		}
+		what := e.what
+		waitSignals(e.b, wt.Flags, (rows+wt.ChunkRows-1)/wt.ChunkRows, wt.Target, wt.Timeout, status, func(i int) error {
+			return fmt.Errorf("%s: the rows of chunk %d never landed within %v", what, i, wt.Timeout)
+		})
+	}
+	e.b.MatMul(c, a, w, transA, transB, alpha, beta)
+	return e.b.Err()
 }
 
 type fagmm struct {
@@ -234,7 +276,7 @@ func (s *fagmm) Forward(outs []*tensor.Tensor, xFull, x *tensor.Tensor, ws []*te
 	opt := cudabackend.GEMMOptions{RotateRows: s.sp.Group.Rank() * n,
 		Wait: &cudabackend.GEMMWait{Flags: landed, ChunkRows: n, Target: s.fwd.epoch, Timeout: s.timeout}}
 	for i, w := range ws {
-		if err := s.e.b.EngineMatMul(outs[i], xFull, w, false, true, 1, 0, opt); err != nil {
+		if err := s.e.matmul(s.fwd.status, outs[i], xFull, w, false, true, 1, 0, opt); err != nil {
 			return err
 		}
 	}
@@ -258,7 +300,7 @@ func (s *fagmm) forwardPut(n int, outs []*tensor.Tensor, xFull, x *tensor.Tensor
 	}
 	opt := cudabackend.GEMMOptions{RotateRows: s.sp.Group.Rank() * n, Wait: wait}
 	for i, w := range ws {
-		if err := b.EngineMatMul(outs[i], full, w, false, true, 1, 0, opt); err != nil {
+		if err := s.e.matmul(s.put.status, outs[i], full, w, false, true, 1, 0, opt); err != nil {
 			return err
 		}
 	}
@@ -294,7 +336,7 @@ func (s *fagmm) Backward(dx *tensor.Tensor, dws, douts []*tensor.Tensor, xFull *
 				if i < len(ws)-1 {
 					oi.Signal = nil // the last product signals the finished rows
 				}
-				if err := b.EngineMatMul(stage, douts[i], w, false, false, 1, beta, oi); err != nil {
+				if err := s.e.matmul(s.bwd.status, stage, douts[i], w, false, false, 1, beta, oi); err != nil {
 					return err
 				}
 			}
@@ -346,7 +388,7 @@ func (s *fmmrs) Forward(out, x, w *tensor.Tensor) error {
 	recv := s.recv.get(b, out.DType(), (P-1)*n, out.Dim(1))
 	return scatterEngine(s.fwd, &s.sum, recv, out, s.timeout,
 		func(stage *tensor.Tensor, o cudabackend.GEMMOptions) error {
-			return b.EngineMatMul(stage, x, w, false, true, 1, 0, o)
+			return s.e.matmul(s.fwd.status, stage, x, w, false, true, 1, 0, o)
 		}, nil)
 }
 
@@ -366,7 +408,7 @@ func (s *fmmrs) Backward(dx, dw, dout, x, w *tensor.Tensor) (comm.Work, error) {
 		if err := engineFits(s.e, dx, full, w, false, false); err != nil {
 			return nil, err
 		}
-		if err := b.EngineMatMul(dx, full, w, false, false, 1, 0, cudabackend.GEMMOptions{RotateRows: r * n, Wait: wait}); err != nil {
+		if err := s.e.matmul(s.put.status, dx, full, w, false, false, 1, 0, cudabackend.GEMMOptions{RotateRows: r * n, Wait: wait}); err != nil {
 			return nil, err
 		}
 		b.MatMul(dw, full, x, true, false, 1, 1) // after the engine, which saw every chunk land
@@ -385,7 +427,7 @@ func (s *fmmrs) Backward(dx, dw, dout, x, w *tensor.Tensor) (comm.Work, error) {
 	}
 	opt := cudabackend.GEMMOptions{RotateRows: r * n,
 		Wait: &cudabackend.GEMMWait{Flags: landed, ChunkRows: n, Target: s.bwd.epoch, Timeout: s.timeout}}
-	if err := b.EngineMatMul(dx, full, w, false, false, 1, 0, opt); err != nil {
+	if err := s.e.matmul(s.bwd.status, dx, full, w, false, false, 1, 0, opt); err != nil {
 		return nil, err
 	}
 	b.MatMul(dw, full, x, true, false, 1, 1) // after the engine, which saw every chunk land
@@ -422,8 +464,8 @@ func gatherLanded(x *exchange, full, src *tensor.Tensor, timeout time.Duration) 
 	if _, err := gatherInto(x, full, src, landed, uint64(x.readyWord(r, r))); err != nil {
 		return 0, err
 	}
-	err := b.OnDevice(func(compute *cuda.Stream) error {
-		return compute.WriteValue64(cuda.DevicePtr(landed+uint64(r)*wordBytes), x.epoch)
+	err := x.sp.queue("peercopy: own chunk landed", func(l *cudabackend.Launcher) error {
+		return l.WriteValue64(cudabackend.Ptr(landed+uint64(r)*wordBytes), x.epoch)
 	})
 	if err != nil {
 		return 0, fmt.Errorf("%s: %w", x.sp.what, err)
@@ -466,7 +508,7 @@ func scatterEngine(x *exchange, sum *overlap.Accumulator, recv, out *tensor.Tens
 		}
 	}
 	// The side stream's work below must not wait for the GEMM.
-	if err := b.OnDevice(x.forkSide); err != nil {
+	if err := x.sp.queue("peercopy: fork", func(l *cudabackend.Launcher) error { return x.forkSide(l.Stream()) }); err != nil {
 		return fmt.Errorf("%s: %w", x.sp.what, err)
 	}
 	o := cudabackend.GEMMOptions{RotateRows: ((r + 1) % P) * n,
@@ -474,20 +516,32 @@ func scatterEngine(x *exchange, sum *overlap.Accumulator, recv, out *tensor.Tens
 	if err := gemm(stage, o); err != nil {
 		return err
 	}
+	if x.sp.hooks { // the engine's per-tile signals, every row block's at once
+		blocks := (P*n + cudabackend.EngineTileM - 1) / cudabackend.EngineTileM
+		b.Queue("peercopy: stored rows signalled", func(l *cudabackend.Launcher) error {
+			return l.Launch("ep_fill_u64", cudabackend.D1(1), cudabackend.D1(128), 0, cudabackend.Ptr(sig), int32(blocks), int64(target))
+		})
+	}
 	if between != nil {
 		between()
 	}
 	steps := make([]comm.Work, P)
 	for s := 1; s < P; s++ {
 		d, q := (r+s)%P, (r-s+P)%P
-		err := b.OnDevice(func(*cuda.Stream) error {
+		err := x.sp.queue("peercopy: publish stored rows", func(l *cudabackend.Launcher) error {
 			lo, hi := d*n/cudabackend.EngineTileM, ((d+1)*n-1)/cudabackend.EngineTileM
-			for mb := lo; mb <= hi; mb++ {
-				if err := x.sp.side.WaitValue64(cuda.DevicePtr(sig+uint64(mb)*wordBytes), target, cuda.WaitGEQ); err != nil {
-					return err
+			err := l.OnStream(x.sp.side, func() error {
+				for mb := lo; mb <= hi; mb++ {
+					if err := l.WaitValue64(cudabackend.Ptr(sig+uint64(mb)*wordBytes), target); err != nil {
+						return err
+					}
 				}
+				return nil
+			})
+			if err != nil {
+				return err
 			}
-			return x.publishFrom(d)
+			return x.publishFrom(l, d)
 		})
 		if err != nil {
 			return fmt.Errorf("%s: publishing rank %d's rows: %w", x.sp.what, d, err)
@@ -504,7 +558,7 @@ func scatterEngine(x *exchange, sum *overlap.Accumulator, recv, out *tensor.Tens
 	// itself, so that the pulls pass (on stale rows) and the call fails at
 	// the next Sync naming the peer instead of hanging.
 	epoch, name := x.epoch, g.Name()
-	err := b.OnDevice(func(compute *cuda.Stream) error { return compute.WriteValue64(x.readyWord(r, r), epoch) })
+	err := x.sp.queue("peercopy: own partial published", func(l *cudabackend.Launcher) error { return l.WriteValue64(x.readyWord(r, r), epoch) })
 	if err != nil {
 		return fmt.Errorf("%s: %w", x.sp.what, err)
 	}

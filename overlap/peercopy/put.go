@@ -123,10 +123,10 @@ func (x *putGather) ensure(rows, cols int, dt tensor.DType) error {
 	if x.gath, bufs, err = x.sp.allocPeers([]int{P * rows, cols}, dt, fmt.Sprintf("gather buffer (%d×%d)", P*rows, cols)); err != nil {
 		return err
 	}
-	if x.flags, flags, err = x.sp.allocPeers([]int{P * putChunks}, tensor.Float64, "chunk flags"); err != nil {
+	if x.flags, flags, err = x.sp.allocPeers([]int{2 * P * putChunks}, tensor.Int32, "chunk flags"); err != nil {
 		return err
 	}
-	if x.pad, x.padPeer, err = x.sp.allocPeers([]int{2 * P}, tensor.Float64, "signal pad"); err != nil {
+	if x.pad, x.padPeer, err = x.sp.allocPeers([]int{2 * 2 * P}, tensor.Int32, "signal pad"); err != nil {
 		return err
 	}
 	x.rows, x.cols, x.epoch = rows, cols, 0

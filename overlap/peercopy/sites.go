@@ -47,7 +47,7 @@ func envAs(sp overlap.Spec, what string) (siteEnv, error) {
 		return siteEnv{}, fmt.Errorf("%s: the expert path is parallel/ep/peerep's (%w)", what, overlap.ErrUnavailable)
 	}
 	b, ok := sp.Backend.(*cudabackend.Backend)
-	if !ok || b.Stream() == nil {
+	if !ok || (b.OnGPU() && b.Stream() == nil) {
 		return siteEnv{}, fmt.Errorf("%s: backend %T: expected the CUDA backend on a CUDA stream, over a transport with symmetric memory (comm.SymmetricMemory: the NVSHMEM transport) (%w)", what, sp.Backend, overlap.ErrUnavailable)
 	}
 	if sp.Group == nil {
@@ -68,8 +68,13 @@ func newEnv(sp overlap.Spec) (siteEnv, error) {
 	return newSide(e)
 }
 
-// newSide gives e its side stream.
+// newSide gives e its side stream; on the kernel emulator, whose one
+// stream runs the work in issue order, it has none (the side stream's work
+// goes to the backend's).
 func newSide(e siteEnv) (siteEnv, error) {
+	if !e.b.OnGPU() {
+		return e, nil
+	}
 	s, err := e.b.NewStream()
 	if err != nil {
 		return e, fmt.Errorf("%s: side stream: %w", e.what, err)
@@ -83,7 +88,9 @@ func (e siteEnv) close(xs ...*exchange) error {
 	for _, x := range xs {
 		errs = append(errs, x.release())
 	}
-	errs = append(errs, e.b.DestroyStream(e.side))
+	if e.side != nil {
+		errs = append(errs, e.b.DestroyStream(e.side))
+	}
 	return errors.Join(errs...)
 }
 

@@ -4,6 +4,8 @@ package strategies_test
 
 import (
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +15,7 @@ import (
 	"github.com/asynctp/asynctp/comm/hybrid"
 	"github.com/asynctp/asynctp/comm/local"
 	"github.com/asynctp/asynctp/overlap"
+	"github.com/asynctp/asynctp/overlap/overlaptest"
 	"github.com/asynctp/asynctp/overlap/strategies"
 	"github.com/asynctp/asynctp/parallel/ep"
 	"github.com/asynctp/asynctp/parallel/ep/eptest"
@@ -62,7 +65,12 @@ func (c *emuSym) AllocSymmetric(shape []int, dt tensor.DType) (*tensor.Tensor, e
 	return t, c.Barrier()
 }
 
+// FreeSymmetric is a collective, as NVSHMEM's: a peer may still read
+// the allocation until every rank has reached the free.
 func (c *emuSym) FreeSymmetric(t *tensor.Tensor) error {
+	if err := c.Barrier(); err != nil {
+		return err
+	}
 	delete(c.mine, cudabackend.DevicePtr(t))
 	c.b.Free(t)
 	return c.b.Err()
@@ -83,24 +91,79 @@ type staged struct {
 	b *cudabackend.Backend
 }
 
-func (c staged) AllReduce(buf *tensor.Tensor, op comm.ReduceOp, s comm.Stream) (comm.Work, error) {
-	if buf.Device().Kind == tensor.CPU {
-		return c.Comm.AllReduce(buf, op, s)
-	}
-	h := tensor.MustHost(buf.DType(), buf.Shape()...)
-	c.b.Download(h, buf)
-	if err := c.b.Sync(); err != nil {
+func (c staged) host(t *tensor.Tensor) (*tensor.Tensor, error) {
+	h := tensor.MustHost(t.DType(), t.Shape()...)
+	c.b.Download(h, t)
+	return h, c.b.Sync()
+}
+
+// viaHost runs op on host copies of dst and src (dst's contents
+// included) and uploads dst; src nil is an op in place.
+func (c staged) viaHost(dst, src *tensor.Tensor, op func(hd, hs *tensor.Tensor) (comm.Work, error)) (comm.Work, error) {
+	hd, err := c.host(dst)
+	if err != nil {
 		return nil, err
 	}
-	w, err := c.Comm.AllReduce(h, op, nil)
+	hs := hd
+	if src != nil {
+		if hs, err = c.host(src); err != nil {
+			return nil, err
+		}
+	}
+	w, err := op(hd, hs)
 	if err == nil {
 		err = w.Wait(nil)
 	}
 	if err != nil {
 		return nil, err
 	}
-	c.b.Upload(buf, h)
+	c.b.Upload(dst, hd)
 	return comm.Done, c.b.Err()
+}
+
+func (c staged) AllReduce(buf *tensor.Tensor, op comm.ReduceOp, s comm.Stream) (comm.Work, error) {
+	if buf.Device().Kind == tensor.CPU {
+		return c.Comm.AllReduce(buf, op, s)
+	}
+	return c.viaHost(buf, nil, func(hd, _ *tensor.Tensor) (comm.Work, error) { return c.Comm.AllReduce(hd, op, nil) })
+}
+
+func (c staged) AllGather(dst, src *tensor.Tensor, s comm.Stream) (comm.Work, error) {
+	if src.Device().Kind == tensor.CPU {
+		return c.Comm.AllGather(dst, src, s)
+	}
+	return c.viaHost(dst, src, func(hd, hs *tensor.Tensor) (comm.Work, error) { return c.Comm.AllGather(hd, hs, nil) })
+}
+
+func (c staged) ReduceScatter(dst, src *tensor.Tensor, op comm.ReduceOp, s comm.Stream) (comm.Work, error) {
+	if src.Device().Kind == tensor.CPU {
+		return c.Comm.ReduceScatter(dst, src, op, s)
+	}
+	return c.viaHost(dst, src, func(hd, hs *tensor.Tensor) (comm.Work, error) { return c.Comm.ReduceScatter(hd, hs, op, nil) })
+}
+
+func (c staged) AllToAllV(dst, src *tensor.Tensor, sendCounts, recvCounts []int, s comm.Stream) (comm.Work, error) {
+	if src.Device().Kind == tensor.CPU {
+		return c.Comm.AllToAllV(dst, src, sendCounts, recvCounts, s)
+	}
+	return c.viaHost(dst, src, func(hd, hs *tensor.Tensor) (comm.Work, error) {
+		return c.Comm.AllToAllV(hd, hs, sendCounts, recvCounts, nil)
+	})
+}
+
+func (c staged) Broadcast(buf *tensor.Tensor, root int, s comm.Stream) (comm.Work, error) {
+	if buf.Device().Kind == tensor.CPU {
+		return c.Comm.Broadcast(buf, root, s)
+	}
+	return c.viaHost(buf, nil, func(hd, _ *tensor.Tensor) (comm.Work, error) { return c.Comm.Broadcast(hd, root, nil) })
+}
+
+func (c staged) Split(color, key int) (comm.Comm, error) {
+	g, err := c.Comm.Split(color, key)
+	if err != nil || g == nil {
+		return g, err
+	}
+	return staged{g, c.b}, nil
 }
 
 // barrier is a reusable barrier of n goroutines: the emulator runs one
@@ -200,4 +263,207 @@ func TestEmuRegistryOnHybrid(t *testing.T) {
 			return nil
 		})
 	})
+}
+
+// The registry's strategies on a hybrid group whose ranks reach each other
+// (the collectives of one comm/local world, the emulated symmetric memory
+// of another): the chooser gives the TP sites pipelined in its peer-copy
+// form (overlap/peercopy's copy-engine pulls and stream-ordered signal
+// words, run by the emulator in issue order with its host waits for the
+// words the other ranks write) and says so, and every strategy Available
+// offers passes the conformance suite (against the float64 reference, as
+// collective does) at TP 2 and 3, in f32 and bf16.
+func TestEmuTPSuiteOnHybrid(t *testing.T) {
+	for _, P := range []int{2, 3} {
+		for _, dt := range []tensor.DType{tensor.Float32, tensor.BFloat16} {
+			t.Run(fmt.Sprintf("tp=%d/%v", P, dt), func(t *testing.T) {
+				hybridRanks(t, P, nil, func(g comm.Comm, b *cudabackend.Backend, _ *barrier) error {
+					all := strategies.All(strategies.Options{StreamHooks: true})
+					ch, err := overlap.NewChooser(overlap.Config{Default: "pipelined"}, all, nil, overlap.WithTransports("local", "emulated symmetric memory"))
+					if err != nil {
+						return err
+					}
+					for _, k := range []overlap.Kind{overlap.KindAllGatherMatmul, overlap.KindMatmulReduceScatter, overlap.KindMatmulAllReduce} {
+						sp := overlap.Spec{Kind: k, Name: "blocks.0." + string(k), Group: g, Backend: b, Rows: 8, K: 16, Outs: []int{16}, DType: dt}
+						run, not := strategies.Available(sp, all)
+						if len(run) < 2 || run[1].Name() != "pipelined" {
+							return fmt.Errorf("rank %d: %s site of a hybrid group: runs %v (refused: %v), want collective and pipelined", g.Rank(), k, run, not)
+						}
+						if s, err := ch.Choose(sp); err != nil || s.Name() != "pipelined" {
+							return fmt.Errorf("rank %d: the chooser gives the %s site %v (%v), want pipelined", g.Rank(), k, s, err)
+						}
+					}
+					sum := strings.Join(ch.Summary(), "\n")
+					for _, want := range []string{
+						"all-gather-matmul: pipelined (1 site, copy-engine pulls from symmetric memory over emulated symmetric memory)",
+						"matmul-reduce-scatter: pipelined (1 site, copy-engine pulls from symmetric memory over emulated symmetric memory)",
+						"matmul-all-reduce: pipelined (1 site, chunked all-reduces on the group's collectives over local)"} {
+						if !strings.Contains(sum, want) {
+							return fmt.Errorf("rank %d: summary\n%s\nwant %q", g.Rank(), sum, want)
+						}
+					}
+					for i, s := range all {
+						r := overlaptest.Rank{Group: g, Backend: b, Strategy: s, DType: dt, Seed: uint64(41 + 3*P + i)}
+						skipped, err := r.CheckAllReport()
+						if err != nil {
+							return fmt.Errorf("rank %d: %w", g.Rank(), err)
+						}
+						if err := expectSkipped(s.Name(), dt, skipped); err != nil {
+							return fmt.Errorf("rank %d: %w", g.Rank(), err)
+						}
+					}
+					return b.Sync()
+				})
+			})
+		}
+	}
+}
+
+// expectSkipped checks what the suite skipped of a strategy: nothing of
+// collective and pipelined; of fused, in bf16, the matmul∘all-reduce sites
+// (no fused form) and the shapes whose widths are not multiples of 8, in
+// f32 everything (the engine takes bf16).
+func expectSkipped(name string, dt tensor.DType, skipped []string) error {
+	var want []string
+	if name == "fused" {
+		for _, c := range overlaptest.Cases() {
+			for _, k := range []overlap.Kind{overlap.KindAllGatherMatmul, overlap.KindMatmulReduceScatter, overlap.KindMatmulAllReduce} {
+				fits := dt == tensor.BFloat16 && k != overlap.KindMatmulAllReduce && c.K%8 == 0 &&
+					!slices.ContainsFunc(c.Outs, func(m int) bool { return m%8 != 0 })
+				if !fits {
+					want = append(want, fmt.Sprintf("fused %s %v", k, c))
+				}
+			}
+		}
+	}
+	if len(skipped) != len(want) {
+		return fmt.Errorf("%s %v skipped %d (site kind, shape) pairs, want %d:\n%s", name, dt, len(skipped), len(want), strings.Join(skipped, "\n"))
+	}
+	for _, w := range want {
+		if !slices.ContainsFunc(skipped, func(s string) bool { return strings.HasPrefix(s, w+":") }) {
+			return fmt.Errorf("%s %v: %q not skipped; skipped:\n%s", name, dt, w, strings.Join(skipped, "\n"))
+		}
+	}
+	return nil
+}
+
+// The TP sites of pipelined (peer copies) and fused (stream hooks) in the
+// hybrid world against collective on the same inputs: what both compute
+// by the same GEMMs over the same rows gives collective's bits (the
+// gathered rows and the all-gather∘matmul's outputs, a GEMM per chunk of
+// rows; the matmul∘reduce-scatter backward's dx; the weight gradients
+// that both compute in one GEMM); the sums of partials, added in another
+// order than the collective's reduce-scatter, agree within the dtype's
+// tolerance.
+func TestEmuTPBitsOnHybrid(t *testing.T) {
+	const n, k, m = 7, 40, 24 // rows per rank, inner and output widths (multiples of 8: the fused sites')
+	for _, P := range []int{2, 3} {
+		for _, dt := range []tensor.DType{tensor.Float32, tensor.BFloat16} {
+			t.Run(fmt.Sprintf("tp=%d/%v", P, dt), func(t *testing.T) {
+				hybridRanks(t, P, nil, func(g comm.Comm, b *cudabackend.Backend, _ *barrier) error {
+					r := g.Rank()
+					rng := rand.New(rand.NewPCG(uint64(r)+1, uint64(P)))
+					in := func(rows, cols int) *tensor.Tensor {
+						v := make([]float64, rows*cols)
+						for i := range v {
+							v[i] = rng.Float64()*2 - 1
+						}
+						h := tensor.MustHost(dt, rows, cols)
+						if err := h.SetFloat64s(v); err != nil {
+							panic(err)
+						}
+						d := b.Zeros(dt, rows, cols)
+						b.Upload(d, h)
+						return d
+					}
+					x, w, dout := in(n, k), in(m, k), in(P*n, m)    // all-gather∘matmul
+					x2, w2, dout2 := in(P*n, k), in(m, k), in(n, m) // matmul∘reduce-scatter
+					dw0, dw20 := in(m, k), in(m, k)                 // the weight gradients' start
+					type result map[string]*tensor.Tensor           // host copies
+					run := func(s overlap.Strategy) (result, error) {
+						res := result{}
+						keep := func(name string, t *tensor.Tensor) {
+							res[name] = tensor.MustHost(dt, t.Shape()...)
+							b.Download(res[name], t)
+						}
+						spec := func(kind overlap.Kind) overlap.Spec {
+							return overlap.Spec{Kind: kind, Name: "bits." + string(kind), Group: g, Backend: b, Rows: n, K: k, Outs: []int{m}, DType: dt}
+						}
+						ag, err := s.NewAllGatherMatmul(spec(overlap.KindAllGatherMatmul))
+						if err != nil {
+							return nil, err
+						}
+						defer ag.Close()
+						xFull, out, dx, dw := b.Zeros(dt, P*n, k), b.Zeros(dt, P*n, m), b.Zeros(dt, n, k), b.Zeros(dt, m, k)
+						b.Copy(dw, dw0)
+						if err := ag.Forward([]*tensor.Tensor{out}, xFull, x, []*tensor.Tensor{w}); err != nil {
+							return nil, err
+						}
+						wk, err := ag.Backward(dx, []*tensor.Tensor{dw}, []*tensor.Tensor{dout}, xFull, []*tensor.Tensor{w})
+						if err == nil {
+							err = wk.Wait(nil)
+						}
+						if err != nil {
+							return nil, err
+						}
+						keep("ag xFull", xFull)
+						keep("ag out", out)
+						keep("ag dx", dx)
+						keep("ag dw", dw)
+						rs, err := s.NewMatmulReduceScatter(spec(overlap.KindMatmulReduceScatter))
+						if err != nil {
+							return nil, err
+						}
+						defer rs.Close()
+						out2, dx2, dw2 := b.Zeros(dt, n, m), b.Zeros(dt, P*n, k), b.Zeros(dt, m, k)
+						b.Copy(dw2, dw20)
+						if err := rs.Forward(out2, x2, w2); err != nil {
+							return nil, err
+						}
+						wk, err = rs.Backward(dx2, dw2, dout2, x2, w2)
+						if err == nil {
+							err = wk.Wait(nil)
+						}
+						if err != nil {
+							return nil, err
+						}
+						keep("rs out", out2)
+						keep("rs dx", dx2)
+						keep("rs dw", dw2)
+						return res, b.Sync()
+					}
+					ref, err := run(overlap.Collective{})
+					if err != nil {
+						return err
+					}
+					all := strategies.All(strategies.Options{StreamHooks: true})
+					for _, s := range all[1:] {
+						if s.Name() == "fused" && dt != tensor.BFloat16 {
+							continue // the engine's operands are bf16 (TestEmuTPSuiteOnHybrid sees it refuse)
+						}
+						got, err := run(s)
+						if err != nil {
+							return fmt.Errorf("rank %d: %s: %w", r, s.Name(), err)
+						}
+						same := []string{"ag xFull", "ag out", "ag dw", "rs dx"}
+						if s.Name() == "fused" {
+							same = append(same, "rs dw")
+						}
+						for name, want := range ref {
+							d, err := overlap.Compare(got[name], want)
+							switch {
+							case err != nil:
+								return err
+							case slices.Contains(same, name) && d.ULP != 0:
+								return fmt.Errorf("rank %d: %s %s: %v from collective, expected its bits", r, s.Name(), name, d)
+							case !(d.Rel <= overlaptest.Tolerance(dt)):
+								return fmt.Errorf("rank %d: %s %s: %v from collective, expected ≤ %g", r, s.Name(), name, d, overlaptest.Tolerance(dt))
+							}
+						}
+					}
+					return nil
+				})
+			})
+		}
+	}
 }

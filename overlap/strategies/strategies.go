@@ -31,6 +31,11 @@ type Options struct {
 	PutCTAs  int
 	// Timeout bounds the fused sites' waits for a peer (0: 10 s).
 	Timeout time.Duration
+	// StreamHooks runs the fused sites with the GEMM engine's waits and
+	// signals as separate work around the backend's ordinary GEMMs (no
+	// overlap): the kernel emulator's form (peercopy.Engine.StreamHooks,
+	// peerep.WithStreamHooks), which tests use on the CPU.
+	StreamHooks bool
 	// Expert are options of every expert path built (peerep.Option).
 	Expert []peerep.Option
 }
@@ -76,7 +81,7 @@ func peerCopy(sp overlap.Spec, name string) error {
 			what, sp.Group.Name(), rankNames(far), sp.Group.Rank(), overlap.ErrUnavailable)
 	}
 	b, ok := sp.Backend.(*cudabackend.Backend)
-	if !ok || (b.Stream() == nil && sp.Kind != overlap.KindExpert) {
+	if !ok || (b.OnGPU() && b.Stream() == nil && sp.Kind != overlap.KindExpert) {
 		return fmt.Errorf("%s: backend %T: expected the CUDA backend on a CUDA stream (%w)", what, sp.Backend, overlap.ErrUnavailable)
 	}
 	return nil
@@ -218,10 +223,16 @@ func (Fused) Name() string { return "fused" }
 // engine builds the TP sites, expert the expert path.
 func (f Fused) engine() peercopy.Engine {
 	o := f.Options
-	return peercopy.Engine{Transfer: o.Transfer, PutCTAs: o.PutCTAs, Timeout: o.Timeout}
+	return peercopy.Engine{Transfer: o.Transfer, PutCTAs: o.PutCTAs, Timeout: o.Timeout, StreamHooks: o.StreamHooks}
 }
 
-func (f Fused) expert() peerep.Expert { return peerep.Expert{Fused: true, Options: f.Options.Expert} }
+func (f Fused) expert() peerep.Expert {
+	opts := f.Options.Expert
+	if f.Options.StreamHooks {
+		opts = append(append([]peerep.Option(nil), opts...), peerep.WithStreamHooks())
+	}
+	return peerep.Expert{Fused: true, Options: opts}
+}
 
 // Supports says whether a site of sp can run, and if not why.
 func (f Fused) Supports(sp overlap.Spec) error {

@@ -197,6 +197,16 @@ func (d *cudaDevice) CopyDtoD(dst, src gpu.Ptr, bytes int) error {
 	return cuda.CopyDtoDAsync(cuda.DevicePtr(dst), cuda.DevicePtr(src), bytes, d.stream)
 }
 
+var _ gpu.Values = (*cudaDevice)(nil)
+
+func (d *cudaDevice) WriteValue64(p gpu.Ptr, v uint64) error {
+	return d.stream.WriteValue64(cuda.DevicePtr(p), v)
+}
+
+func (d *cudaDevice) WaitValue64(p gpu.Ptr, v uint64) error {
+	return d.stream.WaitValue64(cuda.DevicePtr(p), v, cuda.WaitGEQ)
+}
+
 func (d *cudaDevice) function(name string) (*cuda.Function, error) {
 	if f, ok := d.fns[name]; ok {
 		return f, nil

@@ -108,6 +108,39 @@ func (l *Launcher) Check(c DataCheck, explain func(bad int32) error) Ptr {
 	return l.b.flagPtr(c.slot, explain)
 }
 
+// WriteValue64 queues a write of the 64-bit word at p (8-byte aligned,
+// this device's memory or a peer's through a peer pointer) to v, after the
+// work queued before it, which it fences (cuStreamWriteValue64; the
+// emulator stores at once).
+func (l *Launcher) WriteValue64(p Ptr, v uint64) error {
+	vd, err := l.values()
+	if err != nil {
+		return err
+	}
+	return vd.WriteValue64(p, v)
+}
+
+// WaitValue64 queues a wait of the stream until the 64-bit word at p is ≥
+// v (wrap-around safe): cuStreamWaitValue64 with GEQ, which holds no SM and
+// has no deadline. The emulator, whose work runs as it is queued, waits
+// on the host instead, letting the other emulated devices run (they write
+// the word), for at most emu.WaitTimeout.
+func (l *Launcher) WaitValue64(p Ptr, v uint64) error {
+	vd, err := l.values()
+	if err != nil {
+		return err
+	}
+	return vd.WaitValue64(p, v)
+}
+
+func (l *Launcher) values() (gpu.Values, error) {
+	vd, ok := l.dev.(gpu.Values)
+	if !ok {
+		return nil, fmt.Errorf("%s has no 64-bit stream memory operations", l.dev.Name())
+	}
+	return vd, nil
+}
+
 // Stream is the stream the launches go to: the backend's, or OnStream's;
 // nil on a device without CUDA streams (the kernel emulator, whose work is
 // in order on its one stream). Record events on it, or make it wait on
@@ -119,16 +152,19 @@ func (l *Launcher) Stream() *cuda.Stream {
 	return nil
 }
 
-// OnStream runs fn with every launch, fill and copy of l going to s (a
-// stream of this backend's context, NewStream's); the backend's stream
-// again after. A device without CUDA streams (the emulator) refuses.
+// OnStream runs fn with every launch, fill, copy and stream memory
+// operation of l going to s (a stream of this backend's context,
+// NewStream's); the backend's stream again after. A nil s is the
+// backend's stream (also on the emulator, whose one stream runs its work
+// in order); a device without CUDA streams (the emulator) refuses any
+// other.
 func (l *Launcher) OnStream(s *cuda.Stream, fn func() error) error {
+	if s == nil {
+		return fn()
+	}
 	cd, ok := l.dev.(*cudaDevice)
 	if !ok {
 		return fmt.Errorf("a launch on a side stream needs a GPU; %s has only its own stream", l.dev.Name())
-	}
-	if s == nil {
-		return fn()
 	}
 	main := cd.stream
 	cd.stream = s

@@ -16,9 +16,14 @@ import (
 
 var _ tensor.Streams = (*Backend)(nil)
 
-// NewStream makes a non-blocking stream on the backend's device.
+// NewStream makes a non-blocking stream on the backend's device. On the
+// kernel emulator, whose one stream runs its work in issue order, it is
+// that stream (a nil *cuda.Stream, which names the backend's own).
 func (b *Backend) NewStream() (any, error) {
 	var s *cuda.Stream
+	if !b.OnGPU() {
+		return s, nil
+	}
 	err := b.OnDevice(func(*cuda.Stream) error {
 		var err error
 		s, err = cuda.NewStream()
@@ -27,8 +32,16 @@ func (b *Backend) NewStream() (any, error) {
 	return s, err
 }
 
-// StreamWait makes waiter wait for the work queued so far on on.
+// StreamWait makes waiter wait for the work queued so far on on (on the
+// emulator, one stream, nothing to do).
 func (b *Backend) StreamWait(waiter, on any) error {
+	if !b.OnGPU() {
+		_, err := b.streamOf(waiter, nil)
+		if err == nil {
+			_, err = b.streamOf(on, nil)
+		}
+		return err
+	}
 	return b.OnDevice(func(own *cuda.Stream) error {
 		w, err := b.streamOf(waiter, own)
 		if err != nil {
@@ -60,6 +73,10 @@ func (b *Backend) StreamWait(waiter, on any) error {
 
 // DestroyStream destroys a stream of NewStream (after its queued work).
 func (b *Backend) DestroyStream(s any) error {
+	if !b.OnGPU() {
+		_, err := b.streamOf(s, nil)
+		return err
+	}
 	return b.OnDevice(func(own *cuda.Stream) error {
 		st, err := b.streamOf(s, own)
 		if err != nil || st == own {
@@ -95,7 +112,13 @@ func (b *Backend) OnDevice(fn func(stream *cuda.Stream) error) error {
 // every stream, the transports' included (cuCtxSynchronize). NVSHMEM's
 // symmetric allocations are world collectives during which no NVSHMEM
 // kernel may be in flight; a site calls this before one.
+//
+// On the kernel emulator, whose one stream has done its work when it is
+// queued, there is nothing to wait for.
 func (b *Backend) SyncAll() error {
+	if !b.OnGPU() {
+		return nil
+	}
 	return b.bound(func(d *cudaDevice) error { return d.ctx.Synchronize() })
 }
 

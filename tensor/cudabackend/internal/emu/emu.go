@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/asynctp/asynctp/tensor/cudabackend/internal/gpu"
@@ -224,6 +225,46 @@ func (d *Device) Gemm(g gpu.Gemm) error {
 }
 
 func (d *Device) Sync() error { return nil }
+
+var _ gpu.Values = (*Device)(nil)
+
+// WriteValue64 stores v at p at once (the work queued before it is done).
+func (d *Device) WriteValue64(p gpu.Ptr, v uint64) error {
+	if p%8 != 0 {
+		return fmt.Errorf("emu: WriteValue64 at %#x: expected an 8-byte aligned address", uint64(p))
+	}
+	*(*uint64)(cptr(p)) = v
+	return nil
+}
+
+// WaitTimeout bounds the emulator's stream waits (WaitValue64), which on a
+// GPU have no deadline: a word that another emulated rank never writes
+// fails the wait instead of hanging the test.
+var WaitTimeout = 2 * time.Minute
+
+// WaitValue64 returns once the word at p is ≥ v (wrap-around safe). The
+// emulator runs the work of a stream as it is queued, so the wait is the
+// caller's: it polls the word and lets the other devices (the other
+// emulated ranks, which write it) run between its looks, for at most
+// WaitTimeout. The caller holds the device (Acquire); it is held again
+// when WaitValue64 returns.
+func (d *Device) WaitValue64(p gpu.Ptr, v uint64) error {
+	if p%8 != 0 {
+		return fmt.Errorf("emu: WaitValue64 at %#x: expected an 8-byte aligned address", uint64(p))
+	}
+	w := (*uint64)(cptr(p))
+	start, pause := time.Now(), time.Microsecond
+	for int64(*w-v) < 0 {
+		if time.Since(start) > WaitTimeout {
+			return fmt.Errorf("emu: stream wait at %#x: the word is %d after %v, expected ≥ %d", uint64(p), *w, WaitTimeout, v)
+		}
+		mu.Unlock()
+		time.Sleep(pause)
+		pause = min(2*pause, time.Millisecond)
+		mu.Lock()
+	}
+	return nil
+}
 
 func (d *Device) Close() error {
 	d.closed = true

@@ -115,3 +115,14 @@ type Device interface {
 	// Close releases the device's resources (not the memory from Alloc).
 	Close() error
 }
+
+// Values is a Device with 64-bit stream memory operations: a write of a
+// word ordered after the work queued before it (which it fences), and a
+// wait of the stream until a word is ≥ a value (wrap-around safe: the
+// signed difference is ≥ 0), as cuStreamWriteValue64 and
+// cuStreamWaitValue64 with CU_STREAM_WAIT_VALUE_GEQ do. Words are 8-byte
+// aligned device addresses, local or a peer's.
+type Values interface {
+	WriteValue64(p Ptr, v uint64) error
+	WaitValue64(p Ptr, v uint64) error
+}
