@@ -193,6 +193,31 @@ func Unreachable(c Comm) (ranks []int, all bool) {
 	return ranks, all
 }
 
+// Membered is an optional capability of a group: the world rank of each
+// of its ranks (every transport of this module has it), found with
+// MembersOf.
+type Membered interface {
+	// Members returns the world rank of each rank of the group, in group
+	// rank order.
+	Members() []int
+}
+
+// MembersOf returns the world rank of each rank of c, looking through
+// Wrappers; false where the transport does not say.
+func MembersOf(c Comm) ([]int, bool) {
+	for c != nil {
+		if m, ok := c.(Membered); ok {
+			return m.Members(), true
+		}
+		w, ok := c.(Wrapper)
+		if !ok {
+			break
+		}
+		c = w.Unwrap()
+	}
+	return nil, false
+}
+
 // Wrapper is a Comm that decorates another (a debugging wrapper): the
 // optional capabilities are looked up through it.
 type Wrapper interface {

@@ -31,6 +31,17 @@ func Goroutines(n int, o Options, fn func(w *World) error) error {
 		w := &World{Info: rendezvous.Info{Rank: c.Rank(), WorldSize: n, LocalRank: c.Rank(), LocalWorldSize: n, Source: "goroutines"},
 			Transport: Local, Comm: c, DType: tensor.Float32,
 			Device: fmt.Sprintf("cpu, %d ranks as goroutines (%d threads each)", n, threads)}
+		w.Hosts, w.HostNames = make([]int, n), []string{"this process"}
+		if o.Hosts != nil {
+			if len(o.Hosts) != n {
+				return fmt.Errorf("launch: Options.Hosts has %d ranks' hosts, the world %d ranks", len(o.Hosts), n)
+			}
+			ids := make([]string, n)
+			for r, h := range o.Hosts {
+				ids[r] = fmt.Sprintf("host %d", h)
+			}
+			w.Hosts, w.HostNames = hostsOf(ids)
+		}
 		b, err := cpuBackend(o, c.Rank(), threads)
 		if err != nil {
 			return err

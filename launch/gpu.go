@@ -278,7 +278,9 @@ func openHybrid(ctx context.Context, w *World, o Options) error {
 		nc.Close()
 		return err
 	}
-	h, err := hybrid.New(nc, sym)
+	// Symmetric memory inside a host only: a group that spans hosts keeps
+	// its sites on NCCL's collectives.
+	h, err := hybrid.New(nc, sym, hybrid.WithHosts(w.Hosts))
 	if err != nil {
 		nc.Close()
 		return err

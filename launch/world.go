@@ -70,6 +70,10 @@ type Options struct {
 	// it, after printing why. nil: no heartbeats, and such a rank waits for
 	// its op's deadline.
 	Exit func(code int)
+	// Hosts places goroutine ranks on hosts (Goroutines: a simulated
+	// cluster, host Hosts[r] for rank r); nil: one host. Process ranks
+	// find theirs at the rendezvous (HostID, $ASYNCTP_HOST_ID).
+	Hosts []int
 }
 
 func (o *Options) defaults() {
@@ -105,6 +109,13 @@ type World struct {
 	Report string
 	// Store is the job's store (nil for a world of one process).
 	Store *rendezvous.Client
+	// Hosts is the host of each world rank, an index into HostNames (in
+	// the order of the hosts' first ranks), found at the rendezvous from
+	// each rank's host identity (HostID; Options.Hosts for goroutine
+	// ranks); HostSummary and LocalRanks read it. The hybrid transport
+	// offers its symmetric memory only inside a host.
+	Hosts     []int
+	HostNames []string
 
 	store  *store
 	closes []func() error  // in the order they run
@@ -132,6 +143,12 @@ func Open(ctx context.Context, info rendezvous.Info, o Options) (w *World, err e
 			return nil, err
 		}
 		w.Store = w.store.c
+	}
+	hctx, cancel := context.WithTimeout(ctx, o.Timeout)
+	err = placeHosts(hctx, w, o.Getenv)
+	cancel()
+	if err != nil {
+		return nil, err
 	}
 	switch o.Transport {
 	case TCP:

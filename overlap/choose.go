@@ -64,8 +64,9 @@ type Chooser struct {
 	mu      sync.Mutex
 	choices map[Kind]map[string]int // kind → strategy → sites
 	vias    map[Kind]map[string]string
-	notes   map[Kind]string // kind → why the default did not apply
-	used    map[string]bool // the Sites keys that chose a site
+	froms   map[Kind]map[string]map[string]bool // kind → strategy → what asked for it (the default, sites[...])
+	notes   map[Kind]string                     // kind → why the default did not apply
+	used    map[string]bool                     // the Sites keys that chose a site
 }
 
 // NewChooser validates cfg against the strategies available in this run;
@@ -76,7 +77,8 @@ func NewChooser(cfg Config, available []Strategy, missing map[string]string, opt
 		return nil, err
 	}
 	c := &Chooser{cfg: cfg, available: map[string]Strategy{"collective": Collective{}}, missing: map[string]string{},
-		choices: map[Kind]map[string]int{}, vias: map[Kind]map[string]string{}, notes: map[Kind]string{}, used: map[string]bool{}}
+		choices: map[Kind]map[string]int{}, vias: map[Kind]map[string]string{}, froms: map[Kind]map[string]map[string]bool{},
+		notes: map[Kind]string{}, used: map[string]bool{}}
 	for _, s := range available {
 		c.available[s.Name()] = s
 	}
@@ -139,6 +141,10 @@ func (c *Chooser) Choose(sp Spec) (Strategy, error) {
 	case "auto":
 		name, note = c.auto(sp)
 	}
+	asked := from // what the summary says asked for the strategy
+	if note != "" {
+		asked = "" // auto: the note says why
+	}
 	s, err := c.lookup(name)
 	if err == nil {
 		err = s.Supports(sp)
@@ -148,9 +154,9 @@ func (c *Chooser) Choose(sp Spec) (Strategy, error) {
 			return nil, fmt.Errorf("%s: %s asks for %s: %w", sp.what(), from, name, err)
 		}
 		note = strings.TrimPrefix(err.Error(), "overlap: ")
-		s = Collective{}
+		s, asked = Collective{}, "" // the note says why
 	}
-	c.record(sp.Kind, s.Name(), note, key, c.via(s, sp))
+	c.record(sp.Kind, s.Name(), note, key, c.via(s, sp), asked)
 	return s, nil
 }
 
@@ -191,7 +197,7 @@ func (c *Chooser) auto(sp Spec) (name, note string) {
 	return name, "auto: " + from
 }
 
-func (c *Chooser) record(k Kind, name, note, key, via string) {
+func (c *Chooser) record(k Kind, name, note, key, via, from string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if key != "" {
@@ -200,8 +206,15 @@ func (c *Chooser) record(k Kind, name, note, key, via string) {
 	if c.choices[k] == nil {
 		c.choices[k] = map[string]int{}
 		c.vias[k] = map[string]string{}
+		c.froms[k] = map[string]map[string]bool{}
 	}
 	c.vias[k][name] = via
+	if from != "" {
+		if c.froms[k][name] == nil {
+			c.froms[k][name] = map[string]bool{}
+		}
+		c.froms[k][name][from] = true
+	}
 	c.choices[k][name]++
 	if note != "" {
 		c.notes[k] = note
@@ -259,9 +272,12 @@ func kindList() string {
 }
 
 // Summary says which strategy each site kind got, one line per kind that
-// has sites, how the sites move their data and over which transport
-// ("all-gather-matmul: pipelined (4 sites, copy-engine pulls from
-// symmetric memory (nvshmem))"), with why where the default did not apply.
+// has sites, how the sites move their data and over which transport, and
+// why: what asked for it ("all-gather-matmul: pipelined (4 sites,
+// copy-engine pulls from symmetric memory over nvshmem) as the default
+// asks"), or, where the default did not apply, the reason after the
+// strategies ("; pipelined for expert site ...: group ep[0 8] spans hosts:
+// ...").
 func (c *Chooser) Summary() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -283,6 +299,18 @@ func (c *Chooser) Summary() []string {
 				unit = "site"
 			}
 			parts[i] = fmt.Sprintf("%s (%d %s, %s)", n, m[n], unit, c.vias[k][n])
+			if fs := c.froms[k][n]; len(fs) > 0 {
+				froms := make([]string, 0, len(fs))
+				for f := range fs {
+					froms = append(froms, f)
+				}
+				sort.Strings(froms)
+				verb := "asks"
+				if len(froms) > 1 {
+					verb = "ask"
+				}
+				parts[i] += fmt.Sprintf(" as %s %s", strings.Join(froms, " and "), verb)
+			}
 		}
 		line := fmt.Sprintf("%s: %s", k, strings.Join(parts, ", "))
 		if note := c.notes[k]; note != "" {
@@ -362,7 +390,8 @@ func Single(s Strategy) *Chooser {
 	c, _ := NewChooser(Config{Default: s.Name()}, []Strategy{s}, nil)
 	if c == nil { // a strategy name outside Names: build it directly
 		c = &Chooser{available: map[string]Strategy{"collective": Collective{}, s.Name(): s}, missing: map[string]string{},
-			choices: map[Kind]map[string]int{}, vias: map[Kind]map[string]string{}, notes: map[Kind]string{}, used: map[string]bool{}, cfg: Config{}}
+			choices: map[Kind]map[string]int{}, vias: map[Kind]map[string]string{}, froms: map[Kind]map[string]map[string]bool{},
+			notes: map[Kind]string{}, used: map[string]bool{}, cfg: Config{}}
 		c.cfg.Default = s.Name()
 	}
 	return c

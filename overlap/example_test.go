@@ -37,5 +37,5 @@ func ExampleChooser() {
 	// blocks.0.attn.qkv    pipelined
 	// blocks.0.mlp.gate_up collective
 	// blocks.1.mlp.gate_up pipelined
-	// [all-gather-matmul: collective (1 site, the group's collectives), pipelined (2 sites, exchanges on the group's collectives)]
+	// [all-gather-matmul: collective (1 site, the group's collectives) as sites["blocks.0.mlp.*"] asks, pipelined (2 sites, exchanges on the group's collectives) as the default asks]
 }

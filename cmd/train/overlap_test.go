@@ -75,8 +75,9 @@ func TestOverlapPerSite(t *testing.T) {
 		t.Fatalf("exit %d:\n%s", code, msg)
 	}
 	for _, want := range []string{
-		"overlap: all-gather-matmul: collective (1 site, the group's collectives over local), pipelined (2 sites, exchanges on the group's collectives over local)", // gate_up collective; qkv and the LM head pipelined
-		"overlap: matmul-reduce-scatter: collective (2 sites, the group's collectives over local)",
+		// gate_up collective; qkv and the LM head pipelined
+		`overlap: all-gather-matmul: collective (1 site, the group's collectives over local) as sites["blocks.0.mlp.gate_up"] asks, pipelined (2 sites, exchanges on the group's collectives over local) as the default asks`,
+		`overlap: matmul-reduce-scatter: collective (2 sites, the group's collectives over local) as sites["matmul-reduce-scatter"] asks`,
 	} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("want %q; output:\n%s", want, msg)

@@ -103,6 +103,7 @@ func rankProcess(ctx context.Context, cfg Config, info rendezvous.Info) error {
 		why = " (" + cfg.commWhy + ")"
 	}
 	say("parallel: %s over --comm %s%s, %d processes (%s), comm timeout %v\n", p, p.Comm, why, info.WorldSize, launch.LauncherName(info, nil), time.Duration(p.CommTimeout))
+	say("hosts: %s\n", w.HostSummary())
 	mc := cfg.Model.WithDefaults()
 	say("model: %s, %d layers, width %d, %d heads, vocab %d, seq %d, %.2fM parameters\n",
 		cfg.Preset, mc.Layers, mc.Dim, mc.Heads, mc.Vocab, mc.Seq, float64(paramCount(mc))/1e6)

@@ -184,6 +184,11 @@ func TestTwoNodes(t *testing.T) {
 				t.Fatalf("step %d: loss %v over two nodes, %v with --comm local (want the same bits)", want[i].Step, got[i].Loss, want[i].Loss)
 			}
 		}
+		// The ranks found the two hosts at the rendezvous: two network
+		// namespaces of one kernel are two hosts.
+		if !regexp.MustCompile(`(?m)^hosts: 2 \(ranks 0-1 on \S+, ranks 2-3 on \S+\)$`).MatchString(a.out.String()) {
+			t.Errorf("rank 0 does not report ranks 0-1 and 2-3 on two hosts; node 0's output:\n%s", a.out)
+		}
 		t.Logf("%d steps, the same losses as --comm local; node 0's output:\n%s", len(got), a.out)
 	})
 
@@ -225,11 +230,23 @@ func TestTwoNodes(t *testing.T) {
 				t.Logf("node %d's ranks ended %v after the cut", i, d.Round(time.Millisecond))
 			}
 		}
-		all := a.out.String() + b.out.String()
+		// Every rank of both nodes names the other node's ranks, and says
+		// so when it happens (its line is there within the bound, whatever
+		// it does next).
 		for r, lost := range map[int]string{0: "2, 3", 1: "2, 3", 2: "0, 1", 3: "0, 1"} {
-			re := regexp.MustCompile(fmt.Sprintf(`(?m)^train: rank %d: .*(world ranks %s are unreachable|unreachable: world ranks %s )`, r, lost, lost))
-			if !re.MatchString(all) {
-				t.Errorf("rank %d does not name ranks %s as unreachable; output:\n%s", r, lost, all)
+			nd := a
+			if r >= 2 {
+				nd = b
+			}
+			re := regexp.MustCompile(fmt.Sprintf(`(?m)^(train: )?rank %d: .*(world ranks %s are unreachable|unreachable: world ranks %s )`, r, lost, lost))
+			at, ok := nd.out.FirstMatch(re)
+			switch {
+			case !ok:
+				t.Errorf("rank %d does not name ranks %s as unreachable; node %d's output:\n%s", r, lost, r/2, nd.out)
+			case at.Sub(cut) > bound:
+				t.Errorf("rank %d named ranks %s %v after the cut, want within --comm-timeout %v + 5s", r, lost, at.Sub(cut).Round(time.Millisecond), timeout)
+			default:
+				t.Logf("rank %d named ranks %s %v after the cut", r, lost, at.Sub(cut).Round(time.Millisecond))
 			}
 		}
 	})
@@ -248,16 +265,42 @@ func slicesWithout(args []string, flag, value string) []string {
 	return out
 }
 
-// syncBuffer is a bytes.Buffer safe for concurrent writes and reads.
+// syncBuffer is a bytes.Buffer safe for concurrent writes and reads, which
+// remembers when each write came.
 type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
+	mu     sync.Mutex
+	b      bytes.Buffer
+	writes []stampedWrite
+}
+
+type stampedWrite struct {
+	end int // the buffer's length after the write
+	at  time.Time
 }
 
 func (s *syncBuffer) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.b.Write(p)
+	n, err := s.b.Write(p)
+	s.writes = append(s.writes, stampedWrite{s.b.Len(), time.Now()})
+	return n, err
+}
+
+// FirstMatch returns when the first match of re was written (the time of
+// the write that completed it), and whether there is one.
+func (s *syncBuffer) FirstMatch(re *regexp.Regexp) (time.Time, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	loc := re.FindIndex(s.b.Bytes())
+	if loc == nil {
+		return time.Time{}, false
+	}
+	for _, w := range s.writes {
+		if w.end >= loc[1] {
+			return w.at, true
+		}
+	}
+	return time.Time{}, false
 }
 
 func (s *syncBuffer) String() string {

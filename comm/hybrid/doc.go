@@ -11,9 +11,11 @@
 //
 // Split splits both sides alike, so a group's symmetric memory addresses
 // the same ranks as its collectives. Which peers a rank reaches by loads
-// and stores is the symmetric side's (comm.LoadStore, comm.Unreachable): a
-// group that spans hosts has symmetric memory, but no peer pointers across
-// them, and the strategies that need them refuse it by name.
+// and stores is the symmetric side's (comm.LoadStore, comm.Unreachable),
+// limited to the ranks of one host when the world's placement is given
+// (WithHosts; launch gives the hosts it found at the rendezvous): a group
+// that spans hosts has symmetric memory, but no peer pointers across them,
+// and the strategies that need them refuse it by name.
 //
 // Ops follow comm's stream contract as the collective side does (a group's
 // ops queue on the stream they are given); the symmetric side's own ops are

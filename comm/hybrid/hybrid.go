@@ -15,6 +15,26 @@ type Comm struct {
 	coll comm.Comm
 	sym  comm.Comm
 	mem  comm.SymmetricMemory
+	opts []Option
+	// hosts is the host of each world rank (WithHosts), members the world
+	// rank of each group rank; nil: no placement.
+	hosts, members []int
+}
+
+// Option configures New.
+type Option func(*Comm)
+
+// WithHosts places the world's ranks on hosts: hosts[r] is world rank r's
+// host (equal values for the ranks of one host). Ranks of two hosts do not
+// reach each other by loads and stores, whatever the symmetric side says
+// (Reaches): a group that spans hosts keeps its symmetric memory, but the
+// strategies built on peer pointers refuse it, naming the ranks of the
+// other hosts, and a default keeps its sites on the collectives. New then
+// needs the world rank of each rank of the collectives' group
+// (comm.MembersOf).
+func WithHosts(hosts []int) Option {
+	h := append([]int(nil), hosts...)
+	return func(c *Comm) { c.hosts = h }
 }
 
 var (
@@ -29,7 +49,7 @@ var (
 // New composes coll (the collectives) and sym (symmetric memory: it must
 // have comm.SymmetricMemory) into one group; they must hold this rank at
 // the same rank of the same size.
-func New(coll, sym comm.Comm) (*Comm, error) {
+func New(coll, sym comm.Comm, opts ...Option) (*Comm, error) {
 	if coll == nil || sym == nil {
 		return nil, errors.New("hybrid: expected a group for the collectives and one for symmetric memory, got nil")
 	}
@@ -41,7 +61,23 @@ func New(coll, sym comm.Comm) (*Comm, error) {
 		return nil, fmt.Errorf("hybrid: the collectives' group %s has this rank at %d of %d, the symmetric memory's %s at %d of %d: expected the same ranks in the same order (%w)",
 			coll.Name(), coll.Rank(), coll.Size(), sym.Name(), sym.Rank(), sym.Size(), comm.ErrMismatch)
 	}
-	return &Comm{coll: coll, sym: sym, mem: mem}, nil
+	c := &Comm{coll: coll, sym: sym, mem: mem, opts: opts}
+	for _, o := range opts {
+		o(c)
+	}
+	if c.hosts != nil {
+		m, ok := comm.MembersOf(coll)
+		if !ok {
+			return nil, fmt.Errorf("hybrid: a placement on hosts for %s (%T), which does not say the world rank of its ranks: expected a transport with comm.Membered", coll.Name(), coll)
+		}
+		for _, r := range m {
+			if r < 0 || r >= len(c.hosts) {
+				return nil, fmt.Errorf("hybrid: group %s has world rank %d, the placement on hosts %d ranks", coll.Name(), r, len(c.hosts))
+			}
+		}
+		c.members = m
+	}
+	return c, nil
 }
 
 // Collectives and Symmetric are the two sides.
@@ -102,7 +138,7 @@ func (c *Comm) SplitNamed(color, key int, label string) (comm.Comm, error) {
 		}
 		return nil, nil
 	}
-	h, err := New(cc, sc)
+	h, err := New(cc, sc, c.opts...)
 	if err != nil {
 		cc.Close()
 		sc.Close()
@@ -136,9 +172,14 @@ func (c *Comm) FreeSymmetric(t *tensor.Tensor) error { return c.mem.FreeSymmetri
 
 func (c *Comm) PeerPtr(t *tensor.Tensor, r int) (uint64, error) { return c.mem.PeerPtr(t, r) }
 
-// Reaches is the symmetric side's (comm.LoadStore); true for every pair
-// where it says nothing.
+// Reaches is the symmetric side's (comm.LoadStore; true for every pair
+// where it says nothing), and false for ranks on two hosts (WithHosts).
 func (c *Comm) Reaches(a, b int) bool {
+	if c.hosts != nil {
+		if a < 0 || b < 0 || a >= len(c.members) || b >= len(c.members) || c.hosts[c.members[a]] != c.hosts[c.members[b]] {
+			return false
+		}
+	}
 	if ls, ok := c.sym.(comm.LoadStore); ok {
 		return ls.Reaches(a, b)
 	}

@@ -2,6 +2,8 @@ package hybrid_test
 
 import (
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -92,3 +94,75 @@ func TestHybrid(t *testing.T) {
 		t.Errorf("sides with this rank at different ranks: %v, want ErrMismatch", err)
 	}
 }
+
+// allReach is a symmetric side whose every rank reaches every other (one
+// address space, as the kernel emulator's).
+type allReach struct{ comm.Comm }
+
+func (s allReach) AllocSymmetric(shape []int, dt tensor.DType) (*tensor.Tensor, error) {
+	return tensor.MustHost(dt, shape...), nil
+}
+func (allReach) FreeSymmetric(*tensor.Tensor) error              { return nil }
+func (allReach) PeerPtr(_ *tensor.Tensor, r int) (uint64, error) { return uint64(1000 + r), nil }
+func (allReach) Reaches(a, b int) bool                           { return true }
+func (s allReach) Split(color, key int) (comm.Comm, error)       { return s.SplitNamed(color, key, "") }
+func (s allReach) SplitNamed(color, key int, l string) (comm.Comm, error) {
+	c, err := comm.SplitNamed(s.Comm, color, key, l)
+	if err != nil || c == nil {
+		return nil, err
+	}
+	return allReach{c}, nil
+}
+
+// WithHosts: ranks of two hosts do not reach each other, whatever the
+// symmetric side says, in the world and in every group split from it; the
+// groups inside a host reach all their ranks; a collective side that does
+// not say its members is refused.
+func TestHybridHosts(t *testing.T) {
+	coll := local.NewWorld(4, local.WithTimeout(5*time.Second))
+	sym := local.NewWorld(4, local.WithTimeout(5*time.Second))
+	hosts := []int{7, 7, 9, 9}
+	errs := make(chan error, 4)
+	for r := range 4 {
+		go func() {
+			h, err := hybrid.New(coll[r], allReach{sym[r]}, hybrid.WithHosts(hosts))
+			if err != nil {
+				errs <- err
+				return
+			}
+			g, err := comm.NewGrid(h, 2, 2, 4)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer g.Close()
+			other := []int{2, 3}
+			if r >= 2 {
+				other = []int{0, 1}
+			}
+			for _, c := range []struct {
+				g    comm.Comm
+				far  []int
+				name string
+			}{{h, other, "world"}, {g.TPGroup, nil, "tp"}, {g.DPGroup, []int{1 - g.DPGroup.Rank()}, "dp"}, {g.EPGroup, other, "ep"}} {
+				far, all := comm.Unreachable(c.g)
+				if all != (c.far == nil) || !slices.Equal(far, c.far) {
+					errs <- fmt.Errorf("rank %d: %s group %s: unreachable %v (all %v), want %v", r, c.name, c.g.Name(), far, all, c.far)
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	if _, err := hybrid.New(noMembers{coll[0]}, allReach{sym[0]}, hybrid.WithHosts(hosts)); err == nil || !strings.Contains(err.Error(), "comm.Membered") {
+		t.Errorf("hosts without members: %v, want a refusal naming comm.Membered", err)
+	}
+}
+
+// noMembers hides the group's members.
+type noMembers struct{ comm.Comm }

@@ -179,6 +179,9 @@ func (c *Comm) Size() int { return len(c.g.members) }
 // Name is the group's name ("world", or the label of a Split).
 func (c *Comm) Name() string { return c.g.name }
 
+// Members returns the world rank of each rank of the group.
+func (c *Comm) Members() []int { return append([]int(nil), c.g.members...) }
+
 // Abort poisons the world: every pending and later call of every rank, in
 // every group, fails with an error that names this rank and wraps err and
 // comm.ErrAborted.

@@ -27,14 +27,30 @@ import (
 // The kernel emulator's ranks are goroutines whose device memory is host
 // memory: a symmetric allocation is one allocation per rank, registered so
 // that every rank finds the others' (its "peer pointers"). emuSym is that
-// symmetric side, on a comm/local world of its own; hosts, when set, puts
-// the ranks on hosts that do not reach each other. staged is the
-// collective side, another comm/local world whose all-reduces of device
-// tensors go through the host (comm/local moves host tensors only).
+// symmetric side, on a comm/local world of its own; with hosts (the host
+// of each world rank) a rank has no peer pointer to the ranks of another
+// host, and the hybrid's placement (hybrid.WithHosts) says what reaches
+// what. staged is the collective side, another comm/local world whose
+// ops on device tensors go through the host (comm/local moves host
+// tensors only).
 
+// allocs is the registry of a group's symmetric allocations, and of the
+// groups split from it (by name: the same object for every rank of one).
 type allocs struct {
-	mu    sync.Mutex
-	addrs map[int][]uint64
+	mu       sync.Mutex
+	addrs    map[int][]uint64
+	children map[string]*allocs
+}
+
+func newAllocs() *allocs { return &allocs{addrs: map[int][]uint64{}, children: map[string]*allocs{}} }
+
+func (a *allocs) child(name string) *allocs {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.children[name] == nil {
+		a.children[name] = newAllocs()
+	}
+	return a.children[name]
 }
 
 type emuSym struct {
@@ -46,7 +62,17 @@ type emuSym struct {
 	hosts []int
 }
 
-func (c *emuSym) Reaches(a, b int) bool { return c.hosts == nil || c.hosts[a] == c.hosts[b] }
+func (c *emuSym) Unwrap() comm.Comm { return c.Comm }
+
+func (c *emuSym) Split(color, key int) (comm.Comm, error) { return c.SplitNamed(color, key, "") }
+
+func (c *emuSym) SplitNamed(color, key int, label string) (comm.Comm, error) {
+	g, err := comm.SplitNamed(c.Comm, color, key, label)
+	if err != nil || g == nil {
+		return nil, err
+	}
+	return &emuSym{Comm: g, b: c.b, reg: c.reg.child(g.Name()), mine: map[uint64]int{}, hosts: c.hosts}, nil
+}
 
 func (c *emuSym) AllocSymmetric(shape []int, dt tensor.DType) (*tensor.Tensor, error) {
 	t := c.b.Zeros(dt, shape...)
@@ -80,6 +106,12 @@ func (c *emuSym) PeerPtr(t *tensor.Tensor, r int) (uint64, error) {
 	n, ok := c.mine[cudabackend.DevicePtr(t)]
 	if !ok {
 		return 0, fmt.Errorf("not a symmetric allocation")
+	}
+	if c.hosts != nil {
+		m, _ := comm.MembersOf(c.Comm)
+		if c.hosts[m[r]] != c.hosts[m[c.Rank()]] {
+			return 0, fmt.Errorf("group rank %d (world rank %d) is on another host: no peer pointer", r, m[r])
+		}
 	}
 	c.reg.mu.Lock()
 	defer c.reg.mu.Unlock()
@@ -158,10 +190,14 @@ func (c staged) Broadcast(buf *tensor.Tensor, root int, s comm.Stream) (comm.Wor
 	return c.viaHost(buf, nil, func(hd, _ *tensor.Tensor) (comm.Work, error) { return c.Comm.Broadcast(hd, root, nil) })
 }
 
-func (c staged) Split(color, key int) (comm.Comm, error) {
-	g, err := c.Comm.Split(color, key)
+func (c staged) Unwrap() comm.Comm { return c.Comm }
+
+func (c staged) Split(color, key int) (comm.Comm, error) { return c.SplitNamed(color, key, "") }
+
+func (c staged) SplitNamed(color, key int, label string) (comm.Comm, error) {
+	g, err := comm.SplitNamed(c.Comm, color, key, label)
 	if err != nil || g == nil {
-		return g, err
+		return nil, err
 	}
 	return staged{g, c.b}, nil
 }
@@ -193,19 +229,24 @@ func (b *barrier) wait() {
 }
 
 // hybridRanks runs f on P emulated ranks, each with a hybrid group of the
-// two worlds.
+// two worlds; hosts, when set, places the world's ranks on hosts
+// (hybrid.WithHosts, and no peer pointers between hosts).
 func hybridRanks(t *testing.T, P int, hosts []int, f func(g comm.Comm, b *cudabackend.Backend, bar *barrier) error) {
 	t.Helper()
 	coll := local.NewWorld(P, local.WithTimeout(120*time.Second))
-	reg := &allocs{addrs: map[int][]uint64{}}
+	reg := newAllocs()
 	bar := newBarrier(P)
+	var opts []hybrid.Option
+	if hosts != nil {
+		opts = append(opts, hybrid.WithHosts(hosts))
+	}
 	err := local.Run(P, func(sym comm.Comm) error {
 		b, err := cudabackend.NewEmulated()
 		if err != nil {
 			return err
 		}
 		defer b.Close()
-		g, err := hybrid.New(staged{coll[sym.Rank()], b}, &emuSym{Comm: sym, b: b, reg: reg, mine: map[uint64]int{}, hosts: hosts})
+		g, err := hybrid.New(staged{coll[sym.Rank()], b}, &emuSym{Comm: sym, b: b, reg: reg, mine: map[uint64]int{}, hosts: hosts}, opts...)
 		if err != nil {
 			return err
 		}
@@ -251,9 +292,9 @@ func TestEmuRegistryOnHybrid(t *testing.T) {
 		hybridRanks(t, 4, []int{0, 0, 1, 1}, func(g comm.Comm, b *cudabackend.Backend, _ *barrier) error {
 			sp := overlap.Spec{Kind: overlap.KindExpert, Name: "moe", Group: g, Backend: b, Rows: 16, K: 8, Outs: []int{8}, Experts: 8}
 			_, not := strategies.Available(sp, nil)
-			far := "group ranks 2, 3 are"
+			far := "group ranks 2, 3 (world ranks 2, 3) are"
 			if g.Rank() >= 2 {
-				far = "group ranks 0, 1 are"
+				far = "group ranks 0, 1 (world ranks 0, 1) are"
 			}
 			for _, name := range []string{"pipelined", "fused"} {
 				if err := not[name]; err == nil || !strings.Contains(err.Error(), "spans hosts: "+far) {
@@ -466,4 +507,105 @@ func TestEmuTPBitsOnHybrid(t *testing.T) {
 			})
 		}
 	}
+}
+
+// A simulated cluster of two nodes, ranks {0, 1} and {2, 3}: the hybrid's
+// placement on hosts (as launch gives it from the rendezvous) offers the
+// emulated symmetric memory only inside a node, and no rank has a peer
+// pointer to the other node's. On the grid tp 2 × dp 2, ep 4: the TP
+// groups (inside a node) get pipelined and fused in their peer-copy forms,
+// whose sites pass the conformance suite there; the EP group (and a site
+// on a DP group) across the nodes keeps its collectives: a default or
+// "auto" keeps collective and the summary (rank 0's start-up report) says
+// why per site kind, naming the ranks of the other node; an explicit
+// request is refused naming them.
+func TestEmuTwoNodes(t *testing.T) {
+	hybridRanks(t, 4, []int{0, 0, 1, 1}, func(w comm.Comm, b *cudabackend.Backend, _ *barrier) error {
+		g, err := comm.NewGrid(w, 2, 2, 4)
+		if err != nil {
+			return err
+		}
+		defer g.Close()
+		r := w.Rank()
+		far, farDP := "group ranks 2, 3 (world ranks 2, 3) are", fmt.Sprintf("group rank 1 (world rank %d) is", r+2)
+		if r >= 2 {
+			far, farDP = "group ranks 0, 1 (world ranks 0, 1) are", fmt.Sprintf("group rank 0 (world rank %d) is", r-2)
+		}
+		all := strategies.All(strategies.Options{StreamHooks: true})
+		spec := func(k overlap.Kind, name string, grp comm.Comm) overlap.Spec {
+			return overlap.Spec{Kind: k, Name: name, Group: grp, Backend: b, Rows: 8, K: 16, Outs: []int{16}, DType: tensor.BFloat16, Experts: 8}
+		}
+		qkv := spec(overlap.KindAllGatherMatmul, "blocks.0.attn.qkv", g.TPGroup)
+		proj := spec(overlap.KindMatmulReduceScatter, "blocks.0.attn.proj", g.TPGroup)
+		moe := spec(overlap.KindExpert, "blocks.0.moe", g.EPGroup)
+		dp := spec(overlap.KindMatmulReduceScatter, "dp.probe", g.DPGroup)
+
+		// What each group can run.
+		for _, sp := range []overlap.Spec{qkv, proj} {
+			run, not := strategies.Available(sp, all)
+			if len(run) != 3 {
+				return fmt.Errorf("rank %d: %s site of the TP group %s (one node): runs %v (refused: %v), want collective, pipelined and fused", r, sp.Kind, sp.Group.Name(), run, not)
+			}
+			if how, sym := run[1].(overlap.Describer).Via(sp); !sym {
+				return fmt.Errorf("rank %d: pipelined %s site inside a node moves by %q, want the peer-copy form", r, sp.Kind, how)
+			}
+		}
+		run, not := strategies.Available(moe, all)
+		if len(run) != 1 {
+			return fmt.Errorf("rank %d: the expert site of the EP group across the nodes runs %v, want collective only", r, run)
+		}
+		for _, name := range []string{"pipelined", "fused"} {
+			if err := not[name]; err == nil || !strings.Contains(err.Error(), "group ep[0 1 2 3] spans hosts: "+far+" not reachable by loads and stores") {
+				return fmt.Errorf("rank %d: %s for the expert site across the nodes: %v, want a refusal naming %s", r, name, err, far)
+			}
+		}
+		run, not = strategies.Available(dp, all)
+		if len(run) != 2 || !strings.Contains(fmt.Sprint(not["fused"]), "spans hosts: "+farDP) {
+			return fmt.Errorf("rank %d: a site of the DP group across the nodes runs %v, fused refused with %v; want collective and pipelined (exchanges), fused refused naming %s", r, run, not["fused"], farDP)
+		}
+		if how, sym := (strategies.Pipelined{}).Via(dp); sym || !strings.Contains(how, "exchanges") {
+			return fmt.Errorf("rank %d: pipelined on the DP group across the nodes moves by %q, want exchanges on its collectives", r, how)
+		}
+
+		// The chooser, as cmd/train builds it: --overlap fused.
+		ch, err := overlap.NewChooser(overlap.Config{Default: "fused"}, all, nil, overlap.WithTransports("nccl", "nvshmem"))
+		if err != nil {
+			return err
+		}
+		for _, sp := range []overlap.Spec{qkv, proj, moe} {
+			if _, err := ch.Choose(sp); err != nil {
+				return fmt.Errorf("rank %d: --overlap fused: %w", r, err)
+			}
+		}
+		sum := strings.Join(ch.Summary(), "\n")
+		for _, want := range []string{
+			"all-gather-matmul: fused (1 site, the GEMM engine fed by copy-engine pulls from symmetric memory over nvshmem) as the default asks",
+			"matmul-reduce-scatter: fused (1 site, the GEMM engine fed by copy-engine pulls from symmetric memory over nvshmem) as the default asks",
+			"expert: collective (1 site, the group's collectives over nccl); fused for expert site \"blocks.0.moe\": group ep[0 1 2 3] spans hosts: " + far,
+		} {
+			if !strings.Contains(sum, want) {
+				return fmt.Errorf("rank %d: summary\n%s\nwant %q", r, sum, want)
+			}
+		}
+		ch, err = overlap.NewChooser(overlap.Config{Sites: map[string]string{"blocks.*.moe": "pipelined"}}, all, nil)
+		if err != nil {
+			return err
+		}
+		if _, err := ch.Choose(moe); err == nil || !strings.Contains(err.Error(), `sites["blocks.*.moe"] asks for pipelined`) || !strings.Contains(err.Error(), far) {
+			return fmt.Errorf("rank %d: pipelined asked for the expert site across the nodes: %v, want a refusal naming %s", r, err, far)
+		}
+
+		// The TP groups' peer-copy sites run inside their node.
+		for i, s := range all[1:] {
+			rk := overlaptest.Rank{Group: g.TPGroup, Backend: b, Strategy: s, DType: tensor.BFloat16, Seed: uint64(71 + i)}
+			skipped, err := rk.CheckAllReport()
+			if err == nil {
+				err = expectSkipped(s.Name(), tensor.BFloat16, skipped)
+			}
+			if err != nil {
+				return fmt.Errorf("rank %d: %s on %s: %w", r, s.Name(), g.TPGroup.Name(), err)
+			}
+		}
+		return b.Sync()
+	})
 }

@@ -17,19 +17,17 @@ import (
 )
 
 // placed is the symmetric side of a simulated cluster: a group of a
-// comm/local world whose ranks sit on hosts (host[world rank]); ranks of
-// one host reach each other by loads and stores, the others do not (no
-// peer pointers across hosts). Its memory is host memory: enough for the
-// strategies to decide, not to run.
+// comm/local world whose memory is host memory (enough for the strategies
+// to decide, not to run) and whose peer pointers exist only between ranks
+// of one host (host[world rank]). It says nothing of what reaches what:
+// the hybrid's placement on hosts (hybrid.WithHosts, as launch gives it
+// from the rendezvous) decides.
 type placed struct {
 	comm.Comm
-	host    []int
-	members []int // world rank of each group rank
+	host []int
 }
 
 func (p *placed) Unwrap() comm.Comm { return p.Comm }
-
-func (p *placed) Reaches(a, b int) bool { return p.host[p.members[a]] == p.host[p.members[b]] }
 
 func (p *placed) AllocSymmetric(shape []int, dt tensor.DType) (*tensor.Tensor, error) {
 	return tensor.MustHost(dt, shape...), nil
@@ -38,43 +36,21 @@ func (p *placed) AllocSymmetric(shape []int, dt tensor.DType) (*tensor.Tensor, e
 func (p *placed) FreeSymmetric(*tensor.Tensor) error { return nil }
 
 func (p *placed) PeerPtr(t *tensor.Tensor, r int) (uint64, error) {
-	if !p.Reaches(p.Rank(), r) {
+	m, _ := comm.MembersOf(p.Comm)
+	if p.host[m[r]] != p.host[m[p.Rank()]] {
 		return 0, fmt.Errorf("rank %d is on another host", r)
 	}
 	return 0, errors.New("host memory has no device address")
 }
 
-func (p *placed) Split(color, key int) (comm.Comm, error) {
-	c, err := p.Comm.Split(color, key)
+func (p *placed) Split(color, key int) (comm.Comm, error) { return p.SplitNamed(color, key, "") }
+
+func (p *placed) SplitNamed(color, key int, label string) (comm.Comm, error) {
+	c, err := comm.SplitNamed(p.Comm, color, key, label)
 	if err != nil || c == nil {
 		return nil, err
 	}
-	// The members: every rank's world rank, gathered over the new group.
-	src, err := tensor.FromFloat64([]float64{float64(p.members[p.Rank()])}, 1)
-	if err != nil {
-		return nil, err
-	}
-	all := tensor.MustHost(tensor.Float64, c.Size())
-	w, err := c.AllGather(all, src, nil)
-	if err == nil {
-		err = w.Wait(nil)
-	}
-	if err != nil {
-		return nil, err
-	}
-	m := make([]int, c.Size())
-	for i, v := range hostF64(all) {
-		m[i] = int(v)
-	}
-	return &placed{Comm: c, host: p.host, members: m}, nil
-}
-
-func hostF64(t *tensor.Tensor) []float64 {
-	v, err := t.Float64s()
-	if err != nil {
-		panic(err)
-	}
-	return v
+	return &placed{Comm: c, host: p.host}, nil
 }
 
 // twoNodes runs f on the ranks of a hybrid world of 4 over comm/local
@@ -88,7 +64,8 @@ func twoNodes(t *testing.T, f func(g *comm.Grid) error) {
 	errs := make(chan error, 4)
 	for r := range 4 {
 		go func() {
-			h, err := hybrid.New(coll[r], &placed{Comm: sym[r], host: []int{0, 0, 1, 1}, members: []int{0, 1, 2, 3}})
+			hosts := []int{0, 0, 1, 1}
+			h, err := hybrid.New(coll[r], &placed{Comm: sym[r], host: hosts}, hybrid.WithHosts(hosts))
 			if err != nil {
 				errs <- err
 				return
@@ -125,9 +102,9 @@ func TestTwoNodePlacement(t *testing.T) {
 		if len(run) != 1 || run[0].Name() != "collective" {
 			return fmt.Errorf("rank %d: the expert site across hosts can run %v, want collective only", r, run)
 		}
-		far := fmt.Sprintf("group ranks 2, 3 are not reachable by loads and stores from rank %d", r)
+		far := fmt.Sprintf("group ranks 2, 3 (world ranks 2, 3) are not reachable by loads and stores from rank %d", r)
 		if r >= 2 {
-			far = fmt.Sprintf("group ranks 0, 1 are not reachable by loads and stores from rank %d", r)
+			far = fmt.Sprintf("group ranks 0, 1 (world ranks 0, 1) are not reachable by loads and stores from rank %d", r)
 		}
 		for _, name := range []string{"pipelined", "fused"} {
 			err := not[name]

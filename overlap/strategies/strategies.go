@@ -2,6 +2,7 @@ package strategies
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -77,8 +78,9 @@ func peerCopy(sp overlap.Spec, name string) error {
 		return fmt.Errorf("%s: group %s has no symmetric memory: it needs %s (%w)", what, sp.Group.Name(), NeedsSymmetric, overlap.ErrUnavailable)
 	}
 	if far, all := comm.Unreachable(sp.Group); !all {
+		members, _ := comm.MembersOf(sp.Group)
 		return fmt.Errorf("%s: group %s spans hosts: %s not reachable by loads and stores from rank %d (another node; its symmetric memory has no peer pointers there) (%w)",
-			what, sp.Group.Name(), rankNames(far), sp.Group.Rank(), overlap.ErrUnavailable)
+			what, sp.Group.Name(), rankNames(far, members), sp.Group.Rank(), overlap.ErrUnavailable)
 	}
 	b, ok := sp.Backend.(*cudabackend.Backend)
 	if !ok || (b.OnGPU() && b.Stream() == nil && sp.Kind != overlap.KindExpert) {
@@ -87,18 +89,39 @@ func peerCopy(sp overlap.Spec, name string) error {
 	return nil
 }
 
-func rankNames(rs []int) string {
+// rankNames names the group ranks rs ("group ranks 2, 3 (world ranks 6,
+// 7) are"), with their world ranks where the group's members are known.
+func rankNames(rs, members []int) string {
 	if len(rs) == 0 {
 		return "some pairs of its ranks are"
 	}
-	s := make([]string, len(rs))
-	for i, r := range rs {
-		s[i] = fmt.Sprint(r)
+	list := func(rs []int) string {
+		s := make([]string, len(rs))
+		for i, r := range rs {
+			s[i] = fmt.Sprint(r)
+		}
+		return strings.Join(s, ", ")
+	}
+	unit := "group ranks "
+	if len(rs) == 1 {
+		unit = "group rank "
+	}
+	out := unit + list(rs)
+	if len(members) > 0 && !slices.ContainsFunc(rs, func(r int) bool { return r >= len(members) }) {
+		world := make([]int, len(rs))
+		for i, r := range rs {
+			world[i] = members[r]
+		}
+		w := "world ranks "
+		if len(rs) == 1 {
+			w = "world rank "
+		}
+		out += " (" + w + list(world) + ")"
 	}
 	if len(rs) == 1 {
-		return "group rank " + s[0] + " is"
+		return out + " is"
 	}
-	return "group ranks " + strings.Join(s, ", ") + " are"
+	return out + " are"
 }
 
 // Pipelined is the strategy "pipelined": the communication cut into
