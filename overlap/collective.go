@@ -7,9 +7,21 @@ import (
 	"github.com/asynctp/asynctp/tensor"
 )
 
-// Collective is the reference strategy: the whole collective, then the
-// matmul (or the matmul, then the collective), on the backend's stream.
-// Every transport can run it.
+// Collective is the strategy "collective", the reference: the whole
+// collective, then the matmul (or the matmul, then the collective), on the
+// backend's stream. Every transport can run it.
+//
+//	site kind                forward / backward                              transfer                         requirements
+//	all-gather∘matmul        all-gather x, then out_i = xFull·W_iᵀ;          the group's all-gather and       any group, any backend
+//	                         backward: dW_i += dout_iᵀ·xFull, then           reduce-scatter
+//	                         dx = reduce-scatter(Σ_i dout_i·W_i)
+//	matmul∘reduce-scatter    x·Wᵀ, then reduce-scatter; backward:            the group's reduce-scatter and   any group, any backend
+//	                         all-gather dout, dx = doutFull·W,               all-gather
+//	                         dW += doutFullᵀ·x
+//	matmul∘all-reduce        Σ_i a_i·op(W_i), then all-reduce                the group's all-reduce           any group, any backend
+//	expert (MoE)             parallel/ep's dispatcher: counts exchanged,     the group's all-to-all-v         any group, any backend
+//	                         tokens sent by all-to-all-v, the experts'
+//	                         GEMMs, combined back; backward the reverse
 type Collective struct{}
 
 var _ Strategy = Collective{}

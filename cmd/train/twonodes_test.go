@@ -1,6 +1,6 @@
 package main
 
-// The two-node recipe of the docs, run as printed on two "nodes" of this
+// The README's two-node recipe, run as printed on two "nodes" of this
 // machine: two network namespaces made by the test, joined by a veth pair
 // (10.0.0.1 and 10.0.0.2, addresses of the test's own namespaces only).
 
@@ -19,8 +19,8 @@ import (
 	"time"
 )
 
-// recipe is the two-node block of the docs: the ```sh block that starts
-// with "NODE=0" and runs --comm tcp, from README.md or docs/usage.md.
+// recipe is the README's two-node block: the ```sh block that starts with
+// "NODE=0" and runs --comm tcp (README.md first, then docs/usage.md).
 func recipe(t *testing.T) string {
 	t.Helper()
 	block := regexp.MustCompile("(?s)```sh\n(NODE=0[^\n]*\n.*?)```")
@@ -148,7 +148,7 @@ func (nd *node) wait(t *testing.T, name string, d time.Duration) {
 	}
 }
 
-// TestTwoNodes runs the docs' two-node recipe as printed, on two network
+// TestTwoNodes runs the README's two-node recipe as printed, on two network
 // namespaces: its losses equal --comm local's bit for bit; a rank killed
 // makes every rank exit naming it; a cut link makes every rank exit within
 // --comm-timeout and a few seconds, each naming the ranks of the other
