@@ -3,6 +3,7 @@ package ablate
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -17,13 +18,16 @@ import (
 // matmul-reduce-scatter, matmul-all-reduce) is tuned on the spot: a short
 // verified micro-run on the site's group — collective first, checked
 // against the math; pipelined (and fused, where the run has it) checked
-// against collective; each timed after a warm-up, the median of Reps
-// repetitions of the slowest rank, forward and backward — and the fastest
-// verified one is taken (FromResults). A candidate that refuses the site
-// (its Supports) or is wrong in a direction is left out of the choice, not
-// an error. The
-// times are agreed over World (the maximum of every rank's), so every rank
-// of the run takes the same decision; each rank has its own AutoTune, and
+// against collective; timed together in Warmup discarded and Reps timed
+// interleaved rounds, forward and backward — and the choice is
+// FromResults': another strategy only where it is faster than collective
+// beyond the noise (Stats with Alpha and MinEffect, its family the site's
+// comparisons), else collective. A candidate that refuses the site (its
+// Supports) or is wrong in a direction is left out of the choice, not an
+// error. A site whose group is one rank gets collective, untimed (nothing
+// to exchange). The rounds are agreed over World (per call the maximum of
+// every rank's), so every rank of the run takes the same decision; each
+// rank has its own AutoTune, and
 // every rank builds the same sites in the same order (the micro-runs are
 // collective over the site's group and the agreement over World).
 // Measured holds what was tuned, for the cache file.
@@ -39,6 +43,9 @@ type AutoTune struct {
 	Fused        overlap.Strategy
 	Seed         uint64
 	Warmup, Reps int
+	// Alpha and MinEffect are the micro-runs' Stats (0: DefaultAlpha, and
+	// DefaultMinEffectCPU or DefaultMinEffectGPU by the run's GPU).
+	Alpha, MinEffect float64
 
 	mu       sync.Mutex
 	measured Cache
@@ -77,6 +84,9 @@ func (a *AutoTune) Tuned(sp overlap.Spec) (string, string, bool) {
 	if sp.Group == nil {
 		return "", "", false
 	}
+	if sp.Group.Size() == 1 {
+		return Collective, worldOne, true
+	}
 	key, m := a.entryFor(sp)
 	if e, ok := a.exact(key); ok {
 		return e.Strategy, fmt.Sprintf("autotune cache %s (%s, world %d, %s, %s; exact M)", a.Path, sp.Kind, key.World, a.Transport, a.GPU), true
@@ -114,8 +124,23 @@ func (a *AutoTune) Tuned(sp overlap.Spec) (string, string, bool) {
 	for _, n := range names {
 		ts = append(ts, fmt.Sprintf("%s %.0f µs", n, e.TimesUS[n]))
 	}
-	return e.Strategy, fmt.Sprintf("autotuned at start (%s, world %d, %s, %s, M %d: %s), written to %s",
-		sp.Kind, key.World, a.Transport, a.GPU, m, strings.Join(ts, ", "), a.Path), true
+	return e.Strategy, fmt.Sprintf("autotuned at start (%s, world %d, %s, %s, M %d: %s; %s), written to %s",
+		sp.Kind, key.World, a.Transport, a.GPU, m, strings.Join(ts, ", "), e.basis(), a.Path), true
+}
+
+// stats are the micro-runs' significance settings.
+func (a *AutoTune) stats() Stats {
+	st := Stats{Alpha: a.Alpha, MinEffect: a.MinEffect}
+	if st.Alpha == 0 {
+		st.Alpha = DefaultAlpha
+	}
+	if st.MinEffect == 0 {
+		st.MinEffect = DefaultMinEffectGPU
+		if a.GPU == "cpu" || a.GPU == "" || a.Transport == "local" || a.Transport == "tcp" {
+			st.MinEffect = DefaultMinEffectCPU
+		}
+	}
+	return st
 }
 
 // exact is the cache's entry of key, if any.
@@ -160,7 +185,7 @@ func (a *AutoTune) tune(sp overlap.Spec, op Op, key Entry, m int) (Entry, error)
 		names = append(names, Fused)
 	}
 	var cells []Cell
-	for _, d := range op.Dirs() {
+	for _, d := range sh.DirsOf(op) {
 		for _, s := range names {
 			cells = append(cells, Cell{Op: op, Dir: d, Shape: sh, World: P, Transport: a.Transport, Strategy: s, DType: key.DType})
 		}
@@ -179,14 +204,17 @@ func (a *AutoTune) tune(sp overlap.Spec, op Op, key Entry, m int) (Entry, error)
 	if len(rs) != len(cells) {
 		return Entry{}, fmt.Errorf("%d results of %d cells", len(rs), len(cells))
 	}
-	// Agree over the world: the slowest rank's median of each cell, and a
-	// cell any rank could not time is untimed everywhere.
+	// Agree over the world: per cell and round the slowest rank's time,
+	// and a cell any rank could not time is untimed everywhere.
 	if a.World != nil && a.World.Size() > P {
-		vs := make([]float64, len(rs))
+		R := max(1, a.Reps)
+		vs := make([]float64, len(rs)*R)
 		for i, x := range rs {
-			vs[i] = x.MedianUS
-			if !x.Timed() {
-				vs[i] = failedErr
+			for j := range R {
+				vs[i*R+j] = failedErr
+				if x.Timed() && j < len(x.TimesUS) {
+					vs[i*R+j] = x.TimesUS[j]
+				}
 			}
 		}
 		w := &Rank{Group: a.World, Backend: sp.Backend, Stream: sp.Stream}
@@ -194,16 +222,17 @@ func (a *AutoTune) tune(sp overlap.Spec, op Op, key Entry, m int) (Entry, error)
 			return Entry{}, err
 		}
 		for i := range rs {
-			if vs[i] >= failedErr {
+			ts := vs[i*R : (i+1)*R]
+			if slices.Max(ts) >= failedErr {
 				if rs[i].Status == StatusOK {
 					rs[i].Status, rs[i].Reason = StatusWrong, "not timed on another rank of the world"
 				}
 				continue
 			}
-			rs[i].MedianUS = vs[i]
+			rs[i].setTimes(ts)
 		}
 	}
-	c := FromResults(rs, a.GPU)
+	c := FromResults(rs, a.GPU, a.stats().For(rs))
 	if len(c.Entries) != 1 {
 		var why []string
 		for _, x := range rs {

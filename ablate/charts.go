@@ -4,7 +4,11 @@ import (
 	"bytes"
 	"fmt"
 	"image/color"
+	"math"
+	"slices"
 	"sort"
+	"strconv"
+	"strings"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -85,28 +89,40 @@ func Charts(rs []Result) ([]Chart, error) {
 	return out, nil
 }
 
+// speedupChart is the speedup over collective against M per strategy, op,
+// direction and site, at the largest world, each point with its interval.
 func speedupChart(rs []Result) (*Chart, error) {
-	type key struct{ line string }
 	lines := map[string]plotter.XYs{}
+	errs := map[string]plotter.YErrors{}
 	P := maxWorld(rs)
+	if P < 2 {
+		return nil, nil
+	}
 	for _, r := range rs {
-		if !r.Timed() || r.Strategy == Collective || r.Speedup == 0 || r.World != P || r.Op.IsLayer() {
+		if !r.Timed() || r.Strategy == Collective || r.Speedup == 0 || r.World != P || r.Op.IsLayer() || r.VsCollective == nil {
 			continue
 		}
-		name := fmt.Sprintf("%s %s/%s %s", r.Strategy, short(r.Op), r.Dir, r.Shape.Name)
+		name := fmt.Sprintf("%s %s/%s %s", r.Strategy, short(r.Op), r.Dir, r.Shape.name())
 		if len(transportsOf(rs)) > 1 {
 			name += " " + r.Transport
 		}
-		lines[name] = append(lines[name], plotter.XY{X: float64(r.Shape.M), Y: r.Speedup})
+		s, lo, hi := r.VsCollective.Speedup()
+		lines[name] = append(lines[name], plotter.XY{X: float64(r.Shape.M), Y: s})
+		e := struct{ Low, High float64 }{}
+		if hi > 0 {
+			e.Low, e.High = s-lo, hi-s
+		}
+		errs[name] = append(errs[name], e)
 	}
 	if len(lines) == 0 {
 		return nil, nil
 	}
 	p := plot.New()
-	p.Title.Text = fmt.Sprintf("Speedup over collective vs M (world %d; > 1: faster)", P)
-	p.X.Label.Text = "M (tokens)"
-	p.Y.Label.Text = "speedup (collective time / strategy time)"
+	p.Title.Text = fmt.Sprintf("Speedup over collective vs M, world %d (> 1: faster; bars: the interval)", P)
+	p.X.Label.Text = "M (tokens, log scale)"
+	p.Y.Label.Text = "speedup over collective (×)"
 	p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, valueTicks(lines, "%.0f")
+	p.Y.Tick.Marker = linTicks{n: 8}
 	p.Add(plotter.NewGrid())
 	one, _ := plotter.NewLine(plotter.XYs{{X: minX(lines), Y: 1}, {X: maxX(lines), Y: 1}})
 	one.Color, one.Dashes = color.Gray{Y: 100}, []vg.Length{vg.Points(4), vg.Points(3)}
@@ -116,8 +132,16 @@ func speedupChart(rs []Result) (*Chart, error) {
 	leg.Top, leg.Left = true, true
 	leg.TextStyle.Font.Size = vg.Points(8)
 	for i, n := range names {
-		xy := lines[n]
-		sort.Slice(xy, func(a, b int) bool { return xy[a].X < xy[b].X })
+		idx := make([]int, len(lines[n]))
+		for j := range idx {
+			idx[j] = j
+		}
+		sort.Slice(idx, func(a, b int) bool { return lines[n][idx[a]].X < lines[n][idx[b]].X })
+		xy := make(plotter.XYs, len(idx))
+		ye := make(plotter.YErrors, len(idx))
+		for j, k := range idx {
+			xy[j], ye[j] = lines[n][k], errs[n][k]
+		}
 		l, pts, err := plotter.NewLinePoints(xy)
 		if err != nil {
 			return nil, err
@@ -125,7 +149,15 @@ func speedupChart(rs []Result) (*Chart, error) {
 		l.Color, pts.Color = plotutil.Color(i), plotutil.Color(i)
 		pts.Shape = plotutil.Shape(i)
 		l.Dashes = plotutil.Dashes(i / 7)
-		p.Add(l, pts)
+		eb, err := plotter.NewYErrorBars(struct {
+			plotter.XYs
+			plotter.YErrors
+		}{xy, ye})
+		if err != nil {
+			return nil, err
+		}
+		eb.Color = plotutil.Color(i)
+		p.Add(l, pts, eb)
 		leg.Add(n, l, pts)
 	}
 	b, err := pngBeside(p, leg, 9*vg.Inch, 5.5*vg.Inch)
@@ -140,17 +172,17 @@ func breakdownChart(rs []Result) (*Chart, error) {
 	maxM := map[string]int{} // op/dir → largest M timed at P
 	for _, r := range rs {
 		if r.Timed() && r.World == P && r.GemmUS > 0 {
-			k := string(r.Op) + r.Dir + r.Shape.Name + r.Transport
+			k := string(r.Op) + r.Dir + r.Shape.name() + r.Transport
 			maxM[k] = max(maxM[k], r.Shape.M)
 		}
 	}
 	var labels []string
 	var compute, exposed, unfused plotter.Values
 	for _, r := range rs {
-		if !r.Timed() || r.World != P || r.GemmUS == 0 || r.Shape.M != maxM[string(r.Op)+r.Dir+r.Shape.Name+r.Transport] {
+		if !r.Timed() || r.World != P || r.GemmUS == 0 || r.Shape.M != maxM[string(r.Op)+r.Dir+r.Shape.name()+r.Transport] {
 			continue
 		}
-		l := fmt.Sprintf("%s/%s\n%s\n%s", short(r.Op), r.Dir, r.Shape.Name, abbrev(r.Strategy))
+		l := fmt.Sprintf("%s/%s\n%s\n%s", short(r.Op), r.Dir, r.Shape.name(), abbrev(r.Strategy))
 		if len(transportsOf(rs)) > 1 {
 			l += " " + r.Transport
 		}
@@ -165,7 +197,8 @@ func breakdownChart(rs []Result) (*Chart, error) {
 	}
 	p := plot.New()
 	p.Title.Text = fmt.Sprintf("Time per op at the largest M, world %d: compute (GEMM alone) + exposed communication", P)
-	p.Y.Label.Text = "µs (median)"
+	p.Y.Label.Text = "time per call (µs, median of the rounds)"
+	p.Y.Tick.Marker = linTicks{n: 8}
 	w := vg.Points(14)
 	bc, err := plotter.NewBarChart(compute, w)
 	if err != nil {
@@ -209,27 +242,39 @@ func breakdownChart(rs []Result) (*Chart, error) {
 }
 
 // layerChart is the speedup of each strategy over collective in the layer
-// cells (block, MoE block, step), per world, as bars.
+// cells (block, MoE block, step), per world ≥ 2, as bars with their
+// intervals (world 1 has nothing to exchange: no speedup to show).
 func layerChart(rs []Result) (*Chart, error) {
 	var labels []string
 	var vals plotter.Values
+	var xy plotter.XYs
+	var ye plotter.YErrors
 	for _, r := range rs {
-		if !r.Timed() || !r.Op.IsLayer() || r.Strategy == Collective || r.Speedup == 0 {
+		if !r.Timed() || !r.Op.IsLayer() || r.Strategy == Collective || r.Speedup == 0 || r.World < 2 || r.VsCollective == nil {
 			continue
 		}
 		l := fmt.Sprintf("%s/%s\nP=%d M=%d\n%s", r.Op, r.Dir, r.World, r.Shape.M, abbrev(r.Strategy))
 		if len(transportsOf(rs)) > 1 {
 			l += " " + r.Transport
 		}
+		s, lo, hi := r.VsCollective.Speedup()
+		e := struct{ Low, High float64 }{}
+		if hi > 0 {
+			e.Low, e.High = s-lo, hi-s
+		}
+		xy = append(xy, plotter.XY{X: float64(len(vals)), Y: s})
+		ye = append(ye, e)
 		labels = append(labels, l)
-		vals = append(vals, r.Speedup)
+		vals = append(vals, s)
 	}
 	if len(vals) == 0 {
 		return nil, nil
 	}
 	p := plot.New()
-	p.Title.Text = "Layer cells: speedup over collective (forward + backward; the step with its update; > 1: faster)"
-	p.Y.Label.Text = "speedup (collective time / strategy time)"
+	p.Title.Text = "Layer cells: speedup over collective (forward + backward; the step with its update; > 1: faster; bars: the interval)"
+	p.Y.Label.Text = "speedup over collective (×)"
+	p.X.Label.Text = "layer cell: op/sequence parallelism, world P, tokens M, strategy"
+	p.Y.Tick.Marker = linTicks{n: 8}
 	bc, err := plotter.NewBarChart(vals, vg.Points(14))
 	if err != nil {
 		return nil, err
@@ -237,7 +282,14 @@ func layerChart(rs []Result) (*Chart, error) {
 	bc.Color = color.RGBA{R: 70, G: 130, B: 180, A: 255}
 	one, _ := plotter.NewLine(plotter.XYs{{X: -0.5, Y: 1}, {X: float64(len(vals)) - 0.5, Y: 1}})
 	one.Color, one.Dashes = color.Gray{Y: 100}, []vg.Length{vg.Points(4), vg.Points(3)}
-	p.Add(plotter.NewGrid(), bc, one)
+	eb, err := plotter.NewYErrorBars(struct {
+		plotter.XYs
+		plotter.YErrors
+	}{xy, ye})
+	if err != nil {
+		return nil, err
+	}
+	p.Add(plotter.NewGrid(), bc, one, eb)
 	p.Y.Min = 0
 	p.NominalX(labels...)
 	p.X.Tick.Label.Font.Size = vg.Points(6)
@@ -258,7 +310,7 @@ func bandwidthChart(rs []Result) (*Chart, error) {
 		}
 		coll := map[Op]string{OpAllGatherMatmul: "all-gather", OpMatmulReduceScatter: "reduce-scatter", OpMatmulAllReduce: "all-reduce"}[r.Op]
 		if r.Dir == "bwd" {
-			coll = map[Op]string{OpAllGatherMatmul: "reduce-scatter", OpMatmulReduceScatter: "all-gather"}[r.Op]
+			coll = map[Op]string{OpAllGatherMatmul: "reduce-scatter", OpMatmulReduceScatter: "all-gather", OpMatmulAllReduce: "all-reduce"}[r.Op]
 		}
 		name := fmt.Sprintf("%s %s P=%d", r.Transport, coll, r.World)
 		k := fmt.Sprint(name, r.CommBytes)
@@ -273,9 +325,10 @@ func bandwidthChart(rs []Result) (*Chart, error) {
 	}
 	p := plot.New()
 	p.Title.Text = "Bus bandwidth of the collective alone vs message size, per transport"
-	p.X.Label.Text = "message size (bytes; the larger of input and output)"
+	p.X.Label.Text = "message size (bytes, the larger of input and output; log scale)"
 	p.Y.Label.Text = "bus bandwidth (GB/s)"
-	p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+	p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, logTicks{format: bytesLabel}
+	p.Y.Tick.Marker = linTicks{n: 8}
 	p.Add(plotter.NewGrid())
 	for i, n := range sortedKeys(lines) {
 		xy := lines[n]
@@ -376,4 +429,128 @@ func valueTicks(m map[string]plotter.XYs, format string) plot.ConstantTicks {
 	}
 	sort.Slice(t, func(i, j int) bool { return t[i].Value < t[j].Value })
 	return t
+}
+
+// linTicks labels about n round values (1, 2, 2.5 or 5 × 10^k apart)
+// across a linear axis, with a minor tick between each two.
+type linTicks struct{ n int }
+
+func (t linTicks) Ticks(lo, hi float64) []plot.Tick {
+	if !(hi > lo) {
+		return []plot.Tick{{Value: lo, Label: numLabel(lo, 1)}}
+	}
+	step := niceStep((hi - lo) / float64(max(1, t.n)))
+	var out []plot.Tick
+	for i := math.Ceil(lo/step - 1e-9); i*step <= hi+step*1e-9; i++ {
+		v := i * step
+		if math.Abs(v) < step*1e-9 {
+			v = 0
+		}
+		out = append(out, plot.Tick{Value: v, Label: numLabel(v, step)})
+		if m := v + step/2; m <= hi {
+			out = append(out, plot.Tick{Value: m})
+		}
+	}
+	return out
+}
+
+// niceStep is the least of 1, 2, 2.5, 5 × 10^k not below raw.
+func niceStep(raw float64) float64 {
+	p := math.Pow(10, math.Floor(math.Log10(raw)))
+	for _, m := range []float64{1, 2, 2.5, 5} {
+		if m*p >= raw*(1-1e-9) {
+			return m * p
+		}
+	}
+	return 10 * p
+}
+
+// numLabel writes v with the decimals a step of step needs, thousands
+// separated by a thin space.
+func numLabel(v, step float64) string {
+	d := 0
+	for d < 6 && math.Abs(step*math.Pow(10, float64(d))-math.Round(step*math.Pow(10, float64(d)))) > 1e-6*math.Pow(10, float64(d)) {
+		d++
+	}
+	s := strconv.FormatFloat(v, 'f', d, 64)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	intPart, frac, _ := strings.Cut(s, ".")
+	var b strings.Builder
+	for i, c := range intPart {
+		if i > 0 && (len(intPart)-i)%3 == 0 && len(intPart) > 4 {
+			b.WriteString("\u2009")
+		}
+		b.WriteRune(c)
+	}
+	out := b.String()
+	if frac != "" {
+		out += "." + frac
+	}
+	if neg {
+		out = "−" + out
+	}
+	return out
+}
+
+// logTicks labels 1, 2 and 5 × 10^k across a log axis (each power of ten
+// alone where the axis spans more than three decades; every multiple of
+// the power where that leaves fewer than three labels), format writing a
+// value.
+type logTicks struct{ format func(float64) string }
+
+func (t logTicks) Ticks(lo, hi float64) []plot.Tick {
+	if !(lo > 0 && hi > lo) {
+		return []plot.Tick{{Value: lo, Label: t.format(lo)}}
+	}
+	mults := []float64{1, 2, 5}
+	if math.Log10(hi/lo) > 3 {
+		mults = []float64{1}
+	}
+	var out []plot.Tick
+	for e := math.Floor(math.Log10(lo)); e <= math.Ceil(math.Log10(hi)); e++ {
+		p := math.Pow(10, e)
+		for _, m := range []float64{1, 2, 3, 4, 5, 6, 7, 8, 9} {
+			v := m * p
+			if v < lo*(1-1e-9) || v > hi*(1+1e-9) {
+				continue
+			}
+			tk := plot.Tick{Value: v}
+			if slices.Contains(mults, m) {
+				tk.Label = t.format(v)
+			}
+			out = append(out, tk)
+		}
+	}
+	labelled := 0
+	for _, tk := range out {
+		if tk.Label != "" {
+			labelled++
+		}
+	}
+	if labelled < 3 { // a narrow axis: label every tick
+		labelled = 0
+		for i := range out {
+			out[i].Label = t.format(out[i].Value)
+			labelled++
+		}
+	}
+	if labelled < 3 { // narrower still: the ends too
+		out = append(out, plot.Tick{Value: lo, Label: t.format(lo)}, plot.Tick{Value: hi, Label: t.format(hi)})
+	}
+	return out
+}
+
+// bytesLabel writes a size in bytes with a decimal prefix: "512 B",
+// "20 kB", "1.5 MB".
+func bytesLabel(v float64) string {
+	for _, u := range []struct {
+		f float64
+		s string
+	}{{1e12, "TB"}, {1e9, "GB"}, {1e6, "MB"}, {1e3, "kB"}} {
+		if v >= u.f {
+			return strconv.FormatFloat(v/u.f, 'g', 3, 64) + " " + u.s
+		}
+	}
+	return strconv.FormatFloat(v, 'g', 3, 64) + " B"
 }

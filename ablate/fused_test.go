@@ -35,7 +35,7 @@ func TestFusedMetricsAndTable(t *testing.T) {
 	f := at(Fused, 110)
 	f.EngineGemmUS = 105
 	rs := []Result{at(Collective, 170), at(Pipelined, 130), f}
-	Derive(rs)
+	Derive(rs, Stats{Alpha: DefaultAlpha, MinEffect: DefaultMinEffectGPU})
 	m := rs[2].Metrics
 	for _, x := range []struct {
 		name      string
@@ -84,7 +84,7 @@ func TestFusedMetricsAndTable(t *testing.T) {
 // refuses the op's GEMMs leaves a note instead. The real fused strategy
 // on the CPU is not run, with its own reason.
 func TestFusedCellsEngine(t *testing.T) {
-	m := Matrix{Ops: []Op{OpAllGatherMatmul, OpMatmulReduceScatter}, Models: []string{"quick"}, Ms: []int{64}, Worlds: []int{2},
+	m := Matrix{Ops: []Op{OpAllGatherMatmul, OpMatmulReduceScatter}, Models: []string{"tiny"}, Ms: []int{64}, Worlds: []int{2},
 		Transports: []string{"local"}, Strategies: []string{Collective, Fused}, DType: "f32", Warmup: 0, Reps: 2}
 	cells := m.Cells()
 	for _, c := range []struct {
@@ -139,9 +139,10 @@ func TestFusedCellsEngine(t *testing.T) {
 			}
 		}
 		// One engine call per product the fused strategy gives the engine
-		// (fwd: 1, bwd: 1), a check and 2 reps, in 4 groups.
-		if !c.refuse && c.name != "strategies.Fused" && calls != 4*3 {
-			t.Errorf("%s: %d engine calls on rank 0, want 12", c.name, calls)
+		// (fwd: 1, bwd: 1), a check and 2 reps, in 10 groups (the tiny
+		// model's 3 entry and 2 exit sites, forward and backward).
+		if !c.refuse && c.name != "strategies.Fused" && calls != 10*3 {
+			t.Errorf("%s: %d engine calls on rank 0, want 30", c.name, calls)
 		}
 		if c.name == "strategies.Fused" && calls != 0 {
 			t.Errorf("%s: %d engine calls, want none (no fused cell can run)", c.name, calls)

@@ -33,12 +33,15 @@ var notCovered = map[Op]string{}
 func (o Op) IsLayer() bool { return o == OpTPBlock || o == OpMoELayer || o == OpTrainStep }
 
 // Dirs are the directions of the TP ops: the forward and the backward (its
-// adjoint). matmul-all-reduce and the MoE op have one ("fwd"). The layer
-// cells time forward and backward together; their "direction" is the
-// sequence parallelism: "sp" on, "nosp" off (the block has both).
+// adjoint). matmul-all-reduce has two forms, each one direction and a site
+// of its own: "fwd", the row-parallel exit out = AR(x·Wᵀ), and "bwd", the
+// backward of a column-parallel entry dx = AR(dy·W) (Shape.DirsOf says
+// which a shape has); the MoE op has one ("fwd"). The layer cells time
+// forward and backward together; their "direction" is the sequence
+// parallelism: "sp" on, "nosp" off (the block has both).
 func (o Op) Dirs() []string {
 	switch o {
-	case OpAllGatherMatmul, OpMatmulReduceScatter:
+	case OpAllGatherMatmul, OpMatmulReduceScatter, OpMatmulAllReduce:
 		return []string{"fwd", "bwd"}
 	case OpTPBlock:
 		return []string{"sp", "nosp"}
@@ -56,7 +59,11 @@ func (o Op) Dirs() []string {
 // the layer cells N is the model width, K the FFN width (of each expert),
 // Heads, Seq (M = batch·Seq) and, for the step, Vocab and Layers.
 type Shape struct {
-	Name    string `json:"name"`
+	Name string `json:"name"`
+	// Site is the layer of the model this shape is ("attn.qkv",
+	// "mlp.w_down", "lm_head"; "" for a model's one shape per op, or an
+	// explicit one).
+	Site    string `json:"site,omitempty"`
 	M       int    `json:"m"`
 	N       int    `json:"n"`
 	K       int    `json:"k"`
@@ -75,7 +82,33 @@ func (s Shape) String() string {
 	if s.Experts > 0 {
 		return fmt.Sprintf("%s M=%d d=%d E=%d top%d", s.Name, s.M, s.N, s.Experts, s.TopK)
 	}
-	return fmt.Sprintf("%s M=%d N=%d K=%d", s.Name, s.M, s.N, s.K)
+	return fmt.Sprintf("%s M=%d N=%d K=%d", s.name(), s.M, s.N, s.K)
+}
+
+// name is the model's name and the site's.
+func (s Shape) name() string {
+	if s.Site == "" {
+		return s.Name
+	}
+	return s.Name + " " + s.Site
+}
+
+// entrySites are the column-parallel linears of a model, whose entry site
+// without sequence parallelism is matmul-all-reduce's backward form.
+var entrySites = map[string]bool{"attn.qkv": true, "mlp.gate_up": true, "lm_head": true}
+
+// DirsOf are the directions of op at shape s: matmul-all-reduce's one form
+// of the site (the backward of a column-parallel entry, the forward of a
+// row-parallel exit and of a shape of no named site), every other op's
+// Dirs.
+func (s Shape) DirsOf(op Op) []string {
+	if op != OpMatmulAllReduce {
+		return op.Dirs()
+	}
+	if entrySites[s.Site] {
+		return []string{"bwd"}
+	}
+	return []string{"fwd"}
 }
 
 // Model is a named model's widths, from which each op's shape follows.
@@ -94,13 +127,23 @@ type Model struct {
 	Heads, Vocab, Seq int
 	LayerMs           []int
 	StepLayers        int
+	// Sites: the TP ops take one shape per site of the model (the
+	// entries q·k·v, gate·up and the LM head; the exits attention out and
+	// down), the keys cmd/train's sites look up in the autotune cache;
+	// else one shape per op (QKV for the entry, the FFN's down for the
+	// exits).
+	Sites bool
 }
 
-// Models are the shape presets. Widths as published; deepseek-v3-moe's
-// attention is MLA, approximated by 128 heads of 192 for q, k and v.
+// Models are the shape presets. "tiny" is cmd/train's tiny and tiny-moe
+// (width 64, 4 heads, SwiGLU 192, vocabulary 256, sequences of 64, batch
+// 8: 512 tokens a step, 256 a replica's at --dp 2; tiny-moe's 8 experts,
+// top 2), every site of it.
+// The others' widths as published; deepseek-v3-moe's attention is MLA,
+// approximated by 128 heads of 192 for q, k and v.
 var Models = map[string]Model{
-	"quick": {Name: "quick", Dim: 128, QKV: 192, FFN: 256, Experts: 8, TopK: 2, Ms: []int{256, 1024, 2048},
-		Heads: 4, Vocab: 256, Seq: 64, LayerMs: []int{256}, StepLayers: 2},
+	"tiny": {Name: "tiny", Dim: 64, QKV: 192, FFN: 192, Experts: 8, TopK: 2, Ms: []int{256, 512},
+		Heads: 4, Vocab: 256, Seq: 64, LayerMs: []int{256}, StepLayers: 2, Sites: true},
 	"gpt2-124m": {Name: "gpt2-124m", Dim: 768, QKV: 3 * 768, FFN: 3072, Ms: []int{2048, 8192},
 		Heads: 12, Vocab: 50304, Seq: 1024, LayerMs: []int{2048}, StepLayers: 2},
 	"llama-7b": {Name: "llama-7b", Dim: 4096, QKV: 3 * 4096, FFN: 11008, Ms: []int{2048, 8192},
@@ -121,6 +164,30 @@ func ModelNames() []string {
 	}
 	sort.Strings(n)
 	return n
+}
+
+// ShapesFor are the op's shapes in the model at m tokens: one per site of
+// the op's kind for a model with Sites, else ShapeFor's one (none where
+// the op does not apply).
+func (md Model) ShapesFor(op Op, m int) []Shape {
+	if !md.Sites || op.IsLayer() || op == OpMoEDispatchCombine {
+		if s, ok := md.ShapeFor(op, m); ok {
+			return []Shape{s}
+		}
+		return nil
+	}
+	site := func(name string, n, k int) Shape { return Shape{Name: md.Name, Site: name, M: m, N: n, K: k} }
+	entries := []Shape{site("attn.qkv", md.QKV, md.Dim), site("mlp.gate_up", 2*md.FFN, md.Dim), site("lm_head", md.Vocab, md.Dim)}
+	exits := []Shape{site("attn.wo", md.Dim, md.Dim), site("mlp.w_down", md.Dim, md.FFN)}
+	switch op {
+	case OpAllGatherMatmul:
+		return entries
+	case OpMatmulReduceScatter:
+		return exits
+	case OpMatmulAllReduce:
+		return append(entries, exits...)
+	}
+	return nil
 }
 
 // ShapeFor is the op's shape in the model at m tokens; ok is false when the
@@ -205,9 +272,18 @@ type Matrix struct {
 	Transports []string `json:"transports"`
 	Strategies []string `json:"strategies"`
 	DType      string   `json:"dtype"` // f32, bf16 (f64 on the CPU)
-	Warmup     int      `json:"warmup"`
-	Reps       int      `json:"reps"`
+	// Warmup rounds are run and discarded, then Reps rounds are timed: in
+	// each round every strategy of a cell group runs once, in an order
+	// that rotates from round to round.
+	Warmup int `json:"warmup"`
+	Reps   int `json:"reps"`
+	// Alpha and MinEffect: what counts as a difference (Stats).
+	Alpha     float64 `json:"alpha"`
+	MinEffect float64 `json:"min_effect"`
 }
+
+// Stats are the matrix's significance settings.
+func (m Matrix) Stats() Stats { return Stats{Alpha: m.Alpha, MinEffect: m.MinEffect} }
 
 // Validate checks the names and sizes.
 func (m Matrix) Validate() error {
@@ -243,6 +319,9 @@ func (m Matrix) Validate() error {
 	}
 	if m.Reps < 1 || m.Warmup < 0 {
 		return fmt.Errorf("reps %d, warm-up %d: expected reps ≥ 1 and warm-up ≥ 0", m.Reps, m.Warmup)
+	}
+	if err := m.Stats().Check(); err != nil {
+		return err
 	}
 	if len(m.Ops) == 0 || len(m.Worlds) == 0 || len(m.Transports) == 0 || len(m.Strategies) == 0 || len(m.Models)+len(m.Explicit) == 0 {
 		return fmt.Errorf("matrix %+v: expected at least one op, shape, world, transport and strategy", m)
@@ -284,7 +363,7 @@ func (m Matrix) Cells() []Cell {
 		for _, w := range m.Worlds {
 			for _, op := range m.Ops {
 				for _, sh := range m.shapes(op) {
-					for _, d := range op.Dirs() {
+					for _, d := range sh.DirsOf(op) {
 						for _, s := range strats {
 							out = append(out, Cell{Op: op, Dir: d, Shape: sh, World: w, Transport: tr, Strategy: s, DType: m.DType})
 						}
@@ -311,9 +390,7 @@ func (m Matrix) shapes(op Op) []Shape {
 			}
 		}
 		for _, mm := range ms {
-			if s, ok := md.ShapeFor(op, mm); ok {
-				out = append(out, s)
-			}
+			out = append(out, md.ShapesFor(op, mm)...)
 		}
 	}
 	if op != OpMoEDispatchCombine && !op.IsLayer() {
@@ -362,9 +439,9 @@ func Runnable(c Cell, gpus int, gpuWhy string) string {
 	switch {
 	case s.M%P != 0:
 		return fmt.Sprintf("M %d is not divisible by world %d", s.M, P)
-	case c.Op == OpAllGatherMatmul && s.N%P != 0:
+	case (c.Op == OpAllGatherMatmul || c.Op == OpMatmulAllReduce && c.Dir == "bwd") && s.N%P != 0:
 		return fmt.Sprintf("N %d is not divisible by world %d", s.N, P)
-	case (c.Op == OpMatmulReduceScatter || c.Op == OpMatmulAllReduce) && s.K%P != 0:
+	case (c.Op == OpMatmulReduceScatter || c.Op == OpMatmulAllReduce && c.Dir != "bwd") && s.K%P != 0:
 		return fmt.Sprintf("K %d is not divisible by world %d", s.K, P)
 	case c.Op == OpMoEDispatchCombine && s.Experts%P != 0:
 		return fmt.Sprintf("%d experts are not divisible by world %d", s.Experts, P)

@@ -401,32 +401,48 @@ func (m *mmrs) sampled(outs [][]float64) float64 {
 	return sampledErr(got, ref)
 }
 
-// mmar: a (M, Kl), w (N, Kl), out (M, N) = Σ_q a_q·w_qᵀ (the row-parallel
-// exit without sequence parallelism).
+// mmar, forward (the row-parallel exit without sequence parallelism): a
+// (M, Kl), w (N, Kl), out (M, N) = Σ_q a_q·w_qᵀ. Backward (the
+// column-parallel entry's, dx = all-reduce of the input gradient): a = dy
+// (M, Nl), w (Nl, K), out = dx (M, K) = Σ_q dy_q·w_q.
 type mmar struct {
 	*tp
-	Kl        int
+	Kl, Nl    int // the split widths: the forward's inner, the backward's
 	a, w, out *tensor.Tensor
 }
 
 func newMMAR(t *tp) (opCase, error) {
-	m := &mmar{tp: t, Kl: t.K / t.P}
+	m := &mmar{tp: t, Kl: t.K / t.P, Nl: t.N / t.P}
+	ar, ac, wr, wc, or, oc := t.M, m.Kl, t.N, m.Kl, t.M, t.N
+	k, outs := m.Kl, t.N
+	if t.bwd {
+		ar, ac, wr, wc, or, oc = t.M, m.Nl, m.Nl, t.K, t.M, t.K
+		k, outs = t.K, m.Nl
+	}
 	var err error
-	if m.a, err = t.up("a", t.me, t.M, m.Kl, 0); err != nil {
+	if m.a, err = t.up("a", t.me, ar, ac, 0); err != nil {
 		return nil, err
 	}
-	if m.w, err = t.up("w", t.me, t.N, m.Kl, 0); err != nil {
+	if m.w, err = t.up("w", t.me, wr, wc, 0); err != nil {
 		return nil, err
 	}
-	m.out = t.b.Zeros(t.g.dt, t.M, t.N)
+	m.out = t.b.Zeros(t.g.dt, or, oc)
 	t.outs = []*tensor.Tensor{m.out}
 	t.sp = overlap.Spec{Kind: overlap.KindMatmulAllReduce, Name: "ablate.matmul-all-reduce", Group: t.grp, Backend: t.b, Stream: t.st,
-		Rows: t.M, K: m.Kl, Outs: []int{t.N}, DType: t.g.dt}
+		Rows: t.M, K: k, Outs: []int{outs}, DType: t.g.dt}
 	return m, nil
 }
 
-func (m *mmar) flops() float64     { return 2 * float64(m.M) * float64(m.N) * float64(m.Kl) }
-func (m *mmar) bytes() float64     { return float64(m.M) * float64(m.N) * m.dtBytes }
+func (m *mmar) flops() float64 {
+	if m.bwd {
+		return 2 * float64(m.M) * float64(m.Nl) * float64(m.K)
+	}
+	return 2 * float64(m.M) * float64(m.N) * float64(m.Kl)
+}
+
+func (m *mmar) bytes() float64 {
+	return float64(m.out.Shape().Numel()) * m.dtBytes
+}
 func (m *mmar) busFactor() float64 { return 2 * float64(m.P-1) / float64(m.P) }
 
 func (m *mmar) site(s overlap.Strategy) (func() error, func() error, error) {
@@ -435,13 +451,13 @@ func (m *mmar) site(s overlap.Strategy) (func() error, func() error, error) {
 		return nil, nil, err
 	}
 	return func() error {
-		w, err := site.Run(m.out, []*tensor.Tensor{m.a}, []*tensor.Tensor{m.w}, true)
+		w, err := site.Run(m.out, []*tensor.Tensor{m.a}, []*tensor.Tensor{m.w}, !m.bwd)
 		return wait(w, err, m.st)
 	}, site.Close, nil
 }
 
 func (m *mmar) gemm() error {
-	m.b.MatMul(m.out, m.a, m.w, false, true, 1, 0)
+	m.b.MatMul(m.out, m.a, m.w, false, !m.bwd, 1, 0)
 	return nil
 }
 
@@ -449,14 +465,21 @@ func (m *mmar) comm() error { return waitOn(m.st)(m.grp.AllReduce(m.out, comm.Su
 
 func (m *mmar) sampled(outs [][]float64) float64 {
 	var got, ref []float64
-	for _, e := range m.sample(m.M, m.N, 0) {
+	cols := m.out.Shape()[1]
+	for _, e := range m.sample(m.M, cols, 0) {
 		s := 0.0
 		for q := range m.P {
+			if m.bwd {
+				for j := range m.Nl {
+					s += m.v("a", q, e[0], j, m.Nl) * m.v("w", q, j, e[1], m.K)
+				}
+				continue
+			}
 			for k := range m.Kl {
 				s += m.v("a", q, e[0], k, m.Kl) * m.v("w", q, e[1], k, m.Kl)
 			}
 		}
-		got, ref = append(got, outs[0][e[0]*m.N+e[1]]), append(ref, s)
+		got, ref = append(got, outs[0][e[0]*cols+e[1]]), append(ref, s)
 	}
 	return sampledErr(got, ref)
 }

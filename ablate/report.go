@@ -21,10 +21,14 @@ type Report struct {
 	Results   []Result   `json:"results"`
 	Torch     []TorchRow `json:"torch,omitempty"`
 	TorchNote string     `json:"torch_note,omitempty"`
-	Cache     string     `json:"autotune_cache,omitempty"`
-	Tuned     []Entry    `json:"autotune,omitempty"`
-	Charts    []string   `json:"charts,omitempty"`
-	charts    []Chart
+	// Stats are the run's significance settings, with the number of its
+	// comparisons (Stats.For); Answers the short answer.
+	Stats   Stats    `json:"stats"`
+	Answers []Answer `json:"answers,omitempty"`
+	Cache   string   `json:"autotune_cache,omitempty"`
+	Tuned   []Entry  `json:"autotune,omitempty"`
+	Charts  []string `json:"charts,omitempty"`
+	charts  []Chart
 }
 
 // Files names what Write writes.
@@ -61,46 +65,20 @@ func shapeCell(s Shape) string {
 	if s.Experts > 0 {
 		return fmt.Sprintf("%s %d×%d E%d top%d", s.Name, s.M, s.N, s.Experts, s.TopK)
 	}
-	return fmt.Sprintf("%s %d×%d×%d", s.Name, s.M, s.N, s.K)
+	return fmt.Sprintf("%s %d×%d×%d", s.name(), s.M, s.N, s.K)
 }
 
-// Headline is one row per group (op, direction, shape, world, transport)
-// with a timed collective: the fastest verified strategy and how far it
-// gets toward the ceiling.
-func (r *Report) Headline() (head []string, rows [][]string) {
-	head = []string{"op", "shape M×N×K", "P", "transport", "collective µs", "best", "best µs", "speedup", "ceiling", "of ceiling"}
-	type g struct {
-		coll, best *Result
+// vsText is a cell's comparison with collective: at world 1 the cost of
+// the strategy's machinery, elsewhere the speedup with its interval and
+// verdict.
+func vsText(x Result) string {
+	if x.VsCollective == nil {
+		return "–"
 	}
-	groups := map[string]*g{}
-	var order []string
-	for i := range r.Results {
-		x := &r.Results[i]
-		if !x.Timed() {
-			continue
-		}
-		k := x.Group()
-		if groups[k] == nil {
-			groups[k] = &g{}
-			order = append(order, k)
-		}
-		if x.Strategy == Collective {
-			groups[k].coll = x
-		}
-		if groups[k].best == nil || x.MedianUS < groups[k].best.MedianUS {
-			groups[k].best = x
-		}
+	if x.World == 1 {
+		return "machinery " + x.VsCollective.CostText()
 	}
-	for _, k := range order {
-		gg := groups[k]
-		if gg.coll == nil {
-			continue
-		}
-		b := gg.best
-		rows = append(rows, []string{short(b.Op) + " " + b.Dir, shapeCell(b.Shape), fmt.Sprint(b.World), b.Transport,
-			f1(gg.coll.MedianUS), b.Strategy, f1(b.MedianUS), f2(b.Speedup), f2(b.Ceiling), pct(b.CeilingFrac)})
-	}
-	return head, rows
+	return x.VsCollective.SpeedupText() + ", " + verdictText(x.VsCollective.Verdict)
 }
 
 // FusedTable is one row per timed fused cell (see blocks), and a note on
@@ -151,9 +129,22 @@ func (r *Report) FusedTable() (head []string, rows [][]string, note string) {
 	return head, rows, note
 }
 
-// HeadlineText is the headline table in plain columns (the terminal).
-func (r *Report) HeadlineText() string {
-	head, rows := r.Headline()
+// AnswerText is the short answer in plain columns (the terminal): world ≥
+// 2, then world 1's machinery costs.
+func (r *Report) AnswerText() string {
+	var b strings.Builder
+	for _, w1 := range []bool{false, true} {
+		head, rows := answerRows(r.Answers, w1)
+		if len(rows) > 0 {
+			b.WriteString(columns(head, rows) + "\n")
+		}
+	}
+	b.WriteString(r.statsNote() + "\n")
+	return b.String()
+}
+
+// columns is a table in plain columns.
+func columns(head []string, rows [][]string) string {
 	w := make([]int, len(head))
 	for i, h := range head {
 		w[i] = len([]rune(h))
@@ -177,12 +168,79 @@ func (r *Report) HeadlineText() string {
 	return b.String()
 }
 
+// statsNote says how the answer tells a difference from noise.
+func (r *Report) statsNote() string {
+	st := r.Stats
+	n := fmt.Sprintf("Each figure is the median over %d interleaved rounds (after %d discarded warm-up rounds) of the per-round time ratio to collective, "+
+		"with its %.4g %% interval (order statistics of the median; %d comparisons, so all intervals hold together with probability ≥ %.0f %%); "+
+		"faster or slower only beyond the interval and by more than %.0f %%.",
+		r.Matrix.Reps, r.Matrix.Warmup, 100*st.Level(), st.Comparisons, 100*(1-st.Alpha), 100*st.MinEffect)
+	if need := MinRounds(st.Alpha, st.Comparisons); r.Matrix.Reps < need {
+		n += fmt.Sprintf(" With %d rounds no comparison can be significant at this level: use --reps %d or more.", r.Matrix.Reps, need)
+	}
+	return n
+}
+
+// cacheSummary counts the cache's choices.
+func (r *Report) cacheSummary() string {
+	if r.Cache == "" {
+		return ""
+	}
+	byChoice := map[string]int{}
+	sig, coll, none := 0, 0, 0
+	for _, e := range r.Tuned {
+		switch {
+		case e.Strategy != Collective:
+			byChoice[e.Strategy]++
+			sig++
+		case e.Significant:
+			coll++
+		default:
+			none++
+		}
+	}
+	var parts []string
+	for _, n := range sortedInts(byChoice) {
+		parts = append(parts, fmt.Sprintf("%d %s", byChoice[n], n))
+	}
+	chosen := "none chooses another strategy than collective"
+	if sig > 0 {
+		chosen = strings.Join(parts, ", ") + " (each faster than collective beyond the noise)"
+	}
+	return fmt.Sprintf("The autotune cache `%s` has %d entries from this run (one per site shape, world ≥ 2): %s; %d choose collective because the others are slower, "+
+		"%d because there is no significant difference. `cmd/train --overlap auto --autotune-cache %s` picks from it.", r.Cache, len(r.Tuned), chosen, coll, none, r.Cache)
+}
+
+func sortedInts(m map[string]int) []string {
+	var k []string
+	for n := range m {
+		k = append(k, n)
+	}
+	sort.Strings(k)
+	return k
+}
+
 func (r *Report) blocks() []block {
 	var bs []block
 	add := func(kind, text string) { bs = append(bs, block{kind: kind, text: text}) }
 	table := func(head []string, rows [][]string) { bs = append(bs, block{kind: "table", head: head, rows: rows}) }
-	add("h1", "asynctp ablation: collective against pipelined (and fused) communication sites")
+	add("h1", "asynctp ablation: which communication strategy to use where")
 	add("p", fmt.Sprintf("Command: `%s`. Started %s, took %s.", r.Command, r.Started.Format(time.RFC3339), r.Duration))
+	add("h2", "The answer")
+	add("p", "Per op, world size P ≥ 2 and transport: the strategy to use and by how much. Each other strategy is compared with collective over "+
+		"all the op's cells there (shapes, token counts, directions): the typical speedup (per round the geometric mean of the cells' time ratios) "+
+		"and its interval. A strategy is used only where it is faster than collective beyond the noise; otherwise collective, the reference.")
+	ah, arows := answerRows(r.Answers, false)
+	table(ah, arows)
+	add("p", r.statsNote())
+	if cs := r.cacheSummary(); cs != "" {
+		add("p", cs)
+	}
+	if h, rows := answerRows(r.Answers, true); len(rows) > 0 {
+		add("p", "At P = 1 (no other rank: nothing to exchange) every strategy runs the same math; the figures are the extra time of each "+
+			"strategy's machinery over collective, with the same intervals:")
+		table(h, rows)
+	}
 	count := map[string]int{}
 	for _, x := range r.Results {
 		count[x.Status]++
@@ -194,12 +252,11 @@ func (r *Report) blocks() []block {
 		"(same seed, inputs, backend and dtype: outputs, input gradients, parameter gradients; the step's loss, gradients and updated weights), "+
 		"tolerance bf16 5e-2, f32 1e-4, f64 1e-10; \"sp\" and \"nosp\" are their sequence parallelism, and the MoE block's expert path stays collective "+
 		"while its TP sites take the strategy. Times: the median over %d repetitions (after %d warm-up calls) of the slowest rank's time; "+
-		"spread p10–p90. Speedup is over the collective of the same transport and world; the ceiling is (T_gemm + T_comm) / max(T_gemm, T_comm) "+
-		"with T_gemm the op's GEMMs alone and T_comm its collective alone; \"of ceiling\" is speedup / ceiling; overlap efficiency 1 − (T − T_gemm) / T_comm.",
+		"spread p10–p90; every strategy of a cell group ran in the same rounds, alternating. \"Against collective\" is the median of the per-round "+
+		"time ratios as a speedup, with its interval and verdict (at P = 1: the extra time of the strategy's machinery). The ceiling (P ≥ 2) is "+
+		"(T_gemm + T_comm) / max(T_gemm, T_comm) with T_gemm the op's GEMMs alone and T_comm its collective alone; \"of ceiling\" is speedup / ceiling; "+
+		"overlap efficiency 1 − (T − T_gemm) / T_comm.",
 		len(r.Results), count[StatusOK], count[StatusWrong], count[StatusFailed], count[StatusNotRun], r.Matrix.Reps, r.Matrix.Warmup))
-	add("h2", "Headline: the fastest verified strategy per op, shape, world and transport")
-	h, rows := r.Headline()
-	table(h, rows)
 	for _, c := range r.charts {
 		bs = append(bs, block{kind: "img", text: c.Title, file: c.File, png: c.PNG})
 	}
@@ -210,11 +267,11 @@ func (r *Report) blocks() []block {
 			continue
 		}
 		trows = append(trows, []string{short(x.Op) + " " + x.Dir, shapeCell(x.Shape), fmt.Sprint(x.World), x.Transport, x.Strategy, x.DType,
-			fmt.Sprintf("%.1f (%.1f–%.1f)", x.MedianUS, x.P10US, x.P90US), f2(x.TFLOPS), f1(x.GemmUS), f1(x.CommUS),
-			f2(x.AlgBW) + " / " + f2(x.BusBW), f2(x.Speedup), f2(x.OverlapEff), f2(x.Ceiling), pct(x.CeilingFrac), fmt.Sprintf("%.1e", x.RelErr)})
+			fmt.Sprintf("%.1f (%.1f–%.1f)", x.MedianUS, x.P10US, x.P90US), vsText(x), f2(x.TFLOPS), f1(x.GemmUS), f1(x.CommUS),
+			f2(x.AlgBW) + " / " + f2(x.BusBW), f2(x.OverlapEff), f2(x.Ceiling), pct(x.CeilingFrac), fmt.Sprintf("%.1e", x.RelErr)})
 	}
-	table([]string{"op", "shape", "P", "transport", "strategy", "dtype", "µs median (p10–p90)", "TFLOP/s per rank", "GEMM alone µs", "comm alone µs",
-		"alg / bus GB/s", "speedup", "overlap eff.", "ceiling", "of ceiling", "rel. err"}, trows)
+	table([]string{"op", "shape", "P", "transport", "strategy", "dtype", "µs median (p10–p90)", "against collective", "TFLOP/s per rank", "GEMM alone µs",
+		"comm alone µs", "alg / bus GB/s", "overlap eff.", "ceiling", "of ceiling", "rel. err"}, trows)
 	add("h2", "The fused cells")
 	add("p", "Per timed fused cell: its time T, the collective's and the fastest pipelined strategy's of the same group, the op's GEMMs alone on "+
 		"cuBLASLt (the backend's MatMul) and on our GEMM engine (where the fused strategy runs it: the forward, the backward's dx; the weight "+
@@ -264,17 +321,24 @@ func (r *Report) blocks() []block {
 	table([]string{"impl", "op", "M×N×K", "P", "µs", "TFLOP/s", "alg GB/s", "error"}, prow)
 	add("h2", "Autotune cache")
 	if r.Cache != "" {
-		add("p", fmt.Sprintf("Written to `%s`: per site (kind, M, spec widths, world, transport, GPU, dtype) the fastest strategy whose every direction was verified; `cmd/train --overlap auto --autotune-cache %s` picks from it.", r.Cache, r.Cache))
+		add("p", fmt.Sprintf("Written to `%s` (merged into what it held): per site (kind, M, spec widths, world ≥ 2, transport, GPU, dtype) a strategy "+
+			"verified in every direction and faster than collective beyond the noise (forward + backward, round by round), else collective; "+
+			"\"significant\" says whether the choice rests on a significant difference. A group of one rank has no entry: it gets collective. "+
+			"`cmd/train --overlap auto --autotune-cache %s` picks from it.", r.Cache, r.Cache))
 	}
-	var arows [][]string
+	var crows [][]string
 	for _, e := range r.Tuned {
 		var ts []string
 		for _, n := range sortedNames(e.TimesUS) {
 			ts = append(ts, fmt.Sprintf("%s %.1f", n, e.TimesUS[n]))
 		}
-		arows = append(arows, []string{string(e.Kind), e.Shape, fmt.Sprint(e.World), e.Transport, e.GPU, e.DType, e.Strategy, strings.Join(ts, ", ")})
+		sig := "no"
+		if e.Significant {
+			sig = "yes"
+		}
+		crows = append(crows, []string{string(e.Kind), e.Shape, fmt.Sprint(e.World), e.Transport, e.GPU, e.DType, e.Strategy, sig, e.Basis, strings.Join(ts, ", ")})
 	}
-	table([]string{"kind", "shape", "P", "transport", "GPU", "dtype", "choice", "µs fwd+bwd"}, arows)
+	table([]string{"kind", "shape", "P", "transport", "GPU", "dtype", "choice", "significant", "basis", "µs fwd+bwd (median)"}, crows)
 	add("h2", "Environment")
 	table([]string{"what", "value"}, r.Env.rows())
 	var worlds []string
@@ -305,10 +369,15 @@ func sortedNames(m map[string]float64) []string {
 	return k
 }
 
-// Write derives the metrics, draws the charts and writes report.md,
+// Write derives the metrics and the answer at r.Stats' level (Stats.For
+// of the results where Comparisons is not set), draws the charts and writes report.md,
 // report.html (the charts inline), results.json and the PNGs into dir.
 func (r *Report) Write(dir string) error {
-	Derive(r.Results)
+	if r.Stats.Comparisons == 0 {
+		r.Stats = r.Stats.For(r.Results)
+	}
+	Derive(r.Results, r.Stats)
+	r.Answers = Answers(r.Results, r.Stats)
 	cs, err := Charts(r.Results)
 	if err != nil {
 		return fmt.Errorf("ablate: charts: %w", err)

@@ -13,8 +13,8 @@ const (
 	StatusFailed = "failed"  // an error while building or running it
 )
 
-// Result is one cell's outcome. Times are in microseconds: the median over
-// the repetitions of the slowest rank's time of each repetition.
+// Result is one cell's outcome. Times are in microseconds: each timed
+// round's call is the slowest rank's time of it; MedianUS is their median.
 type Result struct {
 	Cell
 	Status   string `json:"status"`
@@ -27,12 +27,15 @@ type Result struct {
 	RelErr float64 `json:"rel_err"` // ‖out − ref‖ / ‖ref‖
 	Tol    float64 `json:"tol"`
 
-	Reps     int     `json:"reps,omitempty"`
-	MedianUS float64 `json:"median_us,omitempty"`
-	P10US    float64 `json:"p10_us,omitempty"` // the spread: 10th and 90th percentiles
-	P90US    float64 `json:"p90_us,omitempty"`
-	GemmUS   float64 `json:"gemm_us,omitempty"` // the op's GEMMs alone (same shape, world, transport)
-	CommUS   float64 `json:"comm_us,omitempty"` // its collective alone
+	Reps int `json:"reps,omitempty"` // timed rounds
+	// TimesUS are the timed rounds, in order: round i of every strategy of
+	// the group ran in the same round, so they pair.
+	TimesUS  []float64 `json:"times_us,omitempty"`
+	MedianUS float64   `json:"median_us,omitempty"`
+	P10US    float64   `json:"p10_us,omitempty"` // the spread: 10th and 90th percentiles
+	P90US    float64   `json:"p90_us,omitempty"`
+	GemmUS   float64   `json:"gemm_us,omitempty"` // the op's GEMMs alone (same shape, world, transport)
+	CommUS   float64   `json:"comm_us,omitempty"` // its collective alone
 	// EngineGemmUS is the GEMMs alone with the fused strategy's GEMM
 	// engine where it uses it (the backend's cuBLASLt for the rest), fused
 	// cells only; EngineNote says why there is none.
@@ -55,12 +58,16 @@ type Metrics struct {
 	TFLOPS      float64 `json:"tflops,omitempty"`       // per rank
 	AlgBW       float64 `json:"algbw_gbps,omitempty"`   // of the collective alone
 	BusBW       float64 `json:"busbw_gbps,omitempty"`   //
-	Speedup     float64 `json:"speedup,omitempty"`      // collective's time / this time (same transport)
+	Speedup     float64 `json:"speedup,omitempty"`      // collective's median / this median (same transport and world ≥ 2)
 	OverlapEff  float64 `json:"overlap_eff,omitempty"`  // 1 − (T − T_gemm) / T_comm
 	Ceiling     float64 `json:"ceiling,omitempty"`      // (T_gemm + T_comm) / max(T_gemm, T_comm)
 	CeilingFrac float64 `json:"ceiling_frac,omitempty"` // Speedup / Ceiling
 	// CollectiveUS is the collective cell's time of the group.
 	CollectiveUS float64 `json:"collective_us,omitempty"`
+	// VsCollective compares this cell's rounds with the collective's,
+	// round by round (non-collective cells with both timed): at world 1
+	// the cost of the strategy's machinery, elsewhere whether it is faster.
+	VsCollective *Interval `json:"vs_collective,omitempty"`
 	// The same model with the GEMM engine's time alone as T_gemm (fused
 	// cells with EngineGemmUS): how well the fused cell hides the comm
 	// behind its own GEMM, whatever that GEMM's speed. The unfused time is
@@ -91,13 +98,16 @@ func ceilingModel(t, gemm, comm, unfused float64) (eff, ceiling, frac float64) {
 // Timed says whether the result has times.
 func (r Result) Timed() bool { return r.Status == StatusOK && r.MedianUS > 0 }
 
-// Derive fills the metrics of the timed results; the speedup is over the
-// collective cell of the same group.
-func Derive(rs []Result) {
+// Derive fills the metrics of the timed results: the speedup is over the
+// collective cell of the same group, and the comparison of their rounds
+// is at st's level.
+func Derive(rs []Result, st Stats) {
 	coll := map[string]float64{}
+	collTimes := map[string][]float64{}
 	for _, r := range rs {
 		if r.Strategy == Collective && r.Timed() {
 			coll[r.Group()] = r.MedianUS
+			collTimes[r.Group()] = r.TimesUS
 		}
 	}
 	for i := range rs {
@@ -114,11 +124,19 @@ func Derive(rs []Result) {
 			m.BusBW = m.AlgBW * r.BusFactor
 		}
 		if c, ok := coll[r.Group()]; ok {
-			m.Speedup = c / r.MedianUS
 			m.CollectiveUS = c
+			if r.World > 1 { // world 1 exchanges nothing: no speedup to speak of
+				m.Speedup = c / r.MedianUS
+			}
+			if r.Strategy != Collective && len(r.TimesUS) > 0 {
+				iv := st.compare(r.TimesUS, collTimes[r.Group()])
+				m.VsCollective = &iv
+			}
 		}
-		m.OverlapEff, m.Ceiling, m.CeilingFrac = ceilingModel(r.MedianUS, r.GemmUS, r.CommUS, m.CollectiveUS)
-		m.EngineOverlapEff, m.EngineCeiling, m.EngineCeilingFrac = ceilingModel(r.MedianUS, r.EngineGemmUS, r.CommUS, r.EngineGemmUS+r.CommUS)
+		if r.World > 1 {
+			m.OverlapEff, m.Ceiling, m.CeilingFrac = ceilingModel(r.MedianUS, r.GemmUS, r.CommUS, m.CollectiveUS)
+			m.EngineOverlapEff, m.EngineCeiling, m.EngineCeilingFrac = ceilingModel(r.MedianUS, r.EngineGemmUS, r.CommUS, r.EngineGemmUS+r.CommUS)
+		}
 		r.Metrics = m
 	}
 }
@@ -135,5 +153,5 @@ func percentile(sorted []float64, p float64) float64 {
 func median(v []float64) float64 {
 	s := append([]float64(nil), v...)
 	sort.Float64s(s)
-	return percentile(s, 0.5)
+	return medianSorted(s)
 }

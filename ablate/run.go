@@ -68,32 +68,48 @@ func (r *Rank) done(res Result) Result {
 	return res
 }
 
-// group runs the cells of one group, collective first.
+// group runs the cells of one group: each strategy's site is built and
+// checked (collective first, against the math; the others against
+// collective), then the verified ones are timed together in interleaved
+// rounds (timeRounds), then the collective's GEMMs alone and collective
+// alone.
 func (r *Rank) group(cells []Cell) ([]Result, error) {
 	cells = append([]Cell(nil), cells...)
 	sort.SliceStable(cells, func(i, j int) bool { return cells[i].Strategy == Collective && cells[j].Strategy != Collective })
 	dt := DTypeOf(cells[0].DType)
 	tol := TolFor(cells[0].Op, dt)
 	out := make([]Result, 0, len(cells))
+	finish := func() []Result {
+		for _, x := range out {
+			r.done(x)
+		}
+		return out
+	}
 	fail := func(c Cell, status, why string) {
-		out = append(out, r.done(Result{Cell: c, Status: status, Reason: why, Tol: tol}))
+		out = append(out, Result{Cell: c, Status: status, Reason: why, Tol: tol})
 	}
 	oc, err := newCase(cells[0], gen{seed: r.Seed, dt: dt}, r.Backend, r.Group, r.Stream)
 	if err != nil {
 		for _, c := range cells {
 			fail(c, StatusFailed, err.Error())
 		}
-		return out, nil
+		return finish(), nil
 	}
 	var ref [][]float64
-	var gemmUS, commUS float64
-	var eng engineTime
 	fused := false // a fused cell the strategy supports: time the engine alone too
 	for _, c := range cells {
 		if s, ok := r.Strategies[c.Strategy]; ok && c.Strategy == Fused && supports(s, oc) == nil {
 			fused = true
 		}
 	}
+	var timed []int // indices into out of the verified cells
+	var runs []func() error
+	var closers []func() error
+	defer func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}()
 	for _, c := range cells {
 		s, ok := r.Strategies[c.Strategy]
 		if !ok {
@@ -105,32 +121,108 @@ func (r *Rank) group(cells []Cell) ([]Result, error) {
 		if err := supports(s, oc); err != nil {
 			res := Result{Cell: c, Status: StatusNotRun, Reason: err.Error(), Tol: tol}
 			res.SpecK, res.SpecOuts = specWidths(oc.spec())
-			out = append(out, r.done(res))
+			out = append(out, res)
 			continue
 		}
 		if c.Strategy != Collective && ref == nil {
 			fail(c, StatusNotRun, "no collective reference for this group (the collective cell did not pass)")
 			continue
 		}
-		res, err := r.cell(c, s, oc, &ref, tol)
+		res, run, closeSite, err := r.check(c, s, oc, &ref, tol)
+		if closeSite != nil {
+			closers = append(closers, closeSite)
+		}
 		if err != nil {
-			return out, err
+			out = append(out, res)
+			return finish(), err
 		}
-		if c.Strategy == Collective && res.Status == StatusOK {
-			if gemmUS, commUS, err = r.alone(oc); err != nil {
-				return out, err
+		if run != nil {
+			timed = append(timed, len(out))
+			runs = append(runs, run)
+		}
+		out = append(out, res)
+	}
+	if len(timed) == 0 {
+		return finish(), nil
+	}
+	ts, err := r.timeRounds(runs)
+	if err != nil {
+		for _, i := range timed {
+			out[i].Status, out[i].Reason = StatusFailed, err.Error()
+		}
+		return finish(), nil
+	}
+	for k, i := range timed {
+		out[i].setTimes(ts[k])
+	}
+	var gemmUS, commUS float64
+	var eng engineTime
+	if out[timed[0]].Strategy == Collective {
+		if gemmUS, commUS, err = r.alone(oc); err != nil {
+			return finish(), err
+		}
+		if fused {
+			if eng, err = r.engineAlone(oc); err != nil {
+				return finish(), err
 			}
-			if fused {
-				if eng, err = r.engineAlone(oc); err != nil {
-					return out, err
-				}
+		}
+	}
+	for _, i := range timed {
+		out[i].GemmUS, out[i].CommUS = gemmUS, commUS
+		if out[i].Strategy == Fused {
+			out[i].EngineGemmUS, out[i].EngineNote = eng.us, eng.note
+		}
+	}
+	return finish(), nil
+}
+
+// setTimes records the cell's timed rounds (µs, the slowest rank's of
+// each, to the ns): the samples, their median and spread.
+func (res *Result) setTimes(ts []float64) {
+	res.Status, res.Reps = StatusOK, len(ts)
+	res.TimesUS = make([]float64, len(ts))
+	for i, t := range ts {
+		res.TimesUS[i] = math.Round(t*1000) / 1000
+	}
+	sorted := append([]float64(nil), res.TimesUS...)
+	sort.Float64s(sorted)
+	res.MedianUS, res.P10US, res.P90US = medianSorted(sorted), percentile(sorted, 0.1), percentile(sorted, 0.9)
+}
+
+// timeRounds times the runs of one group together: Warmup rounds, then
+// Reps rounds, each running every run once in an order that rotates from
+// round to round (run k first in round k mod n), each call after a sync
+// and a barrier. It returns per run the timed rounds' µs, each the slowest
+// rank's time of that call; the warm-up rounds are discarded.
+func (r *Rank) timeRounds(runs []func() error) ([][]float64, error) {
+	n := len(runs)
+	total := r.Warmup + r.Reps
+	flat := make([]float64, n*r.Reps)
+	for round := range total {
+		for j := range n {
+			k := (round + j) % n
+			if err := r.Backend.Sync(); err != nil {
+				return nil, err
+			}
+			if err := r.Group.Barrier(); err != nil {
+				return nil, err
+			}
+			d, err := r.Timer.Time(runs[k])
+			if err != nil {
+				return nil, err
+			}
+			if round >= r.Warmup {
+				flat[k*r.Reps+round-r.Warmup] = float64(d) / float64(time.Microsecond)
 			}
 		}
-		res.GemmUS, res.CommUS = gemmUS, commUS
-		if c.Strategy == Fused {
-			res.EngineGemmUS, res.EngineNote = eng.us, eng.note
-		}
-		out = append(out, r.done(res))
+	}
+	flat, err := r.maxEach(flat)
+	if err != nil {
+		return nil, err
+	}
+	out := make([][]float64, n)
+	for k := range out {
+		out[k] = flat[k*r.Reps : (k+1)*r.Reps]
 	}
 	return out, nil
 }
@@ -218,18 +310,19 @@ func (r *Rank) via(s overlap.Strategy, sp overlap.Spec) string {
 	return how
 }
 
-// cell checks one cell and, when it passes, times it.
-func (r *Rank) cell(c Cell, s overlap.Strategy, oc opCase, ref *[][]float64, tol float64) (Result, error) {
+// check builds the cell's site and checks one call of it; run is the
+// call, for the timing, when the cell passed (nil otherwise); closeSite,
+// when not nil, releases the site (after the timing).
+func (r *Rank) check(c Cell, s overlap.Strategy, oc opCase, ref *[][]float64, tol float64) (res Result, run, closeSite func() error, err error) {
 	sp := oc.spec()
-	res := Result{Cell: c, Tol: tol, Flops: oc.flops(), CommBytes: oc.bytes(), BusFactor: oc.busFactor()}
+	res = Result{Cell: c, Tol: tol, Flops: oc.flops(), CommBytes: oc.bytes(), BusFactor: oc.busFactor()}
 	res.SpecK, res.SpecOuts = specWidths(sp)
 	res.Via = r.via(s, sp)
-	run, closeSite, err := oc.site(s)
+	run, closeSite, err = oc.site(s)
 	if err != nil {
 		res.Status, res.Reason = StatusFailed, err.Error()
-		return res, nil
+		return res, nil, nil, nil
 	}
-	defer closeSite()
 	oc.reset()
 	var got [][]float64
 	var e float64
@@ -237,13 +330,13 @@ func (r *Rank) cell(c Cell, s overlap.Strategy, oc opCase, ref *[][]float64, tol
 	if runErr == nil {
 		if ho, ok := oc.(hostOutputter); ok {
 			if got, err = ho.hostOutputs(); err != nil {
-				return res, err
+				return res, nil, closeSite, err
 			}
 		}
 		for _, o := range oc.outputs() {
 			v, err := download(r.Backend, o)
 			if err != nil {
-				return res, err
+				return res, nil, closeSite, err
 			}
 			got = append(got, v)
 		}
@@ -271,7 +364,7 @@ func (r *Rank) cell(c Cell, s overlap.Strategy, oc opCase, ref *[][]float64, tol
 	// Every rank learns the worst error, or that one failed.
 	e, err = r.maxOver(e)
 	if err != nil {
-		return res, err
+		return res, nil, closeSite, err
 	}
 	switch {
 	case e >= failedErr:
@@ -279,31 +372,24 @@ func (r *Rank) cell(c Cell, s overlap.Strategy, oc opCase, ref *[][]float64, tol
 		if runErr != nil {
 			res.Reason = runErr.Error()
 		}
-		return res, nil
+		return res, nil, closeSite, nil
 	case e >= nanErr:
 		res.RelErr, res.Status, res.Reason = e, StatusWrong, "its output has NaN (unwritten elements)"
-		return res, nil
+		return res, nil, closeSite, nil
 	}
 	res.RelErr = e
 	if !(e <= tol) {
 		res.Status, res.Reason = StatusWrong, fmt.Sprintf("relative error %.3g against the reference: expected ≤ %.0e", e, tol)
-		return res, nil
+		return res, nil, closeSite, nil
 	}
 	if c.Strategy == Collective {
 		*ref = got
 	}
-	ts, err := r.time(run)
-	if err != nil {
-		res.Status, res.Reason = StatusFailed, err.Error()
-		return res, nil
-	}
-	res.Status, res.Reps = StatusOK, len(ts)
-	sort.Float64s(ts)
-	res.MedianUS, res.P10US, res.P90US = percentile(ts, 0.5), percentile(ts, 0.1), percentile(ts, 0.9)
-	return res, nil
+	return res, run, closeSite, nil
 }
 
-// alone times the op's GEMMs and its collective separately.
+// alone times the op's GEMMs and its collective separately (the ceiling
+// model's parts: medians of at most aloneReps calls).
 func (r *Rank) alone(oc opCase) (gemmUS, commUS float64, err error) {
 	if err := oc.gemm(); errors.Is(err, errNoSplit) {
 		return 0, 0, nil
@@ -319,15 +405,20 @@ func (r *Rank) alone(oc opCase) (gemmUS, commUS float64, err error) {
 	return median(g), median(c), nil
 }
 
-// time runs fn Warmup times, then Reps times, each after a barrier, and
-// returns per repetition the slowest rank's time in µs.
+// aloneReps bounds the calls time makes: the parts alone feed only the
+// ceiling model, no comparison.
+const aloneReps = 10
+
+// time runs fn once to warm up (when the matrix has warm-up rounds), then
+// min(Reps, aloneReps) times, each after a barrier, and returns per call
+// the slowest rank's time in µs.
 func (r *Rank) time(fn func() error) ([]float64, error) {
-	for range r.Warmup {
+	if r.Warmup > 0 {
 		if err := fn(); err != nil {
 			return nil, err
 		}
 	}
-	ts := make([]float64, r.Reps)
+	ts := make([]float64, min(r.Reps, aloneReps))
 	for i := range ts {
 		if err := r.Backend.Sync(); err != nil {
 			return nil, err

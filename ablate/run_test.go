@@ -9,8 +9,8 @@ import (
 )
 
 func TestRunLocalSmoke(t *testing.T) {
-	m := Matrix{Ops: []Op{OpAllGatherMatmul, OpMatmulReduceScatter, OpMatmulAllReduce, OpMoEDispatchCombine}, Models: []string{"quick"}, Ms: []int{64},
-		Worlds: []int{2}, Transports: []string{"local"}, Strategies: []string{Collective, Pipelined}, DType: "f32", Warmup: 1, Reps: 3}
+	m := Matrix{Ops: []Op{OpAllGatherMatmul, OpMatmulReduceScatter, OpMatmulAllReduce, OpMoEDispatchCombine}, Models: []string{"tiny"}, Ms: []int{64},
+		Worlds: []int{2}, Transports: []string{"local"}, Strategies: []string{Collective, Pipelined}, DType: "f32", Warmup: 1, Reps: 3, Alpha: DefaultAlpha, MinEffect: DefaultMinEffectCPU}
 	if err := m.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +54,7 @@ func (s offAGMM) Forward(outs []*tensor.Tensor, xFull, x *tensor.Tensor, ws []*t
 // only against itself: a collective whose entry site is off is wrong in
 // the block with sequence parallelism and in the step, right without it.
 func TestLayerCollectiveAgainstUnsharded(t *testing.T) {
-	m := Matrix{Ops: []Op{OpTPBlock, OpTrainStep}, Models: []string{"quick"}, Ms: []int{64}, Worlds: []int{2}, Transports: []string{"local"},
+	m := Matrix{Ops: []Op{OpTPBlock, OpTrainStep}, Models: []string{"tiny"}, Ms: []int{64}, Worlds: []int{2}, Transports: []string{"local"},
 		Strategies: []string{Collective}, DType: "f32", Warmup: 0, Reps: 1}
 	cells := m.Cells()
 	rs, err := RunLocal(2, cells, map[string]overlap.Strategy{Collective: off{}}, 0, 1, 1, 30*time.Second, nil)

@@ -35,12 +35,13 @@ func main() {
 
 // presets are named matrices.
 var presets = map[string]ablate.Matrix{
-	// quick: a small CPU matrix on goroutine ranks (comm/local), a
-	// complete report in about 25 s on 2 cores. --transports local,tcp adds
-	// process ranks over comm/tcp (child processes of this binary) and
-	// takes about 40 s.
-	"quick": {Ops: ablate.Ops, Models: []string{"quick"}, Worlds: []int{1, 2, 4}, Transports: []string{"local"},
-		Strategies: []string{ablate.Collective, ablate.Pipelined, ablate.Fused}, DType: "f32", Warmup: 2, Reps: 10},
+	// quick: every site of cmd/train's tiny models (the cache covers
+	// them) on goroutine ranks (comm/local), a complete report in about
+	// 35 s on 2 cores. --transports local,tcp adds process ranks over
+	// comm/tcp (child processes of this binary).
+	"quick": {Ops: ablate.Ops, Models: []string{"tiny"}, Worlds: []int{1, 2, 4}, Transports: []string{"local"},
+		Strategies: []string{ablate.Collective, ablate.Pipelined, ablate.Fused}, DType: "f32", Warmup: 3, Reps: 20,
+		Alpha: ablate.DefaultAlpha, MinEffect: ablate.DefaultMinEffectCPU},
 	// gpu: the TP ops and the MoE op at 1, 2, 4 PEs on one GPU (NVSHMEM
 	// PEs under MPS; NCCL and the hybrid, NCCL's collectives beside
 	// NVSHMEM's symmetric memory in one process world, one rank per GPU),
@@ -49,7 +50,7 @@ var presets = map[string]ablate.Matrix{
 	// hundreds of millions of elements, each checked on the host).
 	"gpu": {Ops: ablate.Ops, Models: []string{"llama-7b", "mixtral-8x7b"}, Ms: []int{2048, 8192}, Worlds: []int{1, 2, 4},
 		Transports: []string{"nccl+nvshmem", "nvshmem", "nccl"}, Strategies: []string{ablate.Collective, ablate.Pipelined, ablate.Fused},
-		DType: "bf16", Warmup: 3, Reps: 20},
+		DType: "bf16", Warmup: 3, Reps: 20, Alpha: ablate.DefaultAlpha, MinEffect: ablate.DefaultMinEffectGPU},
 }
 
 // options are what run takes beyond the matrix.
@@ -98,8 +99,10 @@ func parse(args []string) (ablate.Matrix, options, error) {
 	transports := fs.String("transports", "", "transports: "+strings.Join(ablate.Transports, ", "))
 	strategies := fs.String("strategies", "", "strategies: "+strings.Join(ablate.Strategies, ", "))
 	dtype := fs.String("dtype", "", "f32, bf16 (GPU), f64 (CPU)")
-	warmup := fs.Int("warmup", 0, "warm-up calls per cell")
-	reps := fs.Int("reps", 0, "timed repetitions per cell")
+	warmup := fs.Int("warmup", 0, "warm-up rounds per cell group, discarded (default: the preset's)")
+	reps := fs.Int("reps", 0, "timed rounds per cell group: each runs every strategy once, alternating (default: the preset's)")
+	alpha := fs.Float64("alpha", 0, "family-wise error rate of the run's comparisons (default: the preset's, 0.05)")
+	minEffect := fs.Float64("min-effect", 0, "smallest time difference that counts, as a fraction (default: the preset's: 0.05 on the CPU, 0.02 on GPUs)")
 	var o options
 	fs.StringVar(&o.out, "out", "ablate-out", "output `dir` of the report")
 	fs.StringVar(&o.cache, "autotune-cache", "", "autotune cache `file` to write (merged into an existing one; default OUT/autotune.json)")
@@ -175,6 +178,12 @@ func parse(args []string) (ablate.Matrix, options, error) {
 	if set["reps"] {
 		m.Reps = *reps
 	}
+	if set["alpha"] {
+		m.Alpha = *alpha
+	}
+	if set["min-effect"] {
+		m.MinEffect = *minEffect
+	}
 	if !slices.Contains([]string{"auto", "off"}, o.torch) {
 		return m, o, fmt.Errorf("--torch %q: expected auto or off", o.torch)
 	}
@@ -213,6 +222,11 @@ func run(ctx context.Context, args []string, stdout io.Writer, strategies map[st
 	m, o, err := parse(args)
 	if err != nil {
 		return err
+	}
+	// The cache is written after every cell: one it cannot merge into is
+	// refused before any.
+	if _, _, err := ablate.LoadCache(o.cache); err != nil {
+		return fmt.Errorf("%w (or give --autotune-cache another file)", err)
 	}
 	start := time.Now()
 	rep := &ablate.Report{Command: "ablate " + strings.Join(args, " "), Started: start, Matrix: m, Env: ablate.BaseEnv()}
@@ -296,8 +310,10 @@ func run(ctx context.Context, args []string, stdout io.Writer, strategies map[st
 		rep.TorchNote = "--torch off: no PyTorch rows"
 	}
 
-	ablate.Derive(rep.Results)
-	tuned := ablate.FromResults(rep.Results, gpu.name)
+	st := m.Stats().For(rep.Results)
+	ablate.Derive(rep.Results, st)
+	tuned := ablate.FromResults(rep.Results, gpu.name, st)
+	rep.Stats = st
 	cache, _, err := ablate.LoadCache(o.cache)
 	if err != nil {
 		return err
@@ -313,7 +329,7 @@ func run(ctx context.Context, args []string, stdout io.Writer, strategies map[st
 	}
 	fmt.Fprintf(stdout, "\nreport: %s (also %s); autotune cache: %s\n\n",
 		filepath.Join(o.out, "report.md"), strings.Join(append([]string{"report.html", "results.json"}, rep.Charts...), ", "), o.cache)
-	fmt.Fprint(stdout, rep.HeadlineText())
+	fmt.Fprint(stdout, rep.AnswerText())
 	return nil
 }
 

@@ -3,11 +3,15 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/asynctp/asynctp/ablate"
 	"github.com/asynctp/asynctp/comm"
@@ -25,7 +29,42 @@ func TestMain(m *testing.M) {
 	if os.Getenv(batchEnv) != "" {
 		os.Exit(child())
 	}
+	if os.Getenv("ASYNCTP_ABLATE_MAIN") != "" { // the program itself, for its exit status
+		main()
+		os.Exit(0)
+	}
 	os.Exit(m.Run())
+}
+
+// -help prints the flags and exits 0; a bad flag exits non-zero.
+func TestHelpExitsZero(t *testing.T) {
+	for _, c := range []struct {
+		arg  string
+		code int
+		want string
+	}{{"-help", 0, "-min-effect"}, {"--no-such-flag", 1, "flag provided but not defined"}} {
+		cmd := exec.Command(os.Args[0], c.arg)
+		cmd.Env = append(os.Environ(), "ASYNCTP_ABLATE_MAIN=1")
+		out, err := cmd.CombinedOutput()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if code != c.code || !strings.Contains(string(out), c.want) {
+			t.Errorf("ablate %s: exit %d, want %d; output lacks %q:\n%s", c.arg, code, c.code, c.want, out)
+		}
+	}
+}
+
+func median(v []float64) float64 {
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	if n := len(s); n%2 == 0 {
+		return (s[n/2-1] + s[n/2]) / 2
+	}
+	return s[len(s)/2]
 }
 
 func readReport(t *testing.T, dir string) ablate.Report {
@@ -41,10 +80,12 @@ func readReport(t *testing.T, dir string) ablate.Report {
 	return r
 }
 
-// The quick matrix writes a complete report: every file, every cell of the
-// matrix (none dropped), every timed cell verified within its tolerance,
-// the cells that cannot run here with why; the autotune cache round-trips
-// and drives "auto".
+// The quick matrix writes a complete report: the answer first, every file,
+// every cell of the matrix (none dropped), every timed cell verified within
+// its tolerance, the cells that cannot run here with why; with too few
+// rounds for the level nothing is called significant and the report says
+// so; world 1 shows the machinery's cost, no speedup and no cache entry;
+// the autotune cache round-trips and drives "auto".
 func TestQuickReport(t *testing.T) {
 	out := t.TempDir()
 	args := []string{"--preset", "quick", "--reps", "3", "--warmup", "1", "--out", out, "--progress", "lines", "--torch", "off"}
@@ -58,7 +99,12 @@ func TestQuickReport(t *testing.T) {
 	}
 	md, _ := os.ReadFile(filepath.Join(out, "report.md"))
 	html, _ := os.ReadFile(filepath.Join(out, "report.html"))
-	for _, want := range []string{"## Headline", "## Every timed cell", "## The fused cells", "No fused cell was timed in this run: of 66 fused cells, 66 cannot run here",
+	if i, j := strings.Index(string(md), "## The answer"), strings.Index(string(md), "## Every timed cell"); i < 0 || j < i {
+		t.Errorf("report.md: the answer at %d, the full table at %d; want the answer first", i, j)
+	}
+	for _, want := range []string{"| all-gather-matmul | 2 | local | f32 | collective: no significant difference |", "| matmul-all-reduce | 1 | local | f32 | collective (nothing to exchange) | ",
+		"With 3 rounds no comparison can be significant at this level: use --reps", "## Every timed cell", "## The fused cells",
+		"No fused cell was timed in this run: of 108 fused cells, 108 cannot run here",
 		"## Cells that cannot run here", "## Environment", "has no symmetric memory", "![speedup vs M per strategy](speedup.png)", "| AG+MM fwd |",
 		`| fused for all-gather-matmul site "ablate.all-gather-matmul": group world[0 1] has no symmetric memory: it needs symmetric memory with peer pointers (comm.SymmetricMemory: NVSHMEM's, alone or beside NCCL's collectives) (strategy unavailable) |`} {
 		if !strings.Contains(string(md), want) {
@@ -75,6 +121,21 @@ func TestQuickReport(t *testing.T) {
 	}
 	if len(rep.Results) != len(m.Cells()) {
 		t.Fatalf("%d results for %d cells", len(rep.Results), len(m.Cells()))
+	}
+	// One answer per op (the layer cells: per sequence parallelism) and
+	// world; world 1's say collective with the machinery's cost.
+	if len(rep.Answers) != 3*(4+4) {
+		t.Errorf("%d answers, want 24 (4 ops and 4 layer cells at 3 worlds)", len(rep.Answers))
+	}
+	for _, a := range rep.Answers {
+		if a.Use != ablate.Collective || a.Significant {
+			t.Errorf("answer %+v: want collective, not significant (3 rounds cannot be)", a)
+		}
+		for _, v := range a.Vs {
+			if v.Interval.Determined() || v.Interval.Verdict != ablate.NoDiff || v.Cells == 0 {
+				t.Errorf("answer %s P=%d: %s %+v; want no interval at 3 rounds", a.Op, a.World, v.Strategy, v)
+			}
+		}
 	}
 	timed, fused := 0, 0
 	for _, r := range rep.Results {
@@ -94,6 +155,15 @@ func TestQuickReport(t *testing.T) {
 		switch r.Status {
 		case ablate.StatusOK:
 			timed++
+			if len(r.TimesUS) != 3 || r.MedianUS != median(r.TimesUS) {
+				t.Errorf("%s: rounds %v, median %g; want 3 rounds and their median", r.ID(), r.TimesUS, r.MedianUS)
+			}
+			switch {
+			case r.World == 1 && (r.Speedup != 0 || r.Ceiling != 0):
+				t.Errorf("%s: world 1 with speedup %g, ceiling %g; want none (nothing to exchange)", r.ID(), r.Speedup, r.Ceiling)
+			case r.Strategy != ablate.Collective && (r.VsCollective == nil || r.VsCollective.Rounds != 3):
+				t.Errorf("%s: comparison with collective %+v, want one over 3 rounds", r.ID(), r.VsCollective)
+			}
 			// results.json says what carried each cell's group.
 			if want := "over " + r.Transport; !strings.HasSuffix(r.Via, want) || (r.Strategy == ablate.Collective) != strings.HasPrefix(r.Via, "the group's collectives") {
 				t.Errorf("%s: via %q, want what carried the %s cell, ending %q", r.ID(), r.Via, r.Strategy, want)
@@ -115,23 +185,30 @@ func TestQuickReport(t *testing.T) {
 			t.Errorf("%s: %s: %s", r.ID(), r.Status, r.Reason)
 		}
 	}
-	// collective and pipelined of 5 op directions at 3 M and 3 worlds, the
-	// MoE op's collective at 3 M and 3 worlds, and collective and pipelined
-	// of the 4 layer cells (the block with and without SP, the MoE block,
-	// the step) at 1 M and 3 worlds.
-	if want := 2*5*3*3 + 3*3 + 2*4*3; timed != want {
+	// The tiny model's sites: 15 op groups (3 entries × fwd, bwd; 2 exits
+	// × fwd, bwd; matmul-all-reduce's 5: the entries' backward, the exits'
+	// forward), each collective and pipelined, at 2 M and 3 worlds; the MoE
+	// op's collective at 2 M and 3 worlds; collective and pipelined of the
+	// 4 layer cells (the block with and without SP, the MoE block, the
+	// step) at 1 M and 3 worlds.
+	if want := 2*15*2*3 + 2*3 + 2*4*3; timed != want {
 		t.Errorf("%d cells timed, want %d", timed, want)
 	}
-	// 5 op directions and the MoE op at 3 M, the 4 layer cells at 1 M, at
-	// 3 worlds.
-	if want := (6*3 + 4) * 3; fused != want {
+	// 15 op groups and the MoE op at 2 M, the 4 layer cells at 1 M, at 3
+	// worlds.
+	if want := (16*2 + 4) * 3; fused != want {
 		t.Errorf("%d fused cells in the report, want %d", fused, want)
 	}
 
 	// The cache: round-trip, and "auto" picks from it.
 	c, exists, err := ablate.LoadCache(filepath.Join(out, "autotune.json"))
-	if err != nil || !exists || len(c.Entries) != 3*3*3 {
-		t.Fatalf("cache: %d entries, exists %v, %v; want 27 (3 site kinds × 3 M × 3 worlds)", len(c.Entries), exists, err)
+	if err != nil || !exists || len(c.Entries) != 10*2*2 {
+		t.Fatalf("cache: %d entries, exists %v, %v; want 40 (10 site shapes × 2 M × worlds 2 and 4)", len(c.Entries), exists, err)
+	}
+	for _, e := range c.Entries {
+		if e.World < 2 || e.Strategy != ablate.Collective || e.Significant || len(e.VsCollective) != 1 {
+			t.Errorf("cache entry %+v: want world ≥ 2, collective, not significant (3 rounds), pipelined compared", e)
+		}
 	}
 	if len(rep.Tuned) != len(c.Entries) {
 		t.Errorf("report lists %d tuned entries, the cache has %d", len(rep.Tuned), len(c.Entries))
@@ -212,8 +289,8 @@ func TestWrongStrategyReported(t *testing.T) {
 			t.Errorf("%s: %s %q; want ok", r.ID(), r.Status, r.Reason)
 		}
 	}
-	if wrong != 4 {
-		t.Errorf("%d wrong cells, want 4 (the forward at 2 M, the block with SP at 2 M)", wrong)
+	if wrong != 8 {
+		t.Errorf("%d wrong cells, want 8 (the forward of 3 sites at 2 M, the block with SP at 2 M)", wrong)
 	}
 	md, _ := os.ReadFile(filepath.Join(out, "report.md"))
 	if !strings.Contains(string(md), "| wrong | AG+MM fwd |") {
@@ -250,10 +327,10 @@ func TestTCPCells(t *testing.T) {
 			t.Errorf("%s: %s %q (rel. err %g)", r.ID(), r.Status, r.Reason, r.RelErr)
 		}
 	}
-	// all-gather-matmul fwd, bwd and the block sp, nosp, two strategies
-	// each; the MoE op's collective.
-	if ok != 9 || fused != 5 {
-		t.Errorf("%d cells verified and timed, want 9; %d fused cells refused by the strategy, want 5", ok, fused)
+	// all-gather-matmul fwd, bwd of 3 sites and the block sp, nosp, two
+	// strategies each; the MoE op's collective.
+	if ok != 17 || fused != 9 {
+		t.Errorf("%d cells verified and timed, want 17; %d fused cells refused by the strategy, want 9", ok, fused)
 	}
 }
 
@@ -268,6 +345,8 @@ func TestFlagsRefused(t *testing.T) {
 		{[]string{"--models", "gpt5"}, `shape preset "gpt5"`},
 		{[]string{"--mnk", "1,2"}, `shape "1,2": expected M,N,K`},
 		{[]string{"--reps", "0"}, "expected reps ≥ 1"},
+		{[]string{"--alpha", "0"}, "alpha 0: expected a family-wise error rate in (0, 1)"},
+		{[]string{"--min-effect", "1.5"}, "minimum effect 1.5: expected a fraction in [0, 1)"},
 	} {
 		if _, _, err := parse(c.args); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: got %v, want %q", c.args, err, c.want)
@@ -305,4 +384,182 @@ func TestFusedTransferFlag(t *testing.T) {
 	if _, _, err := parse(nil); err == nil || !strings.Contains(err.Error(), "$"+peercopy.TransferEnv) {
 		t.Errorf("$%s=fast: %v, want an error naming the variable", peercopy.TransferEnv, err)
 	}
+}
+
+// named is base under another name: the same sites, so the same speed.
+type named struct {
+	overlap.Strategy
+	name string
+}
+
+func (n named) Name() string { return n.name }
+
+// slowed is base under name whose sites wait, after each call, three times
+// as long as the call took: four times as slow, with the same outputs.
+type slowed struct{ named }
+
+func slowly(start time.Time) { time.Sleep(3 * time.Since(start)) }
+
+func (s slowed) NewAllGatherMatmul(sp overlap.Spec) (overlap.AllGatherMatmul, error) {
+	site, err := s.Strategy.NewAllGatherMatmul(sp)
+	return slowAGMM{site}, err
+}
+
+func (s slowed) NewMatmulReduceScatter(sp overlap.Spec) (overlap.MatmulReduceScatter, error) {
+	site, err := s.Strategy.NewMatmulReduceScatter(sp)
+	return slowMMRS{site}, err
+}
+
+func (s slowed) NewMatmulAllReduce(sp overlap.Spec) (overlap.MatmulAllReduce, error) {
+	site, err := s.Strategy.NewMatmulAllReduce(sp)
+	return slowMMAR{site}, err
+}
+
+type slowAGMM struct{ overlap.AllGatherMatmul }
+
+func (s slowAGMM) Forward(outs []*tensor.Tensor, xFull, x *tensor.Tensor, ws []*tensor.Tensor) error {
+	defer slowly(time.Now())
+	return s.AllGatherMatmul.Forward(outs, xFull, x, ws)
+}
+
+func (s slowAGMM) Backward(dx *tensor.Tensor, dws, douts []*tensor.Tensor, xFull *tensor.Tensor, ws []*tensor.Tensor) (comm.Work, error) {
+	defer slowly(time.Now())
+	return s.AllGatherMatmul.Backward(dx, dws, douts, xFull, ws)
+}
+
+type slowMMRS struct{ overlap.MatmulReduceScatter }
+
+func (s slowMMRS) Forward(out, x, w *tensor.Tensor) error {
+	defer slowly(time.Now())
+	return s.MatmulReduceScatter.Forward(out, x, w)
+}
+
+func (s slowMMRS) Backward(dx, dw, dout, x, w *tensor.Tensor) (comm.Work, error) {
+	defer slowly(time.Now())
+	return s.MatmulReduceScatter.Backward(dx, dw, dout, x, w)
+}
+
+type slowMMAR struct{ overlap.MatmulAllReduce }
+
+func (s slowMMAR) Run(out *tensor.Tensor, as, ws []*tensor.Tensor, transW bool) (comm.Work, error) {
+	defer slowly(time.Now())
+	return s.MatmulAllReduce.Run(out, as, ws, transW)
+}
+
+// A strategy four times slower than collective is called slower beyond
+// the noise in every cell, and collective is the cache's significant
+// choice; a collective four times slower than the other strategy makes
+// that one the significant choice; the same strategy under two names
+// differs significantly nowhere. The matrix's rounds are enough for its
+// level (else nothing could be significant and the test could not fail).
+func TestSignificance(t *testing.T) {
+	args := []string{"--preset", "quick", "--ops", "all-gather-matmul,matmul-all-reduce", "--worlds", "1,2", "--m", "64", "--strategies", "collective,pipelined",
+		"--reps", "20", "--warmup", "1", "--progress", "off", "--torch", "off"}
+	coll := overlap.Collective{}
+	for _, c := range []struct {
+		name       string
+		collective overlap.Strategy
+		pipelined  overlap.Strategy
+		verdict    string // every pipelined cell's
+		choice     string // every cache entry's (significant unless no difference)
+	}{
+		{"pipelined 4× slower", coll, slowed{named{coll, ablate.Pipelined}}, ablate.Slower, ablate.Collective},
+		{"collective 4× slower", slowed{named{coll, ablate.Collective}}, named{coll, ablate.Pipelined}, ablate.Faster, ablate.Pipelined},
+		{"the same strategy twice", coll, named{coll, ablate.Pipelined}, ablate.NoDiff, ablate.Collective},
+	} {
+		out := t.TempDir()
+		st := map[string]overlap.Strategy{ablate.Collective: c.collective, ablate.Pipelined: c.pipelined}
+		if err := run(context.Background(), append(args, "--out", out), io.Discard, st); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		rep := readReport(t, out)
+		if need := ablate.MinRounds(rep.Stats.Alpha, rep.Stats.Comparisons); need > rep.Matrix.Reps {
+			t.Fatalf("%s: %d rounds, %d comparisons: at least %d rounds are needed for significance", c.name, rep.Matrix.Reps, rep.Stats.Comparisons, need)
+		}
+		n := 0
+		for _, r := range rep.Results {
+			if r.Strategy != ablate.Pipelined {
+				continue
+			}
+			n++
+			if r.VsCollective == nil || r.VsCollective.Verdict != c.verdict {
+				t.Errorf("%s: %s: %s %q, against collective %+v; want %s", c.name, r.ID(), r.Status, r.Reason, r.VsCollective, c.verdict)
+			}
+		}
+		if n != 2*(3*2+5) {
+			t.Errorf("%s: %d pipelined cells, want 22", c.name, n)
+		}
+		if len(rep.Tuned) != 3+5 {
+			t.Errorf("%s: %d cache entries, want 8 (world 2 only)", c.name, len(rep.Tuned))
+		}
+		for _, e := range rep.Tuned {
+			if e.Strategy != c.choice || e.Significant != (c.verdict != ablate.NoDiff) || e.World != 2 {
+				t.Errorf("%s: cache entry %s %s: %s, significant %v (%s); want %s, significant %v", c.name, e.Kind, e.Shape, e.Strategy, e.Significant, e.Basis,
+					c.choice, c.verdict != ablate.NoDiff)
+			}
+		}
+		for _, a := range rep.Answers {
+			if len(a.Vs) != 1 || a.Vs[0].Interval.Verdict != c.verdict {
+				t.Errorf("%s: answer %s P=%d: %+v; want pipelined %s", c.name, a.Op, a.World, a.Vs, c.verdict)
+			}
+			if want := c.choice; a.World == 1 && a.Use != ablate.Collective || a.World > 1 && a.Use != want {
+				t.Errorf("%s: answer %s P=%d uses %s; want %s (world 1: collective)", c.name, a.Op, a.World, a.Use, want)
+			}
+		}
+	}
+}
+
+// Two back-to-back runs of the quick preset's sites (the TP ops of the tiny
+// models at one M, worlds 2 and 4: the cache's real cells, with rounds
+// enough for significance) agree on every choice both call significant:
+// the cache entries, the cells' verdicts and the answers.
+func TestBackToBackAgree(t *testing.T) {
+	args := []string{"--preset", "quick", "--ops", "all-gather-matmul,matmul-reduce-scatter,matmul-all-reduce", "--worlds", "2,4", "--m", "256",
+		"--reps", "20", "--warmup", "2", "--progress", "off", "--torch", "off"}
+	var reps [2]ablate.Report
+	for i := range reps {
+		out := t.TempDir()
+		if err := run(context.Background(), append(args, "--out", out), io.Discard, nil); err != nil {
+			t.Fatal(err)
+		}
+		reps[i] = readReport(t, out)
+		if need := ablate.MinRounds(reps[i].Stats.Alpha, reps[i].Stats.Comparisons); need > reps[i].Matrix.Reps {
+			t.Fatalf("run %d: %d comparisons need %d rounds for significance, the test has %d", i, reps[i].Stats.Comparisons, need, reps[i].Matrix.Reps)
+		}
+	}
+	both := 0
+	entries := map[string]ablate.Entry{}
+	for _, e := range reps[0].Tuned {
+		entries[fmt.Sprint(e.Kind, e.M, e.K, e.Outs, e.World)] = e
+	}
+	for _, e := range reps[1].Tuned {
+		a, ok := entries[fmt.Sprint(e.Kind, e.M, e.K, e.Outs, e.World)]
+		switch {
+		case !ok:
+			t.Errorf("cache entry %s %s P=%d only in the second run", e.Kind, e.Shape, e.World)
+		case a.Significant && e.Significant:
+			both++
+			if a.Strategy != e.Strategy {
+				t.Errorf("%s %s P=%d: %s (%s), then %s (%s): both significant", e.Kind, e.Shape, e.World, a.Strategy, a.Basis, e.Strategy, e.Basis)
+			}
+		}
+	}
+	verdicts := map[string]string{}
+	for _, r := range reps[0].Results {
+		if r.VsCollective != nil {
+			verdicts[r.ID()] = r.VsCollective.Verdict
+		}
+	}
+	for _, r := range reps[1].Results {
+		if v := verdicts[r.ID()]; r.VsCollective != nil && v != ablate.NoDiff && r.VsCollective.Verdict != ablate.NoDiff && v != r.VsCollective.Verdict {
+			t.Errorf("%s: %s, then %s", r.ID(), v, r.VsCollective.Verdict)
+		}
+	}
+	for i, a := range reps[0].Answers {
+		b := reps[1].Answers[i]
+		if a.Significant && b.Significant && a.Use != b.Use {
+			t.Errorf("answer %s P=%d: %s (%s), then %s (%s)", a.Op, a.World, a.Use, a.Basis, b.Use, b.Basis)
+		}
+	}
+	t.Logf("%d cache entries, %d of them significant in both runs", len(reps[1].Tuned), both)
 }

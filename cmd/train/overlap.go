@@ -155,11 +155,12 @@ func fusedOf(cfg Config) overlap.Strategy {
 	return nil
 }
 
-// The micro-runs of --autotune: warm-up calls, then timed repetitions (the
-// median of the slowest rank's) per direction and strategy.
+// The micro-runs of --autotune: warm-up rounds, then timed rounds, each
+// running every candidate once per direction (the slowest rank's time);
+// 15 rounds let a site's few comparisons be significant (ablate.Stats).
 const (
 	autotuneWarmup = 2
-	autotuneReps   = 5
+	autotuneReps   = 15
 )
 
 // saveAutotune writes what tune measured into its cache (world rank 0:
