@@ -1,9 +1,10 @@
 package overlap
 
 // Tuning is an autotune cache as the chooser consults it for the sites
-// configured "auto": for a site like sp it gives the strategy measured
-// fastest among the correct ones (cmd/ablate writes such a cache; the
-// ablate package's Cache implements this interface).
+// configured "auto": for a site like sp it gives the strategy to use, a
+// correct one measured faster than collective beyond the noise, else
+// collective (cmd/ablate writes such a cache; the ablate package's Lookup
+// implements this interface).
 type Tuning interface {
 	// Tuned returns the strategy name for the site of sp and where the
 	// choice comes from ("autotune cache c.json: all-gather-matmul M 512
