@@ -25,15 +25,16 @@ func TestEmuMoEBenchBody(t *testing.T) {
 	s := moeShape{E: 4, K: 2, C: 8, F: 8, N: 4}
 	for _, grouped := range []bool{true, false} {
 		t.Run(fmt.Sprintf("grouped=%v", grouped), func(t *testing.T) {
-			reg := &registry{addrs: map[int][]uint64{}}
+			reg := newRegistry()
+			defer reg.closeAll(t)
 			bar := newBarrier(2)
 			err := local.Run(2, func(world comm.Comm) error {
 				b, err := cudabackend.NewEmulated(cudabackend.WithGroupedGEMM(grouped))
 				if err != nil {
 					return err
 				}
-				defer b.Close()
-				c := &symComm{Comm: world, b: b, reg: reg, mine: map[uint64]int{}}
+				reg.keep(b)
+				c := newSymComm(world, b, reg)
 				lines, err := benchMoE(b, c, b.Stream(), s, tensor.BFloat16,
 					[]overlap.Strategy{pipelinedStrategy(WithBeforeWait(bar.wait))}, 1, 3, pes.WallTimer(b.Sync), true)
 				if err != nil {

@@ -130,15 +130,16 @@ func TestEmuDecoderMoENoStepWait(t *testing.T) {
 	run := func(late bool) [][]stepRecord {
 		var mu sync.Mutex
 		recs := make([][]stepRecord, P)
-		reg := &registry{addrs: map[int][]uint64{}}
+		reg := newRegistry()
+		defer reg.closeAll(t)
 		bar := newBarrier(P)
 		err := local.Run(P, func(world comm.Comm) error {
 			b, reads, err := cudabackend.NewEmulatedCounting(cudabackend.WithGroupedGEMM(true))
 			if err != nil {
 				return err
 			}
-			defer b.Close()
-			c := &countedComm{symComm: &symComm{Comm: world, b: b, reg: reg, mine: map[uint64]int{}}, reads: reads}
+			reg.keep(b)
+			c := &countedComm{symComm: newSymComm(world, b, reg), reads: reads}
 			dec, ps, moes, err := emuDecoder(b, c, bar, vocab, seq, dim, maxTok, mc)
 			if err != nil {
 				return err

@@ -27,10 +27,43 @@ import (
 // write: every rank passes a barrier before each wait (WithBeforeWait),
 // by which time every rank has run the sends the wait is for.
 
-// registry is the shared table of the ranks' symmetric allocations.
+// registry is the emulated world's shared state: the table of the ranks'
+// symmetric allocations, and the ranks' backends, kept open until every
+// rank has returned (keep, closeAll).
 type registry struct {
 	mu    sync.Mutex
 	addrs map[int][]uint64 // allocation number → each rank's address
+	open  []*cudabackend.Backend
+}
+
+func newRegistry() *registry { return &registry{addrs: map[int][]uint64{}} }
+
+// keep holds a rank's backend open until closeAll. A rank's emulated
+// device memory is host memory that its peers' kernels store into up to
+// their last launch (the acks of the last step, the signals of a failed
+// one): a rank that closed its backend when its own work ended would free
+// memory that a slower peer's kernel then writes, corrupting the C heap.
+// On GPUs the symmetric heap outlives the world's kernels the same way
+// (FreeSymmetric is collective).
+func (r *registry) keep(b *cudabackend.Backend) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.open = append(r.open, b)
+}
+
+// closeAll closes the backends of keep; call it after local.Run, which
+// returns once every rank has.
+func (r *registry) closeAll(t *testing.T) {
+	t.Helper()
+	r.mu.Lock()
+	open := r.open
+	r.open = nil
+	r.mu.Unlock()
+	for _, b := range open {
+		if err := b.Close(); err != nil {
+			t.Errorf("closing an emulated rank's backend: %v", err)
+		}
+	}
 }
 
 // symComm is a rank's world with symmetric memory over the registry; its
@@ -41,7 +74,20 @@ type symComm struct {
 	b    *cudabackend.Backend
 	reg  *registry
 	seq  int
-	mine map[uint64]int // own base address → allocation number
+	mine map[uint64]symAlloc // own base address → allocation
+}
+
+// symAlloc is a rank's symmetric allocation: its number in the registry,
+// and the tensor, held until FreeSymmetric so that its block is not
+// recycled (the backend's cleanup of unreachable buffers) while peers
+// still hold its address.
+type symAlloc struct {
+	n int
+	t *tensor.Tensor
+}
+
+func newSymComm(world comm.Comm, b *cudabackend.Backend, reg *registry) *symComm {
+	return &symComm{Comm: world, b: b, reg: reg, mine: map[uint64]symAlloc{}}
 }
 
 func (c *symComm) Unwrap() comm.Comm { return c.Comm }
@@ -59,24 +105,34 @@ func (c *symComm) AllocSymmetric(shape []int, dt tensor.DType) (*tensor.Tensor, 
 	}
 	c.reg.addrs[n][c.Rank()] = a
 	c.reg.mu.Unlock()
-	c.mine[a] = n
+	c.mine[a] = symAlloc{n, t}
 	return t, c.Barrier() // every rank has registered it
 }
 
+// FreeSymmetric is collective, as on GPUs: a rank gives its copy back
+// only once every rank has reached the call, when no peer's kernel (each
+// runs to completion in the emulator) is left to store into it.
 func (c *symComm) FreeSymmetric(t *tensor.Tensor) error {
-	delete(c.mine, cudabackend.DevicePtr(t))
+	a := cudabackend.DevicePtr(t)
+	if _, ok := c.mine[a]; !ok {
+		return fmt.Errorf("free of %v: not a symmetric allocation of this rank", t)
+	}
+	if err := c.Barrier(); err != nil {
+		return err
+	}
+	delete(c.mine, a)
 	c.b.Free(t)
 	return c.b.Err()
 }
 
 func (c *symComm) PeerPtr(t *tensor.Tensor, r int) (uint64, error) {
-	n, ok := c.mine[cudabackend.DevicePtr(t)]
+	s, ok := c.mine[cudabackend.DevicePtr(t)]
 	if !ok {
 		return 0, fmt.Errorf("not a symmetric allocation")
 	}
 	c.reg.mu.Lock()
 	defer c.reg.mu.Unlock()
-	return c.reg.addrs[n][r], nil
+	return c.reg.addrs[s.n][r], nil
 }
 
 func (c *symComm) AllReduce(buf *tensor.Tensor, op comm.ReduceOp, s comm.Stream) (comm.Work, error) {
@@ -132,16 +188,16 @@ func (b *barrier) wait() {
 // a world with symmetric memory; bar is their wait barrier.
 func emulated(t *testing.T, P int, f func(c *symComm, bar *barrier) error) {
 	t.Helper()
-	reg := &registry{addrs: map[int][]uint64{}}
+	reg := newRegistry()
+	defer reg.closeAll(t)
 	bar := newBarrier(P)
 	err := local.Run(P, func(world comm.Comm) error {
 		b, err := cudabackend.NewEmulated()
 		if err != nil {
 			return err
 		}
-		defer b.Close()
-		c := &symComm{Comm: world, b: b, reg: reg, mine: map[uint64]int{}}
-		return f(c, bar)
+		reg.keep(b)
+		return f(newSymComm(world, b, reg), bar)
 	}, local.WithTimeout(120*time.Second))
 	if err != nil {
 		t.Fatal(err)

@@ -50,15 +50,16 @@ func moeRun(t *testing.T, P int, cfg layers.MoEConfig, dt tensor.DType, tokens [
 	C := cfg.Dim
 	res := make([]moeResult, P)
 	var mu sync.Mutex
-	reg := &registry{addrs: map[int][]uint64{}}
+	reg := newRegistry()
+	defer reg.closeAll(t)
 	bar := newBarrier(P)
 	err := local.Run(P, func(world comm.Comm) error {
 		b, err := cudabackend.NewEmulated(cudabackend.WithGroupedGEMM(true))
 		if err != nil {
 			return err
 		}
-		defer b.Close()
-		sc := &symComm{Comm: world, b: b, reg: reg, mine: map[uint64]int{}}
+		reg.keep(b)
+		sc := newSymComm(world, b, reg)
 		var c comm.Comm = sc
 		if o.wrap != nil {
 			c = o.wrap(sc)
@@ -471,8 +472,8 @@ func TestEmuFusedNeedsDeviceStep(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		defer b.Close()
-		c2 := &symComm{Comm: c.Comm, b: b, reg: c.reg, mine: map[uint64]int{}}
+		c.reg.keep(b)
+		c2 := newSymComm(c.Comm, b, c.reg)
 		f := fusedStrategy(WithStreamHooks())
 		sp := overlap.Spec{Kind: overlap.KindExpert, Name: "moe", Group: c2, Backend: b, Rows: 4, K: 8, Outs: []int{8}}
 		if err := f.Supports(sp); !errors.Is(err, overlap.ErrUnavailable) || !strings.Contains(err.Error(), "WithGroupedGEMM(true)") {

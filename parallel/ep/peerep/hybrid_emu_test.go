@@ -28,7 +28,7 @@ type collectivesOnly struct{ comm.Comm }
 func hybridWrap(P int) func(c *symComm) comm.Comm {
 	coll := local.NewWorld(P, local.WithTimeout(120*time.Second))
 	return func(c *symComm) comm.Comm {
-		side := &devComm{&symComm{Comm: coll[c.Rank()], b: c.b, mine: map[uint64]int{}}}
+		side := &devComm{newSymComm(coll[c.Rank()], c.b, nil)}
 		h, err := hybrid.New(collectivesOnly{side}, c)
 		if err != nil {
 			panic(err) // the same ranks on both sides by construction

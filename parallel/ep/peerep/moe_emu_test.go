@@ -126,15 +126,16 @@ func TestEmuMoEDeviceStep(t *testing.T) {
 				// The step on emulated ranks: the device step with the grouped GEMM,
 				// the host-count ExpertPath methods without.
 				emuRun := func(grouped bool, res []moeResult) {
-					reg := &registry{addrs: map[int][]uint64{}}
+					reg := newRegistry()
+					defer reg.closeAll(t)
 					bar := newBarrier(P)
 					err := local.Run(P, func(world comm.Comm) error {
 						b, reads, err := cudabackend.NewEmulatedCounting(cudabackend.WithGroupedGEMM(grouped))
 						if err != nil {
 							return err
 						}
-						defer b.Close()
-						c := &countedComm{symComm: &symComm{Comm: world, b: b, reg: reg, mine: map[uint64]int{}}, reads: reads}
+						reg.keep(b)
+						c := &countedComm{symComm: newSymComm(world, b, reg), reads: reads}
 						ps := layers.NewParamSet(11)
 						m, err := ep.New(b, ps, ep.Parallel{Group: c, MaxTokens: maxTok, Stream: b.Stream(), Overlap: overlap.Single(pipelinedStrategy(WithBeforeWait(bar.wait)))}, "moe", cfg)
 						if err != nil {

@@ -29,15 +29,16 @@ func shadowEmuRun(t *testing.T, P int, cfg layers.MoEConfig, dt tensor.DType, to
 	C, maxTok := cfg.Dim, slices.Max(tokens)
 	res, reports := make([]moeResult, P), make([][]map[string]any, P)
 	var mu sync.Mutex
-	reg := &registry{addrs: map[int][]uint64{}}
+	reg := newRegistry()
+	defer reg.closeAll(t)
 	bar := newBarrier(P)
 	err := local.Run(P, func(world comm.Comm) error {
 		b, err := cudabackend.NewEmulated(cudabackend.WithGroupedGEMM(true))
 		if err != nil {
 			return err
 		}
-		defer b.Close()
-		c := &devComm{&symComm{Comm: world, b: b, reg: reg, mine: map[uint64]int{}}}
+		reg.keep(b)
+		c := &devComm{newSymComm(world, b, reg)}
 		s := st(bar)
 		var sh *overlap.Shadow
 		var opts []overlap.ChooserOption
