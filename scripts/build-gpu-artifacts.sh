@@ -5,13 +5,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p build
-go build -o build/train ./cmd/train
-go build -o build/ablate ./cmd/ablate
+FLAGS=(-trimpath -ldflags=-s\ -w)
+go build "${FLAGS[@]}" -o build/train ./cmd/train
+go build "${FLAGS[@]}" -o build/ablate ./cmd/ablate
 for pkg in $(go list ./... | sed 's|^github.com/asynctp/asynctp/||;s|^github.com/asynctp/asynctp$||'); do
   case "$pkg" in
     cuda|tensor/cudabackend|comm/nccl|comm/nvshmem|comm/tcp|overlap/peercopy|parallel/ep/peerep|bench|bench/*)
       if [ -n "$(ls "$pkg"/*_test.go 2>/dev/null)" ]; then
-        go test -c -o "build/$(echo "$pkg" | tr / _).test" "./$pkg"
+        go test "${FLAGS[@]}" -c -o "build/$(echo "$pkg" | tr / _).test" "./$pkg"
       fi ;;
   esac
 done
