@@ -14,8 +14,9 @@ import (
 // experts spread evenly (rank r holds [r·E/P, (r+1)·E/P)), TopK choices per
 // token, rows of Cols features in DType (bf16 or f32), at most MaxTokens
 // tokens per rank and step. Deadline bounds every wait on a peer's signal
-// (0: DefaultDeadline). Fused adds the fused path's per-block counters,
-// flags and side stream (fused.go); the pipelined calls work either way.
+// (0: DefaultDeadline; a negative one is refused). Fused adds the fused
+// path's per-block counters, flags and side stream (fused.go); the
+// pipelined calls work either way.
 type Config struct {
 	Ranks, Rank, Experts, TopK, Cols, MaxTokens int
 	DType                                       tensor.DType
@@ -85,14 +86,18 @@ func SymmetricShapes(cfg Config) [NumBufs]Shape {
 
 func (c Config) check() error {
 	switch {
-	case c.Ranks < 1 || c.Rank < 0 || c.Rank >= c.Ranks:
-		return fmt.Errorf("rank %d of %d", c.Rank, c.Ranks)
+	case c.Ranks < 1:
+		return fmt.Errorf("%d ranks: expected at least one", c.Ranks)
+	case c.Rank < 0 || c.Rank >= c.Ranks:
+		return fmt.Errorf("rank %d of %d: expected 0 ≤ rank < %d", c.Rank, c.Ranks, c.Ranks)
 	case c.Experts < c.Ranks || c.Experts%c.Ranks != 0:
-		return fmt.Errorf("%d experts over %d ranks: expected a multiple of the ranks", c.Experts, c.Ranks)
+		return fmt.Errorf("%d experts over %d ranks: expected a positive multiple of %d", c.Experts, c.Ranks, c.Ranks)
 	case c.TopK < 1 || c.TopK > c.Experts || c.Cols < 1 || c.MaxTokens < 1:
 		return fmt.Errorf("top-%d of %d experts, %d columns, %d max tokens: expected 1 ≤ K ≤ E and positive sizes", c.TopK, c.Experts, c.Cols, c.MaxTokens)
 	case c.DType != tensor.BFloat16 && c.DType != tensor.Float32:
 		return fmt.Errorf("dtype %v: expected bf16 or f32", c.DType)
+	case c.Deadline < 0:
+		return fmt.Errorf("deadline %v: expected a positive duration (or 0: DefaultDeadline)", c.Deadline)
 	case int64(c.Ranks)*int64(c.MaxTokens)*int64(max(c.TopK, c.Cols)) > math.MaxInt32:
 		return fmt.Errorf("%d ranks × %d tokens × %d: exceeds the kernels' 32-bit sizes", c.Ranks, c.MaxTokens, max(c.TopK, c.Cols))
 	}
@@ -160,11 +165,11 @@ type Engine struct {
 // every rank has done so (a barrier after a Sync), and that every rank of
 // the group builds one with the same cfg (but its own Rank).
 func New(b *cudabackend.Backend, cfg Config, sym [NumBufs]*tensor.Tensor, peers [NumBufs][]uint64) (*Engine, error) {
-	if cfg.Deadline <= 0 {
-		cfg.Deadline = DefaultDeadline
-	}
 	if err := cfg.check(); err != nil {
 		return nil, fmt.Errorf("cuda: expert dispatch: %w", err)
+	}
+	if cfg.Deadline == 0 {
+		cfg.Deadline = DefaultDeadline
 	}
 	shapes := SymmetricShapes(cfg)
 	P := cfg.Ranks
