@@ -42,6 +42,16 @@ const (
 	NumBufs
 )
 
+var bufNames = [NumBufs]string{"header", "tokens", "meta", "weights", "combine rows", "gradient rows", "signals"}
+
+// String is the buffer's name ("tokens").
+func (b Buf) String() string {
+	if b >= 0 && b < NumBufs {
+		return bufNames[b]
+	}
+	return fmt.Sprintf("Buf(%d)", int(b))
+}
+
 // Signal channels: word [channel·P + s] of a rank's pad is written by rank s.
 const (
 	sigReadyTok = iota
@@ -147,7 +157,8 @@ type Engine struct {
 	eTok, eY, eG     uint64
 	pendY            bool
 	dispatched, comb bool
-	known            int // the step's expert rows once ReadCounts read them; −1 before
+	dout, grads      bool // the step's CombineBackwardSend and DispatchBackwardSend have been queued
+	known            int  // the step's expert rows once ReadCounts read them; −1 before
 
 	fz fusedState // the fused path's (cfg.Fused)
 
@@ -177,10 +188,10 @@ func New(b *cudabackend.Backend, cfg Config, sym [NumBufs]*tensor.Tensor, peers 
 	for i, t := range sym {
 		want := shapes[i]
 		if t == nil || t.DType() != want.DType || !t.Shape().Equal(want.Shape) || t.Device() != b.Device() {
-			return nil, fmt.Errorf("cuda: expert dispatch: symmetric buffer %d is %v, expected %v%v on %v", i, t, want.DType, want.Shape, b.Device())
+			return nil, fmt.Errorf("cuda: expert dispatch: symmetric buffer %d (%v) is %v, expected %v%v on %v", i, Buf(i), t, want.DType, tensor.Shape(want.Shape), b.Device())
 		}
 		if len(peers[i]) != P {
-			return nil, fmt.Errorf("cuda: expert dispatch: %d peer addresses of buffer %d, expected %d", len(peers[i]), i, P)
+			return nil, fmt.Errorf("cuda: expert dispatch: %d peer addresses of buffer %d (%v), expected %d (one per rank)", len(peers[i]), i, Buf(i), P)
 		}
 		for _, p := range peers[i] {
 			words = append(words, int32(uint32(p)), int32(uint32(p>>32)))
@@ -325,6 +336,22 @@ func (d *Engine) checkRows(op, what string, t *tensor.Tensor, rows int, dt tenso
 	return nil
 }
 
+// checkOrder checks a row order argument.
+func checkOrder(op string, order int) error {
+	if order != 0 && order != 1 {
+		return fmt.Errorf("cuda: expert dispatch: %s: order %d, expected 0 (expert-major) or 1 (received order)", op, order)
+	}
+	return nil
+}
+
+// checkTokens checks a (N, cols) tensor of dt of the step's tokens.
+func (d *Engine) checkTokens(op, what string, t *tensor.Tensor, cols int, dt tensor.DType) error {
+	if t == nil || t.DType() != dt || t.Device() != d.b.Device() || !t.Shape().Equal(tensor.Shape{d.n, cols}) {
+		return fmt.Errorf("cuda: expert dispatch: %s: %s is %v, expected %v(%d, %d) on %v", op, what, t, dt, d.n, cols, d.b.Device())
+	}
+	return nil
+}
+
 func (d *Engine) grid(rows int) cudabackend.Dim3 { return cudabackend.D1(max(1, min(rows, 2048))) }
 
 // DispatchSend starts a step: x (N, C) this rank's tokens, idx (N, K) int32
@@ -349,7 +376,7 @@ func (d *Engine) DispatchSend(x, idx *tensor.Tensor, cf float64) error {
 	if !(cf >= 0) || math.IsInf(cf, 0) {
 		return fmt.Errorf("cuda: expert dispatch: %s: capacity factor %v, expected a finite value ≥ 0", op, cf)
 	}
-	d.n, d.cf, d.dispatched, d.comb, d.known = N, cf, true, false, -1
+	d.n, d.cf, d.dispatched, d.comb, d.dout, d.grads, d.known = N, cf, true, false, false, false, -1
 	P, E, L, C, Mt, me := d.cfg.Ranks, d.cfg.Experts, d.cfg.local(), d.cfg.Cols, d.cfg.MaxTokens, d.cfg.Rank
 	sendN := min(N, Mt) // a rank over the bound sends its header only
 	d.b.Queue(op, func(dev *cudabackend.Launcher) error {
@@ -422,6 +449,9 @@ func (d *Engine) DispatchRecv(out *tensor.Tensor, order int) error {
 	if err := d.checkRows(op, "out", out, d.cfg.recvBound(), d.cfg.DType); err != nil {
 		return err
 	}
+	if err := checkOrder(op, order); err != nil {
+		return err
+	}
 	P, E, L, K, C, Mt, me := d.cfg.Ranks, d.cfg.Experts, d.cfg.local(), d.cfg.TopK, d.cfg.Cols, d.cfg.MaxTokens, d.cfg.Rank
 	d.wait(op, sigReadyTok, d.eTok, func(dev *cudabackend.Launcher) error {
 		if err := dev.Launch("ep_plan", cudabackend.D1(1), cudabackend.D1(threads256), 0, ptr(d.sym[Header]), ptr(d.idx), ptr(d.rk),
@@ -459,6 +489,9 @@ func (d *Engine) returnSend(op string, y *tensor.Tensor, order int, buf Buf, ack
 	if err := d.checkRows(op, "rows", y, d.cfg.recvBound(), d.cfg.DType); err != nil {
 		return err
 	}
+	if err := checkOrder(op, order); err != nil {
+		return err
+	}
 	*epoch++
 	e := *epoch
 	d.b.Queue(op, d.joinSide) // the fused path's routes were written on its side stream
@@ -476,8 +509,9 @@ func (d *Engine) returnSend(op string, y *tensor.Tensor, order int, buf Buf, ack
 // order, back to their tokens' homes (after the homes have released the
 // previous step's combine buffer), and signals them.
 func (d *Engine) CombineSend(y *tensor.Tensor, order int) error {
-	d.comb = true
-	return d.returnSend("CombineSend", y, order, Y, sigAckY, sigReadyY, &d.eY)
+	err := d.returnSend("CombineSend", y, order, Y, sigAckY, sigReadyY, &d.eY)
+	d.comb = d.comb || err == nil
+	return err
 }
 
 // slots is the (N·K, C) view of a slot buffer.
@@ -490,13 +524,20 @@ func (d *Engine) slots(buf Buf) *tensor.Tensor {
 }
 
 // CombineRecv waits for every rank's expert outputs and writes out (N, C)
-// = Σ_j weights[n, j]·y(n, j) over the kept slots, in fp32, the choices in
-// order (deterministic). The combine buffer stays this rank's until the
-// next step (CombineBackwardSend reads it for dweights).
+// = Σ_j weights[n, j]·y(n, j) over the kept slots (weights (N, K) in the
+// path's dtype), in fp32, the choices in order (deterministic). The
+// combine buffer stays this rank's until the next step
+// (CombineBackwardSend reads it for dweights).
 func (d *Engine) CombineRecv(out, weights *tensor.Tensor) error {
 	const op = "CombineRecv"
 	if !d.comb {
 		return fmt.Errorf("cuda: expert dispatch: %s without a CombineSend", op)
+	}
+	if err := d.checkTokens(op, "out", out, d.cfg.Cols, d.cfg.DType); err != nil {
+		return err
+	}
+	if err := d.checkTokens(op, "weights", weights, d.cfg.TopK, d.cfg.DType); err != nil {
+		return err
 	}
 	d.b.Queue(op, d.joinSide) // the fused path's side stream: its rows have left
 	d.wait(op, sigReadyY, d.eY, func(*cudabackend.Launcher) error { return nil })
@@ -517,16 +558,16 @@ func (d *Engine) CombineBackwardSend(dout, weights, dweights *tensor.Tensor) err
 		return fmt.Errorf("cuda: expert dispatch: %s without a combine", op)
 	}
 	N, K := d.n, d.cfg.TopK
-	if err := d.checkRows(op, "dout", dout, N, d.cfg.DType); err != nil {
+	if err := d.checkTokens(op, "dout", dout, d.cfg.Cols, d.cfg.DType); err != nil {
 		return err
 	}
-	for _, w := range []*tensor.Tensor{weights, dweights} {
-		if w != nil && (w.DType() != d.cfg.DType || !w.Shape().Equal(tensor.Shape{N, K})) {
-			return fmt.Errorf("cuda: expert dispatch: %s: weights %v, expected %v(%d, %d)", op, w, d.cfg.DType, N, K)
-		}
+	if err := d.checkTokens(op, "weights", weights, K, d.cfg.DType); err != nil {
+		return err
 	}
-	if weights == nil {
-		return fmt.Errorf("cuda: expert dispatch: %s: nil weights", op)
+	if dweights != nil {
+		if err := d.checkTokens(op, "dweights", dweights, K, d.cfg.DType); err != nil {
+			return err
+		}
 	}
 	P, E, L, C, Mt, me := d.cfg.Ranks, d.cfg.Experts, d.cfg.local(), d.cfg.Cols, d.cfg.MaxTokens, d.cfg.Rank
 	d.eTok++
@@ -540,6 +581,7 @@ func (d *Engine) CombineBackwardSend(dout, weights, dweights *tensor.Tensor) err
 		}
 		return d.signal(dev, sigReadyTok, d.eTok)
 	})
+	d.dout = true
 	return d.sticky(op)
 }
 
@@ -548,10 +590,16 @@ func (d *Engine) CombineBackwardSend(dout, weights, dweights *tensor.Tensor) err
 // order, then acknowledges the token buffer.
 func (d *Engine) CombineBackwardRecv(dy *tensor.Tensor, order int) error {
 	const op = "CombineBackwardRecv"
-	d.b.Queue(op, d.joinSide)
+	if !d.dout {
+		return fmt.Errorf("cuda: expert dispatch: %s without a CombineBackwardSend", op)
+	}
 	if err := d.checkRows(op, "dy", dy, d.cfg.recvBound(), d.cfg.DType); err != nil {
 		return err
 	}
+	if err := checkOrder(op, order); err != nil {
+		return err
+	}
+	d.b.Queue(op, d.joinSide)
 	P, E, K, C, Mt := d.cfg.Ranks, d.cfg.Experts, d.cfg.TopK, d.cfg.Cols, d.cfg.MaxTokens
 	remap := cudabackend.Ptr(0)
 	if order == 1 {
@@ -572,7 +620,9 @@ func (d *Engine) CombineBackwardRecv(dy *tensor.Tensor, order int) error {
 // DispatchBackwardSend sends the expert rows' gradients g (RecvBound(), C),
 // in the given order, back to their tokens' homes.
 func (d *Engine) DispatchBackwardSend(g *tensor.Tensor, order int) error {
-	return d.returnSend("DispatchBackwardSend", g, order, G, sigAckG, sigReadyG, &d.eG)
+	err := d.returnSend("DispatchBackwardSend", g, order, G, sigAckG, sigReadyG, &d.eG)
+	d.grads = d.grads || err == nil
+	return err
 }
 
 // DispatchBackwardRecv waits for every rank's gradient rows and writes dx
@@ -580,6 +630,12 @@ func (d *Engine) DispatchBackwardSend(g *tensor.Tensor, order int) error {
 // the gradient buffer.
 func (d *Engine) DispatchBackwardRecv(dx *tensor.Tensor) error {
 	const op = "DispatchBackwardRecv"
+	if !d.grads {
+		return fmt.Errorf("cuda: expert dispatch: %s without a DispatchBackwardSend", op)
+	}
+	if err := d.checkTokens(op, "dx", dx, d.cfg.Cols, d.cfg.DType); err != nil {
+		return err
+	}
 	d.b.Queue(op, d.joinSide) // the fused path's side stream: its gradient rows have left
 	d.wait(op, sigReadyG, d.eG, func(*cudabackend.Launcher) error { return nil })
 	if d.n > 0 && d.n <= d.cfg.MaxTokens {

@@ -368,8 +368,9 @@ func (d *Engine) doneTarget() uint64 { return uint64(ceilDiv(d.cfg.Cols, cudabac
 // as soon as its flag says it is stored. Then CombineRecv as in the
 // pipelined path.
 func (d *Engine) CombineSendFused(ye *tensor.Tensor, gemm func() error) error {
-	d.comb = true
-	return d.returnSendFused("CombineSendFused", ye, gemm, Y, sigAckY, sigReadyY, &d.eY)
+	err := d.returnSendFused("CombineSendFused", ye, gemm, Y, sigAckY, sigReadyY, &d.eY)
+	d.comb = d.comb || err == nil
+	return err
 }
 
 // DispatchBackwardSendFused is DispatchBackwardSend of the expert rows'
@@ -378,7 +379,9 @@ func (d *Engine) CombineSendFused(ye *tensor.Tensor, gemm func() error) error {
 // home once its flag is up. Then DispatchBackwardRecv as in the pipelined
 // path.
 func (d *Engine) DispatchBackwardSendFused(g *tensor.Tensor, gemm func() error) error {
-	return d.returnSendFused("DispatchBackwardSendFused", g, gemm, G, sigAckG, sigReadyG, &d.eG)
+	err := d.returnSendFused("DispatchBackwardSendFused", g, gemm, G, sigAckG, sigReadyG, &d.eG)
+	d.grads = d.grads || err == nil
+	return err
 }
 
 // returnSendFused is the flag-driven send of rows y into the homes' buf,
@@ -478,6 +481,9 @@ func (d *Engine) CombineBackwardRecvFused(dy *tensor.Tensor) error {
 	const op = "CombineBackwardRecvFused"
 	if err := d.checkFused(op); err != nil {
 		return err
+	}
+	if !d.dout {
+		return fmt.Errorf("cuda: expert dispatch: %s without a CombineBackwardSend", op)
 	}
 	if err := d.checkRows(op, "dy", dy, d.cfg.recvBound(), d.cfg.DType); err != nil {
 		return err
