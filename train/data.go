@@ -8,16 +8,11 @@ import (
 	"github.com/asynctp/asynctp/tokens"
 )
 
-// Dataset is the sequence of token ids a Loader cuts into windows: files of
-// any format and size opened as one stream (tokens.Open), or ids held in
-// memory (tokens.FromBytes, tokens.FromIDs). Its name is used in messages.
-type Dataset = tokens.Stream
-
 // SplitValidation returns the first part of ds's tokens for training and
 // the last valFraction of them (at least one token) for validation, as views
 // of ds. The two do not overlap. valFraction must be in (0, 1); 0.05 is the
 // usual choice.
-func SplitValidation(ds *Dataset, valFraction float64) (trainSet, valSet *Dataset, err error) {
+func SplitValidation(ds *tokens.Stream, valFraction float64) (trainSet, valSet *tokens.Stream, err error) {
 	if !(valFraction > 0 && valFraction < 1) {
 		return nil, nil, fmt.Errorf("train: validation fraction %v of %s, want in (0, 1)", valFraction, ds.Name())
 	}
@@ -82,12 +77,14 @@ type DataPosition struct {
 	Order   string `json:"order,omitempty"`
 }
 
-// Loader yields batches of (inputs, targets) windows of a Dataset. The
-// tokens are cut into non-overlapping windows of Seq+1 tokens (window i
-// starts at token i·Seq, so consecutive windows share one token); each epoch
-// visits all windows once, in an order given by a pseudo-random
-// permutation of the window numbers keyed by (Seed, epoch). A batch that
-// runs past the end of an epoch continues into the next one.
+// Loader yields batches of (inputs, targets) windows of a tokens.Stream:
+// files of any format and size opened as one stream (tokens.Open), or ids
+// held in memory (tokens.FromBytes, tokens.FromIDs); the stream's name is
+// used in messages. The tokens are cut into non-overlapping windows of
+// Seq+1 tokens (window i starts at token i·Seq, so consecutive windows share
+// one token); each epoch visits all windows once, in an order given by a
+// pseudo-random permutation of the window numbers keyed by (Seed, epoch). A
+// batch that runs past the end of an epoch continues into the next one.
 //
 // The permutation (OrderFeistel) is a balanced Feistel network over the
 // window numbers' bits with cycle walking: window i of an epoch is computed
@@ -95,7 +92,7 @@ type DataPosition struct {
 // window's tokens whatever the size of the dataset. Next reads each window
 // from the dataset when it is needed (tokens.Stream maps its files).
 type Loader struct {
-	ds      *Dataset
+	ds      *tokens.Stream
 	cfg     LoaderConfig
 	windows int
 	epoch   int
@@ -110,7 +107,7 @@ type Loader struct {
 // NewLoader checks the dataset against cfg (enough tokens for one window,
 // and, for a dataset of at most CheckAllTokens tokens, every id below the
 // vocabulary) and returns a loader at epoch 0, index 0.
-func NewLoader(ds *Dataset, cfg LoaderConfig) (*Loader, error) {
+func NewLoader(ds *tokens.Stream, cfg LoaderConfig) (*Loader, error) {
 	if ds == nil {
 		return nil, fmt.Errorf("train: NewLoader: nil dataset")
 	}

@@ -120,7 +120,7 @@ var olderTokenizerNames = map[string][]string{tokIDs: {"uint16 ids"}}
 // tokenizerOf says what the run's token ids are (those of ds), and refuses
 // text data (read as bytes) for a model that comes with a tokenizer of its
 // own.
-func tokenizerOf(cfg Config, ds *train.Dataset) (string, error) {
+func tokenizerOf(cfg Config, ds *tokens.Stream) (string, error) {
 	kind := tokBytes
 	if !ds.Text() {
 		kind = tokIDs

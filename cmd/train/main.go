@@ -254,7 +254,7 @@ func run(ctx context.Context, args []string) error {
 // rank 0 (rank0) the start hook that writes OUT/config.json (and the
 // tokenizer of --init-from) once the run is sure to start, so a resume
 // that fails leaves them as they were.
-func dataAndOptions(cfg Config, ds *train.Dataset, rank0 bool) (*train.Loader, []train.Option, error) {
+func dataAndOptions(cfg Config, ds *tokens.Stream, rank0 bool) (*train.Loader, []train.Option, error) {
 	tok, err := tokenizerOf(cfg, ds)
 	if err != nil {
 		return nil, nil, err
@@ -270,7 +270,7 @@ func dataAndOptions(cfg Config, ds *train.Dataset, rank0 bool) (*train.Loader, [
 		}
 		opts = append(opts, train.WithValidation(val, t.EvalEvery, t.EvalBatches))
 	case t.ValFraction > 0:
-		var valSet *train.Dataset
+		var valSet *tokens.Stream
 		if trainSet, valSet, err = train.SplitValidation(ds, t.ValFraction); err != nil {
 			return nil, nil, err
 		}
@@ -340,7 +340,7 @@ func routerMetrics(m moeModel) func() (map[string]any, error) {
 // read: see package tokens), or the built-in corpus when none is
 // given, and checks --val-data, so that the errors of both come before any
 // rank starts.
-func openDataset(cfg Config) (*train.Dataset, error) {
+func openDataset(cfg Config) (*tokens.Stream, error) {
 	ds := tokens.FromBytes("built-in corpus", corpus.Default())
 	if cfg.Data != "" {
 		var err error
@@ -361,12 +361,12 @@ func openDataset(cfg Config) (*train.Dataset, error) {
 
 // openValidation is the loader of --val-data, whose ids must be of the
 // kind of ds's (text, or token ids), and its dataset.
-func openValidation(cfg Config, ds *train.Dataset) (*train.Loader, *train.Dataset, error) {
+func openValidation(cfg Config, ds *tokens.Stream) (*train.Loader, *tokens.Stream, error) {
 	vs, err := tokens.Open(cfg.ValData, tokens.Format(cfg.DataFormat))
 	if err != nil {
 		return nil, nil, fmt.Errorf("--val-data: %w", err)
 	}
-	if kind := func(s *train.Dataset) string {
+	if kind := func(s *tokens.Stream) string {
 		if s.Text() {
 			return "text (one token per byte)"
 		}

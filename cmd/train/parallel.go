@@ -17,6 +17,7 @@ import (
 	"github.com/asynctp/asynctp/parallel/model"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cpu"
+	"github.com/asynctp/asynctp/tokens"
 	"github.com/asynctp/asynctp/train"
 	"github.com/asynctp/asynctp/train/routing"
 )
@@ -81,7 +82,7 @@ func runParallel(ctx context.Context, cfg Config) error {
 // agreement after every step (and the test hooks of fault, when set). Every
 // collective of the model and of the agreement is ordered on w.Stream
 // (nil on the CPU).
-func trainRank(ctx context.Context, w *launch.World, cfg Config, ds *train.Dataset, fault faults) (train.Result, error) {
+func trainRank(ctx context.Context, w *launch.World, cfg Config, ds *tokens.Stream, fault faults) (train.Result, error) {
 	p := cfg.Parallel
 	c, g, b, s, dt := w.Comm, w.Grid, w.Backend, w.Stream, w.DType
 	if g == nil {

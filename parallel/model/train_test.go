@@ -23,7 +23,7 @@ import (
 )
 
 // corpus is a learnable token stream: a repeated random phrase with noise.
-func corpus(n, vocab int) *train.Dataset {
+func corpus(n, vocab int) *tokens.Stream {
 	rng := testutil.Rng(99)
 	phrase := make([]int32, 37)
 	for i := range phrase {
@@ -44,7 +44,7 @@ func trainConfig(steps int, outDir string) train.Config {
 		Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, GradClip: 0.5, Seed: 5, LogEvery: 100, OutDir: outDir}
 }
 
-func loader(t testing.TB, ds *train.Dataset, cfg layers.GPTConfig) *train.Loader {
+func loader(t testing.TB, ds *tokens.Stream, cfg layers.GPTConfig) *train.Loader {
 	l, err := train.NewLoader(ds, train.LoaderConfig{Batch: 4, Seq: 8, Vocab: cfg.Vocab, Seed: 5})
 	if err != nil {
 		t.Fatal(err)
@@ -54,7 +54,7 @@ func loader(t testing.TB, ds *train.Dataset, cfg layers.GPTConfig) *train.Loader
 
 // runSharded trains on every rank of l with train.RunSharded and returns world
 // rank 0's result and its gradient norms.
-func runSharded(l layout, cfg layers.GPTConfig, ds *train.Dataset, tc train.Config) (train.Result, []float64, error) {
+func runSharded(l layout, cfg layers.GPTConfig, ds *tokens.Stream, tc train.Config) (train.Result, []float64, error) {
 	var res train.Result
 	var norms []float64
 	err := onGrid(l, func(b tensor.Backend, g *comm.Grid) error {
@@ -100,7 +100,7 @@ func TestTrainMatchesGPT(t *testing.T) {
 
 // trainReference trains layers.GPT for 20 steps through train.Run: the run
 // the sharded ones are compared with, and its gradient norms.
-func trainReference(t *testing.T, cfg layers.GPTConfig, ds *train.Dataset) (train.Result, []float64) {
+func trainReference(t *testing.T, cfg layers.GPTConfig, ds *tokens.Stream) (train.Result, []float64) {
 	t.Helper()
 	b := cpu.New()
 	gpt, err := layers.NewGPT(b, cfg, tensor.Float32)
@@ -120,7 +120,7 @@ func trainReference(t *testing.T, cfg layers.GPTConfig, ds *train.Dataset) (trai
 // matchReference trains 20 steps at layout l through train.RunSharded and
 // compares the loss and the gradient norm of every step with the
 // reference run's, within 1e-4.
-func matchReference(t *testing.T, l layout, cfg layers.GPTConfig, ds *train.Dataset, ref train.Result, refNorms []float64) {
+func matchReference(t *testing.T, l layout, cfg layers.GPTConfig, ds *tokens.Stream, ref train.Result, refNorms []float64) {
 	t.Helper()
 	res, norms, err := runSharded(l, cfg, ds, trainConfig(20, t.TempDir()))
 	if err != nil {
