@@ -116,7 +116,7 @@ const peerPutThreads = 256
 
 // checkPut is peer_put's data check: err[1] = the destination rank that
 // never freed its gather buffer.
-var checkPut = cudabackend.NewDataCheck("peercopy: put")
+var checkPut, errCheckPut = cudabackend.NewDataCheck("peercopy: put")
 
 // queuePut queues the put p on stream (nil: the backend's stream; the
 // emulator has only that one) through the addresses of pt (peer_put,

@@ -34,7 +34,7 @@ func waitSignalsRaising(b *cudabackend.Backend, words uint64, n int, target uint
 
 // checkWait is the signal waits' data check: err[1] = the word that stayed
 // short.
-var checkWait = cudabackend.NewDataCheck("peercopy: signal wait")
+var checkWait, errCheckWait = cudabackend.NewDataCheck("peercopy: signal wait")
 
 func queueWait(b *cudabackend.Backend, op, kernel string, words uint64, n int, target uint64, deadline time.Duration, status *tensor.Tensor, what func(i int) error) {
 	c := b.Check(op)

@@ -53,6 +53,9 @@ func envAs(sp overlap.Spec, what string) (siteEnv, error) {
 	if sp.Group == nil {
 		return siteEnv{}, fmt.Errorf("%s: nil group", what)
 	}
+	if err := errors.Join(errCheckPut, errCheckWait); err != nil {
+		return siteEnv{}, fmt.Errorf("%s: %w", what, err)
+	}
 	sm, ok := comm.SymmetricOf(sp.Group)
 	if !ok {
 		return siteEnv{}, fmt.Errorf("%s: group %s has no symmetric memory (comm.SymmetricMemory: the NVSHMEM transport has it) (%w)", what, sp.Group.Name(), overlap.ErrUnavailable)

@@ -56,18 +56,20 @@ var dataChecks struct {
 	names []string
 }
 
-// NewDataCheck makes the slot called name (a program has a fixed few: make
-// them in package-level variables). It panics when more than 8 are made,
-// a program's error, as regexp.MustCompile panics on a bad expression.
-func NewDataCheck(name string) DataCheck {
+// NewDataCheck makes the slot called name. A program has a fixed few (at
+// most 8, shared by every package): make them in package-level variables,
+// and have the constructor of whatever launches with them return the error
+// (a zero DataCheck must not be used). Past 8 it returns an error naming
+// the checks already made.
+func NewDataCheck(name string) (DataCheck, error) {
 	dataChecks.Lock()
 	defer dataChecks.Unlock()
 	n := len(dataChecks.names)
 	if n == maxDataChecks {
-		panic(fmt.Sprintf("cudabackend: NewDataCheck(%q): already %d data checks (%v), the most a program has", name, n, dataChecks.names))
+		return DataCheck{}, fmt.Errorf("cudabackend: data check %q: %d made already (%q), expected at most %d in a program (the slots of the backend's check words)", name, n, dataChecks.names, maxDataChecks)
 	}
 	dataChecks.names = append(dataChecks.names, name)
-	return DataCheck{slot: firstDataCheck + flagSlot(n), name: name}
+	return DataCheck{slot: firstDataCheck + flagSlot(n), name: name}, nil
 }
 
 // Launcher queues work on the backend's device inside Queue: on the

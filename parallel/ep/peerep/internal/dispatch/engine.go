@@ -182,6 +182,9 @@ func New(b *cudabackend.Backend, cfg Config, sym [NumBufs]*tensor.Tensor, peers 
 	if cfg.Deadline == 0 {
 		cfg.Deadline = DefaultDeadline
 	}
+	if errDataChecks != nil {
+		return nil, fmt.Errorf("cuda: expert dispatch: %w", errDataChecks)
+	}
 	shapes := SymmetricShapes(cfg)
 	P := cfg.Ranks
 	words := make([]int32, 0, 2*int(NumBufs)*P) // the 64-bit addresses as int32 pairs

@@ -1,6 +1,8 @@
 package dispatch
 
 import (
+	"errors"
+
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cudabackend"
 )
@@ -14,10 +16,14 @@ const threads256 = 256
 // code·65536 + the peer or the block), the fused combine's block waits
 // (err[1] = 0x20000000 + the block).
 var (
-	checkLayout = cudabackend.NewDataCheck("expert dispatch: layout")
-	checkWait   = cudabackend.NewDataCheck("expert dispatch: wait")
-	checkBlocks = cudabackend.NewDataCheck("expert dispatch: fused combine blocks")
+	checkLayout, errCheckLayout = cudabackend.NewDataCheck("expert dispatch: layout")
+	checkWait, errCheckWait     = cudabackend.NewDataCheck("expert dispatch: wait")
+	checkBlocks, errCheckBlocks = cudabackend.NewDataCheck("expert dispatch: fused combine blocks")
 )
+
+// errDataChecks is why the engine cannot have its data checks (New
+// returns it), or nil.
+var errDataChecks = errors.Join(errCheckLayout, errCheckWait, errCheckBlocks)
 
 // ptr is the device address of t as a kernel argument (0 for nil).
 func ptr(t *tensor.Tensor) cudabackend.Ptr { return cudabackend.PtrOf(t) }
