@@ -1,6 +1,7 @@
 package ablate
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"runtime"
@@ -262,8 +263,11 @@ func (l *layerCase) site(s overlap.Strategy) (func() error, func() error, error)
 	in := &layerInst{}
 	closeInst := func() error {
 		var err error
+		if in.m != nil {
+			err = in.m.Close()
+		}
 		if in.grid != nil {
-			err = in.grid.Close()
+			err = errors.Join(err, in.grid.Close())
 		}
 		*in = layerInst{}
 		l.cur = nil

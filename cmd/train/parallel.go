@@ -82,7 +82,7 @@ func runParallel(ctx context.Context, cfg Config) error {
 // agreement after every step (and the test hooks of fault, when set). Every
 // collective of the model and of the agreement is ordered on w.Stream
 // (nil on the CPU).
-func trainRank(ctx context.Context, w *launch.World, cfg Config, ds *tokens.Stream, fault faults) (train.Result, error) {
+func trainRank(ctx context.Context, w *launch.World, cfg Config, ds *tokens.Stream, fault faults) (_ train.Result, err error) {
 	p := cfg.Parallel
 	c, g, b, s, dt := w.Comm, w.Grid, w.Backend, w.Stream, w.DType
 	if g == nil {
@@ -111,6 +111,11 @@ func trainRank(ctx context.Context, w *launch.World, cfg Config, ds *tokens.Stre
 	if err != nil {
 		return train.Result{}, err
 	}
+	defer func() { // the gradient reduction's side streams, once the loop has ended
+		if cerr := m.Close(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("rank %d: %w", c.Rank(), cerr))
+		}
+	}()
 	if err := saveAutotune(tune, c.Rank() == 0); err != nil {
 		return train.Result{}, err
 	}

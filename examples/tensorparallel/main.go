@@ -124,7 +124,7 @@ func newModel(b tensor.Backend, group comm.Comm) (*model, error) {
 }
 
 // train runs the steps and returns the loss of each and the weights.
-func (m *model) train(groups grads.Groups) ([]float64, []shard.Piece, error) {
+func (m *model) train(groups grads.Groups) (losses []float64, pieces []shard.Piece, err error) {
 	b := m.b
 	opt, err := optim.NewAdamW(b, m.ps)
 	if err != nil {
@@ -134,11 +134,15 @@ func (m *model) train(groups grads.Groups) ([]float64, []shard.Piece, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	defer func() { // the reduction's side stream on a GPU
+		if cerr := red.Close(); err == nil {
+			err = cerr
+		}
+	}()
 	sched := optim.WarmupCosine{Peak: lr, Min: lr / 10, Warmup: 2, Steps: steps}
 	h, a := b.Zeros(dt, rows, m.width), b.Zeros(dt, rows, m.width)
 	y, dy := b.Zeros(dt, rows, out), b.Zeros(dt, rows, out)
 	da, dh, dx := b.Zeros(dt, rows, m.width), b.Zeros(dt, rows, m.width), b.Zeros(dt, rows, in)
-	var losses []float64
 	for step := 1; step <= steps; step++ {
 		x, t := batch(step)
 		m.ps.ZeroGrad()
@@ -168,7 +172,6 @@ func (m *model) train(groups grads.Groups) ([]float64, []shard.Piece, error) {
 			return nil, nil, fmt.Errorf("step %d: gradient norm² %v (%v)", step, ss, err)
 		}
 	}
-	var pieces []shard.Piece
 	for _, s := range m.shards {
 		w, err := tensor.Host(dt, s.Param.W.Shape()...)
 		if err != nil {

@@ -171,6 +171,9 @@ func (r *Reducer) BeginBackward(micro, micros int) error {
 	if micros < 1 || micro < 0 || micro >= micros {
 		return fmt.Errorf("grads: the backward of micro-batch %d of %d, expected 0 ≤ micro < micros", micro, micros)
 	}
+	if err := r.usable("BeginBackward"); err != nil {
+		return err
+	}
 	if r.step.on {
 		return fmt.Errorf("grads: BeginBackward of micro-batch %d while the backward of micro-batch %d has not ended (EndBackward)", micro, r.step.micro)
 	}

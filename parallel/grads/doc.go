@@ -52,9 +52,13 @@
 // (Sharding: what optim.NewShardedAdamW updates from). The partial
 // gradients' sums over TP and the gradient norm (each rank's parts summed
 // over the bucket's group, then as above) run on them; GatherParams
-// all-gathers the updated parameters on the reduction's lane and
-// WaitParams waits for them. Config.ReduceBucket replaces a bucket's
+// all-gathers the updated parameters on a lane of their own (a second
+// side stream on a GPU) and WaitParams waits for them. Config.ReduceBucket replaces a bucket's
 // all-reduce with a caller's collective instead.
+//
+// Close waits for the collectives in flight and releases the side
+// streams; its owner (parallel/model.Model.Close) calls it once the
+// training is over.
 //
 // Reductions lists the sums as gradient tensors grouped by the group they
 // are summed over, for a caller that schedules them itself.

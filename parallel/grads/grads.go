@@ -87,6 +87,54 @@ type Reducer struct {
 	step    backwardState
 	lane    *lane
 	zero    *zeroState // a distributed optimizer's parts (Config.Shard), or nil
+	closed  bool
+}
+
+// errClosing ends a backward that Close finds in progress.
+var errClosing = errors.New("grads: closing")
+
+// Close ends the Reducer's use of the device. It first waits for the
+// collectives in flight, as the peers run them too: the sums started by a
+// backward not ended (as EndBackward(err) waits for them, leaving that
+// step's gradients incomplete) and the parameters' all-gathers
+// (WaitParams, which puts them in place). Then it releases the side
+// streams of its lanes (tensor.Streams.DestroyStream: the buckets' sums'
+// and the all-gathers'; on a GPU the waits order the backend's stream, so
+// no host sync is needed, and CUDA frees a destroyed stream once its work
+// is done; the CPU's lanes are goroutines that end with each step). The
+// Reducer holds no events: the fork of the side stream uses the backend's.
+//
+// It returns the first error of that work or of the release. After Close,
+// BeginBackward and GatherParams refuse; a second Close does nothing and
+// returns nil. The parameter set and the tensors the Reducer allocated
+// stay with the backend.
+func (r *Reducer) Close() error {
+	if r.closed {
+		return nil
+	}
+	r.closed = true
+	var errs []error
+	if r.step.on {
+		if err := r.EndBackward(errClosing); err != errClosing {
+			errs = append(errs, err)
+		}
+	}
+	errs = append(errs, r.WaitParams())
+	if r.lane != nil {
+		errs = append(errs, r.lane.close())
+	}
+	if r.zero != nil && r.zero.lane != nil {
+		errs = append(errs, r.zero.lane.close())
+	}
+	return errors.Join(errs...)
+}
+
+// usable is nil, or why op cannot run: the Reducer is closed.
+func (r *Reducer) usable(op string) error {
+	if r.closed {
+		return fmt.Errorf("grads: %s on a closed Reducer (Close)", op)
+	}
+	return nil
 }
 
 // NewReducer is NewReducerWith the default Config: the sums in the main

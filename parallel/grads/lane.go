@@ -115,6 +115,20 @@ func (l *lane) end() error {
 	return nil
 }
 
+// close releases the lane's side stream (once; nothing on the CPU, whose
+// goroutine ends with each step). The lane must not be active.
+func (l *lane) close() error {
+	if l.streams == nil || l.side == nil {
+		return nil
+	}
+	err := l.streams.DestroyStream(l.side)
+	l.side = nil
+	if err != nil {
+		return fmt.Errorf("grads: the reduction's side stream: %w", err)
+	}
+	return nil
+}
+
 type failedWork struct{ err error }
 
 func (w failedWork) Wait(comm.Stream) error { return w.err }

@@ -192,6 +192,9 @@ func TestEmuGradReduceDType(t *testing.T) {
 				mu.Lock()
 				before[c.Rank()], after[c.Rank()] = mine, testutil.Download(b, m.Params().MainGrads())
 				mu.Unlock()
+				if err := m.Close(); err != nil {
+					return err
+				}
 				return b.Err()
 			}, local.WithTimeout(2*time.Minute))
 			if err != nil {

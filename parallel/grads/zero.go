@@ -18,12 +18,12 @@ import (
 // rank owns are packed, in flat order, into its sharded gradients, which
 // its optimizer reads (optim.NewShardedAdamW: master weights and moments
 // of the owned parts only). After the update, GatherParams all-gathers
-// each bucket's updated parameters from their owners, on the same lane as
-// the buckets' sums (a side stream on a GPU, a goroutine on the CPU), and
-// WaitParams waits for them (parallel/model waits before the next
-// forward). The partial gradients' sums over TP and the gradient norm run
-// on the owned parts: the norm adds the parts' Σ g² over the bucket's
-// group as well.
+// each bucket's updated parameters from their owners, on a lane of their
+// own beside the buckets' sums' (a second side stream on a GPU, a
+// goroutine on the CPU), and WaitParams waits for them (parallel/model
+// waits before the next forward). The partial gradients' sums over TP and
+// the gradient norm run on the owned parts: the norm adds the parts' Σ g²
+// over the bucket's group as well.
 
 // zeroBucket is a bucket's part of the distributed optimizer.
 type zeroBucket struct {
@@ -217,6 +217,9 @@ func (r *Reducer) landed(i int) error {
 // instead, as the buckets' sums are. Without Config.Shard it does
 // nothing.
 func (r *Reducer) GatherParams() error {
+	if err := r.usable("GatherParams"); err != nil {
+		return err
+	}
 	z := r.zero
 	if z == nil {
 		return nil

@@ -108,7 +108,7 @@ func TestEmuDistributedOptimizer(t *testing.T) {
 					return err
 				}
 			}
-			if err := m.WaitParams(); err != nil {
+			if err := m.Close(); err != nil { // waits for the last all-gather
 				return err
 			}
 			w, _ := m.Params().Flat()

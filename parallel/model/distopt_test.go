@@ -36,6 +36,9 @@ func trainWeights(t *testing.T, l layout, cfg layers.GPTConfig, tc train.Config)
 		if err != nil {
 			return err
 		}
+		if err := m.Close(); err != nil {
+			return err
+		}
 		w, _ := m.Params().Flat()
 		weights[g.World.Rank()] = testutil.Download(b, w)
 		if g.World.Rank() == 0 {

@@ -426,6 +426,13 @@ func (m *Model) WaitParams() error {
 	return nil
 }
 
+// Close waits for the gradient reduction's collectives in flight and
+// releases its side streams (grads.Reducer.Close): call it on every rank
+// once the model is trained no more (after train.Run or RunSharded, which
+// leave the model to its owner). The weights stay readable; a backward
+// after it fails (the reduction refuses). A second Close returns nil.
+func (m *Model) Close() error { return m.red.Close() }
+
 // SetRecompute sets the activation recompute of the blocks
 // (layers.Decoder.SetRecompute: the forward keeps only the blocks' inputs,
 // or drops the attention cores' outputs, and the backward recomputes the

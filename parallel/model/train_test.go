@@ -3,6 +3,7 @@ package model_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -72,7 +73,7 @@ func runSharded(l layout, cfg layers.GPTConfig, ds *tokens.Stream, tc train.Conf
 		if g.World.Rank() == 0 {
 			res, norms = r, mine
 		}
-		return err
+		return errors.Join(err, m.Close())
 	})
 	return res, norms, err
 }
