@@ -172,42 +172,22 @@ func copyTokenizer(cfg Config) error {
 	return nil
 }
 
-// runCheckpoints finds the checkpoints of a run: dir is a checkpoint
-// (step-NNNNNN), a single rank's out dir, or a parallel run's out dir
-// (rank-NNNNN/, every rank at rank 0's latest step).
+// runCheckpoints returns the checkpoints of the newest state of the run
+// in dir that a resume reads (train.RunCheckpoints: one per rank of the run
+// that wrote it, the newest step every one of them holds, whatever layouts
+// wrote the rank dirs), rank 0's first, and their states.
 func runCheckpoints(dir string) (cks []string, states []*train.State, err error) {
-	if fi, err := os.Stat(train.RankDir(dir, 0)); err == nil && fi.IsDir() {
-		ck0, err := train.ResolveCheckpoint(train.RankDir(dir, 0))
+	if cks, err = train.RunCheckpoints(dir); err != nil {
+		return nil, nil, err
+	}
+	for _, ck := range cks {
+		st, err := train.ReadState(filepath.Join(ck, train.StateFile))
 		if err != nil {
 			return nil, nil, err
 		}
-		st0, err := train.ReadState(filepath.Join(ck0, train.StateFile))
-		if err != nil {
-			return nil, nil, err
-		}
-		var l model.Layout
-		if err := json.Unmarshal(st0.Layout, &l); err != nil || l.World < 1 {
-			return nil, nil, fmt.Errorf("%s: layout %s: expected a parallel run's layout", ck0, st0.Layout)
-		}
-		for r := range l.World {
-			ck := filepath.Join(train.RankDir(dir, r), filepath.Base(ck0))
-			st, err := train.ReadState(filepath.Join(ck, train.StateFile))
-			if err != nil {
-				return nil, nil, fmt.Errorf("rank %d of %d at %s: %w", r, l.World, filepath.Base(ck0), err)
-			}
-			cks, states = append(cks, ck), append(states, st)
-		}
-		return cks, states, nil
+		states = append(states, st)
 	}
-	ck, err := train.ResolveCheckpoint(dir)
-	if err != nil {
-		return nil, nil, err
-	}
-	st, err := train.ReadState(filepath.Join(ck, train.StateFile))
-	if err != nil {
-		return nil, nil, err
-	}
-	return []string{ck}, []*train.State{st}, nil
+	return cks, states, nil
 }
 
 // consolidateRun reads the checkpoints of a run (any layout) and returns
@@ -257,7 +237,7 @@ func consolidateRun(dir string) (layers.GPTConfig, map[string]*tensor.Tensor, []
 // runExport is "train export --from RUN --out DIR".
 func runExport(args []string) error {
 	fs := flag.NewFlagSet("train export", flag.ContinueOnError)
-	from := fs.String("from", "", "a run's out dir (any layout; its latest checkpoint) or a checkpoint `dir`")
+	from := fs.String("from", "", "a run's out dir (any layout; its newest state, as --resume reads it: the newest step every rank holds) or a checkpoint `dir`")
 	out := fs.String("out", "", "the Hugging Face model `dir` to write (config.json, model.safetensors, the vocabulary)")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: train export --from RUN --out DIR\n\nwrites a transformers model directory (LlamaForCausalLM, or MixtralForCausalLM for MoE) from a checkpoint of any layout:")

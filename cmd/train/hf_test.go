@@ -7,6 +7,7 @@ package main
 // starts a run again with the same loss.
 
 import (
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -353,5 +354,57 @@ func TestExportShardedRoundTrip(t *testing.T) {
 				t.Errorf("%s → export → --init-from %v: step-1 loss %.7f, the checkpoint's %.7f", c.name, lay, got, want)
 			}
 		}
+	}
+}
+
+// TestExportRunState: export reads a run of several ranks as a resume
+// does (train.RunCheckpoints). A run of 4 ranks (TP 4) to step 2, resumed
+// in its own out dir at 2 ranks (TP 2) to step 4, exports step 4 from the
+// 2 ranks; once rank 1's checkpoint of step 4 is gone (a rank killed in
+// the middle of its save: its latest is step 2 again) it exports the
+// newest step every rank holds, step 2, from the 4 ranks that wrote it:
+// tensor for tensor what the export of the run at step 2 wrote. One
+// rank's checkpoint of a run of several is refused, naming the run's out
+// dir.
+func TestExportRunState(t *testing.T) {
+	dir := trainRun(t, "--steps", "2", "--tp", "4")
+	export := func(from string) (string, map[string][]float32) {
+		t.Helper()
+		exp := filepath.Join(t.TempDir(), "hf")
+		o := mustRun(t, "export", "--from", from, "--out", exp)
+		return o, readST(t, filepath.Join(exp, "model.safetensors"))
+	}
+	o2, want2 := export(dir)
+	if !strings.Contains(o2, "at step 2 (4 checkpoint files)") {
+		t.Fatalf("export of the run of 4 ranks at step 2:\n%s", o2)
+	}
+	if err := run(context.Background(), par(dir, "--steps", "4", "--tp", "2", "--resume", dir)); err != nil {
+		t.Fatal(err)
+	}
+	o4, got4 := export(dir)
+	if !strings.Contains(o4, "at step 4 (2 checkpoint files)") {
+		t.Fatalf("export after the resume at 2 ranks to step 4:\n%s", o4)
+	}
+	if e := "model.embed_tokens.weight"; len(got4[e]) == 0 || slices.Equal(got4[e], want2[e]) {
+		t.Fatalf("the export of step 4 holds step 2's weights")
+	}
+	os.RemoveAll(filepath.Join(train.RankDir(dir, 1), train.CheckpointName(4)))
+	os.WriteFile(filepath.Join(train.RankDir(dir, 1), train.LatestFile), []byte(train.CheckpointName(2)+"\n"), 0o644)
+	o, got := export(dir)
+	if !strings.Contains(o, "at step 2 (4 checkpoint files)") {
+		t.Fatalf("export once rank 1's step 4 is gone:\n%s", o)
+	}
+	if len(got) != len(want2) {
+		t.Fatalf("exported %d tensors, the export of step 2 %d", len(got), len(want2))
+	}
+	for n, w := range want2 {
+		if !slices.Equal(got[n], w) {
+			t.Errorf("exported %s differs from the export of the run at step 2", n)
+		}
+	}
+	one := filepath.Join(train.RankDir(dir, 0), train.CheckpointName(4))
+	msg, code := runMain(t, "export", "--from", one, "--out", filepath.Join(t.TempDir(), "hf"))
+	if code == 0 || !strings.Contains(msg, "one rank's checkpoint of a run of 2 ranks") {
+		t.Fatalf("export from one rank's checkpoint: exit %d:\n%s", code, msg)
 	}
 }
