@@ -8,11 +8,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/asynctp/asynctp/hf"
 	"github.com/asynctp/asynctp/layers"
-	"github.com/asynctp/asynctp/parallel/model"
+	"github.com/asynctp/asynctp/parallel/shard"
 	"github.com/asynctp/asynctp/safetensors"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cpu"
@@ -190,8 +191,14 @@ func runCheckpoints(dir string) (cks []string, states []*train.State, err error)
 	return cks, states, nil
 }
 
-// consolidateRun reads the checkpoints of a run (any layout) and returns
-// its model and full parameters.
+// consolidateRun reads the newest state of the run in dir (runCheckpoints)
+// and returns its model config, its full parameters (float32 host tensors
+// by our names) and the checkpoints' states. Each rank's tensors are
+// placed by the slices its checkpoint records (shard.RecordedSlices;
+// none: whole), a distributed optimizer's runs of a tensor (train.RunsKey)
+// first put together over the ranks that hold them, as a resume reads
+// them; every parameter of the config must be there whole, and nothing
+// else.
 func consolidateRun(dir string) (layers.GPTConfig, map[string]*tensor.Tensor, []*train.State, error) {
 	var mc layers.GPTConfig
 	cks, states, err := runCheckpoints(dir)
@@ -201,37 +208,178 @@ func consolidateRun(dir string) (layers.GPTConfig, map[string]*tensor.Tensor, []
 	if err := json.Unmarshal(states[0].ModelConfig, &mc); err != nil || mc.Layers == 0 {
 		return mc, nil, nil, fmt.Errorf("%s: state.json has no model_config to export by", cks[0])
 	}
-	var ranks []hf.RankWeights
+	shapes := map[string][]int{}
+	for _, p := range hf.Params(mc) {
+		shapes[p.Name] = p.Shape
+	}
+	var pieces []shard.Piece
+	runs := newRunAssembly()
 	for i, ck := range cks {
-		data, err := os.ReadFile(filepath.Join(ck, train.ModelFile))
+		name := filepath.Join(ck, train.ModelFile)
+		data, err := os.ReadFile(name)
 		if err != nil {
 			return mc, nil, nil, err
 		}
 		sum := sha256.Sum256(data)
 		if got := hex.EncodeToString(sum[:]); got != states[i].Files[train.ModelFile] {
-			return mc, nil, nil, fmt.Errorf("%s/%s is corrupted: sha256 %s, expected %s", ck, train.ModelFile, got, states[i].Files[train.ModelFile])
+			return mc, nil, nil, fmt.Errorf("%s is corrupted: sha256 %s, expected %s", name, got, states[i].Files[train.ModelFile])
 		}
 		sf, err := safetensors.Read(data)
 		if err != nil {
-			return mc, nil, nil, fmt.Errorf("%s/%s: %w", ck, train.ModelFile, err)
+			return mc, nil, nil, fmt.Errorf("%s: %w", name, err)
 		}
-		rw := hf.RankWeights{Placement: hf.Single, Tensors: map[string]*tensor.Tensor{}}
-		if len(states[i].Layout) > 0 {
-			var l model.Layout
-			if err := json.Unmarshal(states[i].Layout, &l); err != nil {
-				return mc, nil, nil, fmt.Errorf("%s: layout: %w", ck, err)
+		recorded, err := shard.RecordedSlices(name, sf)
+		if err != nil {
+			return mc, nil, nil, err
+		}
+		recs := map[string]runRecord{}
+		if js, ok := sf.Metadata[train.RunsKey]; ok {
+			if err := json.Unmarshal([]byte(js), &recs); err != nil {
+				return mc, nil, nil, fmt.Errorf("%s: metadata %s: %w", name, train.RunsKey, err)
 			}
-			rw.Placement = hf.Placement{TP: l.TP, TPRank: l.TPRank, EP: max(l.EP, 1), EPRank: l.Rank % max(l.EP, 1)}
 		}
 		for _, n := range sf.Names() {
-			if rw.Tensors[n], err = sf.Entries[n].Tensor(); err != nil {
-				return mc, nil, nil, fmt.Errorf("%s: %w", ck, err)
+			t, err := sf.Entries[n].Tensor()
+			if err != nil {
+				return mc, nil, nil, fmt.Errorf("%s: %w", name, err)
 			}
+			if rec, ok := recs[n]; ok {
+				if err := runs.add(name, n, rec, t, shapes); err != nil {
+					return mc, nil, nil, err
+				}
+				continue
+			}
+			sl, ok := recorded[n]
+			if !ok {
+				sl = shard.Slice{Full: t.Shape().Clone(), Dim: -1}
+			}
+			pieces = append(pieces, shard.Piece{Name: n, Slice: sl, Tensor: t})
 		}
-		ranks = append(ranks, rw)
 	}
-	full, err := hf.Consolidate(mc, ranks)
-	return mc, full, states, err
+	assembled, err := runs.pieces()
+	if err != nil {
+		return mc, nil, nil, err
+	}
+	merged, err := shard.Merge(append(pieces, assembled...))
+	if err != nil {
+		return mc, nil, nil, err
+	}
+	full := map[string]*tensor.Tensor{}
+	for _, p := range hf.Params(mc) {
+		t, ok := merged[p.Name]
+		switch {
+		case !ok:
+			return mc, nil, nil, fmt.Errorf("the checkpoints of %s hold no %s, which the model of their config has", dir, p.Name)
+		case !t.Shape().Equal(p.Shape):
+			return mc, nil, nil, fmt.Errorf("the checkpoints of %s hold %s of shape %v, the model of their config has %v", dir, p.Name, t.Shape(), p.Shape)
+		}
+		if full[p.Name], err = float32Of(t); err != nil {
+			return mc, nil, nil, fmt.Errorf("%s: %w", p.Name, err)
+		}
+	}
+	for n := range merged {
+		if _, ok := full[n]; !ok {
+			return mc, nil, nil, fmt.Errorf("the checkpoints of %s hold %s, which the model of their config does not have", dir, n)
+		}
+	}
+	return mc, full, states, nil
+}
+
+// runRecord is a checkpoint's record of a tensor that is a run of a
+// parameter's elements (train.RunsKey).
+type runRecord struct {
+	Tensor string       `json:"tensor"` // the parameter's name
+	Lo     int          `json:"lo"`     // the run [Lo, Hi) of its elements, row-major
+	Hi     int          `json:"hi"`
+	Numel  int          `json:"numel"`           // the elements of the rank's whole tensor
+	Slice  *shard.Slice `json:"slice,omitempty"` // the rank's slice of the full tensor (nil: whole)
+}
+
+// runAssembly puts the runs of each (parameter, slice) together.
+type runAssembly struct {
+	order []string
+	parts map[string]*runParts
+}
+
+type runParts struct {
+	name    string
+	slice   shard.Slice
+	t       *tensor.Tensor // the slice's tensor, filled by the runs
+	covered []bool
+	from    string // the first file, for messages
+}
+
+func newRunAssembly() *runAssembly { return &runAssembly{parts: map[string]*runParts{}} }
+
+// add puts the run t (named n in file, recorded as rec) in place.
+func (a *runAssembly) add(file, n string, rec runRecord, t *tensor.Tensor, shapes map[string][]int) error {
+	sl := shard.Slice{Dim: -1}
+	if rec.Slice != nil {
+		sl = *rec.Slice
+	} else if full, ok := shapes[rec.Tensor]; ok {
+		sl.Full = full
+	} else {
+		return fmt.Errorf("%s: %s is a run of %s, which the model of its config does not have", file, n, rec.Tensor)
+	}
+	key := fmt.Sprintf("%s %v %d %d %d", rec.Tensor, sl.Full, sl.Dim, sl.Lo, sl.Hi)
+	p := a.parts[key]
+	if p == nil {
+		whole, err := tensor.Host(t.DType(), sl.Shape()...)
+		if err != nil {
+			return fmt.Errorf("%s: %s: %w", file, n, err)
+		}
+		p = &runParts{name: rec.Tensor, slice: sl, t: whole, covered: make([]bool, whole.Numel()), from: file}
+		a.parts[key] = p
+		a.order = append(a.order, key)
+	}
+	if rec.Numel != p.t.Numel() || rec.Lo < 0 || rec.Hi > rec.Numel || rec.Hi-rec.Lo != t.Numel() || t.DType() != p.t.DType() {
+		return fmt.Errorf("%s: %s (%v, %d elements) is recorded as the run [%d, %d) of the %d elements of %s, expected a run of its %v %v of %d elements (%s)",
+			file, n, t.DType(), t.Numel(), rec.Lo, rec.Hi, rec.Numel, rec.Tensor, p.t.DType(), p.slice.Shape(), p.t.Numel(), p.from)
+	}
+	dst, err := p.t.View(rec.Lo, rec.Hi-rec.Lo)
+	if err != nil {
+		return err
+	}
+	vals, err := t.Float64s() // exact for every float dtype, back and forth
+	if err == nil {
+		err = dst.SetFloat64s(vals)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %s: %w", file, n, err)
+	}
+	for i := rec.Lo; i < rec.Hi; i++ {
+		p.covered[i] = true
+	}
+	return nil
+}
+
+// pieces are the assembled slices; each must be covered by its runs.
+func (a *runAssembly) pieces() ([]shard.Piece, error) {
+	var out []shard.Piece
+	for _, key := range a.order {
+		p := a.parts[key]
+		if i := slices.Index(p.covered, false); i >= 0 {
+			return nil, fmt.Errorf("the runs of %s (its slice %v of %v) leave element %d of %d uncovered (%s)", p.name, p.slice.Shape(), p.slice.Full, i, len(p.covered), p.from)
+		}
+		out = append(out, shard.Piece{Name: p.name, Slice: p.slice, Tensor: p.t})
+	}
+	return out, nil
+}
+
+// float32Of is t as a float32 host tensor.
+func float32Of(t *tensor.Tensor) (*tensor.Tensor, error) {
+	if t.DType() == tensor.Float32 {
+		return t, nil
+	}
+	f, err := t.Float64s()
+	if err != nil {
+		return nil, err
+	}
+	v := make([]float32, len(f))
+	for i, x := range f {
+		v[i] = float32(x)
+	}
+	return tensor.FromFloat32(v, t.Shape()...)
 }
 
 // runExport is "train export --from RUN --out DIR".

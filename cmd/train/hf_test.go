@@ -408,3 +408,39 @@ func TestExportRunState(t *testing.T) {
 		t.Fatalf("export from one rank's checkpoint: exit %d:\n%s", code, msg)
 	}
 }
+
+// TestExportDistributedOptimizer: the checkpoints of a distributed
+// optimizer hold runs of the parameters (train.RunsKey), spread over the
+// replicas; export puts them together into the same tensors, bit for bit,
+// as it exports from the same run with the replicated optimizer (no
+// clipping: the two runs' updates are the same elementwise arithmetic on
+// the same gradients), at TP 2 × DP 2 and for an MoE model at DP 2 × EP 2
+// (the experts' runs over their EDP group).
+func TestExportDistributedOptimizer(t *testing.T) {
+	export := func(dir string) map[string][]float32 {
+		t.Helper()
+		exp := filepath.Join(t.TempDir(), "hf")
+		mustRun(t, "export", "--from", dir, "--out", exp)
+		return readST(t, filepath.Join(exp, "model.safetensors"))
+	}
+	for _, l := range [][]string{{"--tp", "2", "--dp", "2"}, append([]string{"--dp", "2", "--ep", "2"}, moe...)} {
+		args := append([]string{"--steps", "2", "--grad-clip", "0"}, l...)
+		dist := trainRun(t, append(args, "--distributed-optimizer")...)
+		sf, err := safetensors.ReadFile(filepath.Join(train.RankDir(dist, 1), train.CheckpointName(2), train.ModelFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := sf.Metadata[train.RunsKey]; !ok {
+			t.Fatalf("%v: rank 1's checkpoint records no runs (%s): nothing to put together", l, train.RunsKey)
+		}
+		got, want := export(dist), export(trainRun(t, args...))
+		if len(got) != len(want) {
+			t.Fatalf("%v: exported %d tensors, %d with the replicated optimizer", l, len(got), len(want))
+		}
+		for n, w := range want {
+			if !slices.Equal(got[n], w) {
+				t.Errorf("%v: exported %s differs from the replicated optimizer's", l, n)
+			}
+		}
+	}
+}
