@@ -63,8 +63,34 @@ var errNoRanks = errors.New("the checkpoint records no number of ranks (format 1
 // several ranks (dir/rank-00000, ...), the checkpoints of the newest step
 // that every one of its ranks holds. The ranks are the number the
 // checkpoints record (State.Ranks): a run of several ranks of format 1,
-// which records none, is refused.
+// which records none, is refused. An out dir with both (a run of several
+// ranks resumed in place at one rank, or the reverse) gives the one whose
+// latest step is newer: the one-rank checkpoint when its step is past
+// rank 0's latest.
 func RunCheckpoints(dir string) ([]string, error) {
+	cks, err := runCheckpoints(dir)
+	if fi, serr := os.Stat(RankDir(dir, 0)); serr != nil || !fi.IsDir() {
+		return cks, err
+	}
+	one, lerr := LatestCheckpoint(dir)
+	if lerr != nil {
+		return cks, err // no run of one rank here
+	}
+	oneStep, _ := checkpointStep(filepath.Base(one))
+	if ck0, rerr := ResolveCheckpoint(RankDir(dir, 0)); rerr == nil {
+		if s, ok := checkpointStep(filepath.Base(ck0)); ok && s >= oneStep {
+			return cks, err
+		}
+	}
+	if _, serr := os.Stat(filepath.Join(one, StateFile)); serr != nil {
+		return nil, fmt.Errorf("train: resume from %s: %s names %s, which has no %s", dir, LatestFile, filepath.Base(one), StateFile)
+	}
+	return []string{one}, nil
+}
+
+// runCheckpoints is RunCheckpoints without the choice between a run of one
+// rank and one of several in the same out dir: the rank dirs win.
+func runCheckpoints(dir string) ([]string, error) {
 	if _, err := os.Stat(filepath.Join(dir, StateFile)); err == nil {
 		st, err := ReadState(filepath.Join(dir, StateFile))
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -143,5 +144,34 @@ func TestDistributedOptimizerRuns(t *testing.T) {
 	msg, code := runMain(t, par(filepath.Join(t.TempDir(), "o"), "--tp", "2", "--distributed-optimizer")...)
 	if code == 0 || !strings.Contains(msg, "--distributed-optimizer true cannot take effect") {
 		t.Fatalf("--distributed-optimizer with one replica: exit %d:\n%s", code, msg)
+	}
+}
+
+// TestReshardInPlaceOneRank: a run of 2 ranks resumed in its own out dir
+// at one rank writes its checkpoints beside the rank dirs; a resume of
+// that out dir then continues from the one rank's newest step (not the
+// older one the rank dirs hold), at its layout, and export reads that same
+// step. Every step is recorded once.
+func TestReshardInPlaceOneRank(t *testing.T) {
+	out := trainRun(t, "--steps", "2", "--tp", "2")
+	if err := run(context.Background(), par(out, "--steps", "4", "--tp", "1", "--resume", out)); err != nil {
+		t.Fatalf("resume in place at one rank: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(out, train.CheckpointName(4), train.StateFile)); err != nil {
+		t.Fatalf("the one-rank resume's checkpoint: %v", err)
+	}
+	o := mustRun(t, "export", "--from", out, "--out", filepath.Join(t.TempDir(), "hf"))
+	if !strings.Contains(o, "at step 4 (1 checkpoint files)") {
+		t.Fatalf("export after the one-rank resume:\n%s", o)
+	}
+	msg := mustRun(t, par(out, "--steps", "6", "--resume", out)...)
+	if !strings.Contains(msg, "at step 4") || strings.Contains(msg, "at step 2") {
+		t.Fatalf("the second resume in place, expected from step 4:\n%s", msg)
+	}
+	if _, err := os.Stat(filepath.Join(out, train.CheckpointName(6), train.StateFile)); err != nil {
+		t.Fatalf("the second resume, at the one-rank layout, wrote no %s beside the rank dirs: %v", train.CheckpointName(6), err)
+	}
+	if got := steps(t, out); !slices.Equal(got, []int{1, 2, 3, 4, 5, 6}) {
+		t.Fatalf("metrics steps %v, want 1 to 6 once each", got)
 	}
 }

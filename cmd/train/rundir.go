@@ -115,9 +115,16 @@ func resumeOutDir(resume string) string {
 	return resume
 }
 
-// resumeState reads the state.json a resume from dir starts from: rank 0's
-// of a parallel run's out dir, or a single rank's.
+// resumeState reads the state.json a resume from dir starts from: rank
+// 0's of the run's newest state (train.RunCheckpoints, which the resume
+// loads), or, where that refuses (a run of several ranks of format 1, one
+// rank's checkpoint of such a run), rank 0's latest of a parallel run's
+// out dir or the single rank's.
 func resumeState(dir string) (*train.State, string, error) {
+	if cks, err := train.RunCheckpoints(dir); err == nil {
+		st, err := train.ReadState(filepath.Join(cks[0], train.StateFile))
+		return st, cks[0], err
+	}
 	path := dir
 	if fi, err := os.Stat(train.RankDir(dir, 0)); err == nil && fi.IsDir() {
 		path = train.RankDir(dir, 0)
