@@ -1,7 +1,6 @@
 package train
 
 import (
-	"bufio"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -158,7 +157,7 @@ func (snap *Snapshot) write(outDir string, st State, beforeRename func(step int)
 	if err := os.MkdirAll(outDir, dirMode); err != nil {
 		return "", fmt.Errorf("train: checkpoint %s: %w", name, err)
 	}
-	tmp, err := mkdirTemp(outDir, ".tmp-"+name+"-")
+	tmp, err := atomicfile.MkdirTemp(outDir, ".tmp-"+name+"-")
 	if err != nil {
 		return "", fmt.Errorf("train: checkpoint %s: %w", name, err)
 	}
@@ -266,26 +265,11 @@ func (snap *Snapshot) metadata(meta map[string]string, tensors []safetensors.Nam
 	return nil
 }
 
-// writeFileSync creates path, lets fill write it through a buffer, fsyncs
-// and closes it, and returns the hex sha256 of what was written.
+// writeFileSync creates path with what fill writes, fsynced
+// (atomicfile.Create), and returns the hex sha256 of what was written.
 func writeFileSync(path string, fill func(io.Writer) error) (string, error) {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, fileMode)
-	if err != nil {
-		return "", err
-	}
 	h := sha256.New()
-	bw := bufio.NewWriterSize(io.MultiWriter(f, h), 1<<20)
-	err = fill(bw)
-	if err == nil {
-		err = bw.Flush()
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
+	if err := atomicfile.Create(path, func(w io.Writer) error { return fill(io.MultiWriter(w, h)) }); err != nil {
 		return "", err
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
@@ -306,23 +290,7 @@ func syncDir(dir string) error {
 // writeLatest points outDir/latest at the checkpoint called name (temp file,
 // fsync, rename, fsync of the directory).
 func writeLatest(outDir, name string) error {
-	f, err := atomicfile.CreateTemp(outDir, ".tmp-latest-")
-	if err != nil {
-		return fmt.Errorf("train: updating %s: %w", LatestFile, err)
-	}
-	tmp := f.Name()
-	_, err = f.WriteString(name + "\n")
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, filepath.Join(outDir, LatestFile))
-	}
-	if err != nil {
-		os.Remove(tmp)
+	if err := atomicfile.WriteFile(filepath.Join(outDir, LatestFile), []byte(name+"\n")); err != nil {
 		return fmt.Errorf("train: updating %s: %w", LatestFile, err)
 	}
 	if err := syncDir(outDir); err != nil {

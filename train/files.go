@@ -1,8 +1,6 @@
 package train
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -12,14 +10,11 @@ import (
 	"strings"
 )
 
-// The files of a run are made like os.WriteFile and os.MkdirAll make them:
-// 0644 and 0755 less the umask, so that under the usual umask 022 the other
-// users of a shared out dir (the ranks of other nodes) can read them.
-// os.CreateTemp and os.MkdirTemp would make them 0600 and 0700.
-const (
-	fileMode = 0o644
-	dirMode  = 0o755
-)
+// dirMode is the mode of an out dir, as os.MkdirAll makes it: 0755 less
+// the umask, so that under the usual umask 022 the other users of a shared
+// out dir (the ranks of other nodes) can read it. Its files and temporary
+// directories are made alike by internal/atomicfile.
+const dirMode = 0o755
 
 // clip is b as a string, trimmed and cut to n bytes (for error messages
 // that quote a file's content).
@@ -29,26 +24,6 @@ func clip(b []byte, n int) string {
 		return s[:n] + "..."
 	}
 	return s
-}
-
-// tempName is dir/prefix followed by random hex digits.
-func tempName(dir, prefix string) string {
-	var b [6]byte
-	rand.Read(b[:])
-	return filepath.Join(dir, prefix+hex.EncodeToString(b[:]))
-}
-
-// mkdirTemp creates a new directory dir/prefix<random> with dirMode.
-func mkdirTemp(dir, prefix string) (string, error) {
-	for range 100 {
-		name := tempName(dir, prefix)
-		err := os.Mkdir(name, dirMode)
-		if errors.Is(err, fs.ErrExist) {
-			continue
-		}
-		return name, err
-	}
-	return "", fmt.Errorf("creating a temporary directory %s* in %s: too many attempts", prefix, dir)
 }
 
 // WriteFileAtomic writes data to path through a temporary file of the same
