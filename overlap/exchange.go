@@ -62,7 +62,7 @@ func (Exchange) Via(sp Spec) (string, bool) {
 
 // NewAllGatherMatmul builds the pipelined entry site.
 func (p Exchange) NewAllGatherMatmul(sp Spec) (AllGatherMatmul, error) {
-	l, err := siteLane(sp, KindAllGatherMatmul)
+	l, err := newSiteLane(sp, KindAllGatherMatmul)
 	if err != nil {
 		return nil, err
 	}
@@ -71,7 +71,7 @@ func (p Exchange) NewAllGatherMatmul(sp Spec) (AllGatherMatmul, error) {
 
 // NewMatmulReduceScatter builds the pipelined exit site.
 func (p Exchange) NewMatmulReduceScatter(sp Spec) (MatmulReduceScatter, error) {
-	l, err := siteLane(sp, KindMatmulReduceScatter)
+	l, err := newSiteLane(sp, KindMatmulReduceScatter)
 	if err != nil {
 		return nil, err
 	}
@@ -80,7 +80,7 @@ func (p Exchange) NewMatmulReduceScatter(sp Spec) (MatmulReduceScatter, error) {
 
 // NewMatmulAllReduce builds the pipelined all-reduce site.
 func (p Exchange) NewMatmulAllReduce(sp Spec) (MatmulAllReduce, error) {
-	l, err := siteLane(sp, KindMatmulAllReduce)
+	l, err := newSiteLane(sp, KindMatmulAllReduce)
 	if err != nil {
 		return nil, err
 	}
@@ -89,14 +89,6 @@ func (p Exchange) NewMatmulAllReduce(sp Spec) (MatmulAllReduce, error) {
 		chunks = 4
 	}
 	return &pipeMMAR{sp: sp, lane: l, chunks: chunks}, nil
-}
-
-// siteLane checks a spec of kind k and makes its site's lane.
-func siteLane(sp Spec, k Kind) (*lane, error) {
-	if err := sp.check(k); err != nil {
-		return nil, err
-	}
-	return newLane(sp)
 }
 
 // shift is exchange step s of P: this rank sends src to rank r+s and
@@ -122,7 +114,7 @@ func parts(ts []*tensor.Tensor, q, n int) []*tensor.Tensor {
 
 type pipeAGMM struct {
 	sp         Spec
-	lane       *lane
+	lane       *siteLane
 	send, recv buffer // backward: (P−1)·n partial dx rows out and in
 	sum        Accumulator
 }
@@ -200,7 +192,7 @@ func (s *pipeAGMM) Close() error {
 
 type pipeMMRS struct {
 	sp         Spec
-	lane       *lane
+	lane       *siteLane
 	send, recv buffer // forward: (P−1)·n partial rows out and in
 	doutFull   buffer // backward: (N, M) the gathered output gradient
 	sum        Accumulator
@@ -274,7 +266,7 @@ func (s *pipeMMRS) Close() error {
 
 type pipeMMAR struct {
 	sp     Spec
-	lane   *lane
+	lane   *siteLane
 	chunks int
 }
 

@@ -189,7 +189,7 @@ func (r *Reducer) BeginBackward(micro, micros int) error {
 				return err
 			}
 		}
-		r.lane.begin()
+		r.lane.Begin()
 	}
 	return nil
 }
@@ -275,8 +275,8 @@ func (r *Reducer) complete(i int) error {
 			return fmt.Errorf("grads: %s: %w", b.What, err)
 		}
 	}
-	if r.lane != nil && r.lane.active() {
-		b.work = r.lane.run(op)
+	if r.lane != nil && r.lane.Active() {
+		b.work = r.lane.Run(op)
 		return nil
 	}
 	w, err := op(r.groups.Stream)
@@ -356,8 +356,8 @@ func (r *Reducer) EndBackward(failed error) error {
 // first error.
 func (r *Reducer) waitBuckets() error {
 	var first error
-	if r.lane != nil && r.lane.active() {
-		first = r.lane.end()
+	if r.lane != nil && r.lane.Active() {
+		first = r.lane.End().Wait(r.groups.Stream)
 	}
 	for _, i := range r.step.order {
 		b := &r.buckets[i]

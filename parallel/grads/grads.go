@@ -9,6 +9,7 @@ import (
 
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/comm/hostreduce"
+	"github.com/asynctp/asynctp/internal/lane"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/parallel/shard"
 	"github.com/asynctp/asynctp/tensor"
@@ -85,7 +86,7 @@ type Reducer struct {
 	buckets []bucket
 	byParam map[*layers.Param][]int // the buckets each parameter overlaps
 	step    backwardState
-	lane    *lane
+	lane    *lane.Lane
 	zero    *zeroState // a distributed optimizer's parts (Config.Shard), or nil
 	closed  bool
 }
@@ -121,10 +122,10 @@ func (r *Reducer) Close() error {
 	}
 	errs = append(errs, r.WaitParams())
 	if r.lane != nil {
-		errs = append(errs, r.lane.close())
+		errs = append(errs, closeLane(r.lane))
 	}
 	if r.zero != nil && r.zero.lane != nil {
-		errs = append(errs, r.zero.lane.close())
+		errs = append(errs, closeLane(r.zero.lane))
 	}
 	return errors.Join(errs...)
 }

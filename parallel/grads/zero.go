@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/internal/lane"
 	"github.com/asynctp/asynctp/optim"
 	"github.com/asynctp/asynctp/tensor"
 )
@@ -43,7 +44,7 @@ type zeroState struct {
 	buckets []zeroBucket
 	sg      *tensor.Tensor // the sharded gradients, Σ of the owned parts (at least 1 element)
 	k       int            // the owned elements
-	lane    *lane          // the all-gathers of the parameters
+	lane    *lane.Lane     // the all-gathers of the parameters
 	gather  []int          // the buckets whose all-gather is in flight
 }
 
@@ -279,7 +280,7 @@ func (r *Reducer) GatherParams() error {
 		for k, op := range ops {
 			w, err := op(r.groups.Stream)
 			if err != nil {
-				w = failedWork{err}
+				w = lane.Failed(err)
 			}
 			z.buckets[which[k]].gwork = w
 		}
@@ -291,9 +292,9 @@ func (r *Reducer) GatherParams() error {
 			return err
 		}
 	}
-	z.lane.begin()
+	z.lane.Begin()
 	for k, op := range ops {
-		z.buckets[which[k]].gwork = z.lane.run(op)
+		z.buckets[which[k]].gwork = z.lane.Run(op)
 	}
 	return nil
 }
@@ -307,7 +308,7 @@ func (r *Reducer) WaitParams() error {
 	}
 	var first error
 	if z.lane != nil {
-		first = z.lane.end()
+		first = z.lane.End().Wait(r.groups.Stream)
 	}
 	w, _ := r.ps.Flat()
 	for _, i := range z.gather {
