@@ -54,9 +54,6 @@ func LoadCheckpoint(dir string, b tensor.Backend, opt *optim.AdamW) (*State, err
 	}
 
 	// Decode everything first: nothing is written unless all of it fits.
-	type upload struct {
-		dst, src *tensor.Tensor
-	}
 	var ups []upload
 	take := func(file string, sf *safetensors.File, seen map[string]bool, name string, dst *tensor.Tensor, dt tensor.DType) error {
 		e, ok := sf.Entries[name]
@@ -104,17 +101,28 @@ func LoadCheckpoint(dir string, b tensor.Backend, opt *optim.AdamW) (*State, err
 		}
 	}
 
-	for _, u := range ups {
-		b.Upload(u.dst, u.src)
-	}
-	err = opt.SyncParams()
-	if err == nil {
-		err = b.Err()
-	}
-	if err != nil {
+	if err := uploadAll(b, opt, ups); err != nil {
 		return nil, fmt.Errorf("train: loading checkpoint %s: %w", label, err)
 	}
 	return st, nil
+}
+
+// upload is a host tensor of a checkpoint and the model's tensor it goes
+// to.
+type upload struct{ dst, src *tensor.Tensor }
+
+// uploadAll writes the decoded tensors of a checkpoint into the model and
+// the optimizer (once all of them are known to fit) and copies the master
+// weights into the parameters (optim.AdamW.SyncParams).
+func uploadAll(b tensor.Backend, opt *optim.AdamW, ups []upload) error {
+	for _, u := range ups {
+		b.Upload(u.dst, u.src)
+	}
+	err := opt.SyncParams()
+	if err == nil {
+		err = b.Err()
+	}
+	return err
 }
 
 // expectedBytes is the size of the tensor data of file f for opt's state

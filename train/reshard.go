@@ -330,7 +330,6 @@ func loadResharded(cks []string, b tensor.Backend, opt *optim.AdamW, shards []sh
 		}
 	}
 
-	type upload struct{ dst, src *tensor.Tensor }
 	var ups []upload
 	for _, f := range []string{ModelFile, OptimFile} {
 		names := make([]string, 0, len(needs[f]))
@@ -385,14 +384,7 @@ func loadResharded(cks []string, b tensor.Backend, opt *optim.AdamW, shards []sh
 			}
 		}
 	}
-	for _, u := range ups {
-		b.Upload(u.dst, u.src)
-	}
-	err = opt.SyncParams()
-	if err == nil {
-		err = b.Err()
-	}
-	if err != nil {
+	if err := uploadAll(b, opt, ups); err != nil {
 		return nil, fmt.Errorf("train: loading the checkpoints of %s: %w", label, err)
 	}
 	return st0, nil
