@@ -307,19 +307,33 @@ func (s *shadowDevice) CombineDevice(out, ye, weights *tensor.Tensor, h *Handle)
 	if err != nil {
 		return err
 	}
-	M := s.rh.RecvRows()
-	if M > s.xe.Dim(0) || M > ye.Dim(0) {
-		s.site.Record(overlap.SlotOut, mismatch)
-		return nil
-	}
-	sorted := s.tmp.get(s.b, rrecv.DType(), M, rrecv.Dim(1))
-	s.ref.SortByExpert(sorted, rrecv, s.rh)
-	if err := s.compare(overlap.SlotOut, rowsOf(s.xe, M), sorted); err != nil {
+	y, err := s.checkSorted(overlap.SlotOut, s.xe, rrecv, ye)
+	if err != nil || y == nil {
 		return err
 	}
-	y := s.tmp.get(s.b, ye.DType(), M, ye.Dim(1))
-	s.ref.UnsortByExpert(y, rowsOf(ye, M), s.rh)
 	return s.refCombine(out, y, weights)
+}
+
+// checkSorted compares the device step's rows, in expert order, with the
+// reference's: dev is the device's buffer, ref the reference's (M, ·) rows
+// in receive order, recorded in slot. It returns the first M rows of next
+// (the device's operand of the following step, in expert order) in
+// receive order, for the reference's following step; nil when the
+// device's buffers hold fewer than M rows (recorded as a mismatch).
+func (s *shadowDevice) checkSorted(slot int, dev, ref, next *tensor.Tensor) (*tensor.Tensor, error) {
+	M := s.rh.RecvRows()
+	if M > dev.Dim(0) || M > next.Dim(0) {
+		s.site.Record(slot, mismatch)
+		return nil, nil
+	}
+	sorted := s.tmp.get(s.b, ref.DType(), M, ref.Dim(1))
+	s.ref.SortByExpert(sorted, ref, s.rh)
+	if err := s.compare(slot, rowsOf(dev, M), sorted); err != nil {
+		return nil, err
+	}
+	recv := s.tmp.get(s.b, next.DType(), M, next.Dim(1))
+	s.ref.UnsortByExpert(recv, rowsOf(next, M), s.rh)
+	return recv, nil
 }
 
 func (s *shadowDevice) CombineBackwardDevice(dweights, dout, weights *tensor.Tensor, h *Handle) (*tensor.Tensor, error) {
@@ -347,18 +361,10 @@ func (s *shadowDevice) DispatchBackwardDevice(dx, dxe *tensor.Tensor, h *Handle)
 	if err != nil {
 		return err
 	}
-	M := s.rh.RecvRows()
-	if M > s.dye.Dim(0) || M > dxe.Dim(0) {
-		s.site.Record(overlap.SlotDX, mismatch)
-		return nil
-	}
-	sorted := s.tmp.get(s.b, rdy.DType(), M, rdy.Dim(1))
-	s.ref.SortByExpert(sorted, rdy, s.rh)
-	if err := s.compare(overlap.SlotDX, rowsOf(s.dye, M), sorted); err != nil {
+	drecv, err := s.checkSorted(overlap.SlotDX, s.dye, rdy, dxe)
+	if err != nil || drecv == nil {
 		return err
 	}
-	drecv := s.tmp.get(s.b, dxe.DType(), M, dxe.Dim(1))
-	s.ref.UnsortByExpert(drecv, rowsOf(dxe, M), s.rh)
 	return s.refDispatchBackward(dx, drecv)
 }
 
