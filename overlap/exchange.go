@@ -112,11 +112,39 @@ func parts(ts []*tensor.Tensor, q, n int) []*tensor.Tensor {
 	return out
 }
 
-type pipeAGMM struct {
-	sp         Spec
-	lane       *siteLane
-	send, recv buffer // backward: (P−1)·n partial dx rows out and in
+// partials is what a pipelined site that sums its peers' partial rows
+// owns besides its lane: the (P−1)·n partial rows out and in, and the
+// accumulator of the received ones.
+type partials struct {
+	send, recv buffer
 	sum        Accumulator
+}
+
+// addSteps adds into dst, in step order, each step's partial rows (recv's
+// part st−1 of n rows) as the step lands; it stops at the first failed
+// step and returns its error.
+func (p *partials) addSteps(b tensor.Backend, dst, recv *tensor.Tensor, n int, steps []comm.Work, s comm.Stream) error {
+	var err error
+	p.sum.Begin(b, dst)
+	for st := 1; st < len(steps) && err == nil; st++ {
+		if err = steps[st].Wait(s); err == nil {
+			p.sum.Add(part(recv, st-1, n))
+		}
+	}
+	p.sum.End()
+	return err
+}
+
+func (p *partials) free(b tensor.Backend) {
+	p.sum.Free(b)
+	p.send.free(b)
+	p.recv.free(b)
+}
+
+type pipeAGMM struct {
+	sp       Spec
+	lane     *siteLane
+	partials // backward: the partial dx rows
 }
 
 func (s *pipeAGMM) Forward(outs []*tensor.Tensor, xFull, x *tensor.Tensor, ws []*tensor.Tensor) error {
@@ -170,13 +198,7 @@ func (s *pipeAGMM) Backward(dx *tensor.Tensor, dws, douts []*tensor.Tensor, xFul
 	for i, dout := range douts { // the weight gradients while the last steps move
 		b.MatMul(dws[i], dout, xFull, true, false, 1, 1)
 	}
-	s.sum.Begin(b, dx)
-	for st := 1; st < P && err == nil; st++ {
-		if err = steps[st].Wait(s.sp.Stream); err == nil {
-			s.sum.Add(part(recv, st-1, n))
-		}
-	}
-	s.sum.End()
+	err = s.addSteps(b, dx, recv, n, steps, s.sp.Stream)
 	if err := s.lane.finish(err, "backward"); err != nil {
 		return nil, err
 	}
@@ -184,18 +206,15 @@ func (s *pipeAGMM) Backward(dx *tensor.Tensor, dws, douts []*tensor.Tensor, xFul
 }
 
 func (s *pipeAGMM) Close() error {
-	s.sum.Free(s.sp.Backend)
-	s.send.free(s.sp.Backend)
-	s.recv.free(s.sp.Backend)
+	s.free(s.sp.Backend)
 	return s.lane.close()
 }
 
 type pipeMMRS struct {
-	sp         Spec
-	lane       *siteLane
-	send, recv buffer // forward: (P−1)·n partial rows out and in
-	doutFull   buffer // backward: (N, M) the gathered output gradient
-	sum        Accumulator
+	sp       Spec
+	lane     *siteLane
+	partials        // forward: the partial rows
+	doutFull buffer // backward: (N, M) the gathered output gradient
 }
 
 func (s *pipeMMRS) Forward(out, x, w *tensor.Tensor) error {
@@ -215,13 +234,7 @@ func (s *pipeMMRS) Forward(out, x, w *tensor.Tensor) error {
 		steps[st] = s.lane.run(func(cs comm.Stream) (comm.Work, error) { return shift(g, in, o, st, cs) })
 	}
 	b.MatMul(out, part(x, r, n), w, false, true, 1, 0)
-	s.sum.Begin(b, out)
-	for st := 1; st < P && err == nil; st++ {
-		if err = steps[st].Wait(s.sp.Stream); err == nil {
-			s.sum.Add(part(recv, st-1, n))
-		}
-	}
-	s.sum.End()
+	err = s.addSteps(b, out, recv, n, steps, s.sp.Stream)
 	return s.lane.finish(err, "forward")
 }
 
@@ -257,9 +270,7 @@ func (s *pipeMMRS) Backward(dx, dw, dout, x, w *tensor.Tensor) (comm.Work, error
 }
 
 func (s *pipeMMRS) Close() error {
-	s.sum.Free(s.sp.Backend)
-	s.send.free(s.sp.Backend)
-	s.recv.free(s.sp.Backend)
+	s.free(s.sp.Backend)
 	s.doutFull.free(s.sp.Backend)
 	return s.lane.close()
 }
