@@ -1,8 +1,6 @@
 package optim
 
 import (
-	"strings"
-
 	"github.com/asynctp/asynctp/tensor/cpu"
 	"math"
 	"testing"
@@ -119,7 +117,7 @@ func TestAdamWErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := NewAdamW(b, ps)
-	mustContain(t, err, "not materialized")
+	testutil.ErrorContains(t, err, "not materialized")
 	if err := ps.Materialize(b, tensor.Float32); err != nil {
 		t.Fatal(err)
 	}
@@ -130,32 +128,17 @@ func TestAdamWErrors(t *testing.T) {
 	if opt.MomentDType() != tensor.Float32 {
 		t.Errorf("f32 params: moments are %v", opt.MomentDType())
 	}
-	mustContain(t, opt.Step(0, 1, 1), "step 0")
-	mustContain(t, opt.Step(1, 1, math.NaN()), "gradient scale NaN")
+	testutil.ErrorContains(t, opt.Step(0, 1, 1), "step 0")
+	testutil.ErrorContains(t, opt.Step(1, 1, math.NaN()), "gradient scale NaN")
 }
 
 func newCPU() tensor.Backend { return cpu.New() }
 
+// paramValues is the values of ps's parameters, flat.
 func paramValues(t testing.TB, ps *layers.ParamSet) []float64 {
 	t.Helper()
 	w, _ := ps.Flat()
-	v, err := w.Float64s()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v
-}
-
-func mustContain(t testing.TB, err error, parts ...string) {
-	t.Helper()
-	if err == nil {
-		t.Fatalf("got no error, want one containing %q", parts)
-	}
-	for _, p := range parts {
-		if !strings.Contains(err.Error(), p) {
-			t.Fatalf("error %q does not contain %q", err, p)
-		}
-	}
+	return testutil.Values(t, w)
 }
 
 // materialized is a small set of two parameters (one decayed), f32.
@@ -206,7 +189,7 @@ func TestAdamWConfigRefused(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := NewAdamWWithConfig(b, ps, tc.cfg)
-			mustContain(t, err, tc.field)
+			testutil.ErrorContains(t, err, tc.field)
 		})
 	}
 	// Beta1 = 0 (no momentum) and WeightDecay = 0 are real settings.
@@ -234,15 +217,15 @@ func TestAdamWStepRefusesBadLR(t *testing.T) {
 	before := paramValues(t, ps)
 	normSq := b.Zeros(tensor.Float32, 1)
 	for _, lr := range []float64{math.NaN(), math.Inf(1), -1e-3} {
-		mustContain(t, opt.Step(1, lr, 1), "learning rate")
-		mustContain(t, opt.StepClipped(1, lr, normSq, 1), "learning rate")
+		testutil.ErrorContains(t, opt.Step(1, lr, 1), "learning rate")
+		testutil.ErrorContains(t, opt.StepClipped(1, lr, normSq, 1), "learning rate")
 		_, err := opt.ClipStep(1, lr, 1, nil)
-		mustContain(t, err, "learning rate")
+		testutil.ErrorContains(t, err, "learning rate")
 	}
 	for _, clip := range []float64{math.NaN(), -1, math.Inf(1)} {
-		mustContain(t, opt.StepClipped(1, 1e-3, normSq, clip), "clipping threshold")
+		testutil.ErrorContains(t, opt.StepClipped(1, 1e-3, normSq, clip), "clipping threshold")
 		_, err := opt.ClipStep(1, 1e-3, clip, nil)
-		mustContain(t, err, "clipping threshold")
+		testutil.ErrorContains(t, err, "clipping threshold")
 	}
 	testutil.AllClose(t, "weights after refused steps", paramValues(t, ps), before, 0)
 	m, v := opt.Flat()

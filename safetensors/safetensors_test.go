@@ -130,7 +130,7 @@ func TestReadSafetensorsErrors(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Read(tc.data)
-			mustContain(t, err, tc.want)
+			testutil.ErrorContains(t, err, tc.want)
 		})
 	}
 }
@@ -182,18 +182,6 @@ func FuzzRead(f *testing.F) {
 			}
 		}
 	})
-}
-
-func mustContain(t testing.TB, err error, parts ...string) {
-	t.Helper()
-	if err == nil {
-		t.Fatalf("got no error, want one containing %q", parts)
-	}
-	for _, p := range parts {
-		if !strings.Contains(err.Error(), p) {
-			t.Fatalf("error %q does not contain %q", err, p)
-		}
-	}
 }
 
 // TestFloat32s decodes every float format, F16 included, against values

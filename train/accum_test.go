@@ -57,17 +57,17 @@ func TestMicroBatchRefused(t *testing.T) {
 	cfg := smallConfig(t.TempDir(), 4)
 	cfg.MicroBatch = 3
 	_, err := cfg.MicroBatches(1)
-	mustContain(t, err, "batch 4 is not micro_batch 3 × accumulation steps × dp 1")
+	testutil.ErrorContains(t, err, "batch 4 is not micro_batch 3 × accumulation steps × dp 1")
 	cfg.MicroBatch = 2
 	_, err = cfg.MicroBatches(4)
-	mustContain(t, err, "batch 4 is not micro_batch 2 × accumulation steps × dp 4", "micro_batch × dp = 8")
+	testutil.ErrorContains(t, err, "batch 4 is not micro_batch 2 × accumulation steps × dp 4", "micro_batch × dp = 8")
 	if k, err := cfg.MicroBatches(2); k != 1 || err != nil {
 		t.Errorf("MicroBatches(2) of batch 4, micro 2: %d, %v", k, err)
 	}
 	cfg.MicroBatch = 5
-	mustContain(t, cfg.Validate(), "micro_batch = 5")
+	testutil.ErrorContains(t, cfg.Validate(), "micro_batch = 5")
 	cfg.MicroBatch = 2
 	b := newCPU()
 	_, err = Run(context.Background(), b, newBigram(t, b, 256, tensor.Float32, 1), loaderFor(t, cfg), cfg, WithOutput(&bytes.Buffer{}))
-	mustContain(t, err, "micro_batch 2", "cannot run a step as micro-batches")
+	testutil.ErrorContains(t, err, "micro_batch 2", "cannot run a step as micro-batches")
 }

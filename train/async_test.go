@@ -133,7 +133,7 @@ func TestRunLateLossNaN(t *testing.T) {
 	m.nanAt = 3
 	res, err := Run(context.Background(), b, m, loaderFor(t, cfg), cfg, WithOutput(&bytes.Buffer{}))
 	good := filepath.Join(out, "step-000002")
-	mustContain(t, err, "loss is NaN at step 3; last good checkpoint: "+good)
+	testutil.ErrorContains(t, err, "loss is NaN at step 3; last good checkpoint: "+good)
 	if res.Step != 2 || res.LastCheckpoint != good || len(res.Losses) != 2 {
 		t.Errorf("result: step %d, checkpoint %s, losses %v", res.Step, res.LastCheckpoint, res.Losses)
 	}

@@ -165,7 +165,7 @@ func TestCheckpointLoadErrors(t *testing.T) {
 			_, opt2, b2 := trainedBigram(t, tensor.Float32, 6)
 			before := paramValues(t, opt2.Params())
 			_, err := LoadCheckpoint(copyCkpt(t, tc.damage), b2, opt2)
-			mustContain(t, err, tc.want...)
+			testutil.ErrorContains(t, err, tc.want...)
 			if !reflect.DeepEqual(paramValues(t, opt2.Params()), before) {
 				t.Errorf("a failed load changed the parameters")
 			}
@@ -175,7 +175,7 @@ func TestCheckpointLoadErrors(t *testing.T) {
 	// A model of another shape, or with other names.
 	_, optV, bV := trainedBigram(t, tensor.Float32, 7)
 	_, err = LoadCheckpoint(dir, bV, optV)
-	mustContain(t, err, "model.safetensors", `tensor "emb" has shape (6, 6), the model's is (7, 7)`)
+	testutil.ErrorContains(t, err, "model.safetensors", `tensor "emb" has shape (6, 6), the model's is (7, 7)`)
 
 	other := newBigram(t, bV, 6, tensor.Float32, 1)
 	other.Params().Params()[1].Name = "bias2" // what a renamed layer looks like
@@ -184,7 +184,7 @@ func TestCheckpointLoadErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = LoadCheckpoint(dir, bV, optO)
-	mustContain(t, err, `has no tensor "bias2"`)
+	testutil.ErrorContains(t, err, `has no tensor "bias2"`)
 }
 
 func TestLatestResolveAndPrune(t *testing.T) {
@@ -205,9 +205,9 @@ func TestLatestResolveAndPrune(t *testing.T) {
 		t.Errorf("ResolveCheckpoint(checkpoint) = %q, %v", got, err)
 	}
 	_, err := ResolveCheckpoint(filepath.Join(out, "nope"))
-	mustContain(t, err, "no such directory")
+	testutil.ErrorContains(t, err, "no such directory")
 	_, err = ResolveCheckpoint(t.TempDir())
-	mustContain(t, err, "neither a checkpoint")
+	testutil.ErrorContains(t, err, "neither a checkpoint")
 
 	if err := PruneCheckpoints(out, 2); err != nil {
 		t.Fatal(err)
@@ -229,7 +229,7 @@ func TestLatestResolveAndPrune(t *testing.T) {
 	}
 	os.WriteFile(filepath.Join(out, LatestFile), []byte("../../etc\n"), 0o644)
 	_, err = LatestCheckpoint(out)
-	mustContain(t, err, "not a checkpoint directory")
+	testutil.ErrorContains(t, err, "not a checkpoint directory")
 }
 
 // TestMasterCopyBF16 covers the mixed-precision hook: bf16 parameters get

@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/asynctp/asynctp/internal/testing/testutil"
 	"github.com/asynctp/asynctp/tokens"
 )
 
@@ -153,18 +154,18 @@ func TestLoaderSeekRestoresExactly(t *testing.T) {
 		}
 	}
 	// Seek errors.
-	mustContain(t, b.Seek(DataPosition{Epoch: 0, Index: 0, Seed: 8, Windows: b.Windows(), Seq: 32}), "seed 8")
-	mustContain(t, b.Seek(DataPosition{Epoch: 0, Index: 99, Seed: 9, Windows: b.Windows(), Seq: 32}), "index 99")
+	testutil.ErrorContains(t, b.Seek(DataPosition{Epoch: 0, Index: 0, Seed: 8, Windows: b.Windows(), Seq: 32}), "seed 8")
+	testutil.ErrorContains(t, b.Seek(DataPosition{Epoch: 0, Index: 99, Seed: 9, Windows: b.Windows(), Seq: 32}), "index 99")
 }
 
 func TestDatasetErrors(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "nope.txt")
 	_, err := tokens.Open(missing, tokens.Auto)
-	mustContain(t, err, missing, "does not exist")
+	testutil.ErrorContains(t, err, missing, "does not exist")
 
 	short := writeTemp(t, "short.txt", []byte("hello"))
 	_, err = openLoader(short, LoaderConfig{Batch: 1, Seq: 8, Vocab: 256})
-	mustContain(t, err, short, "has 5 tokens", "seq+1 = 9")
+	testutil.ErrorContains(t, err, short, "has 5 tokens", "seq+1 = 9")
 
 	// .bin tokens beyond the vocabulary.
 	bin := make([]byte, 2*40)
@@ -174,7 +175,7 @@ func TestDatasetErrors(t *testing.T) {
 	binary.LittleEndian.PutUint16(bin[2*17:], 300)
 	big := writeTemp(t, "toks.bin", bin)
 	_, err = openLoader(big, LoaderConfig{Batch: 1, Seq: 8, Vocab: 256})
-	mustContain(t, err, big, "token id 300 at position 17", "256 ids")
+	testutil.ErrorContains(t, err, big, "token id 300 at position 17", "256 ids")
 	// With a large enough vocabulary the same file loads, decoded LE.
 	l, err := openLoader(big, LoaderConfig{Batch: 1, Seq: 8, Vocab: 512, Sequential: true})
 	if err != nil {
@@ -187,18 +188,18 @@ func TestDatasetErrors(t *testing.T) {
 
 	// Text bytes beyond a small vocabulary.
 	_, err = NewLoader(tokens.FromIDs("mem", []int32{1, 2, 200, 3}), LoaderConfig{Batch: 1, Seq: 2, Vocab: 100})
-	mustContain(t, err, "mem", "token id 200 at position 2")
+	testutil.ErrorContains(t, err, "mem", "token id 200 at position 2")
 
 	// Of several files, the one that holds the id, at its own position.
 	two := writeTemp(t, "two.bin", bin)
 	_, err = openLoader(big+","+two, LoaderConfig{Batch: 1, Seq: 8, Vocab: 256})
-	mustContain(t, err, big, "position 17")
+	testutil.ErrorContains(t, err, big, "position 17")
 	ok := writeTemp(t, "ok.bin", bin[:34])
 	_, err = openLoader(ok+","+two, LoaderConfig{Batch: 1, Seq: 8, Vocab: 256})
-	mustContain(t, err, two, "token id 300 at position 17")
+	testutil.ErrorContains(t, err, two, "token id 300 at position 17")
 
 	_, err = NewLoader(tokens.FromBytes("none", nil), LoaderConfig{Batch: 1, Seq: 2, Vocab: 256})
-	mustContain(t, err, "none", "empty")
+	testutil.ErrorContains(t, err, "none", "empty")
 }
 
 func openLoader(spec string, cfg LoaderConfig) (*Loader, error) {
@@ -233,7 +234,7 @@ func TestLoaderWideIDs(t *testing.T) {
 		}
 	}
 	_, err = NewLoader(tokens.FromIDs("wide", ids), LoaderConfig{Batch: 5, Seq: 8, Vocab: 69999})
-	mustContain(t, err, "token id 69999", "69999 ids")
+	testutil.ErrorContains(t, err, "token id 69999", "69999 ids")
 }
 
 // A dataset larger than CheckAllTokens starts without reading its ids; an
@@ -254,7 +255,7 @@ func TestLoaderChecksLargeDataByWindow(t *testing.T) {
 	for range 20 {
 		pos := l.Position()
 		if _, _, err = l.Next(); err != nil {
-			mustContain(t, err, "big", "token id 500 at position 373", "256 ids")
+			testutil.ErrorContains(t, err, "big", "token id 500 at position 373", "256 ids")
 			if p := l.Position(); p != pos {
 				t.Errorf("after the error the position is %+v, want %+v", p, pos)
 			}
@@ -287,7 +288,7 @@ func TestSplitValidation(t *testing.T) {
 		t.Errorf("SplitValidation(1.5) gave no error")
 	}
 	_, _, err = SplitValidation(tokens.FromBytes("tiny", []byte("a")), 0.05)
-	mustContain(t, err, "tiny", "too few")
+	testutil.ErrorContains(t, err, "tiny", "too few")
 }
 
 // The window order holds nothing per window: each epoch is a permutation,
@@ -357,5 +358,5 @@ func TestLoaderResumesTheDrawnOrder(t *testing.T) {
 	if p := mustLoader(t, data, cfg).Position(); p.Order != OrderFeistel {
 		t.Errorf("a new loader's order is %q, want %q", p.Order, OrderFeistel)
 	}
-	mustContain(t, l.Seek(DataPosition{Epoch: 0, Index: 0, Seed: 42, Windows: 10, Seq: 16, Order: "sorted"}), `"sorted"`)
+	testutil.ErrorContains(t, l.Seek(DataPosition{Epoch: 0, Index: 0, Seed: 42, Windows: 10, Seq: 16, Order: "sorted"}), `"sorted"`)
 }

@@ -4,9 +4,9 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 
+	"github.com/asynctp/asynctp/internal/testing/testutil"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cpu"
@@ -137,24 +137,9 @@ func mustLoader(t testing.TB, data []byte, cfg LoaderConfig) *Loader {
 	return l
 }
 
+// paramValues is the values of ps's parameters, flat.
 func paramValues(t testing.TB, ps *layers.ParamSet) []float64 {
 	t.Helper()
 	w, _ := ps.Flat()
-	v, err := w.Float64s()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v
-}
-
-func mustContain(t testing.TB, err error, parts ...string) {
-	t.Helper()
-	if err == nil {
-		t.Fatalf("got no error, want one containing %q", parts)
-	}
-	for _, p := range parts {
-		if !strings.Contains(err.Error(), p) {
-			t.Fatalf("error %q does not contain %q", err, p)
-		}
-	}
+	return testutil.Values(t, w)
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/asynctp/asynctp/internal/testing/testutil"
 	"github.com/asynctp/asynctp/tensor"
 )
 
@@ -62,5 +63,5 @@ func TestRunLateExtraMetrics(t *testing.T) {
 		}
 	}
 	_, err = Run(context.Background(), b, m, loaderFor(t, cfg), cfg, WithOutput(&bytes.Buffer{}), WithLateExtraMetrics(bad))
-	mustContain(t, err, "train: step 2: metrics: stats read failed")
+	testutil.ErrorContains(t, err, "train: step 2: metrics: stats read failed")
 }

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/asynctp/asynctp/internal/testing/testutil"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/optim"
 	"github.com/asynctp/asynctp/tensor"
@@ -202,7 +203,7 @@ func TestRunStopsOnNaN(t *testing.T) {
 			if tc.nanAt == 7 {
 				good = filepath.Join(out, "step-000006")
 			}
-			mustContain(t, err, tc.want+good)
+			testutil.ErrorContains(t, err, tc.want+good)
 			if res.LastCheckpoint != good {
 				t.Errorf("result's last checkpoint %s, want %s", res.LastCheckpoint, good)
 			}
@@ -227,7 +228,7 @@ func TestRunStopsOnNaN(t *testing.T) {
 	m := newBigram(t, b, 256, tensor.Float32, 1)
 	m.nanAt = 1
 	_, err := Run(context.Background(), b, m, loaderFor(t, cfg), cfg, WithOutput(&bytes.Buffer{}))
-	mustContain(t, err, "loss is NaN at step 1; last good checkpoint: none")
+	testutil.ErrorContains(t, err, "loss is NaN at step 1; last good checkpoint: none")
 }
 
 func TestRunOptionsAndErrors(t *testing.T) {
@@ -274,18 +275,18 @@ func TestRunOptionsAndErrors(t *testing.T) {
 	bad := cfg
 	bad.Batch = 5
 	_, err = Run(context.Background(), b, m, loaderFor(t, cfg), bad)
-	mustContain(t, err, "batch 4", "config says batch 5")
+	testutil.ErrorContains(t, err, "batch 4", "config says batch 5")
 	bad = cfg
 	bad.Warmup = -1
 	_, err = Run(context.Background(), b, m, loaderFor(t, cfg), bad)
-	mustContain(t, err, "warmup = -1")
+	testutil.ErrorContains(t, err, "warmup = -1")
 	bad = cfg
 	bad.Steps, bad.Resume = 4, out
 	_, err = Run(context.Background(), b, m, loaderFor(t, cfg), bad, WithOutput(&log))
-	mustContain(t, err, "at step 6, past the run's 4 steps")
+	testutil.ErrorContains(t, err, "at step 6, past the run's 4 steps")
 	bad.Resume = filepath.Join(out, "missing")
 	_, err = Run(context.Background(), b, m, loaderFor(t, cfg), bad, WithOutput(&log))
-	mustContain(t, err, "no such directory")
+	testutil.ErrorContains(t, err, "no such directory")
 	// A finished run resumed with the same step count does nothing.
 	done := cfg
 	done.Resume = out
@@ -413,7 +414,7 @@ func TestRunAsyncLoss(t *testing.T) {
 	m = &asyncBigram{bigram: newBigram(t, b, 256, tensor.Float32, 1)}
 	m.nanAt = 3
 	_, err = Run(context.Background(), b, m, loaderFor(t, cfg), cfg, WithOutput(&bytes.Buffer{}))
-	mustContain(t, err, "loss is NaN at step 3")
+	testutil.ErrorContains(t, err, "loss is NaN at step 3")
 }
 
 // sleepyModel makes every Forward take at least nap.

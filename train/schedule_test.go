@@ -3,6 +3,8 @@ package train
 import (
 	"math"
 	"testing"
+
+	"github.com/asynctp/asynctp/internal/testing/testutil"
 )
 
 func TestConfigDefaultsAndValidate(t *testing.T) {
@@ -31,6 +33,6 @@ func TestConfigDefaultsAndValidate(t *testing.T) {
 	} {
 		c := DefaultConfig()
 		tc.mod(&c)
-		mustContain(t, c.Validate(), tc.want)
+		testutil.ErrorContains(t, c.Validate(), tc.want)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/asynctp/asynctp/internal/testing/testutil"
 	"github.com/asynctp/asynctp/optim"
 )
 
@@ -71,7 +72,7 @@ func TestParseStateErrors(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := ParseState(tc.data)
-			mustContain(t, err, tc.want)
+			testutil.ErrorContains(t, err, tc.want)
 		})
 	}
 }

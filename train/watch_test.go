@@ -8,6 +8,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/asynctp/asynctp/internal/testing/testutil"
 	"github.com/asynctp/asynctp/tensor"
 )
 
@@ -56,7 +57,7 @@ func TestStepWatcher(t *testing.T) {
 			if !errors.Is(err, errWatched) {
 				t.Fatalf("fail at %d: error %v, expected one wrapping the watcher's", failAt, err)
 			}
-			mustContain(t, err, fmt.Sprintf("stopped after step %d", failAt), filepath.Join(out, fmt.Sprintf("step-%06d", failAt)))
+			testutil.ErrorContains(t, err, fmt.Sprintf("stopped after step %d", failAt), filepath.Join(out, fmt.Sprintf("step-%06d", failAt)))
 		} else if err != nil {
 			t.Fatal(err)
 		}

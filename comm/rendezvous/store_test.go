@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/asynctp/asynctp/internal/testing/testutil"
 )
 
 // testCtx is a context that ends well within the test's budget.
@@ -39,19 +41,6 @@ func dialT(t *testing.T, addr, job string, rank int) *Client {
 	}
 	t.Cleanup(func() { c.Close() })
 	return c
-}
-
-// wantErr fails unless err is non-nil and its message holds every part.
-func wantErr(t *testing.T, err error, parts ...string) {
-	t.Helper()
-	if err == nil {
-		t.Fatalf("got no error, want one containing %q", parts)
-	}
-	for _, p := range parts {
-		if !strings.Contains(err.Error(), p) {
-			t.Fatalf("error %q does not contain %q", err, p)
-		}
-	}
 }
 
 func TestSetGetAdd(t *testing.T) {
@@ -83,10 +72,10 @@ func TestSetGetAdd(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := c.Add(ctx, "uid", 1) // holds "" now, not a counter
-	wantErr(t, err, `add 1 to "uid"`, "not a decimal counter")
-	wantErr(t, c.Set(ctx, "", []byte("x")), "empty key")
-	wantErr(t, c.Set(ctx, strings.Repeat("k", MaxKeySize+1), nil), "exceeds the limit")
-	wantErr(t, c.Set(ctx, "big", make([]byte, MaxValueSize+1)), `set "big"`, "exceeds the limit of 67108864")
+	testutil.ErrorContains(t, err, `add 1 to "uid"`, "not a decimal counter")
+	testutil.ErrorContains(t, c.Set(ctx, "", []byte("x")), "empty key")
+	testutil.ErrorContains(t, c.Set(ctx, strings.Repeat("k", MaxKeySize+1), nil), "exceeds the limit")
+	testutil.ErrorContains(t, c.Set(ctx, "big", make([]byte, MaxValueSize+1)), `set "big"`, "exceeds the limit of 67108864")
 	if got, err := c.Get(ctx, "n"); err != nil || string(got) != "-2" { // the connection survived
 		t.Fatalf("Get after refused calls = %q, %v", got, err)
 	}
@@ -208,7 +197,7 @@ func TestDeadlines(t *testing.T) {
 	short := testCtx(t, 100*time.Millisecond)
 	start := time.Now()
 	_, err := c.Get(short, "nccl/uid")
-	wantErr(t, err, "rank 3", `get "nccl/uid"`, "not set within", srv.Addr())
+	testutil.ErrorContains(t, err, "rank 3", `get "nccl/uid"`, "not set within", srv.Addr())
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Get error %v does not wrap context.DeadlineExceeded", err)
 	}
@@ -220,10 +209,10 @@ func TestDeadlines(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = c.Wait(testCtx(t, 100*time.Millisecond), "a", "b", "c")
-	wantErr(t, err, `["b" "c"] not set within`)
+	testutil.ErrorContains(t, err, `["b" "c"] not set within`)
 
 	err = c.Barrier(testCtx(t, 100*time.Millisecond), "start", 3)
-	wantErr(t, err, `barrier "start": 1 of 3 ranks arrived within`)
+	testutil.ErrorContains(t, err, `barrier "start": 1 of 3 ranks arrived within`)
 
 	// A context without deadline gets Options.Timeout.
 	quick, err := Dial(ctx, srv.Addr(), "job", 4, Options{Timeout: 100 * time.Millisecond})
@@ -232,7 +221,7 @@ func TestDeadlines(t *testing.T) {
 	}
 	defer quick.Close()
 	_, err = quick.Get(context.Background(), "never")
-	wantErr(t, err, `get "never": the key was not set within`)
+	testutil.ErrorContains(t, err, `get "never": the key was not set within`)
 
 	// The abandoned waits were cancelled on the server, and the client still works.
 	if err := c.Set(ctx, "b", []byte("B")); err != nil {
@@ -272,7 +261,7 @@ func TestJobMismatch(t *testing.T) {
 	if c != nil {
 		c.Close()
 	}
-	wantErr(t, err, `serves job "job-a"`, `rank 2 belongs to job "job-b"`)
+	testutil.ErrorContains(t, err, `serves job "job-a"`, `rank 2 belongs to job "job-b"`)
 	if !errors.Is(err, ErrJobMismatch) {
 		t.Errorf("error %v does not wrap ErrJobMismatch", err)
 	}
@@ -294,7 +283,7 @@ func TestServerCloseDuringGet(t *testing.T) {
 	srv.Close()
 	select {
 	case err := <-errc:
-		wantErr(t, err, `get "never"`)
+		testutil.ErrorContains(t, err, `get "never"`)
 		if !errors.Is(err, ErrConnectionLost) {
 			t.Fatalf("Get error %v: want the store's loss", err)
 		}
@@ -350,7 +339,7 @@ func TestDialRetriesUntilServerUp(t *testing.T) {
 func TestDialDeadline(t *testing.T) {
 	addr := freeAddr(t)
 	_, err := Dial(testCtx(t, 300*time.Millisecond), addr, "job", 1, Options{})
-	wantErr(t, err, "rank 1 could not reach the store", addr, "attempts", "connection refused")
+	testutil.ErrorContains(t, err, "rank 1 could not reach the store", addr, "attempts", "connection refused")
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("error %v does not wrap context.DeadlineExceeded", err)
 	}
@@ -397,7 +386,7 @@ func TestBarrierReuse(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	wantErr(t, dialT(t, srv.Addr(), "job", 0).Barrier(ctx, "x", 0), "0 participants")
+	testutil.ErrorContains(t, dialT(t, srv.Addr(), "job", 0).Barrier(ctx, "x", 0), "0 participants")
 }
 
 func TestShutdownWaitsForClients(t *testing.T) {
@@ -410,7 +399,7 @@ func TestShutdownWaitsForClients(t *testing.T) {
 		return len(srv.conns) == 1
 	})
 	err := srv.Shutdown(testCtx(t, 100*time.Millisecond))
-	wantErr(t, err, "ranks [2] still connected")
+	testutil.ErrorContains(t, err, "ranks [2] still connected")
 	if _, err := c2.Add(testCtx(t, time.Second), "n", 1); !errors.Is(err, ErrConnectionLost) {
 		t.Fatalf("Add after Shutdown: %v, want ErrConnectionLost", err)
 	}
@@ -449,12 +438,12 @@ func TestJoinSingleProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, _, err = Join(ctx, Info{Rank: 2, WorldSize: 2, LocalWorldSize: 1}, Options{})
-	wantErr(t, err, "Rank=2 is out of range")
+	testutil.ErrorContains(t, err, "Rank=2 is out of range")
 }
 
 func TestBroadcastTimeout(t *testing.T) {
 	srv := startServer(t, "job")
 	c := dialT(t, srv.Addr(), "job", 1)
 	_, err := c.BroadcastBytes(testCtx(t, 100*time.Millisecond), "nvshmem/uid", 1, 0, nil)
-	wantErr(t, err, "rank 1: broadcast from root rank 0", `get "nvshmem/uid": the key was not set within`)
+	testutil.ErrorContains(t, err, "rank 1: broadcast from root rank 0", `get "nvshmem/uid": the key was not set within`)
 }

@@ -20,18 +20,6 @@ import (
 	"github.com/asynctp/asynctp/tensor/cpu"
 )
 
-func mustContain(t testing.TB, err error, parts ...string) {
-	t.Helper()
-	if err == nil {
-		t.Fatalf("got no error, want one containing %q", parts)
-	}
-	for _, p := range parts {
-		if !strings.Contains(err.Error(), p) {
-			t.Fatalf("error %q does not contain %q", err, p)
-		}
-	}
-}
-
 // TestCutMerge cuts random tensors of every dtype into P pieces along each
 // dimension, merges them back (with duplicate replicas among them), and
 // compares with the original bit for bit, against testutil.Slice as the
@@ -78,11 +66,11 @@ func TestCutMerge(t *testing.T) {
 					}
 					if P == 2 {
 						_, err := shard.Merge(pieces[:1])
-						mustContain(t, err, fmt.Sprintf("no piece holds [%d, %d) of dimension %d", w, 2*w, dim))
+						testutil.ErrorContains(t, err, fmt.Sprintf("no piece holds [%d, %d) of dimension %d", w, 2*w, dim))
 						if dim == 1 {
 							over := shard.Piece{Name: "x", Slice: shard.Slice{Full: full, Dim: 1, Lo: 2, Hi: 5}, Tensor: tensor.MustHost(dt, 4, 3, 2)}
 							_, err = shard.Merge(append(pieces[:4:4], over))
-							mustContain(t, err, "overlap")
+							testutil.ErrorContains(t, err, "overlap")
 						}
 						other := pieces[0]
 						odt := tensor.Float64
@@ -91,16 +79,16 @@ func TestCutMerge(t *testing.T) {
 						}
 						other.Tensor = tensor.MustHost(odt, other.Tensor.Shape()...)
 						_, err = shard.Merge([]shard.Piece{pieces[0], other})
-						mustContain(t, err, "disagree")
+						testutil.ErrorContains(t, err, "disagree")
 					}
 				})
 			}
 		}
 	}
 	_, err := shard.Cut(tensor.MustHost(tensor.Float32, 4, 6), shard.Slice{Full: []int{4, 6}, Dim: 1, Lo: 4, Hi: 7})
-	mustContain(t, err, "expected a non-empty range inside it")
+	testutil.ErrorContains(t, err, "expected a non-empty range inside it")
 	_, err = shard.Merge([]shard.Piece{{Name: "a", Slice: shard.Slice{Full: []int{4}, Dim: -1}, Tensor: tensor.MustHost(tensor.Float32, 3)}})
-	mustContain(t, err, "has shape (3)")
+	testutil.ErrorContains(t, err, "has shape (3)")
 }
 
 // tpModel registers a column-parallel and a row-parallel linear and a
@@ -269,7 +257,7 @@ func TestCheck(t *testing.T) {
 		{shard.Shard{Param: p, Full: []int{3, 8}, Over: shard.TP, Dim: 1, Lo: 6, Hi: 10}, "inside it"},
 		{shard.Shard{Param: p, Full: []int{3, 8}, Over: 7, Dim: 1, Lo: 0, Hi: 4}, "split over Group(7)"},
 	} {
-		mustContain(t, tc.s.Check(), tc.want)
+		testutil.ErrorContains(t, tc.s.Check(), tc.want)
 	}
 	if err := (shard.Shard{Param: p, Full: []int{3, 8}, Over: shard.TP, Dim: 1, Lo: 4, Hi: 8}).Check(); err != nil {
 		t.Error(err)
@@ -327,11 +315,11 @@ func TestAssemble(t *testing.T) {
 			if P > 1 {
 				// Without the last piece (and its replica) the last part is missing.
 				_, err := shard.Assemble(part(dim, 1, 0), pieces[:2*(P-1)])
-				mustContain(t, err, "no piece holds")
+				testutil.ErrorContains(t, err, "no piece holds")
 			}
 		}
 	}
 	c, _ := shard.Cut(x, part(1, 2, 0))
 	_, err := shard.Assemble(part(0, 2, 0), []shard.Piece{{Name: "x", Slice: part(1, 2, 0), Tensor: c}})
-	mustContain(t, err, "split along dimension 1")
+	testutil.ErrorContains(t, err, "split along dimension 1")
 }

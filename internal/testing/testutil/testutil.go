@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -134,6 +135,20 @@ func Within(name string, got, want []float64, tol float64) error {
 		return fmt.Errorf("%s: relative error %.3g > %.3g", name, e, tol)
 	}
 	return nil
+}
+
+// ErrorContains fails the test unless err is non-nil and its message holds
+// every part.
+func ErrorContains(t testing.TB, err error, parts ...string) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("got no error, want one containing %q", parts)
+	}
+	for _, p := range parts {
+		if !strings.Contains(err.Error(), p) {
+			t.Fatalf("error %q does not contain %q", err, p)
+		}
+	}
 }
 
 // Download copies a tensor of b (on its device or the host) into float64s.
