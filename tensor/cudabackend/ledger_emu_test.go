@@ -16,13 +16,16 @@ import (
 )
 
 // ledgerRun trains a bf16 GPT of cfg for steps steps of batch × seq tokens
-// (forward, backward, AdamW) on the emulator with the memory ledger on, and
-// returns its report with the parameter count and the losses.
-func ledgerRun(t testing.TB, cfg layers.GPTConfig, batch, seq, steps int) (MemReport, int, []float64) {
+// (forward, backward, AdamW) under recompute r on b (an emulator with the
+// memory ledger on), and returns its report with the parameter count and
+// the losses.
+func ledgerRun(t testing.TB, b *Backend, cfg layers.GPTConfig, r layers.Recompute, batch, seq, steps int) (MemReport, int, []float64) {
 	t.Helper()
-	b := openEmu(t, WithMemLedger())
 	m, err := layers.NewGPT(b, cfg, tensor.BFloat16)
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.SetRecompute(r); err != nil {
 		t.Fatal(err)
 	}
 	opt, err := optim.NewAdamWWithConfig(b, m.Params(), optim.AdamWConfig{Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1})
@@ -50,11 +53,11 @@ func ledgerRun(t testing.TB, cfg layers.GPTConfig, batch, seq, steps int) (MemRe
 	if err := b.Sync(); err != nil {
 		t.Fatal(err)
 	}
-	r, ok := b.MemLedger()
+	rep, ok := b.MemLedger()
 	if !ok {
 		t.Fatal("MemLedger: off with WithMemLedger")
 	}
-	return r, m.Params().Numel(), losses
+	return rep, m.Params().Numel(), losses
 }
 
 // TestEmuMemLedger: the ledger's account of a small GPT's training adds up
@@ -62,7 +65,7 @@ func ledgerRun(t testing.TB, cfg layers.GPTConfig, batch, seq, steps int) (MemRe
 // and its parameter and optimizer lines match the counts from the config.
 func TestEmuMemLedger(t *testing.T) {
 	cfg := layers.GPTConfig{Layers: 2, Dim: 128, Heads: 2, Vocab: 61, Seq: 64, Seed: 3}
-	r, n, _ := ledgerRun(t, cfg, 2, 64, 2)
+	r, n, _ := ledgerRun(t, openEmu(t, WithMemLedger()), cfg, layers.RecomputeNone, 2, 64, 2)
 	var sb strings.Builder
 	r.Write(&sb, true)
 	t.Log("\n" + sb.String())
@@ -139,7 +142,7 @@ func TestEmuMemLedgerSizes(t *testing.T) {
 		t.Fatalf("ASYNCTP_LEDGER=%q: expected 7 numbers", spec)
 	}
 	cfg := layers.GPTConfig{Layers: v[0], Dim: v[1], Heads: v[2], FFN: v[3], Vocab: v[4], Seq: v[6], TiedEmbeddings: true, Seed: 1}
-	r, n, losses := ledgerRun(t, cfg, v[5], v[6], 2)
+	r, n, losses := ledgerRun(t, openEmu(t, WithMemLedger()), cfg, layers.RecomputeNone, v[5], v[6], 2)
 	var sb strings.Builder
 	r.Write(&sb, true)
 	fmt.Printf("config %+v, batch %d: %d parameters, losses %v\n%s", cfg, v[5], n, losses, sb.String())

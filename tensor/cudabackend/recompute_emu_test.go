@@ -9,55 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/asynctp/asynctp/internal/testing/testutil"
 	"github.com/asynctp/asynctp/layers"
-	"github.com/asynctp/asynctp/optim"
-	"github.com/asynctp/asynctp/tensor"
 )
-
-// recomputeRun trains a bf16 GPT of cfg for steps steps of batch × seq
-// tokens under recompute r on b (with the ledger on) and returns its
-// report and the losses.
-func recomputeRun(t testing.TB, b *Backend, cfg layers.GPTConfig, r layers.Recompute, batch, seq, steps int) (MemReport, []float64) {
-	t.Helper()
-	m, err := layers.NewGPT(b, cfg, tensor.BFloat16)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.SetRecompute(r); err != nil {
-		t.Fatal(err)
-	}
-	opt, err := optim.NewAdamWWithConfig(b, m.Params(), optim.AdamWConfig{Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rng := testutil.Rng(5)
-	var losses []float64
-	for s := range steps {
-		ids := testutil.RandInts(rng, cfg.Vocab, batch, seq)
-		tg := testutil.RandInts(rng, cfg.Vocab, batch, seq)
-		m.ZeroGrad()
-		loss, err := m.Forward(ids, tg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := m.Backward(); err != nil {
-			t.Fatal(err)
-		}
-		if err := opt.Step(s+1, 1e-3, 1); err != nil {
-			t.Fatal(err)
-		}
-		losses = append(losses, loss)
-	}
-	if err := b.Sync(); err != nil {
-		t.Fatal(err)
-	}
-	rep, ok := b.MemLedger()
-	if !ok {
-		t.Fatal("MemLedger: off with WithMemLedger")
-	}
-	return rep, losses
-}
 
 // category is the bytes (size classes) of a category at the in-use peak.
 func category(r MemReport, cat string) int64 {
@@ -79,7 +32,7 @@ func TestEmuRecomputeLedger(t *testing.T) {
 	var acts [3]int64
 	var losses [3][]float64
 	for i, r := range []layers.Recompute{layers.RecomputeNone, layers.RecomputeAttention, layers.RecomputeBlock} {
-		rep, l := recomputeRun(t, openEmu(t, WithMemLedger()), cfg, r, 2, 64, 2)
+		rep, _, l := ledgerRun(t, openEmu(t, WithMemLedger()), cfg, r, 2, 64, 2)
 		acts[i], losses[i] = category(rep, CatActivations), l
 		t.Logf("recompute %v: layers' forward buffers at the peak %d bytes, peak in use %d", r, acts[i], rep.PeakInUse)
 	}
@@ -137,7 +90,7 @@ func TestEmuRecomputeLedgerSizes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			rep, _ := recomputeRun(t, b, cfg, r, v[5], v[6], 1)
+			rep, _, _ := ledgerRun(t, b, cfg, r, v[5], v[6], 1)
 			mib := func(n int64) float64 { return float64(n) / (1 << 20) }
 			fmt.Printf("%s %d layers, batch %d × %d, recompute %-9v: peak in use %8.1f MiB, reserved %8.1f MiB; layers' forward buffers %8.1f MiB, decoder stream %8.1f MiB, backward buffers %8.1f MiB\n",
 				name, v[0], v[5], v[6], r, mib(rep.PeakInUse), mib(rep.PeakReserved), mib(category(rep, CatActivations)),
