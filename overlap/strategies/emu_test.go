@@ -7,13 +7,13 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/comm/hybrid"
 	"github.com/asynctp/asynctp/comm/local"
+	"github.com/asynctp/asynctp/internal/testing/emuworld"
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/overlap/overlaptest"
 	"github.com/asynctp/asynctp/overlap/strategies"
@@ -24,218 +24,23 @@ import (
 	"github.com/asynctp/asynctp/tensor/cudabackend"
 )
 
-// The kernel emulator's ranks are goroutines whose device memory is host
-// memory: a symmetric allocation is one allocation per rank, registered so
-// that every rank finds the others' (its "peer pointers"). emuSym is that
-// symmetric side, on a comm/local world of its own; with hosts (the host
-// of each world rank) a rank has no peer pointer to the ranks of another
-// host, and the hybrid's placement (hybrid.WithHosts) says what reaches
-// what. staged is the collective side, another comm/local world whose
-// ops on device tensors go through the host (comm/local moves host
-// tensors only).
-
-// allocs is the registry of a group's symmetric allocations, and of the
-// groups split from it (by name: the same object for every rank of one).
-type allocs struct {
-	mu       sync.Mutex
-	addrs    map[int][]uint64
-	children map[string]*allocs
-}
-
-func newAllocs() *allocs { return &allocs{addrs: map[int][]uint64{}, children: map[string]*allocs{}} }
-
-func (a *allocs) child(name string) *allocs {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.children[name] == nil {
-		a.children[name] = newAllocs()
-	}
-	return a.children[name]
-}
-
-type emuSym struct {
-	comm.Comm
-	b     *cudabackend.Backend
-	reg   *allocs
-	seq   int
-	mine  map[uint64]int
-	hosts []int
-}
-
-func (c *emuSym) Unwrap() comm.Comm { return c.Comm }
-
-func (c *emuSym) Split(color, key int) (comm.Comm, error) { return c.SplitNamed(color, key, "") }
-
-func (c *emuSym) SplitNamed(color, key int, label string) (comm.Comm, error) {
-	g, err := comm.SplitNamed(c.Comm, color, key, label)
-	if err != nil || g == nil {
-		return nil, err
-	}
-	return &emuSym{Comm: g, b: c.b, reg: c.reg.child(g.Name()), mine: map[uint64]int{}, hosts: c.hosts}, nil
-}
-
-func (c *emuSym) AllocSymmetric(shape []int, dt tensor.DType) (*tensor.Tensor, error) {
-	t := c.b.Zeros(dt, shape...)
-	if err := c.b.Sync(); err != nil {
-		return nil, err
-	}
-	n, a := c.seq, cudabackend.DevicePtr(t)
-	c.seq++
-	c.reg.mu.Lock()
-	if c.reg.addrs[n] == nil {
-		c.reg.addrs[n] = make([]uint64, c.Size())
-	}
-	c.reg.addrs[n][c.Rank()] = a
-	c.reg.mu.Unlock()
-	c.mine[a] = n
-	return t, c.Barrier()
-}
-
-// FreeSymmetric is a collective, as NVSHMEM's: a peer may still read
-// the allocation until every rank has reached the free.
-func (c *emuSym) FreeSymmetric(t *tensor.Tensor) error {
-	if err := c.Barrier(); err != nil {
-		return err
-	}
-	delete(c.mine, cudabackend.DevicePtr(t))
-	c.b.Free(t)
-	return c.b.Err()
-}
-
-func (c *emuSym) PeerPtr(t *tensor.Tensor, r int) (uint64, error) {
-	n, ok := c.mine[cudabackend.DevicePtr(t)]
-	if !ok {
-		return 0, fmt.Errorf("not a symmetric allocation")
-	}
-	if c.hosts != nil {
-		m, _ := comm.MembersOf(c.Comm)
-		if c.hosts[m[r]] != c.hosts[m[c.Rank()]] {
-			return 0, fmt.Errorf("group rank %d (world rank %d) is on another host: no peer pointer", r, m[r])
-		}
-	}
-	c.reg.mu.Lock()
-	defer c.reg.mu.Unlock()
-	return c.reg.addrs[n][r], nil
-}
-
-type staged struct {
-	comm.Comm
-	b *cudabackend.Backend
-}
-
-func (c staged) host(t *tensor.Tensor) (*tensor.Tensor, error) {
-	h := tensor.MustHost(t.DType(), t.Shape()...)
-	c.b.Download(h, t)
-	return h, c.b.Sync()
-}
-
-// viaHost runs op on host copies of dst and src (dst's contents
-// included) and uploads dst; src nil is an op in place.
-func (c staged) viaHost(dst, src *tensor.Tensor, op func(hd, hs *tensor.Tensor) (comm.Work, error)) (comm.Work, error) {
-	hd, err := c.host(dst)
-	if err != nil {
-		return nil, err
-	}
-	hs := hd
-	if src != nil {
-		if hs, err = c.host(src); err != nil {
-			return nil, err
-		}
-	}
-	w, err := op(hd, hs)
-	if err == nil {
-		err = w.Wait(nil)
-	}
-	if err != nil {
-		return nil, err
-	}
-	c.b.Upload(dst, hd)
-	return comm.Done, c.b.Err()
-}
-
-func (c staged) AllReduce(buf *tensor.Tensor, op comm.ReduceOp, s comm.Stream) (comm.Work, error) {
-	if buf.Device().Kind == tensor.CPU {
-		return c.Comm.AllReduce(buf, op, s)
-	}
-	return c.viaHost(buf, nil, func(hd, _ *tensor.Tensor) (comm.Work, error) { return c.Comm.AllReduce(hd, op, nil) })
-}
-
-func (c staged) AllGather(dst, src *tensor.Tensor, s comm.Stream) (comm.Work, error) {
-	if src.Device().Kind == tensor.CPU {
-		return c.Comm.AllGather(dst, src, s)
-	}
-	return c.viaHost(dst, src, func(hd, hs *tensor.Tensor) (comm.Work, error) { return c.Comm.AllGather(hd, hs, nil) })
-}
-
-func (c staged) ReduceScatter(dst, src *tensor.Tensor, op comm.ReduceOp, s comm.Stream) (comm.Work, error) {
-	if src.Device().Kind == tensor.CPU {
-		return c.Comm.ReduceScatter(dst, src, op, s)
-	}
-	return c.viaHost(dst, src, func(hd, hs *tensor.Tensor) (comm.Work, error) { return c.Comm.ReduceScatter(hd, hs, op, nil) })
-}
-
-func (c staged) AllToAllV(dst, src *tensor.Tensor, sendCounts, recvCounts []int, s comm.Stream) (comm.Work, error) {
-	if src.Device().Kind == tensor.CPU {
-		return c.Comm.AllToAllV(dst, src, sendCounts, recvCounts, s)
-	}
-	return c.viaHost(dst, src, func(hd, hs *tensor.Tensor) (comm.Work, error) {
-		return c.Comm.AllToAllV(hd, hs, sendCounts, recvCounts, nil)
-	})
-}
-
-func (c staged) Broadcast(buf *tensor.Tensor, root int, s comm.Stream) (comm.Work, error) {
-	if buf.Device().Kind == tensor.CPU {
-		return c.Comm.Broadcast(buf, root, s)
-	}
-	return c.viaHost(buf, nil, func(hd, _ *tensor.Tensor) (comm.Work, error) { return c.Comm.Broadcast(hd, root, nil) })
-}
-
-func (c staged) Unwrap() comm.Comm { return c.Comm }
-
-func (c staged) Split(color, key int) (comm.Comm, error) { return c.SplitNamed(color, key, "") }
-
-func (c staged) SplitNamed(color, key int, label string) (comm.Comm, error) {
-	g, err := comm.SplitNamed(c.Comm, color, key, label)
-	if err != nil || g == nil {
-		return nil, err
-	}
-	return staged{g, c.b}, nil
-}
-
-// barrier is a reusable barrier of n goroutines: the emulator runs one
-// kernel at a time, so a rank waits for its peers' sends before its wait
-// kernel (peerep.WithBeforeWait).
-type barrier struct {
-	mu      sync.Mutex
-	cond    *sync.Cond
-	n, in   int
-	release int
-}
-
-func newBarrier(n int) *barrier { b := &barrier{n: n}; b.cond = sync.NewCond(&b.mu); return b }
-
-func (b *barrier) wait() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	g := b.release
-	if b.in++; b.in == b.n {
-		b.in, b.release = 0, b.release+1
-		b.cond.Broadcast()
-		return
-	}
-	for g == b.release {
-		b.cond.Wait()
-	}
-}
+// The kernel emulator's ranks (internal/testing/emuworld): the symmetric
+// side of each rank's hybrid group is an emuworld.Sym on a comm/local
+// world of its own; with hosts (the host of each world rank) a rank has no
+// peer pointer to the ranks of another host, and the hybrid's placement
+// (hybrid.WithHosts) says what reaches what. The collective side is
+// another comm/local world whose ops on device tensors go through the host
+// (emuworld.Staged).
 
 // hybridRanks runs f on P emulated ranks, each with a hybrid group of the
 // two worlds; hosts, when set, places the world's ranks on hosts
 // (hybrid.WithHosts, and no peer pointers between hosts).
-func hybridRanks(t *testing.T, P int, hosts []int, f func(g comm.Comm, b *cudabackend.Backend, bar *barrier) error) {
+func hybridRanks(t *testing.T, P int, hosts []int, f func(g comm.Comm, b *cudabackend.Backend, bar *emuworld.Barrier) error) {
 	t.Helper()
 	coll := local.NewWorld(P, local.WithTimeout(120*time.Second))
-	reg := newAllocs()
-	bar := newBarrier(P)
+	reg := emuworld.NewRegistry()
+	defer reg.CloseAll(t)
+	bar := emuworld.NewBarrier(P)
 	var opts []hybrid.Option
 	if hosts != nil {
 		opts = append(opts, hybrid.WithHosts(hosts))
@@ -245,8 +50,8 @@ func hybridRanks(t *testing.T, P int, hosts []int, f func(g comm.Comm, b *cudaba
 		if err != nil {
 			return err
 		}
-		defer b.Close()
-		g, err := hybrid.New(staged{coll[sym.Rank()], b}, &emuSym{Comm: sym, b: b, reg: reg, mine: map[uint64]int{}, hosts: hosts}, opts...)
+		reg.Keep(b)
+		g, err := hybrid.New(emuworld.Staged{Comm: coll[sym.Rank()], B: b}, emuworld.NewSym(sym, b, reg, hosts), opts...)
 		if err != nil {
 			return err
 		}
@@ -266,8 +71,8 @@ func hybridRanks(t *testing.T, P int, hosts []int, f func(g comm.Comm, b *cudaba
 func TestEmuRegistryOnHybrid(t *testing.T) {
 	for _, P := range []int{2, 3} {
 		t.Run(fmt.Sprintf("ep=%d", P), func(t *testing.T) {
-			hybridRanks(t, P, nil, func(g comm.Comm, b *cudabackend.Backend, bar *barrier) error {
-				pipe := strategies.Pipelined{Options: strategies.Options{Expert: []peerep.Option{peerep.WithBeforeWait(bar.wait)}}}
+			hybridRanks(t, P, nil, func(g comm.Comm, b *cudabackend.Backend, bar *emuworld.Barrier) error {
+				pipe := strategies.Pipelined{Options: strategies.Options{Expert: []peerep.Option{peerep.WithBeforeWait(bar.Wait)}}}
 				sp := overlap.Spec{Kind: overlap.KindExpert, Name: "moe", Group: g, Backend: b, Rows: 16, K: 8, Outs: []int{8}, Experts: 2 * P}
 				run, not := strategies.Available(sp, []overlap.Strategy{overlap.Collective{}, pipe, strategies.Fused{}})
 				if len(run) != 2 || run[1].Name() != "pipelined" {
@@ -289,7 +94,7 @@ func TestEmuRegistryOnHybrid(t *testing.T) {
 		})
 	}
 	t.Run("two hosts", func(t *testing.T) {
-		hybridRanks(t, 4, []int{0, 0, 1, 1}, func(g comm.Comm, b *cudabackend.Backend, _ *barrier) error {
+		hybridRanks(t, 4, []int{0, 0, 1, 1}, func(g comm.Comm, b *cudabackend.Backend, _ *emuworld.Barrier) error {
 			sp := overlap.Spec{Kind: overlap.KindExpert, Name: "moe", Group: g, Backend: b, Rows: 16, K: 8, Outs: []int{8}, Experts: 8}
 			_, not := strategies.Available(sp, nil)
 			far := "group ranks 2, 3 (world ranks 2, 3) are"
@@ -318,7 +123,7 @@ func TestEmuTPSuiteOnHybrid(t *testing.T) {
 	for _, P := range []int{2, 3} {
 		for _, dt := range []tensor.DType{tensor.Float32, tensor.BFloat16} {
 			t.Run(fmt.Sprintf("tp=%d/%v", P, dt), func(t *testing.T) {
-				hybridRanks(t, P, nil, func(g comm.Comm, b *cudabackend.Backend, _ *barrier) error {
+				hybridRanks(t, P, nil, func(g comm.Comm, b *cudabackend.Backend, _ *emuworld.Barrier) error {
 					all := strategies.All(strategies.Options{StreamHooks: true})
 					ch, err := overlap.NewChooser(overlap.Config{Default: "pipelined"}, all, nil, overlap.WithTransports("local", "emulated symmetric memory"))
 					if err != nil {
@@ -401,7 +206,7 @@ func TestEmuTPBitsOnHybrid(t *testing.T) {
 	for _, P := range []int{2, 3} {
 		for _, dt := range []tensor.DType{tensor.Float32, tensor.BFloat16} {
 			t.Run(fmt.Sprintf("tp=%d/%v", P, dt), func(t *testing.T) {
-				hybridRanks(t, P, nil, func(g comm.Comm, b *cudabackend.Backend, _ *barrier) error {
+				hybridRanks(t, P, nil, func(g comm.Comm, b *cudabackend.Backend, _ *emuworld.Barrier) error {
 					r := g.Rank()
 					rng := rand.New(rand.NewPCG(uint64(r)+1, uint64(P)))
 					in := func(rows, cols int) *tensor.Tensor {
@@ -520,7 +325,7 @@ func TestEmuTPBitsOnHybrid(t *testing.T) {
 // why per site kind, naming the ranks of the other node; an explicit
 // request is refused naming them.
 func TestEmuTwoNodes(t *testing.T) {
-	hybridRanks(t, 4, []int{0, 0, 1, 1}, func(w comm.Comm, b *cudabackend.Backend, _ *barrier) error {
+	hybridRanks(t, 4, []int{0, 0, 1, 1}, func(w comm.Comm, b *cudabackend.Backend, _ *emuworld.Barrier) error {
 		g, err := comm.NewGrid(w, 2, 2, 4)
 		if err != nil {
 			return err

@@ -11,6 +11,7 @@ import (
 
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/comm/local"
+	"github.com/asynctp/asynctp/internal/testing/emuworld"
 	"github.com/asynctp/asynctp/internal/testing/testutil"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/optim"
@@ -108,42 +109,6 @@ func TestEmuMainGradsAccumulate(t *testing.T) {
 	t.Logf("%d of %d fp32 sums are not bf16 values", roundedApart, len(got))
 }
 
-// stagedComm is a group whose all-reduces of device tensors go through
-// host copies (comm/local moves host tensors only); the groups split from
-// it are too.
-type stagedComm struct {
-	comm.Comm
-	b tensor.Backend
-}
-
-func (c stagedComm) AllReduce(buf *tensor.Tensor, op comm.ReduceOp, s comm.Stream) (comm.Work, error) {
-	if buf.Device().Kind == tensor.CPU {
-		return c.Comm.AllReduce(buf, op, s)
-	}
-	h := tensor.MustHost(buf.DType(), buf.Shape()...)
-	c.b.Download(h, buf)
-	if err := c.b.Sync(); err != nil {
-		return nil, err
-	}
-	w, err := c.Comm.AllReduce(h, op, nil)
-	if err == nil {
-		err = w.Wait(nil)
-	}
-	if err != nil {
-		return nil, err
-	}
-	c.b.Upload(buf, h)
-	return comm.Done, c.b.Err()
-}
-
-func (c stagedComm) Split(color, key int) (comm.Comm, error) {
-	sub, err := c.Comm.Split(color, key)
-	if sub == nil || err != nil {
-		return sub, err
-	}
-	return stagedComm{sub, c.b}, nil
-}
-
 // TestEmuGradReduceDType: a bf16 model at DP 2 sums its main gradients
 // over the replicas in fp32 (each element the fp32 rounding of the exact
 // sum of the two replicas' values, as comm/local sums in float64), or, with
@@ -164,7 +129,7 @@ func TestEmuGradReduceDType(t *testing.T) {
 					return err
 				}
 				defer b.Close()
-				g, err := comm.NewGrid(stagedComm{c, b}, 2, 1, 1)
+				g, err := comm.NewGrid(emuworld.Staged{Comm: c, B: b}, 2, 1, 1)
 				if err != nil {
 					return err
 				}

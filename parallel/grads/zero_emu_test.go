@@ -14,6 +14,7 @@ import (
 
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/comm/local"
+	"github.com/asynctp/asynctp/internal/testing/emuworld"
 	"github.com/asynctp/asynctp/internal/testing/testutil"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/optim"
@@ -23,39 +24,6 @@ import (
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cudabackend"
 )
-
-// ReduceScatter and AllGather of device tensors through host copies, as
-// stagedComm's AllReduce.
-func (c stagedComm) ReduceScatter(dst, src *tensor.Tensor, op comm.ReduceOp, s comm.Stream) (comm.Work, error) {
-	if src.Device().Kind == tensor.CPU {
-		return c.Comm.ReduceScatter(dst, src, op, s)
-	}
-	return c.staged(dst, src, func(hd, hs *tensor.Tensor) (comm.Work, error) { return c.Comm.ReduceScatter(hd, hs, op, nil) })
-}
-
-func (c stagedComm) AllGather(dst, src *tensor.Tensor, s comm.Stream) (comm.Work, error) {
-	if src.Device().Kind == tensor.CPU {
-		return c.Comm.AllGather(dst, src, s)
-	}
-	return c.staged(dst, src, func(hd, hs *tensor.Tensor) (comm.Work, error) { return c.Comm.AllGather(hd, hs, nil) })
-}
-
-func (c stagedComm) staged(dst, src *tensor.Tensor, op func(hd, hs *tensor.Tensor) (comm.Work, error)) (comm.Work, error) {
-	hs, hd := tensor.MustHost(src.DType(), src.Shape()...), tensor.MustHost(dst.DType(), dst.Shape()...)
-	c.b.Download(hs, src)
-	if err := c.b.Sync(); err != nil {
-		return nil, err
-	}
-	w, err := op(hd, hs)
-	if err == nil {
-		err = w.Wait(nil)
-	}
-	if err != nil {
-		return nil, err
-	}
-	c.b.Upload(dst, hd)
-	return comm.Done, c.b.Err()
-}
 
 // TestEmuDistributedOptimizer: on the CUDA backend's kernels (the
 // emulator), a bf16 GPT at DP 2 with its optimizer's state sharded over
@@ -76,7 +44,7 @@ func TestEmuDistributedOptimizer(t *testing.T) {
 				return err
 			}
 			defer b.Close()
-			g, err := comm.NewGrid(stagedComm{c, b}, 2, 1, 1)
+			g, err := comm.NewGrid(emuworld.Staged{Comm: c, B: b}, 2, 1, 1)
 			if err != nil {
 				return err
 			}

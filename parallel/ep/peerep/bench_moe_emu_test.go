@@ -10,6 +10,7 @@ import (
 
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/comm/local"
+	"github.com/asynctp/asynctp/internal/testing/emuworld"
 	"github.com/asynctp/asynctp/internal/testing/pes"
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/tensor"
@@ -18,25 +19,25 @@ import (
 
 // The MoE benchmark's body on 2 emulated ranks at a tiny shape, bf16, for
 // the pipelined path (the collective dispatcher's all-to-alls of device
-// tensors have no emulated transport; the CPU test covers its timing):
+// tensors go through host copies here; the CPU test covers its timing):
 // with the grouped GEMM it runs the device step, without it the host
 // counts, and the line has a positive median.
 func TestEmuMoEBenchBody(t *testing.T) {
 	s := moeShape{E: 4, K: 2, C: 8, F: 8, N: 4}
 	for _, grouped := range []bool{true, false} {
 		t.Run(fmt.Sprintf("grouped=%v", grouped), func(t *testing.T) {
-			reg := newRegistry()
-			defer reg.closeAll(t)
-			bar := newBarrier(2)
+			reg := emuworld.NewRegistry()
+			defer reg.CloseAll(t)
+			bar := emuworld.NewBarrier(2)
 			err := local.Run(2, func(world comm.Comm) error {
 				b, err := cudabackend.NewEmulated(cudabackend.WithGroupedGEMM(grouped))
 				if err != nil {
 					return err
 				}
-				reg.keep(b)
+				reg.Keep(b)
 				c := newSymComm(world, b, reg)
 				lines, err := benchMoE(b, c, b.Stream(), s, tensor.BFloat16,
-					[]overlap.Strategy{pipelinedStrategy(WithBeforeWait(bar.wait))}, 1, 3, pes.WallTimer(b.Sync), true)
+					[]overlap.Strategy{pipelinedStrategy(WithBeforeWait(bar.Wait))}, 1, 3, pes.WallTimer(b.Sync), true)
 				if err != nil {
 					return err
 				}

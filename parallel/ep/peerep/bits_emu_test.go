@@ -8,60 +8,11 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/internal/testing/emuworld"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/tensor"
 )
-
-// devComm is symComm whose all-gathers and all-to-alls of device tensors
-// go through host copies too, so that the collective dispatcher runs on
-// the emulated ranks (comm/local moves host tensors only).
-type devComm struct{ *symComm }
-
-func (c *devComm) host(t *tensor.Tensor) (*tensor.Tensor, error) {
-	h := tensor.MustHost(t.DType(), t.Shape()...)
-	c.b.Download(h, t)
-	return h, c.b.Sync()
-}
-
-// viaHost runs op on host copies of src and dst (dst's contents included:
-// an all-to-all writes only its received rows) and uploads dst.
-func (c *devComm) viaHost(dst, src *tensor.Tensor, op func(hd, hs *tensor.Tensor) (comm.Work, error)) (comm.Work, error) {
-	hs, err := c.host(src)
-	if err != nil {
-		return nil, err
-	}
-	hd, err := c.host(dst)
-	if err != nil {
-		return nil, err
-	}
-	w, err := op(hd, hs)
-	if err == nil {
-		err = w.Wait(nil)
-	}
-	if err != nil {
-		return nil, err
-	}
-	c.b.Upload(dst, hd)
-	return comm.Done, c.b.Err()
-}
-
-func (c *devComm) AllGather(dst, src *tensor.Tensor, s comm.Stream) (comm.Work, error) {
-	if src.Device().Kind == tensor.CPU {
-		return c.Comm.AllGather(dst, src, s)
-	}
-	return c.viaHost(dst, src, func(hd, hs *tensor.Tensor) (comm.Work, error) { return c.Comm.AllGather(hd, hs, nil) })
-}
-
-func (c *devComm) AllToAllV(dst, src *tensor.Tensor, sendCounts, recvCounts []int, s comm.Stream) (comm.Work, error) {
-	if src.Device().Kind == tensor.CPU {
-		return c.Comm.AllToAllV(dst, src, sendCounts, recvCounts, s)
-	}
-	return c.viaHost(dst, src, func(hd, hs *tensor.Tensor) (comm.Work, error) {
-		return c.Comm.AllToAllV(hd, hs, sendCounts, recvCounts, nil)
-	})
-}
 
 // bitsRun runs steps of the EP MoE layer on P emulated ranks with the
 // grouped GEMM on: the collective dispatcher (host counts) when st is nil,
@@ -69,11 +20,10 @@ func (c *devComm) AllToAllV(dst, src *tensor.Tensor, sendCounts, recvCounts []in
 // aux-gradient scale is P, as cmd/train sets it (gradients averaged over
 // the token group).
 func bitsRun(t *testing.T, P int, cfg layers.MoEConfig, dt tensor.DType, tokens []int, maxTok, steps int,
-	st func(bar *barrier) overlap.Strategy) []moeResult {
+	st func(bar *emuworld.Barrier) overlap.Strategy) []moeResult {
 	t.Helper()
 	return moeRun(t, P, cfg, dt, tokens, maxTok, steps, moeRunOpts{st: st, params: 23, rng: [2]uint64{5, 77},
-		wrap: func(c *symComm) comm.Comm { return &devComm{c} },
-		aux:  float64(P)})
+		aux: float64(P)})
 }
 
 // TestEmuDeviceStepBitsMatchCollective: the pipelined path's device step
@@ -105,11 +55,11 @@ func TestEmuDeviceStepBitsMatchCollective(t *testing.T) {
 				col := bitsRun(t, tc.P, cfg, dt, tc.tokens, maxTok, steps, nil)
 				for _, s := range []struct {
 					name string
-					st   func(bar *barrier) overlap.Strategy
+					st   func(bar *emuworld.Barrier) overlap.Strategy
 				}{
-					{"pipelined", func(bar *barrier) overlap.Strategy { return pipelinedStrategy(WithBeforeWait(bar.wait)) }},
-					{"fused", func(bar *barrier) overlap.Strategy {
-						return fusedStrategy(WithBeforeWait(bar.wait), WithStreamHooks())
+					{"pipelined", func(bar *emuworld.Barrier) overlap.Strategy { return pipelinedStrategy(WithBeforeWait(bar.Wait)) }},
+					{"fused", func(bar *emuworld.Barrier) overlap.Strategy {
+						return fusedStrategy(WithBeforeWait(bar.Wait), WithStreamHooks())
 					}},
 				} {
 					got := bitsRun(t, tc.P, cfg, dt, tc.tokens, maxTok, steps, s.st)

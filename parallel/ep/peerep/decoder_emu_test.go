@@ -4,15 +4,16 @@ package peerep
 
 import (
 	"fmt"
-	"github.com/asynctp/asynctp/internal/layerkit"
+	"github.com/asynctp/asynctp/comm"
 	"math"
 	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/comm/local"
+	"github.com/asynctp/asynctp/internal/layerkit"
+	"github.com/asynctp/asynctp/internal/testing/emuworld"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/parallel/ep"
@@ -45,7 +46,7 @@ type stepRecord struct {
 // blocks (attention, then the EP MoE over the pipelined path) whose
 // replica is this rank's half of the batch, the loss summed over the
 // world.
-func emuDecoder(b *cudabackend.Backend, c comm.Comm, bar *barrier, vocab, seq, dim, maxTok int, mc layers.MoEConfig) (*layers.Decoder, *layers.ParamSet, []*ep.MoE, error) {
+func emuDecoder(b *cudabackend.Backend, c comm.Comm, bar *emuworld.Barrier, vocab, seq, dim, maxTok int, mc layers.MoEConfig) (*layers.Decoder, *layers.ParamSet, []*ep.MoE, error) {
 	ps := layers.NewParamSet(5)
 	emb, err := layers.NewEmbedding(b, ps, "embed", vocab, dim, 0.5)
 	if err != nil {
@@ -60,7 +61,7 @@ func emuDecoder(b *cudabackend.Backend, c comm.Comm, bar *barrier, vocab, seq, d
 				return layers.NewAttention(b, ps, name+".attn", layers.AttentionConfig{Dim: dim, Heads: 2, RopeTheta: 10000, Std: 0.3, OutStd: 0.2})
 			},
 			FFN: func() (layers.FeedForward, error) {
-				m, err := ep.New(b, ps, ep.Parallel{Group: c, MaxTokens: maxTok, Stream: b.Stream(), Overlap: overlap.Single(pipelinedStrategy(WithBeforeWait(bar.wait)))}, name+".moe", mc)
+				m, err := ep.New(b, ps, ep.Parallel{Group: c, MaxTokens: maxTok, Stream: b.Stream(), Overlap: overlap.Single(pipelinedStrategy(WithBeforeWait(bar.Wait)))}, name+".moe", mc)
 				moes = append(moes, m)
 				return m, err
 			},
@@ -130,16 +131,16 @@ func TestEmuDecoderMoENoStepWait(t *testing.T) {
 	run := func(late bool) [][]stepRecord {
 		var mu sync.Mutex
 		recs := make([][]stepRecord, P)
-		reg := newRegistry()
-		defer reg.closeAll(t)
-		bar := newBarrier(P)
+		reg := emuworld.NewRegistry()
+		defer reg.CloseAll(t)
+		bar := emuworld.NewBarrier(P)
 		err := local.Run(P, func(world comm.Comm) error {
 			b, reads, err := cudabackend.NewEmulatedCounting(cudabackend.WithGroupedGEMM(true))
 			if err != nil {
 				return err
 			}
-			reg.keep(b)
-			c := &countedComm{symComm: newSymComm(world, b, reg), reads: reads}
+			reg.Keep(b)
+			c := &countedComm{Sym: newSymComm(world, b, reg), reads: reads}
 			dec, ps, moes, err := emuDecoder(b, c, bar, vocab, seq, dim, maxTok, mc)
 			if err != nil {
 				return err

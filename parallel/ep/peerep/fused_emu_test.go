@@ -15,6 +15,7 @@ import (
 
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/comm/local"
+	"github.com/asynctp/asynctp/internal/testing/emuworld"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/parallel/ep"
@@ -27,19 +28,19 @@ import (
 // with strategy st (built with the barrier's wait), and returns each rank's
 // results; check, when set, runs on each rank after the steps.
 func fusedRun(t *testing.T, P int, cfg layers.MoEConfig, dt tensor.DType, tokens []int, maxTok, steps int,
-	st func(bar *barrier) overlap.Strategy, check func(rank int, b *cudabackend.Backend, m *ep.MoE) error) []moeResult {
+	st func(bar *emuworld.Barrier) overlap.Strategy, check func(rank int, b *cudabackend.Backend, m *ep.MoE) error) []moeResult {
 	t.Helper()
 	return moeRun(t, P, cfg, dt, tokens, maxTok, steps, moeRunOpts{st: st, check: check, params: 21, rng: [2]uint64{41, 9}})
 }
 
 // moeRunOpts: what moeRun's ranks differ in.
 type moeRunOpts struct {
-	st     func(bar *barrier) overlap.Strategy // the expert path's strategy; nil: the collective dispatcher
+	st     func(bar *emuworld.Barrier) overlap.Strategy // the expert path's strategy; nil: the collective dispatcher
 	check  func(rank int, b *cudabackend.Backend, m *ep.MoE) error
-	wrap   func(c *symComm) comm.Comm // the rank's communicator around its symComm; nil: the symComm
-	aux    float64                    // ep.Parallel.AuxGradScale (0: its default)
-	params uint64                     // the parameter set's seed
-	rng    [2]uint64                  // the inputs' seeds (rank r: rng[0] + r, rng[1])
+	wrap   func(c *emuworld.Sym) comm.Comm // the rank's communicator around its emulated world; nil: that world
+	aux    float64                         // ep.Parallel.AuxGradScale (0: its default)
+	params uint64                          // the parameter set's seed
+	rng    [2]uint64                       // the inputs' seeds (rank r: rng[0] + r, rng[1])
 }
 
 // moeRun runs steps of the EP MoE layer on P emulated ranks with the
@@ -50,15 +51,15 @@ func moeRun(t *testing.T, P int, cfg layers.MoEConfig, dt tensor.DType, tokens [
 	C := cfg.Dim
 	res := make([]moeResult, P)
 	var mu sync.Mutex
-	reg := newRegistry()
-	defer reg.closeAll(t)
-	bar := newBarrier(P)
+	reg := emuworld.NewRegistry()
+	defer reg.CloseAll(t)
+	bar := emuworld.NewBarrier(P)
 	err := local.Run(P, func(world comm.Comm) error {
 		b, err := cudabackend.NewEmulated(cudabackend.WithGroupedGEMM(true))
 		if err != nil {
 			return err
 		}
-		reg.keep(b)
+		reg.Keep(b)
 		sc := newSymComm(world, b, reg)
 		var c comm.Comm = sc
 		if o.wrap != nil {
@@ -153,8 +154,8 @@ func TestEmuFusedMatchesPipelined(t *testing.T) {
 				cfg := layers.MoEConfig{Dim: 8, Hidden: 16, Experts: tc.E, TopK: tc.K, CapacityFactor: tc.cf,
 					AuxLossCoef: 0.01, ZLossCoef: 0.001, Std: 0.5, OutStd: 0.3}
 				const maxTok, steps = 6, 2
-				pip := fusedRun(t, tc.P, cfg, dt, tc.tokens, maxTok, steps, func(bar *barrier) overlap.Strategy {
-					return pipelinedStrategy(WithBeforeWait(bar.wait))
+				pip := fusedRun(t, tc.P, cfg, dt, tc.tokens, maxTok, steps, func(bar *emuworld.Barrier) overlap.Strategy {
+					return pipelinedStrategy(WithBeforeWait(bar.Wait))
 				}, nil)
 				defer dispatch.SetFusedLandEarly(true)
 				defer dispatch.SetFusedSideSend(true)
@@ -166,8 +167,8 @@ func TestEmuFusedMatchesPipelined(t *testing.T) {
 					dispatch.SetFusedSideSend(early)
 					checked := 0
 					var cmu sync.Mutex
-					fus := fusedRun(t, tc.P, cfg, dt, tc.tokens, maxTok, steps, func(bar *barrier) overlap.Strategy {
-						return fusedStrategy(WithBeforeWait(bar.wait), WithStreamHooks())
+					fus := fusedRun(t, tc.P, cfg, dt, tc.tokens, maxTok, steps, func(bar *emuworld.Barrier) overlap.Strategy {
+						return fusedStrategy(WithBeforeWait(bar.Wait), WithStreamHooks())
 					}, func(rank int, b *cudabackend.Backend, m *ep.MoE) error {
 						p, ok := m.Dispatch.(*Path)
 						if !ok || !p.Fused() {
@@ -261,16 +262,16 @@ func TestEmuFusedMatchesPipelined(t *testing.T) {
 // signals its blocks fails at the deadline with an error naming the block,
 // instead of hanging.
 func TestEmuFusedCombineDeadline(t *testing.T) {
-	emulated(t, 2, func(c *symComm, bar *barrier) error {
-		p, err := New(ep.ExpertConfig{Name: "moe", Backend: c.b, Group: c, Experts: 2, Cols: 8, MaxTokens: 4},
-			WithDeadline(50*time.Millisecond), WithBeforeWait(bar.wait), withFused(), WithStreamHooks())
+	emulated(t, 2, func(c *emuworld.Sym, bar *emuworld.Barrier) error {
+		p, err := New(ep.ExpertConfig{Name: "moe", Backend: c.B, Group: c, Experts: 2, Cols: 8, MaxTokens: 4},
+			WithDeadline(50*time.Millisecond), WithBeforeWait(bar.Wait), withFused(), WithStreamHooks())
 		if err != nil {
 			return err
 		}
-		x := upload(c.b, tensor.Float32, []float64{1, 2, 3, 4, 5, 6, 7, 8, 8, 7, 6, 5, 4, 3, 2, 1}, 2, 8)
-		idx := c.b.Zeros(tensor.Int32, 2, 1)
+		x := upload(c.B, tensor.Float32, []float64{1, 2, 3, 4, 5, 6, 7, 8, 8, 7, 6, 5, 4, 3, 2, 1}, 2, 8)
+		idx := c.B.Zeros(tensor.Int32, 2, 1)
 		h, _ := tensor.FromInt32([]int32{0, 1}, 2, 1)
-		c.b.Upload(idx, h)
+		c.B.Upload(idx, h)
 		xe, hd, hooks, err := p.DispatchFused(x, idx, 0)
 		if err != nil {
 			return err
@@ -278,13 +279,13 @@ func TestEmuFusedCombineDeadline(t *testing.T) {
 		if hooks == nil || hooks.First == nil || hooks.Down == nil {
 			return fmt.Errorf("the fused dispatch gave no hooks: %+v", hooks)
 		}
-		ye := c.b.Zeros(tensor.Float32, hd.Bound, 8)
-		c.b.Copy(ye, xe)
+		ye := c.B.Zeros(tensor.Float32, hd.Bound, 8)
+		c.B.Copy(ye, xe)
 		// The down GEMM that never stores (no signal): the combine's send
 		// waits on the first block's flag until the deadline.
 		err = p.eng.CombineSendFused(ye, func() error { return nil })
 		if err == nil {
-			err = c.b.Sync()
+			err = c.B.Sync()
 		}
 		if err == nil || !strings.Contains(err.Error(), "block 0 of the down projection's rows") || !strings.Contains(err.Error(), fmt.Sprintf("rank %d", c.Rank())) {
 			return fmt.Errorf("a combine whose blocks are never stored: %v, expected an error naming block 0 and this rank", err)
@@ -297,13 +298,13 @@ func TestEmuFusedCombineDeadline(t *testing.T) {
 // TestEmuFusedRefusesF32WithoutStreamHooks: the engine form of the fused
 // path takes bf16 only, and says so.
 func TestEmuFusedRefusesF32WithoutStreamHooks(t *testing.T) {
-	emulated(t, 1, func(c *symComm, bar *barrier) error {
-		p, err := New(ep.ExpertConfig{Name: "moe", Backend: c.b, Group: c, Experts: 2, Cols: 8, MaxTokens: 4}, withFused())
+	emulated(t, 1, func(c *emuworld.Sym, bar *emuworld.Barrier) error {
+		p, err := New(ep.ExpertConfig{Name: "moe", Backend: c.B, Group: c, Experts: 2, Cols: 8, MaxTokens: 4}, withFused())
 		if err != nil {
 			return err
 		}
-		x := c.b.Zeros(tensor.Float32, 2, 8)
-		idx := c.b.Zeros(tensor.Int32, 2, 1)
+		x := c.B.Zeros(tensor.Float32, 2, 8)
+		idx := c.B.Zeros(tensor.Int32, 2, 1)
 		_, _, _, err = p.DispatchFused(x, idx, 0)
 		if err == nil || !strings.Contains(err.Error(), "tensors are f32, expected bf16") {
 			return fmt.Errorf("an f32 fused dispatch: %v, expected a refusal naming f32 and bf16", err)
@@ -318,9 +319,9 @@ func TestEmuFusedRefusesF32WithoutStreamHooks(t *testing.T) {
 // the home's slots of rows 0–127 hold the rows, those of rows 128–199 stay
 // untouched, and the send fails at the deadline naming block 1.
 func TestEmuFusedCombineFollowsFlags(t *testing.T) {
-	emulated(t, 1, func(c *symComm, bar *barrier) error {
+	emulated(t, 1, func(c *emuworld.Sym, bar *emuworld.Barrier) error {
 		const N, C = 200, 8
-		p, err := New(ep.ExpertConfig{Name: "moe", Backend: c.b, Group: c, Experts: 2, Cols: C, MaxTokens: N},
+		p, err := New(ep.ExpertConfig{Name: "moe", Backend: c.B, Group: c, Experts: 2, Cols: C, MaxTokens: N},
 			WithDeadline(50*time.Millisecond), withFused(), WithStreamHooks())
 		if err != nil {
 			return err
@@ -329,19 +330,19 @@ func TestEmuFusedCombineFollowsFlags(t *testing.T) {
 		for i := range vals {
 			vals[i] = float64(i%97) + 1
 		}
-		x := upload(c.b, tensor.Float32, vals, N, C)
-		idx := c.b.Zeros(tensor.Int32, N, 1) // every token on expert 0: blocks of 128 and 72 rows
+		x := upload(c.B, tensor.Float32, vals, N, C)
+		idx := c.B.Zeros(tensor.Int32, N, 1) // every token on expert 0: blocks of 128 and 72 rows
 		xe, hd, _, err := p.DispatchFused(x, idx, 0)
 		if err != nil {
 			return err
 		}
 		p.eng.Join()
-		ye := c.b.Zeros(tensor.Float32, hd.Bound, C)
-		c.b.Copy(ye, xe)
-		if err := c.b.Sync(); err != nil {
+		ye := c.B.Zeros(tensor.Float32, hd.Bound, C)
+		c.B.Copy(ye, xe)
+		if err := c.B.Sync(); err != nil {
 			return fmt.Errorf("the dispatch: %w", err)
 		}
-		if got := ints(c.b, p.eng.FusedBlockTable()); fmt.Sprint(got) != "[0 2 2]" {
+		if got := ints(c.B, p.eng.FusedBlockTable()); fmt.Sprint(got) != "[0 2 2]" {
 			return fmt.Errorf("block table %v, want [0 2 2] (expert 0: 2 blocks, expert 1: none)", got)
 		}
 		err = p.eng.CombineSendFused(ye, func() error {
@@ -350,7 +351,7 @@ func TestEmuFusedCombineFollowsFlags(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			c.b.Upload(v, h)
+			c.B.Upload(v, h)
 			return nil
 		})
 		if err != nil {
@@ -377,7 +378,7 @@ func TestEmuFusedCombineFollowsFlags(t *testing.T) {
 		if err := rd.Err(); err != nil {
 			return fmt.Errorf("reading the combine buffer: %w", err)
 		}
-		err = c.b.Sync()
+		err = c.B.Sync()
 		if err == nil || !strings.Contains(err.Error(), "block 1 of the down projection's rows") {
 			return fmt.Errorf("a combine whose block 1 is never stored: %v, expected an error naming block 1", err)
 		}
@@ -416,8 +417,8 @@ func (f *foreignBuf) Ptr() uint64           { return f.ptr }
 // step's block counters are all at their target, so that no GEMM waits in
 // vain for rows that will never land.
 func TestEmuFusedDeadline(t *testing.T) {
-	emulated(t, 2, func(c *symComm, bar *barrier) error {
-		p, err := New(ep.ExpertConfig{Name: "moe", Backend: c.b, Group: c, Experts: 2, Cols: 8, MaxTokens: 4},
+	emulated(t, 2, func(c *emuworld.Sym, bar *emuworld.Barrier) error {
+		p, err := New(ep.ExpertConfig{Name: "moe", Backend: c.B, Group: c, Experts: 2, Cols: 8, MaxTokens: 4},
 			WithDeadline(50*time.Millisecond), withFused(), WithStreamHooks())
 		if err != nil {
 			return err
@@ -428,10 +429,10 @@ func TestEmuFusedDeadline(t *testing.T) {
 			}
 			return c.Barrier()
 		}
-		x := upload(c.b, tensor.Float32, make([]float64, 32), 4, 8)
-		idx := c.b.Zeros(tensor.Int32, 4, 1)
+		x := upload(c.B, tensor.Float32, make([]float64, 32), 4, 8)
+		idx := c.B.Zeros(tensor.Int32, 4, 1)
 		h, _ := tensor.FromInt32([]int32{0, 1, 0, 1}, 4, 1)
-		c.b.Upload(idx, h)
+		c.B.Upload(idx, h)
 		_, _, _, err = p.DispatchFused(x, idx, 0)
 		if err != nil {
 			return fmt.Errorf("DispatchFused: %v (a missed signal is reported at the next Sync)", err)
@@ -447,7 +448,7 @@ func TestEmuFusedDeadline(t *testing.T) {
 			return err
 		}
 		words := u64s(rd, fv)
-		err = c.b.Sync()
+		err = c.B.Sync()
 		if err == nil || !strings.Contains(err.Error(), `rank 1 never signalled "counts ready"`) {
 			return fmt.Errorf("a fused dispatch whose peer never sends: %v, expected an error naming rank 1's counts", err)
 		}
@@ -467,13 +468,13 @@ func TestEmuFusedDeadline(t *testing.T) {
 // that skips the check) refuses its forward, saying what it needs, instead
 // of running the host-count path under the fused name.
 func TestEmuFusedNeedsDeviceStep(t *testing.T) {
-	emulated(t, 1, func(c *symComm, bar *barrier) error {
+	emulated(t, 1, func(c *emuworld.Sym, bar *emuworld.Barrier) error {
 		b, err := cudabackend.NewEmulated(cudabackend.WithGroupedGEMM(false))
 		if err != nil {
 			return err
 		}
-		c.reg.keep(b)
-		c2 := newSymComm(c.Comm, b, c.reg)
+		c.Reg.Keep(b)
+		c2 := newSymComm(c.Comm, b, c.Reg)
 		f := fusedStrategy(WithStreamHooks())
 		sp := overlap.Spec{Kind: overlap.KindExpert, Name: "moe", Group: c2, Backend: b, Rows: 4, K: 8, Outs: []int{8}}
 		if err := f.Supports(sp); !errors.Is(err, overlap.ErrUnavailable) || !strings.Contains(err.Error(), "WithGroupedGEMM(true)") {

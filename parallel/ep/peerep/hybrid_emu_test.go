@@ -11,6 +11,7 @@ import (
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/comm/hybrid"
 	"github.com/asynctp/asynctp/comm/local"
+	"github.com/asynctp/asynctp/internal/testing/emuworld"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/tensor"
@@ -22,13 +23,13 @@ type collectivesOnly struct{ comm.Comm }
 
 // hybridWrap makes each emulated rank's group a hybrid of two transports,
 // as --comm nccl+nvshmem does on GPUs: the collectives of a second
-// comm/local world (device tensors staged through the host, devComm) and
-// the symmetric memory of the rank's symComm (the registry of emulated
+// comm/local world (device tensors staged through the host) and the
+// symmetric memory of the rank's emuworld.Sym (the registry of emulated
 // allocations: peer pointers are the other ranks' buffers).
-func hybridWrap(P int) func(c *symComm) comm.Comm {
+func hybridWrap(P int) func(c *emuworld.Sym) comm.Comm {
 	coll := local.NewWorld(P, local.WithTimeout(120*time.Second))
-	return func(c *symComm) comm.Comm {
-		side := &devComm{newSymComm(coll[c.Rank()], c.b, nil)}
+	return func(c *emuworld.Sym) comm.Comm {
+		side := emuworld.Staged{Comm: coll[c.Rank()], B: c.B}
 		h, err := hybrid.New(collectivesOnly{side}, c)
 		if err != nil {
 			panic(err) // the same ranks on both sides by construction
@@ -56,19 +57,19 @@ func TestEmuHybridMatchesCollective(t *testing.T) {
 				cfg := layers.MoEConfig{Dim: 16, Hidden: 24, Experts: 8, TopK: 2, CapacityFactor: tc.cf,
 					AuxLossCoef: 0.01, ZLossCoef: 0.001, Std: 0.5, OutStd: 0.3}
 				const maxTok, steps = 9, 2
-				run := func(wrap func(*symComm) comm.Comm, st func(bar *barrier) overlap.Strategy) []moeResult {
+				run := func(wrap func(*emuworld.Sym) comm.Comm, st func(bar *emuworld.Barrier) overlap.Strategy) []moeResult {
 					return moeRun(t, tc.P, cfg, dt, tc.tokens, maxTok, steps, moeRunOpts{st: st, params: 23, rng: [2]uint64{5, 77}, wrap: wrap,
 						aux: float64(tc.P)})
 				}
-				col := run(func(c *symComm) comm.Comm { return &devComm{c} }, nil)
+				col := run(nil, nil)
 				for _, s := range []struct {
 					name string
-					st   func(bar *barrier) overlap.Strategy
+					st   func(bar *emuworld.Barrier) overlap.Strategy
 				}{
 					{"collective", nil},
-					{"pipelined", func(bar *barrier) overlap.Strategy { return pipelinedStrategy(WithBeforeWait(bar.wait)) }},
-					{"fused", func(bar *barrier) overlap.Strategy {
-						return fusedStrategy(WithBeforeWait(bar.wait), WithStreamHooks())
+					{"pipelined", func(bar *emuworld.Barrier) overlap.Strategy { return pipelinedStrategy(WithBeforeWait(bar.Wait)) }},
+					{"fused", func(bar *emuworld.Barrier) overlap.Strategy {
+						return fusedStrategy(WithBeforeWait(bar.Wait), WithStreamHooks())
 					}},
 				} {
 					got := run(hybridWrap(tc.P), s.st)

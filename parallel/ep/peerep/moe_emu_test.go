@@ -12,6 +12,7 @@ import (
 
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/comm/local"
+	"github.com/asynctp/asynctp/internal/testing/emuworld"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/parallel/ep"
@@ -20,18 +21,18 @@ import (
 	"github.com/asynctp/asynctp/tensor/cudabackend"
 )
 
-// countedComm is symComm whose host-copy all-reduce (an artifact of the
-// emulated transport: NCCL reduces device tensors on the device) is not
-// counted as the step's host reads.
+// countedComm is a rank's emulated world whose host-copy all-reduce (an
+// artifact of the emulated transport: NCCL reduces device tensors on the
+// device) is not counted as the step's host reads.
 type countedComm struct {
-	*symComm
+	*emuworld.Sym
 	reads *cudabackend.EmuReads
 }
 
 func (c *countedComm) AllReduce(buf *tensor.Tensor, op comm.ReduceOp, s comm.Stream) (comm.Work, error) {
 	c.reads.Paused.Store(true)
 	defer c.reads.Paused.Store(false)
-	return c.symComm.AllReduce(buf, op, s)
+	return c.Sym.AllReduce(buf, op, s)
 }
 
 // moeResult is one rank's outputs after the steps.
@@ -126,18 +127,18 @@ func TestEmuMoEDeviceStep(t *testing.T) {
 				// The step on emulated ranks: the device step with the grouped GEMM,
 				// the host-count ExpertPath methods without.
 				emuRun := func(grouped bool, res []moeResult) {
-					reg := newRegistry()
-					defer reg.closeAll(t)
-					bar := newBarrier(P)
+					reg := emuworld.NewRegistry()
+					defer reg.CloseAll(t)
+					bar := emuworld.NewBarrier(P)
 					err := local.Run(P, func(world comm.Comm) error {
 						b, reads, err := cudabackend.NewEmulatedCounting(cudabackend.WithGroupedGEMM(grouped))
 						if err != nil {
 							return err
 						}
-						reg.keep(b)
-						c := &countedComm{symComm: newSymComm(world, b, reg), reads: reads}
+						reg.Keep(b)
+						c := &countedComm{Sym: newSymComm(world, b, reg), reads: reads}
 						ps := layers.NewParamSet(11)
-						m, err := ep.New(b, ps, ep.Parallel{Group: c, MaxTokens: maxTok, Stream: b.Stream(), Overlap: overlap.Single(pipelinedStrategy(WithBeforeWait(bar.wait)))}, "moe", cfg)
+						m, err := ep.New(b, ps, ep.Parallel{Group: c, MaxTokens: maxTok, Stream: b.Stream(), Overlap: overlap.Single(pipelinedStrategy(WithBeforeWait(bar.Wait)))}, "moe", cfg)
 						if err != nil {
 							return err
 						}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/comm/local"
+	"github.com/asynctp/asynctp/internal/testing/emuworld"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/parallel/ep"
@@ -24,21 +25,21 @@ import (
 // ranks with strategy st, shadowed every step when shadow is set, and
 // returns each rank's results and shadow reports.
 func shadowEmuRun(t *testing.T, P int, cfg layers.MoEConfig, dt tensor.DType, tokens []int, steps int,
-	st func(bar *barrier) overlap.Strategy, shadow bool) ([]moeResult, [][]map[string]any) {
+	st func(bar *emuworld.Barrier) overlap.Strategy, shadow bool) ([]moeResult, [][]map[string]any) {
 	t.Helper()
 	C, maxTok := cfg.Dim, slices.Max(tokens)
 	res, reports := make([]moeResult, P), make([][]map[string]any, P)
 	var mu sync.Mutex
-	reg := newRegistry()
-	defer reg.closeAll(t)
-	bar := newBarrier(P)
+	reg := emuworld.NewRegistry()
+	defer reg.CloseAll(t)
+	bar := emuworld.NewBarrier(P)
 	err := local.Run(P, func(world comm.Comm) error {
 		b, err := cudabackend.NewEmulated(cudabackend.WithGroupedGEMM(true))
 		if err != nil {
 			return err
 		}
-		reg.keep(b)
-		c := &devComm{newSymComm(world, b, reg)}
+		reg.Keep(b)
+		c := newSymComm(world, b, reg)
 		s := st(bar)
 		var sh *overlap.Shadow
 		var opts []overlap.ChooserOption
@@ -125,11 +126,11 @@ func TestEmuShadowDeviceStep(t *testing.T) {
 				tokens := []int{9, 6}
 				for _, s := range []struct {
 					name string
-					st   func(bar *barrier) overlap.Strategy
+					st   func(bar *emuworld.Barrier) overlap.Strategy
 				}{
-					{"pipelined", func(bar *barrier) overlap.Strategy { return pipelinedStrategy(WithBeforeWait(bar.wait)) }},
-					{"fused", func(bar *barrier) overlap.Strategy {
-						return fusedStrategy(WithBeforeWait(bar.wait), WithStreamHooks())
+					{"pipelined", func(bar *emuworld.Barrier) overlap.Strategy { return pipelinedStrategy(WithBeforeWait(bar.Wait)) }},
+					{"fused", func(bar *emuworld.Barrier) overlap.Strategy {
+						return fusedStrategy(WithBeforeWait(bar.Wait), WithStreamHooks())
 					}},
 				} {
 					plain, _ := shadowEmuRun(t, 2, cfg, dt, tokens, 2, s.st, false)
@@ -200,8 +201,8 @@ func (p scaledCombine) CombineDevice(out, ye, weights *tensor.Tensor, h *ep.Hand
 // one row is caught at every sampled step, in out only.
 func TestEmuShadowCatchesDeviceCombine(t *testing.T) {
 	cfg := layers.MoEConfig{Dim: 16, Hidden: 24, Experts: 8, TopK: 2, AuxLossCoef: 0.01, ZLossCoef: 0.001, Std: 0.5, OutStd: 0.3}
-	st := func(bar *barrier) overlap.Strategy {
-		return scaledPath{pipelinedStrategy(WithBeforeWait(bar.wait))}
+	st := func(bar *emuworld.Barrier) overlap.Strategy {
+		return scaledPath{pipelinedStrategy(WithBeforeWait(bar.Wait))}
 	}
 	_, reports := shadowEmuRun(t, 2, cfg, tensor.BFloat16, []int{9, 6}, 1, st, true)
 	for r := range 2 {
