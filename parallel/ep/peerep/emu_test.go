@@ -33,17 +33,24 @@ func newSymComm(world comm.Comm, b *cudabackend.Backend, reg *emuworld.Registry)
 // a world with symmetric memory; bar is their wait barrier.
 func emulated(t *testing.T, P int, f func(c *emuworld.Sym, bar *emuworld.Barrier) error) {
 	t.Helper()
+	emulatedWith(t, P, 120*time.Second, nil, f)
+}
+
+// emulatedWith is emulated with the backends' options and the ranks'
+// deadline.
+func emulatedWith(t *testing.T, P int, timeout time.Duration, opts []cudabackend.Option, f func(c *emuworld.Sym, bar *emuworld.Barrier) error) {
+	t.Helper()
 	reg := emuworld.NewRegistry()
 	defer reg.CloseAll(t)
 	bar := emuworld.NewBarrier(P)
 	err := local.Run(P, func(world comm.Comm) error {
-		b, err := cudabackend.NewEmulated()
+		b, err := cudabackend.NewEmulated(opts...)
 		if err != nil {
 			return err
 		}
 		reg.Keep(b)
 		return f(newSymComm(world, b, reg), bar)
-	}, local.WithTimeout(120*time.Second))
+	}, local.WithTimeout(timeout))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/asynctp/asynctp/comm"
-	"github.com/asynctp/asynctp/comm/local"
 	"github.com/asynctp/asynctp/internal/testing/emuworld"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/overlap"
@@ -51,16 +50,8 @@ func moeRun(t *testing.T, P int, cfg layers.MoEConfig, dt tensor.DType, tokens [
 	C := cfg.Dim
 	res := make([]moeResult, P)
 	var mu sync.Mutex
-	reg := emuworld.NewRegistry()
-	defer reg.CloseAll(t)
-	bar := emuworld.NewBarrier(P)
-	err := local.Run(P, func(world comm.Comm) error {
-		b, err := cudabackend.NewEmulated(cudabackend.WithGroupedGEMM(true))
-		if err != nil {
-			return err
-		}
-		reg.Keep(b)
-		sc := newSymComm(world, b, reg)
+	emulatedWith(t, P, 180*time.Second, []cudabackend.Option{cudabackend.WithGroupedGEMM(true)}, func(sc *emuworld.Sym, bar *emuworld.Barrier) error {
+		b := sc.B
 		var c comm.Comm = sc
 		if o.wrap != nil {
 			c = o.wrap(sc)
@@ -100,10 +91,7 @@ func moeRun(t *testing.T, P int, cfg layers.MoEConfig, dt tensor.DType, tokens [
 		res[r] = out
 		mu.Unlock()
 		return nil
-	}, local.WithTimeout(180*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	})
 	return res
 }
 

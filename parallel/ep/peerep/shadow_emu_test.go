@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/asynctp/asynctp/comm"
-	"github.com/asynctp/asynctp/comm/local"
 	"github.com/asynctp/asynctp/internal/testing/emuworld"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/overlap"
@@ -30,19 +28,12 @@ func shadowEmuRun(t *testing.T, P int, cfg layers.MoEConfig, dt tensor.DType, to
 	C, maxTok := cfg.Dim, slices.Max(tokens)
 	res, reports := make([]moeResult, P), make([][]map[string]any, P)
 	var mu sync.Mutex
-	reg := emuworld.NewRegistry()
-	defer reg.CloseAll(t)
-	bar := emuworld.NewBarrier(P)
-	err := local.Run(P, func(world comm.Comm) error {
-		b, err := cudabackend.NewEmulated(cudabackend.WithGroupedGEMM(true))
-		if err != nil {
-			return err
-		}
-		reg.Keep(b)
-		c := newSymComm(world, b, reg)
+	emulatedWith(t, P, 180*time.Second, []cudabackend.Option{cudabackend.WithGroupedGEMM(true)}, func(c *emuworld.Sym, bar *emuworld.Barrier) error {
+		b := c.B
 		s := st(bar)
 		var sh *overlap.Shadow
 		var opts []overlap.ChooserOption
+		var err error
 		if shadow {
 			if sh, err = overlap.NewShadow(overlap.ShadowConfig{Every: 1}, c, b, b.Stream(), dt); err != nil {
 				return err
@@ -102,10 +93,7 @@ func shadowEmuRun(t *testing.T, P int, cfg layers.MoEConfig, dt tensor.DType, to
 		res[r], reports[r] = rr, reps
 		mu.Unlock()
 		return b.Err()
-	}, local.WithTimeout(180*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	})
 	return res, reports
 }
 
