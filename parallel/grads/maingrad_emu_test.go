@@ -36,6 +36,30 @@ func emuBackend(t testing.TB) *cudabackend.Backend {
 	return b
 }
 
+// emuDP2 runs f on 2 emulated ranks, each with its own backend and a grid
+// of DP 2 over a comm/local world whose collectives of device tensors go
+// through the host (emuworld.Staged), with the ranks' deadline timeout;
+// it fails the test on the first rank's error.
+func emuDP2(t *testing.T, timeout time.Duration, f func(rank int, b *cudabackend.Backend, g *comm.Grid) error) {
+	t.Helper()
+	err := local.Run(2, func(c comm.Comm) error {
+		b, err := cudabackend.NewEmulated()
+		if err != nil {
+			return err
+		}
+		defer b.Close()
+		g, err := comm.NewGrid(emuworld.Staged{Comm: c, B: b}, 2, 1, 1)
+		if err != nil {
+			return err
+		}
+		defer g.Close()
+		return f(c.Rank(), b, g)
+	}, local.WithTimeout(timeout))
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 // emuBatch is a batch of 4 sequences with every target counted.
 func emuBatch() (ids, targets *tensor.Tensor) {
 	return testutil.RandInts(testutil.Rng(21), emuGPT.Vocab, 4, emuGPT.Seq), testutil.RandInts(testutil.Rng(22), emuGPT.Vocab, 4, emuGPT.Seq)
@@ -123,17 +147,7 @@ func TestEmuGradReduceDType(t *testing.T) {
 			var mu sync.Mutex
 			before := map[int]map[int][]float64{} // rank → bucket start → values
 			after := map[int][]float64{}
-			err := local.Run(2, func(c comm.Comm) error {
-				b, err := cudabackend.NewEmulated()
-				if err != nil {
-					return err
-				}
-				defer b.Close()
-				g, err := comm.NewGrid(emuworld.Staged{Comm: c, B: b}, 2, 1, 1)
-				if err != nil {
-					return err
-				}
-				defer g.Close()
+			emuDP2(t, 2*time.Minute, func(rank int, b *cudabackend.Backend, g *comm.Grid) error {
 				mine := map[int][]float64{}
 				cfg := grads.Config{DType: dt, BucketBytes: 4096, AfterBackward: true,
 					ReduceBucket: func(bkt grads.Bucket, buf *tensor.Tensor, s comm.Stream) (comm.Work, error) {
@@ -155,16 +169,13 @@ func TestEmuGradReduceDType(t *testing.T) {
 					return err
 				}
 				mu.Lock()
-				before[c.Rank()], after[c.Rank()] = mine, testutil.Download(b, m.Params().MainGrads())
+				before[rank], after[rank] = mine, testutil.Download(b, m.Params().MainGrads())
 				mu.Unlock()
 				if err := m.Close(); err != nil {
 					return err
 				}
 				return b.Err()
-			}, local.WithTimeout(2*time.Minute))
-			if err != nil {
-				t.Fatal(err)
-			}
+			})
 			if len(after[0]) != len(after[1]) {
 				t.Fatal("the ranks' main gradients differ in size")
 			}

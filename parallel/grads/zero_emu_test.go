@@ -13,8 +13,6 @@ import (
 	"time"
 
 	"github.com/asynctp/asynctp/comm"
-	"github.com/asynctp/asynctp/comm/local"
-	"github.com/asynctp/asynctp/internal/testing/emuworld"
 	"github.com/asynctp/asynctp/internal/testing/testutil"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/optim"
@@ -38,17 +36,7 @@ func TestEmuDistributedOptimizer(t *testing.T) {
 	params := map[bool][][]float64{}
 	masters := map[bool][][]float64{}
 	for _, dist := range []bool{false, true} {
-		err := local.Run(2, func(c comm.Comm) error {
-			b, err := cudabackend.NewEmulated()
-			if err != nil {
-				return err
-			}
-			defer b.Close()
-			g, err := comm.NewGrid(emuworld.Staged{Comm: c, B: b}, 2, 1, 1)
-			if err != nil {
-				return err
-			}
-			defer g.Close()
+		emuDP2(t, 5*time.Minute, func(_ int, b *cudabackend.Backend, g *comm.Grid) error {
 			m, err := model.New(b, g, emuGPT, model.Options{DistributedOptimizer: dist, GradReduce: grads.Config{BucketBytes: 4096, AfterBackward: true}}, tensor.BFloat16)
 			if err != nil {
 				return err
@@ -93,10 +81,7 @@ func TestEmuDistributedOptimizer(t *testing.T) {
 			masters[dist] = append(masters[dist], full)
 			mu.Unlock()
 			return b.Err()
-		}, local.WithTimeout(5*time.Minute))
-		if err != nil {
-			t.Fatal(err)
-		}
+		})
 	}
 	for r := range 2 {
 		if !slices.Equal(params[true][r], params[false][r]) {
