@@ -15,23 +15,13 @@ import (
 	"github.com/asynctp/asynctp/parallel/grads"
 	"github.com/asynctp/asynctp/parallel/model"
 	"github.com/asynctp/asynctp/tensor"
-	"github.com/asynctp/asynctp/tensor/cpu"
 )
 
 // microReference is layers.GPT's step of k micro-batches on the global
 // batch: the reference of every layout's.
 func microReference(t *testing.T, cfg layers.GPTConfig, dt tensor.DType, ids, targets *tensor.Tensor, k int, tweak tweakFunc) reference {
 	t.Helper()
-	b := cpu.New()
-	m, err := layers.NewGPT(b, cfg, dt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if tweak != nil {
-		if err := tweak(b, m.Params()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	b, m := referenceGPT(t, cfg, dt, tweak)
 	if err := m.SetMicroBatches(k); err != nil {
 		t.Fatal(err)
 	}

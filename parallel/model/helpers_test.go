@@ -110,12 +110,9 @@ type reference struct {
 // same change on the reference and on every rank).
 type tweakFunc func(b tensor.Backend, ps *layers.ParamSet) error
 
-func runReference(t *testing.T, cfg layers.GPTConfig, dt tensor.DType, ids, targets *tensor.Tensor) reference {
-	t.Helper()
-	return runReferenceWith(t, cfg, dt, ids, targets, nil)
-}
-
-func runReferenceWith(t *testing.T, cfg layers.GPTConfig, dt tensor.DType, ids, targets *tensor.Tensor, tweak tweakFunc) reference {
+// referenceGPT is the single-rank GPT of cfg on the CPU, tweaked (tweak may
+// be nil): the reference model of every layout.
+func referenceGPT(t *testing.T, cfg layers.GPTConfig, dt tensor.DType, tweak tweakFunc) (tensor.Backend, *layers.GPT) {
 	t.Helper()
 	b := cpu.New()
 	m, err := layers.NewGPT(b, cfg, dt)
@@ -127,6 +124,17 @@ func runReferenceWith(t *testing.T, cfg layers.GPTConfig, dt tensor.DType, ids, 
 			t.Fatal(err)
 		}
 	}
+	return b, m
+}
+
+func runReference(t *testing.T, cfg layers.GPTConfig, dt tensor.DType, ids, targets *tensor.Tensor) reference {
+	t.Helper()
+	return runReferenceWith(t, cfg, dt, ids, targets, nil)
+}
+
+func runReferenceWith(t *testing.T, cfg layers.GPTConfig, dt tensor.DType, ids, targets *tensor.Tensor, tweak tweakFunc) reference {
+	t.Helper()
+	b, m := referenceGPT(t, cfg, dt, tweak)
 	loss, err := m.Forward(ids, targets)
 	if err != nil {
 		t.Fatal(err)
