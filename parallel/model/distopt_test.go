@@ -1,15 +1,11 @@
 package model_test
 
 import (
-	"context"
-	"io"
 	"math"
 	"testing"
 
-	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/internal/testing/testutil"
 	"github.com/asynctp/asynctp/layers"
-	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/train"
 )
 
@@ -17,35 +13,7 @@ import (
 // result, its gradient norms and every rank's weights after the run.
 func trainWeights(t *testing.T, l layout, cfg layers.GPTConfig, tc train.Config) (train.Result, []float64, [][]float64) {
 	t.Helper()
-	ds := corpus(4000, cfg.Vocab)
-	var res train.Result
-	var norms []float64
-	weights := make([][]float64, l.tp*l.dp)
-	err := onGrid(l, func(b tensor.Backend, g *comm.Grid) error {
-		m, err := newModel(b, g, cfg, l, tensor.Float32)
-		if err != nil {
-			return err
-		}
-		ld, err := train.NewLoader(ds, train.LoaderConfig{Batch: 4, Seq: 8, Vocab: cfg.Vocab, Seed: 5})
-		if err != nil {
-			return err
-		}
-		var mine []float64
-		r, err := train.RunSharded(context.Background(), b, m, ld, tc, train.WithOutput(io.Discard), train.WithProgressBar(false),
-			train.WithStepHook(func(sm train.StepMetrics) { mine = append(mine, sm.GradNorm) }))
-		if err != nil {
-			return err
-		}
-		if err := m.Close(); err != nil {
-			return err
-		}
-		w, _ := m.Params().Flat()
-		weights[g.World.Rank()] = testutil.Download(b, w)
-		if g.World.Rank() == 0 {
-			res, norms = r, mine
-		}
-		return nil
-	})
+	res, norms, weights, err := runShardedWeights(l, cfg, corpus(4000, cfg.Vocab), tc)
 	if err != nil {
 		t.Fatal(err)
 	}

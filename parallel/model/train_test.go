@@ -56,8 +56,16 @@ func loader(t testing.TB, ds *tokens.Stream, cfg layers.GPTConfig) *train.Loader
 // runSharded trains on every rank of l with train.RunSharded and returns world
 // rank 0's result and its gradient norms.
 func runSharded(l layout, cfg layers.GPTConfig, ds *tokens.Stream, tc train.Config) (train.Result, []float64, error) {
+	res, norms, _, err := runShardedWeights(l, cfg, ds, tc)
+	return res, norms, err
+}
+
+// runShardedWeights is runSharded that also returns every rank's weights
+// after the run.
+func runShardedWeights(l layout, cfg layers.GPTConfig, ds *tokens.Stream, tc train.Config) (train.Result, []float64, [][]float64, error) {
 	var res train.Result
 	var norms []float64
+	weights := make([][]float64, l.tp*l.dp)
 	err := onGrid(l, func(b tensor.Backend, g *comm.Grid) error {
 		m, err := newModel(b, g, cfg, l, tensor.Float32)
 		if err != nil {
@@ -73,9 +81,14 @@ func runSharded(l layout, cfg layers.GPTConfig, ds *tokens.Stream, tc train.Conf
 		if g.World.Rank() == 0 {
 			res, norms = r, mine
 		}
-		return errors.Join(err, m.Close())
+		if err := errors.Join(err, m.Close()); err != nil {
+			return err
+		}
+		w, _ := m.Params().Flat()
+		weights[g.World.Rank()] = testutil.Download(b, w)
+		return nil
 	})
-	return res, norms, err
+	return res, norms, weights, err
 }
 
 // TestTrainMatchesGPT: 20 AdamW steps (warm-up, cosine decay, weight decay,
