@@ -87,15 +87,7 @@ func relErr(a, ref []float64) float64 {
 
 // Tolerance is the bound on the relative error of a cell against its
 // reference: bf16 1e-2, f32 1e-5, f64 1e-12.
-func Tolerance(dt tensor.DType) float64 {
-	switch dt {
-	case tensor.Float64:
-		return 1e-12
-	case tensor.Float32:
-		return 1e-5
-	}
-	return 1e-2
-}
+func Tolerance(dt tensor.DType) float64 { return dt.Tolerance() }
 
 // TolFor is the tolerance of the op's cells: Tolerance, or for the layer
 // cells layerTolerance.

@@ -7,7 +7,6 @@ import (
 
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/comm/hostreduce"
-	"github.com/asynctp/asynctp/tensor"
 )
 
 // ShadowReport is what one sampled step's comparisons found, over every
@@ -227,19 +226,6 @@ func (w *siteWorst) add(step int, sr ShadowSiteReport) {
 	}
 }
 
-// shadowTolerance is the relative difference a site's strategy may show against
-// collective in a dtype, the bound of the conformance suites: float64
-// 1e-12, float32 1e-5, bf16 1e-2. The summary flags a site above it.
-func shadowTolerance(dt tensor.DType) float64 {
-	switch dt {
-	case tensor.Float64:
-		return 1e-12
-	case tensor.Float32:
-		return 1e-5
-	}
-	return 1e-2
-}
-
 // Summary is the table of the run's shadow comparisons, one line per
 // shadowed site after a header: the steps sampled, the worst relative
 // difference and where (tensor, step, rank), the worst ULP distance. A
@@ -248,7 +234,7 @@ func shadowTolerance(dt tensor.DType) float64 {
 func (s *Shadow) Summary() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	bound, what := shadowTolerance(s.model), fmt.Sprintf("the %s tolerance", s.model)
+	bound, what := s.model.Tolerance(), fmt.Sprintf("the %s tolerance", s.model)
 	if s.cfg.FailAbove != nil {
 		bound, what = *s.cfg.FailAbove, "fail_above"
 	}

@@ -57,6 +57,21 @@ func (d DType) Round(v float64) float64 {
 	return v
 }
 
+// Tolerance is the bound on ‖out − ref‖ / ‖ref‖ that a result computed in
+// d is held to against its reference (a strategy against collective, an
+// op against the CPU's float64): float64 1e-12, float32 1e-5, bf16 (and
+// any other dtype) 1e-2. The conformance suites, the shadow comparisons
+// and the ablation's cells share it.
+func (d DType) Tolerance() float64 {
+	switch d {
+	case Float64:
+		return 1e-12
+	case Float32:
+		return 1e-5
+	}
+	return 1e-2
+}
+
 // IsFloat reports whether d holds floating-point values.
 func (d DType) IsFloat() bool { return d == Float32 || d == BFloat16 || d == Float64 }
 

@@ -43,15 +43,7 @@ func Cases() []Case {
 
 // Tolerance is the bound on ‖out − ref‖ / ‖ref‖ for a dtype: float64 1e-12,
 // float32 1e-5, bf16 1e-2.
-func Tolerance(dt tensor.DType) float64 {
-	switch dt {
-	case tensor.Float64:
-		return 1e-12
-	case tensor.Float32:
-		return 1e-5
-	}
-	return 1e-2
-}
+func Tolerance(dt tensor.DType) float64 { return dt.Tolerance() }
 
 // Rank is one rank's side of a suite run: its group, backend and stream,
 // the strategy under test and the dtype of the tensors.

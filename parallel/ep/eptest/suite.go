@@ -45,15 +45,7 @@ type NewPath func(Config) (ep.ExpertPath, error)
 // and products (Combine, CombineBackward's rows and dweights,
 // DispatchBackward) and for the adjoint identities: float64 1e-12, float32
 // 1e-5, bf16 1e-2. The moves (the received rows, the sorts) are exact.
-func Tolerance(dt tensor.DType) float64 {
-	switch dt {
-	case tensor.Float64:
-		return 1e-12
-	case tensor.Float32:
-		return 1e-5
-	}
-	return 1e-2
-}
+func Tolerance(dt tensor.DType) float64 { return dt.Tolerance() }
 
 // Rank is one rank's side of a suite run. Every rank of the token group
 // calls the same checks with the same arguments (its own groups, backend
