@@ -150,15 +150,7 @@ func TestValData(t *testing.T) {
 	if !strings.Contains(o, "val_loss") && !strings.Contains(o, "validation loss") {
 		t.Errorf("no validation loss in the output:\n%s", o)
 	}
-	var cfg Config
-	b, err := os.ReadFile(filepath.Join(out, "config.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(b, &cfg); err != nil {
-		t.Fatal(err)
-	}
-	if cfg.ValData != va || cfg.Train.ValFraction != 0 {
+	if cfg := readConfig(t, out); cfg.ValData != va || cfg.Train.ValFraction != 0 {
 		t.Errorf("config.json: val_data %q, val_fraction %v; want %q and 0", cfg.ValData, cfg.Train.ValFraction, va)
 	}
 	// The validation loss is the one of val.bin: the same run with

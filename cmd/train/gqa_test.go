@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -30,10 +29,8 @@ func TestKVHeadsRun(t *testing.T) {
 			}
 		}
 	}
-	var cfg Config
-	js, _ := os.ReadFile(filepath.Join(one, "config.json"))
-	if err := json.Unmarshal(js, &cfg); err != nil || cfg.Model.KVHeads != 2 || cfg.Model.Heads != 4 {
-		t.Fatalf("config.json: %+v, %v; want 4 heads, 2 key/value heads", cfg.Model, err)
+	if cfg := readConfig(t, one); cfg.Model.KVHeads != 2 || cfg.Model.Heads != 4 {
+		t.Fatalf("config.json: %+v; want 4 heads, 2 key/value heads", cfg.Model)
 	}
 	tp := trainRun(t, append(gqa, "--tp", "2")...)
 	for r := range 2 {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -42,15 +41,7 @@ func TestOverlapSummary(t *testing.T) {
 	if strings.Count(msg, "overlap: ") != 2 {
 		t.Errorf("want one summary line per site kind, from rank 0 only; output:\n%s", msg)
 	}
-	js, err := os.ReadFile(filepath.Join(out, "config.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cfg Config
-	if err := json.Unmarshal(js, &cfg); err != nil {
-		t.Fatal(err)
-	}
-	if cfg.Overlap.Default != "pipelined" {
+	if cfg := readConfig(t, out); cfg.Overlap.Default != "pipelined" {
 		t.Errorf("config.json: overlap %+v, want default pipelined", cfg.Overlap)
 	}
 

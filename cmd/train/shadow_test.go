@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"math"
 	"os"
 	"path/filepath"
@@ -155,15 +154,7 @@ func TestShadowConfig(t *testing.T) {
 		"--tp", "2", "--sequence-parallel", "--overlap", "pipelined", "--steps", "2")); err != nil {
 		t.Fatal(err)
 	}
-	js, err := os.ReadFile(filepath.Join(out, "config.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cfg Config
-	if err := json.Unmarshal(js, &cfg); err != nil {
-		t.Fatal(err)
-	}
-	if cfg.Shadow == nil || cfg.Shadow.Every != overlap.DefaultShadowEvery {
+	if cfg := readConfig(t, out); cfg.Shadow == nil || cfg.Shadow.Every != overlap.DefaultShadowEvery {
 		t.Errorf("config.json shadow %+v, expected every %d", cfg.Shadow, overlap.DefaultShadowEvery)
 	}
 
