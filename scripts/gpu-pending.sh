@@ -88,6 +88,24 @@ run() {
   if timeout -k 5 "$secs" "$@" > "$OUT/$log" 2>&1; then row "$name" ok "$(($(date +%s) - t0)) s"
   else row "$name" FAIL "see $log"; grep -E -- '--- FAIL|differs|is .* with|ERROR SUMMARY: [1-9]|hazard' "$OUT/$log" | head -5 | cut -c1-200; fi
 }
+# loss_diff REF RUN [TOL WHAT]: RUN's loss curve (metrics.jsonl) against
+# REF's, step by step: the largest relative difference and the final
+# losses; with TOL (WHAT's tolerance) it fails above it.
+loss_diff() {
+  python3 - "$@" 2>&1 <<'PY'
+import json, sys
+def losses(d):
+    return {r["step"]: r["loss"] for r in map(json.loads, open(f"{d}/metrics.jsonl"))}
+try:
+    a, b = losses(sys.argv[1]), losses(sys.argv[2])
+except OSError as e:
+    sys.exit(f"no curve: {e}")
+worst = max(abs(b[s] - a[s]) / abs(a[s]) for s in a)
+note = f" ({sys.argv[4]} tolerance {sys.argv[3]})" if len(sys.argv) > 4 else ""
+print(f"max relative loss difference {worst:.3e}{note}, final {b[max(b)]:.6f} against {a[max(a)]:.6f}")
+sys.exit(0 if len(sys.argv) < 4 or worst <= float(sys.argv[3]) else 1)
+PY
+}
 if [ -n "${nvshmem_build:-}" ]; then
   wait "$nvshmem_build"
   read -r st detail < "$OUT/nvshmem-build.status"
@@ -148,17 +166,7 @@ for c in nvshmem nccl; do
     run "tiny-moe --ep 2 --comm $c --grad-reduce-dtype $d" 200 "ep-$c-$d.log" -- ./build/train "${EP_ARGS[@]}" \
       --nproc 2 --comm "$c" --ep 2 --grad-reduce-dtype "$d" --dump-routing "$EPO/$c-$d-r" --out "$EPO/$c-$d"
     flips=$(./build/train routing-diff --quiet "$EPO/one-r" "$EPO/$c-$d-r" 2>&1 | tail -1 | cut -c1-120)
-    res=$(python3 - "$EPO/one" "$EPO/$c-$d" 2>&1 <<'PY'
-import json, sys
-def losses(d):
-    return {r["step"]: r["loss"] for r in map(json.loads, open(f"{d}/metrics.jsonl"))}
-try:
-    a, b = losses(sys.argv[1]), losses(sys.argv[2])
-except OSError as e:
-    sys.exit(f"no curve: {e}")
-print(f"max relative loss difference {max(abs(b[s] - a[s]) / abs(a[s]) for s in a):.3e}, final {b[max(b)]:.6f} against {a[max(a)]:.6f}")
-PY
-    ) && row "EP 2 $c $d against one process" ok "$res; $flips" || row "EP 2 $c $d against one process" FAIL "$res"
+    res=$(loss_diff "$EPO/one" "$EPO/$c-$d") && row "EP 2 $c $d against one process" ok "$res; $flips" || row "EP 2 $c $d against one process" FAIL "$res"
   done
 done
 run "tiny-moe --ep 2 --comm nccl --micro-batch 2" 200 ep-micro.log -- ./build/train "${EP_ARGS[@]}" \
@@ -283,18 +291,6 @@ if want hybrid; then
     # shellcheck disable=SC2086
     run "hybrid world 1: $name's reference, nccl collective" 150 "hybrid-$name-ref.log" -- ./build/train "${H_ARGS[@]}" $ref \
       --comm nccl --out "$HYO/$name-ref"
-    res=$(python3 - "$HYO/$name-ref" "$HYO/$name" 2>&1 <<'PY'
-import json, sys
-def losses(d):
-    return {r["step"]: r["loss"] for r in map(json.loads, open(f"{d}/metrics.jsonl"))}
-try:
-    a, b = losses(sys.argv[1]), losses(sys.argv[2])
-except OSError as e:
-    sys.exit(f"no curve: {e}")
-worst = max(abs(b[s] - a[s]) / abs(a[s]) for s in a)
-print(f"max relative loss difference {worst:.3e} (bf16 tolerance 1e-2), final {b[max(b)]:.6f} against {a[max(a)]:.6f}")
-sys.exit(0 if worst <= 1e-2 else 1)
-PY
-    ) && row "hybrid world 1: $name against nccl collective" ok "$res" || row "hybrid world 1: $name against nccl collective" FAIL "$res"
+    res=$(loss_diff "$HYO/$name-ref" "$HYO/$name" 1e-2 bf16) && row "hybrid world 1: $name against nccl collective" ok "$res" || row "hybrid world 1: $name against nccl collective" FAIL "$res"
   done
 fi
