@@ -53,15 +53,7 @@ func TestEmuDeviceStepBitsMatchCollective(t *testing.T) {
 					AuxLossCoef: 0.01, ZLossCoef: 0.001, Std: 0.5, OutStd: 0.3}
 				maxTok, steps := slices.Max(tc.tokens), 2
 				col := bitsRun(t, tc.P, cfg, dt, tc.tokens, maxTok, steps, nil)
-				for _, s := range []struct {
-					name string
-					st   func(bar *emuworld.Barrier) overlap.Strategy
-				}{
-					{"pipelined", func(bar *emuworld.Barrier) overlap.Strategy { return pipelinedStrategy(WithBeforeWait(bar.Wait)) }},
-					{"fused", func(bar *emuworld.Barrier) overlap.Strategy {
-						return fusedStrategy(WithBeforeWait(bar.Wait), WithStreamHooks())
-					}},
-				} {
+				for _, s := range deviceStrategies {
 					got := bitsRun(t, tc.P, cfg, dt, tc.tokens, maxTok, steps, s.st)
 					nonzero := false
 					for r := range tc.P {

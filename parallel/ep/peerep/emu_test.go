@@ -12,6 +12,7 @@ import (
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/comm/local"
 	"github.com/asynctp/asynctp/internal/testing/emuworld"
+	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/parallel/ep"
 	"github.com/asynctp/asynctp/parallel/ep/eptest"
 	"github.com/asynctp/asynctp/tensor"
@@ -27,6 +28,22 @@ import (
 // collectives of device tensors staged through the host.
 func newSymComm(world comm.Comm, b *cudabackend.Backend, reg *emuworld.Registry) *emuworld.Sym {
 	return emuworld.NewSym(emuworld.Staged{Comm: world, B: b}, b, reg, nil)
+}
+
+// deviceStrategy is a strategy of the expert path under test, built per
+// rank with the ranks' wait barrier (nil: the collective dispatcher).
+type deviceStrategy struct {
+	name string
+	st   func(bar *emuworld.Barrier) overlap.Strategy
+}
+
+// deviceStrategies are the strategies of the device step: pipelined and
+// fused (stream hooks).
+var deviceStrategies = []deviceStrategy{
+	{"pipelined", func(bar *emuworld.Barrier) overlap.Strategy { return pipelinedStrategy(WithBeforeWait(bar.Wait)) }},
+	{"fused", func(bar *emuworld.Barrier) overlap.Strategy {
+		return fusedStrategy(WithBeforeWait(bar.Wait), WithStreamHooks())
+	}},
 }
 
 // emulated runs f on P goroutine ranks, each with an emulated backend and

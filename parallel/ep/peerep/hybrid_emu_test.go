@@ -62,16 +62,7 @@ func TestEmuHybridMatchesCollective(t *testing.T) {
 						aux: float64(tc.P)})
 				}
 				col := run(nil, nil)
-				for _, s := range []struct {
-					name string
-					st   func(bar *emuworld.Barrier) overlap.Strategy
-				}{
-					{"collective", nil},
-					{"pipelined", func(bar *emuworld.Barrier) overlap.Strategy { return pipelinedStrategy(WithBeforeWait(bar.Wait)) }},
-					{"fused", func(bar *emuworld.Barrier) overlap.Strategy {
-						return fusedStrategy(WithBeforeWait(bar.Wait), WithStreamHooks())
-					}},
-				} {
+				for _, s := range append([]deviceStrategy{{"collective", nil}}, deviceStrategies...) {
 					got := run(hybridWrap(tc.P), s.st)
 					nonzero := false
 					for r := range tc.P {

@@ -112,15 +112,7 @@ func TestEmuShadowDeviceStep(t *testing.T) {
 				cfg := layers.MoEConfig{Dim: 16, Hidden: 24, Experts: 8, TopK: 2, CapacityFactor: cf,
 					AuxLossCoef: 0.01, ZLossCoef: 0.001, Std: 0.5, OutStd: 0.3}
 				tokens := []int{9, 6}
-				for _, s := range []struct {
-					name string
-					st   func(bar *emuworld.Barrier) overlap.Strategy
-				}{
-					{"pipelined", func(bar *emuworld.Barrier) overlap.Strategy { return pipelinedStrategy(WithBeforeWait(bar.Wait)) }},
-					{"fused", func(bar *emuworld.Barrier) overlap.Strategy {
-						return fusedStrategy(WithBeforeWait(bar.Wait), WithStreamHooks())
-					}},
-				} {
+				for _, s := range deviceStrategies {
 					plain, _ := shadowEmuRun(t, 2, cfg, dt, tokens, 2, s.st, false)
 					got, reports := shadowEmuRun(t, 2, cfg, dt, tokens, 2, s.st, true)
 					for r := range 2 {
