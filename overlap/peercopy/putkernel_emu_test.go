@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/asynctp/asynctp/internal/testing/emuworld"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cudabackend"
 )
@@ -60,21 +61,6 @@ func upload(t *testing.T, b *cudabackend.Backend, d *tensor.Tensor, v []int32) {
 		t.Fatal(err)
 	}
 	b.Upload(d, h)
-}
-
-// openEmu is a backend on the kernel emulator, closed with the test.
-func openEmu(t testing.TB) *cudabackend.Backend {
-	t.Helper()
-	b, err := cudabackend.NewEmulated()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := b.Close(); err != nil {
-			t.Logf("Close: %v", err)
-		}
-	})
-	return b
 }
 
 // rawInt32s reads a tensor back, also after a wait that ran out (its error,
@@ -167,7 +153,7 @@ func TestEmuPut(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(fmt.Sprintf("P%d_rows%d_cols%d_chunk%d_ctas%d", c.P, c.rows, c.cols, c.chunkRows, c.ctas), func(t *testing.T) {
-			b := openEmu(t)
+			b := emuworld.Backend(t)
 			w := newPutWorld(t, b, c.P, c.rows, c.cols, c.chunkRows)
 			rng := rand.New(rand.NewPCG(uint64(c.P*1000+c.rows), uint64(c.chunkRows)))
 			srcs := make([]*tensor.Tensor, c.P)
@@ -215,7 +201,7 @@ func TestEmuPut(t *testing.T) {
 // this epoch's rows and flags.
 func TestEmuPutDeadline(t *testing.T) {
 	const P, rows, cols, chunkRows = 3, 10, 4, 4
-	b := openEmu(t)
+	b := emuworld.Backend(t)
 	w := newPutWorld(t, b, P, rows, cols, chunkRows)
 	rng := rand.New(rand.NewPCG(3, 4))
 	src := b.Zeros(tensor.Int32, rows, cols)
@@ -262,7 +248,7 @@ func TestEmuPutRefused(t *testing.T) {
 		{"too many rows", 9, 4, 2, 1, "exceeds the gather buffers' 256 bytes", ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			b := openEmu(t)
+			b := emuworld.Backend(t)
 			w := newPutWorld(t, b, 2, 8, 4, 8) // buffers of 2·8 rows of 16 bytes, 2 flags
 			src := b.Zeros(tensor.Int32, c.rows, c.cols)
 			queuePut(w.b, nil, w.pt, peerPut{Src: src, Rank: 0, ChunkRows: c.chunkRows, Epoch: c.epoch, Deadline: time.Second,
@@ -272,7 +258,7 @@ func TestEmuPutRefused(t *testing.T) {
 			}
 		})
 	}
-	b := openEmu(t)
+	b := emuworld.Backend(t)
 	if _, err := newPeerTable(b, []uint64{16, 8}, []uint64{8, 8}, []uint64{8, 8}, 64, 2); err == nil || !strings.Contains(err.Error(), "gather buffer of rank 1 at 0x8: expected a non-nil 16-byte aligned address") {
 		t.Fatalf("a misaligned gather buffer: %v, expected a refusal naming rank 1", err)
 	}

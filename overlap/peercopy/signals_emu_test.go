@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/asynctp/asynctp/internal/testing/emuworld"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cudabackend"
 )
@@ -17,7 +18,7 @@ import (
 // sets the short words to the target (so stream waits on them pass).
 func TestEmuSignalWaits(t *testing.T) {
 	for _, raising := range []bool{false, true} {
-		b := openEmu(t)
+		b := emuworld.Backend(t)
 		words := b.Zeros(tensor.Int32, 2*3) // three 64-bit words
 		status := b.Zeros(tensor.Int32, 4)
 		h, _ := tensor.FromInt32([]int32{7, 0, 5, 0, 9, 0}, 6) // word 1 (5) is short of 6

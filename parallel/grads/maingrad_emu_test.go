@@ -26,16 +26,6 @@ import (
 
 var emuGPT = layers.GPTConfig{Layers: 1, Dim: 32, Heads: 2, Vocab: 37, Seq: 8, FFN: 64, Seed: 4}
 
-func emuBackend(t testing.TB) *cudabackend.Backend {
-	t.Helper()
-	b, err := cudabackend.NewEmulated()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
-	return b
-}
-
 // emuDP2 runs f on 2 emulated ranks, each with its own backend and a grid
 // of DP 2 over a comm/local world whose collectives of device tensors go
 // through the host (emuworld.Staged), with the ranks' deadline timeout;
@@ -72,7 +62,7 @@ func emuBatch() (ids, targets *tensor.Tensor) {
 // is half of the micro-batch's, a power of two), not their bf16 sum; and
 // AdamW steps on them (fp32 gradients, fp32 master weights).
 func TestEmuMainGradsAccumulate(t *testing.T) {
-	b := emuBackend(t)
+	b := emuworld.Backend(t)
 	ids, targets := emuBatch()
 	var halves [2][]float64
 	for j := range 2 {

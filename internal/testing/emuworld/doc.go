@@ -8,6 +8,7 @@
 // The emulator runs one kernel at a time, so a wait kernel must never spin
 // on a word that another rank's later kernel would write: every rank
 // passes a Barrier before each wait, by which time every rank has run the
-// sends the wait is for. Shared by the emulator tests of overlap/strategies,
+// sends the wait is for. Backend is one emulated backend, closed with the
+// test. Shared by the emulator tests of overlap/strategies, overlap/peercopy,
 // parallel/ep/peerep and parallel/grads.
 package emuworld
