@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/asynctp/asynctp/internal/testing/emuworld"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cudabackend"
 )
@@ -30,47 +31,6 @@ import (
 // after this instead of hanging the test.
 const emuDeadline = 5 * time.Second
 
-// barrier is a reusable barrier of n goroutines; once broken (a rank
-// failed) it lets everyone through.
-type barrier struct {
-	mu         sync.Mutex
-	cond       *sync.Cond
-	n, waiting int
-	gen        int
-	broken     bool
-}
-
-func newBarrier(n int) *barrier {
-	b := &barrier{n: n}
-	b.cond = sync.NewCond(&b.mu)
-	return b
-}
-
-func (b *barrier) wait() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.broken {
-		return
-	}
-	g := b.gen
-	b.waiting++
-	if b.waiting == b.n {
-		b.waiting, b.gen = 0, b.gen+1
-		b.cond.Broadcast()
-		return
-	}
-	for g == b.gen && !b.broken {
-		b.cond.Wait()
-	}
-}
-
-func (b *barrier) breakAll() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.broken = true
-	b.cond.Broadcast()
-}
-
 // emuRank is one rank of the emulated world: its backend, its engine and
 // its symmetric buffers.
 type emuRank struct {
@@ -78,7 +38,7 @@ type emuRank struct {
 	b   *cudabackend.Backend
 	eng *Engine
 	sym [NumBufs]*tensor.Tensor
-	bar *barrier
+	bar *emuworld.Barrier
 }
 
 // emulated builds an engine of cfg (Rank set per rank, Deadline
@@ -90,7 +50,7 @@ func emulated(t *testing.T, cfg Config, f func(rk *emuRank) error) {
 	if cfg.Deadline == 0 {
 		cfg.Deadline = emuDeadline
 	}
-	bar := newBarrier(P)
+	bar := emuworld.NewBarrier(P)
 	var addrs [NumBufs][]uint64 // every rank's address of each buffer
 	for i := range addrs {
 		addrs[i] = make([]uint64, P)
@@ -118,20 +78,20 @@ func emulated(t *testing.T, cfg Config, f func(rk *emuRank) error) {
 				if err := b.Sync(); err != nil {
 					return err
 				}
-				bar.wait() // every rank's addresses are in the table
+				bar.Wait() // every rank's addresses are in the table
 				if rk.eng, err = New(b, c, rk.sym, addrs); err != nil {
 					return err
 				}
-				rk.eng.BeforeWait = bar.wait
+				rk.eng.BeforeWait = bar.Wait
 				if err := b.Sync(); err != nil {
 					return err
 				}
-				bar.wait() // every rank's signals are zero before any rank signals
+				bar.Wait() // every rank's signals are zero before any rank signals
 				return f(rk)
 			}()
 			if err != nil {
 				errs[r] = fmt.Errorf("rank %d: %w", r, err)
-				bar.breakAll()
+				bar.Break()
 			}
 		}()
 	}
