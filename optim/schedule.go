@@ -62,18 +62,42 @@ type Replanned struct {
 // function of the schedule and step.
 func (s Replanned) LR(step int) float64 {
 	if len(s.Replans) == 0 || step <= s.Replans[0].At {
-		base := s.WarmupCosine
-		if len(s.Replans) > 0 {
-			base.Steps = s.Replans[0].Steps
-		}
-		return base.LR(step)
+		return s.first().LR(step)
 	}
 	if step < s.Warmup {
 		return s.Peak * float64(step) / float64(s.Warmup)
 	}
-	// The decay's progress is piecewise linear in the step: from the
-	// anchor (the end of the warm-up, or the last replan after it) at p0,
-	// to 1 at the length planned then.
+	return s.cosine(s.progress(step))
+}
+
+// DecayEnded reports whether the decay has reached Min by step: step and
+// every step after it run at Min, whatever Peak. A schedule without a
+// decay phase (all warm-up) never ends so; a step in the warm-up is not
+// past it. A run resumed at step k changes no learning rate by another
+// Peak when DecayEnded(k+1).
+func (s Replanned) DecayEnded(step int) bool {
+	if len(s.Replans) == 0 || step <= s.Replans[0].At {
+		f := s.first()
+		return f.Warmup < f.Steps && step >= f.Steps
+	}
+	return step >= s.Warmup && s.progress(step) >= 1
+}
+
+// first is the schedule as planned before the first replan (all of it
+// when there is none).
+func (s Replanned) first() WarmupCosine {
+	f := s.WarmupCosine
+	if len(s.Replans) > 0 {
+		f.Steps = s.Replans[0].Steps
+	}
+	return f
+}
+
+// progress is the decay's progress at step, a step after the first
+// replan and not in the warm-up. It is piecewise linear in the step: from
+// the anchor (the end of the warm-up, or the last replan after it) at p0,
+// to 1 at the length planned then.
+func (s Replanned) progress(step int) float64 {
 	anchor, p0, length := s.Warmup, 0.0, s.Replans[0].Steps
 	for i, r := range s.Replans {
 		if step <= r.At {
@@ -87,7 +111,7 @@ func (s Replanned) LR(step int) float64 {
 			length = s.Replans[i+1].Steps
 		}
 	}
-	return s.cosine(decayProgress(step, anchor, p0, length))
+	return decayProgress(step, anchor, p0, length)
 }
 
 // decayProgress is the progress of the decay at step, going linearly from

@@ -144,3 +144,50 @@ func withSteps(c WarmupCosine, steps int) WarmupCosine {
 	c.Steps = steps
 	return c
 }
+
+// TestDecayEnded: DecayEnded(step) holds exactly when step and every step
+// after it run at Min whatever the peak, checked by brute force on LR with
+// two peaks, for schedules without replans, with replans in the warm-up,
+// in the decay, after its end, of a run that was all warm-up, twice, and
+// without a decay phase.
+func TestDecayEnded(t *testing.T) {
+	base := WarmupCosine{Peak: 1e-3, Min: 1e-4, Warmup: 10, Steps: 100}
+	scheds := map[string]Replanned{
+		"plain":          {WarmupCosine: base},
+		"no warm-up":     {WarmupCosine: WarmupCosine{Peak: 1e-3, Min: 1e-4, Steps: 50}},
+		"all warm-up":    {WarmupCosine: withSteps(base, 10)},
+		"decay":          {WarmupCosine: withSteps(base, 300), Replans: []Replan{{At: 40, Steps: 100}}},
+		"shorter":        {WarmupCosine: withSteps(base, 60), Replans: []Replan{{At: 40, Steps: 100}}},
+		"warm-up":        {WarmupCosine: withSteps(base, 200), Replans: []Replan{{At: 4, Steps: 100}}},
+		"finished":       {WarmupCosine: withSteps(base, 150), Replans: []Replan{{At: 100, Steps: 100}}},
+		"ended, shorter": {WarmupCosine: withSteps(base, 130), Replans: []Replan{{At: 120, Steps: 100}}},
+		"all warm-up, longer": {WarmupCosine: withSteps(base, 50),
+			Replans: []Replan{{At: 10, Steps: 10}}},
+		"twice":          {WarmupCosine: withSteps(base, 400), Replans: []Replan{{At: 40, Steps: 100}, {At: 100, Steps: 300}}},
+		"finished twice": {WarmupCosine: withSteps(base, 500), Replans: []Replan{{At: 40, Steps: 100}, {At: 100, Steps: 100}}},
+	}
+	var ended, running int
+	for name, s := range scheds {
+		other := s
+		other.Peak = 7 * s.Peak
+		atMin := func(k int) bool { return s.LR(k) == s.Min && other.LR(k) == other.Min }
+		last := s.Steps + 20
+		for step := 0; step <= last; step++ {
+			want := true
+			for k := step; k <= last; k++ {
+				want = want && atMin(k)
+			}
+			if got := s.DecayEnded(step); got != want {
+				t.Fatalf("%s: DecayEnded(%d) = %v, want %v (LR %v, with peak %v: %v)", name, step, got, want, s.LR(step), other.Peak, other.LR(step))
+			}
+			if want {
+				ended++
+			} else {
+				running++
+			}
+		}
+	}
+	if ended == 0 || running == 0 {
+		t.Fatalf("%d steps ended, %d not: the cases test one side only", ended, running)
+	}
+}

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 
+	"github.com/asynctp/asynctp/optim"
 	"github.com/asynctp/asynctp/parallel/model"
 	"github.com/asynctp/asynctp/train"
 )
@@ -132,6 +134,9 @@ func resumeSettings(cfg *Config, set map[string]bool, procs bool) error {
 	if err != nil {
 		return fmt.Errorf("resume from %s: its settings: %w", ck, err)
 	}
+	if err := checkLRGiven(cfg, st, ck, note.changes); err != nil {
+		return err
+	}
 	if t := &cfg.Train; set["lr"] && !set["min-lr"] && t.MinLR > t.LR {
 		from, _ := json.Marshal(t.MinLR)
 		t.MinLR = t.LR / 10
@@ -142,6 +147,30 @@ func resumeSettings(cfg *Config, set map[string]bool, procs bool) error {
 	cfg.resume = note
 	cfg.Resumed = append(history, Resume{Step: st.Step, Checkpoint: ck, Changes: note.changes})
 	return nil
+}
+
+// checkLRGiven refuses a peak learning rate given to a resume (changes
+// holds train.lr) that would change no step: every step from the
+// checkpoint's step st.Step on runs at min_lr when the run's decay has
+// ended there (optim.Replanned.DecayEnded, with this resume's steps), so
+// the lr given would be recorded and printed but never used.
+func checkLRGiven(cfg *Config, st *train.State, ck string, changes []Change) error {
+	var lr *Change
+	for i := range changes {
+		if changes[i].Field == "train.lr" {
+			lr = &changes[i]
+		}
+	}
+	t := cfg.Train
+	sched := optim.Replanned{WarmupCosine: t.Schedule(), Replans: train.Replans(st, t.Steps)}
+	if lr == nil || st.Step >= t.Steps || !sched.DecayEnded(st.Step+1) {
+		return nil
+	}
+	return fmt.Errorf("--lr %s: the resume from %s starts at step %d, after the run's learning rate decayed to min_lr %s, where it stays: "+
+		"steps %d to %d would all run at min_lr whatever the peak lr, so --lr %s would change none of them (the run's is %s). "+
+		"Give --min-lr for the learning rate of these steps, or resume from a checkpoint written before the decay ended with a larger --steps, "+
+		"which spreads what is left of the decay over the steps up to it",
+		shown(lr.To), ck, st.Step, strconv.FormatFloat(t.MinLR, 'g', -1, 64), st.Step+1, t.Steps, shown(lr.To), shown(lr.From))
 }
 
 // recordedSettings are the settings a checkpoint records, as config
