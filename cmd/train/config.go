@@ -249,6 +249,9 @@ func (c *Config) validate(l origin) error {
 	// that config.json holds what the run uses, and a preset's warm-up
 	// longer than the steps given shrinks to them; a warm-up given
 	// explicitly is refused instead.
+	if err := c.checkHeads(); err != nil {
+		return err
+	}
 	if err := c.Model.Validate(); err != nil {
 		return err
 	}
@@ -293,6 +296,26 @@ func (c *Config) validate(l origin) error {
 		return err
 	}
 	return c.checkMemReport(l)
+}
+
+// checkHeads checks the attention's head counts in the flags' terms
+// before the model's own check (layers.GPTConfig.Validate, which speaks of
+// its fields): --heads divides --dim into even head dims (RoPE turns
+// pairs), and --kv-heads divides --heads.
+func (c *Config) checkHeads() error {
+	m := c.Model
+	if m.Heads > 0 && m.Dim > 0 {
+		if m.Dim%m.Heads != 0 {
+			return fmt.Errorf("--heads %d: expected a divisor of --dim %d", m.Heads, m.Dim)
+		}
+		if hd := m.Dim / m.Heads; hd%2 != 0 {
+			return fmt.Errorf("--dim %d over --heads %d: head dim %d, expected an even head dim (RoPE turns pairs of dims)", m.Dim, m.Heads, hd)
+		}
+	}
+	if m.Heads > 0 && (m.KVHeads < 0 || m.KVHeads > 0 && m.Heads%m.KVHeads != 0) {
+		return fmt.Errorf("--kv-heads %d: expected a divisor of --heads %d (each key/value head is read by --heads/--kv-heads query heads; 0 or left out: as many as --heads)", m.KVHeads, m.Heads)
+	}
+	return nil
 }
 
 // checkMemReport refuses --memory-report where it would do nothing: the

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/safetensors"
 	"github.com/asynctp/asynctp/train"
 )
@@ -56,8 +57,32 @@ func TestKVHeadsRun(t *testing.T) {
 	if out, code := runMain(t, par(t.TempDir(), "--steps", "4", "--kv-heads", "4", "--resume", one)...); code == 0 || !strings.Contains(out, "kv_heads: given 4, the checkpoint's 2") {
 		t.Fatalf("resume with --kv-heads 4 of a 2-kv-head model: exit %d\n%s", code, out)
 	}
-	if _, err := loadConfig([]string{"--heads", "4", "--kv-heads", "3"}); err == nil || !strings.Contains(err.Error(), "KVHeads = 3 does not divide Heads = 4") {
-		t.Fatalf("--kv-heads 3 for 4 heads: %v, want a refusal", err)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--heads", "4", "--kv-heads", "3"}, "--kv-heads 3: expected a divisor of --heads 4"},
+		{[]string{"--heads", "4", "--kv-heads", "-2"}, "--kv-heads -2: expected a divisor of --heads 4"},
+		{[]string{"--heads", "4", "--kv-heads", "8"}, "--kv-heads 8: expected a divisor of --heads 4"},
+		{[]string{"--dim", "60", "--heads", "8"}, "--heads 8: expected a divisor of --dim 60"},
+		{[]string{"--dim", "36", "--heads", "4"}, "--dim 36 over --heads 4: head dim 9, expected an even head dim"},
+	} {
+		if _, err := loadConfig(tc.args); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Fatalf("%v: %v, want a refusal saying %q", tc.args, err, tc.want)
+		}
+	}
+	// The start names the key/value heads when they are fewer than the heads.
+	for _, tc := range []struct {
+		kv   int
+		want string
+	}{{0, "4 heads, vocab"}, {4, "4 heads, vocab"}, {2, "4 heads (2 key/value), vocab"}, {1, "4 heads (1 key/value), vocab"}} {
+		mc := layers.GPTConfig{Layers: 1, Dim: 32, Heads: 4, KVHeads: tc.kv, Vocab: 256, Seq: 16}
+		if got := modelLine("tiny", mc, paramCount(mc.WithDefaults())); !strings.Contains(got, tc.want) {
+			t.Fatalf("kv heads %d: %q, want it to say %q", tc.kv, got, tc.want)
+		}
+	}
+	if out := mustRun(t, par(t.TempDir(), "--kv-heads", "2", "--steps", "2")...); !strings.Contains(out, "4 heads (2 key/value)") {
+		t.Fatalf("the start of a run with --kv-heads 2 of 4 heads does not name them:\n%s", out)
 	}
 	if err := run(context.Background(), par(t.TempDir(), "--kv-heads", "1", "--tp", "2")); err == nil || !strings.Contains(err.Error(), "--tp 2 does not divide the model's kv-heads = 1") {
 		t.Fatalf("--tp 2 over 1 key/value head: %v, want a refusal naming both", err)

@@ -202,8 +202,7 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 	mc := model.Config()
-	fmt.Printf("model: %s, %d layers, width %d, %d heads, vocab %d, seq %d, %.2fM parameters\n",
-		cfg.Preset, mc.Layers, mc.Dim, mc.Heads, mc.Vocab, mc.Seq, float64(model.Params().Numel())/1e6)
+	fmt.Println(modelLine(cfg.Preset, mc, model.Params().Numel()))
 	fmt.Printf("data: %s, %d tokens; batch %d x %d, %d steps\n", data.Name(), data.Tokens(), cfg.Train.Batch, cfg.Train.Seq, cfg.Train.Steps)
 	printResume(cfg)
 	if mc.Experts > 0 {
@@ -399,4 +398,17 @@ func writeJSONAtomic(path string, v any) error {
 		return err
 	}
 	return train.WriteFileAtomic(path, append(js, '\n'))
+}
+
+// modelLine is the start's line on the model: its preset and sizes, the
+// key/value heads when they are fewer than the heads (grouped-query
+// attention), and its parameters.
+func modelLine(preset string, mc layers.GPTConfig, params int) string {
+	mc = mc.WithDefaults()
+	heads := fmt.Sprintf("%d heads", mc.Heads)
+	if mc.KVHeads != mc.Heads {
+		heads += fmt.Sprintf(" (%d key/value)", mc.KVHeads)
+	}
+	return fmt.Sprintf("model: %s, %d layers, width %d, %s, vocab %d, seq %d, %.2fM parameters",
+		preset, mc.Layers, mc.Dim, heads, mc.Vocab, mc.Seq, float64(params)/1e6)
 }

@@ -52,8 +52,7 @@ func runParallel(ctx context.Context, cfg Config) error {
 		return err
 	}
 	mc := cfg.Model.WithDefaults()
-	fmt.Printf("model: %s, %d layers, width %d, %d heads, vocab %d, seq %d, %.2fM parameters\n",
-		cfg.Preset, mc.Layers, mc.Dim, mc.Heads, mc.Vocab, mc.Seq, float64(paramCount(mc))/1e6)
+	fmt.Println(modelLine(cfg.Preset, mc, paramCount(mc)))
 	fmt.Printf("data: %s, %d tokens; batch %d x %d, %d steps\n", probe.Name(), probe.Tokens(), cfg.Train.Batch, cfg.Train.Seq, cfg.Train.Steps)
 	printResume(cfg)
 

@@ -105,8 +105,7 @@ func rankProcess(ctx context.Context, cfg Config, info rendezvous.Info) error {
 	say("parallel: %s over --comm %s%s, %d processes (%s), comm timeout %v\n", p, p.Comm, why, info.WorldSize, launch.LauncherName(info, nil), time.Duration(p.CommTimeout))
 	say("hosts: %s\n", w.HostSummary())
 	mc := cfg.Model.WithDefaults()
-	say("model: %s, %d layers, width %d, %d heads, vocab %d, seq %d, %.2fM parameters\n",
-		cfg.Preset, mc.Layers, mc.Dim, mc.Heads, mc.Vocab, mc.Seq, float64(paramCount(mc))/1e6)
+	say("%s\n", modelLine(cfg.Preset, mc, paramCount(mc)))
 	say("data: %s, %d tokens; batch %d x %d, %d steps\n", probe.Name(), probe.Tokens(), cfg.Train.Batch, cfg.Train.Seq, cfg.Train.Steps)
 	if rank == 0 {
 		printResume(cfg)
