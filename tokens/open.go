@@ -12,6 +12,18 @@ import (
 	"strings"
 )
 
+// The errors of Open that a format given explicitly resolves (errors.Is
+// finds them in what Open returns), so that a program can name its own
+// way of giving one.
+var (
+	// ErrMixedKinds: the files of a stream, each detected (Auto), are
+	// text and token ids.
+	ErrMixedKinds = errors.New("tokens: text and token ids in one stream")
+	// ErrLLMCVersion: a file starts with an llm.c magic but not its
+	// version (llm.c's shard of another version, or a raw file).
+	ErrLLMCVersion = errors.New("tokens: an llm.c magic with another version")
+)
+
 // mapFiles chooses mapping over reading whole where the system maps
 // (the tests read whole on Linux too, to cover the fallback).
 var mapFiles = canMap
@@ -29,7 +41,8 @@ var mapFiles = canMap
 // format is the layout of every file, or Auto to detect each one's (see
 // the package comment); a format given explicitly is used as given, and a
 // file that does not have it is refused. The files of one stream are all
-// text or all token ids.
+// text or all token ids. Where a format given explicitly would read what
+// Auto refused, the error wraps ErrMixedKinds or ErrLLMCVersion.
 func Open(spec string, format Format) (*Stream, error) {
 	format, err := ParseFormat(string(format))
 	if err != nil {
@@ -65,8 +78,8 @@ func Open(spec string, format Format) (*Stream, error) {
 	}
 	if text != nil && ids != nil {
 		closeAll()
-		return nil, fmt.Errorf("tokens: %s mixes text (%s, one token per byte) with token ids (%s, %s); give files of one kind, or --data-format to read them all one way",
-			spec, text.path, ids.path, ids.describe())
+		return nil, fmt.Errorf("%w: %s mixes text (%s, one token per byte) with token ids (%s, %s); give files of one kind, or a format other than Auto to read them all one way",
+			ErrMixedKinds, spec, text.path, ids.path, ids.describe())
 	}
 	return newStream(streamName(spec, parts), parts), nil
 }
@@ -370,8 +383,9 @@ func openLLMC(path string) (*part, error) {
 			path, magic, llmcMagic16, llmcMagic32)
 	}
 	if version != want {
-		return fail("llm.c shard %s has version %d with magic %d, expected version %d (a raw file that happens to start so is read with --data-format uint16 or uint32)",
-			path, version, magic, want)
+		f.Close()
+		return nil, fmt.Errorf("%w: %s has version %d with magic %d, expected version %d (a raw file that happens to start so is read with the format Uint16 or Uint32)",
+			ErrLLMCVersion, path, version, magic, want)
 	}
 	if ntok <= 0 {
 		return fail("llm.c shard %s: its header says %d tokens, expected at least 1", path, ntok)

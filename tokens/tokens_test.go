@@ -2,6 +2,7 @@ package tokens_test
 
 import (
 	"bytes"
+	"errors"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -177,3 +178,46 @@ func TestMemoryStreams(t *testing.T) {
 }
 
 func FromText(s string) *tokens.Stream { return tokens.FromBytes("mem", []byte(s)) }
+
+// Where Auto refuses what a format given explicitly would read (text with
+// token ids in one stream; an llm.c magic with another version), Open's
+// error wraps ErrMixedKinds or ErrLLMCVersion and speaks of the package's
+// API, not of a program's flags; the format given explicitly then reads
+// the files.
+func TestExplicitFormatErrors(t *testing.T) {
+	dir := t.TempDir()
+	at := func(name string) string { return filepath.Join(dir, name) }
+	rng := rand.New(rand.NewPCG(5, 9))
+	ids := make([]int64, 60)
+	for i := range ids {
+		ids[i] = 1 + rng.Int64N(60000)
+	}
+	tokenstest.WriteFile(t, at("notes.txt"), []byte("twelve bytes"))
+	tokenstest.WriteFile(t, at("a.bin"), tokenstest.Raw(ids, 2))
+	tokenstest.WriteFile(t, at("v2.bin"), append(tokenstest.LLMCHeader(20240520, 2, int32(len(ids))), tokenstest.Raw(ids, 2)...))
+	for _, c := range []struct {
+		spec     string
+		sentinel error
+		explicit tokens.Format
+		n        int64 // the ids the explicit format reads
+	}{
+		{at("notes.txt") + "," + at("a.bin"), tokens.ErrMixedKinds, tokens.Uint16, 6 + 60},
+		{at("v2.bin"), tokens.ErrLLMCVersion, tokens.Uint16, 512 + 60},
+	} {
+		_, err := tokens.Open(c.spec, tokens.Auto)
+		if !errors.Is(err, c.sentinel) {
+			t.Fatalf("open %s: %v, want an error wrapping %v", c.spec, err, c.sentinel)
+		}
+		if strings.Contains(err.Error(), "--") {
+			t.Errorf("open %s: %q names a program's flag; the package speaks of its own API", c.spec, err)
+		}
+		s, err := tokens.Open(c.spec, c.explicit)
+		if err != nil {
+			t.Fatalf("open %s as %s: %v", c.spec, c.explicit, err)
+		}
+		if s.Len() != c.n {
+			t.Errorf("open %s as %s: %d ids, want %d", c.spec, c.explicit, s.Len(), c.n)
+		}
+		s.Close()
+	}
+}

@@ -143,6 +143,8 @@ func TestValData(t *testing.T) {
 	tokenstest.WriteFile(t, text, []byte(strings.Repeat("text ", 40)))
 	short := filepath.Join(dir, "short.bin")
 	tokenstest.WriteFile(t, short, tokenstest.Raw(valIDs[:10], 2))
+	v2 := filepath.Join(dir, "v2.bin") // an llm.c magic with version 2
+	tokenstest.WriteFile(t, v2, append(tokenstest.LLMCHeader(20240520, 2, 600), tokenstest.Raw(trainIDs, 2)...))
 
 	out := t.TempDir()
 	// --val-fraction 0 with --val-data: the evaluation flags take effect.
@@ -171,6 +173,10 @@ func TestValData(t *testing.T) {
 		{"without eval steps", []string{"--data", tr, "--val-data", va, "--vocab", "512", "--eval-every", "0"}, []string{"--eval-every"}},
 		{"unknown format", []string{"--data", tr, "--data-format", "arrow"}, []string{"arrow", "unknown data format"}},
 		{"format without files", []string{"--data-format", "uint16"}, []string{"--data-format uint16", "built-in corpus"}},
+		// What a format given explicitly would read: the package's error, and the flag that gives it.
+		{"text with ids", []string{"--data", text + "," + tr, "--vocab", "512"}, []string{"--data: ", "val.txt", "train.bin", "mixes text", "give it with --data-format"}},
+		{"validation text with ids", []string{"--data", tr, "--val-data", va + "," + text, "--vocab", "512"}, []string{"--val-data: ", "mixes text", "give it with --data-format"}},
+		{"llm.c magic, other version", []string{"--data", v2, "--vocab", "512"}, []string{"--data: ", "v2.bin", "version 2", "give it with --data-format uint16 or uint32"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			o, code := runMain(t, tinyData(t.TempDir(), c.args...)...)

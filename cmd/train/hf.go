@@ -540,7 +540,7 @@ func runLogits(args []string) error {
 	mc.Seq = max(mc.Seq, *T)
 	ds, err := tokens.Open(*data, tokens.Format(*format))
 	if err != nil {
-		return err
+		return dataError("logits --data", err)
 	}
 	defer ds.Close()
 	if ds.Len() < int64(*B**T+1) {

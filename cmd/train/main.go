@@ -344,7 +344,7 @@ func openDataset(cfg Config) (*tokens.Stream, error) {
 	if cfg.Data != "" {
 		var err error
 		if ds, err = tokens.Open(cfg.Data, tokens.Format(cfg.DataFormat)); err != nil {
-			return nil, fmt.Errorf("--data: %w", err)
+			return nil, dataError("--data", err)
 		}
 	}
 	if cfg.ValData != "" {
@@ -358,12 +358,25 @@ func openDataset(cfg Config) (*tokens.Stream, error) {
 	return ds, nil
 }
 
+// dataError is err of opening the files of flag (--data, --val-data), with
+// the flag that reads them where a format given explicitly would
+// (tokens.ErrMixedKinds, tokens.ErrLLMCVersion).
+func dataError(flag string, err error) error {
+	switch {
+	case errors.Is(err, tokens.ErrMixedKinds):
+		return fmt.Errorf("%s: %w; give it with --data-format", flag, err)
+	case errors.Is(err, tokens.ErrLLMCVersion):
+		return fmt.Errorf("%s: %w; give it with --data-format uint16 or uint32", flag, err)
+	}
+	return fmt.Errorf("%s: %w", flag, err)
+}
+
 // openValidation is the loader of --val-data, whose ids must be of the
 // kind of ds's (text, or token ids), and its dataset.
 func openValidation(cfg Config, ds *tokens.Stream) (*train.Loader, *tokens.Stream, error) {
 	vs, err := tokens.Open(cfg.ValData, tokens.Format(cfg.DataFormat))
 	if err != nil {
-		return nil, nil, fmt.Errorf("--val-data: %w", err)
+		return nil, nil, dataError("--val-data", err)
 	}
 	if kind := func(s *tokens.Stream) string {
 		if s.Text() {
