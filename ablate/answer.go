@@ -295,7 +295,7 @@ func answerRows(all []Answer, world1 bool) (head []string, rows [][]string) {
 				if a.World == 1 {
 					cell = v.Interval.CostText()
 				} else {
-					cell = fmt.Sprintf("%s, %s", v.Interval.SpeedupText(), verdictText(v.Interval.Verdict))
+					cell = fmt.Sprintf("%s, %s", v.Interval.SpeedupText(), v.Interval.verdictText())
 				}
 				cell += fmt.Sprintf("; cells: %s", cellCounts(v, a.World == 1))
 			}

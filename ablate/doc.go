@@ -8,9 +8,11 @@
 //
 // A strategy beats collective only when the confidence interval of its
 // median per-round time ratio (order statistics, at a level corrected for
-// the run's number of comparisons) lies below 1/(1 + a minimum effect);
-// otherwise the cell, the answer and the cache say "no significant
-// difference" and keep collective. World-1 cells exchange nothing: they
+// the run's number of comparisons) lies below 1/(1 + a minimum effect),
+// and each half of the rounds, in the order they ran, shows it too (the
+// difference replicated within the run: Stats); otherwise the cell, the
+// answer and the cache say "no significant difference" and keep
+// collective. World-1 cells exchange nothing: they
 // measure the cost of a strategy's machinery and are never a speedup or a
 // cache entry.
 //

@@ -78,7 +78,7 @@ func vsText(x Result) string {
 	if x.World == 1 {
 		return "machinery " + x.VsCollective.CostText()
 	}
-	return x.VsCollective.SpeedupText() + ", " + verdictText(x.VsCollective.Verdict)
+	return x.VsCollective.SpeedupText() + ", " + x.VsCollective.verdictText()
 }
 
 // FusedTable is one row per timed fused cell (see blocks), and a note on
@@ -173,8 +173,9 @@ func (r *Report) statsNote() string {
 	st := r.Stats
 	n := fmt.Sprintf("Each figure is the median over %d interleaved rounds (after %d discarded warm-up rounds) of the per-round time ratio to collective, "+
 		"with its %.4g %% interval (order statistics of the median; %d comparisons, so all intervals hold together with probability ≥ %.0f %%); "+
-		"faster or slower only beyond the interval and by more than %.0f %%.",
-		r.Matrix.Reps, r.Matrix.Warmup, 100*st.Level(), st.Comparisons, 100*(1-st.Alpha), 100*st.MinEffect)
+		"faster or slower only beyond the interval and by more than %.0f %%, and only when both halves of the rounds, in the order they ran, show it too "+
+		"(each half's own %.0f %% interval on that side of 1: the difference held through the run).",
+		r.Matrix.Reps, r.Matrix.Warmup, 100*st.Level(), st.Comparisons, 100*(1-st.Alpha), 100*st.MinEffect, 100*(1-st.Alpha))
 	if need := MinRounds(st.Alpha, st.Comparisons); r.Matrix.Reps < need {
 		n += fmt.Sprintf(" With %d rounds no comparison can be significant at this level: use --reps %d or more.", r.Matrix.Reps, need)
 	}

@@ -18,6 +18,23 @@ import (
 // A strategy is faster only when the whole interval lies below
 // 1/(1 + MinEffect), slower only when it lies above 1 + MinEffect;
 // anything else is no significant difference.
+//
+// A verdict must also replicate within the run: the rounds, in the order
+// they ran, split into two halves, and each half's own interval (at level
+// 1 − Alpha, the halves being a check of the whole's claim, not a family
+// of their own) must lie on the verdict's side of 1. A difference that
+// only a part of the run shows (a burst of load on the machine's other
+// processes, a change of clock) is no verdict, so the claims a run makes
+// are those that held through it, as they must through the next run. The
+// family-wise guarantee is the whole intervals' (the halves only remove
+// verdicts): a strategy a run calls faster is faster by more than
+// MinEffect, all of the run's claims together holding with probability at
+// least 1 − Alpha; so another run under the same conditions contradicts
+// it (its interval lies wholly above 1/(1 + MinEffect): not faster by
+// MinEffect) with probability at most 2·Alpha, the chance that either
+// run's intervals miss. What no rule can give is that the other run also
+// calls it faster: an effect near MinEffect is a verdict in some runs and
+// no significant difference in others.
 
 // Stats are a run's significance settings.
 type Stats struct {
@@ -71,6 +88,20 @@ type Interval struct {
 	Level   float64 `json:"level"`
 	Rounds  int     `json:"rounds"`
 	Verdict string  `json:"verdict"`
+	// Halves are the intervals of the first and the second half of the
+	// rounds, in the order they ran, at HalfLevel (none when a half is
+	// too short for it); a verdict needs both on its side of 1.
+	Halves    []Span  `json:"halves,omitempty"`
+	HalfLevel float64 `json:"half_level,omitempty"`
+	// Unreplicated: the whole interval lies beyond the minimum effect, but
+	// a half's does not on that side of 1, so there is no verdict.
+	Unreplicated bool `json:"unreplicated,omitempty"`
+}
+
+// Span is an interval [Lo, Hi] of time ratios.
+type Span struct {
+	Lo float64 `json:"lo"`
+	Hi float64 `json:"hi"`
 }
 
 // Speedup is the reference's time over the strategy's (> 1: faster), and
@@ -128,7 +159,8 @@ func (s Stats) compare(a, ref []float64) Interval {
 	return s.interval(rs)
 }
 
-// interval is the comparison of per-round ratios rs.
+// interval is the comparison of per-round ratios rs, in the order the
+// rounds ran.
 func (s Stats) interval(rs []float64) Interval {
 	iv := Interval{Level: s.level(), Rounds: len(rs), Verdict: NoDiff}
 	if len(rs) == 0 {
@@ -137,16 +169,46 @@ func (s Stats) interval(rs []float64) Interval {
 	sorted := append([]float64(nil), rs...)
 	sort.Float64s(sorted)
 	iv.Ratio = medianSorted(sorted)
+	h := len(rs) / 2
+	first, firstOK := orderSpan(rs[:h], s.Alpha)
+	second, secondOK := orderSpan(rs[h:], s.Alpha)
+	if firstOK && secondOK {
+		iv.Halves, iv.HalfLevel = []Span{first, second}, 1-s.Alpha
+	}
 	if k := orderCI(len(sorted), 1-iv.Level); k > 0 {
 		iv.Lo, iv.Hi = sorted[k-1], sorted[len(sorted)-k]
 		switch {
 		case iv.Hi < 1/(1+s.MinEffect):
-			iv.Verdict = Faster
+			iv.Verdict, iv.Unreplicated = Faster, !(firstOK && secondOK && first.Hi < 1 && second.Hi < 1)
 		case iv.Lo > 1+s.MinEffect:
-			iv.Verdict = Slower
+			iv.Verdict, iv.Unreplicated = Slower, !(firstOK && secondOK && first.Lo > 1 && second.Lo > 1)
+		}
+		if iv.Unreplicated {
+			iv.Verdict = NoDiff
 		}
 	}
 	return iv
+}
+
+// orderSpan is the interval of the median of rs at error rate a (orderCI);
+// ok is false when rs are too few for it.
+func orderSpan(rs []float64, a float64) (sp Span, ok bool) {
+	k := orderCI(len(rs), a)
+	if k == 0 {
+		return Span{}, false
+	}
+	sorted := append([]float64(nil), rs...)
+	sort.Float64s(sorted)
+	return Span{Lo: sorted[k-1], Hi: sorted[len(sorted)-k]}, true
+}
+
+// verdictText is the verdict in words, saying why there is none where the
+// whole run showed a difference that its halves did not both show.
+func (iv Interval) verdictText() string {
+	if iv.Unreplicated {
+		return "no significant difference (not replicated in both halves of the rounds)"
+	}
+	return verdictText(iv.Verdict)
 }
 
 // medianSorted is the median of sorted values (the mean of the middle two
@@ -186,15 +248,17 @@ func binomHalf(n, j int) float64 {
 }
 
 // MinRounds is the fewest rounds with which a comparison can be
-// significant at the level of m comparisons at family-wise rate alpha.
+// significant at the level of m comparisons at family-wise rate alpha:
+// enough for the whole interval at 1 − alpha/m, and for each half's at
+// 1 − alpha.
 func MinRounds(alpha float64, m int) int {
 	a := alpha / float64(max(1, m))
-	for n := 1; n < 64; n++ {
-		if orderCI(n, a) > 0 {
+	for n := 1; n < 128; n++ {
+		if orderCI(n, a) > 0 && orderCI(n/2, alpha) > 0 {
 			return n
 		}
 	}
-	return 64
+	return 128
 }
 
 // geoRounds is, per round, the geometric mean over the series of the

@@ -4,6 +4,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"sort"
+	"strings"
 	"testing"
 )
 
@@ -20,11 +21,16 @@ func TestOrderCI(t *testing.T) {
 			t.Errorf("orderCI(%d, %g) = %d, want %d", c.n, c.a, got, c.want)
 		}
 	}
-	if got := MinRounds(0.05, 1); got != 6 {
-		t.Errorf("MinRounds(0.05, 1) = %d, want 6 (2/2⁶ ≤ 5 %% < 2/2⁵)", got)
+	// The whole interval and each half's: 6 rounds are enough for one
+	// comparison's whole interval (2/2⁶ ≤ 5 % < 2/2⁵), but each half needs 6.
+	if got := MinRounds(0.05, 1); got != 12 {
+		t.Errorf("MinRounds(0.05, 1) = %d, want 12 (halves of 6: 2/2⁶ ≤ 5 %% < 2/2⁵)", got)
 	}
 	if got := MinRounds(0.05, 100); got != 12 {
 		t.Errorf("MinRounds(0.05, 100) = %d, want 12 (2/2¹² ≤ 0.05 %% < 2/2¹¹)", got)
+	}
+	if got := MinRounds(0.05, 1000); got != 16 {
+		t.Errorf("MinRounds(0.05, 1000) = %d, want 16 (2/2¹⁶ ≤ 0.005 %% < 2/2¹⁵)", got)
 	}
 }
 
@@ -111,6 +117,110 @@ func TestRoundsCombined(t *testing.T) {
 	}
 	if s := sumRounds([]float64{1, 2}, []float64{10}); s != nil {
 		t.Errorf("sumRounds of unequal rounds: %v, want nil", s)
+	}
+}
+
+// A verdict must replicate within the run: the same per-round ratios are
+// faster (or slower) when each half of the rounds, in the order they ran,
+// shows it, and no verdict (unreplicated) when the rounds against it all
+// fall in one half, though the whole interval is the same.
+func TestVerdictReplicated(t *testing.T) {
+	st := Stats{Alpha: 0.05, MinEffect: 0.05, Comparisons: 1}
+	// 24 rounds: the whole interval at 95 % is [x(7), x(18)], each half's
+	// (12 rounds) [x(3), x(10)]: a half tolerates 2 rounds against.
+	rounds := func(base, other float64, at ...int) []float64 {
+		rs := make([]float64, 24)
+		for i := range rs {
+			rs[i] = base * (1 + 0.01*float64(i%5))
+		}
+		for _, i := range at {
+			rs[i] = other
+		}
+		return rs
+	}
+	for _, c := range []struct {
+		name         string
+		rs           []float64
+		want         string
+		unreplicated bool
+	}{
+		{"faster throughout", rounds(0.8, 0), Faster, false},
+		{"faster, 4 rounds against spread over both halves", rounds(0.8, 1.1, 1, 7, 14, 20), Faster, false},
+		{"faster, the same 4 rounds against in the second half", rounds(0.8, 1.1, 13, 16, 19, 22), NoDiff, true},
+		{"faster in the first half only", rounds(0.8, 1.02, 12, 13, 14, 15, 16, 17), NoDiff, true},
+		{"slower throughout", rounds(1.25, 0), Slower, false},
+		{"slower, the rounds against in the first half", rounds(1.25, 0.9, 0, 3, 5, 8), NoDiff, true},
+		{"the same", rounds(1, 0), NoDiff, false},
+	} {
+		iv := st.interval(c.rs)
+		if iv.Verdict != c.want || iv.Unreplicated != c.unreplicated {
+			t.Errorf("%s: %+v; want %s, unreplicated %v", c.name, iv, c.want, c.unreplicated)
+		}
+		if len(iv.Halves) != 2 || iv.HalfLevel != 0.95 {
+			t.Errorf("%s: halves %+v at %v; want two at 95 %%", c.name, iv.Halves, iv.HalfLevel)
+		}
+		// The whole interval does not depend on the order; the verdict may.
+		sorted := append([]float64(nil), c.rs...)
+		sort.Float64s(sorted)
+		if w := st.interval(sorted); w.Lo != iv.Lo || w.Hi != iv.Hi || w.Ratio != iv.Ratio {
+			t.Errorf("%s: the whole interval changes with the rounds' order: %+v, sorted %+v", c.name, iv, w)
+		}
+	}
+	if got := st.interval(rounds(0.8, 1.1, 13, 16, 19, 22)).verdictText(); !strings.Contains(got, "not replicated") {
+		t.Errorf("an unreplicated difference reads %q, want it to say it was not replicated", got)
+	}
+}
+
+// Two runs under the same conditions, simulated: rounds whose times
+// scatter log-normally (with a slow tail: a round in ten stalls) around a
+// true ratio at, below and above the minimum effect. A run's verdict
+// "faster" is contradicted by the other run's interval (wholly above
+// 1/(1 + MinEffect)) in at most 2·Alpha of the pairs; the verdicts of
+// two runs may still differ (faster and no significant difference) near
+// the minimum effect, which the test counts but does not bound.
+func TestBackToBackContradiction(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	st := Stats{Alpha: 0.05, MinEffect: 0.05, Comparisons: 20}
+	run := func(ratio float64) Interval {
+		a, ref := make([]float64, 20), make([]float64, 20)
+		for i := range a {
+			base := 1000 * math.Exp(0.2*rng.NormFloat64())
+			ref[i] = base * math.Exp(0.05*rng.NormFloat64())
+			a[i] = ratio * base * math.Exp(0.05*rng.NormFloat64())
+			if rng.IntN(10) == 0 {
+				a[i] *= 3
+			}
+			if rng.IntN(10) == 0 {
+				ref[i] *= 3
+			}
+		}
+		return st.compare(a, ref)
+	}
+	const trials = 2000
+	for _, ratio := range []float64{0.8, 0.9, 0.93, 0.95, 1} {
+		faster, contradicted, differ := 0, 0, 0
+		for range trials {
+			x, y := run(ratio), run(ratio)
+			if x.Verdict == Faster {
+				faster++
+				if y.Determined() && y.Lo > 1/(1+st.MinEffect) {
+					contradicted++
+				}
+			}
+			if x.Verdict != y.Verdict {
+				differ++
+			}
+		}
+		t.Logf("true ratio %.2f: faster in %d of %d runs, contradicted %d, verdicts differ in %d pairs", ratio, faster, trials, contradicted, differ)
+		if float64(contradicted) > 2*st.Alpha*trials {
+			t.Errorf("true ratio %.2f: %d of %d runs called faster were contradicted by the next, want at most %.0f", ratio, contradicted, trials, 2*st.Alpha*trials)
+		}
+		if ratio == 0.8 && faster < trials/2 {
+			t.Errorf("true ratio 0.8: faster in %d of %d runs: the test's rounds cannot show a clear effect", faster, trials)
+		}
+		if ratio == 1 && faster > 0 {
+			t.Errorf("true ratio 1: faster in %d of %d runs", faster, trials)
+		}
 	}
 }
 
