@@ -10,9 +10,22 @@ import (
 	"github.com/asynctp/asynctp/tensor/cpu"
 )
 
-// LocalStrategies are the strategies the CPU ranks run, by matrix name.
+// Registry is overlap/strategies' registry (strategies.All(o): one type
+// per name) by name, the names the matrix uses (Strategies).
+func Registry(o strategies.Options) map[string]overlap.Strategy {
+	m := map[string]overlap.Strategy{}
+	for _, s := range strategies.All(o) {
+		m[s.Name()] = s
+	}
+	return m
+}
+
+// LocalStrategies are the strategies the CPU ranks run, by matrix name:
+// the registry's but fused, which needs GPUs with symmetric memory.
 func LocalStrategies() map[string]overlap.Strategy {
-	return map[string]overlap.Strategy{Collective: overlap.Collective{}, Pipelined: strategies.Pipelined{}}
+	m := Registry(strategies.Options{})
+	delete(m, Fused)
+	return m
 }
 
 // RunLocal runs cells of one world on goroutine ranks over comm/local,

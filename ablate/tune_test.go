@@ -69,3 +69,22 @@ func TestWorldOneIsCollective(t *testing.T) {
 		}
 	}
 }
+
+// The matrix's strategy names are the registry's (overlap/strategies), one
+// type per name: Registry maps each of Strategies to the strategy of that
+// name, and nothing else; LocalStrategies is it without fused.
+func TestRegistryNames(t *testing.T) {
+	reg := Registry(strategies.Options{})
+	if len(reg) != len(Strategies) || len(strategies.Names) != len(Strategies) {
+		t.Fatalf("registry %v (names %v), matrix %v: want the same names", reg, strategies.Names, Strategies)
+	}
+	for _, n := range Strategies {
+		if s, ok := reg[n]; !ok || s.Name() != n {
+			t.Errorf("matrix strategy %s: registry's %v", n, s)
+		}
+	}
+	loc := LocalStrategies()
+	if _, ok := loc[Fused]; ok || len(loc) != len(Strategies)-1 || loc[Pipelined] == nil || loc[Collective] == nil {
+		t.Errorf("LocalStrategies %v: want collective and pipelined", loc)
+	}
+}

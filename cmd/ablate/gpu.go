@@ -19,7 +19,6 @@ import (
 	"github.com/asynctp/asynctp/comm/rendezvous"
 	"github.com/asynctp/asynctp/cuda"
 	"github.com/asynctp/asynctp/launch"
-	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/overlap/strategies"
 	"github.com/asynctp/asynctp/tensor"
 	"github.com/asynctp/asynctp/tensor/cpu"
@@ -260,9 +259,7 @@ func childRun() error {
 	// One type per name (overlap/strategies): each picks its form from the
 	// cell's group, so a hybrid world's collective cells run on NCCL and its
 	// pipelined and fused cells on NVSHMEM's symmetric memory (Result.Via).
-	so := strategies.Options{Transfer: bf.FusedTransfer}
-	byName := map[string]overlap.Strategy{ablate.Collective: overlap.Collective{}, ablate.Pipelined: strategies.Pipelined{Options: so},
-		ablate.Fused: strategies.Fused{Options: so}}
+	byName := ablate.Registry(strategies.Options{Transfer: bf.FusedTransfer})
 	coll, sym := bf.Transport, ""
 	switch bf.Transport {
 	case launch.NVSHMEM:

@@ -334,13 +334,11 @@ func run(ctx context.Context, args []string, stdout io.Writer, strategies map[st
 }
 
 // cpuStrategies are the strategies of the CPU ranks (local, tcp): the
-// CPU's, and the fused strategy, which refuses every CPU cell (its
-// Supports: the GEMM engine over NVSHMEM on GPUs), so that its cells are
-// listed with its own reason.
+// whole registry, the fused strategy included, which refuses every CPU
+// cell (its Supports: the GEMM engine over NVSHMEM on GPUs), so that its
+// cells are listed with its own reason.
 func cpuStrategies() map[string]overlap.Strategy {
-	s := ablate.LocalStrategies()
-	s[ablate.Fused] = strategies.Fused{}
-	return s
+	return ablate.Registry(strategies.Options{})
 }
 
 // complete returns rs with a failed result for every cell of the batch
