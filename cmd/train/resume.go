@@ -137,6 +137,9 @@ func resumeSettings(cfg *Config, set map[string]bool, procs bool) error {
 	if err := checkLRGiven(cfg, st, ck, note.changes); err != nil {
 		return err
 	}
+	if err := checkWarmupGiven(cfg, st, ck, note.changes); err != nil {
+		return err
+	}
 	if t := &cfg.Train; set["lr"] && !set["min-lr"] && t.MinLR > t.LR {
 		from, _ := json.Marshal(t.MinLR)
 		t.MinLR = t.LR / 10
@@ -171,6 +174,42 @@ func checkLRGiven(cfg *Config, st *train.State, ck string, changes []Change) err
 		"Give --min-lr for the learning rate of these steps, or resume from a checkpoint written before the decay ended with a larger --steps, "+
 		"which spreads what is left of the decay over the steps up to it",
 		shown(lr.To), ck, st.Step, strconv.FormatFloat(t.MinLR, 'g', -1, 64), st.Step+1, t.Steps, shown(lr.To), shown(lr.From))
+}
+
+// checkWarmupGiven refuses a warm-up length given to a resume (changes
+// holds train.warmup) that would change no step: the learning rate of every
+// step the resume runs (st.Step+1 to the run's steps) is the same with the
+// run's warm-up and with the one given (a warm-up that ended before the
+// checkpoint's step, or a decay that has ended), so the value would be
+// recorded and printed but never used.
+func checkWarmupGiven(cfg *Config, st *train.State, ck string, changes []Change) error {
+	var w *Change
+	for i := range changes {
+		if changes[i].Field == "train.warmup" {
+			w = &changes[i]
+		}
+	}
+	if w == nil || st.Step >= cfg.Train.Steps {
+		return nil
+	}
+	var from int
+	if err := json.Unmarshal(w.From, &from); err != nil {
+		return nil // no recorded warm-up to compare with: the given one is used
+	}
+	given := cfg.Train
+	was := given
+	was.Warmup = from
+	replans := train.Replans(st, given.Steps)
+	a := optim.Replanned{WarmupCosine: given.Schedule(), Replans: replans}
+	b := optim.Replanned{WarmupCosine: was.Schedule(), Replans: replans}
+	for k := st.Step + 1; k <= given.Steps; k++ {
+		if a.LR(k) != b.LR(k) {
+			return nil
+		}
+	}
+	return fmt.Errorf("--warmup %s: the resume from %s starts at step %d, where the learning rate of steps %d to %d is the same with a warm-up of %d steps (the run's) and of %s: "+
+		"--warmup %s would change none of them. Resume from a checkpoint written before step %d to lengthen the warm-up, or leave --warmup out",
+		shown(w.To), ck, st.Step, st.Step+1, given.Steps, from, shown(w.To), shown(w.To), max(from, given.Warmup))
 }
 
 // recordedSettings are the settings a checkpoint records, as config

@@ -130,6 +130,20 @@ func TestResumeKeepsSettings(t *testing.T) {
 	if got := metrics(t, out); len(got) != 14 {
 		t.Fatalf("%d records after the refused resume, want the 14 of before", len(got))
 	}
+	// A --warmup that changes no step's learning rate (the run's warm-up of
+	// 3 steps ended long before step 14) is refused the same way.
+	msg, code = runMain(t, "--resume", out, "--warmup", "2", "--steps", "16")
+	if code != 1 {
+		t.Fatalf("--warmup 2 on a resume at step 14: exit %d, want 1:\n%s", code, msg)
+	}
+	for _, w := range []string{"--warmup 2", "step 14", "steps 15 to 16", "warm-up of 3 steps (the run's)", "would change none of them"} {
+		if !strings.Contains(msg, w) {
+			t.Fatalf("the refusal of --warmup does not say %q:\n%s", w, msg)
+		}
+	}
+	if after, err := os.ReadFile(filepath.Join(out, "config.json")); err != nil || string(after) != string(cfgBefore) {
+		t.Fatalf("config.json changed by the refused resume (%v)", err)
+	}
 	// --min-lr is what sets those steps' learning rate.
 	log = mustRun(t, "--resume", out, "--min-lr", "0.001", "--steps", "16")
 	for _, w := range []string{"min-lr 0.0002 → 0.001 (given)", "steps 14 → 16 (given)",
