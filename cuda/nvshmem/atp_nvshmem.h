@@ -178,7 +178,8 @@ ATP_NV_API int atp_nv_team_world(void);
 ATP_NV_API int atp_nv_team_split_strided(int parent, int start, int stride, int size, int *team, char *err);
 ATP_NV_API int atp_nv_team_destroy(int team, char *err);
 // nvshmemx_cumodule_init on a module loaded with the driver API (for an
-// image of kernels that call NVSHMEM device functions; none is built today).
+// image of kernels that call NVSHMEM device functions; unused while those
+// kernels build into libasynctp_nvshmem.so instead of a loaded module).
 ATP_NV_API int atp_nv_cumodule_init(uint64_t module, char *err);
 
 // ---- NVSHMEM on-stream collectives (the team path) ------------------------
