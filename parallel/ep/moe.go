@@ -3,6 +3,7 @@ package ep
 import (
 	"errors"
 	"fmt"
+	"io"
 	"math"
 
 	"github.com/asynctp/asynctp/comm"
@@ -83,6 +84,7 @@ type MoE struct {
 	dye, dxe *tensor.Tensor // (M_recv, C) expert order
 	dxr      *tensor.Tensor // (M_recv, C) received order
 	dev      *deviceStep    // the device step's (DeviceOffsets); nil before one
+	closed   bool           // Close has released the expert path
 }
 
 // New registers the layer's parameters in ps under the names layers.NewMoE
@@ -203,6 +205,25 @@ func (m *MoE) Stats() layers.MoEStats {
 // onDevice reports whether the last Forward was a device step.
 func (m *MoE) onDevice() bool { return m.h != nil && m.h.Offsets != nil }
 
+// Close releases the layer's expert path (its Close, when it has one: an
+// io.Closer, such as parallel/ep/peerep's path, which frees its symmetric
+// buffers and its dispatch engine). It is collective over the EP group
+// (freeing symmetric memory is): every rank closes its layers in the same
+// order, after the device work that uses them. A second Close releases
+// nothing and returns nil; Forward and Backward then refuse.
+func (m *MoE) Close() error {
+	if m.closed {
+		return nil
+	}
+	m.closed, m.n = true, 0
+	if c, ok := m.Dispatch.(io.Closer); ok {
+		if err := c.Close(); err != nil {
+			return fmt.Errorf("%s: closing its expert path: %w", m.what(), err)
+		}
+	}
+	return nil
+}
+
 // Handle returns the protocol handle of the last Forward (nil before one):
 // the counts exchanged, for metrics and tests.
 func (m *MoE) Handle() *Handle { return m.h }
@@ -212,6 +233,9 @@ func (m *MoE) Handle() *Handle { return m.h }
 // every rank calls it, in the same order as its other collectives.
 func (m *MoE) Forward(out, x *tensor.Tensor) error {
 	m.n = 0
+	if m.closed {
+		return fmt.Errorf("%s: the layer is closed (Close)", m.what())
+	}
 	n, err := m.checkRows("input x", x, -1)
 	if err != nil {
 		return err

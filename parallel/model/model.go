@@ -3,6 +3,7 @@ package model
 import (
 	"errors"
 	"fmt"
+	"io"
 	"math"
 
 	"github.com/asynctp/asynctp/comm"
@@ -78,6 +79,7 @@ type Model struct {
 	red     *grads.Reducer  // the gradient reduction and norm, by the shards
 	distOpt bool            // the optimizer's state is sharded (Options.DistributedOptimizer)
 	dec     *layers.Decoder // the assembly of the parts above
+	closed  bool            // Close has run
 }
 
 // New builds this rank's part of the model described by cfg on b, with
@@ -426,12 +428,48 @@ func (m *Model) WaitParams() error {
 	return nil
 }
 
-// Close waits for the gradient reduction's collectives in flight and
-// releases its side streams (grads.Reducer.Close): call it on every rank
-// once the model is trained no more (after train.Run or RunSharded, which
-// leave the model to its owner). The weights stay readable; a backward
-// after it fails (the reduction refuses). A second Close returns nil.
-func (m *Model) Close() error { return m.red.Close() }
+// Close releases what the model holds beyond its weights, once: it waits
+// for the gradient reduction's collectives in flight and releases its side
+// streams (grads.Reducer.Close), waits for the device, then closes the
+// communication sites its layers built through the chooser (their side
+// streams, events, symmetric buffers and the expert paths' dispatch
+// engines). Call it on every rank once the model is trained no more
+// (after train.Run or RunSharded, which leave the model to its owner).
+//
+// Freeing symmetric memory is collective (every rank of a group frees the
+// same buffers in the same order), so every rank closes in one order,
+// which depends only on the configuration: the gradient reduction; then
+// the blocks in order, each its attention's sites (wo's exit site, then
+// the q/k/v entry) and its feed-forward layer's (the MLP's w_down exit
+// site, then the gate/up entry; or the MoE's expert path); then the LM
+// head's entry. A part that fails to close does not stop the others; the
+// error joins each failure, naming the part. The weights stay readable; a
+// forward or backward after Close fails. A second Close releases nothing
+// and returns nil.
+func (m *Model) Close() error {
+	if m.closed {
+		return nil
+	}
+	m.closed = true
+	var errs []error
+	if err := m.red.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("model: gradient reduction: %w", err))
+	}
+	if err := m.b.Sync(); err != nil { // the sites' buffers are read by the work queued so far
+		errs = append(errs, fmt.Errorf("model: waiting for the device before closing the sites: %w", err))
+	}
+	for l, blk := range m.Blocks {
+		if c, ok := blk.(io.Closer); ok {
+			if err := c.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("model: block %d: %w", l, err))
+			}
+		}
+	}
+	if err := m.Head.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("model: LM head: %w", err))
+	}
+	return errors.Join(errs...)
+}
 
 // SetRecompute sets the activation recompute of the blocks
 // (layers.Decoder.SetRecompute: the forward keeps only the blocks' inputs,

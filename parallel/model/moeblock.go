@@ -82,6 +82,10 @@ type moeFFN struct {
 
 func (f *moeFFN) Params() []*layers.Param { return f.moe.Params() }
 
+// Close releases the EP layer's expert path (ep.MoE.Close; tp.Block.Close
+// calls it after the attention's sites).
+func (f *moeFFN) Close() error { return f.moe.Close() }
+
 // SetAuxWeight is the EP layer's (layers.AuxWeighter).
 func (f *moeFFN) SetAuxWeight(w float64) { f.moe.SetAuxWeight(w) }
 

@@ -237,6 +237,7 @@ type RowParallelLinear struct {
 	mmar   overlap.MatmulAllReduce     // without SP: the exit site
 	n      int                         // tokens N of the last Forward; 0 before a successful one
 	x      *tensor.Tensor              // (N, In/P): the input of the last Forward (the caller's)
+	closed bool                        // Close has released the site
 }
 
 // NewRowParallelLinear registers name+".weight" (and name+".bias") in ps
@@ -284,6 +285,9 @@ func (l *RowParallelLinear) what() string { return "tp: row-parallel linear " + 
 // sequence parallelism — from x (N, In/P). Leading dims are flattened.
 func (l *RowParallelLinear) Forward(y, x *tensor.Tensor) error {
 	l.n = 0
+	if l.closed {
+		return fmt.Errorf("%s: %w", l.what(), errClosed)
+	}
 	if err := checkParams(l.what(), l.Params()...); err != nil {
 		return err
 	}

@@ -28,8 +28,9 @@ type entry struct {
 	lins []*ColumnParallelLinear
 	in   int
 
-	agmm overlap.AllGatherMatmul // SP
-	mmar overlap.MatmulAllReduce // without SP
+	agmm   overlap.AllGatherMatmul // SP
+	mmar   overlap.MatmulAllReduce // without SP
+	closed bool                    // close has released the site
 
 	n        int            // rows of the last forward's x; 0 before a successful one
 	x        *tensor.Tensor // (n, In): the caller's input, viewed 2-D
@@ -121,6 +122,9 @@ func (e *entry) stack() error {
 // linears' outputs side by side in each row.
 func (e *entry) forward(x *tensor.Tensor, outs []*tensor.Tensor) error {
 	e.n = 0
+	if e.closed {
+		return fmt.Errorf("%s: %w", e.what, errClosed)
+	}
 	b, dt := e.b, x.DType()
 	n := x.Dim(0)
 	if err := e.stack(); err != nil {
@@ -160,6 +164,9 @@ func (e *entry) forward(x *tensor.Tensor, outs []*tensor.Tensor) error {
 // from douts[i] (N, LocalOut_i) (one packed (N, ΣLocalOut_i) when stacked).
 func (e *entry) backward(dx *tensor.Tensor, douts []*tensor.Tensor) error {
 	b := e.b
+	if e.closed {
+		return fmt.Errorf("%s: %w", e.what, errClosed)
+	}
 	if len(douts) != len(e.weights()) {
 		return fmt.Errorf("%s: internal error: %d output gradients for %d weights", e.what, len(douts), len(e.weights()))
 	}

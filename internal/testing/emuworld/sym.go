@@ -4,6 +4,8 @@ package emuworld
 
 import (
 	"fmt"
+	"sort"
+	"strings"
 	"sync"
 	"testing"
 
@@ -19,13 +21,14 @@ import (
 type Registry struct {
 	mu       sync.Mutex
 	addrs    map[int][]uint64 // allocation number → each rank's address
+	frees    map[int][]int    // allocation number → each rank's frees of it
 	children map[string]*Registry
 	open     []*cudabackend.Backend
 }
 
 // NewRegistry is the registry of a new world.
 func NewRegistry() *Registry {
-	return &Registry{addrs: map[int][]uint64{}, children: map[string]*Registry{}}
+	return &Registry{addrs: map[int][]uint64{}, frees: map[int][]int{}, children: map[string]*Registry{}}
 }
 
 // child is the registry of the group called name split from r's.
@@ -36,6 +39,47 @@ func (r *Registry) child(name string) *Registry {
 		r.children[name] = NewRegistry()
 	}
 	return r.children[name]
+}
+
+// SymmetricCounts returns the symmetric allocations made so far in r's
+// group and the groups split from it (one per allocation, all ranks
+// together), and an error naming each (group, allocation, rank) whose
+// copy was not freed exactly once (FreeSymmetric). Call it after the
+// ranks have returned.
+func (r *Registry) SymmetricCounts() (allocs int, err error) {
+	var bad []string
+	r.count("world", &allocs, &bad)
+	if len(bad) > 0 {
+		return allocs, fmt.Errorf("%d of %d symmetric allocations not freed exactly once: %s", len(bad), allocs, strings.Join(bad, "; "))
+	}
+	return allocs, nil
+}
+
+func (r *Registry) count(name string, allocs *int, bad *[]string) {
+	r.mu.Lock()
+	ns := make([]int, 0, len(r.addrs))
+	for n := range r.addrs {
+		ns = append(ns, n)
+	}
+	sort.Ints(ns)
+	for _, n := range ns {
+		*allocs++
+		for rank, k := range r.frees[n] {
+			if k != 1 {
+				*bad = append(*bad, fmt.Sprintf("group %s allocation %d on rank %d freed %d times", name, n, rank, k))
+			}
+		}
+	}
+	kids := make([]string, 0, len(r.children))
+	for k := range r.children {
+		kids = append(kids, k)
+	}
+	sort.Strings(kids)
+	children := r.children
+	r.mu.Unlock()
+	for _, k := range kids {
+		children[k].count(k, allocs, bad)
+	}
 }
 
 // Keep holds a rank's backend open until CloseAll. A rank's emulated
@@ -122,6 +166,9 @@ func (c *Sym) AllocSymmetric(shape []int, dt tensor.DType) (*tensor.Tensor, erro
 		c.Reg.addrs[n] = make([]uint64, c.Size())
 	}
 	c.Reg.addrs[n][c.Rank()] = a
+	if c.Reg.frees[n] == nil {
+		c.Reg.frees[n] = make([]int, c.Size())
+	}
 	c.Reg.mu.Unlock()
 	c.mine[a] = symAlloc{n, t}
 	return t, c.Barrier() // every rank has registered it
@@ -138,7 +185,11 @@ func (c *Sym) FreeSymmetric(t *tensor.Tensor) error {
 	if err := c.Barrier(); err != nil {
 		return err
 	}
+	s := c.mine[a]
 	delete(c.mine, a)
+	c.Reg.mu.Lock()
+	c.Reg.frees[s.n][c.Rank()]++
+	c.Reg.mu.Unlock()
 	c.B.Free(t)
 	return c.B.Err()
 }
