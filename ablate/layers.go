@@ -3,6 +3,7 @@ package ablate
 import (
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"runtime"
 
@@ -264,7 +265,12 @@ func (l *layerCase) site(s overlap.Strategy) (func() error, func() error, error)
 	closeInst := func() error {
 		var err error
 		if in.m != nil {
-			err = in.m.Close()
+			err = in.m.Close() // its sites too
+		} else if c, ok := in.blk.(io.Closer); ok {
+			// a bare TP block's sites (side streams, symmetric buffers: a
+			// collective free, in the same order on every rank), once the
+			// device work that uses them is done
+			err = errors.Join(l.b.Sync(), c.Close())
 		}
 		if in.grid != nil {
 			err = errors.Join(err, in.grid.Close())

@@ -26,7 +26,8 @@
 #     EP 2 with the grouped GEMM (the expert path's device step), each run
 #     with --shadow-every 10 and without: the same losses bit for bit, every
 #     site within bf16's 1e-2 of collective, the expert sites at exactly 0,
-#     and the cost in tokens/s.
+#     and the cost in tokens/s; no run's Model.Close (the sites' streams,
+#     events and symmetric buffers) fails.
 #  9. the moves of code between files: the PTX of the kernels image before and
 #     after the expert path's kernels were split by mode (ptx-check.sh
 #     09a801d ce54e85), the libraries through the one loader (the cuda and
@@ -225,6 +226,11 @@ PY
       ) && row "shadow: $name $o against collective" ok "$res" || row "shadow: $name $o against collective" FAIL "$res"
     done
   done
+  # Model.Close at each rank's end closes the sites: the peer-copy and fused
+  # sites' side streams, events and symmetric buffers, the expert path's
+  # dispatch engine (a failure names the block or the LM head).
+  bad=$(grep -l -E "closing its (entry|exit) site|closing its expert path|model: (block [0-9]+|LM head|gradient reduction|waiting for the device before closing)" "$OUT"/shadow-*.log 2>/dev/null)
+  [ -z "$bad" ] && row "shadow: Model.Close of the sites, every run" ok "no error from Close" || row "shadow: Model.Close of the sites, every run" FAIL "$bad"
   mps_quit
 fi
 fi

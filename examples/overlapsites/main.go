@@ -8,6 +8,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -65,7 +66,9 @@ func mlpStep(c comm.Comm, ch *overlap.Chooser) ([]float64, error) {
 	for _, p := range m.Params() {
 		vals = append(vals, p.G.F64()...)
 	}
-	return vals, b.Err()
+	// the sites' lanes (and, on GPUs, streams and symmetric buffers):
+	// every rank closes them
+	return vals, errors.Join(b.Err(), m.Close())
 }
 
 func run() error {

@@ -310,8 +310,13 @@ func (s *agmm) Close() error {
 	s.sum.Free(s.e.b)
 	if s.recv.t != nil {
 		s.e.b.Free(s.recv.t)
+		s.recv.t = nil
 	}
-	return s.e.close(s.fwd, s.bwd)
+	var gerr error
+	if s.generic != nil { // the fallback's gathered buffer
+		gerr, s.generic = s.generic.Close(), nil
+	}
+	return errors.Join(gerr, s.e.close(s.fwd, s.bwd))
 }
 
 type mmrs struct {
@@ -378,5 +383,10 @@ func (s *mmrs) Close() error {
 			s.e.b.Free(t)
 		}
 	}
-	return s.e.close(s.fwd, s.bwd)
+	s.recv.t, s.full.t = nil, nil
+	var gerr error
+	if s.generic != nil { // the fallback's buffers
+		gerr, s.generic = s.generic.Close(), nil
+	}
+	return errors.Join(gerr, s.e.close(s.fwd, s.bwd))
 }

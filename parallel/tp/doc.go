@@ -70,4 +70,9 @@
 // into the parameters' gradients, errors (not panics) say what was expected,
 // and the backend's sticky error is checked before every collective, so a
 // rank whose backend failed stops before it moves garbage.
+//
+// A layer owns the sites it built: Close (on the linears, Attention, MLP
+// and Block) releases them once, in the order they were built, on every
+// rank alike (a site's symmetric buffers are freed collectively); Forward
+// then refuses.
 package tp

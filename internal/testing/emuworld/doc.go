@@ -10,5 +10,7 @@
 // passes a Barrier before each wait, by which time every rank has run the
 // sends the wait is for. Backend is one emulated backend, closed with the
 // test. Shared by the emulator tests of overlap/strategies, overlap/peercopy,
-// parallel/ep/peerep (and its dispatch engine) and parallel/grads.
+// parallel/ep/peerep (and its dispatch engine), parallel/grads and
+// parallel/model (Registry.SymmetricCounts: every symmetric allocation
+// freed once).
 package emuworld

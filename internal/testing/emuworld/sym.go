@@ -50,7 +50,7 @@ func (r *Registry) SymmetricCounts() (allocs int, err error) {
 	var bad []string
 	r.count("world", &allocs, &bad)
 	if len(bad) > 0 {
-		return allocs, fmt.Errorf("%d of %d symmetric allocations not freed exactly once: %s", len(bad), allocs, strings.Join(bad, "; "))
+		return allocs, fmt.Errorf("%d rank copies of the %d symmetric allocations not freed exactly once: %s", len(bad), allocs, strings.Join(bad, "; "))
 	}
 	return allocs, nil
 }
