@@ -67,6 +67,17 @@ func (d *Dispatcher) SetTokenGroup(tokens comm.Comm) error {
 	return nil
 }
 
+// Close frees the dispatcher's persistent row buffers (an io.Closer, so
+// that MoE.Close and the shadowed path release them with the layer). The
+// handles of earlier steps must have been released; a later step
+// allocates the buffers again. A second Close frees nothing.
+func (d *Dispatcher) Close() error {
+	for _, r := range []*rowBuffer{&d.send, &d.recv, &d.back, &d.dback, &d.dsend, &d.dy} {
+		r.free(d.b)
+	}
+	return nil
+}
+
 // SetMaxTokens bounds the tokens per rank of a step: Dispatch refuses more,
 // naming both numbers. The row buffers persist across steps either way;
 // with a bound they never grow past max·TopK rows sent and P·max·TopK

@@ -206,7 +206,8 @@ func (m *MoE) Stats() layers.MoEStats {
 func (m *MoE) onDevice() bool { return m.h != nil && m.h.Offsets != nil }
 
 // Close releases the layer's expert path (its Close, when it has one: an
-// io.Closer, such as parallel/ep/peerep's path, which frees its symmetric
+// io.Closer, such as the collective *Dispatcher, which frees its row
+// buffers, or parallel/ep/peerep's path, which frees its symmetric
 // buffers and its dispatch engine). It is collective over the EP group
 // (freeing symmetric memory is): every rank closes its layers in the same
 // order, after the device work that uses them. A second Close releases

@@ -1,7 +1,9 @@
 package ep
 
 import (
+	"errors"
 	"fmt"
+	"io"
 
 	"github.com/asynctp/asynctp/comm"
 	"github.com/asynctp/asynctp/overlap"
@@ -105,6 +107,9 @@ func newExpertPath(b tensor.Backend, name string, experts, dim int, par Parallel
 	if ss := ch.ShadowOf(sp, s); ss != nil {
 		ref, err := newDispatcher(b, experts, par)
 		if err != nil {
+			if c, ok := path.(io.Closer); ok {
+				err = errors.Join(err, c.Close())
+			}
 			return nil, err
 		}
 		return shadowExpertPath(path, ref, ss, b, par.Stream), nil
@@ -143,4 +148,12 @@ func (r *rowBuffer) get(b tensor.Backend, dt tensor.DType, rows, cols int) *tens
 		panic("ep: internal error: " + err.Error())
 	}
 	return v
+}
+
+// free gives the buffer back to b (nothing when it holds none).
+func (r *rowBuffer) free(b tensor.Backend) {
+	if r.t != nil {
+		b.Free(r.t)
+		r.t = nil
+	}
 }

@@ -71,19 +71,20 @@ func (s *shadowPath) wait(w comm.Work, err error) error {
 	return w.Wait(s.stream)
 }
 
-// Close closes the real path when it has a Close.
+// Close frees the decorator's buffers and closes the collective reference
+// and the real path (when it has a Close); the first error.
 func (s *shadowPath) Close() error {
 	s.Release(nil)
 	for _, r := range []*rowBuffer{&s.out, &s.dw, &s.tmp} {
-		if r.t != nil {
-			s.b.Free(r.t)
-			r.t = nil
+		r.free(s.b)
+	}
+	err := s.ref.Close()
+	if c, ok := s.ExpertPath.(interface{ Close() error }); ok {
+		if cerr := c.Close(); err == nil {
+			err = cerr
 		}
 	}
-	if c, ok := s.ExpertPath.(interface{ Close() error }); ok {
-		return c.Close()
-	}
-	return nil
+	return err
 }
 
 func (s *shadowPath) Layout(idx []int32, tokens, topK int, capacityFactor float64) (*Layout, error) {
