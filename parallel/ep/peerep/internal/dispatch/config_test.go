@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"fmt"
 	"math/bits"
 	"strings"
 	"testing"
@@ -42,6 +43,16 @@ func TestConfigCheck(t *testing.T) {
 		{"int32", func(c *Config) { c.DType = tensor.Int32 }, []string{"expected bf16 or f32"}},
 		{"negative deadline", func(c *Config) { c.Deadline = -time.Second }, []string{"deadline -1s", "expected a positive duration (or 0"}},
 		{"32-bit sizes", func(c *Config) { c.MaxTokens = 1 << 30 }, []string{"3 ranks × 1073741824 tokens × 8", "32-bit"}},
+		// A failed wait names the peer in the low 16 bits of its report.
+		{"65536 ranks", func(c *Config) { c.Ranks, c.Rank, c.Experts, c.TopK, c.MaxTokens = 1<<16, 1<<16-1, 1<<16, 1, 1 }, nil},
+		{"65537 ranks", func(c *Config) { c.Ranks, c.Rank, c.Experts, c.TopK, c.MaxTokens = 1<<16+1, 0, 1<<16+1, 1, 1 },
+			[]string{"65537 ranks", "expected at most 65536", "silent peer"}},
+		// ... and the fused path's late block likewise: one rank, one
+		// expert, 128·n tokens make n + 1 blocks.
+		{"65536 fused blocks", func(c *Config) { oneExpert(c, 128*(1<<16-1)); c.Fused = true }, nil},
+		{"65537 fused blocks", func(c *Config) { oneExpert(c, 128*(1<<16)); c.Fused = true },
+			[]string{"fused: 65537 blocks of 128 rows", "expected at most 65536", "late block"}},
+		{"65537 blocks unfused", func(c *Config) { oneExpert(c, 128*(1<<16)) }, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := good()
@@ -62,6 +73,33 @@ func TestConfigCheck(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// oneExpert makes c one rank of one expert, top-1, with mt tokens.
+func oneExpert(c *Config, mt int) {
+	c.Ranks, c.Rank, c.Experts, c.TopK, c.MaxTokens = 1, 0, 1, 1, mt
+}
+
+// TestWaitReportNamesEveryPeer: a wait kernel's report (code·65536 +
+// index, as ep_wait_words writes it) is explained with the channel and
+// the peer, or the fused block, it encodes, up to the largest index
+// Config accepts (rank 65535 of 65536, the last of 65536 fused blocks).
+func TestWaitReportNamesEveryPeer(t *testing.T) {
+	d := &Engine{cfg: Config{Rank: 3, Deadline: time.Second}}
+	explain := d.waitExplain()
+	for _, idx := range []int{0, 1, 1<<16 - 1} {
+		for ch := range numSigChannels {
+			err := explain(int32(ch*65536 + idx))
+			want := fmt.Sprintf("rank %d never signalled %q", idx, sigNames[ch])
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("channel %d, peer %d: %v, expected %q", ch, idx, err, want)
+			}
+		}
+		err := explain(int32(fusedCounterCode*65536 + idx))
+		if want := fmt.Sprintf("the rows of block %d ", idx); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("fused block %d: %v, expected %q", idx, err, want)
+		}
 	}
 }
 

@@ -110,9 +110,26 @@ func (c Config) check() error {
 		return fmt.Errorf("deadline %v: expected a positive duration (or 0: DefaultDeadline)", c.Deadline)
 	case int64(c.Ranks)*int64(c.MaxTokens)*int64(max(c.TopK, c.Cols)) > math.MaxInt32:
 		return fmt.Errorf("%d ranks × %d tokens × %d: exceeds the kernels' 32-bit sizes", c.Ranks, c.MaxTokens, max(c.TopK, c.Cols))
+	case c.Ranks > waitCodeBase:
+		return fmt.Errorf("%d ranks: expected at most %d (a failed wait names the silent peer as code·%d + its rank, cuda/kernels/ep_signals.cu: a larger group would be misreported)",
+			c.Ranks, waitCodeBase, waitCodeBase)
+	case c.Fused && c.FusedBlocks() > waitCodeBase:
+		return fmt.Errorf("fused: %d blocks of %d rows (%d ranks × %d tokens × up to %d choices per rank): expected at most %d (a failed wait names the late block as code·%d + the block, cuda/kernels/ep_signals.cu)",
+			c.FusedBlocks(), FusedBlockRows, c.Ranks, c.MaxTokens, min(c.TopK, c.local()), waitCodeBase, waitCodeBase)
 	}
 	return nil
 }
+
+// waitCodeBase is the wait kernels' error encoding (ep_wait_words in
+// cuda/kernels/ep_signals.cu): a word still short at the deadline is
+// reported as code·waitCodeBase + its index, the code the signal channel
+// (or fusedCounterCode) and the index the silent peer's rank (or the fused
+// path's block). Config.check refuses groups and block counts the index
+// cannot name.
+const waitCodeBase = 65536
+
+// splitWaitCode is the code and the index of a wait kernel's report.
+func splitWaitCode(v int32) (code, index int) { return int(v) / waitCodeBase, int(v) % waitCodeBase }
 
 // Engine is one rank's device-side dispatch and combine of an MoE
 // layer over symmetric memory (the pipelined strategy of the expert path),
@@ -296,7 +313,7 @@ func (d *Engine) wait(op string, ch int, target uint64, then func(dev *cudabacke
 		// Every wait shares the flag slot, and the first pending launch
 		// explains a flagged one: the channel comes from the value.
 		flag := dev.Check(checkWait, func(v int32) error {
-			c, peer := int(v)/65536, int(v)%65536
+			c, peer := splitWaitCode(v)
 			what := "a signal"
 			if c >= 0 && c < numSigChannels {
 				what = sigNames[c]

@@ -194,7 +194,7 @@ func (d *Engine) checkFused(op string) error {
 func (d *Engine) waitExplain() func(v int32) error {
 	me, dl := d.cfg.Rank, d.cfg.Deadline
 	return func(v int32) error {
-		c, i := int(v)/65536, int(v)%65536
+		c, i := splitWaitCode(v)
 		if c == fusedCounterCode {
 			return fmt.Errorf("cuda: fused expert dispatch on rank %d: the rows of block %d (128-row blocks of the expert-major receive buffer) did not all land within %v", me, i, dl)
 		}
