@@ -403,9 +403,6 @@ func (r *Reducer) reduceIn(c comm.Comm, what string, t *tensor.Tensor) error {
 	if r.redDT == t.DType() || r.zero != nil { // a distributed optimizer's parts: in their own dtype
 		return r.allReduce(c, what, t)
 	}
-	if r.redDT == t.DType() {
-		return r.allReduce(c, what, t)
-	}
 	off := t.Offset() - r.g.Offset()
 	pg, err := r.pg.View(off, t.Numel())
 	if err != nil {
