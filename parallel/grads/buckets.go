@@ -125,17 +125,17 @@ func (r *Reducer) planBuckets(params []*layers.Param) error {
 	if bytes == 0 {
 		bytes = DefaultBucketBytes
 	}
-	size := max(bytes/r.redDT.Size(), 1)
+	per := max(bytes/r.redDT.Size(), 1)
 	if a := r.cfg.BucketAlign; a > 1 {
-		size = max(size/a, 1) * a
+		per = max(per/a, 1) * a
 	}
 	add := func(spans []span, group comm.Comm, what string) {
-		if size1(group) {
+		if size(group) == 1 {
 			group = nil
 		}
 		for _, sp := range spans {
-			for lo := sp.lo; lo < sp.hi; lo += size {
-				r.buckets = append(r.buckets, bucket{Bucket: Bucket{Lo: lo, Hi: min(lo+size, sp.hi), Group: group, What: what}})
+			for lo := sp.lo; lo < sp.hi; lo += per {
+				r.buckets = append(r.buckets, bucket{Bucket: Bucket{Lo: lo, Hi: min(lo+per, sp.hi), Group: group, What: what}})
 			}
 		}
 	}
@@ -160,8 +160,6 @@ func (r *Reducer) planBuckets(params []*layers.Param) error {
 	}
 	return nil
 }
-
-func size1(c comm.Comm) bool { return c == nil || c.Size() == 1 }
 
 // BeginBackward starts the backward of micro-batch micro (from 0) of a
 // step's micros (layers.GradSync): on the last one, each bucket's
