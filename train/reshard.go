@@ -69,7 +69,7 @@ var errNoRanks = errors.New("the checkpoint records no number of ranks (format 1
 // rank 0's latest.
 func RunCheckpoints(dir string) ([]string, error) {
 	cks, err := runCheckpoints(dir)
-	if fi, serr := os.Stat(RankDir(dir, 0)); serr != nil || !fi.IsDir() {
+	if !isRunOfRanks(dir) {
 		return cks, err
 	}
 	one, lerr := LatestCheckpoint(dir)
@@ -101,7 +101,7 @@ func runCheckpoints(dir string) ([]string, error) {
 		}
 		return []string{dir}, nil
 	}
-	if fi, err := os.Stat(RankDir(dir, 0)); err != nil || !fi.IsDir() {
+	if !isRunOfRanks(dir) {
 		ck, err := ResolveCheckpoint(dir)
 		if err != nil {
 			return nil, err
