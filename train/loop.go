@@ -277,8 +277,9 @@ func Run(ctx context.Context, b tensor.Backend, model Model, data *Loader, cfg C
 			return Result{}, fmt.Errorf("train: run config: %w", err)
 		}
 	}
+	shards := shardsOf(model)
 	r := &runner{ctx: ctx, b: b, model: model, data: data, cfg: cfg, o: o, opt: opt, modelCfg: modelCfg, layout: layout, runCfg: runCfg,
-		sched: optim.Replanned{WarmupCosine: cfg.Schedule()}, slices: slicesOf(shardsOf(model))}
+		sched: optim.Replanned{WarmupCosine: cfg.Schedule()}, slices: slicesOf(shards)}
 	if cfg.Resume != "" {
 		var dir string
 		var st *State
@@ -290,7 +291,7 @@ func Run(ctx context.Context, b tensor.Backend, model Model, data *Loader, cfg C
 		}
 		if cks != nil {
 			dir, r.o.reshardFrom = cks[0], cks
-			if st, err = loadResharded(cks, b, opt, shardsOf(model)); err != nil {
+			if st, err = loadResharded(cks, b, opt, shards); err != nil {
 				return Result{}, err
 			}
 		} else {
