@@ -62,11 +62,28 @@ type Chooser struct {
 	symT      string
 
 	mu      sync.Mutex
-	choices map[Kind]map[string]int // kind → strategy → sites
-	vias    map[Kind]map[string]string
-	froms   map[Kind]map[string]map[string]bool // kind → strategy → what asked for it (the default, sites[...])
-	notes   map[Kind]string                     // kind → why the default did not apply
-	used    map[string]bool                     // the Sites keys that chose a site
+	choices map[Kind]map[string]*choice // kind → strategy → its sites
+	notes   map[Kind]string             // kind → why the default did not apply
+	used    map[string]bool             // the Sites keys that chose a site
+}
+
+// choice is what the summary says of the sites of one kind that got one
+// strategy.
+type choice struct {
+	sites int
+	via   string          // how they move their data (Chooser.via)
+	froms map[string]bool // what asked for it (the default, sites[...])
+}
+
+// newChooser is a chooser of cfg, unchecked, with collective and the
+// strategies of available.
+func newChooser(cfg Config, available []Strategy) *Chooser {
+	c := &Chooser{cfg: cfg, available: map[string]Strategy{"collective": Collective{}}, missing: map[string]string{},
+		choices: map[Kind]map[string]*choice{}, notes: map[Kind]string{}, used: map[string]bool{}}
+	for _, s := range available {
+		c.available[s.Name()] = s
+	}
+	return c
 }
 
 // NewChooser validates cfg against the strategies available in this run;
@@ -76,12 +93,7 @@ func NewChooser(cfg Config, available []Strategy, missing map[string]string, opt
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	c := &Chooser{cfg: cfg, available: map[string]Strategy{"collective": Collective{}}, missing: map[string]string{},
-		choices: map[Kind]map[string]int{}, vias: map[Kind]map[string]string{}, froms: map[Kind]map[string]map[string]bool{},
-		notes: map[Kind]string{}, used: map[string]bool{}}
-	for _, s := range available {
-		c.available[s.Name()] = s
-	}
+	c := newChooser(cfg, available)
 	for _, o := range opts {
 		o(c)
 	}
@@ -204,18 +216,18 @@ func (c *Chooser) record(k Kind, name, note, key, via, from string) {
 		c.used[key] = true
 	}
 	if c.choices[k] == nil {
-		c.choices[k] = map[string]int{}
-		c.vias[k] = map[string]string{}
-		c.froms[k] = map[string]map[string]bool{}
+		c.choices[k] = map[string]*choice{}
 	}
-	c.vias[k][name] = via
+	ch := c.choices[k][name]
+	if ch == nil {
+		ch = &choice{froms: map[string]bool{}}
+		c.choices[k][name] = ch
+	}
+	ch.sites++
+	ch.via = via
 	if from != "" {
-		if c.froms[k][name] == nil {
-			c.froms[k][name] = map[string]bool{}
-		}
-		c.froms[k][name][from] = true
+		ch.froms[from] = true
 	}
-	c.choices[k][name]++
 	if note != "" {
 		c.notes[k] = note
 	}
@@ -294,14 +306,15 @@ func (c *Chooser) Summary() []string {
 		sort.Strings(names)
 		parts := make([]string, len(names))
 		for i, n := range names {
+			ch := m[n]
 			unit := "sites"
-			if m[n] == 1 {
+			if ch.sites == 1 {
 				unit = "site"
 			}
-			parts[i] = fmt.Sprintf("%s (%d %s, %s)", n, m[n], unit, c.vias[k][n])
-			if fs := c.froms[k][n]; len(fs) > 0 {
-				froms := make([]string, 0, len(fs))
-				for f := range fs {
+			parts[i] = fmt.Sprintf("%s (%d %s, %s)", n, ch.sites, unit, ch.via)
+			if len(ch.froms) > 0 {
+				froms := make([]string, 0, len(ch.froms))
+				for f := range ch.froms {
 					froms = append(froms, f)
 				}
 				sort.Strings(froms)
@@ -389,10 +402,7 @@ func (c *Chooser) MatmulAllReduce(sp Spec) (MatmulAllReduce, error) {
 func Single(s Strategy) *Chooser {
 	c, _ := NewChooser(Config{Default: s.Name()}, []Strategy{s}, nil)
 	if c == nil { // a strategy name outside Names: build it directly
-		c = &Chooser{available: map[string]Strategy{"collective": Collective{}, s.Name(): s}, missing: map[string]string{},
-			choices: map[Kind]map[string]int{}, vias: map[Kind]map[string]string{}, froms: map[Kind]map[string]map[string]bool{},
-			notes: map[Kind]string{}, used: map[string]bool{}, cfg: Config{}}
-		c.cfg.Default = s.Name()
+		c = newChooser(Config{Default: s.Name()}, []Strategy{s})
 	}
 	return c
 }
