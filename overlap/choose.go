@@ -336,63 +336,49 @@ func (c *Chooser) Summary() []string {
 
 // AllGatherMatmul builds the site of sp with its chosen strategy.
 func (c *Chooser) AllGatherMatmul(sp Spec) (AllGatherMatmul, error) {
-	sp.Kind = KindAllGatherMatmul
-	s, err := c.Choose(sp)
-	if err != nil {
-		return nil, err
-	}
-	site, err := s.NewAllGatherMatmul(sp)
-	if err != nil {
-		return nil, err
-	}
-	if sh := c.shadowSite(sp, s); sh != nil {
-		ref, err := Collective{}.NewAllGatherMatmul(sp)
-		if err != nil {
-			return nil, errors.Join(err, site.Close())
-		}
-		return &shadowAGMM{real: site, ref: ref, site: sh, sp: sp}, nil
-	}
-	return site, nil
+	return buildSite(c, sp, KindAllGatherMatmul, Builder.NewAllGatherMatmul,
+		func(real, ref AllGatherMatmul, sh *ShadowSite, sp Spec) AllGatherMatmul {
+			return &shadowAGMM{real: real, ref: ref, site: sh, sp: sp}
+		})
 }
 
 // MatmulReduceScatter builds the site of sp with its chosen strategy.
 func (c *Chooser) MatmulReduceScatter(sp Spec) (MatmulReduceScatter, error) {
-	sp.Kind = KindMatmulReduceScatter
-	s, err := c.Choose(sp)
-	if err != nil {
-		return nil, err
-	}
-	site, err := s.NewMatmulReduceScatter(sp)
-	if err != nil {
-		return nil, err
-	}
-	if sh := c.shadowSite(sp, s); sh != nil {
-		ref, err := Collective{}.NewMatmulReduceScatter(sp)
-		if err != nil {
-			return nil, errors.Join(err, site.Close())
-		}
-		return &shadowMMRS{real: site, ref: ref, site: sh, sp: sp}, nil
-	}
-	return site, nil
+	return buildSite(c, sp, KindMatmulReduceScatter, Builder.NewMatmulReduceScatter,
+		func(real, ref MatmulReduceScatter, sh *ShadowSite, sp Spec) MatmulReduceScatter {
+			return &shadowMMRS{real: real, ref: ref, site: sh, sp: sp}
+		})
 }
 
 // MatmulAllReduce builds the site of sp with its chosen strategy.
 func (c *Chooser) MatmulAllReduce(sp Spec) (MatmulAllReduce, error) {
-	sp.Kind = KindMatmulAllReduce
+	return buildSite(c, sp, KindMatmulAllReduce, Builder.NewMatmulAllReduce,
+		func(real, ref MatmulAllReduce, sh *ShadowSite, sp Spec) MatmulAllReduce {
+			return &shadowMMAR{real: real, ref: ref, site: sh, sp: sp}
+		})
+}
+
+// buildSite builds the site of sp, of kind k, with build on its chosen
+// strategy; when the shadow covers it, also on collective, and returns
+// shadow's decorator of the two.
+func buildSite[S interface{ Close() error }](c *Chooser, sp Spec, k Kind, build func(Builder, Spec) (S, error),
+	shadow func(real, ref S, sh *ShadowSite, sp Spec) S) (S, error) {
+	var none S
+	sp.Kind = k
 	s, err := c.Choose(sp)
 	if err != nil {
-		return nil, err
+		return none, err
 	}
-	site, err := s.NewMatmulAllReduce(sp)
+	site, err := build(s, sp)
 	if err != nil {
-		return nil, err
+		return none, err
 	}
 	if sh := c.shadowSite(sp, s); sh != nil {
-		ref, err := Collective{}.NewMatmulAllReduce(sp)
+		ref, err := build(Collective{}, sp)
 		if err != nil {
-			return nil, errors.Join(err, site.Close())
+			return none, errors.Join(err, site.Close())
 		}
-		return &shadowMMAR{real: site, ref: ref, site: sh, sp: sp}, nil
+		return shadow(site, ref, sh, sp), nil
 	}
 	return site, nil
 }
