@@ -185,12 +185,10 @@ func (p Pipelined) Via(sp overlap.Spec) (string, bool) {
 		}
 		return "stores through peer pointers into symmetric memory", true
 	}
-	_, exchange := p.tp(sp).(overlap.Exchange)
-	switch {
-	case sp.Kind == overlap.KindMatmulAllReduce:
-		return "chunked all-reduces on the group's collectives", false
-	case exchange:
-		return "exchanges on the group's collectives", false
+	// The exchange form's, and the peer-copy form's matmul∘all-reduce
+	// sites, which are the exchange form's.
+	if _, ok := p.tp(sp).(overlap.Exchange); ok || sp.Kind == overlap.KindMatmulAllReduce {
+		return overlap.Exchange{}.Via(sp)
 	}
 	return "copy-engine pulls from symmetric memory", true
 }
