@@ -81,11 +81,11 @@ func Open(s Spec, paths []string, fromEnv bool) (*Library, error) {
 			first = C.GoString(buf)
 		}
 	}
-	return nil, OpenError(s, paths[0], fromEnv, first)
+	return nil, openError(s, paths[0], fromEnv, first)
 }
 
-// OpenError is the error of a library that dlopen could not open (Open's).
-func OpenError(s Spec, path string, fromEnv bool, dlerror string) error {
+// openError is the error of a library that dlopen could not open (Open's).
+func openError(s Spec, path string, fromEnv bool, dlerror string) error {
 	if fromEnv {
 		return fmt.Errorf("%s: cannot load %s (named by %s; %s): %s", s.Package, path, s.Env, s.Hint, dlerror)
 	}
