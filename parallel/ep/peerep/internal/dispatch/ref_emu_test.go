@@ -207,6 +207,19 @@ func (st *refStep) where(order int) map[slot][2]int {
 	return m
 }
 
+// eachKept calls f for each kept slot (n, j) of source s, in token then
+// choice order, with its destination rank d and row i in the given order.
+func (st *refStep) eachKept(s, order int, f func(n, j, d, i int)) {
+	at := st.where(order)
+	for n := range st.tokens[s] {
+		for j := range st.w.K {
+			if p, ok := at[slot{s, n, j}]; ok {
+				f(n, j, p[0], p[1])
+			}
+		}
+	}
+}
+
 // nan is n NaNs: the rows the engine must leave alone.
 func nan(n int) []float64 {
 	v := make([]float64, n)
@@ -231,34 +244,24 @@ func (st *refStep) recv(d, order int) []float64 {
 // kept slots.
 func (st *refStep) combine(s, order int) []float64 {
 	K, C := st.w.K, st.w.C
-	at := st.where(order)
 	out := make([]float64, st.tokens[s]*C)
-	for n := range st.tokens[s] {
-		for j := range K {
-			if p, ok := at[slot{s, n, j}]; ok {
-				for c := range C {
-					out[n*C+c] += st.wts[s][n*K+j] * st.y[p[0]][p[1]*C+c]
-				}
-			}
+	st.eachKept(s, order, func(n, j, d, i int) {
+		for c := range C {
+			out[n*C+c] += st.wts[s][n*K+j] * st.y[d][i*C+c]
 		}
-	}
+	})
 	return out
 }
 
 // dweights is source s's (N, K) ⟨∂out[n], y(slot (n, j))⟩, 0 where dropped.
 func (st *refStep) dweights(s, order int) []float64 {
 	K, C := st.w.K, st.w.C
-	at := st.where(order)
 	out := make([]float64, st.tokens[s]*K)
-	for n := range st.tokens[s] {
-		for j := range K {
-			if p, ok := at[slot{s, n, j}]; ok {
-				for c := range C {
-					out[n*K+j] += st.dout[s][n*C+c] * st.y[p[0]][p[1]*C+c]
-				}
-			}
+	st.eachKept(s, order, func(n, j, d, i int) {
+		for c := range C {
+			out[n*K+j] += st.dout[s][n*C+c] * st.y[d][i*C+c]
 		}
-	}
+	})
 	return out
 }
 
@@ -277,18 +280,13 @@ func (st *refStep) dy(d, order int) []float64 {
 
 // dx is source s's (N, C) Σ_j g(slot (n, j)) over the kept slots.
 func (st *refStep) dx(s, order int) []float64 {
-	K, C := st.w.K, st.w.C
-	at := st.where(order)
+	C := st.w.C
 	out := make([]float64, st.tokens[s]*C)
-	for n := range st.tokens[s] {
-		for j := range K {
-			if p, ok := at[slot{s, n, j}]; ok {
-				for c := range C {
-					out[n*C+c] += st.g[p[0]][p[1]*C+c]
-				}
-			}
+	st.eachKept(s, order, func(n, _, d, i int) {
+		for c := range C {
+			out[n*C+c] += st.g[d][i*C+c]
 		}
-	}
+	})
 	return out
 }
 
