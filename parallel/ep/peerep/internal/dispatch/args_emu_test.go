@@ -32,6 +32,34 @@ func refused(rk *emuRank, call string, err error, want ...string) error {
 	return nil
 }
 
+// argCase is one call of a test of the engine's refusals: want nil, a
+// call that must succeed (a step of the sequence); else the fragments of
+// the error it must be refused with (refused).
+type argCase struct {
+	call string
+	run  func() error
+	want []string
+}
+
+// runCases runs cases in order: a refusal that is not as wanted is a test
+// error; a failed call that must succeed is returned.
+func runCases(t *testing.T, rk *emuRank, cases []argCase) error {
+	t.Helper()
+	for _, c := range cases {
+		err := c.run()
+		if c.want == nil {
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		if err := refused(rk, c.call, err, c.want...); err != nil {
+			t.Error(err)
+		}
+	}
+	return nil
+}
+
 // TestEmuNewRefuses: New refuses a configuration, a symmetric buffer or a
 // peer table that does not fit, naming the buffer, what it is and what it
 // should be, and queues nothing.
@@ -89,11 +117,7 @@ func TestEmuRefusesBadArguments(t *testing.T) {
 		f32 := func(shape ...int) *tensor.Tensor { return b.Zeros(tensor.Float32, shape...) }
 		x, idx := upload(b, tensor.Float32, []float64{1, 2, 3, 4, 5, 6, 7, 8}, 2, C), uploadInts(b, []int32{0, 1}, 2, 1)
 		rows, out, wts := f32(R, C), f32(2, C), upload(b, tensor.Float32, []float64{0.5, 0.25}, 2, 1)
-		cases := []struct {
-			call string
-			run  func() error
-			want []string
-		}{
+		cases := []argCase{
 			// Out of the step's order.
 			{"DispatchRecv first", func() error { return d.DispatchRecv(rows, 0) }, []string{"DispatchRecv without a DispatchSend"}},
 			{"CombineSend first", func() error { return d.CombineSend(rows, 0) }, []string{"CombineSend without a dispatch"}},
@@ -148,17 +172,8 @@ func TestEmuRefusesBadArguments(t *testing.T) {
 			{"DispatchBackwardRecv bf16 dx", func() error { return d.DispatchBackwardRecv(b.Zeros(tensor.BFloat16, 2, C)) }, []string{"dx is bf16(2, 4)", "expected f32(2, 4)"}},
 			{"", func() error { return d.DispatchBackwardRecv(out) }, nil},
 		}
-		for _, c := range cases {
-			err := c.run()
-			if c.want == nil {
-				if err != nil {
-					return err
-				}
-				continue
-			}
-			if err := refused(rk, c.call, err, c.want...); err != nil {
-				t.Error(err)
-			}
+		if err := runCases(t, rk, cases); err != nil {
+			return err
 		}
 		d.Release()
 		if err := b.Sync(); err != nil {
@@ -282,11 +297,7 @@ func TestEmuFusedRefusesBadArguments(t *testing.T) {
 		rows := b.Zeros(tensor.Float32, R, C)
 		nop := func() error { return nil }
 		x, idx := upload(b, tensor.Float32, []float64{1, 2, 3, 4, 5, 6, 7, 8}, 2, C), uploadInts(b, []int32{0, 1}, 2, 1)
-		cases := []struct {
-			call string
-			run  func() error
-			want []string
-		}{
+		cases := []argCase{
 			{"DispatchRecvFused first", func() error { return d.DispatchRecvFused(rows) }, []string{"DispatchRecvFused without a DispatchSend"}},
 			{"CombineSendFused first", func() error { return d.CombineSendFused(rows, nop) }, []string{"CombineSendFused without a dispatch"}},
 			{"CombineBackwardRecvFused first", func() error { return d.CombineBackwardRecvFused(rows) }, []string{"CombineBackwardRecvFused without a CombineBackwardSend"}},
@@ -297,17 +308,8 @@ func TestEmuFusedRefusesBadArguments(t *testing.T) {
 			{"CombineSendFused bf16 rows", func() error { return d.CombineSendFused(b.Zeros(tensor.BFloat16, R, C), nop) }, []string{fmt.Sprintf("rows is bf16(%d, 4)", R), fmt.Sprintf("expected f32(%d, 4)", R)}},
 			{"CombineBackwardRecvFused before its send", func() error { return d.CombineBackwardRecvFused(rows) }, []string{"without a CombineBackwardSend"}},
 		}
-		for _, c := range cases {
-			err := c.run()
-			if c.want == nil {
-				if err != nil {
-					return err
-				}
-				continue
-			}
-			if err := refused(rk, c.call, err, c.want...); err != nil {
-				t.Error(err)
-			}
+		if err := runCases(t, rk, cases); err != nil {
+			return err
 		}
 		if err := b.Sync(); err != nil {
 			return err
