@@ -8,11 +8,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/asynctp/asynctp/comm"
-	"github.com/asynctp/asynctp/comm/hybrid"
-	"github.com/asynctp/asynctp/comm/local"
 	"github.com/asynctp/asynctp/internal/testing/emuworld"
 	"github.com/asynctp/asynctp/overlap"
 	"github.com/asynctp/asynctp/overlap/overlaptest"
@@ -37,27 +34,9 @@ import (
 // (hybrid.WithHosts, and no peer pointers between hosts).
 func hybridRanks(t *testing.T, P int, hosts []int, f func(g comm.Comm, b *cudabackend.Backend, bar *emuworld.Barrier) error) {
 	t.Helper()
-	coll := local.NewWorld(P, local.WithTimeout(120*time.Second))
 	reg := emuworld.NewRegistry()
 	defer reg.CloseAll(t)
-	bar := emuworld.NewBarrier(P)
-	var opts []hybrid.Option
-	if hosts != nil {
-		opts = append(opts, hybrid.WithHosts(hosts))
-	}
-	err := local.Run(P, func(sym comm.Comm) error {
-		b, err := cudabackend.NewEmulated()
-		if err != nil {
-			return err
-		}
-		reg.Keep(b)
-		g, err := hybrid.New(emuworld.Staged{Comm: coll[sym.Rank()], B: b}, emuworld.NewSym(sym, b, reg, hosts), opts...)
-		if err != nil {
-			return err
-		}
-		return f(g, b, bar)
-	}, local.WithTimeout(120*time.Second))
-	if err != nil {
+	if err := emuworld.HybridRanks(P, reg, hosts, nil, f); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -5,11 +5,8 @@ package model_test
 import (
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/asynctp/asynctp/comm"
-	"github.com/asynctp/asynctp/comm/hybrid"
-	"github.com/asynctp/asynctp/comm/local"
 	"github.com/asynctp/asynctp/internal/testing/emuworld"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/overlap"
@@ -48,20 +45,10 @@ func TestEmuModelCloseFreesSymmetric(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			const P = 2
 			ids, targets := batch(7, 2, 8, c.cfg.Vocab)
-			coll := local.NewWorld(P, local.WithTimeout(120*time.Second))
 			reg := emuworld.NewRegistry()
 			defer reg.CloseAll(t)
-			bar := emuworld.NewBarrier(P)
-			err := local.Run(P, func(sym comm.Comm) error {
-				b, err := cudabackend.NewEmulated(cudabackend.WithGroupedGEMM(true))
-				if err != nil {
-					return err
-				}
-				reg.Keep(b)
-				w, err := hybrid.New(emuworld.Staged{Comm: coll[sym.Rank()], B: b}, emuworld.NewSym(sym, b, reg, nil))
-				if err != nil {
-					return err
-				}
+			opts := []cudabackend.Option{cudabackend.WithGroupedGEMM(true)}
+			err := emuworld.HybridRanks(P, reg, nil, opts, func(w comm.Comm, b *cudabackend.Backend, bar *emuworld.Barrier) error {
 				g, err := comm.NewGrid(w, 1, P, c.ep)
 				if err != nil {
 					return err
@@ -92,7 +79,7 @@ func TestEmuModelCloseFreesSymmetric(t *testing.T) {
 					return fmt.Errorf("rank %d: second Close: %v, want nil", g.World.Rank(), err)
 				}
 				return b.Err()
-			}, local.WithTimeout(120*time.Second))
+			})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -9,7 +9,8 @@
 // on a word that another rank's later kernel would write: every rank
 // passes a Barrier before each wait, by which time every rank has run the
 // sends the wait is for. Backend is one emulated backend, closed with the
-// test. Shared by the emulator tests of overlap/strategies, overlap/peercopy,
+// test. HybridRanks runs ranks whose groups are comm/hybrid over a Staged
+// world and a Sym one. Shared by the emulator tests of overlap/strategies, overlap/peercopy,
 // parallel/ep/peerep (and its dispatch engine), parallel/grads and
 // parallel/model (Registry.SymmetricCounts: every symmetric allocation
 // freed once).
