@@ -163,19 +163,8 @@ type LoadStore interface {
 // whose transport says nothing (no LoadStore) is taken as reachable: its
 // symmetric memory is one node's.
 func Unreachable(c Comm) (ranks []int, all bool) {
-	var ls LoadStore
-	for x := c; x != nil; {
-		if l, ok := x.(LoadStore); ok {
-			ls = l
-			break
-		}
-		w, ok := x.(Wrapper)
-		if !ok {
-			break
-		}
-		x = w.Unwrap()
-	}
-	if ls == nil {
+	ls, ok := capability[LoadStore](c)
+	if !ok {
 		return nil, true
 	}
 	me, n := c.Rank(), c.Size()
@@ -205,15 +194,8 @@ type Membered interface {
 // MembersOf returns the world rank of each rank of c, looking through
 // Wrappers; false where the transport does not say.
 func MembersOf(c Comm) ([]int, bool) {
-	for c != nil {
-		if m, ok := c.(Membered); ok {
-			return m.Members(), true
-		}
-		w, ok := c.(Wrapper)
-		if !ok {
-			break
-		}
-		c = w.Unwrap()
+	if m, ok := capability[Membered](c); ok {
+		return m.Members(), true
 	}
 	return nil, false
 }
@@ -226,10 +208,14 @@ type Wrapper interface {
 }
 
 // SymmetricOf returns c's SymmetricMemory, looking through Wrappers.
-func SymmetricOf(c Comm) (SymmetricMemory, bool) {
+func SymmetricOf(c Comm) (SymmetricMemory, bool) { return capability[SymmetricMemory](c) }
+
+// capability returns the first of c and the Comms it decorates (through
+// Wrappers) that has the optional capability T.
+func capability[T any](c Comm) (T, bool) {
 	for c != nil {
-		if s, ok := c.(SymmetricMemory); ok {
-			return s, true
+		if v, ok := c.(T); ok {
+			return v, true
 		}
 		w, ok := c.(Wrapper)
 		if !ok {
@@ -237,7 +223,8 @@ func SymmetricOf(c Comm) (SymmetricMemory, bool) {
 		}
 		c = w.Unwrap()
 	}
-	return nil, false
+	var zero T
+	return zero, false
 }
 
 // Aborter is an optional capability: Abort poisons the whole world (every
