@@ -60,6 +60,20 @@ func gpuFor(info rendezvous.Info) (device, count int, err error) {
 	return info.LocalRank % n, n, nil
 }
 
+// ncclGPU picks the GPU of a rank of transport, which runs NCCL: two ranks
+// on one GPU are refused before NCCL would ("Duplicate GPU detected").
+func ncclGPU(transport string, info rendezvous.Info) (int, error) {
+	dev, n, err := gpuFor(info)
+	if err != nil {
+		return 0, fmt.Errorf("--comm %s: %w", transport, err)
+	}
+	if info.LocalWorldSize > n {
+		return 0, fmt.Errorf("--comm %s: %d ranks on this node but %d GPU(s): NCCL refuses two ranks on one GPU (\"Duplicate GPU detected\"); use --comm nvshmem, whose ranks may share a GPU, or at most %d ranks per node",
+			transport, info.LocalWorldSize, n, n)
+	}
+	return dev, nil
+}
+
 // gpuBackend opens the rank's CUDA backend on dev.
 func gpuBackend(w *World, o Options, dev int) (*cudabackend.Backend, error) {
 	b, err := cudabackend.New(dev, o.CUDA...)
@@ -70,22 +84,17 @@ func gpuBackend(w *World, o Options, dev int) (*cudabackend.Backend, error) {
 	return b, nil
 }
 
-// openNCCL: one GPU per rank. The library is loaded first, so that a
-// missing one is the first error, as the transport words it; two ranks on
-// one GPU are refused before NCCL would ("Duplicate GPU detected").
+// openNCCL: one GPU per rank (ncclGPU). The library is loaded first, so
+// that a missing one is the first error, as the transport words it.
 func openNCCL(ctx context.Context, w *World, o Options) error {
 	lib, err := nccl.Load()
 	if err != nil {
 		return err
 	}
 	info := w.Info
-	dev, n, err := gpuFor(info)
+	dev, err := ncclGPU(NCCL, info)
 	if err != nil {
-		return fmt.Errorf("--comm nccl: %w", err)
-	}
-	if info.LocalWorldSize > n {
-		return fmt.Errorf("--comm nccl: %d ranks on this node but %d GPU(s): NCCL refuses two ranks on one GPU (\"Duplicate GPU detected\"); use --comm nvshmem, whose ranks may share a GPU, or at most %d ranks per node",
-			info.LocalWorldSize, n, n)
+		return err
 	}
 	b, err := gpuBackend(w, o, dev)
 	if err != nil {
@@ -243,7 +252,7 @@ func Library(transport string) (string, error) {
 	return "", nil
 }
 
-// openHybrid: one GPU per rank (NCCL's rule); NCCL's world for every
+// openHybrid: one GPU per rank (NCCL's rule, ncclGPU); NCCL's world for every
 // collective and an NVSHMEM world of the same processes, its unique id
 // through the same store, for symmetric memory (comm/hybrid). Both
 // libraries are loaded first, so that a missing one is the first error.
@@ -256,13 +265,9 @@ func openHybrid(ctx context.Context, w *World, o Options) error {
 		return err
 	}
 	info := w.Info
-	dev, n, err := gpuFor(info)
+	dev, err := ncclGPU(Hybrid, info)
 	if err != nil {
-		return fmt.Errorf("--comm %s: %w", Hybrid, err)
-	}
-	if info.LocalWorldSize > n {
-		return fmt.Errorf("--comm %s: %d ranks on this node but %d GPU(s): NCCL refuses two ranks on one GPU (\"Duplicate GPU detected\"); use --comm nvshmem, whose ranks may share a GPU, or at most %d ranks per node",
-			Hybrid, info.LocalWorldSize, n, n)
+		return err
 	}
 	b, err := gpuBackend(w, o, dev)
 	if err != nil {
