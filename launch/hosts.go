@@ -98,9 +98,17 @@ func hostsOf(ids []string) (hosts []int, names []string) {
 // LocalRanks returns the world ranks on this rank's host (its own
 // included), in order.
 func (w *World) LocalRanks() []int {
+	if len(w.Hosts) == 0 {
+		return nil
+	}
+	return w.ranksOn(w.Hosts[w.Info.Rank])
+}
+
+// ranksOn returns the world ranks on host h, in order.
+func (w *World) ranksOn(h int) []int {
 	var out []int
-	for r, h := range w.Hosts {
-		if h == w.Hosts[w.Info.Rank] {
+	for r, x := range w.Hosts {
+		if x == h {
 			out = append(out, r)
 		}
 	}
@@ -121,12 +129,7 @@ func (w *World) HostSummary() string {
 	}
 	parts := make([]string, len(w.HostNames))
 	for h, name := range w.HostNames {
-		var rs []int
-		for r, x := range w.Hosts {
-			if x == h {
-				rs = append(rs, r)
-			}
-		}
+		rs := w.ranksOn(h)
 		unit := "ranks"
 		if len(rs) == 1 {
 			unit = "rank"
