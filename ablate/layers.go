@@ -8,6 +8,7 @@ import (
 	"runtime"
 
 	"github.com/asynctp/asynctp/comm"
+	"github.com/asynctp/asynctp/internal/rowmajor"
 	"github.com/asynctp/asynctp/layers"
 	"github.com/asynctp/asynctp/optim"
 	"github.com/asynctp/asynctp/overlap"
@@ -418,9 +419,9 @@ func (l *layerCase) sampled(outs [][]float64) float64 {
 		if !ok {
 			return math.Inf(1)
 		}
-		gradRef = append(gradRef, sliceDim(full, s.Full, s.Dim, s.Lo, s.Hi)...)
+		gradRef = append(gradRef, rowmajor.Slice(full, s.Full, s.Dim, s.Lo, s.Hi)...)
 		if in.blk == nil {
-			wRef = append(wRef, sliceDim(l.ref.weights[s.Param.Name], s.Full, s.Dim, s.Lo, s.Hi)...)
+			wRef = append(wRef, rowmajor.Slice(l.ref.weights[s.Param.Name], s.Full, s.Dim, s.Lo, s.Hi)...)
 		}
 	}
 	if in.blk == nil {
@@ -432,22 +433,6 @@ func (l *layerCase) sampled(outs [][]float64) float64 {
 	}
 	C := l.cfg.Dim
 	return max(relErr(outs[0], l.ref.out[lo*C:hi*C]), relErr(outs[1], l.ref.dx[lo*C:hi*C]), relErr(outs[2], gradRef))
-}
-
-// sliceDim is the slice [lo, hi) along dimension dim of a row-major tensor
-// of shape full holding v (all of v for dim < 0).
-func sliceDim(v []float64, full tensor.Shape, dim, lo, hi int) []float64 {
-	if dim < 0 {
-		return v
-	}
-	inner := tensor.Shape(full[dim+1:]).Numel()
-	outer := tensor.Shape(full[:dim]).Numel()
-	var out []float64
-	for o := range outer {
-		base := o * full[dim] * inner
-		out = append(out, v[base+lo*inner:base+hi*inner]...)
-	}
-	return out
 }
 
 func (l *layerCase) verified() string {

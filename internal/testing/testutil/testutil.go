@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/asynctp/asynctp/internal/rowmajor"
 	"github.com/asynctp/asynctp/tensor"
 )
 
@@ -162,17 +163,7 @@ func Download(b tensor.Backend, x *tensor.Tensor) []float64 {
 // row-major tensor of shape full holding v (all of v for dim < 0): the
 // shard of a parameter that a rank holds.
 func Slice(v []float64, full []int, dim, lo, hi int) []float64 {
-	if dim < 0 {
-		return v
-	}
-	inner := tensor.Shape(full[dim+1:]).Numel()
-	outer := tensor.Shape(full[:dim]).Numel()
-	var out []float64
-	for o := range outer {
-		base := o * full[dim] * inner
-		out = append(out, v[base+lo*inner:base+hi*inner]...)
-	}
-	return out
+	return rowmajor.Slice(v, full, dim, lo, hi)
 }
 
 // HostReads wraps a backend and counts the calls that read its device back
