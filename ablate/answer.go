@@ -50,9 +50,9 @@ func (a Answer) label() string {
 	return string(a.Op)
 }
 
-// answerCells groups the timed cell comparisons of results by answer:
-// per answer key, per strategy, the pairs (strategy rounds, collective
-// rounds) of its cells and their verdicts.
+// answerAcc is one answer's timed cell comparisons (answerGroups groups
+// them): per strategy, the pairs (strategy rounds, collective rounds) of
+// its cells, and the cells (their verdicts).
 type answerAcc struct {
 	a     Answer
 	pairs map[string][][2][]float64
@@ -107,15 +107,13 @@ func (acc *answerAcc) strategies() []string {
 		}
 	}
 	for n := range acc.pairs { // names outside the matrix's list (a test's)
-		if !contains(Strategies, n) {
+		if !slices.Contains(Strategies, n) {
 			out = append(out, n)
 		}
 	}
 	sort.SliceStable(out, func(i, j int) bool { return indexOf(Strategies, out[i]) < indexOf(Strategies, out[j]) })
 	return out
 }
-
-func contains(l []string, s string) bool { return slices.Contains(l, s) }
 
 // indexOf is s's place in l, len(l) (after every name of l) when absent.
 func indexOf(l []string, s string) int {
@@ -253,7 +251,7 @@ func answerRows(all []Answer, world1 bool) (head []string, rows [][]string) {
 	var others []string
 	for _, a := range as {
 		for _, v := range a.Vs {
-			if !contains(others, v.Strategy) {
+			if !slices.Contains(others, v.Strategy) {
 				others = append(others, v.Strategy)
 			}
 		}

@@ -64,11 +64,9 @@ func (s Stats) Check() error {
 	return nil
 }
 
-// level is the confidence level of each interval: 1 − Alpha/m.
-func (s Stats) level() float64 { return 1 - s.Alpha/float64(max(1, s.Comparisons)) }
-
-// Level is the confidence level of each of the run's intervals.
-func (s Stats) Level() float64 { return s.level() }
+// Level is the confidence level of each of the run's intervals:
+// 1 − Alpha/m.
+func (s Stats) Level() float64 { return 1 - s.Alpha/float64(max(1, s.Comparisons)) }
 
 // Verdicts of a comparison.
 const (
@@ -162,7 +160,7 @@ func (s Stats) compare(a, ref []float64) Interval {
 // interval is the comparison of per-round ratios rs, in the order the
 // rounds ran.
 func (s Stats) interval(rs []float64) Interval {
-	iv := Interval{Level: s.level(), Rounds: len(rs), Verdict: NoDiff}
+	iv := Interval{Level: s.Level(), Rounds: len(rs), Verdict: NoDiff}
 	if len(rs) == 0 {
 		return iv
 	}
