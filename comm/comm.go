@@ -156,6 +156,15 @@ type LoadStore interface {
 	Reaches(a, b int) bool
 }
 
+// Reaches reports whether group rank a of c reaches group rank b's
+// symmetric memory by loads and stores: the group's LoadStore, looked for
+// through decorators; true where the transport says nothing (its symmetric
+// memory is one node's, as Unreachable takes it).
+func Reaches(c Comm, a, b int) bool {
+	ls, ok := capability[LoadStore](c)
+	return !ok || ls.Reaches(a, b)
+}
+
 // Unreachable returns, for a group with symmetric memory, the ranks of the
 // group that are not reachable by loads and stores from this rank or that
 // do not reach it, and whether every pair of the group reaches each other

@@ -172,17 +172,14 @@ func (c *Comm) FreeSymmetric(t *tensor.Tensor) error { return c.mem.FreeSymmetri
 
 func (c *Comm) PeerPtr(t *tensor.Tensor, r int) (uint64, error) { return c.mem.PeerPtr(t, r) }
 
-// Reaches is the symmetric side's (comm.LoadStore; true for every pair
-// where it says nothing), and false for ranks on two hosts (WithHosts).
+// Reaches is the symmetric side's (comm.Reaches: its LoadStore, through
+// decorators; true for every pair where it says nothing), and false for
+// ranks on two hosts (WithHosts).
 func (c *Comm) Reaches(a, b int) bool {
 	if c.hosts != nil {
 		if a < 0 || b < 0 || a >= len(c.members) || b >= len(c.members) || c.hosts[c.members[a]] != c.hosts[c.members[b]] {
 			return false
 		}
 	}
-	if ls, ok := c.sym.(comm.LoadStore); ok {
-		return ls.Reaches(a, b)
-	}
-	_, all := comm.Unreachable(c.sym)
-	return all
+	return comm.Reaches(c.sym, a, b)
 }

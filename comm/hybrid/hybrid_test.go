@@ -166,3 +166,42 @@ func TestHybridHosts(t *testing.T) {
 
 // noMembers hides the group's members.
 type noMembers struct{ comm.Comm }
+
+// decorated hides its symmetric side behind a decorator (comm.Wrapper),
+// as a transport's instrumentation would.
+type decorated struct{ comm.Comm }
+
+func (d decorated) Unwrap() comm.Comm { return d.Comm }
+
+// A symmetric side behind a decorator answers for each pair itself: of
+// three ranks, 0 and 1 on one host and 2 on another, 0 and 1 reach each
+// other although not every pair of the group does, and neither reaches 2.
+func TestReachesThroughDecorator(t *testing.T) {
+	coll := local.NewWorld(3, local.WithTimeout(5*time.Second))
+	sym := local.NewWorld(3, local.WithTimeout(5*time.Second))
+	host := []int{0, 0, 1}
+	errs := make(chan error, 3)
+	for r := range 3 {
+		go func() {
+			allocs := 0
+			h, err := hybrid.New(coll[r], decorated{&symSide{Comm: sym[r], host: host, allocs: &allocs}})
+			if err != nil {
+				errs <- err
+				return
+			}
+			for a := range 3 {
+				for b := range 3 {
+					if got, want := h.Reaches(a, b), host[a] == host[b]; got != want {
+						err = errors.Join(err, fmt.Errorf("rank %d: Reaches(%d, %d) = %v, want %v", r, a, b, got, want))
+					}
+				}
+			}
+			errs <- err
+		}()
+	}
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+}
