@@ -84,7 +84,7 @@ func Consolidate(m layers.GPTConfig, ranks []RankWeights) (map[string]*tensor.Te
 			if err != nil {
 				return nil, fmt.Errorf("rank %d: %w", r, err)
 			}
-			v, err := toF32(t)
+			v, err := tensor.ToFloat32(t)
 			if err != nil {
 				return nil, fmt.Errorf("hf: rank %d: %s: %w", r, p.Name, err)
 			}
@@ -124,7 +124,7 @@ func Shard(m layers.GPTConfig, name string, full *tensor.Tensor, local []int, pl
 	if err != nil {
 		return nil, err
 	}
-	f, err := toF32(full)
+	f, err := tensor.ToFloat32(full)
 	if err != nil {
 		return nil, err
 	}

@@ -185,7 +185,7 @@ func WriteDir(dir string, m layers.GPTConfig, full map[string]*tensor.Tensor, ex
 		if !ok || !slices.Equal([]int(t.Shape()), p.Shape) {
 			return fmt.Errorf("hf: parameter %s missing or not of shape %v", p.Name, p.Shape)
 		}
-		t, err := toF32(t)
+		t, err := tensor.ToFloat32(t)
 		if err != nil {
 			return fmt.Errorf("hf: parameter %s: %w", p.Name, err)
 		}
@@ -216,27 +216,4 @@ func WriteDir(dir string, m layers.GPTConfig, full map[string]*tensor.Tensor, ex
 		return fmt.Errorf("hf: %w", err)
 	}
 	return nil
-}
-
-// toF32 returns t as a float32 host tensor.
-func toF32(t *tensor.Tensor) (*tensor.Tensor, error) {
-	switch t.DType() {
-	case tensor.Float32:
-		return t, nil
-	case tensor.BFloat16:
-		v := make([]float32, t.Numel())
-		for i, h := range t.BF16() {
-			v[i] = tensor.BF16ToFloat32(h)
-		}
-		return tensor.FromFloat32(v, t.Shape()...)
-	}
-	f, err := t.Float64s()
-	if err != nil {
-		return nil, err
-	}
-	v := make([]float32, len(f))
-	for i, x := range f {
-		v[i] = float32(x)
-	}
-	return tensor.FromFloat32(v, t.Shape()...)
 }

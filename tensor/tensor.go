@@ -268,6 +268,31 @@ func FromFloat32(data []float32, shape ...int) (*Tensor, error) {
 	return New(&HostBuffer{dtype: Float32, F32: data}, 0, shape...)
 }
 
+// ToFloat32 is host tensor t as float32: t itself when it is float32, a
+// new tensor of its values otherwise (bf16 exactly, wider dtypes rounded to
+// the nearest float32).
+func ToFloat32(t *Tensor) (*Tensor, error) {
+	switch t.DType() {
+	case Float32:
+		return t, nil
+	case BFloat16:
+		v := make([]float32, t.Numel())
+		for i, h := range t.BF16() {
+			v[i] = BF16ToFloat32(h)
+		}
+		return FromFloat32(v, t.Shape()...)
+	}
+	f, err := t.Float64s()
+	if err != nil {
+		return nil, err
+	}
+	v := make([]float32, len(f))
+	for i, x := range f {
+		v[i] = float32(x)
+	}
+	return FromFloat32(v, t.Shape()...)
+}
+
 // FromFloat64 wraps data (not copied) as a host float64 tensor.
 func FromFloat64(data []float64, shape ...int) (*Tensor, error) {
 	return New(&HostBuffer{dtype: Float64, F64: data}, 0, shape...)

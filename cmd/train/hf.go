@@ -273,7 +273,7 @@ func consolidateRun(dir string) (layers.GPTConfig, map[string]*tensor.Tensor, []
 		case !t.Shape().Equal(p.Shape):
 			return mc, nil, nil, fmt.Errorf("the checkpoints of %s hold %s of shape %v, the model of their config has %v", dir, p.Name, t.Shape(), p.Shape)
 		}
-		if full[p.Name], err = float32Of(t); err != nil {
+		if full[p.Name], err = tensor.ToFloat32(t); err != nil {
 			return mc, nil, nil, fmt.Errorf("%s: %w", p.Name, err)
 		}
 	}
@@ -364,22 +364,6 @@ func (a *runAssembly) pieces() ([]shard.Piece, error) {
 		out = append(out, shard.Piece{Name: p.name, Slice: p.slice, Tensor: p.t})
 	}
 	return out, nil
-}
-
-// float32Of is t as a float32 host tensor.
-func float32Of(t *tensor.Tensor) (*tensor.Tensor, error) {
-	if t.DType() == tensor.Float32 {
-		return t, nil
-	}
-	f, err := t.Float64s()
-	if err != nil {
-		return nil, err
-	}
-	v := make([]float32, len(f))
-	for i, x := range f {
-		v[i] = float32(x)
-	}
-	return tensor.FromFloat32(v, t.Shape()...)
 }
 
 // runExport is "train export --from RUN --out DIR".
